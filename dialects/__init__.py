@@ -1,0 +1,1 @@
+"""xDSL dialects of rpegc: `rpeg` (cyclic graph, cluster, plan) and `exec` (executable DAG)."""

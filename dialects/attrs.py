@@ -1,0 +1,308 @@
+"""Typed attributes shared by the `rpeg` and `exec` dialects (all spelled `#rpeg.*`).
+
+Paper: App. A-A..A-D (size expressions over B, R, Lp, Lr; allocations D(o, delta), Def. A.4;
+strategies (P_d, P_p, P_t, mb), Def. A.5; model architectures, spec 1.1) and Def. A.9 (quantiles).
+Every value an op carries is one of these typed attributes or a builtin one, never a string that
+is parsed later. Attributes whose parameters are plain integers print compactly
+(`#rpeg.alloc<(0, 0, 0), (1, 8, 4)>`) and parse back with xDSL's Parser.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import BytesAttr, FloatAttr, IntAttr, StringAttr, SymbolRefAttr
+from xdsl.ir import ParametrizedAttribute
+from xdsl.irdl import irdl_attr_definition
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
+
+from rpegc.core.errors import Loc
+from rpegc.core.expr import SYMBOLS, BinOp, Expr, Num, Sym
+from rpegc.core.program import Alloc, Arch, Strategy
+
+# xDSL prints a non-ASCII StringAttr with hex escapes, and its lexer reads such a literal back as a
+# BytesAttr. Free-text values (names, paths) therefore accept both; `text()` decodes either.
+Text = StringAttr | BytesAttr
+
+BINARY_OPS = ("+", "-", "*", "/")
+
+
+def text(attr: StringAttr | BytesAttr) -> str:
+    """The Python string of a StringAttr, or of the BytesAttr xDSL parses non-ASCII text into."""
+    data = attr.data
+    return data.decode("utf-8") if isinstance(data, bytes) else data
+
+
+def _parse_text(parser: AttrParser) -> str:
+    literal = parser.parse_optional_str_literal()
+    if literal is not None:
+        return literal
+    return parser.parse_bytes_literal(" (a quoted string)").decode("utf-8")
+
+
+def _print_ints(printer: Printer, values: tuple[int, ...]) -> None:
+    printer.print_string("(" + ", ".join(str(v) for v in values) + ")")
+
+
+def _parse_ints(parser: AttrParser) -> tuple[int, ...]:
+    return tuple(parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_integer))
+
+
+def _print_keyed_ints(printer: Printer, keys: tuple[str, ...], values: tuple[int, ...]) -> None:
+    with printer.in_angle_brackets():
+        printer.print_string(", ".join(f"{k} = {v}" for k, v in zip(keys, values)))
+
+
+def _parse_keyed_ints(parser: AttrParser, keys: tuple[str, ...]) -> list[IntAttr]:
+    values: list[IntAttr] = []
+    with parser.in_angle_brackets():
+        for i, key in enumerate(keys):
+            if i:
+                parser.parse_punctuation(",")
+            parser.parse_keyword(key)
+            parser.parse_punctuation("=")
+            values.append(IntAttr(parser.parse_integer(allow_boolean=False)))
+    return values
+
+
+@irdl_attr_definition
+class LocAttr(ParametrizedAttribute):
+    """A source position `#rpeg.loc<"file", line, col>`; every rpeg/exec op carries one as `loc`."""
+
+    name = "rpeg.loc"
+    file: StringAttr
+    line: IntAttr
+    col: IntAttr
+
+    @staticmethod
+    def from_loc(loc: Loc) -> LocAttr:
+        return LocAttr(StringAttr(loc.file), IntAttr(loc.line), IntAttr(loc.col))
+
+    def to_loc(self) -> Loc:
+        return Loc(self.file.data, self.line.data, self.col.data)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string_literal(self.file.data)
+            printer.print_string(f", {self.line.data}, {self.col.data}")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> tuple[StringAttr, IntAttr, IntAttr]:
+        with parser.in_angle_brackets():
+            file = _parse_text(parser)
+            parser.parse_punctuation(",")
+            line = parser.parse_integer(allow_boolean=False)
+            parser.parse_punctuation(",")
+            col = parser.parse_integer(allow_boolean=False)
+        return StringAttr(file), IntAttr(line), IntAttr(col)
+
+
+class ExprAttr(ParametrizedAttribute):
+    """Base of the size-expression attributes: `#rpeg.num`, `#rpeg.sym` and `#rpeg.binop`."""
+
+    def to_expr(self) -> Expr:
+        raise NotImplementedError(type(self).__name__)
+
+
+@irdl_attr_definition
+class NumAttr(ExprAttr):
+    """An integer literal of a size expression: `#rpeg.num<4>`."""
+
+    name = "rpeg.num"
+    value: IntAttr
+
+    def to_expr(self) -> Expr:
+        return Num(self.value.data)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.value.data}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> tuple[IntAttr]:
+        with parser.in_angle_brackets():
+            return (IntAttr(parser.parse_integer(allow_boolean=False)),)
+
+
+@irdl_attr_definition
+class SymAttr(ExprAttr):
+    """A workload symbol of a size expression: `#rpeg.sym<Lp>`."""
+
+    name = "rpeg.sym"
+    symbol: StringAttr
+
+    def to_expr(self) -> Expr:
+        return Sym(self.symbol.data)
+
+    def verify(self) -> None:
+        if self.symbol.data not in SYMBOLS:
+            raise VerifyException(
+                f"#rpeg.sym: unknown symbol '{self.symbol.data}'; use one of {', '.join(SYMBOLS)}"
+            )
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.symbol.data}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> tuple[StringAttr]:
+        with parser.in_angle_brackets():
+            return (StringAttr(parser.parse_identifier(" (one of B, R, Lp, Lr)")),)
+
+
+@irdl_attr_definition
+class BinOpAttr(ExprAttr):
+    """`lhs op rhs` of a size expression: `#rpeg.binop<"*", #rpeg.sym<B>, #rpeg.sym<R>>`."""
+
+    name = "rpeg.binop"
+    op: StringAttr
+    lhs: ExprAttr
+    rhs: ExprAttr
+
+    def to_expr(self) -> Expr:
+        return BinOp(self.op.data, self.lhs.to_expr(), self.rhs.to_expr())
+
+    def verify(self) -> None:
+        if self.op.data not in BINARY_OPS:
+            raise VerifyException(
+                f"#rpeg.binop: unknown operator '{self.op.data}'; use one of {' '.join(BINARY_OPS)}"
+            )
+
+
+def expr_attr(e: Expr) -> ExprAttr:
+    if isinstance(e, Num):
+        return NumAttr(IntAttr(int(e.value)))
+    if isinstance(e, Sym):
+        return SymAttr(StringAttr(e.name))
+    return BinOpAttr(StringAttr(e.op), expr_attr(e.lhs), expr_attr(e.rhs))
+
+
+@irdl_attr_definition
+class AllocAttr(ParametrizedAttribute):
+    """A device allocation D(o, delta): `#rpeg.alloc<(rack, node, gpu), (racks, nodes, gpus)>`."""
+
+    name = "rpeg.alloc"
+    origin_r: IntAttr
+    origin_n: IntAttr
+    origin_g: IntAttr
+    extent_r: IntAttr
+    extent_n: IntAttr
+    extent_g: IntAttr
+
+    @staticmethod
+    def from_alloc(a: Alloc) -> AllocAttr:
+        return AllocAttr(*(IntAttr(int(v)) for v in (*a.origin, *a.extent)))
+
+    def to_alloc(self) -> Alloc:
+        v = tuple(p.data for p in self.parameters)
+        return Alloc(v[:3], v[3:])
+
+    def print_parameters(self, printer: Printer) -> None:
+        v = tuple(p.data for p in self.parameters)
+        with printer.in_angle_brackets():
+            _print_ints(printer, v[:3])
+            printer.print_string(", ")
+            _print_ints(printer, v[3:])
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[IntAttr]:
+        with parser.in_angle_brackets():
+            origin = _parse_ints(parser)
+            parser.parse_punctuation(",")
+            extent = _parse_ints(parser)
+        if len(origin) != 3 or len(extent) != 3:
+            parser.raise_error("#rpeg.alloc expects (rack, node, gpu) origin and extent triples")
+        return [IntAttr(v) for v in (*origin, *extent)]
+
+
+@irdl_attr_definition
+class StrategyAttr(ParametrizedAttribute):
+    """A parallel strategy: `#rpeg.strategy<dp = 16, pp = 1, tp = 2, mb = 1>`."""
+
+    name = "rpeg.strategy"
+    KEYS: ClassVar[tuple[str, ...]] = ("dp", "pp", "tp", "mb")
+    dp: IntAttr
+    pp: IntAttr
+    tp: IntAttr
+    mb: IntAttr
+
+    @staticmethod
+    def from_strategy(s: Strategy) -> StrategyAttr:
+        return StrategyAttr(IntAttr(int(s.dp)), IntAttr(int(s.pp)), IntAttr(int(s.tp)), IntAttr(int(s.mb)))
+
+    def to_strategy(self) -> Strategy:
+        return Strategy(self.dp.data, self.pp.data, self.tp.data, self.mb.data)
+
+    def print_parameters(self, printer: Printer) -> None:
+        _print_keyed_ints(printer, self.KEYS, tuple(p.data for p in self.parameters))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[IntAttr]:
+        return _parse_keyed_ints(parser, cls.KEYS)
+
+
+@irdl_attr_definition
+class ArchAttr(ParametrizedAttribute):
+    """A model architecture: `#rpeg.arch<layers = 32, hidden = 4096, ..., kv_heads = 32>`."""
+
+    name = "rpeg.arch"
+    KEYS: ClassVar[tuple[str, ...]] = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
+    layers: IntAttr
+    hidden: IntAttr
+    ffn: IntAttr
+    vocab: IntAttr
+    heads: IntAttr
+    kv_heads: IntAttr
+
+    @staticmethod
+    def from_arch(a: Arch) -> ArchAttr:
+        return ArchAttr(*(IntAttr(int(getattr(a, k))) for k in ArchAttr.KEYS))
+
+    def to_arch(self) -> Arch:
+        return Arch(*(p.data for p in self.parameters))
+
+    def print_parameters(self, printer: Printer) -> None:
+        _print_keyed_ints(printer, self.KEYS, tuple(p.data for p in self.parameters))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[IntAttr]:
+        return _parse_keyed_ints(parser, cls.KEYS)
+
+
+@irdl_attr_definition
+class ModelIntAttr(ParametrizedAttribute):
+    """An integer per model: a staleness bound tau(m) or a parameter version, `#rpeg.model_int<@actor = 1>`."""
+
+    name = "rpeg.model_int"
+    model: SymbolRefAttr
+    value: IntAttr
+
+    @staticmethod
+    def from_pair(pair: tuple[str, int]) -> ModelIntAttr:
+        return ModelIntAttr(SymbolRefAttr(pair[0]), IntAttr(int(pair[1])))
+
+    def to_pair(self) -> tuple[str, int]:
+        return (self.model.string_value(), self.value.data)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_attribute(self.model)
+            printer.print_string(f" = {self.value.data}")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> tuple[SymbolRefAttr, IntAttr]:
+        with parser.in_angle_brackets():
+            model = SymbolRefAttr(parser.parse_symbol_name())
+            parser.parse_punctuation("=")
+            value = parser.parse_integer(allow_boolean=False)
+        return model, IntAttr(value)
+
+
+@irdl_attr_definition
+class QuantileAttr(ParametrizedAttribute):
+    """One point (f, tokens) of the response-length quantiles (Def. A.9), with its own source position."""
+
+    name = "rpeg.quantile"
+    f: FloatAttr
+    tokens: ExprAttr
+    loc: LocAttr

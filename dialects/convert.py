@@ -1,0 +1,651 @@
+"""Conversion between the plain `Program` dataclasses and an xDSL `ModuleOp` of the rpeg/exec dialects.
+
+Paper: Sec. IV-A and App. A-A..A-G (the concepts); DESIGN.md sec. 3-4 (the xDSL IR carries what
+passes read and print; `rpegc/core` computes on the dataclasses). `module_to_program` inverts
+`program_to_module` exactly, source locations included; passes read a Program with
+`module_to_program`, compute with `rpegc.core`, and write the result back with `replace_module`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BoolAttr,
+    Builtin,
+    BytesAttr,
+    DenseArrayBase,
+    FloatAttr,
+    IntAttr,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+    f64,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Operation, Region
+
+from rpegc.core.errors import UNKNOWN_LOC, Loc, RpegError
+from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.program import (
+    Alloc,
+    Cluster,
+    Container,
+    Edge,
+    Graph,
+    Model,
+    Placement,
+    Plan,
+    Program,
+    Quantile,
+    Strategy,
+    Vertex,
+    Workload,
+)
+from rpegc.dialects import exec as ex
+from rpegc.dialects import rpeg
+from rpegc.dialects.attrs import (
+    AllocAttr,
+    ArchAttr,
+    ExprAttr,
+    LocAttr,
+    ModelIntAttr,
+    QuantileAttr,
+    StrategyAttr,
+    expr_attr,
+    text,
+)
+
+FILE_ATTR = "rpeg.file"  # module attribute holding Program.file
+
+
+def make_context() -> Context:
+    """A Context with the builtin, rpeg and exec dialects, e.g. for parsing `--emit=mlir` output."""
+    ctx = Context()
+    ctx.load_dialect(Builtin)
+    ctx.load_dialect(rpeg.RPEG)
+    ctx.load_dialect(ex.EXEC)
+    return ctx
+
+
+def loc_of(op: Operation) -> Loc:
+    """The source position of `op`, or of its closest located ancestor."""
+    current: Optional[Operation] = op
+    while current is not None:
+        attr = current.attributes.get("loc")
+        if isinstance(attr, LocAttr):
+            return attr.to_loc()
+        current = current.parent_op()
+    return UNKNOWN_LOC
+
+
+# --- Program -> ops ---------------------------------------------------------------------------
+
+
+def program_to_module(p: Program) -> ModuleOp:
+    return ModuleOp(program_ops(p), attributes={FILE_ATTR: StringAttr(p.file)})
+
+
+def replace_module(module: ModuleOp, p: Program) -> None:
+    """Replace the body of `module` in place by the ops of `p` (a ModulePass mutates its module)."""
+    block = module.body.block
+    for op in reversed(list(block.ops)):
+        block.erase_op(op)
+    block.add_ops(program_ops(p))
+    module.attributes[FILE_ATTR] = StringAttr(p.file)
+
+
+def program_ops(p: Program) -> list[Operation]:
+    """The top-level ops of `p`: workload, models, graph, cluster, plan, exec graph."""
+    return _Builder().program_ops(p)
+
+
+def _int(v: int) -> IntAttr:
+    return IntAttr(int(v))
+
+
+def _float(v: float) -> FloatAttr:
+    return FloatAttr(float(v), f64)
+
+
+def _str(value: Optional[str]) -> Optional[StringAttr]:
+    return None if value is None else StringAttr(value)
+
+
+def _names(names: Iterable[str]) -> ArrayAttr[StringAttr]:
+    return ArrayAttr(tuple(StringAttr(n) for n in names))
+
+
+def _region(ops: list[Operation]) -> Region:
+    return Region(Block(ops))
+
+
+class _Builder:
+    """Builds the ops of one Program, sharing the immutable attributes that recur.
+
+    Building an xDSL attribute verifies it (microseconds each); exec graphs repeat the same
+    locations, symbols, allocations and strategies across thousands of nodes, so one instance per
+    conversion memoises them. No state outlives a call.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, object], Attribute] = {}
+
+    def _shared(self, kind: str, key: object, make) -> Attribute:
+        attr = self._memo.get((kind, key))
+        if attr is None:
+            attr = self._memo[(kind, key)] = make(key)
+        return attr
+
+    def float_attr(self, value: float) -> FloatAttr:
+        value = float(value)
+        # Keyed by the exact bits: 0.0 == -0.0 and nan != nan would defeat a plain float key.
+        return self._shared("float", value.hex(), lambda _: _float(value))  # type: ignore[return-value]
+
+    def loc(self, loc: Loc) -> LocAttr:
+        return self._shared("loc", loc, LocAttr.from_loc)  # type: ignore[return-value]
+
+    def sym(self, name: Optional[str]) -> Optional[SymbolRefAttr]:
+        return None if name is None else self._shared("sym", name, SymbolRefAttr)  # type: ignore[return-value]
+
+    def alloc(self, a: Optional[Alloc]) -> Optional[AllocAttr]:
+        return None if a is None else self._shared("alloc", a, AllocAttr.from_alloc)  # type: ignore[return-value]
+
+    def strategy(self, s: Optional[Strategy]) -> Optional[StrategyAttr]:
+        if s is None:
+            return None
+        return self._shared("strategy", s, StrategyAttr.from_strategy)  # type: ignore[return-value]
+
+    def model_ints(self, pairs: tuple[tuple[str, int], ...]) -> Optional[ArrayAttr[ModelIntAttr]]:
+        """A (model, int) list, or None when empty (the property is then omitted)."""
+        if not pairs:
+            return None
+        return self._shared(  # type: ignore[return-value]
+            "model_ints", pairs, lambda ps: ArrayAttr(tuple(ModelIntAttr.from_pair(p) for p in ps))
+        )
+
+    def op(
+        self,
+        cls: type[Operation],
+        loc: Loc,
+        props: dict[str, Attribute | None],
+        regions: Iterable[Region] = (),
+        extra: dict[str, Attribute] | None = None,
+    ) -> Operation:
+        """Build `cls` directly (Operation.create skips the slower keyword builder); None props are omitted."""
+        attributes: dict[str, Attribute] = {"loc": self.loc(loc)}
+        if extra:
+            attributes.update(extra)
+        properties = {k: v for k, v in props.items() if v is not None}
+        return cls.create(properties=properties, attributes=attributes, regions=list(regions))
+
+    def program_ops(self, p: Program) -> list[Operation]:
+        ops: list[Operation] = [self.workload_op(p.workload)]
+        ops.extend(self.model_op(m) for m in p.models)
+        if p.graph is not None:
+            ops.append(self.graph_op(p.graph))
+        if p.cluster is not None:
+            ops.append(self.cluster_op(p.cluster))
+        if p.plan is not None:
+            ops.append(self.plan_op(p.plan))
+        if p.exec is not None:
+            ops.append(self.exec_graph_op(p.exec))
+        return ops
+
+    def workload_op(self, w: Workload) -> Operation:
+        props = {"B": _int(w.B), "R": _int(w.R), "Lp": _int(w.Lp), "Lr": _int(w.Lr), "dtype": StringAttr(w.dtype)}
+        return self.op(rpeg.WorkloadOp, w.loc, props)
+
+    def model_op(self, m: Model) -> Operation:
+        props = {
+            "ident": StringAttr(m.name),
+            "kind": StringAttr(m.kind),
+            "arch": ArchAttr.from_arch(m.arch),
+            "trainable": UnitAttr() if m.trainable else None,
+            "preset": _str(m.preset),
+        }
+        return self.op(rpeg.ModelOp, m.loc, props)
+
+    def graph_op(self, g: Graph) -> Operation:
+        body: list[Operation] = [self.container_op(c) for c in g.containers]
+        if g.inputs:
+            body.append(self.op(rpeg.InputOp, g.loc, {"containers": _names(g.inputs)}))
+        if g.outputs:
+            body.append(self.op(rpeg.OutputOp, g.loc, {"containers": _names(g.outputs)}))
+        body.extend(self.vertex_op(v) for v in g.vertices)
+        body.extend(self.edge_op(rpeg.DataOp, e) for e in g.data_edges)
+        body.extend(self.edge_op(rpeg.PublishOp, e) for e in g.pub_edges)
+        # An empty list is kept when it has a known position: the user wrote it, printing keeps it.
+        if g.staleness or g.staleness_loc != UNKNOWN_LOC:
+            entries = ArrayAttr(tuple(ModelIntAttr.from_pair(p) for p in g.staleness))
+            body.append(self.op(rpeg.StalenessOp, g.staleness_loc, {"entries": entries}))
+        if g.quantiles or g.quantiles_loc != UNKNOWN_LOC:
+            entries = ArrayAttr(tuple(self.quantile_attr(q) for q in g.quantiles))
+            body.append(self.op(rpeg.QuantilesOp, g.quantiles_loc, {"entries": entries}))
+        return self.op(rpeg.GraphOp, g.loc, {"ident": StringAttr(g.name)}, [_region(body)])
+
+    def container_op(self, c: Container) -> Operation:
+        props: dict[str, Attribute | None] = {
+            "ident": StringAttr(c.name),
+            "dims": ArrayAttr(tuple(expr_attr(d) for d in c.dims)) if c.dims else None,
+            "model": self.sym(c.model),
+            "bytes_per_elem": None if c.bytes_per_elem is None else _int(c.bytes_per_elem),
+        }
+        if c.is_weights:
+            return self.op(rpeg.WeightsOp, c.loc, props)
+        props["elem"] = StringAttr(c.elem)
+        return self.op(rpeg.ContainerOp, c.loc, props)
+
+    def vertex_op(self, v: Vertex) -> Operation:
+        props = {
+            "ident": StringAttr(v.name),
+            "role": StringAttr(v.role),
+            "model": self.sym(v.model),
+            "reads": _names(v.reads),
+            "writes": _names(v.writes),
+        }
+        return self.op(rpeg.VertexOp, v.loc, props)
+
+    def edge_op(self, cls: type[Operation], e: Edge) -> Operation:
+        props = {"src": self.sym(e.src), "dst": self.sym(e.dst), "container": StringAttr(e.container)}
+        return self.op(cls, e.loc, props)
+
+    def quantile_attr(self, q: Quantile) -> QuantileAttr:
+        return QuantileAttr(_float(q.f), expr_attr(q.tokens), self.loc(q.loc))
+
+    def cluster_op(self, c: Cluster) -> Operation:
+        props = {
+            "ident": StringAttr(c.name),
+            "racks": _int(c.racks),
+            "nodes": _int(c.nodes),
+            "gpus": _int(c.gpus),
+            "hardware": StringAttr(c.hardware),
+        }
+        return self.op(rpeg.ClusterOp, c.loc, props)
+
+    def plan_op(self, p: Plan) -> Operation:
+        places = [
+            self.op(
+                rpeg.PlaceOp,
+                pl.loc,
+                {"vertex": self.sym(pl.vertex), "alloc": self.alloc(pl.alloc), "strategy": self.strategy(pl.strategy)},
+            )
+            for pl in p.placements
+        ]
+        props = {"ident": StringAttr(p.name), "graph": self.sym(p.graph), "cluster": self.sym(p.cluster)}
+        return self.op(rpeg.PlanOp, p.loc, props, [_region(places)])
+
+    def exec_graph_op(self, g: ExecGraph) -> Operation:
+        body: list[Operation] = [self.node_op(n) for n in g.nodes]
+        body.extend(self.exec_edge_op(e) for e in g.edges)
+        if g.memory is not None:
+            body.append(self.memory_op(g.memory, g.loc))
+        if g.schedule is not None:
+            keys = ("makespan", "score", "score_pen", "util", "p_eff")
+            body.append(self.op(ex.ScheduleOp, g.loc, {k: _float(getattr(g.schedule, k)) for k in keys}))
+        props = {
+            "graph": self.sym(g.graph),
+            "steps": _int(g.steps),
+            "lowered": UnitAttr() if g.lowered else None,
+        }
+        return self.op(ex.ExecGraphOp, g.loc, props, [_region(body)])
+
+    def node_op(self, n: ExecNode) -> Operation:
+        cls = ex.NODE_OPS.get(n.kind)
+        if cls is None:
+            raise RpegError(n.loc, f"exec node '{n.id}' has kind '{n.kind}'; use one of {', '.join(ex.NODE_OPS)}")
+        props = {
+            "ident": StringAttr(n.id),
+            "step": _int(n.step),
+            "order": _int(n.order),
+            "vertex": self.sym(n.vertex),
+            "role": _str(n.role),
+            "model": self.sym(n.model),
+            "container": _str(n.container),
+            "phase": None if n.phase is None else _int(n.phase),
+            "nphases": None if n.nphases is None else _int(n.nphases),
+            "alloc": self.alloc(n.alloc),
+            "strategy": self.strategy(n.strategy),
+            "src_alloc": self.alloc(n.src_alloc),
+            "src_strategy": self.strategy(n.src_strategy),
+            "bytes": _int(n.bytes) if n.bytes else None,
+            "fraction": None if n.fraction is None else self.float_attr(n.fraction),
+            "version_in": self.model_ints(n.version_in),
+            "version_out": self.model_ints(n.version_out),
+        }
+        results = {
+            key: self.float_attr(value)
+            for key, value in (("time", n.time), ("start", n.start), ("finish", n.finish))
+            if value is not None
+        }
+        return self.op(cls, n.loc, props, extra=results)
+
+    def exec_edge_op(self, e: ExecEdge) -> Operation:
+        cls = ex.EDGE_OPS.get(e.kind)
+        if cls is None:
+            raise RpegError(
+                e.loc, f"exec edge {e.src} -> {e.dst} has kind '{e.kind}'; use one of {', '.join(ex.EDGE_OPS)}"
+            )
+        props = {"src": self.sym(e.src), "dst": self.sym(e.dst), "container": _str(e.container)}
+        return self.op(cls, e.loc, props)
+
+    def memory_op(self, m: MemoryReport, loc: Loc) -> Operation:
+        props: dict[str, Attribute | None] = {}
+        for key in ("peak", "persistent", "transient"):
+            pairs: tuple[tuple[int, float], ...] = getattr(m, key)
+            props[f"{key}_devices"] = DenseArrayBase.from_list(i64, [int(d) for d, _ in pairs])
+            props[key] = ArrayAttr(tuple(self.float_attr(v) for _, v in pairs))
+        props["m_eff"] = _float(m.m_eff)
+        props["r_peak"] = _float(m.r_peak)
+        props["feasible"] = BoolAttr.from_bool(bool(m.feasible))
+        return self.op(ex.MemoryOp, loc, props)
+
+
+# --- ops -> Program ---------------------------------------------------------------------------
+
+
+def module_to_program(m: ModuleOp) -> Program:
+    """The Program held by a module built by `program_to_module` (or parsed and verified)."""
+    workload: Optional[Workload] = None
+    models: list[Model] = []
+    found: dict[str, object] = {}
+    for op in m.ops:
+        if isinstance(op, rpeg.WorkloadOp):
+            _check_single(op, "rpeg.workload", workload is not None)
+            workload = _workload(op)
+        elif isinstance(op, rpeg.ModelOp):
+            models.append(_model(op))
+        elif isinstance(op, (rpeg.GraphOp, rpeg.ClusterOp, rpeg.PlanOp, ex.ExecGraphOp)):
+            _check_single(op, op.name, op.name in found)
+            found[op.name] = _TOP_LEVEL_READERS[type(op)](op)
+        else:
+            raise RpegError(
+                loc_of(op),
+                f"unexpected op '{op.name}' at module level; a module holds only rpeg.workload, "
+                "rpeg.model, rpeg.graph, rpeg.cluster, rpeg.plan and exec.graph",
+            )
+    if workload is None:
+        raise RpegError(UNKNOWN_LOC, "the module has no rpeg.workload; add one (B, R, Lp, Lr, dtype)")
+    file_attr = m.attributes.get(FILE_ATTR)
+    return Program(
+        workload=workload,
+        models=tuple(models),
+        graph=found.get("rpeg.graph"),  # type: ignore[arg-type]
+        cluster=found.get("rpeg.cluster"),  # type: ignore[arg-type]
+        plan=found.get("rpeg.plan"),  # type: ignore[arg-type]
+        exec=found.get("exec.graph"),  # type: ignore[arg-type]
+        file=text(file_attr) if isinstance(file_attr, (StringAttr, BytesAttr)) else "<input>",
+    )
+
+
+def _check_single(op: Operation, what: str, seen: bool) -> None:
+    if seen:
+        raise RpegError(loc_of(op), f"a module holds at most one {what}; remove or merge the extra one")
+
+
+def _names_of(attr: ArrayAttr) -> tuple[str, ...]:
+    return tuple(text(a) for a in attr.data)
+
+
+def _opt_sym(attr: Optional[SymbolRefAttr]) -> Optional[str]:
+    return None if attr is None else attr.string_value()
+
+
+def _opt_int(attr: Optional[IntAttr]) -> Optional[int]:
+    return None if attr is None else attr.data
+
+
+def _opt_text(attr) -> Optional[str]:
+    return None if attr is None else text(attr)
+
+
+def _fl(attr: FloatAttr) -> float:
+    return attr.value.data
+
+
+def _workload(op: rpeg.WorkloadOp) -> Workload:
+    return Workload(op.B.data, op.R.data, op.Lp.data, op.Lr.data, op.dtype.data, loc=op.loc.to_loc())
+
+
+def _model(op: rpeg.ModelOp) -> Model:
+    return Model(
+        name=text(op.ident),
+        kind=op.kind.data,
+        trainable=op.trainable is not None,
+        arch=op.arch.to_arch(),
+        preset=_opt_text(op.preset),
+        loc=op.loc.to_loc(),
+    )
+
+
+def _graph(op: rpeg.GraphOp) -> Graph:
+    containers: list[Container] = []
+    inputs: list[str] = []
+    outputs: list[str] = []
+    vertices: list[Vertex] = []
+    data_edges: list[Edge] = []
+    pub_edges: list[Edge] = []
+    staleness: tuple[tuple[str, int], ...] = ()
+    quantiles: tuple[Quantile, ...] = ()
+    staleness_loc = quantiles_loc = UNKNOWN_LOC
+    for child in op.body.block.ops:
+        if isinstance(child, (rpeg.ContainerOp, rpeg.WeightsOp)):
+            containers.append(_container(child))
+        elif isinstance(child, rpeg.InputOp):
+            inputs.extend(_names_of(child.containers))
+        elif isinstance(child, rpeg.OutputOp):
+            outputs.extend(_names_of(child.containers))
+        elif isinstance(child, rpeg.VertexOp):
+            vertices.append(_vertex(child))
+        elif isinstance(child, rpeg.DataOp):
+            data_edges.append(_edge(child))
+        elif isinstance(child, rpeg.PublishOp):
+            pub_edges.append(_edge(child))
+        elif isinstance(child, rpeg.StalenessOp):
+            staleness += tuple(e.to_pair() for e in child.entries.data)
+            staleness_loc = child.loc.to_loc()
+        elif isinstance(child, rpeg.QuantilesOp):
+            quantiles += tuple(_quantile(q) for q in child.entries.data)
+            quantiles_loc = child.loc.to_loc()
+        else:
+            raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.graph; move it out")
+    return Graph(
+        name=text(op.ident),
+        containers=tuple(containers),
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        vertices=tuple(vertices),
+        data_edges=tuple(data_edges),
+        pub_edges=tuple(pub_edges),
+        staleness=staleness,
+        quantiles=quantiles,
+        loc=op.loc.to_loc(),
+        staleness_loc=staleness_loc,
+        quantiles_loc=quantiles_loc,
+    )
+
+
+def _container(op: rpeg.ContainerFields) -> Container:
+    dims: tuple[ExprAttr, ...] = () if op.dims is None else op.dims.data
+    return Container(
+        name=text(op.ident),
+        elem=op.elem.data if isinstance(op, rpeg.ContainerOp) else "weights",
+        dims=tuple(d.to_expr() for d in dims),
+        model=_opt_sym(op.model),
+        bytes_per_elem=_opt_int(op.bytes_per_elem),
+        loc=op.loc.to_loc(),
+    )
+
+
+def _vertex(op: rpeg.VertexOp) -> Vertex:
+    return Vertex(
+        name=text(op.ident),
+        role=op.role.data,
+        model=op.model.string_value(),
+        reads=_names_of(op.reads),
+        writes=_names_of(op.writes),
+        loc=op.loc.to_loc(),
+    )
+
+
+def _edge(op: rpeg.EdgeFields) -> Edge:
+    return Edge(op.src.string_value(), op.dst.string_value(), text(op.container), loc=op.loc.to_loc())
+
+
+def _quantile(q: QuantileAttr) -> Quantile:
+    return Quantile(_fl(q.f), q.tokens.to_expr(), loc=q.loc.to_loc())
+
+
+def _cluster(op: rpeg.ClusterOp) -> Cluster:
+    return Cluster(
+        name=text(op.ident),
+        racks=op.racks.data,
+        nodes=op.nodes.data,
+        gpus=op.gpus.data,
+        hardware=text(op.hardware),
+        loc=op.loc.to_loc(),
+    )
+
+
+def _plan(op: rpeg.PlanOp) -> Plan:
+    placements: list[Placement] = []
+    for child in op.body.block.ops:
+        if not isinstance(child, rpeg.PlaceOp):
+            raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.plan; use rpeg.place")
+        placements.append(
+            Placement(
+                child.vertex.string_value(),
+                child.alloc.to_alloc(),
+                child.strategy.to_strategy(),
+                loc=child.loc.to_loc(),
+            )
+        )
+    return Plan(
+        name=text(op.ident),
+        graph=op.graph.string_value(),
+        cluster=op.cluster.string_value(),
+        placements=tuple(placements),
+        loc=op.loc.to_loc(),
+    )
+
+
+_NODE_KINDS = {cls: kind for kind, cls in ex.NODE_OPS.items()}
+_EDGE_KINDS = {cls: kind for kind, cls in ex.EDGE_OPS.items()}
+
+
+def _exec_graph(op: ex.ExecGraphOp) -> ExecGraph:
+    nodes: list[ExecNode] = []
+    edges: list[ExecEdge] = []
+    memory: Optional[MemoryReport] = None
+    schedule: Optional[ScheduleReport] = None
+    for child in op.body.block.ops:
+        kind = type(child)
+        if kind in _NODE_KINDS:
+            nodes.append(_node(child, _NODE_KINDS[kind]))  # type: ignore[arg-type]
+        elif kind in _EDGE_KINDS:
+            edges.append(_exec_edge(child, _EDGE_KINDS[kind]))  # type: ignore[arg-type]
+        elif isinstance(child, ex.MemoryOp):
+            memory = _memory(child)
+        elif isinstance(child, ex.ScheduleOp):
+            schedule = _schedule(child)
+        else:
+            raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside exec.graph; move it out")
+    return ExecGraph(
+        graph=op.graph.string_value(),
+        steps=op.steps.data,
+        nodes=tuple(nodes),
+        edges=tuple(edges),
+        lowered=op.lowered is not None,
+        memory=memory,
+        schedule=schedule,
+        loc=op.loc.to_loc(),
+    )
+
+
+def _opt_float(attr: Optional[Attribute]) -> Optional[float]:
+    return attr.value.data if isinstance(attr, FloatAttr) else None
+
+
+def _pairs(attr: Optional[ArrayAttr]) -> tuple[tuple[str, int], ...]:
+    return () if attr is None else tuple(a.to_pair() for a in attr.data)
+
+
+def _node(op: ex.NodeFields, kind: str) -> ExecNode:
+    # Reading `op.properties` directly avoids one accessor call per field on large graphs.
+    props = op.properties
+    role = props.get("role")
+    alloc, src_alloc = props.get("alloc"), props.get("src_alloc")
+    strategy, src_strategy = props.get("strategy"), props.get("src_strategy")
+    nbytes = props.get("bytes")
+    attrs = op.attributes
+    return ExecNode(
+        id=text(props["ident"]),
+        kind=kind,
+        step=props["step"].data,
+        order=props["order"].data,
+        vertex=_opt_sym(props.get("vertex")),
+        role=None if role is None else role.data,
+        model=_opt_sym(props.get("model")),
+        container=_opt_text(props.get("container")),
+        phase=_opt_int(props.get("phase")),
+        nphases=_opt_int(props.get("nphases")),
+        alloc=None if alloc is None else alloc.to_alloc(),
+        strategy=None if strategy is None else strategy.to_strategy(),
+        src_alloc=None if src_alloc is None else src_alloc.to_alloc(),
+        src_strategy=None if src_strategy is None else src_strategy.to_strategy(),
+        bytes=0 if nbytes is None else nbytes.data,
+        fraction=_opt_float(props.get("fraction")),
+        version_in=_pairs(props.get("version_in")),
+        version_out=_pairs(props.get("version_out")),
+        time=_opt_float(attrs.get("time")),
+        start=_opt_float(attrs.get("start")),
+        finish=_opt_float(attrs.get("finish")),
+        loc=attrs["loc"].to_loc(),
+    )
+
+
+def _exec_edge(op: ex.EdgeFields, kind: str) -> ExecEdge:
+    props = op.properties
+    return ExecEdge(
+        src=props["src"].string_value(),
+        dst=props["dst"].string_value(),
+        kind=kind,
+        container=_opt_text(props.get("container")),
+        loc=op.attributes["loc"].to_loc(),
+    )
+
+
+def _device_pairs(devices: DenseArrayBase, values: ArrayAttr[FloatAttr]) -> tuple[tuple[int, float], ...]:
+    return tuple(zip(devices.get_values(), (v.value.data for v in values.data)))
+
+
+def _memory(op: ex.MemoryOp) -> MemoryReport:
+    return MemoryReport(
+        peak=_device_pairs(op.peak_devices, op.peak),
+        persistent=_device_pairs(op.persistent_devices, op.persistent),
+        transient=_device_pairs(op.transient_devices, op.transient),
+        m_eff=_fl(op.m_eff),
+        r_peak=_fl(op.r_peak),
+        feasible=bool(op.feasible.value.data),
+    )
+
+
+def _schedule(op: ex.ScheduleOp) -> ScheduleReport:
+    return ScheduleReport(
+        makespan=_fl(op.makespan),
+        score=_fl(op.score),
+        score_pen=_fl(op.score_pen),
+        util=_fl(op.util),
+        p_eff=_fl(op.p_eff),
+    )
+
+
+_TOP_LEVEL_READERS = {
+    rpeg.GraphOp: _graph,
+    rpeg.ClusterOp: _cluster,
+    rpeg.PlanOp: _plan,
+    ex.ExecGraphOp: _exec_graph,
+}

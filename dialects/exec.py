@@ -1,0 +1,217 @@
+"""The `exec` dialect: the unrolled graph G-bar and the executable DAG G-hat.
+
+Paper: App. A-F (Def. A.7, Alg. 3), A-G (Def. A.8, Alg. 4) and spec 6-7 (memory and schedule
+reports); one op per concept of `rpegc/core/exec_graph.py`. Nodes (`exec.op`, `exec.comm`,
+`exec.reshard`) declare their id in `ident`; edges (`exec.data`, `exec.publish`, `exec.order`,
+`exec.dep`) name their endpoints by SymbolRefAttr. Analysis results (`time`, `start`, `finish`)
+are discardable FloatAttr attributes on node ops, so a pass may drop them without touching the
+node. `exec.memory` stores the per-device peaks of up to thousands of devices as dense arrays.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BoolAttr,
+    DenseArrayBase,
+    FloatAttr,
+    I64,
+    IntAttr,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+)
+from xdsl.ir import Dialect
+from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, region_def, traits_def
+from xdsl.traits import HasParent, NoTerminator
+from xdsl.utils.exceptions import VerifyException
+
+from rpegc.core.program import ROLES
+from rpegc.dialects.attrs import AllocAttr, ModelIntAttr, StrategyAttr, Text
+from rpegc.dialects.rpeg import LocatedOp, check_member
+
+# Discardable analysis results written by annotate-cost (time) and schedule (start, finish).
+RESULT_ATTRS = ("time", "start", "finish")
+
+DeviceIds = DenseArrayBase[I64]
+# Not a dense f64 array: xDSL prints large integral floats there as hex, which its parser rejects.
+DeviceBytes = ArrayAttr[FloatAttr]
+
+
+@irdl_op_definition
+class ExecGraphOp(LocatedOp):
+    """`exec.graph`: the DAG unrolled from rpeg graph `graph` over `steps` steps (K_eval)."""
+
+    name = "exec.graph"
+    graph = prop_def(SymbolRefAttr)
+    steps = prop_def(IntAttr)
+    lowered = opt_prop_def(UnitAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+
+class NodeFields(LocatedOp):
+    """Every field of `ExecNode` except `kind` (the op name) and the discardable results."""
+
+    ident = prop_def(Text)
+    step = prop_def(IntAttr)
+    order = prop_def(IntAttr)
+    vertex = opt_prop_def(SymbolRefAttr)
+    role = opt_prop_def(StringAttr)
+    model = opt_prop_def(SymbolRefAttr)
+    container = opt_prop_def(Text)
+    phase = opt_prop_def(IntAttr)
+    nphases = opt_prop_def(IntAttr)
+    alloc = opt_prop_def(AllocAttr)
+    strategy = opt_prop_def(StrategyAttr)
+    src_alloc = opt_prop_def(AllocAttr)
+    src_strategy = opt_prop_def(StrategyAttr)
+    bytes = opt_prop_def(IntAttr)  # omitted when 0
+    fraction = opt_prop_def(FloatAttr)
+    version_in = opt_prop_def(ArrayAttr[ModelIntAttr])  # omitted when empty
+    version_out = opt_prop_def(ArrayAttr[ModelIntAttr])
+    traits = traits_def(HasParent(ExecGraphOp))
+
+    def verify_(self) -> None:
+        if self.role is not None:
+            check_member(self.name, "role", self.role.data, ROLES)
+        if (self.phase is None) != (self.nphases is None):
+            raise VerifyException(f"{self.name}: 'phase' and 'nphases' must be given together")
+        if self.phase is not None and self.nphases is not None:
+            if not 1 <= self.phase.data <= self.nphases.data:
+                raise VerifyException(
+                    f"{self.name}: phase {self.phase.data} is outside 1..{self.nphases.data}"
+                )
+        for key in RESULT_ATTRS:
+            value = self.attributes.get(key)
+            if value is not None and not isinstance(value, FloatAttr):
+                raise VerifyException(f"{self.name}: '{key}' must be a float attribute")
+
+
+@irdl_op_definition
+class OpNodeOp(NodeFields):
+    """`exec.op`: one step (or quantile phase) of an RPEG vertex."""
+
+    name = "exec.op"
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.vertex is None or self.role is None or self.model is None:
+            raise VerifyException(f"{self.name}: an op node needs 'vertex', 'role' and 'model'")
+
+
+@irdl_op_definition
+class CommOp(NodeFields):
+    """`exec.comm`: a transfer of a data container or of published weights."""
+
+    name = "exec.comm"
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.container is None and self.model is None:
+            raise VerifyException(f"{self.name}: a comm node moves a 'container' or a 'model'")
+
+
+@irdl_op_definition
+class ReshardOp(NodeFields):
+    """`exec.reshard`: a change of weight layout of `model` from src_strategy to strategy."""
+
+    name = "exec.reshard"
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.model is None:
+            raise VerifyException(f"{self.name}: a reshard node needs 'model'")
+
+
+class EdgeFields(LocatedOp):
+    src = prop_def(SymbolRefAttr)
+    dst = prop_def(SymbolRefAttr)
+    container = opt_prop_def(Text)
+    traits = traits_def(HasParent(ExecGraphOp))
+
+
+class ContainerEdgeFields(EdgeFields):
+    def verify_(self) -> None:
+        if self.container is None:
+            raise VerifyException(f"{self.name}: this edge must name the container it carries")
+
+
+@irdl_op_definition
+class DataEdgeOp(ContainerEdgeFields):
+    """`exec.data`: a data edge of the unrolled graph (before insert-comm)."""
+
+    name = "exec.data"
+
+
+@irdl_op_definition
+class PublishEdgeOp(ContainerEdgeFields):
+    """`exec.publish`: a publication edge of the unrolled graph (before insert-comm/reshard)."""
+
+    name = "exec.publish"
+
+
+@irdl_op_definition
+class OrderEdgeOp(EdgeFields):
+    """`exec.order`: the ordered-update edge t_m,k-1 -> t_m,k of Alg. 3."""
+
+    name = "exec.order"
+
+
+@irdl_op_definition
+class DepEdgeOp(EdgeFields):
+    """`exec.dep`: a plain dependency of the lowered DAG."""
+
+    name = "exec.dep"
+
+
+@irdl_op_definition
+class MemoryOp(LocatedOp):
+    """`exec.memory`: per-device peak, persistent and transient bytes, M_eff, r_peak, feasibility.
+
+    Each per-device map is a dense array of device ids and an equally long array of byte counts.
+    """
+
+    name = "exec.memory"
+    peak_devices = prop_def(DeviceIds)
+    peak = prop_def(DeviceBytes)
+    persistent_devices = prop_def(DeviceIds)
+    persistent = prop_def(DeviceBytes)
+    transient_devices = prop_def(DeviceIds)
+    transient = prop_def(DeviceBytes)
+    m_eff = prop_def(FloatAttr)
+    r_peak = prop_def(FloatAttr)
+    feasible = prop_def(BoolAttr)
+    traits = traits_def(HasParent(ExecGraphOp))
+
+    def verify_(self) -> None:
+        for key in ("peak", "persistent", "transient"):
+            devices, values = self.properties[f"{key}_devices"], self.properties[key]
+            assert isinstance(devices, DenseArrayBase) and isinstance(values, ArrayAttr)
+            if len(devices) != len(values):
+                raise VerifyException(
+                    f"{self.name}: {key}_devices has {len(devices)} entries but {key} has {len(values)}"
+                )
+
+
+@irdl_op_definition
+class ScheduleOp(LocatedOp):
+    """`exec.schedule`: makespan, score, penalised score, utilisation and P_eff (spec 7)."""
+
+    name = "exec.schedule"
+    makespan = prop_def(FloatAttr)
+    score = prop_def(FloatAttr)
+    score_pen = prop_def(FloatAttr)
+    util = prop_def(FloatAttr)
+    p_eff = prop_def(FloatAttr)
+    traits = traits_def(HasParent(ExecGraphOp))
+
+
+NODE_OPS = {"op": OpNodeOp, "comm": CommOp, "reshard": ReshardOp}
+EDGE_OPS = {"data": DataEdgeOp, "pub": PublishEdgeOp, "order": OrderEdgeOp, "dep": DepEdgeOp}
+
+EXEC = Dialect(
+    "exec",
+    [ExecGraphOp, *NODE_OPS.values(), *EDGE_OPS.values(), MemoryOp, ScheduleOp],
+    [],
+)

@@ -1,0 +1,1 @@
+"""rpegc passes: one ModulePass per file; `rpegc.registry` lists them."""

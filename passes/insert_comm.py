@@ -1,0 +1,23 @@
+"""insert-comm: lowering stage 2 and the transfer case of stage 4 (App. A-G, Alg. 4): Comm nodes for data
+edges between different allocations and for weight publications between different allocations (partial-overlap
+payload), reusing an existing installation of the same version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from rpegc.core.comm import insert_comm
+from rpegc.passes.program_pass import transform
+
+
+@dataclass(frozen=True)
+class InsertCommPass(ModulePass):
+    name = "insert-comm"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        transform(self.name, op, insert_comm)

@@ -1,0 +1,57 @@
+"""What every rpegc pass shares: run a `rpegc/core` function on the module's plain-data form.
+
+A pass converts the xDSL module to a `Program`, applies one core function, and writes the result back into the
+same ModuleOp (a ModulePass mutates its module). User errors from the core (`RpegError`) become
+`RpegPassError`, an xDSL `PassFailedException` that still carries the located error so the driver can print
+the source line and a caret.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.exceptions import PassFailedException
+
+from rpegc.core.errors import RpegError
+from rpegc.core.program import Program
+
+
+class RpegPassError(PassFailedException):
+    """A pass failed on bad input; `error` holds the located RpegError(s)."""
+
+    def __init__(self, pass_name: str, error: RpegError):
+        super().__init__(str(error))
+        self.pass_name = pass_name
+        self.error = error
+
+
+def read_program(module: ModuleOp) -> Program:
+    from rpegc.dialects.convert import module_to_program
+
+    return module_to_program(module)
+
+
+def transform(pass_name: str, module: ModuleOp, fn: Callable[[Program], Program]) -> Program:
+    """Apply `fn` to the module's Program and write the result back; returns the new Program."""
+    from rpegc.dialects.convert import replace_module
+
+    try:
+        result = fn(read_program(module))
+    except RpegError as err:
+        raise RpegPassError(pass_name, err) from None
+    replace_module(module, result)
+    return result
+
+
+def check(pass_name: str, module: ModuleOp, fn: Callable[[Program], None]) -> None:
+    """Run a check that does not change the module."""
+    try:
+        fn(read_program(module))
+    except RpegError as err:
+        raise RpegPassError(pass_name, err) from None
+
+
+def require(cond: bool, loc, message: str) -> None:
+    if not cond:
+        raise RpegError(loc, message)

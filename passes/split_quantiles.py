@@ -1,0 +1,24 @@
+"""split-quantiles: lowering stage 1 (App. A-G, Def. A.9): response-length phase sub-nodes for a generation
+vertex and its downstream inference vertices when they run on disjoint devices. `enable=false` turns it off
+(ablation A1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from rpegc.core.quantiles import split_quantiles
+from rpegc.passes.program_pass import transform
+
+
+@dataclass(frozen=True)
+class SplitQuantilesPass(ModulePass):
+    name = "split-quantiles"
+    enable: bool = True
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        transform(self.name, op, lambda p: split_quantiles(p, self.enable))

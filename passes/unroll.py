@@ -1,0 +1,24 @@
+"""unroll{k=N}: Alg. 3 (App. A-F, Def. A.6/A.7): per-step copies of every vertex and data edge, publication
+edges from step s_m(k) = k - tau(m) - 1, ordered-update edges between successive trainings of a model, and the
+parameter version every consumer reads (max(0, k - tau(m))) and every training produces (k + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from rpegc.core.unroll import unroll
+from rpegc.passes.program_pass import transform
+
+
+@dataclass(frozen=True)
+class UnrollPass(ModulePass):
+    name = "unroll"
+    k: int = 2
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        transform(self.name, op, lambda p: unroll(p, self.k))

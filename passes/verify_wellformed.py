@@ -1,0 +1,36 @@
+"""verify-wellformed: Def. A.2 (well-formed RPEG) and, when a plan is present, Def. A.5 and P1-P8 (App. A-J2a).
+
+Every violation is reported, each at its own source location with what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from rpegc.core.errors import RpegError, RpegErrors
+from rpegc.core.plan_rules import check_plan
+from rpegc.core.program import Program
+from rpegc.core.wellformed import check_graph
+from rpegc.passes.program_pass import check
+
+
+def verify_program(p: Program) -> None:
+    if p.graph is None:
+        raise RpegError(p.workload.loc, "the module has no rpeg.graph to verify; add 'rpeg.graph @name { ... }'")
+    errors = check_graph(p)
+    if p.plan is not None:
+        errors += check_plan(p)
+    if errors:
+        raise RpegErrors(errors) if len(errors) > 1 else errors[0]
+
+
+@dataclass(frozen=True)
+class VerifyWellformedPass(ModulePass):
+    name = "verify-wellformed"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        check(self.name, op, verify_program)

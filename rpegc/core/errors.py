@@ -1,0 +1,62 @@
+"""Located user errors shared by the parser, the passes, the optimizer and the runtime.
+
+Every user-facing failure is an `RpegError`: it carries a source location and a message that says
+what to change. The driver renders it as `file:line:col: error: ...` with the source line and a caret.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A position in a source file; line and col are 1-based."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+UNKNOWN_LOC = Loc("<unknown>", 0, 0)
+
+
+class RpegError(Exception):
+    """A user error at a source location (bad input, never a bug in rpegc)."""
+
+    def __init__(self, loc: Loc | None, message: str):
+        super().__init__(message)
+        self.loc = loc or UNKNOWN_LOC
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.loc}: error: {self.message}"
+
+
+class RpegErrors(RpegError):
+    """Several independent located errors found in one check (e.g. the verifier reports all)."""
+
+    def __init__(self, errors: list[RpegError]):
+        assert errors
+        super().__init__(errors[0].loc, errors[0].message)
+        self.errors = errors
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+def render(error: RpegError, source: str | None) -> str:
+    """`file:line:col: error: msg`, then the source line and a caret under the column."""
+    parts = []
+    for err in getattr(error, "errors", [error]):
+        text = f"{err.loc}: error: {err.message}"
+        if source is not None and err.loc.line > 0:
+            lines = source.splitlines()
+            if err.loc.line <= len(lines):
+                line = lines[err.loc.line - 1]
+                text += f"\n{line}\n{' ' * max(0, err.loc.col - 1)}^"
+        parts.append(text)
+    return "\n".join(parts)

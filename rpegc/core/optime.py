@@ -1,0 +1,259 @@
+"""Operator-node time T_op = T_gemm + T_bubble + T_comm + T_non-gemm + T_opt (paper Sec. V-B,
+App. D; spec 3).
+
+`op_time` prices one Op vertex under one plan. Plan quantities (dp, pp, tp, mb, tiers) may be
+Python scalars or numpy arrays of equal shape, so the optimizer can price many candidate plans of
+a vertex in one call; the result's fields then are arrays. Tiers are names from `devices.TIERS` or
+arrays of their indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from rpegc.core.collectives import allgather, allreduce, p2p, reduce_scatter
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.hardware import Hardware
+from rpegc.core.params import layer_params, param_count
+from rpegc.core.program import Arch, Workload
+from rpegc.core.work import generation_work, inference_work, training_work
+
+_DEFAULT = CostOptions()
+_TINY = 1e-300  # F_eff floor: a phase without work (L_r = 1 decode) then takes 0 s, not 0/0
+ADAM_BYTES_PER_PARAM = 18  # effective HBM traffic of one Adam step (spec 3.6)
+TRAIN_TP_ALLREDUCES_PER_LAYER = 6  # 2 per forward-equivalent phase: forward, recompute, backward
+NON_GEMM_MULTIPLIER = {"generation": 0, "inference": 1, "training": 4}
+
+
+@dataclass(frozen=True)
+class GemmPhase:
+    """Roofline of one GEMM phase (spec 3.1-3.2); `W` is the phase's whole-operator work."""
+
+    name: str  # "forward" (inference/training), "prefill" or "decode"
+    ell: object
+    rows: object  # sequences per device per GEMM (b_loc, or BR/P_d for [A5] "local_batch")
+    W: object
+    W_dev: object
+    Omega_W: object
+    Omega_A: object
+    I: object
+    eta: object
+    F_compute: object  # F_peak * eta
+    F_memory: object  # I * BW_mem
+    F_eff: object
+    T_gemm: object
+
+
+@dataclass(frozen=True)
+class TpCalls:
+    """`count` TP AllReduces of `msg` bytes each, `per_call` seconds each (spec 3.4.1)."""
+
+    name: str
+    count: object
+    msg: object
+    per_call: object
+
+    @property
+    def time(self):
+        return self.count * self.per_call
+
+
+@dataclass(frozen=True)
+class PpComm:
+    """Pipeline boundary transfers: `steps` steps of `per_step` seconds (spec 3.4.2)."""
+
+    steps: object
+    msg: object
+    n_intra: object
+    n_inter: object
+    per_step: object
+
+    @property
+    def time(self):
+        return self.steps * self.per_step
+
+
+@dataclass(frozen=True)
+class DpComm:
+    """ZeRO-2 gradient ReduceScatter plus weight AllGather of `msg` bytes (spec 3.4.3)."""
+
+    msg: object
+    reduce_scatter: object
+    allgather: object
+
+    @property
+    def time(self):
+        return self.reduce_scatter + self.allgather
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """Every term of T_op with the intermediates behind it (printed by `explain`)."""
+
+    role: str
+    P: object
+    b_loc: object
+    N_m: int
+    W: object
+    phases: tuple[GemmPhase, ...]
+    tp: tuple[TpCalls, ...]
+    pp: Optional[PpComm]
+    dp: Optional[DpComm]
+    T_gemm: object
+    T_bubble: object
+    T_tp: object
+    T_pp: object
+    T_dp: object
+    T_non_gemm: object
+    T_opt: object
+    bubble_factor: object  # T_bubble / T_gemm
+
+    @property
+    def T_comm(self):
+        return self.T_tp + self.T_pp + self.T_dp
+
+    @property
+    def T_op(self):
+        return self.T_gemm + self.T_bubble + self.T_comm + self.T_non_gemm + self.T_opt
+
+    def phase(self, name: str) -> GemmPhase:
+        return next(p for p in self.phases if p.name == name)
+
+    def tp_calls(self, name: str) -> TpCalls:
+        return next(c for c in self.tp if c.name == name)
+
+    @property
+    def prefill_time(self):
+        """T_pf of spec 5.3: the prefill's GEMM with its bubble share, TP and (option A7) PP."""
+        pp = self.T_pp if self.pp is not None else 0.0
+        return self.phase("prefill").T_gemm * (1 + self.bubble_factor) + self.tp_calls("prefill").time + pp
+
+    @property
+    def decode_time(self):
+        """T_dec of spec 5.3: the decode's GEMM with its bubble share and TP."""
+        return self.phase("decode").T_gemm * (1 + self.bubble_factor) + self.tp_calls("decode").time
+
+
+def op_time(
+    role: str,
+    arch: Arch,
+    kind: str,
+    wl: Workload,
+    *,
+    dp,
+    pp,
+    tp,
+    mb,
+    gpus_per_node: int,
+    hw: Hardware,
+    opts: CostOptions = _DEFAULT,
+    span_tier="intra_node",
+    pp_tier=None,
+) -> OpTime:
+    """T_op of one Op vertex (spec 3).
+
+    `span_tier` is tier(sigma(v)) (DP collectives, inter-node PP boundaries); `pp_tier` overrides
+    the latter (option A8 "replica"). `gpus_per_node` is the cluster's N_g.
+    """
+    pp_tier = span_tier if pp_tier is None else pp_tier
+    s_b, d = wl.s_b, arch.hidden
+    BR = wl.B * wl.R
+    ell_full = wl.Lp + wl.Lr
+    P = dp * pp * tp
+    b_loc = BR / (dp * mb)
+    layers_local = arch.layers / pp
+    N_m = param_count(arch, kind)
+
+    omega_w = layers_local / tp * layer_params(arch) * s_b
+    k = np.minimum(d, arch.ffn) / tp
+    width_eff = k / (k + hw.gamma_K)
+
+    def gemm(name, W, W_dev, ell, rows) -> GemmPhase:
+        omega_a = 2 * rows * ell * d * layers_local * s_b
+        intensity = W_dev / (omega_w + omega_a)
+        eta = rows * ell / (rows * ell + hw.gamma_M) * width_eff
+        f_compute = hw.F_peak * eta
+        f_memory = intensity * hw.BW_mem
+        f_eff = np.minimum(f_compute, f_memory)
+        t = W / (P * np.maximum(f_eff, _TINY))
+        return GemmPhase(name, ell, rows, W, W_dev, omega_w, omega_a, intensity, eta, f_compute, f_memory, f_eff, t)
+
+    a_tp, b_tp = hw.coll("intra_node")
+
+    def tp_calls(name, count, msg) -> TpCalls:
+        return TpCalls(name, count, msg, allreduce(msg, tp, a_tp, b_tp))
+
+    def pipeline(ell, steps) -> PpComm:
+        msg = BR * ell * d * s_b / (dp * tp * mb)
+        per_node = np.maximum(np.minimum(pp, np.floor(gpus_per_node / tp)), 1)
+        n_inter = np.maximum(0, np.ceil(pp / per_node) - 1)
+        n_intra = pp - 1 - n_inter
+        boundaries = np.maximum(pp - 1, 1)
+        step = n_intra / boundaries * p2p(msg, *hw.p2p("intra_node")) + n_inter / boundaries * p2p(msg, *hw.p2p(pp_tier))
+        return PpComm(steps, msg, n_intra, n_inter, step)
+
+    pp_comm: Optional[PpComm] = None
+    dp_comm: Optional[DpComm] = None
+    if role == "generation":
+        # Work leaves Python's exact ints here: it can exceed int64 and numpy would then refuse it.
+        W_pf, W_dec = (w * 1.0 for w in generation_work(arch, wl, opts))
+        decode_steps = wl.Lr - 1
+        steps_div = np.maximum(decode_steps, 1)
+        local_batch = opts.decode_rows == "local_batch"
+        dec_rows = BR / dp if local_batch else b_loc
+        dec_dev = W_dec / (P * steps_div) if local_batch else W_dec / (P * mb * steps_div)
+        phases = (gemm("prefill", W_pf, W_pf / (P * mb), wl.Lp, b_loc), gemm("decode", W_dec, dec_dev, 1, dec_rows))
+        W = W_pf + W_dec
+        if opts.tp_decode == "batched":
+            decode_tp = tp_calls("decode", 2 * layers_local * decode_steps, BR * d * s_b / dp)
+        else:
+            decode_tp = tp_calls("decode", 2 * layers_local * mb * decode_steps, BR * d * s_b / (dp * mb))
+        tps = (tp_calls("prefill", 2 * layers_local * mb, BR * wl.Lp * d * s_b / (dp * mb)), decode_tp)
+        if opts.generation_pp == "prefill":
+            pp_comm = pipeline(wl.Lp, mb + pp - 2)
+    elif role == "inference":
+        W = inference_work(arch, kind, wl, opts) * 1.0
+        phases = (gemm("forward", W, W / (P * mb), ell_full, b_loc),)
+        tps = (tp_calls("forward", 2 * layers_local * mb, BR * ell_full * d * s_b / (dp * mb)),)
+        pp_comm = pipeline(ell_full, mb + pp - 2)
+    elif role == "training":
+        W = training_work(arch, kind, wl, opts) * 1.0
+        # Intensity is that of one forward-equivalent pass.
+        phases = (gemm("forward", W, W / (opts.train_forward_equivalents * P * mb), ell_full, b_loc),)
+        count = TRAIN_TP_ALLREDUCES_PER_LAYER * layers_local * mb
+        tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
+        pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
+        msg = N_m * s_b / (pp * tp)
+        a_dp, b_dp = hw.coll(span_tier)
+        dp_comm = DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), allgather(msg, dp, a_dp, b_dp))
+    else:
+        raise ValueError(f"unknown role {role!r}")
+
+    T_gemm = sum(ph.T_gemm for ph in phases)
+    bubbled = role != "generation" or opts.bubble_on_generation
+    bubble_factor = (pp - 1) / mb * bubbled
+    zero = 0.0 * P  # a zero of the plan's shape
+    T_ng0 = layers_local * hw.c_ng * (b_loc / hw.B_cal) * (1 - 1 / tp)
+    T_opt = ADAM_BYTES_PER_PARAM * N_m / (P * hw.BW_mem) if role == "training" else zero
+    return OpTime(
+        role=role,
+        P=P,
+        b_loc=b_loc,
+        N_m=N_m,
+        W=W,
+        phases=phases,
+        tp=tps,
+        pp=pp_comm,
+        dp=dp_comm,
+        T_gemm=T_gemm,
+        T_bubble=T_gemm * bubble_factor,
+        T_tp=sum(c.time for c in tps),
+        T_pp=pp_comm.time if pp_comm is not None else zero,
+        T_dp=dp_comm.time if dp_comm is not None else zero,
+        T_non_gemm=NON_GEMM_MULTIPLIER[role] * T_ng0,
+        T_opt=T_opt,
+        bubble_factor=bubble_factor,
+    )

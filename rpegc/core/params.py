@@ -1,0 +1,21 @@
+"""Logical parameter counts N_m = |m| (spec 2.5, from [PF])."""
+
+from __future__ import annotations
+
+from rpegc.core.program import Arch
+
+SCALAR_HEAD_KINDS = ("critic", "reward", "actor_critic")
+
+
+def layer_params(arch: Arch) -> int:
+    """W_layer = 4 d^2 + 2 d d_ff (four attention projections, two FFN projections)."""
+    d = arch.hidden
+    return 4 * d * d + 2 * d * arch.ffn
+
+
+def param_count(arch: Arch, kind: str) -> int:
+    """N_m: layers + one (tied-as-counted) V*d matrix, + d for a scalar head."""
+    n = arch.layers * layer_params(arch) + arch.vocab * arch.hidden
+    if kind in SCALAR_HEAD_KINDS:
+        n += arch.hidden
+    return n

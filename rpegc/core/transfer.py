@@ -1,0 +1,69 @@
+"""Comm and Reshard node times and payloads, and quantile sub-node times (paper App. A-G, D;
+spec 5.1-5.3, [A16], [A17]).
+
+Payload functions are what `insert-comm` / `insert-reshard` store in a node's `bytes`; time
+functions are what `annotate-cost` assigns. Numeric arguments may be numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rpegc.core.collectives import alltoall, span_tier
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.hardware import Hardware
+from rpegc.core.program import Alloc
+
+_DEFAULT = CostOptions()
+
+
+def comm_time(payload, n_src, n_dst, alpha, beta):
+    """T_xfer = alpha + payload / min(n_src, n_dst) * beta: balanced concurrent send/recv pairs."""
+    return alpha + payload / np.minimum(n_src, n_dst) * beta
+
+
+def reshard_time(n_params, s_b, p, alpha, beta):
+    """T_reshard = A2A(N_m s_b / p, p): every GPU of the allocation exchanges its share."""
+    return alltoall(n_params * s_b / p, p, alpha, beta)
+
+
+def data_payload(container_bytes, fraction=None):
+    """Bytes of a data edge: |a| s(a), scaled by f_q - f_{q-1} for quantile phase q."""
+    return container_bytes if fraction is None else container_bytes * fraction
+
+
+def overlap_count(a: Alloc, b: Alloc) -> int:
+    """#(sigma(u) ∩ sigma(v)) of two box allocations."""
+    n = 1
+    for o_a, e_a, o_b, e_b in zip(a.origin, a.extent, b.origin, b.extent):
+        n *= max(0, min(o_a + e_a, o_b + e_b) - max(o_a, o_b))
+    return n
+
+
+def publication_payload(n_params, s_b, src: Alloc, dst: Alloc):
+    """N_m s_b (n_max - n_overlap) / n_max: GPUs in both allocations produce their shard locally."""
+    n_max = max(src.size, dst.size)
+    return n_params * s_b * (n_max - overlap_count(src, dst)) / n_max
+
+
+def comm_node_time(payload, src: Alloc, dst: Alloc, hw: Hardware) -> float:
+    """T_xfer of a Comm node between two allocations, at tier(sigma(u) ∪ sigma(v))."""
+    alpha, beta = hw.p2p(span_tier(src, dst))
+    return comm_time(payload, src.size, dst.size, alpha, beta)
+
+
+def reshard_node_time(n_params, s_b, alloc: Alloc, hw: Hardware, opts: CostOptions = _DEFAULT) -> float:
+    """T_reshard of a Reshard node on `alloc`, at tier(sigma(u)) with the family of [A16]."""
+    tier = span_tier(alloc)
+    alpha, beta = hw.coll(tier) if opts.alltoall_family == "collective" else hw.p2p(tier)
+    return reshard_time(n_params, s_b, alloc.size, alpha, beta)
+
+
+def generation_phase_time(prefill_time, decode_time, q: int, t_q, t_prev, t_last):
+    """T(gen_q) = 1[q=1] T_pf + T_dec (t_q - t_{q-1}) / t_Q ([A17]; t_0 = 0)."""
+    return (q == 1) * prefill_time + decode_time * (t_q - t_prev) / t_last
+
+
+def inference_phase_time(op_time, fraction):
+    """T(inf_q) = T_op(inference) (f_q - f_{q-1}) ([A17])."""
+    return op_time * fraction

@@ -1,0 +1,1 @@
+"""Hardware profiles (TOML) shipped with rpegc."""

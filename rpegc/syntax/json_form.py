@@ -1,0 +1,744 @@
+"""The JSON form of a Program (`rpegc --emit=json`, the runtime's plan input).
+
+Paper: Sec. VII ("graph realization": the runtime reads the lowered, annotated plan) and DESIGN.md
+Sections 3-4. The JSON form carries exactly what the text form carries, so
+`program_from_json(program_to_json(p)) == p`; source locations are not stored (they never take part
+in equality). No xDSL: the runtime loads plans through this module.
+
+Schema (every key is always written unless marked "optional"; `null` stands for "not set"):
+
+    {
+      "format": "rpegc-program", "format_version": 1,
+      "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32"},
+      "models": [{"name": str, "kind": MODEL_KIND, "trainable": bool, "preset": str | null,
+                  "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int}}],
+                  // reading: "arch" may be left out when "preset" names a known preset
+      "rpeg_graph": null | {            // the cyclic steady-state graph G°
+          "name": str,
+          "containers": [{"name": str, "elem": ELEMENT_KIND | "weights", "dims": [EXPR],
+                          "model": str | null, "bytes_per_elem": int | null}],
+          "inputs": [str], "outputs": [str],
+          "vertices": [{"name": str, "role": ROLE, "model": str, "reads": [str], "writes": [str]}],
+          "data_edges": [{"src": str, "dst": str, "container": str}],
+          "pub_edges":  [{"src": str, "dst": str, "container": str}],
+          "staleness": {model: int},          // tau(m); models not listed have tau = 0
+          "quantiles": [{"f": float, "tokens": EXPR}]},
+      "cluster": null | {"name": str, "racks": int, "nodes": int, "gpus": int, "hardware": str},
+      "plan": null | {"name": str, "graph": str, "cluster": str,
+                      "placements": [{"vertex": str, "origin": [r, n, g], "extent": [r, n, g],
+                                      "dp": int, "pp": int, "tp": int, "mb": int}]},
+
+      // only for a module with an exec.graph (the unrolled / lowered DAG):
+      "graph": str,                     // name of the RPEG the DAG was unrolled from
+      "steps": int,                     // K_eval
+      "lowered": bool,
+      "nodes": [{
+          "id": str, "kind": "op" | "comm" | "reshard", "vertex": str | null, "step": int,
+          "phase": int | null, "role": ROLE | null, "model": str | null,
+          "devices": [int] | null,      // flat ids (rack*N_n + node)*N_g + gpu of the allocation
+                                        // (Op: sigma(v); Comm/Reshard: destination); null: unplaced
+          "dp": int | null, "pp": int | null, "tp": int | null, "mb": int | null,
+                                        // Op: its plan; Reshard: the target layout; else null
+          "bytes": int,                 // Comm/Reshard payload, 0 for Op nodes
+          "version_in": {model: int},   // Op: version read per model; Comm/Reshard: version moved
+          "version_out": {model: int},  // training Op: version produced (k + 1)
+          "order": int,                 // topological index of the RPEG vertex (Comm/Reshard: consumer's)
+          "container": str,             // optional: Comm's container
+          "fraction": float,            // optional: quantile phase share f_q - f_{q-1}
+          "nphases": int,               // optional: Q of a phase sub-node
+          "alloc": {"origin": [r, n, g], "extent": [r, n, g]},       // optional (see "devices")
+          "src_alloc": {"origin": [...], "extent": [...]},          // optional: Comm/Reshard source
+          "src_strategy": {"dp": int, "pp": int, "tp": int, "mb": int},  // optional: Reshard source layout
+          "time": float, "start": float, "finish": float             // optional: annotate-cost, schedule
+      }],
+      "edges": [[src_id, dst_id]],
+      "edge_attrs": [{"kind": "data" | "pub" | "order" | "dep", "container": str | null}],
+                                        // optional, one per edge; absent: every edge is a plain "dep"
+      "memory": {"peak": {device: bytes}, "persistent": {device: bytes}, "transient": {device: bytes},
+                 "m_eff": float, "r_peak": float, "feasible": bool},            // optional
+      "schedule": {"makespan": float, "score": float, "score_pen": float,
+                   "util": float, "p_eff": float}                                // optional
+    }
+
+EXPR is a size expression in the text syntax, e.g. "B*R" or "(Lp + Lr)/2". When reading, a node
+may give "devices" without "alloc": the allocation is rebuilt from the device box (the module's
+cluster is needed); given both, they must agree. Unknown keys are errors. Every error names the key
+path, e.g. `at nodes[3].alloc.extent: expected a list of 3 integers`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Optional
+
+from rpegc.core.errors import Loc, RpegError
+from rpegc.core.exec_graph import (
+    EDGE_KINDS,
+    NODE_KINDS,
+    ExecEdge,
+    ExecGraph,
+    ExecNode,
+    MemoryReport,
+    ScheduleReport,
+)
+from rpegc.core.expr import SYMBOLS, BinOp, Expr, Num, Sym
+from rpegc.core.presets import lookup as lookup_preset
+from rpegc.core.program import (
+    DTYPE_BYTES,
+    ELEMENT_KINDS,
+    MODEL_KINDS,
+    ROLES,
+    Alloc,
+    Arch,
+    Cluster,
+    Container,
+    Edge,
+    Graph,
+    Model,
+    Placement,
+    Plan,
+    Program,
+    Quantile,
+    Strategy,
+    Vertex,
+    Workload,
+)
+
+FORMAT = "rpegc-program"
+FORMAT_VERSION = 1
+_ARCH_KEYS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
+_STRATEGY_KEYS = ("dp", "pp", "tp", "mb")
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------
+
+
+def program_to_json(p: Program) -> dict:
+    """The JSON-ready dict of `p` (see the module docstring for the schema)."""
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "workload": {"B": p.workload.B, "R": p.workload.R, "Lp": p.workload.Lp, "Lr": p.workload.Lr,
+                     "dtype": p.workload.dtype},
+        "models": [_model_json(m) for m in p.models],
+        "rpeg_graph": _graph_json(p.graph) if p.graph is not None else None,
+        "cluster": _cluster_json(p.cluster) if p.cluster is not None else None,
+        "plan": _plan_json(p.plan) if p.plan is not None else None,
+    }
+    if p.exec is not None:
+        out.update(_exec_json(p.exec, p.cluster))
+    return out
+
+
+def _model_json(m: Model) -> dict:
+    return {
+        "name": m.name,
+        "kind": m.kind,
+        "trainable": m.trainable,
+        "preset": m.preset,
+        "arch": {k: getattr(m.arch, k) for k in _ARCH_KEYS},
+    }
+
+
+def _graph_json(g: Graph) -> dict:
+    return {
+        "name": g.name,
+        "containers": [
+            {"name": c.name, "elem": c.elem, "dims": [str(d) for d in c.dims], "model": c.model,
+             "bytes_per_elem": c.bytes_per_elem}
+            for c in g.containers
+        ],
+        "inputs": list(g.inputs),
+        "outputs": list(g.outputs),
+        "vertices": [
+            {"name": v.name, "role": v.role, "model": v.model, "reads": list(v.reads), "writes": list(v.writes)}
+            for v in g.vertices
+        ],
+        "data_edges": [{"src": e.src, "dst": e.dst, "container": e.container} for e in g.data_edges],
+        "pub_edges": [{"src": e.src, "dst": e.dst, "container": e.container} for e in g.pub_edges],
+        "staleness": {m: tau for m, tau in g.staleness},
+        "quantiles": [{"f": q.f, "tokens": str(q.tokens)} for q in g.quantiles],
+    }
+
+
+def _cluster_json(c: Cluster) -> dict:
+    return {"name": c.name, "racks": c.racks, "nodes": c.nodes, "gpus": c.gpus, "hardware": c.hardware}
+
+
+def _plan_json(plan: Plan) -> dict:
+    return {
+        "name": plan.name,
+        "graph": plan.graph,
+        "cluster": plan.cluster,
+        "placements": [
+            {"vertex": pl.vertex, "origin": list(pl.alloc.origin), "extent": list(pl.alloc.extent),
+             **_strategy_json(pl.strategy)}
+            for pl in plan.placements
+        ],
+    }
+
+
+def _alloc_json(a: Alloc) -> dict:
+    return {"origin": list(a.origin), "extent": list(a.extent)}
+
+
+def _strategy_json(s: Optional[Strategy]) -> dict:
+    if s is None:
+        return {k: None for k in _STRATEGY_KEYS}
+    return {"dp": s.dp, "pp": s.pp, "tp": s.tp, "mb": s.mb}
+
+
+def _exec_json(g: ExecGraph, cluster: Optional[Cluster]) -> dict:
+    out: dict[str, Any] = {
+        "graph": g.graph,
+        "steps": g.steps,
+        "lowered": g.lowered,
+        "nodes": [_node_json(n, cluster) for n in g.nodes],
+        "edges": [[e.src, e.dst] for e in g.edges],
+    }
+    if any(e.kind != "dep" or e.container is not None for e in g.edges):
+        out["edge_attrs"] = [{"kind": e.kind, "container": e.container} for e in g.edges]
+    if g.memory is not None:
+        m = g.memory
+        out["memory"] = {
+            "peak": {str(d): b for d, b in m.peak},
+            "persistent": {str(d): b for d, b in m.persistent},
+            "transient": {str(d): b for d, b in m.transient},
+            "m_eff": m.m_eff,
+            "r_peak": m.r_peak,
+            "feasible": m.feasible,
+        }
+    if g.schedule is not None:
+        s = g.schedule
+        out["schedule"] = {"makespan": s.makespan, "score": s.score, "score_pen": s.score_pen,
+                           "util": s.util, "p_eff": s.p_eff}
+    return out
+
+
+def _node_json(n: ExecNode, cluster: Optional[Cluster]) -> dict:
+    devices = list(n.alloc.devices(cluster)) if n.alloc is not None and cluster is not None else None
+    out: dict[str, Any] = {
+        "id": n.id,
+        "kind": n.kind,
+        "vertex": n.vertex,
+        "step": n.step,
+        "phase": n.phase,
+        "role": n.role,
+        "model": n.model,
+        "devices": devices,
+        **_strategy_json(n.strategy),
+        "bytes": n.bytes,
+        "version_in": dict(n.version_in),
+        "version_out": dict(n.version_out),
+        "order": n.order,
+    }
+    optional = {
+        "container": n.container,
+        "fraction": n.fraction,
+        "nphases": n.nphases,
+        "alloc": _alloc_json(n.alloc) if n.alloc is not None else None,
+        "src_alloc": _alloc_json(n.src_alloc) if n.src_alloc is not None else None,
+        "src_strategy": _strategy_json(n.src_strategy) if n.src_strategy is not None else None,
+        "time": n.time,
+        "start": n.start,
+        "finish": n.finish,
+    }
+    out.update({k: v for k, v in optional.items() if v is not None})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+# ----------------------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to decoded JSON; every failure is an RpegError naming the key path."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.loc = Loc(file, 0, 0)
+
+    def error(self, path: str, message: str) -> RpegError:
+        where = f"at {path}: " if path else ""
+        return RpegError(self.loc, f"{where}{message}")
+
+    def obj(self, value: Any, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(path, f"expected an object, got {_kind(value)}")
+        for key in required:
+            if key not in value:
+                raise self.error(path, f"missing key '{key}'; add it (see the JSON schema in rpegc.syntax.json_form)")
+        allowed = set(required) | set(optional)
+        for key in value:
+            if key not in allowed:
+                raise self.error(
+                    _join(path, key), f"unknown key '{key}'; expected one of {', '.join(sorted(allowed))}"
+                )
+        return value
+
+    def int_(self, value: Any, path: str, minimum: Optional[int] = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(path, f"expected an integer, got {_kind(value)}")
+        if minimum is not None and value < minimum:
+            raise self.error(path, f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    def float_(self, value: Any, path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(path, f"expected a number, got {_kind(value)}")
+        return value
+
+    def bool_(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(path, f"expected true or false, got {_kind(value)}")
+        return value
+
+    def str_(self, value: Any, path: str, choices: Optional[tuple[str, ...]] = None) -> str:
+        if not isinstance(value, str):
+            raise self.error(path, f"expected a string, got {_kind(value)}")
+        if choices is not None and value not in choices:
+            raise self.error(path, f"'{value}' is not one of {', '.join(choices)}")
+        return value
+
+    def list_(self, value: Any, path: str) -> list:
+        if not isinstance(value, list):
+            raise self.error(path, f"expected a list, got {_kind(value)}")
+        return value
+
+    def opt(self, value: Any, path: str, read: Callable[[Any, str], Any]) -> Any:
+        return None if value is None else read(value, path)
+
+    def triple(self, value: Any, path: str, minimum: int) -> tuple[int, int, int]:
+        if not isinstance(value, list) or len(value) != 3:
+            raise self.error(path, f"expected a list of 3 integers, got {_kind(value)}")
+        return tuple(self.int_(v, f"{path}[{i}]", minimum) for i, v in enumerate(value))  # type: ignore[return-value]
+
+    def version_map(self, value: Any, path: str) -> tuple[tuple[str, int], ...]:
+        if not isinstance(value, dict):
+            raise self.error(path, f"expected an object {{model: version}}, got {_kind(value)}")
+        return tuple((m, self.int_(v, _join(path, m), 0)) for m, v in value.items())
+
+    def expr(self, value: Any, path: str) -> Expr:
+        text = self.str_(value, path)
+        try:
+            return parse_expr(text)
+        except ValueError as e:
+            raise self.error(path, f"bad size expression '{text}': {e}") from None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return "an object"
+
+
+def program_from_json(d: dict, file: str) -> Program:
+    """Rebuild a Program from `program_to_json`'s dict; malformed input raises RpegError (key path)."""
+    r = _Reader(file)
+    exec_keys = ("graph", "steps", "lowered", "nodes", "edges")
+    top = r.obj(
+        d,
+        "",
+        ("workload", "models"),
+        ("format", "format_version", "rpeg_graph", "cluster", "plan", "edge_attrs", "memory", "schedule")
+        + exec_keys,
+    )
+    if "format" in top and top["format"] != FORMAT:
+        raise r.error("format", f"expected '{FORMAT}', got {_kind(top['format'])}; this is not an rpegc program")
+    if "format_version" in top and top["format_version"] != FORMAT_VERSION:
+        raise r.error("format_version", f"unsupported version {top['format_version']!r}; this rpegc reads {FORMAT_VERSION}")
+    workload = _read_workload(r, top["workload"])
+    models = tuple(_read_model(r, m, f"models[{i}]") for i, m in enumerate(r.list_(top["models"], "models")))
+    graph = r.opt(top.get("rpeg_graph"), "rpeg_graph", lambda v, p: _read_graph(r, v, p))
+    cluster = r.opt(top.get("cluster"), "cluster", lambda v, p: _read_cluster(r, v, p))
+    plan = r.opt(top.get("plan"), "plan", lambda v, p: _read_plan(r, v, p))
+    exec_graph = None
+    if any(k in top for k in exec_keys):
+        for key in ("graph", "steps", "nodes", "edges"):
+            if key not in top:
+                raise r.error("", f"missing key '{key}': a module with exec nodes needs graph, steps, nodes and edges")
+        exec_graph = _read_exec(r, top, cluster)
+    elif any(k in top for k in ("edge_attrs", "memory", "schedule")):
+        raise r.error("", "'edge_attrs', 'memory' and 'schedule' belong to an exec graph; add 'graph', 'steps', 'nodes', 'edges'")
+    return Program(workload=workload, models=models, graph=graph, cluster=cluster, plan=plan, exec=exec_graph, file=file)
+
+
+def _read_workload(r: _Reader, v: Any) -> Workload:
+    o = r.obj(v, "workload", ("B", "R", "Lp", "Lr"), ("dtype",))
+    return Workload(
+        B=r.int_(o["B"], "workload.B", 1),
+        R=r.int_(o["R"], "workload.R", 1),
+        Lp=r.int_(o["Lp"], "workload.Lp", 1),
+        Lr=r.int_(o["Lr"], "workload.Lr", 1),
+        dtype=r.str_(o.get("dtype", "bf16"), "workload.dtype", tuple(DTYPE_BYTES)),
+        loc=r.loc,
+    )
+
+
+def _read_model(r: _Reader, v: Any, path: str) -> Model:
+    o = r.obj(v, path, ("name", "kind", "trainable"), ("preset", "arch"))
+    preset = r.opt(o.get("preset"), _join(path, "preset"), r.str_)
+    if o.get("arch") is not None:
+        a = r.obj(o["arch"], _join(path, "arch"), _ARCH_KEYS)
+        arch = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS})
+    elif preset is not None and lookup_preset(preset) is not None:
+        arch = lookup_preset(preset)
+    else:
+        raise r.error(path, "missing key 'arch'; give the architecture or a known 'preset' name")
+    return Model(
+        name=r.str_(o["name"], _join(path, "name")),
+        kind=r.str_(o["kind"], _join(path, "kind"), MODEL_KINDS),
+        trainable=r.bool_(o["trainable"], _join(path, "trainable")),
+        arch=arch,
+        preset=preset,
+        loc=r.loc,
+    )
+
+
+def _read_edge(r: _Reader, v: Any, path: str) -> Edge:
+    o = r.obj(v, path, ("src", "dst", "container"))
+    return Edge(
+        src=r.str_(o["src"], _join(path, "src")),
+        dst=r.str_(o["dst"], _join(path, "dst")),
+        container=r.str_(o["container"], _join(path, "container")),
+        loc=r.loc,
+    )
+
+
+def _read_graph(r: _Reader, v: Any, path: str) -> Graph:
+    o = r.obj(
+        v, path, ("name", "containers", "vertices"),
+        ("inputs", "outputs", "data_edges", "pub_edges", "staleness", "quantiles"),
+    )
+    containers = []
+    for i, c in enumerate(r.list_(o["containers"], _join(path, "containers"))):
+        cp = f"{path}.containers[{i}]"
+        co = r.obj(c, cp, ("name", "elem"), ("dims", "model", "bytes_per_elem"))
+        containers.append(
+            Container(
+                name=r.str_(co["name"], _join(cp, "name")),
+                elem=r.str_(co["elem"], _join(cp, "elem"), ELEMENT_KINDS + ("weights",)),
+                dims=tuple(r.expr(e, f"{cp}.dims[{j}]") for j, e in enumerate(r.list_(co.get("dims", []), _join(cp, "dims")))),
+                model=r.opt(co.get("model"), _join(cp, "model"), r.str_),
+                bytes_per_elem=r.opt(co.get("bytes_per_elem"), _join(cp, "bytes_per_elem"), lambda x, p: r.int_(x, p, 1)),
+                loc=r.loc,
+            )
+        )
+    vertices = []
+    for i, x in enumerate(r.list_(o["vertices"], _join(path, "vertices"))):
+        vp = f"{path}.vertices[{i}]"
+        vo = r.obj(x, vp, ("name", "role", "model"), ("reads", "writes"))
+        vertices.append(
+            Vertex(
+                name=r.str_(vo["name"], _join(vp, "name")),
+                role=r.str_(vo["role"], _join(vp, "role"), ROLES),
+                model=r.str_(vo["model"], _join(vp, "model")),
+                reads=_str_tuple(r, vo.get("reads", []), _join(vp, "reads")),
+                writes=_str_tuple(r, vo.get("writes", []), _join(vp, "writes")),
+                loc=r.loc,
+            )
+        )
+    staleness = o.get("staleness", {})
+    if not isinstance(staleness, dict):
+        raise r.error(_join(path, "staleness"), f"expected an object {{model: tau}}, got {_kind(staleness)}")
+    quantiles = []
+    for i, q in enumerate(r.list_(o.get("quantiles", []), _join(path, "quantiles"))):
+        qp = f"{path}.quantiles[{i}]"
+        qo = r.obj(q, qp, ("f", "tokens"))
+        quantiles.append(Quantile(f=r.float_(qo["f"], _join(qp, "f")), tokens=r.expr(qo["tokens"], _join(qp, "tokens")), loc=r.loc))
+    return Graph(
+        name=r.str_(o["name"], _join(path, "name")),
+        containers=tuple(containers),
+        inputs=_str_tuple(r, o.get("inputs", []), _join(path, "inputs")),
+        outputs=_str_tuple(r, o.get("outputs", []), _join(path, "outputs")),
+        vertices=tuple(vertices),
+        data_edges=tuple(_read_edge(r, e, f"{path}.data_edges[{i}]") for i, e in enumerate(r.list_(o.get("data_edges", []), _join(path, "data_edges")))),
+        pub_edges=tuple(_read_edge(r, e, f"{path}.pub_edges[{i}]") for i, e in enumerate(r.list_(o.get("pub_edges", []), _join(path, "pub_edges")))),
+        staleness=tuple((m, r.int_(t, f"{path}.staleness.{m}", 0)) for m, t in staleness.items()),
+        quantiles=tuple(quantiles),
+        loc=r.loc,
+        staleness_loc=r.loc,
+        quantiles_loc=r.loc,
+    )
+
+
+def _str_tuple(r: _Reader, v: Any, path: str) -> tuple[str, ...]:
+    return tuple(r.str_(x, f"{path}[{i}]") for i, x in enumerate(r.list_(v, path)))
+
+
+def _read_cluster(r: _Reader, v: Any, path: str) -> Cluster:
+    o = r.obj(v, path, ("name", "racks", "nodes", "gpus", "hardware"))
+    return Cluster(
+        name=r.str_(o["name"], _join(path, "name")),
+        racks=r.int_(o["racks"], _join(path, "racks"), 1),
+        nodes=r.int_(o["nodes"], _join(path, "nodes"), 1),
+        gpus=r.int_(o["gpus"], _join(path, "gpus"), 1),
+        hardware=r.str_(o["hardware"], _join(path, "hardware")),
+        loc=r.loc,
+    )
+
+
+def _read_strategy(r: _Reader, o: dict, path: str, required: bool) -> Optional[Strategy]:
+    values = {k: o.get(k) for k in _STRATEGY_KEYS}
+    if all(x is None for x in values.values()) and not required:
+        return None
+    missing = [k for k, x in values.items() if x is None]
+    if missing:
+        raise r.error(path, f"{', '.join(missing)} missing: give all of dp, pp, tp, mb (or none of them)")
+    return Strategy(**{k: r.int_(x, _join(path, k), 1) for k, x in values.items()})
+
+
+def _read_alloc(r: _Reader, v: Any, path: str) -> Alloc:
+    o = r.obj(v, path, ("origin", "extent"))
+    return Alloc(origin=r.triple(o["origin"], _join(path, "origin"), 0), extent=r.triple(o["extent"], _join(path, "extent"), 1))
+
+
+def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
+    o = r.obj(v, path, ("name", "graph", "cluster", "placements"))
+    placements = []
+    for i, x in enumerate(r.list_(o["placements"], _join(path, "placements"))):
+        pp = f"{path}.placements[{i}]"
+        po = r.obj(x, pp, ("vertex", "origin", "extent") + _STRATEGY_KEYS)
+        alloc = Alloc(origin=r.triple(po["origin"], _join(pp, "origin"), 0), extent=r.triple(po["extent"], _join(pp, "extent"), 1))
+        placements.append(
+            Placement(vertex=r.str_(po["vertex"], _join(pp, "vertex")), alloc=alloc,
+                      strategy=_read_strategy(r, po, pp, required=True), loc=r.loc)
+        )
+    return Plan(
+        name=r.str_(o["name"], _join(path, "name")),
+        graph=r.str_(o["graph"], _join(path, "graph")),
+        cluster=r.str_(o["cluster"], _join(path, "cluster")),
+        placements=tuple(placements),
+        loc=r.loc,
+    )
+
+
+_NODE_REQUIRED = ("id", "kind", "step")
+_NODE_OPTIONAL = (
+    "vertex", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb", "bytes", "version_in", "version_out",
+    "order", "container", "fraction", "nphases", "alloc", "src_alloc", "src_strategy", "time", "start", "finish",
+)
+
+
+def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster]) -> ExecNode:
+    o = r.obj(v, path, _NODE_REQUIRED, _NODE_OPTIONAL)
+    node_id = r.str_(o["id"], _join(path, "id"))
+    alloc = r.opt(o.get("alloc"), _join(path, "alloc"), lambda x, p: _read_alloc(r, x, p))
+    devices = o.get("devices")
+    if devices is not None:
+        ids = tuple(r.int_(x, f"{path}.devices[{i}]", 0) for i, x in enumerate(r.list_(devices, _join(path, "devices"))))
+        alloc = _check_devices(r, ids, alloc, cluster, _join(path, "devices"))
+    src_strategy = None
+    if o.get("src_strategy") is not None:
+        sp = _join(path, "src_strategy")
+        src_strategy = _read_strategy(r, r.obj(o["src_strategy"], sp, _STRATEGY_KEYS), sp, required=True)
+    opt_float = lambda key: r.opt(o.get(key), _join(path, key), r.float_)  # noqa: E731
+    opt_int = lambda key, low: r.opt(o.get(key), _join(path, key), lambda x, p: r.int_(x, p, low))  # noqa: E731
+    opt_str = lambda key, choices=None: r.opt(o.get(key), _join(path, key), lambda x, p: r.str_(x, p, choices))  # noqa: E731
+    return ExecNode(
+        id=node_id,
+        kind=r.str_(o["kind"], _join(path, "kind"), NODE_KINDS),
+        step=r.int_(o["step"], _join(path, "step"), 0),
+        order=r.int_(o.get("order", 0), _join(path, "order"), 0),
+        vertex=opt_str("vertex"),
+        role=opt_str("role", ROLES),
+        model=opt_str("model"),
+        container=opt_str("container"),
+        phase=opt_int("phase", 1),
+        nphases=opt_int("nphases", 1),
+        alloc=alloc,
+        strategy=_read_strategy(r, o, path, required=False),
+        src_alloc=r.opt(o.get("src_alloc"), _join(path, "src_alloc"), lambda x, p: _read_alloc(r, x, p)),
+        src_strategy=src_strategy,
+        bytes=r.int_(o.get("bytes", 0), _join(path, "bytes"), 0),
+        fraction=opt_float("fraction"),
+        version_in=r.version_map(o.get("version_in", {}), _join(path, "version_in")),
+        version_out=r.version_map(o.get("version_out", {}), _join(path, "version_out")),
+        time=opt_float("time"),
+        start=opt_float("start"),
+        finish=opt_float("finish"),
+        loc=r.loc,
+    )
+
+
+def _check_devices(
+    r: _Reader, ids: tuple[int, ...], alloc: Optional[Alloc], cluster: Optional[Cluster], path: str
+) -> Alloc:
+    """The allocation the flat ids describe; it must agree with an explicit "alloc"."""
+    if cluster is None:
+        if alloc is None:
+            raise r.error(path, "flat device ids need the module's 'cluster' to be read; add the cluster or give 'alloc'")
+        return alloc
+    if alloc is not None:
+        if ids != alloc.devices(cluster):
+            raise r.error(path, f"the device list disagrees with 'alloc' {alloc.origin} extent {alloc.extent}; "
+                                "fix one of them (or drop 'devices')")
+        return alloc
+    if not ids:
+        raise r.error(path, "an empty device list describes no allocation; give at least one device or null")
+    n = cluster.num_devices
+    bad = [d for d in ids if d >= n]
+    if bad:
+        raise r.error(path, f"device {bad[0]} is outside cluster {cluster.name} ({n} devices)")
+    coords = [((d // cluster.gpus) // cluster.nodes, (d // cluster.gpus) % cluster.nodes, d % cluster.gpus) for d in ids]
+    origin = tuple(min(c[i] for c in coords) for i in range(3))
+    extent = tuple(max(c[i] for c in coords) - origin[i] + 1 for i in range(3))
+    box = Alloc(origin=origin, extent=extent)  # type: ignore[arg-type]
+    if box.devices(cluster) != ids:
+        raise r.error(path, "the devices do not form a contiguous box listed in rack, node, gpu order; "
+                            "an allocation is D(origin, extent) (Def. A.4)")
+    return box
+
+
+def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
+    nodes = tuple(_read_node(r, v, f"nodes[{i}]", cluster) for i, v in enumerate(r.list_(top["nodes"], "nodes")))
+    seen: set[str] = set()
+    for i, n in enumerate(nodes):
+        if n.id in seen:
+            raise r.error(f"nodes[{i}].id", f"node id '{n.id}' is used twice; node ids must be unique")
+        seen.add(n.id)
+    raw_edges = r.list_(top["edges"], "edges")
+    attrs = r.list_(top["edge_attrs"], "edge_attrs") if "edge_attrs" in top else None
+    if attrs is not None and len(attrs) != len(raw_edges):
+        raise r.error("edge_attrs", f"has {len(attrs)} entries but 'edges' has {len(raw_edges)}; give one per edge")
+    edges = []
+    for i, e in enumerate(raw_edges):
+        path = f"edges[{i}]"
+        if not isinstance(e, list) or len(e) != 2:
+            raise r.error(path, f"expected [src_id, dst_id], got {_kind(e)}")
+        src, dst = r.str_(e[0], f"{path}[0]"), r.str_(e[1], f"{path}[1]")
+        for j, end in enumerate((src, dst)):
+            if end not in seen:
+                raise r.error(f"{path}[{j}]", f"unknown node id '{end}'; declare it in 'nodes' or remove the edge")
+        kind, container = "dep", None
+        if attrs is not None:
+            ap = f"edge_attrs[{i}]"
+            ao = r.obj(attrs[i], ap, ("kind",), ("container",))
+            kind = r.str_(ao["kind"], _join(ap, "kind"), EDGE_KINDS)
+            container = r.opt(ao.get("container"), _join(ap, "container"), r.str_)
+        edges.append(ExecEdge(src=src, dst=dst, kind=kind, container=container, loc=r.loc))
+    return ExecGraph(
+        graph=r.str_(top["graph"], "graph"),
+        steps=r.int_(top["steps"], "steps", 1),
+        nodes=nodes,
+        edges=tuple(edges),
+        lowered=r.bool_(top.get("lowered", False), "lowered"),
+        memory=r.opt(top.get("memory"), "memory", lambda v, p: _read_memory(r, v, p)),
+        schedule=r.opt(top.get("schedule"), "schedule", lambda v, p: _read_schedule(r, v, p)),
+        loc=r.loc,
+    )
+
+
+def _device_map(r: _Reader, v: Any, path: str) -> tuple[tuple[int, float], ...]:
+    if not isinstance(v, dict):
+        raise r.error(path, f"expected an object {{device: bytes}}, got {_kind(v)}")
+    out = []
+    for key, b in v.items():
+        if not re.fullmatch(r"[0-9]+", key):
+            raise r.error(_join(path, key), f"'{key}' is not a flat device id (a non-negative integer)")
+        out.append((int(key), r.float_(b, _join(path, key))))
+    return tuple(out)
+
+
+def _read_memory(r: _Reader, v: Any, path: str) -> MemoryReport:
+    o = r.obj(v, path, ("peak", "persistent", "transient", "m_eff", "r_peak", "feasible"))
+    return MemoryReport(
+        peak=_device_map(r, o["peak"], _join(path, "peak")),
+        persistent=_device_map(r, o["persistent"], _join(path, "persistent")),
+        transient=_device_map(r, o["transient"], _join(path, "transient")),
+        m_eff=r.float_(o["m_eff"], _join(path, "m_eff")),
+        r_peak=r.float_(o["r_peak"], _join(path, "r_peak")),
+        feasible=r.bool_(o["feasible"], _join(path, "feasible")),
+    )
+
+
+def _read_schedule(r: _Reader, v: Any, path: str) -> ScheduleReport:
+    keys = ("makespan", "score", "score_pen", "util", "p_eff")
+    o = r.obj(v, path, keys)
+    return ScheduleReport(**{k: r.float_(o[k], _join(path, k)) for k in keys})
+
+
+# ----------------------------------------------------------------------------------------------
+# Size expressions in their text form
+# ----------------------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(.))")
+
+
+def parse_expr(text: str) -> Expr:
+    """Parse `str(expr)` back to the identical tree: + - * / left-associative, parentheses, numbers
+    (a leading '-' directly before a number makes a negative literal), the symbols B, R, Lp, Lr."""
+    tokens = []
+    for m in _TOKEN.finditer(text):
+        if m.group(1) is not None:
+            tokens.append(("num", int(m.group(1))))
+        elif m.group(2) is not None:
+            tokens.append(("sym", m.group(2)))
+        elif m.group(3) is not None and not m.group(3).isspace():
+            tokens.append(("op", m.group(3)))
+    parser = _ExprParser(tokens)
+    e = parser.sum()
+    if parser.i != len(tokens):
+        raise ValueError(f"unexpected '{tokens[parser.i][1]}'")
+    return e
+
+
+class _ExprParser:
+    def __init__(self, tokens: list[tuple[str, Any]]):
+        self.tokens = tokens
+        self.i = 0
+
+    def peek(self) -> tuple[str, Any]:
+        return self.tokens[self.i] if self.i < len(self.tokens) else ("end", None)
+
+    def sum(self) -> Expr:
+        e = self.product()
+        while self.peek() in (("op", "+"), ("op", "-")):
+            op = self.tokens[self.i][1]
+            self.i += 1
+            e = BinOp(op, e, self.product())
+        return e
+
+    def product(self) -> Expr:
+        e = self.atom()
+        while self.peek() in (("op", "*"), ("op", "/")):
+            op = self.tokens[self.i][1]
+            self.i += 1
+            e = BinOp(op, e, self.atom())
+        return e
+
+    def atom(self) -> Expr:
+        kind, value = self.peek()
+        self.i += 1
+        if kind == "num":
+            return Num(value)
+        if kind == "sym":
+            if value not in SYMBOLS:
+                raise ValueError(f"unknown symbol '{value}'; use {', '.join(SYMBOLS)}")
+            return Sym(value)
+        if (kind, value) == ("op", "-") and self.peek()[0] == "num":
+            n = self.tokens[self.i][1]
+            self.i += 1
+            return Num(-n)
+        if (kind, value) == ("op", "("):
+            e = self.sum()
+            if self.peek() != ("op", ")"):
+                raise ValueError("missing ')'")
+            self.i += 1
+            return e
+        raise ValueError("expected a number, a symbol or '('" if kind == "end" else f"unexpected '{value}'")

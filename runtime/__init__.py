@@ -1,0 +1,1 @@
+"""rpegc runtime: completion-driven controller, traces and verification, backends. Never imports xDSL."""

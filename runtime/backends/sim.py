@@ -1,0 +1,157 @@
+"""The simulated backend: a discrete-event clock driven by the plan's annotated node times.
+
+Paper: Sec. VII (the runtime executes the plan; predicted times guide selection only) and DESIGN.md
+Section 7 ("sim: simulated clock from the annotated times, scales to thousands of devices").
+One process, no workers: a node submitted at simulated time t finishes at t + time(x) * factor, where
+factor is 1 without jitter and otherwise a seeded multiplicative draw per node (uniform in
+[1 - x, 1 + x], or lognormal exp(N(0, x))). Draws depend only on (seed, node id), so a run is
+reproducible whatever the dispatch order. The backend keeps the set of artifacts that exist (installed,
+produced, not yet released) and fails a node whose bound input is missing, so a controller that
+released something early is caught; it also accounts the bytes those artifacts hold per device.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+
+import numpy as np
+
+from rpegc.core.errors import RpegError
+from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
+from rpegc.runtime.plan import Artifact, RunPlan
+
+DISTRIBUTIONS = ("uniform", "lognormal")
+
+
+class SimBackend(Backend):
+    name = "sim"
+    clock = "sim"
+    default_reserve = "destination"  # the scheduler's rule, so a jitter-free run replays the schedule
+
+    def __init__(self, jitter: float = 0.0, distribution: str = "uniform", seed: int = 0):
+        if distribution not in DISTRIBUTIONS:
+            raise RpegError(None, f"unknown jitter distribution '{distribution}'; use {' or '.join(DISTRIBUTIONS)}")
+        if not (math.isfinite(jitter) and jitter >= 0.0) or (distribution == "uniform" and jitter >= 1.0):
+            raise RpegError(
+                None,
+                f"jitter {jitter} is out of range; give 0 <= jitter < 1 for uniform (+-100*jitter %) "
+                "or jitter >= 0 (the log-space sigma) for lognormal",
+            )
+        self.jitter, self.distribution, self.seed = jitter, distribution, seed
+        self._clock = 0.0
+        self._events: list[tuple[float, int, Dispatch, float]] = []
+        self._seq = 0
+        self._store: set[Artifact] = set()
+        self._plan: RunPlan | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, plan: RunPlan) -> dict[int, int]:
+        for n in plan.nodes:
+            t = n.node.time
+            if t is None:
+                raise RpegError(
+                    n.node.loc,
+                    f"node {n.id} has no time annotation; the sim backend runs on predicted times, so run "
+                    "the annotate-cost pass (or give `time = ...`) first",
+                )
+            if not (math.isfinite(t) and t >= 0.0):
+                raise RpegError(n.node.loc, f"node {n.id} has time {t}; times must be finite and non-negative")
+        self._plan = plan
+        self._clock = 0.0
+        self._events.clear()
+        self._store.clear()
+        size = (max(plan.devices) + 1) if plan.devices else 0
+        self._held = np.zeros(size)
+        self._peak = np.zeros(size)
+        self._index_cache: dict[Artifact, np.ndarray] = {}
+        return {d: d for d in plan.devices}  # one persistent worker per device, rank = device id
+
+    def shutdown(self) -> None:
+        self._events.clear()
+
+    def now(self) -> float:
+        return self._clock
+
+    # -- work -----------------------------------------------------------------------------------
+
+    def factor(self, node_id: str) -> float:
+        """The multiplicative jitter of one node; exactly 1.0 without jitter."""
+        if self.jitter == 0.0:
+            return 1.0
+        rng = random.Random(f"{self.seed}/{node_id}")
+        if self.distribution == "uniform":
+            return 1.0 + rng.uniform(-self.jitter, self.jitter)
+        return math.exp(rng.gauss(0.0, self.jitter))
+
+    def _start(self, d: Dispatch) -> None:
+        for a in d.inputs:
+            if a not in self._store:
+                raise BackendError(d.node.node.loc, f"node {d.id} needs {a.label}, which is not present (released or never made)")
+        t = d.node.node.time
+        assert t is not None
+        f = self.factor(d.id)
+        finish = self._clock + (t if f == 1.0 else t * f)
+        heapq.heappush(self._events, (finish, self._seq, d, self._clock))
+        self._seq += 1
+
+    run_op = transfer = reshard = _start
+
+    def wait(self) -> list[Completion]:
+        if not self._events:
+            raise BackendError(None, "wait() with nothing running")
+        t = self._events[0][0]
+        self._clock = t
+        out = []
+        while self._events and self._events[0][0] == t:
+            _, _, d, start = heapq.heappop(self._events)
+            for a in d.outputs:
+                self._add(a)
+            out.append(Completion(
+                node=d.id, start=start, finish=t, bytes=d.node.node.bytes,
+                versions_in=self._versions_read(d), versions_out=d.versions_out,
+            ))
+        return out
+
+    def _versions_read(self, d: Dispatch) -> tuple[tuple[str, int], ...]:
+        """The versions of the parameter copies actually bound (looked up in the store, by model)."""
+        bound = {a.name: a.index for a in d.inputs if a.kind == "weights" and a in self._store}
+        return tuple((m, bound[m]) for m, _ in d.versions_in if m in bound)
+
+    # -- artifacts ------------------------------------------------------------------------------
+
+    def install(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
+        self._add(artifact, devices)
+
+    def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
+        if artifact not in self._store:
+            raise BackendError(None, f"release of {artifact.label}, which is not present")
+        self._store.remove(artifact)
+        self._account(artifact, -1.0)
+
+    def _add(self, a: Artifact, devices: tuple[int, ...] | None = None) -> None:
+        if a in self._store:
+            return  # e.g. a Reshard re-lays out a copy that is already there
+        self._store.add(a)
+        self._account(a, 1.0, devices)
+
+    def _account(self, a: Artifact, sign: float, devices: tuple[int, ...] | None = None) -> None:
+        assert self._plan is not None
+        idx = self._index_cache.get(a)
+        if idx is None:
+            if devices is None:
+                assert self._plan.program.cluster is not None
+                devices = a.alloc.devices(self._plan.program.cluster)
+            idx = self._index_cache[a] = np.asarray(devices, dtype=np.int64)
+        share = self._plan.artifact_bytes.get(a, 0) / max(1, len(idx))
+        self._held[idx] += sign * share
+        if sign > 0:
+            self._peak[idx] = np.maximum(self._peak[idx], self._held[idx])
+
+    def memory(self) -> dict[int, float]:
+        return {d: float(self._held[d]) for d in self._plan.devices} if self._plan else {}
+
+    def peak_memory(self) -> dict[int, float]:
+        return {d: float(self._peak[d]) for d in self._plan.devices} if self._plan else {}

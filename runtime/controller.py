@@ -1,0 +1,364 @@
+"""The completion-driven controller (paper Sec. VII, Alg. 2; DESIGN.md Section 7).
+
+`run(plan, backend)` realises a `RunPlan` on a backend:
+
+A. bind every node to workers and a resource set R(x): an Op node its allocation; a Comm/Reshard
+   node its destination allocation ("destination", the scheduler's reservation rule, spec 7) or
+   both endpoints ("endpoints", Table III). The backend chooses the default; callers may override.
+B. launch the persistent workers once (`backend.start`) and install the initial checkpoint
+   (version 0) wherever a node reads it.
+C. dispatch completion-driven: a node is ready when all its predecessors completed; ready nodes are
+   visited by RL step, then Comm/Reshard before Op, then topological order, and one starts when
+   R(x) is free. On each completion the controller records it, publishes the node's outputs and
+   model versions, releases R(x), and releases every artifact and parameter copy that no remaining
+   node consumes. Nothing ever waits on a predicted time.
+
+Dispatch policies:
+- "alg2": exactly the above.
+- "plan": additionally, on every device the nodes run in the plan's order (planned start, then
+  planned finish, then topological order), as if the schedule's per-device sequence were extra
+  dependency edges. Still completion-driven: a node waits for completions only, never for a clock.
+  If every node takes exactly its predicted time and R(x) is the scheduler's reservation
+  ("destination"), each node then starts at max(finish of its predecessors, finish of the previous
+  node on its devices), which is exactly the start Alg. 5 assigned, so the run reproduces the
+  schedule's start times and makespan. "alg2" does not guarantee that: its ready order differs from
+  the scheduler's (EST, transfer first, rank, order) and a greedy first-fit can start a node early
+  that delays a more critical one.
+- "auto": "plan" when every node has a planned start and finish, else "alg2".
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from rpegc.core.errors import RpegError
+from rpegc.runtime.backend import RESERVE_RULES, Backend, BackendError, Completion, Dispatch
+from rpegc.runtime.plan import Artifact, RunNode, RunPlan
+from rpegc.runtime.trace import (
+    ArtifactEvent,
+    NodeRecord,
+    StepRecord,
+    Trace,
+    TraceHeader,
+    event_record,
+    header_record,
+    node_record,
+    step_record,
+)
+
+POLICIES = ("auto", "plan", "alg2")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    policy: str = "auto"
+    reserve: Optional[str] = None  # None: the backend's default_reserve
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """Reported once per completed RL step (all its nodes finished)."""
+
+    step: int
+    finish: float  # backend clock
+    predicted_finish: Optional[float]
+    steps_done: int
+    steps_total: int
+    wall_s: float
+
+
+@dataclass
+class RunResult:
+    trace: Trace
+    makespan: float
+    predicted_makespan: Optional[float]
+    wall_s: float
+    policy: str
+    reserve: str
+
+
+def resolve_policy(plan: RunPlan, policy: str) -> str:
+    if policy not in POLICIES:
+        raise RpegError(None, f"unknown dispatch policy '{policy}'; use one of {', '.join(POLICIES)}")
+    if policy == "auto":
+        return "plan" if plan.scheduled else "alg2"
+    if policy == "plan" and not plan.scheduled:
+        raise RpegError(
+            plan.program.exec.loc if plan.program.exec else None,
+            "the 'plan' dispatch policy follows the schedule's order, but the plan has no start/finish times; "
+            "run the schedule pass or use the 'alg2' policy",
+        )
+    return policy
+
+
+def resolve_reserve(backend: Backend, reserve: Optional[str]) -> str:
+    rule = reserve or backend.default_reserve
+    if rule not in RESERVE_RULES:
+        raise RpegError(None, f"unknown reservation rule '{rule}'; use one of {', '.join(RESERVE_RULES)}")
+    return rule
+
+
+def reserved_devices(n: RunNode, rule: str) -> tuple[int, ...]:
+    """R(x): an Op node's allocation; a transfer's destination, plus its source under "endpoints"."""
+    if n.kind == "op" or rule == "destination":
+        return n.devices
+    return tuple(sorted(set(n.devices) | set(n.src_devices)))
+
+
+def dispatch_key(n: RunNode) -> tuple:
+    """Alg. 2 line 7: RL step, then Comm/Reshard before Op, then the fixed topological order."""
+    return (n.step, 0 if n.is_transfer else 1, n.index)
+
+
+def planned_key(n: RunNode) -> tuple:
+    return (n.node.start, n.node.finish, n.index)
+
+
+def device_order_edges(plan: RunPlan, reserved: list[tuple[int, ...]]) -> set[tuple[int, int]]:
+    """(previous, next) pairs of consecutive nodes on each device in the plan's order."""
+    by_device: dict[int, list[int]] = {}
+    for n in sorted(plan.nodes, key=planned_key):
+        for d in reserved[n.index]:
+            by_device.setdefault(d, []).append(n.index)
+    edges: set[tuple[int, int]] = set()
+    for seq in by_device.values():
+        edges.update(zip(seq, seq[1:]))
+    return edges
+
+
+def _mask(devices: tuple[int, ...], cache: dict[tuple[int, ...], int]) -> int:
+    m = cache.get(devices)
+    if m is None:
+        m = 0
+        for d in devices:
+            m |= 1 << d
+        cache[devices] = m
+    return m
+
+
+class _Run:
+    """State of one execution (Alg. 2 lines 3-26)."""
+
+    def __init__(self, plan: RunPlan, backend: Backend, policy: str, reserve: str,
+                 sink: Optional[Callable[[dict], None]], on_step: Optional[Callable[[StepProgress], None]]):
+        self.plan, self.backend, self.policy, self.reserve = plan, backend, policy, reserve
+        self.sink, self.on_step = sink, on_step
+        nodes = plan.nodes
+        self.reserved = [reserved_devices(n, reserve) for n in nodes]
+        cache: dict[tuple[int, ...], int] = {}
+        self.masks = [_mask(r, cache) for r in self.reserved]
+        self.succs = [list(n.succs) for n in nodes]
+        self.remaining = [len(n.preds) for n in nodes]
+        if policy == "plan":
+            for u, v in device_order_edges(plan, self.reserved):
+                if v not in nodes[u].succs:
+                    self.succs[u].append(v)
+                    self.remaining[v] += 1
+        self.keys = [dispatch_key(n) for n in nodes]
+        self.cons_left = {a: len(c) for a, c in plan.consumers.items()}
+        self.prod_left = {a: len(p) for a, p in plan.producers.items()}
+        self.present: set[Artifact] = set()
+        self.steps_left: dict[int, int] = {}
+        for n in nodes:
+            self.steps_left[n.step] = self.steps_left.get(n.step, 0) + 1
+        self.step_finish: dict[int, float] = {}
+        self.records: list[dict] = []
+        self.node_records: dict[str, NodeRecord] = {}
+        self.events: list[ArtifactEvent] = []
+        self.step_records: list[StepRecord] = []
+        self.dispatched_at: dict[int, float] = {}
+        self.running: dict[str, int] = {}
+        self.workers: dict[int, int] = {}
+        self.wall0 = time.perf_counter()
+
+    def emit(self, record: dict) -> None:
+        self.records.append(record)
+        if self.sink is not None:
+            self.sink(record)
+
+    # -- A, B: realise and launch -------------------------------------------------------------
+
+    def launch(self, options: dict) -> None:
+        self.workers = dict(self.backend.start(self.plan))
+        missing = [d for d in self.plan.devices if d not in self.workers]
+        if missing:
+            raise BackendError(None, f"backend '{self.backend.name}' launched no worker for device(s) {missing[:8]}")
+        h = TraceHeader(
+            plan_hash=self.plan.hash, plan_file=self.plan.file, backend=self.backend.name, clock=self.backend.clock,
+            steps=self.plan.steps, plan_steps=self.plan.plan_steps, policy=self.policy, reserve=self.reserve,
+            workers=self.workers, options=options,
+        )
+        self.header = h
+        self.emit(header_record(h))
+        for a in self.plan.initial:
+            self.backend.install(a, self.devices_of(a))
+            self.present.add(a)
+            e = ArtifactEvent("install", a.label, self.backend.now())
+            self.events.append(e)
+            self.emit(event_record(e))
+
+    def devices_of(self, a: Artifact) -> tuple[int, ...]:
+        assert self.plan.program.cluster is not None
+        return a.alloc.devices(self.plan.program.cluster)
+
+    # -- C: dispatch loop ------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        nodes = self.plan.nodes
+        ready: list[tuple[tuple, int]] = sorted((self.keys[i], i) for i, r in enumerate(self.remaining) if r == 0)
+        busy = 0
+        done = 0
+        while done < len(nodes):
+            waiting = []
+            for entry in ready:
+                i = entry[1]
+                m = self.masks[i]
+                if m & busy:
+                    waiting.append(entry)
+                    continue
+                busy |= m
+                self.dispatch(nodes[i])
+            ready = waiting
+            if not self.running:
+                stuck = ", ".join(nodes[i].id for _, i in ready[:6]) or "none ready"
+                raise BackendError(None, f"the run is stuck: nothing runs and nothing can start ({stuck})")
+            completions = self.backend.wait()
+            if not completions:
+                raise BackendError(None, f"backend '{self.backend.name}' returned from wait() without a completion")
+            touched: list[Artifact] = []
+            last: Optional[str] = None
+            for c in completions:
+                i = self.complete(c)
+                busy &= ~self.masks[i]
+                done += 1
+                last = c.node
+                for s in self.succs[i]:
+                    self.remaining[s] -= 1
+                    if self.remaining[s] == 0:
+                        bisect.insort(ready, (self.keys[s], s))
+                touched += nodes[i].outputs
+                touched += nodes[i].inputs
+            self.release_unused(touched, after=last)
+
+    def dispatch(self, n: RunNode) -> None:
+        for a in n.inputs:
+            if a not in self.present:
+                raise RuntimeError(f"controller bug: {n.id} dispatched before {a.label} is present")
+        versions_in = n.node.version_in
+        d = Dispatch(
+            node=n,
+            reserved=self.reserved[n.index],
+            workers=tuple(self.workers[x] for x in n.devices),
+            src_workers=tuple(self.workers[x] for x in n.src_devices),
+            inputs=n.inputs,
+            outputs=n.outputs,
+            versions_in=versions_in if not n.unbound else (),
+            versions_out=n.node.version_out,
+        )
+        self.dispatched_at[n.index] = self.backend.now()
+        self.running[n.id] = n.index
+        self.backend.submit(d)
+
+    def complete(self, c: Completion) -> int:
+        i = self.running.pop(c.node, None)
+        if i is None:
+            raise BackendError(None, f"backend '{self.backend.name}' reported node '{c.node}', which is not running")
+        n = self.plan.nodes[i]
+        s = n.node.strategy
+        rec = NodeRecord(
+            id=n.id, kind=n.kind, step=n.step, dispatch=self.dispatched_at[i], start=c.start, finish=c.finish,
+            devices=self.reserved[i], workers=tuple(self.workers[x] for x in self.reserved[i]),
+            strategy=(s.dp, s.pp, s.tp, s.mb) if s is not None else None,
+            consumed=c.versions_in, produced=c.versions_out, bytes=c.bytes,
+            inputs=tuple(a.label for a in n.inputs), outputs=tuple(a.label for a in n.outputs),
+            unbound=tuple(a.label for a in n.unbound),
+        )
+        self.node_records[n.id] = rec
+        self.emit(node_record(rec))
+        self.present.update(n.outputs)  # publish outputs and model versions
+        for a in n.outputs:
+            self.prod_left[a] -= 1
+        for a in n.inputs:
+            self.cons_left[a] -= 1
+        self.finish_step(n, c.finish)
+        return i
+
+    def release_unused(self, artifacts: list[Artifact], after: Optional[str]) -> None:
+        """Alg. 2 line 24: free artifacts whose consumers and producers have all completed."""
+        for a in dict.fromkeys(artifacts):
+            if a not in self.present or a in self.plan.retained:
+                continue
+            if self.cons_left.get(a, 0) or self.prod_left.get(a, 0):
+                continue
+            self.backend.release(a, self.devices_of(a))
+            self.present.discard(a)
+            e = ArtifactEvent("release", a.label, self.backend.now(), after)
+            self.events.append(e)
+            self.emit(event_record(e))
+
+    def finish_step(self, n: RunNode, finish: float) -> None:
+        k = n.step
+        self.step_finish[k] = max(self.step_finish.get(k, finish), finish)
+        self.steps_left[k] -= 1
+        if self.steps_left[k]:
+            return
+        predicted = None
+        if self.plan.scheduled:
+            predicted = max(m.node.finish for m in self.plan.nodes if m.step == k)  # type: ignore[type-var]
+        rec = StepRecord(k, self.step_finish[k], predicted, sum(1 for m in self.plan.nodes if m.step == k))
+        self.step_records.append(rec)
+        self.emit(step_record(rec))
+        if self.on_step is not None:
+            done = sum(1 for left in self.steps_left.values() if left == 0)
+            self.on_step(StepProgress(k, rec.finish, predicted, done, len(self.steps_left),
+                                      time.perf_counter() - self.wall0))
+
+    def summary(self) -> dict:
+        peak = self.backend.peak_memory()
+        makespan = max((r.finish for r in self.node_records.values()), default=0.0)
+        out = {
+            "steps": self.plan.steps,
+            "nodes": len(self.node_records),
+            "makespan": makespan,
+            "predicted_makespan": self.plan.predicted_makespan,
+            "wall_s": time.perf_counter() - self.wall0,
+            "peak_memory": max(peak.values(), default=0.0),
+            "warnings": list(self.plan.warnings),
+        }
+        self.emit({"type": "summary", **out})
+        return out
+
+
+def run(
+    plan: RunPlan,
+    backend: Backend,
+    options: RunOptions = RunOptions(),
+    sink: Optional[Callable[[dict], None]] = None,
+    on_step: Optional[Callable[[StepProgress], None]] = None,
+    header_options: Optional[dict] = None,
+) -> RunResult:
+    """Alg. 2: execute `plan` on `backend`; returns the trace (also streamed record by record to `sink`)."""
+    policy = resolve_policy(plan, options.policy)
+    reserve = resolve_reserve(backend, options.reserve)
+    state = _Run(plan, backend, policy, reserve, sink, on_step)
+    try:
+        state.launch(header_options or {})
+        state.loop()
+        summary = state.summary()
+    finally:
+        backend.shutdown()
+    trace = Trace(
+        header=state.header, nodes=state.node_records, events=state.events, steps=state.step_records,
+        summary=summary, file="<memory>",
+    )
+    return RunResult(
+        trace=trace,
+        makespan=summary["makespan"],
+        predicted_makespan=summary["predicted_makespan"],
+        wall_s=summary["wall_s"],
+        policy=policy,
+        reserve=reserve,
+    )

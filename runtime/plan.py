@@ -1,0 +1,608 @@
+"""Graph realization (paper Sec. VII, Alg. 2 line 1 "RealizeAndValidate"; DESIGN.md Section 7).
+
+Loads a lowered exec plan without xDSL (`.json` through `rpegc.syntax.json_form`, otherwise the text
+form through `rpegc.syntax.parser`) and builds a `RunPlan`: the executable DAG as plain arrays
+(nodes in a topological order, predecessors, successors), the devices every node occupies, and the
+artifacts every node reads and writes, each resolved to the node(s) that produce it:
+
+- data artifacts  D(container, step, phase, allocation): written by an Op node on its allocation, or
+  delivered to a destination allocation by a Comm node (a quantile-phase Comm moves one phase);
+- weight copies   W(model, version, allocation): version 0 is installed at launch wherever it is read,
+  a training Op writes version k + 1 on its allocation, a weight Comm installs the version it moves on
+  its destination, a Reshard re-lays out the version it names on its allocation.
+
+Validation: every Op input and every data Comm input must be produced by an ancestor in the DAG
+(else the plan could read a version or a container before it exists: an error). A weight Comm or
+Reshard whose version no ancestor produces is accepted with a warning and binds nothing (see
+`RunPlan.warnings`): insert-reshard adds a Reshard between a colocated generation and training
+pair even when tau(m) > 0, where the version it names is produced by the previous training step,
+which is not its predecessor.
+
+Plan hash: sha256 of a canonical JSON of what the runtime executes — the cluster shape, staleness
+budgets, every node's structure, placement (allocation, layout, microbatches), payload and versions,
+the edges, and (for a scheduled plan) the planned execution order as integer positions. Predicted
+times, memory and schedule reports are left out, so re-annotating with float noise that does not
+change the order keeps the hash; a plan whose schedule order changed gets another hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rpegc.core.errors import Loc, RpegError
+from rpegc.core.exec_graph import ExecNode
+from rpegc.core.lowering_rules import container_payload, data_bytes, weight_bytes
+from rpegc.core.program import Alloc, Program
+
+HASH_FORMAT = "rpeg-plan-hash/1"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """Something a node reads or writes that lives on an allocation until it is released."""
+
+    kind: str  # "data" | "weights"
+    name: str  # container (data) or model (weights)
+    index: int  # step (data) or version (weights)
+    phase: Optional[int]  # quantile phase of a data artifact; None: the whole container
+    alloc: Alloc
+
+    @property
+    def label(self) -> str:
+        """Stable text form used in traces: `data %Y#3.q2 @(0,1,0)+(1,1,4)`, `weights @actor v2 @...`."""
+        where = f"@({','.join(map(str, self.alloc.origin))})+({','.join(map(str, self.alloc.extent))})"
+        if self.kind == "data":
+            phase = f".q{self.phase}" if self.phase is not None else ""
+            return f"data %{self.name}#{self.index}{phase} {where}"
+        return f"weights @{self.name} v{self.index} {where}"
+
+
+@dataclass(frozen=True)
+class RunNode:
+    """One executable node with everything the controller and the backends need."""
+
+    index: int  # position in RunPlan.nodes (a topological order)
+    node: ExecNode
+    devices: tuple[int, ...]  # allocation (Op) or destination allocation (Comm/Reshard), flat ids
+    src_devices: tuple[int, ...]  # source allocation of a Comm/Reshard; () for Op nodes
+    preds: tuple[int, ...]
+    succs: tuple[int, ...]
+    inputs: tuple[Artifact, ...]  # bound inputs: guaranteed present when all predecessors completed
+    outputs: tuple[Artifact, ...]
+    unbound: tuple[Artifact, ...] = ()  # weight-transfer inputs no predecessor guarantees (warned)
+
+    @property
+    def id(self) -> str:
+        return self.node.id
+
+    @property
+    def kind(self) -> str:
+        return self.node.kind
+
+    @property
+    def step(self) -> int:
+        return self.node.step
+
+    @property
+    def is_transfer(self) -> bool:
+        return self.node.kind != "op"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    program: Program
+    file: str
+    hash: str
+    steps: int  # K_run: steps executed (nodes with step < steps)
+    plan_steps: int  # K_eval of the plan
+    nodes: tuple[RunNode, ...]  # topological order
+    index: dict[str, int]
+    producers: dict[Artifact, tuple[int, ...]]
+    consumers: dict[Artifact, tuple[int, ...]]
+    initial: tuple[Artifact, ...]  # version-0 weight copies installed at launch
+    retained: frozenset  # artifacts kept to the end: final weights, graph outputs
+    artifact_bytes: dict[Artifact, int]
+    tau: dict[str, int]
+    scheduled: bool  # every node has a planned start and finish
+    warnings: tuple[str, ...] = ()
+    devices: tuple[int, ...] = field(default=())  # every device some node occupies, ascending
+
+    def node(self, node_id: str) -> RunNode:
+        return self.nodes[self.index[node_id]]
+
+    @property
+    def predicted_makespan(self) -> Optional[float]:
+        if not self.scheduled or not self.nodes:
+            return None
+        return max(n.node.finish for n in self.nodes)  # type: ignore[type-var]
+
+    def restrict(self, steps: int) -> "RunPlan":
+        """The same plan run for fewer steps (a prefix of the unrolled horizon)."""
+        return build_run_plan(self.program, steps=steps, file=self.file)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------
+
+
+def load_program(path: str) -> Program:
+    """Read a module from `path`: JSON form when it ends in .json, else the `.rpeg` text form."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise RpegError(Loc(path, 0, 0), f"cannot read the plan file: {e.strerror or e}; check the path") from None
+    if path.endswith(".json"):
+        from rpegc.syntax.json_form import program_from_json
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RpegError(Loc(path, e.lineno, e.colno), f"invalid JSON: {e.msg}") from None
+        return program_from_json(data, path)
+    try:
+        from rpegc.syntax.parser import parse
+    except ImportError as e:  # the text parser needs lark; the JSON form needs nothing
+        raise RpegError(
+            Loc(path, 0, 0), f"cannot read the text form ({e}); give the plan as JSON (rpegc --emit=json)"
+        ) from None
+    return parse(text, path)
+
+
+def load_plan(path: str, steps: Optional[int] = None) -> RunPlan:
+    return build_run_plan(load_program(path), steps=steps, file=path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_program(p: Program) -> None:
+    where = p.exec.loc if p.exec is not None else Loc(p.file, 0, 0)
+    if p.exec is None:
+        raise RpegError(where, "the module has no exec.graph; compile it first: unroll{k=..}, split-quantiles, "
+                               "insert-comm, insert-reshard, annotate-cost, schedule")
+    if not p.exec.lowered:
+        raise RpegError(where, "the exec graph is not lowered (no Comm/Reshard insertion yet); run insert-comm and "
+                               "insert-reshard before executing it")
+    if p.cluster is None:
+        raise RpegError(where, "the module has no rpeg.cluster; the runtime needs it to bind nodes to devices")
+    if p.graph is None:
+        raise RpegError(where, "the module has no rpeg.graph; keep the steady-state graph in the module, the runtime "
+                               "reads containers and staleness budgets from it")
+    if not p.exec.nodes:
+        raise RpegError(where, "the exec graph has no nodes; nothing to run")
+    for n in p.exec.nodes:
+        if n.alloc is None:
+            raise RpegError(n.loc, f"node {n.id} has no allocation; every node must be placed before it can run")
+        if n.kind != "op" and n.src_alloc is None:
+            raise RpegError(n.loc, f"{n.kind} node {n.id} has no source allocation (`from ... extent ...`)")
+        if n.kind == "op" and (n.strategy is None or n.vertex is None):
+            raise RpegError(n.loc, f"op node {n.id} needs its vertex and its parallel strategy (dp, pp, tp, mb)")
+        _check_inside(n, n.alloc, p)
+        if n.src_alloc is not None:
+            _check_inside(n, n.src_alloc, p)
+
+
+def _check_inside(n: ExecNode, a: Alloc, p: Program) -> None:
+    c = p.cluster
+    assert c is not None
+    for o, e, size in zip(a.origin, a.extent, (c.racks, c.nodes, c.gpus)):
+        if o < 0 or e < 1 or o + e > size:
+            raise RpegError(
+                n.loc,
+                f"node {n.id}: allocation at {a.origin} extent {a.extent} does not fit in cluster {c.name} "
+                f"({c.racks} x {c.nodes} x {c.gpus}); fix the plan",
+            )
+
+
+def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] = None) -> RunPlan:
+    """RealizeAndValidate: the executable form of a lowered plan, for the first `steps` RL steps."""
+    _check_program(p)
+    g = p.exec
+    assert g is not None and p.graph is not None and p.cluster is not None
+    if steps is None:
+        steps = g.steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= g.steps:
+        raise RpegError(
+            g.loc,
+            f"cannot run {steps} steps: the plan was unrolled for {g.steps} step(s) and the runtime executes "
+            f"exactly the compiled plan; choose 1..{g.steps} or recompile with unroll{{k={steps}}}",
+        )
+    kept = [n for n in g.nodes if n.step < steps]
+    pos: dict[str, int] = {}
+    for n in g.nodes:
+        if n.id in pos:
+            raise RpegError(n.loc, f"node id {n.id} is used twice; every exec node needs a unique id")
+        pos[n.id] = len(pos)
+    kept_ids = {n.id for n in kept}
+    preds: dict[str, set[str]] = {n.id: set() for n in kept}
+    for e in g.edges:
+        for end in (e.src, e.dst):
+            if end not in pos:
+                raise RpegError(e.loc, f"edge {e.src} -> {e.dst} refers to unknown node '{end}'")
+        if e.kind != "dep":
+            raise RpegError(e.loc, f"edge {e.src} -> {e.dst} is a {e.kind} edge; lowering must leave only dep edges")
+        if e.src == e.dst:
+            raise RpegError(e.loc, f"node {e.src} depends on itself; remove the self-edge")
+        if e.dst in kept_ids:
+            if e.src not in kept_ids:
+                raise RpegError(
+                    e.loc,
+                    f"node {e.dst} (step {g.node(e.dst).step}) depends on {e.src} of a later step; a prefix of "
+                    "the steps cannot run on its own, run all steps",
+                )
+            preds[e.dst].add(e.src)
+    order = _topological(kept, preds, pos)
+    index = {n.id: i for i, n in enumerate(order)}
+    pred_idx = [tuple(sorted(index[u] for u in preds[n.id])) for n in order]
+    succ_lists: list[list[int]] = [[] for _ in order]
+    for v, ps in enumerate(pred_idx):
+        for u in ps:
+            succ_lists[u].append(v)
+    ancestors = _ancestors(pred_idx)
+    resolved = _resolve_artifacts(p, order, pred_idx, ancestors)
+    devices = [n.alloc.devices(p.cluster) for n in order]  # type: ignore[union-attr]
+    src_devices = [n.src_alloc.devices(p.cluster) if n.kind != "op" else () for n in order]  # type: ignore[union-attr]
+    nodes = tuple(
+        RunNode(
+            index=i,
+            node=n,
+            devices=devices[i],
+            src_devices=src_devices[i],
+            preds=pred_idx[i],
+            succs=tuple(succ_lists[i]),
+            inputs=resolved.inputs[i],
+            outputs=resolved.outputs[i],
+            unbound=resolved.unbound[i],
+        )
+        for i, n in enumerate(order)
+    )
+    used = sorted({d for ds in devices for d in ds} | {d for ds in src_devices for d in ds})
+    return RunPlan(
+        program=p,
+        file=file or p.file,
+        hash=plan_hash(p),
+        steps=steps,
+        plan_steps=g.steps,
+        nodes=nodes,
+        index=index,
+        producers=resolved.producers,
+        consumers=resolved.consumers,
+        initial=resolved.initial,
+        retained=resolved.retained,
+        artifact_bytes=resolved.bytes,
+        tau={m.name: p.graph.tau(m.name) for m in p.models},
+        scheduled=all(n.start is not None and n.finish is not None for n in order),
+        warnings=resolved.warnings,
+        devices=tuple(used),
+    )
+
+
+def _topological(nodes: list[ExecNode], preds: dict[str, set[str]], pos: dict[str, int]) -> list[ExecNode]:
+    """Kahn's algorithm; ties go to the lower (step, order, position in the module)."""
+    import heapq
+
+    by_id = {n.id: n for n in nodes}
+    left = {n.id: len(preds[n.id]) for n in nodes}
+    succs: dict[str, list[str]] = {n.id: [] for n in nodes}
+    for v, ps in preds.items():
+        for u in ps:
+            succs[u].append(v)
+    key = lambda i: (by_id[i].step, by_id[i].order, pos[i])  # noqa: E731
+    heap = [(key(i), i) for i, c in left.items() if c == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, u = heapq.heappop(heap)
+        out.append(by_id[u])
+        for v in succs[u]:
+            left[v] -= 1
+            if left[v] == 0:
+                heapq.heappush(heap, (key(v), v))
+    if len(out) < len(nodes):
+        stuck = [i for i, c in left.items() if c > 0]
+        first = by_id[stuck[0]]
+        raise RpegError(
+            first.loc,
+            f"the exec graph has a dependency cycle through {', '.join(stuck[:6])}"
+            f"{', ...' if len(stuck) > 6 else ''}; remove an edge so it is acyclic",
+        )
+    return out
+
+
+def _ancestors(preds: list[tuple[int, ...]]) -> list[int]:
+    """Bitset of all ancestors of every node (nodes are in topological order)."""
+    anc = [0] * len(preds)
+    for v, ps in enumerate(preds):
+        a = 0
+        for u in ps:
+            a |= anc[u] | (1 << u)
+        anc[v] = a
+    return anc
+
+
+@dataclass
+class _Resolved:
+    inputs: list[tuple[Artifact, ...]]
+    outputs: list[tuple[Artifact, ...]]
+    unbound: list[tuple[Artifact, ...]]
+    producers: dict[Artifact, tuple[int, ...]]
+    consumers: dict[Artifact, tuple[int, ...]]
+    initial: tuple[Artifact, ...]
+    retained: frozenset
+    bytes: dict[Artifact, int]
+    warnings: tuple[str, ...]
+
+
+def _resolve_artifacts(
+    p: Program, order: list[ExecNode], preds: list[tuple[int, ...]], ancestors: list[int]
+) -> _Resolved:
+    graph = p.graph
+    assert graph is not None
+    weights = {c.name for c in graph.containers if c.is_weights}
+    written = {c for v in graph.vertices for c in v.writes if c not in weights}
+    vertex_of = {v.name: v for v in graph.vertices}
+    outputs: list[list[Artifact]] = [[] for _ in order]
+    sizes: dict[Artifact, int] = {}
+
+    def data(c: str, step: int, phase: Optional[int], alloc: Alloc) -> Artifact:
+        return Artifact("data", c, step, phase, alloc)
+
+    def full_bytes(c: str, loc) -> int:
+        return container_payload(p, c, loc)
+
+    # Outputs of Op nodes and weight transfers are known from the node alone.
+    for i, n in enumerate(order):
+        if n.kind == "op":
+            v = vertex_of.get(n.vertex)  # type: ignore[arg-type]
+            if v is None:
+                raise RpegError(n.loc, f"op node {n.id} runs vertex @{n.vertex}, which graph @{graph.name} does not declare")
+            for c in v.writes:
+                if c in weights:
+                    continue
+                a = data(c, n.step, n.phase, n.alloc)  # type: ignore[arg-type]
+                outputs[i].append(a)
+                sizes[a] = data_bytes(full_bytes(c, n.loc), n.fraction if n.phase is not None else None)
+            for m, version in n.version_out:
+                a = Artifact("weights", m, version, None, n.alloc)  # type: ignore[arg-type]
+                outputs[i].append(a)
+                sizes[a] = weight_bytes(p, m, n.loc)
+        elif _moves_weights(n):
+            m, version = _moved_version(n)
+            a = Artifact("weights", m, version, None, n.alloc)  # type: ignore[arg-type]
+            outputs[i].append(a)
+            sizes[a] = weight_bytes(p, m, n.loc)
+
+    # A data Comm moves one phase (a phase Comm) or the whole container of its producer.
+    producers: dict[Artifact, list[int]] = {}
+    for i in range(len(order)):
+        for a in outputs[i]:
+            producers.setdefault(a, []).append(i)
+    comm_inputs: dict[int, list[Artifact]] = {}
+    for i, n in enumerate(order):
+        if n.kind != "comm" or _moves_weights(n):
+            continue
+        if n.container is None:
+            raise RpegError(n.loc, f"comm node {n.id} moves neither a container nor a model's weights")
+        phase = None
+        if n.fraction is not None:
+            phases = [order[u].phase for u in preds[i] if order[u].kind == "op" and order[u].phase is not None]
+            phase = phases[0] if phases else None
+        src = _find_data(producers, n.container, n.step, phase, n.src_alloc)  # type: ignore[arg-type]
+        if not src:
+            raise RpegError(
+                n.loc,
+                f"comm node {n.id} sends %{n.container} of step {n.step} from {_where(n.src_alloc)}, but no node "
+                "writes it there; connect the Comm to the producer of the container",
+            )
+        comm_inputs[i] = src
+        a = data(n.container, n.step, phase, n.alloc)  # type: ignore[arg-type]
+        outputs[i].append(a)
+        producers.setdefault(a, []).append(i)
+        sizes[a] = n.bytes if n.bytes else sum(sizes.get(s, 0) for s in src)
+
+    # An unbound weight transfer installs nothing, which may unbind what others read: repeat to a fixpoint.
+    while True:
+        inputs, unbound, initial, warnings = _bind_inputs(
+            p, order, ancestors, producers, comm_inputs, vertex_of, weights, written, sizes
+        )
+        dropped = [i for i, u in enumerate(unbound) if u and outputs[i]]
+        if not dropped:
+            break
+        for i in dropped:
+            for a in outputs[i]:
+                producers[a] = [u for u in producers[a] if u != i]
+                if not producers[a]:
+                    del producers[a]
+            outputs[i] = []
+    consumers: dict[Artifact, list[int]] = {}
+    for i, ins in enumerate(inputs):
+        for a in ins:
+            consumers.setdefault(a, []).append(i)
+    retained = _retained(p, order, outputs)
+    return _Resolved(
+        inputs=[tuple(dict.fromkeys(x)) for x in inputs],
+        outputs=[tuple(dict.fromkeys(x)) for x in outputs],
+        unbound=[tuple(dict.fromkeys(x)) for x in unbound],
+        producers={a: tuple(v) for a, v in producers.items()},
+        consumers={a: tuple(dict.fromkeys(v)) for a, v in consumers.items()},
+        initial=tuple(initial),
+        retained=retained,
+        bytes=sizes,
+        warnings=tuple(warnings),
+    )
+
+
+def _bind_inputs(
+    p: Program,
+    order: list[ExecNode],
+    ancestors: list[int],
+    producers: dict[Artifact, list[int]],
+    comm_inputs: dict[int, list[Artifact]],
+    vertex_of: dict,
+    weights: set[str],
+    written: set[str],
+    sizes: dict[Artifact, int],
+) -> tuple[list[list[Artifact]], list[list[Artifact]], dict[Artifact, None], list[str]]:
+    """Resolve every node's inputs to produced artifacts; errors for unguaranteed strict inputs."""
+    inputs: list[list[Artifact]] = [[] for _ in order]
+    unbound: list[list[Artifact]] = [[] for _ in order]
+    initial: dict[Artifact, None] = {}
+    warnings: list[str] = []
+    for i, n in enumerate(order):
+        needed: list[tuple[Artifact, bool]] = []  # (artifact, strict)
+        if n.kind == "op":
+            v = vertex_of[n.vertex]  # type: ignore[index]
+            for c in v.reads:
+                if c in weights or c not in written:
+                    continue  # weights are read by version; graph inputs are everywhere from the start
+                found = _find_data(producers, c, n.step, n.phase, n.alloc)  # type: ignore[arg-type]
+                if not found:
+                    raise RpegError(
+                        n.loc,
+                        f"node {n.id} reads %{c} of step {n.step} on {_where(n.alloc)}, but no node writes or "
+                        "delivers it there; the plan lacks a Comm for that data edge (run insert-comm)",
+                    )
+                needed += [(a, True) for a in found]
+            for m, version in n.version_in:
+                needed.append((Artifact("weights", m, version, None, n.alloc), True))  # type: ignore[arg-type]
+        elif _moves_weights(n):
+            m, version = _moved_version(n)
+            needed.append((Artifact("weights", m, version, None, n.src_alloc), False))  # type: ignore[arg-type]
+        else:
+            needed += [(a, True) for a in comm_inputs[i]]
+        for a, strict in needed:
+            if a.kind == "weights" and a.index == 0:
+                # The initial checkpoint is installed at launch wherever it is read (Alg. 2 line 2).
+                initial[a] = None
+                sizes[a] = weight_bytes(p, a.name, n.loc)
+                inputs[i].append(a)
+                continue
+            makers = [u for u in producers.get(a, []) if u != i]
+            if not makers:
+                if not strict:
+                    unbound[i].append(a)
+                    warnings.append(f"{n.id}: no node produces {a.label}; the {n.kind} binds nothing")
+                    continue
+                raise RpegError(
+                    n.loc,
+                    f"node {n.id} reads version {a.index} of @{a.name} on {_where(a.alloc)}, but no node delivers "
+                    "that version there; the plan lacks a publication Comm/Reshard (run insert-comm, insert-reshard)",
+                )
+            if any((ancestors[i] >> u) & 1 for u in makers):
+                inputs[i].append(a)
+            elif strict:
+                raise RpegError(
+                    n.loc,
+                    f"node {n.id} reads {a.label}, but no predecessor produces it (made by "
+                    f"{', '.join(order[u].id for u in makers)}); add a dependency so it cannot run first",
+                )
+            else:
+                unbound[i].append(a)
+                warnings.append(
+                    f"{n.id}: {a.label} is produced by {', '.join(order[u].id for u in makers)}, none of them a "
+                    f"predecessor; the {n.kind} binds no parameter copy (a missing dependency in the lowering)"
+                )
+    return inputs, unbound, initial, warnings
+
+
+def _moves_weights(n: ExecNode) -> bool:
+    return n.kind == "reshard" or (n.kind == "comm" and bool(n.version_in))
+
+
+def _moved_version(n: ExecNode) -> tuple[str, int]:
+    if len(n.version_in) != 1:
+        raise RpegError(n.loc, f"{n.kind} node {n.id} must name exactly one model version it moves (`@m version v`)")
+    m, version = n.version_in[0]
+    if n.model is not None and n.model != m:
+        raise RpegError(n.loc, f"{n.kind} node {n.id} moves @{n.model} but names a version of @{m}")
+    return m, version
+
+
+def _find_data(
+    producers: dict[Artifact, list[int]], c: str, step: int, phase: Optional[int], alloc: Alloc
+) -> list[Artifact]:
+    """The data artifacts a reader on `alloc` uses: its phase (or the whole container) for a phase
+    reader; the whole container, or else every phase of it, for a whole-container reader."""
+    whole = Artifact("data", c, step, None, alloc)
+    if phase is not None:
+        mine = Artifact("data", c, step, phase, alloc)
+        if mine in producers:
+            return [mine]
+        return [whole] if whole in producers else []
+    if whole in producers:
+        return [whole]
+    return sorted(
+        (a for a in producers if a.kind == "data" and a.name == c and a.index == step and a.alloc == alloc
+         and a.phase is not None),
+        key=lambda a: a.phase,  # type: ignore[arg-type,return-value]
+    )
+
+
+def _retained(p: Program, order: list[ExecNode], outputs: list[list[Artifact]]) -> frozenset:
+    """The final version of every trained model and the graph's declared outputs stay until shutdown."""
+    assert p.graph is not None
+    final: dict[str, Artifact] = {}
+    keep = set()
+    for i, n in enumerate(order):
+        for a in outputs[i]:
+            if a.kind == "weights" and n.kind == "op" and (a.name not in final or a.index > final[a.name].index):
+                final[a.name] = a
+            if a.kind == "data" and a.name in p.graph.outputs:
+                keep.add(a)
+    return frozenset(keep | set(final.values()))
+
+
+def _where(a: Optional[Alloc]) -> str:
+    if a is None:
+        return "no devices"
+    return f"devices at {a.origin} extent {a.extent}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Hash
+# ----------------------------------------------------------------------------------------------
+
+
+def _alloc_key(a: Optional[Alloc]):
+    return None if a is None else [list(a.origin), list(a.extent)]
+
+
+def _strategy_key(s):
+    return None if s is None else [s.dp, s.pp, s.tp, s.mb]
+
+
+def plan_hash(p: Program) -> str:
+    """sha256 (hex) of the canonical structure of `p.exec` (see the module docstring)."""
+    g = p.exec
+    if g is None:
+        raise RpegError(Loc(p.file, 0, 0), "the module has no exec.graph to hash")
+    nodes = sorted(g.nodes, key=lambda n: n.id)
+    scheduled = all(n.start is not None and n.finish is not None for n in g.nodes)
+    planned_order = None
+    if scheduled:
+        topo = {n.id: i for i, n in enumerate(g.nodes)}
+        planned_order = [n.id for n in sorted(g.nodes, key=lambda n: (n.start, n.finish, topo[n.id]))]
+    doc = {
+        "format": HASH_FORMAT,
+        "graph": g.graph,
+        "steps": g.steps,
+        "cluster": [p.cluster.racks, p.cluster.nodes, p.cluster.gpus] if p.cluster else None,
+        "staleness": sorted([m, t] for m, t in p.graph.staleness) if p.graph else None,
+        "nodes": [
+            [n.id, n.kind, n.step, n.order, n.vertex, n.role, n.model, n.container, n.phase, n.nphases,
+             _alloc_key(n.alloc), _strategy_key(n.strategy), _alloc_key(n.src_alloc), _strategy_key(n.src_strategy),
+             n.bytes, n.fraction, sorted([m, v] for m, v in n.version_in), sorted([m, v] for m, v in n.version_out)]
+            for n in nodes
+        ],
+        "edges": sorted({(e.src, e.dst) for e in g.edges}),
+        "planned_order": planned_order,
+    }
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,0 +1,103 @@
+"""Rollout generation: batched sampling with a KV cache and per-sequence seeded generators.
+
+Paper Sec. II (the generation stage of an RL step) and Sec. VII (the runtime executes each vertex's
+plan under any dp/pp/tp/microbatch layout). Each sequence draws its randomness from its own
+`torch.Generator` seeded by `(seed, step, global sequence index)`, and a token is drawn by
+inverse-CDF sampling in float64 from that sequence's own probabilities, so the tokens a sequence gets
+do not depend on which replica or microbatch it lands in. Sequence `g` of a step is rollout `g % R` of
+prompt `g // R` (`expand_rollouts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from rpegc.core.errors import RpegError
+from rpegc.runtime.torch_backend.models import TransformerModel, derive_seed
+
+
+@dataclass
+class Rollout:
+    """Generated sequences of one batch (or shard).
+
+    sequences [b, Lp+Lr] prompt followed by response; responses [b, Lr]; logprobs [b, Lr] the
+    log-probabilities (at the sampling temperature) of the sampled tokens under the generating
+    weights, 0 where masked; mask [b, Lr] 1.0 up to and including the end-of-sequence token.
+    """
+
+    sequences: Tensor
+    responses: Tensor
+    logprobs: Tensor
+    mask: Tensor
+
+    @property
+    def prompt_len(self) -> int:
+        return self.sequences.shape[1] - self.responses.shape[1]
+
+
+def sequence_seed(seed: int, step: int, index: int) -> int:
+    """The sampling seed of global sequence `index` at RL step `step`."""
+    return derive_seed("sample", seed, step, index)
+
+
+def expand_rollouts(prompts: Tensor, rollouts: int) -> Tensor:
+    """[B, Lp] -> [B*R, Lp]: the R rollouts of a prompt are consecutive sequences."""
+    return prompts.repeat_interleave(rollouts, dim=0)
+
+
+def sample_tokens(logprobs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+    """One token per row from log-probabilities [b, V], row i drawing from generators[i]."""
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+    cdf = torch.cumsum(logprobs.double().exp(), dim=-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+    return idx.clamp_(max=logprobs.shape[-1] - 1)
+
+
+@torch.no_grad()
+def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *, seed: int, step: int,
+             max_new_tokens: int, temperature: float = 1.0, eos_id: Optional[int] = None,
+             pad_id: int = 0) -> Rollout:
+    """Sample `max_new_tokens` tokens after each prompt row; `indices[i]` is row i's global sequence index.
+
+    After a sequence emits `eos_id` its remaining positions hold `pad_id` with mask 0 and log-prob 0.
+    """
+    if not model.has_lm_head:
+        raise RpegError(None, f"generation needs a model with an LM head (policy or actor_critic), "
+                        f"got kind '{model.kind}'")
+    if temperature <= 0:
+        raise RpegError(None, f"sampling temperature must be > 0, got {temperature}")
+    if len(indices) != prompts.shape[0]:
+        raise RpegError(None, f"{prompts.shape[0]} prompts but {len(indices)} sequence indices; "
+                        "pass one global index per prompt row")
+    if max_new_tokens < 1:
+        raise RpegError(None, f"max_new_tokens (Lr) must be >= 1, got {max_new_tokens}")
+    b, lp = prompts.shape
+    if lp + max_new_tokens > model.opts.max_seq:
+        raise RpegError(None, f"Lp + Lr = {lp} + {max_new_tokens} exceeds the model's max_seq {model.opts.max_seq}; "
+                        "build the model with max_seq >= Lp + Lr")
+    was_training = model.training
+    model.eval()
+    generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
+    cache = model.new_cache(b, lp + max_new_tokens)
+    logits = model(prompts, cache).logits[:, -1]
+    tokens, logps, masks = [], [], []
+    alive = torch.ones(b, dtype=torch.bool)
+    for t in range(max_new_tokens):
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        tok = sample_tokens(logp, generators)
+        tok_logp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        tokens.append(torch.where(alive, tok, torch.full_like(tok, pad_id)))
+        logps.append(torch.where(alive, tok_logp, torch.zeros_like(tok_logp)))
+        masks.append(alive.float())
+        if eos_id is not None:
+            alive = alive & (tok != eos_id)
+        if t + 1 < max_new_tokens:
+            logits = model(tokens[-1].unsqueeze(-1), cache).logits[:, -1]
+    model.train(was_training)
+    responses = torch.stack(tokens, dim=1)
+    return Rollout(sequences=torch.cat([prompts, responses], dim=1), responses=responses,
+                   logprobs=torch.stack(logps, dim=1), mask=torch.stack(masks, dim=1))

@@ -1,0 +1,274 @@
+"""The single-process reference trainer: whole-batch PPO / GRPO steps, the oracle for the torch backend.
+
+Paper Sec. II (the RL step: generation, reference/old log-probs, reward, values, advantages, actor and
+critic updates), Sec. IV (bounded staleness: a consumer at step k uses version max(0, k - tau(m)))
+and App. B (hyper-parameters). Every stage is one of the functions in `generation` and `rl`, called
+on the whole batch; a distributed worker calls the same functions on its shard with the global token
+count, so at tau = 0 any legal plan must reproduce `run_reference` within float tolerance.
+
+Seeds: model weights from `derive_seed(seed, role)` (the reference model shares the actor's seed, so
+it is the initial actor), prompts from `task.prompts(B, seed, k)`, sampling from
+`sequence_seed(seed, k, g)` for global sequence g.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rpegc.core.errors import RpegError
+from rpegc.core.presets import lookup
+from rpegc.core.program import Arch, Program, Workload
+from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
+from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, build_model, derive_seed,
+                                                export_weights, install_weights)
+from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
+                                            critic_loss, default_rl_config, kl_estimate, last_token_scores,
+                                            make_adam, optimizer_step, response_forward)
+from rpegc.runtime.torch_backend.tasks import Task, make_task
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one RL run needs, independent of the execution plan.
+
+    `critic` is the separate critic's arch (PPO); `shared_actor_critic` makes the actor one
+    actor_critic model with both heads instead. `reward` is "rule" (the verifiable `task`) or "model"
+    (a frozen reward model of `reward_arch`; its score is still logged next to the task's).
+    Models run in float32 whatever `workload.dtype` says.
+    """
+
+    algorithm: str
+    actor: Arch
+    workload: Workload
+    rl: RLConfig
+    critic: Optional[Arch] = None
+    shared_actor_critic: bool = False
+    reward: str = "rule"
+    reward_arch: Optional[Arch] = None
+    task: str = "pattern"
+    mlp: str = "swiglu"
+    positions: str = "rope"
+    tau_actor: int = 0
+    tau_critic: int = 0
+
+    @property
+    def net(self) -> NetOptions:
+        return NetOptions(max_seq=self.workload.Lp + self.workload.Lr, mlp=self.mlp, positions=self.positions)
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic is not None or self.shared_actor_critic
+
+
+def check_run_config(cfg: RunConfig) -> None:
+    check_rl_config(cfg.rl)
+    if cfg.rl.algorithm != cfg.algorithm:
+        raise RpegError(None, f"run algorithm '{cfg.algorithm}' but RL config for '{cfg.rl.algorithm}'; "
+                        "build the RL config with default_rl_config(algorithm)")
+    if cfg.algorithm == "ppo" and not cfg.has_critic:
+        raise RpegError(None, "PPO needs a critic: add a critic model or use a shared actor_critic model "
+                        "(or choose GRPO)")
+    if cfg.shared_actor_critic and cfg.critic is not None:
+        raise RpegError(None, "a shared actor_critic model replaces the separate critic; keep only one of them")
+    if cfg.algorithm == "grpo" and cfg.has_critic:
+        raise RpegError(None, "GRPO uses group-relative advantages and no critic; remove the critic model")
+    if cfg.reward not in ("rule", "model"):
+        raise RpegError(None, f"unknown reward source '{cfg.reward}'; use 'rule' or 'model'")
+    if cfg.reward == "model" and cfg.reward_arch is None:
+        raise RpegError(None, "reward = 'model' needs a reward model architecture")
+    if min(cfg.tau_actor, cfg.tau_critic) < 0:
+        raise RpegError(None, "staleness bounds must be >= 0")
+    w = cfg.workload
+    if min(w.B, w.R, w.Lp, w.Lr) < 1:
+        raise RpegError(w.loc, f"workload needs B, R, Lp, Lr >= 1, got {w.B}, {w.R}, {w.Lp}, {w.Lr}")
+
+
+def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task: str = "pattern",
+                        reward: str = "rule", mlp: str = "swiglu", positions: str = "rope") -> RunConfig:
+    """The run a `.rpeg` program describes: PPO if it has a critic or actor_critic model, else GRPO."""
+    by_kind: dict[str, list] = {}
+    for m in program.models:
+        by_kind.setdefault(m.kind, []).append(m)
+    for kind, ms in by_kind.items():
+        if len(ms) > 1:
+            raise RpegError(ms[1].loc, f"the torch backend runs one {kind} model, found {len(ms)} "
+                            f"({', '.join(m.name for m in ms)}); keep one")
+    shared = "actor_critic" in by_kind
+    actor = by_kind.get("actor_critic", by_kind.get("policy"))
+    if not actor:
+        raise RpegError(None, "the program has no policy or actor_critic model to train; add one")
+    critic = by_kind.get("critic")
+    algorithm = "ppo" if shared or critic else "grpo"
+    reward_model = by_kind.get("reward")
+    if reward == "model" and not reward_model:
+        raise RpegError(None, "reward = 'model' needs a model of kind reward in the program")
+    graph = program.graph
+    tau_actor = graph.tau(actor[0].name) if graph else 0
+    tau_critic = graph.tau(critic[0].name) if graph and critic else tau_actor if shared else 0
+    cfg = RunConfig(algorithm=algorithm, actor=actor[0].arch, workload=program.workload,
+                    rl=rl or default_rl_config(algorithm), critic=critic[0].arch if critic else None,
+                    shared_actor_critic=shared, reward=reward,
+                    reward_arch=reward_model[0].arch if reward_model else None, task=task, mlp=mlp,
+                    positions=positions, tau_actor=tau_actor, tau_critic=tau_critic)
+    check_run_config(cfg)
+    return cfg
+
+
+def toy_rl_config(algorithm: str, **overrides) -> RLConfig:
+    """App. B defaults except the learning rate: 1e-6 is for 8B-70B models; the tiny toy actor needs 5e-3
+    (measured: 1e-2 learns faster but GRPO then often collapses onto a partial pattern)."""
+    lr = {"lr_actor": 5e-3, "lr_critic": 5e-3}
+    lr.update(overrides)
+    return default_rl_config(algorithm, **lr)
+
+
+def toy_config(algorithm: str, *, B: Optional[int] = None, R: Optional[int] = None, Lp: int = 4, Lr: int = 6,
+               shared_actor_critic: bool = False, task: str = "pattern", positions: str = "learned",
+               **rl_overrides) -> RunConfig:
+    """The demo run: the `tiny` preset learning a verifiable `task`; by default 64 sequences per step for GRPO
+    (B = 16 prompts x R = 4 rollouts) and 32 for PPO (B = 32, R = 1). Learned positions: with RoPE the
+    tiny actor cannot tell response positions apart and stalls on a partial pattern."""
+    tiny = lookup("tiny")
+    R = R if R is not None else (4 if algorithm == "grpo" else 1)
+    B = B if B is not None else (16 if algorithm == "grpo" else 32)
+    critic = tiny if algorithm == "ppo" and not shared_actor_critic else None
+    cfg = RunConfig(algorithm=algorithm, actor=tiny, workload=Workload(B=B, R=R, Lp=Lp, Lr=Lr, dtype="fp32"),
+                    rl=toy_rl_config(algorithm, **rl_overrides), critic=critic,
+                    shared_actor_critic=shared_actor_critic, task=task, positions=positions)
+    check_run_config(cfg)
+    return cfg
+
+
+@dataclass
+class ReferenceResult:
+    """Per-step metrics and the final weights of every trained model ("actor", "critic")."""
+
+    metrics: list[dict[str, float]]
+    weights: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+
+
+class VersionStore:
+    """Published versions of one trainable model: version v = weights after v training steps."""
+
+    def __init__(self, weights: dict[str, Tensor]):
+        self.versions = {0: weights}
+        self.latest = 0
+
+    def publish(self, weights: dict[str, Tensor], keep: int) -> None:
+        self.latest += 1
+        self.versions[self.latest] = weights
+        for v in [v for v in self.versions if v < self.latest - keep]:
+            del self.versions[v]
+
+    def for_step(self, step: int, tau: int) -> tuple[int, dict[str, Tensor]]:
+        v = max(0, step - tau)
+        return v, self.versions[v]
+
+
+class ReferenceTrainer:
+    """Models, optimizers and published versions of one run; `step(k)` runs RL step k on the whole batch."""
+
+    def __init__(self, cfg: RunConfig, seed: int):
+        check_run_config(cfg)
+        self.cfg, self.seed = cfg, seed
+        w = cfg.workload
+        net = cfg.net
+        self.task: Task = make_task(cfg.task, cfg.actor.vocab, w.Lp, w.Lr)
+        actor_kind = "actor_critic" if cfg.shared_actor_critic else "policy"
+        actor_seed = derive_seed(seed, "actor")
+        self.actor = build_model(cfg.actor, actor_kind, actor_seed, net)
+        self.reference = build_model(cfg.actor, "reference", actor_seed, net).requires_grad_(False)
+        self.actor_opt = make_adam(self.actor.parameters(), cfg.rl.lr_actor, cfg.rl)
+        self.actor_versions = VersionStore(export_weights(self.actor))
+        self.stale_actor = build_model(cfg.actor, actor_kind, actor_seed, net).requires_grad_(False)
+        self.critic: Optional[TransformerModel] = None
+        if cfg.critic is not None:
+            critic_seed = derive_seed(seed, "critic")
+            self.critic = build_model(cfg.critic, "critic", critic_seed, net)
+            self.critic_opt = make_adam(self.critic.parameters(), cfg.rl.lr_critic, cfg.rl)
+            self.critic_versions = VersionStore(export_weights(self.critic))
+            self.stale_critic = build_model(cfg.critic, "critic", critic_seed, net).requires_grad_(False)
+        self.reward_model = None
+        if cfg.reward == "model":
+            self.reward_model = build_model(cfg.reward_arch, "reward", derive_seed(seed, "reward"), net)
+            self.reward_model.requires_grad_(False)
+
+    def _at_version(self, model: TransformerModel, store: VersionStore, step: int, tau: int) -> TransformerModel:
+        _, weights = store.for_step(step, tau)
+        install_weights(model, weights)
+        return model
+
+    @torch.no_grad()
+    def collect(self, step: int) -> tuple[Experience, Tensor, Tensor]:
+        """Generation and inference vertices of step k: (experience, task scores, prompts per sequence)."""
+        cfg, w = self.cfg, self.cfg.workload
+        prompts = expand_rollouts(self.task.prompts(w.B, self.seed, step), w.R)
+        gen_model = self._at_version(self.stale_actor, self.actor_versions, step, cfg.tau_actor)
+        rollout = generate(gen_model, prompts, range(w.B * w.R), seed=self.seed, step=step, max_new_tokens=w.Lr,
+                           temperature=cfg.rl.temperature)
+        ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature).logprobs
+        task_scores = self.task.score(prompts, rollout.responses, rollout.mask)
+        scores = task_scores
+        if self.reward_model is not None:
+            scores = last_token_scores(self.reward_model, rollout.sequences, w.Lp, rollout.mask)
+        values = None
+        if self.critic is not None:
+            critic = self._at_version(self.stale_critic, self.critic_versions, step, cfg.tau_critic)
+            values = response_forward(critic, rollout.sequences, w.Lp).values
+        elif cfg.shared_actor_critic:
+            values = response_forward(gen_model, rollout.sequences, w.Lp).values
+        exp = Experience(sequences=rollout.sequences, mask=rollout.mask, old_logprobs=rollout.logprobs,
+                         ref_logprobs=ref_logp, scores=scores, values=values)
+        return exp, task_scores, prompts
+
+    def train(self, exp: Experience) -> dict[str, float]:
+        """Actor (or shared actor-critic) and critic training vertices on the whole batch."""
+        cfg = self.cfg
+        metrics: dict[str, float] = {}
+        n = exp.num_tokens
+        for _ in range(cfg.rl.ppo_epochs):
+            loss, stats = actor_loss(self.actor, exp, cfg.rl, n)
+            loss.backward()
+            metrics["actor_grad_norm"] = optimizer_step(self.actor, self.actor_opt, cfg.rl)
+            metrics.update(stats)
+            metrics["clip_frac"] = stats["clipped_tokens"] / n
+        if self.critic is not None:
+            for _ in range(cfg.rl.ppo_epochs):
+                vl = critic_loss(self.critic, exp, cfg.rl, n)
+                vl.backward()
+                metrics["critic_grad_norm"] = optimizer_step(self.critic, self.critic_opt, cfg.rl)
+                metrics["value_loss"] = vl.item()
+        keep = max(cfg.tau_actor, cfg.tau_critic)
+        self.actor_versions.publish(export_weights(self.actor), keep)
+        if self.critic is not None:
+            self.critic_versions.publish(export_weights(self.critic), keep)
+        return metrics
+
+    def step(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        exp, task_scores, _ = self.collect(step)
+        exp = compute_advantages(exp, self.cfg.rl, self.cfg.workload.R)
+        kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
+        metrics = {"step": float(step), "reward": float(task_scores.mean()), "score": float(exp.scores.mean()),
+                   "kl": float((kl * exp.mask).sum() / exp.num_tokens)}
+        metrics.update(self.train(exp))
+        metrics["time_s"] = time.perf_counter() - t0
+        return metrics
+
+    def weights(self) -> dict[str, dict[str, Tensor]]:
+        out = {"actor": export_weights(self.actor)}
+        if self.critic is not None:
+            out["critic"] = export_weights(self.critic)
+        return out
+
+
+def run_reference(cfg: RunConfig, steps: int, seed: int) -> ReferenceResult:
+    """Run `steps` RL steps from scratch; per-step metrics and the final weights."""
+    trainer = ReferenceTrainer(cfg, seed)
+    metrics = [trainer.step(k) for k in range(steps)]
+    return ReferenceResult(metrics=metrics, weights=trainer.weights())

@@ -1,0 +1,331 @@
+"""Runtime traces: one JSON object per line (paper Sec. VII, "Execution verification"; Alg. 2 output).
+
+A trace identifies the plan it ran by hash and records, per node, when it was dispatched, when it
+started and finished, the devices R(x) and worker ranks it held, the layout it ran with, the
+parameter versions it consumed and produced per model, the bytes it moved and the artifacts it bound
+and left; plus every install and release of an artifact, a record per completed RL step and a final
+summary. `rpegc.runtime.verify` checks a trace against its plan.
+
+Record types, in file order:
+
+    {"type": "header", "format": "rpeg-trace/1", "plan_hash": str, "plan_file": str, "backend": str,
+     "clock": "sim" | "wall", "steps": int, "plan_steps": int, "policy": "plan" | "alg2",
+     "reserve": "destination" | "endpoints", "workers": {device: rank}, "options": {...}}
+    {"type": "install", "artifact": label, "time": float}
+    {"type": "node", "id": str, "kind": str, "step": int, "dispatch": float, "start": float,
+     "finish": float, "devices": [int], "workers": [int], "strategy": [dp, pp, tp, mb] | null,
+     "consumed": {model: version}, "produced": {model: version}, "bytes": int,
+     "inputs": [label], "outputs": [label], "unbound": [label]}          // in completion order
+    {"type": "release", "artifact": label, "time": float, "after": node id | null}
+    {"type": "step", "step": int, "finish": float, "predicted_finish": float | null, "nodes": int}
+    {"type": "summary", "steps": int, "nodes": int, "makespan": float,
+     "predicted_makespan": float | null, "wall_s": float, "peak_memory": float, "warnings": [str]}
+
+Artifact labels are `rpegc.runtime.plan.Artifact.label`. Times are seconds on the backend clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional, TextIO
+
+from rpegc.core.errors import Loc, RpegError
+
+FORMAT = "rpeg-trace/1"
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    plan_hash: str
+    plan_file: str
+    backend: str
+    clock: str
+    steps: int
+    plan_steps: int
+    policy: str
+    reserve: str
+    workers: dict[int, int]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    id: str
+    kind: str
+    step: int
+    dispatch: float
+    start: float
+    finish: float
+    devices: tuple[int, ...]
+    workers: tuple[int, ...]
+    strategy: Optional[tuple[int, int, int, int]]
+    consumed: tuple[tuple[str, int], ...]
+    produced: tuple[tuple[str, int], ...]
+    bytes: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    unbound: tuple[str, ...] = ()
+    line: int = 0  # line in the trace file (0: built in memory)
+
+
+@dataclass(frozen=True)
+class ArtifactEvent:
+    """An install (after=None, at launch) or a release (after: the completion that triggered it)."""
+
+    kind: str  # "install" | "release"
+    artifact: str
+    time: float
+    after: Optional[str] = None
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    finish: float
+    predicted_finish: Optional[float]
+    nodes: int
+
+
+@dataclass
+class Trace:
+    header: TraceHeader
+    nodes: dict[str, NodeRecord]  # completion order
+    events: list[ArtifactEvent]
+    steps: list[StepRecord]
+    summary: Optional[dict]
+    file: str = "<trace>"
+
+    @property
+    def makespan(self) -> float:
+        return max((r.finish for r in self.nodes.values()), default=0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Records (the controller builds these dicts; files hold one per line)
+# ----------------------------------------------------------------------------------------------
+
+
+def header_record(h: TraceHeader) -> dict:
+    return {
+        "type": "header", "format": FORMAT, "plan_hash": h.plan_hash, "plan_file": h.plan_file,
+        "backend": h.backend, "clock": h.clock, "steps": h.steps, "plan_steps": h.plan_steps,
+        "policy": h.policy, "reserve": h.reserve, "workers": {str(d): w for d, w in h.workers.items()},
+        "options": h.options,
+    }
+
+
+def node_record(r: NodeRecord) -> dict:
+    return {
+        "type": "node", "id": r.id, "kind": r.kind, "step": r.step, "dispatch": r.dispatch, "start": r.start,
+        "finish": r.finish, "devices": list(r.devices), "workers": list(r.workers),
+        "strategy": list(r.strategy) if r.strategy is not None else None,
+        "consumed": dict(r.consumed), "produced": dict(r.produced), "bytes": r.bytes,
+        "inputs": list(r.inputs), "outputs": list(r.outputs), "unbound": list(r.unbound),
+    }
+
+
+def event_record(e: ArtifactEvent) -> dict:
+    out: dict[str, Any] = {"type": e.kind, "artifact": e.artifact, "time": e.time}
+    if e.kind == "release":
+        out["after"] = e.after
+    return out
+
+
+def step_record(s: StepRecord) -> dict:
+    return {"type": "step", "step": s.step, "finish": s.finish, "predicted_finish": s.predicted_finish,
+            "nodes": s.nodes}
+
+
+def trace_records(t: Trace) -> list[dict]:
+    """The records of `t` in a valid file order (header, installs, nodes/releases/steps, summary)."""
+    out = [header_record(t.header)]
+    out += [event_record(e) for e in t.events if e.kind == "install"]
+    out += [node_record(r) for r in t.nodes.values()]
+    out += [event_record(e) for e in t.events if e.kind == "release"]
+    out += [step_record(s) for s in t.steps]
+    if t.summary is not None:
+        out.append({"type": "summary", **t.summary})
+    return out
+
+
+class TraceWriter:
+    """Appends records to a JSON-lines file as they happen, so a crashed run leaves a partial trace."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self._f: Optional[TextIO] = open(path, "w", encoding="utf-8")
+        except OSError as e:
+            raise RpegError(Loc(path, 0, 0), f"cannot write the trace: {e.strerror or e}") from None
+
+    def __call__(self, record: dict) -> None:
+        assert self._f is not None
+        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def write_trace(t: Trace, path: str) -> None:
+    w = TraceWriter(path)
+    try:
+        for r in trace_records(t):
+            w(r)
+    finally:
+        w.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+# ----------------------------------------------------------------------------------------------
+
+
+def read_trace(path: str) -> Trace:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise RpegError(Loc(path, 0, 0), f"cannot read the trace: {e.strerror or e}; check the path") from None
+    records = []
+    for no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((no, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise RpegError(Loc(path, no, e.colno), f"invalid JSON in the trace: {e.msg}") from None
+    return trace_from_records(records, path)
+
+
+def trace_from_records(records: list[tuple[int, Any]], file: str = "<trace>") -> Trace:
+    """Validate and assemble (line, record) pairs; bad records raise RpegError at their line."""
+    if not records:
+        raise RpegError(Loc(file, 0, 0), "the trace is empty; it must start with a header record")
+    header: Optional[TraceHeader] = None
+    nodes: dict[str, NodeRecord] = {}
+    events: list[ArtifactEvent] = []
+    steps: list[StepRecord] = []
+    summary = None
+    for line, rec in records:
+        r = _Rec(file, line, rec)
+        kind = r.text("type")
+        if header is None and kind != "header":
+            raise r.error("the first record must be the header ({\"type\": \"header\", ...})")
+        if kind == "header":
+            if header is not None:
+                raise r.error("a second header; a trace describes one run")
+            header = _read_header(r)
+        elif kind == "node":
+            n = _read_node(r)
+            if n.id in nodes:
+                raise r.error(f"node {n.id} is recorded twice (also on line {nodes[n.id].line}); each node runs once")
+            nodes[n.id] = n
+        elif kind in ("install", "release"):
+            after = r.opt_str("after") if kind == "release" else None
+            events.append(ArtifactEvent(kind, r.text("artifact"), r.number("time"), after, line))
+        elif kind == "step":
+            pf = r.raw.get("predicted_finish")
+            steps.append(StepRecord(r.integer("step"), r.number("finish"), None if pf is None else r.number("predicted_finish"), r.integer("nodes")))
+        elif kind == "summary":
+            summary = {k: v for k, v in r.raw.items() if k != "type"}
+        else:
+            raise r.error(f"unknown record type '{kind}'; expected header, install, node, release, step or summary")
+    assert header is not None
+    return Trace(header=header, nodes=nodes, events=events, steps=steps, summary=summary, file=file)
+
+
+class _Rec:
+    def __init__(self, file: str, line: int, raw: Any):
+        self.file, self.line = file, line
+        if not isinstance(raw, dict):
+            raise self.error("a trace record must be a JSON object")
+        self.raw = raw
+
+    def error(self, message: str) -> RpegError:
+        return RpegError(Loc(self.file, self.line, 1), message)
+
+    def get(self, key: str) -> Any:
+        if key not in self.raw:
+            raise self.error(f"'{self.raw.get('type', '?')}' record lacks '{key}'")
+        return self.raw[key]
+
+    def text(self, key: str) -> str:
+        v = self.get(key)
+        if not isinstance(v, str):
+            raise self.error(f"'{key}' must be a string, got {v!r}")
+        return v
+
+    def opt_str(self, key: str) -> Optional[str]:
+        v = self.raw.get(key)
+        if v is not None and not isinstance(v, str):
+            raise self.error(f"'{key}' must be a string or null, got {v!r}")
+        return v
+
+    def integer(self, key: str) -> int:
+        v = self.get(key)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.error(f"'{key}' must be an integer, got {v!r}")
+        return v
+
+    def number(self, key: str) -> float:
+        v = self.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.error(f"'{key}' must be a number, got {v!r}")
+        return float(v)
+
+    def ints(self, key: str) -> tuple[int, ...]:
+        v = self.get(key)
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+            raise self.error(f"'{key}' must be a list of integers")
+        return tuple(v)
+
+    def strs(self, key: str) -> tuple[str, ...]:
+        v = self.raw.get(key, [])
+        if not isinstance(v, list) or any(not isinstance(x, str) for x in v):
+            raise self.error(f"'{key}' must be a list of strings")
+        return tuple(v)
+
+    def versions(self, key: str) -> tuple[tuple[str, int], ...]:
+        v = self.get(key)
+        if not isinstance(v, dict) or any(isinstance(x, bool) or not isinstance(x, int) for x in v.values()):
+            raise self.error(f"'{key}' must be an object {{model: version}}")
+        return tuple(v.items())
+
+
+def _read_header(r: _Rec) -> TraceHeader:
+    if r.raw.get("format") != FORMAT:
+        raise r.error(f"not an rpeg trace (format {r.raw.get('format')!r}, expected '{FORMAT}')")
+    workers = r.get("workers")
+    if not isinstance(workers, dict):
+        raise r.error("'workers' must be an object {device: rank}")
+    try:
+        wmap = {int(d): int(w) for d, w in workers.items()}
+    except (TypeError, ValueError):
+        raise r.error("'workers' must map device ids to worker ranks (integers)") from None
+    options = r.raw.get("options", {})
+    if not isinstance(options, dict):
+        raise r.error("'options' must be an object")
+    return TraceHeader(
+        plan_hash=r.text("plan_hash"), plan_file=r.text("plan_file"), backend=r.text("backend"), clock=r.text("clock"),
+        steps=r.integer("steps"), plan_steps=r.integer("plan_steps"), policy=r.text("policy"), reserve=r.text("reserve"),
+        workers=wmap, options=options,
+    )
+
+
+def _read_node(r: _Rec) -> NodeRecord:
+    strategy = r.raw.get("strategy")
+    if strategy is not None:
+        if not isinstance(strategy, list) or len(strategy) != 4 or any(not isinstance(x, int) for x in strategy):
+            raise r.error("'strategy' must be [dp, pp, tp, mb] or null")
+        strategy = tuple(strategy)
+    return NodeRecord(
+        id=r.text("id"), kind=r.text("kind"), step=r.integer("step"), dispatch=r.number("dispatch"), start=r.number("start"),
+        finish=r.number("finish"), devices=r.ints("devices"), workers=r.ints("workers"), strategy=strategy,
+        consumed=r.versions("consumed"), produced=r.versions("produced"), bytes=r.integer("bytes"),
+        inputs=r.strs("inputs"), outputs=r.strs("outputs"), unbound=r.strs("unbound"), line=r.line,
+    )

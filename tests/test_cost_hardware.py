@@ -1,0 +1,146 @@
+"""Hardware profiles: the shipped TOML files load, and bad profiles are located RpegErrors that name
+the file, the key and the TOML line. Also the cost-option parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rpegc.core.cost_options import CostOptions, cost_options
+from rpegc.core.devices import TIERS
+from rpegc.core.errors import Loc, RpegError
+from rpegc.core.hardware import PROFILE_DIR, Hardware, load_hardware, profile_names
+
+CLUSTER_LOC = Loc("ppo.rpeg", 12, 1)
+GOOD = (PROFILE_DIR / "gh200.toml").read_text()
+
+
+def test_shipped_profiles():
+    assert profile_names() == ["a100-40g", "gh200", "h100-80g", "h200"]
+    per_node = {"gh200": 4, "a100-40g": 8, "h100-80g": 8, "h200": 8}
+    for name in profile_names():
+        hw = load_hardware(name)
+        assert hw.name == name and hw.gpus_per_node == per_node[name]
+        assert hw.eps_rt == 0.10
+        assert 0 < hw.M_eff < hw.M_GPU
+        # Slower tiers never beat faster ones in a shipped profile.
+        for alphas, betas in ((hw.alpha_coll, hw.beta_coll), (hw.alpha_p2p, hw.beta_p2p)):
+            assert list(alphas) == sorted(alphas) and list(betas) == sorted(betas)
+    gh = load_hardware("gh200")
+    assert gh.p2p("intra_node") == (8.0e-6, 6.25e-12)  # paper App. B: ~160 GB/s per GPU pair
+    assert gh.M_GPU == 102e9
+    assert load_hardware("a100-40g").M_GPU == 40 * 2**30
+
+
+def test_every_shipped_value_cites_a_source():
+    for path in PROFILE_DIR.glob("*.toml"):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            code = line.split("#", 1)[0]
+            if "=" in code and not code.strip().startswith(("name", "description")):
+                assert "#" in line, f"{path.name}:{number} has no source comment"
+
+
+def test_tier_lookup_by_name_and_index():
+    import numpy as np
+
+    hw = load_hardware("h100-80g")
+    alphas, betas = hw.coll(np.array([0, 2, 1]))
+    assert list(alphas) == [hw.alpha_coll[0], hw.alpha_coll[2], hw.alpha_coll[1]]
+    assert hw.coll("inter_rack") == (hw.alpha_coll[2], hw.beta_coll[2])
+    assert TIERS == ("intra_node", "inter_node", "inter_rack")
+
+
+def test_load_by_path_relative_to_the_module(tmp_path: Path):
+    (tmp_path / "my.toml").write_text(GOOD.replace('name = "gh200"', 'name = "mine"'))
+    module = tmp_path / "ppo.rpeg"
+    assert load_hardware("my.toml", Loc(str(module), 3, 1)).name == "mine"
+    assert load_hardware(str(tmp_path / "my.toml")).source == str(tmp_path / "my.toml")
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def error_of(path: str) -> RpegError:
+    with pytest.raises(RpegError) as info:
+        load_hardware(path, CLUSTER_LOC)
+    assert info.value.loc == CLUSTER_LOC
+    assert "bad.toml" in info.value.message
+    return info.value
+
+
+def test_missing_key_is_named_with_its_table_line(tmp_path):
+    text = GOOD.replace("BW_mem = 3.4e12", "")
+    err = error_of(write(tmp_path, text))
+    assert "missing key 'compute.BW_mem'" in err.message
+    assert f"line {text.splitlines().index('[compute]') + 1}" in err.message
+
+
+def test_wrong_type_is_named_with_its_line(tmp_path):
+    text = GOOD.replace("F_peak = 6.0e14", 'F_peak = "fast"')
+    err = error_of(write(tmp_path, text))
+    assert "key 'compute.F_peak' must be a number" in err.message
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("F_peak"))
+    assert f"line {line}" in err.message
+
+
+def test_non_positive_value(tmp_path):
+    err = error_of(write(tmp_path, GOOD.replace("beta = 6.25e-12", "beta = 0")))
+    assert "'p2p.intra_node.beta' must be a finite positive number" in err.message
+    err = error_of(write(tmp_path, GOOD.replace("M_GPU = 102e9", "M_GPU = -1")))
+    assert "'memory.M_GPU'" in err.message
+    err = error_of(write(tmp_path, GOOD.replace("eps_rt = 0.10", "eps_rt = 1.5")))
+    assert "'memory.eps_rt' must be below 1" in err.message
+
+
+def test_boolean_is_not_a_number(tmp_path):
+    err = error_of(write(tmp_path, GOOD.replace("B_cal = 8", "B_cal = true")))
+    assert "'compute.B_cal' must be a number" in err.message
+
+
+def test_malformed_toml_reports_the_line(tmp_path):
+    text = GOOD.replace("[memory]", "[memory")
+    err = error_of(write(tmp_path, text))
+    assert "not valid TOML" in err.message
+    assert f"line {text.splitlines().index('[memory') + 1}" in err.message
+
+
+def test_missing_tier_and_unknown_keys(tmp_path):
+    start = GOOD.index("[p2p.inter_rack]")
+    err = error_of(write(tmp_path, GOOD[:start]))
+    assert "missing table [p2p.inter_rack]" in err.message
+    err = error_of(write(tmp_path, GOOD.replace("gamma_M = 256.0", "gamma_m = 256.0\ngamma_M = 256.0")))
+    assert "unknown key 'compute.gamma_m'" in err.message
+
+
+def test_unknown_profile_name_lists_the_shipped_ones():
+    with pytest.raises(RpegError) as info:
+        load_hardware("tpu-v9", CLUSTER_LOC)
+    assert info.value.loc == CLUSTER_LOC
+    assert "unknown hardware profile 'tpu-v9'" in info.value.message and "gh200" in info.value.message
+
+
+def test_unreadable_profile_path():
+    with pytest.raises(RpegError, match="cannot read hardware profile"):
+        load_hardware("/nonexistent/dir/x.toml", CLUSTER_LOC)
+
+
+def test_from_dict_validates_like_a_file():
+    with pytest.raises(RpegError, match="missing table \\[compute\\]"):
+        Hardware.from_dict({"memory": {}})
+
+
+def test_cost_options_from_user_values():
+    opts = cost_options({"decode_rows": "local_batch", "bubble_on_generation": "false", "train_forward_equivalents": "3"})
+    assert opts == CostOptions(decode_rows="local_batch", bubble_on_generation=False, train_forward_equivalents=3)
+    loc = Loc("cmd", 1, 5)
+    with pytest.raises(RpegError) as info:
+        cost_options({"decode_rows": "everything"}, loc)
+    assert info.value.loc == loc and "local_mb, local_batch" in info.value.message
+    with pytest.raises(RpegError, match="unknown cost option 'decode'"):
+        cost_options({"decode": "x"}, loc)
+    with pytest.raises(RpegError, match="must be true or false"):
+        cost_options({"bubble_on_generation": "maybe"}, loc)

@@ -1,0 +1,228 @@
+"""Property: every Program survives Program -> module -> (generic MLIR text ->) Program exactly.
+
+Checked on the project's strategies (tests/strategies.py) and on the local ones below, which draw
+structurally valid Programs (the op verifiers accept them) with awkward values: symbol names
+needing quotes, non-ASCII text, integers beyond 64 bits, signed zeros and infinities, empty and
+long lists, every optional field both present and absent.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import exec_programs
+from strategies import programs as wellformed_programs
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+
+from rpegc.core.errors import UNKNOWN_LOC, Loc
+from rpegc.core.exec_graph import EDGE_KINDS, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.expr import SYMBOLS, BinOp, Num, Sym
+from rpegc.core.program import (
+    DTYPE_BYTES,
+    ELEMENT_KINDS,
+    MODEL_KINDS,
+    ROLES,
+    Alloc,
+    Arch,
+    Cluster,
+    Container,
+    Edge,
+    Graph,
+    Model,
+    Placement,
+    Plan,
+    Program,
+    Quantile,
+    Strategy,
+    Vertex,
+    Workload,
+)
+from rpegc.dialects.convert import make_context, module_to_program, program_to_module
+
+names = st.text(alphabet="abXY_#.-é0", min_size=1, max_size=6)
+texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+small = st.integers(min_value=0, max_value=64)
+big = st.integers(min_value=-(2**70), max_value=2**70)
+floats = st.floats(allow_nan=False)
+locs = st.one_of(st.just(UNKNOWN_LOC), st.builds(Loc, texts, st.integers(0, 10**6), st.integers(0, 500)))
+
+
+def opt(strategy: st.SearchStrategy) -> st.SearchStrategy:
+    return st.none() | strategy
+
+
+def tuples_of(strategy: st.SearchStrategy, n: int = 4) -> st.SearchStrategy:
+    return st.lists(strategy, max_size=n).map(tuple)
+
+
+exprs = st.recursive(
+    st.one_of(st.builds(Num, big), st.builds(Sym, st.sampled_from(SYMBOLS))),
+    lambda sub: st.builds(BinOp, st.sampled_from("+-*/"), sub, sub),
+    max_leaves=6,
+)
+triples = st.tuples(small, small, small)
+allocs = st.builds(Alloc, triples, triples)
+strategies_ = st.builds(Strategy, small, small, small, small)
+model_ints = st.lists(st.tuples(names, big), max_size=3).map(tuple)
+
+workloads = st.builds(Workload, big, big, big, big, st.sampled_from(tuple(DTYPE_BYTES)), loc=locs)
+archs = st.builds(Arch, *(big,) * 6)
+models = st.builds(Model, names, st.sampled_from(MODEL_KINDS), st.booleans(), archs, opt(texts), loc=locs)
+data_containers = st.builds(
+    Container, names, st.sampled_from(ELEMENT_KINDS), tuples_of(exprs, 3), opt(names), opt(big), loc=locs
+)
+weight_containers = st.builds(Container, names, st.just("weights"), tuples_of(exprs, 1), names, opt(big), loc=locs)
+vertices = st.builds(Vertex, names, st.sampled_from(ROLES), names, tuples_of(names), tuples_of(names), loc=locs)
+edges = st.builds(Edge, names, names, names, loc=locs)
+graphs = st.builds(
+    Graph,
+    names,
+    tuples_of(st.one_of(data_containers, weight_containers)),
+    tuples_of(names),
+    tuples_of(names),
+    tuples_of(vertices),
+    tuples_of(edges),
+    tuples_of(edges),
+    model_ints,
+    tuples_of(st.builds(Quantile, floats, exprs, loc=locs), 3),
+    loc=locs,
+    staleness_loc=locs,
+    quantiles_loc=locs,
+)
+clusters = st.builds(Cluster, names, big, big, big, texts, loc=locs)
+plans = st.builds(
+    Plan, names, names, names, tuples_of(st.builds(Placement, names, allocs, strategies_, loc=locs)), loc=locs
+)
+
+
+@st.composite
+def exec_nodes(draw) -> ExecNode:
+    kind = draw(st.sampled_from(("op", "comm", "reshard")))
+    nphases = draw(opt(st.integers(1, 5)))
+    phase = None if nphases is None else draw(st.integers(1, nphases))
+    model = draw(names if kind != "comm" else opt(names))
+    container = draw(opt(names)) if model is not None else draw(names)
+    return ExecNode(
+        id=draw(names),
+        kind=kind,
+        step=draw(big),
+        order=draw(big),
+        vertex=draw(names if kind == "op" else opt(names)),
+        role=draw(st.sampled_from(ROLES) if kind == "op" else opt(st.sampled_from(ROLES))),
+        model=model,
+        container=container,
+        phase=phase,
+        nphases=nphases,
+        alloc=draw(opt(allocs)),
+        strategy=draw(opt(strategies_)),
+        src_alloc=draw(opt(allocs)),
+        src_strategy=draw(opt(strategies_)),
+        bytes=draw(big),
+        fraction=draw(opt(floats)),
+        version_in=draw(model_ints),
+        version_out=draw(model_ints),
+        time=draw(opt(floats)),
+        start=draw(opt(floats)),
+        finish=draw(opt(floats)),
+        loc=draw(locs),
+    )
+
+
+@st.composite
+def exec_edges(draw) -> ExecEdge:
+    kind = draw(st.sampled_from(EDGE_KINDS))
+    container = draw(names if kind in ("data", "pub") else opt(names))
+    return ExecEdge(draw(names), draw(names), kind, container, loc=draw(locs))
+
+
+device_map = tuples_of(st.tuples(st.integers(0, 2**40), floats), 5)
+memories = st.builds(MemoryReport, device_map, device_map, device_map, floats, floats, st.booleans())
+schedules = st.builds(ScheduleReport, floats, floats, floats, floats, floats)
+exec_graphs = st.builds(
+    ExecGraph,
+    names,
+    big,
+    tuples_of(exec_nodes(), 5),
+    tuples_of(exec_edges(), 5),
+    st.booleans(),
+    opt(memories),
+    opt(schedules),
+    loc=locs,
+)
+programs = st.builds(
+    Program,
+    workloads,
+    tuples_of(models, 3),
+    opt(graphs),
+    opt(clusters),
+    opt(plans),
+    opt(exec_graphs),
+    file=texts,
+)
+
+
+def all_locs(p: Program) -> list[Loc]:
+    found: list[Loc] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, Loc):
+            found.append(value)
+        elif isinstance(value, tuple):
+            for v in value:
+                walk(v)
+        elif hasattr(value, "__dataclass_fields__"):
+            for name in value.__dataclass_fields__:
+                walk(getattr(value, name))
+
+    walk(p)
+    return found
+
+
+def generic_text(p: Program) -> str:
+    out = StringIO()
+    Printer(stream=out, print_generic_format=True).print_op(program_to_module(p))
+    return out.getvalue()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs)
+def test_program_module_program_is_identity(p: Program) -> None:
+    module = program_to_module(p)
+    module.verify()
+    back = module_to_program(module)
+    assert back == p
+    assert back.file == p.file
+    assert all_locs(back) == all_locs(p)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs)
+def test_generic_mlir_text_reparses_to_the_same_program(p: Program) -> None:
+    parsed = Parser(make_context(), generic_text(p)).parse_module()
+    parsed.verify()
+    back = module_to_program(parsed)
+    assert back == p
+    assert back.file == p.file
+    assert all_locs(back) == all_locs(p)
+
+
+# The project-wide strategies (tests/strategies.py): well-formed graphs, legal plans, exec graphs.
+shared_programs = st.one_of(
+    wellformed_programs(plan=True), exec_programs(exotic=False), exec_programs(exotic=True)
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_programs)
+def test_shared_strategy_programs_round_trip(p: Program) -> None:
+    module = program_to_module(p)
+    module.verify()
+    back = module_to_program(module)
+    assert back == p
+    assert all_locs(back) == all_locs(p)
+    reparsed = module_to_program(Parser(make_context(), generic_text(p)).parse_module())
+    assert reparsed == p
+    assert all_locs(reparsed) == all_locs(p)

@@ -1,0 +1,293 @@
+"""Program <-> xDSL module conversion: exact round trips, source positions, generic MLIR text."""
+
+from __future__ import annotations
+
+import dataclasses
+from io import StringIO
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+
+from rpegc.core.errors import UNKNOWN_LOC, Loc
+from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.expr import BinOp, Num, Sym
+from rpegc.core.program import (
+    Alloc,
+    Arch,
+    Cluster,
+    Container,
+    Edge,
+    Graph,
+    Model,
+    Placement,
+    Plan,
+    Program,
+    Quantile,
+    Strategy,
+    Vertex,
+    Workload,
+)
+from rpegc.dialects import exec as ex
+from rpegc.dialects import rpeg
+from rpegc.dialects.convert import (
+    loc_of,
+    make_context,
+    module_to_program,
+    program_to_module,
+    replace_module,
+)
+
+F = "ppo.rpeg"
+
+
+def at(line: int, col: int = 1) -> Loc:
+    return Loc(F, line, col)
+
+
+ARCH = Arch(layers=32, hidden=4096, ffn=11008, vocab=32000, heads=32, kv_heads=8)
+A0 = Alloc((0, 0, 0), (1, 8, 4))
+A1 = Alloc((1, 2, 0), (1, 1, 4))
+S0 = Strategy(16, 1, 2, 1)
+S1 = Strategy(2, 2, 2, 4)
+
+
+def full_graph() -> Graph:
+    return Graph(
+        name="ppo",
+        containers=(
+            Container("X", "tokens", (Sym("B"), Sym("Lp")), loc=at(5, 3)),
+            Container("Y", "tokens", (BinOp("*", Sym("B"), Sym("R")), BinOp("+", Sym("Lp"), Sym("Lr"))), loc=at(6, 3)),
+            Container("r", "rewards", (BinOp("*", Sym("B"), Sym("R")),), bytes_per_elem=4, loc=at(7, 3)),
+            Container("W_actor", "weights", model="actor", loc=at(8, 3)),
+        ),
+        inputs=("X", "W_actor"),
+        outputs=("r",),
+        vertices=(
+            Vertex("gen", "generation", "actor", ("W_actor", "X"), ("Y",), loc=at(10, 3)),
+            Vertex("reward", "inference", "rm", ("Y",), ("r",), loc=at(11, 3)),
+            Vertex("train", "training", "actor", ("W_actor", "Y", "r"), ("W_actor",), loc=at(12, 3)),
+        ),
+        data_edges=(Edge("gen", "reward", "Y", loc=at(13, 3)), Edge("reward", "train", "r", loc=at(14, 3))),
+        pub_edges=(Edge("train", "gen", "W_actor", loc=at(15, 3)),),
+        staleness=(("actor", 1), ("rm", 0)),
+        quantiles=(
+            Quantile(0.5, BinOp("/", Sym("Lr"), Num(4)), loc=at(17, 20)),
+            Quantile(0.85, BinOp("-", Sym("Lr"), BinOp("*", Num(2), Sym("R"))), loc=at(17, 40)),
+            Quantile(1.0, Sym("Lr"), loc=at(17, 60)),
+        ),
+        loc=at(4),
+        staleness_loc=at(16, 3),
+        quantiles_loc=at(17, 3),
+    )
+
+
+def full_exec() -> ExecGraph:
+    nodes = (
+        ExecNode(
+            "gen#0", "op", 0, 0, vertex="gen", role="generation", model="actor", alloc=A0, strategy=S0,
+            version_in=(("actor", 0),), time=1.25, start=0.0, finish=1.25, loc=at(10, 3),
+        ),
+        ExecNode(
+            "gen#1.q2", "op", 1, 0, vertex="gen", role="generation", model="actor", phase=2, nphases=3,
+            fraction=0.35, alloc=A0, strategy=S0, version_in=(("actor", 0),), loc=at(10, 3),
+        ),
+        ExecNode(
+            "train#0", "op", 0, 2, vertex="train", role="training", model="actor", alloc=A1, strategy=S1,
+            version_in=(("actor", 0),), version_out=(("actor", 1),), time=3.0, loc=at(12, 3),
+        ),
+        ExecNode("c0", "comm", 0, 1, container="Y", alloc=A1, src_alloc=A0, bytes=81920, time=0.01),
+        ExecNode(
+            "c5", "comm", 1, 0, model="actor", container="W_actor", alloc=A0, src_alloc=A1,
+            bytes=10328473600, version_in=(("actor", 1),), phase=1, nphases=3, fraction=0.5,
+        ),
+        ExecNode(
+            "r0", "reshard", 1, 0, model="actor", alloc=A0, strategy=S0, src_alloc=A1, src_strategy=S1,
+            bytes=2**70, version_in=(("actor", 1),), time=float("inf"), start=-0.0, finish=7.0,
+        ),
+    )
+    edges = (
+        ExecEdge("gen#0", "c0", "dep", loc=at(13, 3)),
+        ExecEdge("gen#0", "train#0", "data", "Y", loc=at(13, 3)),
+        ExecEdge("train#0", "gen#1.q2", "pub", "W_actor", loc=at(15, 3)),
+        ExecEdge("train#0", "c5", "order"),
+        ExecEdge("c5", "r0", "dep", container="W_actor"),
+    )
+    memory = MemoryReport(
+        peak=((0, 6.1e10), (1, 6123456789.0), (5, 1 / 3)),
+        persistent=((0, 2.0e10), (1, 2.0e10)),
+        transient=(),
+        m_eff=8.6e10,
+        r_peak=0.71,
+        feasible=False,
+    )
+    schedule = ScheduleReport(makespan=12.5, score=1.2e5, score_pen=1.25e5, util=0.61, p_eff=3.2)
+    return ExecGraph("ppo", 2, nodes, edges, lowered=True, memory=memory, schedule=schedule, loc=at(30))
+
+
+def full_program() -> Program:
+    return Program(
+        workload=Workload(512, 2, 128, 384, "fp16", loc=at(1)),
+        models=(
+            Model("actor", "policy", True, ARCH, preset="llama2-7b", loc=at(2)),
+            Model("rm", "reward", False, ARCH, loc=at(3)),
+        ),
+        graph=full_graph(),
+        cluster=Cluster("c64", 2, 8, 4, "gh200", loc=at(20)),
+        plan=Plan(
+            "p", "ppo", "c64",
+            (Placement("gen", A0, S0, loc=at(22, 3)), Placement("train", A1, S1, loc=at(23, 3))),
+            loc=at(21),
+        ),
+        exec=full_exec(),
+        file=F,
+    )
+
+
+def locs(value: object, path: str = "p") -> list[tuple[str, Loc]]:
+    """Every Loc reachable from a Program (they do not take part in ==), with where it was found."""
+    if isinstance(value, Loc):
+        return [(path, value)]
+    if isinstance(value, tuple):
+        return [item for i, v in enumerate(value) for item in locs(v, f"{path}[{i}]")]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [item for f in dataclasses.fields(value) for item in locs(getattr(value, f.name), f"{path}.{f.name}")]
+    return []
+
+
+def assert_same(a: Program, b: Program) -> None:
+    assert a == b
+    assert a.file == b.file
+    assert locs(a) == locs(b)
+
+
+def generic_text(module: ModuleOp) -> str:
+    out = StringIO()
+    Printer(stream=out, print_generic_format=True).print_op(module)
+    return out.getvalue()
+
+
+def test_full_program_round_trips_with_locations() -> None:
+    p = full_program()
+    module = program_to_module(p)
+    module.verify()
+    back = module_to_program(module)
+    assert_same(back, p)
+    assert len(locs(p)) > 30  # the comparison covers every op kind's position
+
+
+def test_round_trip_keeps_non_finite_and_huge_values() -> None:
+    eg = full_exec()
+    nan_node = eg.node("r0").with_(finish=float("nan"))
+    p = dataclasses.replace(full_program(), exec=dataclasses.replace(eg, nodes=eg.nodes[:-1] + (nan_node,)))
+    module = program_to_module(p)
+    for prog in (module_to_program(module), module_to_program(Parser(make_context(), generic_text(module)).parse_module())):
+        r0 = prog.exec.node("r0")
+        assert r0.bytes == 2**70
+        assert r0.time == float("inf") and r0.finish != r0.finish
+        assert str(r0.start) == "-0.0"
+
+
+def test_generic_mlir_reparses_to_the_same_program() -> None:
+    p = full_program()
+    text = generic_text(program_to_module(p))
+    assert '"rpeg.vertex"' in text and '"exec.reshard"' in text
+    parsed = Parser(make_context(), text).parse_module()
+    parsed.verify()
+    assert_same(module_to_program(parsed), p)
+    assert generic_text(parsed) == text
+
+
+def test_non_ascii_text_survives_generic_mlir() -> None:
+    """xDSL reads escaped non-ASCII string literals back as bytes; the conversion decodes them."""
+    p = dataclasses.replace(
+        full_program(),
+        cluster=Cluster("c64", 1, 2, 4, "profiles/grüne-h100.toml", loc=Loc("dür/ppo.rpeg", 3, 4)),
+        file="dür/ppo.rpeg",
+    )
+    parsed = Parser(make_context(), generic_text(program_to_module(p))).parse_module()
+    parsed.verify()
+    assert_same(module_to_program(parsed), p)
+
+
+def test_minimal_program_has_only_a_workload_and_models() -> None:
+    p = Program(Workload(8, 1, 4, 4), (Model("m", "policy", True, ARCH),))
+    module = program_to_module(p)
+    assert [op.name for op in module.ops] == ["rpeg.workload", "rpeg.model"]
+    assert_same(module_to_program(module), p)
+
+
+def test_empty_lists_with_a_position_are_kept() -> None:
+    """`rpeg.staleness {}` written by the user keeps its op (and position); unwritten ones add no op."""
+    g = dataclasses.replace(
+        full_graph(), staleness=(), quantiles=(), staleness_loc=at(40, 3), quantiles_loc=UNKNOWN_LOC
+    )
+    p = dataclasses.replace(full_program(), graph=g)
+    module = program_to_module(p)
+    graph_op = next(op for op in module.ops if isinstance(op, rpeg.GraphOp))
+    names = [op.name for op in graph_op.body.block.ops]
+    assert "rpeg.staleness" in names and "rpeg.quantiles" not in names
+    assert_same(module_to_program(module), p)
+
+
+def test_exec_nodes_and_edges_keep_their_interleaved_order() -> None:
+    eg = full_exec()
+    module = program_to_module(dataclasses.replace(full_program(), exec=eg))
+    exec_op = next(op for op in module.ops if isinstance(op, ex.ExecGraphOp))
+    kinds = [op.name for op in exec_op.body.block.ops]
+    assert kinds == [
+        "exec.op", "exec.op", "exec.op", "exec.comm", "exec.comm", "exec.reshard",
+        "exec.dep", "exec.data", "exec.publish", "exec.order", "exec.dep",
+        "exec.memory", "exec.schedule",
+    ]
+    back = module_to_program(module).exec
+    assert [n.kind for n in back.nodes] == [n.kind for n in eg.nodes]
+    assert [e.kind for e in back.edges] == [e.kind for e in eg.edges]
+
+
+def test_analysis_results_are_discardable_attributes() -> None:
+    module = program_to_module(full_program())
+    gen0 = next(op for op in module.walk() if isinstance(op, ex.OpNodeOp) and op.ident.data == "gen#0")
+    assert {"time", "start", "finish"} <= set(gen0.attributes)
+    assert not {"time", "start", "finish"} & set(gen0.properties)
+    del gen0.attributes["time"]
+    module.verify()
+    assert module_to_program(module).exec.node("gen#0").time is None
+
+
+def test_memory_report_is_one_op_with_dense_device_ids() -> None:
+    peaks = tuple((d, float(d) * 1e9 + 0.5) for d in range(2048))
+    mem = MemoryReport(peaks, peaks, peaks, 9e10, 0.5, True)
+    eg = dataclasses.replace(full_exec(), memory=mem)
+    module = program_to_module(dataclasses.replace(full_program(), exec=eg))
+    memory_ops = [op for op in module.walk() if isinstance(op, ex.MemoryOp)]
+    assert len(memory_ops) == 1
+    assert len(memory_ops[0].peak_devices) == 2048
+    assert module_to_program(module).exec.memory == mem
+
+
+def test_replace_module_mutates_the_given_module() -> None:
+    first = Program(Workload(8, 1, 4, 4), (Model("m", "policy", True, ARCH),), file="a.rpeg")
+    module = program_to_module(first)
+    p = full_program()
+    replace_module(module, p)
+    module.verify()
+    assert_same(module_to_program(module), p)
+    replace_module(module, first)
+    assert_same(module_to_program(module), first)
+
+
+def test_loc_of_reads_the_op_position() -> None:
+    module = program_to_module(full_program())
+    by_name = {op.name: op for op in module.walk()}
+    assert loc_of(by_name["rpeg.workload"]) == at(1)
+    assert loc_of(by_name["rpeg.place"]) == at(23, 3)
+    assert loc_of(by_name["exec.schedule"]) == at(30)
+    assert loc_of(module) == UNKNOWN_LOC
+
+
+def test_loc_of_falls_back_to_the_enclosing_op() -> None:
+    module = program_to_module(full_program())
+    place = next(op for op in module.walk() if isinstance(op, rpeg.PlaceOp))
+    del place.attributes["loc"]
+    assert loc_of(place) == at(21)

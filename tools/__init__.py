@@ -1,0 +1,1 @@
+"""rpegc tools: Gantt charts, calibration, validation, benchmarks helpers."""
