@@ -14,9 +14,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+PIPELINE := verify-wellformed,unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
+
 demo: $(STAMP)
 	@mkdir -p $(OUT)
-	$(BIN)/rpegc examples/ppo.rpeg -p verify-wellformed --summary
+	$(BIN)/rpegc examples/ppo.rpeg -p '$(PIPELINE)' -o $(OUT)/ppo.exec.rpeg --summary --gantt $(OUT)/ppo-gantt.png
 
 test: $(STAMP)
 	@$(BIN)/python tests/run_all.py

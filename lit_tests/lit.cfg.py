@@ -5,7 +5,7 @@ import sys
 import lit.formats
 
 config.name = "rpegc"
-config.test_format = lit.formats.ShTest(execute_external=True)
+config.test_format = lit.formats.ShTest()
 config.suffixes = [".rpeg", ".mlir", ".test"]
 config.test_source_root = os.path.dirname(__file__)
 config.excludes = ["lit.cfg.py", "Inputs"]

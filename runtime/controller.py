@@ -165,7 +165,6 @@ class _Run:
         for n in nodes:
             self.steps_left[n.step] = self.steps_left.get(n.step, 0) + 1
         self.step_finish: dict[int, float] = {}
-        self.records: list[dict] = []
         self.node_records: dict[str, NodeRecord] = {}
         self.events: list[ArtifactEvent] = []
         self.step_records: list[StepRecord] = []
@@ -175,7 +174,6 @@ class _Run:
         self.wall0 = time.perf_counter()
 
     def emit(self, record: dict) -> None:
-        self.records.append(record)
         if self.sink is not None:
             self.sink(record)
 

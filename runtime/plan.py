@@ -6,7 +6,9 @@ form through `rpegc.syntax.parser`) and builds a `RunPlan`: the executable DAG a
 artifacts every node reads and writes, each resolved to the node(s) that produce it:
 
 - data artifacts  D(container, step, phase, allocation): written by an Op node on its allocation, or
-  delivered to a destination allocation by a Comm node (a quantile-phase Comm moves one phase);
+  delivered to a destination allocation by a Comm node (a quantile-phase Comm moves one phase); an
+  Op node binds the containers its incoming data edges of G° carry (a read without a data edge,
+  like the paper's PPO training reading Y "from device memory", is not modelled as a transfer);
 - weight copies   W(model, version, allocation): version 0 is installed at launch wherever it is read,
   a training Op writes version k + 1 on its allocation, a weight Comm installs the version it moves on
   its destination, a Reshard re-lays out the version it names on its allocation.
@@ -346,7 +348,9 @@ def _resolve_artifacts(
     graph = p.graph
     assert graph is not None
     weights = {c.name for c in graph.containers if c.is_weights}
-    written = {c for v in graph.vertices for c in v.writes if c not in weights}
+    delivered: dict[str, set[str]] = {}  # vertex -> containers its incoming data edges carry
+    for e in graph.data_edges:
+        delivered.setdefault(e.dst, set()).add(e.container)
     vertex_of = {v.name: v for v in graph.vertices}
     outputs: list[list[Artifact]] = [[] for _ in order]
     sizes: dict[Artifact, int] = {}
@@ -362,7 +366,9 @@ def _resolve_artifacts(
         if n.kind == "op":
             v = vertex_of.get(n.vertex)  # type: ignore[arg-type]
             if v is None:
-                raise RpegError(n.loc, f"op node {n.id} runs vertex @{n.vertex}, which graph @{graph.name} does not declare")
+                raise RpegError(
+                    n.loc, f"op node {n.id} runs vertex @{n.vertex}, which graph @{graph.name} does not declare"
+                )
             for c in v.writes:
                 if c in weights:
                     continue
@@ -385,6 +391,7 @@ def _resolve_artifacts(
         for a in outputs[i]:
             producers.setdefault(a, []).append(i)
     comm_inputs: dict[int, list[Artifact]] = {}
+    max_phase = max((n.phase or 0 for n in order), default=0)
     for i, n in enumerate(order):
         if n.kind != "comm" or _moves_weights(n):
             continue
@@ -394,7 +401,9 @@ def _resolve_artifacts(
         if n.fraction is not None:
             phases = [order[u].phase for u in preds[i] if order[u].kind == "op" and order[u].phase is not None]
             phase = phases[0] if phases else None
-        src = _find_data(producers, n.container, n.step, phase, n.src_alloc)  # type: ignore[arg-type]
+        src = _find_data(
+            producers, n.container, n.step, phase, n.src_alloc, max_phase  # type: ignore[arg-type]
+        )
         if not src:
             raise RpegError(
                 n.loc,
@@ -410,7 +419,7 @@ def _resolve_artifacts(
     # An unbound weight transfer installs nothing, which may unbind what others read: repeat to a fixpoint.
     while True:
         inputs, unbound, initial, warnings = _bind_inputs(
-            p, order, ancestors, producers, comm_inputs, vertex_of, weights, written, sizes
+            p, order, ancestors, producers, comm_inputs, vertex_of, weights, delivered, sizes
         )
         dropped = [i for i, u in enumerate(unbound) if u and outputs[i]]
         if not dropped:
@@ -447,10 +456,11 @@ def _bind_inputs(
     comm_inputs: dict[int, list[Artifact]],
     vertex_of: dict,
     weights: set[str],
-    written: set[str],
+    delivered: dict[str, set[str]],
     sizes: dict[Artifact, int],
 ) -> tuple[list[list[Artifact]], list[list[Artifact]], dict[Artifact, None], list[str]]:
     """Resolve every node's inputs to produced artifacts; errors for unguaranteed strict inputs."""
+    max_phase = max((n.phase or 0 for n in order), default=0)
     inputs: list[list[Artifact]] = [[] for _ in order]
     unbound: list[list[Artifact]] = [[] for _ in order]
     initial: dict[Artifact, None] = {}
@@ -460,9 +470,12 @@ def _bind_inputs(
         if n.kind == "op":
             v = vertex_of[n.vertex]  # type: ignore[index]
             for c in v.reads:
-                if c in weights or c not in written:
-                    continue  # weights are read by version; graph inputs are everywhere from the start
-                found = _find_data(producers, c, n.step, n.phase, n.alloc)  # type: ignore[arg-type]
+                if c in weights or c not in delivered.get(v.name, ()):
+                    # Weights are read by version. Graph inputs are everywhere from the start, and a
+                    # read without a data edge (the paper's PPO lets training read Y "from device
+                    # memory") is not modelled as a transfer, so it binds nothing.
+                    continue
+                found = _find_data(producers, c, n.step, n.phase, n.alloc, max_phase)  # type: ignore[arg-type]
                 if not found:
                     raise RpegError(
                         n.loc,
@@ -526,7 +539,7 @@ def _moved_version(n: ExecNode) -> tuple[str, int]:
 
 
 def _find_data(
-    producers: dict[Artifact, list[int]], c: str, step: int, phase: Optional[int], alloc: Alloc
+    producers: dict[Artifact, list[int]], c: str, step: int, phase: Optional[int], alloc: Alloc, max_phase: int
 ) -> list[Artifact]:
     """The data artifacts a reader on `alloc` uses: its phase (or the whole container) for a phase
     reader; the whole container, or else every phase of it, for a whole-container reader."""
@@ -538,11 +551,8 @@ def _find_data(
         return [whole] if whole in producers else []
     if whole in producers:
         return [whole]
-    return sorted(
-        (a for a in producers if a.kind == "data" and a.name == c and a.index == step and a.alloc == alloc
-         and a.phase is not None),
-        key=lambda a: a.phase,  # type: ignore[arg-type,return-value]
-    )
+    phases = (Artifact("data", c, step, q, alloc) for q in range(1, max_phase + 1))
+    return [a for a in phases if a in producers]
 
 
 def _retained(p: Program, order: list[ExecNode], outputs: list[list[Artifact]]) -> frozenset:

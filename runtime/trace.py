@@ -229,8 +229,8 @@ def trace_from_records(records: list[tuple[int, Any]], file: str = "<trace>") ->
             after = r.opt_str("after") if kind == "release" else None
             events.append(ArtifactEvent(kind, r.text("artifact"), r.number("time"), after, line))
         elif kind == "step":
-            pf = r.raw.get("predicted_finish")
-            steps.append(StepRecord(r.integer("step"), r.number("finish"), None if pf is None else r.number("predicted_finish"), r.integer("nodes")))
+            predicted = None if r.raw.get("predicted_finish") is None else r.number("predicted_finish")
+            steps.append(StepRecord(r.integer("step"), r.number("finish"), predicted, r.integer("nodes")))
         elif kind == "summary":
             summary = {k: v for k, v in r.raw.items() if k != "type"}
         else:
@@ -324,8 +324,9 @@ def _read_node(r: _Rec) -> NodeRecord:
             raise r.error("'strategy' must be [dp, pp, tp, mb] or null")
         strategy = tuple(strategy)
     return NodeRecord(
-        id=r.text("id"), kind=r.text("kind"), step=r.integer("step"), dispatch=r.number("dispatch"), start=r.number("start"),
-        finish=r.number("finish"), devices=r.ints("devices"), workers=r.ints("workers"), strategy=strategy,
+        id=r.text("id"), kind=r.text("kind"), step=r.integer("step"), dispatch=r.number("dispatch"),
+        start=r.number("start"), finish=r.number("finish"), devices=r.ints("devices"), workers=r.ints("workers"),
+        strategy=strategy,
         consumed=r.versions("consumed"), produced=r.versions("produced"), bytes=r.integer("bytes"),
         inputs=r.strs("inputs"), outputs=r.strs("outputs"), unbound=r.strs("unbound"), line=r.line,
     )

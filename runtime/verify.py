@@ -108,7 +108,8 @@ def _binding(n: RunNode, r: NodeRecord, reserve: str, workers: dict[int, int]) -
     s = n.node.strategy
     want_s = (s.dp, s.pp, s.tp, s.mb) if s is not None else None
     if r.strategy != want_s:
-        out.append(Violation("binding", (n.id,), f"{n.id} ran with (dp, pp, tp, mb) = {r.strategy}, the plan says {want_s}"))
+        out.append(Violation("binding", (n.id,), f"{n.id} ran with (dp, pp, tp, mb) = {r.strategy}, "
+                                                 f"the plan says {want_s}"))
     for what, got, plan_side in (("bound", r.inputs, n.inputs), ("left", r.outputs, n.outputs)):
         labels = tuple(a.label for a in plan_side)
         if tuple(got) != labels:
@@ -261,8 +262,9 @@ def _plan_order(plan: RunPlan, recs: dict[str, NodeRecord], reserve: str) -> lis
     for u, v in sorted(device_order_edges(plan, reserved)):
         ru, rv = recs.get(plan.nodes[u].id), recs.get(plan.nodes[v].id)
         if ru is not None and rv is not None and rv.start < ru.finish:
-            out.append(Violation("order", (ru.id, rv.id), f"{rv.id} started at {rv.start} before {ru.id}, which the "
-                                                          f"plan runs before it on a shared device, finished at {ru.finish}"))
+            out.append(Violation("order", (ru.id, rv.id),
+                                 f"{rv.id} started at {rv.start} before {ru.id}, which the plan runs before it "
+                                 f"on a shared device, finished at {ru.finish}"))
     return out
 
 

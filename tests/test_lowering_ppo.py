@@ -244,8 +244,10 @@ def test_fig3_case5_full_colocation_reshards():
     g = critic_case((gpus(0, 1), strat(dp=2)), (gpus(0, 1), strat(tp=2)), tau=0)
     assert not critic_weight_comms(g)
     rs = [r for r in reshards(g) if r.model == "critic"]
-    within = {(r.step, next(iter(preds(g, r.id))), next(iter(succs(g, r.id)))) for r in rs if r.strategy == strat(tp=2)}
-    assert within == {(k, f"critic_inf#{k}", f"train_critic#{k}") for k in range(3)}
+    within = {(r.step, frozenset(preds(g, r.id)), next(iter(succs(g, r.id)))) for r in rs if r.strategy == strat(tp=2)}
+    # The within-step Reshard also waits for the training op that produced the version it moves.
+    producer = {0: set(), 1: {"train_critic#0"}, 2: {"train_critic#1"}}
+    assert within == {(k, frozenset({f"critic_inf#{k}"} | producer[k]), f"train_critic#{k}") for k in range(3)}
     pubs = {(next(iter(preds(g, r.id))), next(iter(succs(g, r.id))), r.version_in) for r in rs if r.strategy == strat(dp=2)}
     assert pubs == {("train_critic#0", "critic_inf#1", (("critic", 1),)), ("train_critic#1", "critic_inf#2", (("critic", 2),))}
     assert all(r.bytes == weight_bytes_of("critic") for r in rs)
@@ -351,3 +353,15 @@ def test_missing_placement_when_lowering_is_reported():
     del placements["ref_inf"]
     with pytest.raises(RpegError, match="no placement for vertex @ref_inf"):
         insert_comm(with_plan(unroll(ppo_program(), 1), placements))
+
+
+def test_colocated_reshard_under_staleness_waits_for_the_version_it_moves():
+    # tau = 1 on shared devices (not a shadow pair): critic_inf#k reads version k-1, but the Reshard before
+    # train_critic#k moves version k, so it must depend on train_critic#(k-1), which produces it.
+    g = critic_case((gpus(0, 1), strat(dp=2)), (gpus(0, 1), strat(tp=2)), tau=1)
+    rs = [r for r in reshards(g) if r.model == "critic" and r.strategy == strat(tp=2)]
+    assert len(rs) == 3
+    for r in rs:
+        assert r.version_in == (("critic", r.step),)
+        if r.step > 0:
+            assert f"train_critic#{r.step - 1}" in preds(g, r.id)

@@ -175,3 +175,39 @@ def big_plan(k: int = 8) -> Program:
         "train_actor": ((12, 0, 0), (2, 32, 4), S(64, 2, 2, 2)),
         "train_critic": ((14, 0, 0), (2, 32, 4), S(64, 2, 2, 2)),
     }, cl, tau_actor=1, tau_critic=1, quantiles=True)
+
+
+def random_program(
+    kinds: list[str],
+    allocs: list[tuple[int, int, int, int]],
+    times: list[float],
+    edges: list[tuple[int, int]],
+    steps: list[int],
+) -> Program:
+    """A lowered exec graph drawn by hypothesis: Op nodes of unconnected vertices, weight Comm and
+    Reshard nodes moving version 0 of a frozen model, arbitrary dependency edges (i < j), times
+    that may be 0. Node i has allocation (0, n, g) extent (1, en, eg) from `allocs[i]`."""
+    from rpegc.core.exec_graph import ExecEdge, ExecNode
+
+    cl = Cluster("c8", 1, 2, 4, "gh200")
+    count = len(kinds)
+    vertices = tuple(Vertex(f"v{i}", "inference", "m", ("W_m",), ()) for i in range(count))
+    graph = Graph("g", (Container("W_m", "weights", model="m"),), (), (), vertices, (), ())
+    nodes = []
+    for i, kind in enumerate(kinds):
+        n0, g0, en, eg = allocs[i]
+        alloc = Alloc((0, n0, g0), (1, en, eg))
+        src = Alloc((0, 1 - n0 if en == 1 else 0, 0), (1, 1, 4))
+        if kind == "op":
+            nodes.append(ExecNode(f"v{i}#{steps[i]}", "op", steps[i], i, vertex=f"v{i}", role="inference",
+                                  model="m", alloc=alloc, strategy=Strategy(en * eg, 1, 1, 1),
+                                  version_in=(("m", 0),), time=times[i]))
+        else:
+            nodes.append(ExecNode(f"x{i}", kind, steps[i], i, model="m", alloc=alloc,
+                                  src_alloc=alloc if kind == "reshard" else src, bytes=1000,
+                                  version_in=(("m", 0),), time=times[i]))
+    exec_graph = ExecGraph("g", max(steps) + 1, tuple(nodes),
+                           tuple(ExecEdge(nodes[a].id, nodes[b].id) for a, b in edges), lowered=True)
+    p = Program(Workload(8, 1, 16, 16), (Model("m", "reference", False, PRESETS["tiny"], "tiny"),),
+                graph=graph, cluster=cl, exec=exec_graph)
+    return schedule_program(p)

@@ -48,9 +48,9 @@ CASES = [
      ["unknown arch preset 'llama-9b'", "llama2-7b", "tiny-4l"]),
     ("missing arch fields", HEAD + "rpeg.model @m {layers = 2, hidden = 8, kind = critic}", "rpeg.model",
      ["needs ffn, vocab, heads", "kv_heads defaults to heads"]),
-    ("unknown kind", HEAD + MODEL.replace("kind = policy", "kind = polcy"), "kind",
+    ("unknown kind", HEAD + MODEL.replace("kind = policy", "kind = polcy"), "polcy",
      ["unknown kind 'polcy'", "policy, reference, critic, reward, actor_critic"]),
-    ("unknown dtype", HEAD.replace("}", ", dtype = bf8}"), "dtype", ["unknown dtype 'bf8'", "bf16"]),
+    ("unknown dtype", HEAD.replace("}", ", dtype = bf8}"), "bf8", ["unknown dtype 'bf8'", "bf16"]),
     ("unknown role", PPO.replace("inference  @ref", "infer @ref"), "infer @ref", ["unknown role 'infer'", "inference"]),
     ("unknown element kind", PPO.replace("rewards[B*R]", "reward[B*R]"), "reward[", ["unknown element kind 'reward'", "rewards"]),
     ("unknown size symbol", PPO.replace("tokens[B, Lp]", "tokens[B, L]"), "L]", ["unknown symbol 'L'", "B, R, Lp, Lr"]),
@@ -70,17 +70,15 @@ CASES = [
     ("second workload", PPO + HEAD, "rpeg.workload", ["at most one rpeg.workload", "bad.rpeg:3:1"], 1),
     ("second graph", PPO + "rpeg.graph @g {\n}\n", "rpeg.graph @g", ["at most one rpeg.graph"]),
     ("missing workload", MODEL, "rpeg.model", ["no rpeg.workload", "rpeg.workload {B = "]),
-    ("zero batch", HEAD.replace("B = 8", "B = 0"), "B = 0", ["'B' of rpeg.workload must be a positive integer, found 0"]),
-    ("float rollouts", HEAD.replace("R = 1", "R = 1.5"), "R = 1.5", ["'R' of rpeg.workload must be an integer"]),
+    ("zero batch", HEAD.replace("B = 8", "B = 0"), "0, R", ["'B' of rpeg.workload must be a positive integer, found 0"]),
+    ("float rollouts", HEAD.replace("R = 1", "R = 1.5"), "1.5", ["'R' of rpeg.workload must be an integer"]),
     ("negative origin", PPO.replace("@gen          at (0, 0, 0)", "@gen          at (0, -8, 0)"), "-8",
      ["origin node of @gen must not be negative, found -8"]),
     ("zero tp", PPO.replace("tp = 2 mb = 8\n  @train_critic", "tp = 0 mb = 8\n  @train_critic"), "0 mb = 8",
      ["tp of the plan of @train_actor must be a positive integer, found 0"]),
-    ("zero racks", PPO.replace("racks = 2", "racks = 0"), "racks", ["'racks' of cluster @c64 must be a positive integer"]),
+    ("zero racks", PPO.replace("racks = 2", "racks = 0"), "0, nodes", ["'racks' of cluster @c64 must be a positive integer"]),
     ("unknown attribute", HEAD + MODEL.replace("trainable}", "trainabel}"), "trainabel",
      ["unknown attribute 'trainabel'", "did you mean trainable"]),
-    ("end of input", PPO[: PPO.index("rpeg.cluster")].rstrip() .rstrip("}"), "(1.0, Lr)]",
-     ["unexpected end of input", "'}'"]),
     ("negative staleness", PPO.replace("@actor = 0, @critic", "@actor = -1, @critic"), "-1",
      ["staleness budget of @actor must not be negative"]),
 ]
@@ -94,12 +92,20 @@ def test_located_error(case):
     assert_at(first, text, needle, *fragments, nth=nth[0] if nth else 0)
 
 
+def test_end_of_input_points_after_the_last_token():
+    text = PPO[: PPO.index("rpeg.cluster")].rstrip().rstrip("}")  # the graph's closing brace is missing
+    err = error_of(text)
+    line, col = position(text, "(1.0, Lr)]")
+    assert (err.loc.line, err.loc.col) == (line, col + len("(1.0, Lr)]"))
+    assert "unexpected end of input" in err.message and "'}'" in err.message and "'rpeg.vertex'" in err.message
+
+
 def test_independent_errors_are_collected():
     text = PPO.replace("B = 512", "B = 0").replace("tokens[B, Lp]", "tokens[B, Lq]").replace("dp = 16", "dp = 0")
     err = error_of(text)
     assert isinstance(err, RpegErrors)
-    assert [e.loc.line for e in err.errors] == [position(text, "B = 0")[0], position(text, "Lq")[0],
-                                               position(text, "dp = 0")[0]]
+    assert [(e.loc.line, e.loc.col) for e in err.errors] == [
+        position(text, "0, R"), position(text, "Lq"), position(text, "0 pp = 1 tp = 2")]
     rendered = render(err, text)
     assert rendered.count("bad.rpeg:") == 3 and "^" in rendered
 

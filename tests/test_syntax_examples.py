@@ -14,7 +14,11 @@ from rpegc.syntax.parser import parse
 from rpegc.syntax.printer import print_program
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-NAMES = ["ppo", "ppo-8gpu", "grpo", "dpo", "ppo-ac-shared", "ppo-async"]
+NAMES = sorted(path.stem for path in EXAMPLES.glob("*.rpeg"))  # every example, whoever added it
+
+
+def test_the_documented_examples_exist():
+    assert set(NAMES) >= {"ppo", "ppo-8gpu", "grpo", "dpo", "ppo-ac-shared", "ppo-async"}
 
 
 def load(name: str):

@@ -17,6 +17,8 @@ PRESETS: dict[str, Arch] = {
     # LLaMA-3.x (Meta 2024).
     "llama3.1-8b": Arch(layers=32, hidden=4096, ffn=14336, vocab=128256, heads=32, kv_heads=8),
     "llama3.3-70b": Arch(layers=80, hidden=8192, ffn=28672, vocab=128256, heads=64, kv_heads=8),
+    # GPT-3 175B (Brown et al. 2020), the largest actor of the paper's Table X.
+    "gpt3-175b": Arch(layers=96, hidden=12288, ffn=49152, vocab=50257, heads=96, kv_heads=96),
     # Tiny models that train in seconds on a CPU (runtime tests and demos).
     "tiny": Arch(layers=2, hidden=64, ffn=256, vocab=64, heads=4, kv_heads=4),
     "tiny-4l": Arch(layers=4, hidden=128, ffn=512, vocab=64, heads=4, kv_heads=4),

@@ -57,7 +57,7 @@ def insert_reshard(p: Program) -> Program:
             inserted.setdefault(v.id, []).append(r)
             edges.append(dep(u.id, r.id, e.loc))
         edges.append(dep(installed[key], v.id, e.loc))
-    edges += _pair_edges(p, g, trainable, ids, inserted)
+    edges += _pair_edges(p, g, trainable, ids, inserted, installed)
     lowered = replace(g, nodes=place_before_consumers(g.nodes, inserted), edges=unique_edges(edges), lowered=True)
     return replace(p, exec=lowered)
 
@@ -74,10 +74,21 @@ def _require_comm_inserted(g: ExecGraph, nodes: dict[str, ExecNode]) -> None:
             )
 
 
+def _producers(g: ExecGraph) -> dict[tuple[str, int], str]:
+    """(model, version) -> id of the training op that produces that version."""
+    return {(m, ver): n.id for n in g.nodes for m, ver in n.version_out}
+
+
 def _pair_edges(
-    p: Program, g: ExecGraph, trainable: set[str], ids: NodeIds, inserted: dict[str, list[ExecNode]]
+    p: Program,
+    g: ExecGraph,
+    trainable: set[str],
+    ids: NodeIds,
+    inserted: dict[str, list[ExecNode]],
+    installed: dict[tuple[str, int, Alloc, tuple[int, int, int]], str],
 ) -> list[ExecEdge]:
     ends = Endpoints(g)
+    producers = _producers(g)
     vertices = sorted({(n.order, n.vertex, n.model) for n in g.nodes if n.kind == "op"})
     edges = []
     for model, u_vertex, v_vertex in model_pairs([(vx, m) for _, vx, m in vertices], trainable):
@@ -91,9 +102,18 @@ def _pair_edges(
                 edges.append(dep(u.id, v.id, v.loc))
             elif action == RESHARD:
                 version = dict(v.version_in).get(model, dict(u.version_in).get(model, step))
+                key = (model, version, v.alloc, v.strategy.layout())
+                if key in installed:  # a publication already installs this version in v's layout
+                    edges += [dep(u.id, v.id, v.loc), dep(installed[key], v.id, v.loc)]
+                    continue
                 r = _reshard(p, u, v, model, version, ids.fresh(), v.loc)
+                installed[key] = r.id
                 inserted.setdefault(v.id, []).append(r)
                 edges += [dep(u.id, r.id, v.loc), dep(r.id, v.id, v.loc)]
+                # Under staleness u may have read an older version than v needs: the Reshard moves v's
+                # version, so it must also wait for the training op that produces it.
+                if (model, version) in producers:
+                    edges.append(dep(producers[(model, version)], r.id, v.loc))
     return edges
 
 

@@ -308,6 +308,11 @@ class _Reader:
             raise self.error(path, f"expected a list, got {_kind(value)}")
         return value
 
+    def items(self, o: dict, key: str, path: str, read: Callable[[Any, str], Any]) -> list:
+        """Read every element of the optional list `o[key]` (absent: empty)."""
+        where = _join(path, key)
+        return [read(x, f"{where}[{i}]") for i, x in enumerate(self.list_(o.get(key, []), where))]
+
     def opt(self, value: Any, path: str, read: Callable[[Any, str], Any]) -> Any:
         return None if value is None else read(value, path)
 
@@ -361,7 +366,9 @@ def program_from_json(d: dict, file: str) -> Program:
     if "format" in top and top["format"] != FORMAT:
         raise r.error("format", f"expected '{FORMAT}', got {_kind(top['format'])}; this is not an rpegc program")
     if "format_version" in top and top["format_version"] != FORMAT_VERSION:
-        raise r.error("format_version", f"unsupported version {top['format_version']!r}; this rpegc reads {FORMAT_VERSION}")
+        raise r.error(
+            "format_version", f"unsupported version {top['format_version']!r}; this rpegc reads {FORMAT_VERSION}"
+        )
     workload = _read_workload(r, top["workload"])
     models = tuple(_read_model(r, m, f"models[{i}]") for i, m in enumerate(r.list_(top["models"], "models")))
     graph = r.opt(top.get("rpeg_graph"), "rpeg_graph", lambda v, p: _read_graph(r, v, p))
@@ -374,7 +381,9 @@ def program_from_json(d: dict, file: str) -> Program:
                 raise r.error("", f"missing key '{key}': a module with exec nodes needs graph, steps, nodes and edges")
         exec_graph = _read_exec(r, top, cluster)
     elif any(k in top for k in ("edge_attrs", "memory", "schedule")):
-        raise r.error("", "'edge_attrs', 'memory' and 'schedule' belong to an exec graph; add 'graph', 'steps', 'nodes', 'edges'")
+        raise r.error(
+            "", "'edge_attrs', 'memory' and 'schedule' belong to an exec graph; add 'graph', 'steps', 'nodes', 'edges'"
+        )
     return Program(workload=workload, models=models, graph=graph, cluster=cluster, plan=plan, exec=exec_graph, file=file)
 
 
@@ -420,65 +429,58 @@ def _read_edge(r: _Reader, v: Any, path: str) -> Edge:
     )
 
 
+def _read_container(r: _Reader, v: Any, path: str) -> Container:
+    o = r.obj(v, path, ("name", "elem"), ("dims", "model", "bytes_per_elem"))
+    return Container(
+        name=r.str_(o["name"], _join(path, "name")),
+        elem=r.str_(o["elem"], _join(path, "elem"), ELEMENT_KINDS + ("weights",)),
+        dims=tuple(r.items(o, "dims", path, r.expr)),
+        model=r.opt(o.get("model"), _join(path, "model"), r.str_),
+        bytes_per_elem=r.opt(o.get("bytes_per_elem"), _join(path, "bytes_per_elem"), lambda x, p: r.int_(x, p, 1)),
+        loc=r.loc,
+    )
+
+
+def _read_vertex(r: _Reader, v: Any, path: str) -> Vertex:
+    o = r.obj(v, path, ("name", "role", "model"), ("reads", "writes"))
+    return Vertex(
+        name=r.str_(o["name"], _join(path, "name")),
+        role=r.str_(o["role"], _join(path, "role"), ROLES),
+        model=r.str_(o["model"], _join(path, "model")),
+        reads=tuple(r.items(o, "reads", path, r.str_)),
+        writes=tuple(r.items(o, "writes", path, r.str_)),
+        loc=r.loc,
+    )
+
+
+def _read_quantile(r: _Reader, v: Any, path: str) -> Quantile:
+    o = r.obj(v, path, ("f", "tokens"))
+    return Quantile(f=r.float_(o["f"], _join(path, "f")), tokens=r.expr(o["tokens"], _join(path, "tokens")), loc=r.loc)
+
+
 def _read_graph(r: _Reader, v: Any, path: str) -> Graph:
     o = r.obj(
         v, path, ("name", "containers", "vertices"),
         ("inputs", "outputs", "data_edges", "pub_edges", "staleness", "quantiles"),
     )
-    containers = []
-    for i, c in enumerate(r.list_(o["containers"], _join(path, "containers"))):
-        cp = f"{path}.containers[{i}]"
-        co = r.obj(c, cp, ("name", "elem"), ("dims", "model", "bytes_per_elem"))
-        containers.append(
-            Container(
-                name=r.str_(co["name"], _join(cp, "name")),
-                elem=r.str_(co["elem"], _join(cp, "elem"), ELEMENT_KINDS + ("weights",)),
-                dims=tuple(r.expr(e, f"{cp}.dims[{j}]") for j, e in enumerate(r.list_(co.get("dims", []), _join(cp, "dims")))),
-                model=r.opt(co.get("model"), _join(cp, "model"), r.str_),
-                bytes_per_elem=r.opt(co.get("bytes_per_elem"), _join(cp, "bytes_per_elem"), lambda x, p: r.int_(x, p, 1)),
-                loc=r.loc,
-            )
-        )
-    vertices = []
-    for i, x in enumerate(r.list_(o["vertices"], _join(path, "vertices"))):
-        vp = f"{path}.vertices[{i}]"
-        vo = r.obj(x, vp, ("name", "role", "model"), ("reads", "writes"))
-        vertices.append(
-            Vertex(
-                name=r.str_(vo["name"], _join(vp, "name")),
-                role=r.str_(vo["role"], _join(vp, "role"), ROLES),
-                model=r.str_(vo["model"], _join(vp, "model")),
-                reads=_str_tuple(r, vo.get("reads", []), _join(vp, "reads")),
-                writes=_str_tuple(r, vo.get("writes", []), _join(vp, "writes")),
-                loc=r.loc,
-            )
-        )
     staleness = o.get("staleness", {})
     if not isinstance(staleness, dict):
         raise r.error(_join(path, "staleness"), f"expected an object {{model: tau}}, got {_kind(staleness)}")
-    quantiles = []
-    for i, q in enumerate(r.list_(o.get("quantiles", []), _join(path, "quantiles"))):
-        qp = f"{path}.quantiles[{i}]"
-        qo = r.obj(q, qp, ("f", "tokens"))
-        quantiles.append(Quantile(f=r.float_(qo["f"], _join(qp, "f")), tokens=r.expr(qo["tokens"], _join(qp, "tokens")), loc=r.loc))
+    edge = lambda x, p: _read_edge(r, x, p)  # noqa: E731
     return Graph(
         name=r.str_(o["name"], _join(path, "name")),
-        containers=tuple(containers),
-        inputs=_str_tuple(r, o.get("inputs", []), _join(path, "inputs")),
-        outputs=_str_tuple(r, o.get("outputs", []), _join(path, "outputs")),
-        vertices=tuple(vertices),
-        data_edges=tuple(_read_edge(r, e, f"{path}.data_edges[{i}]") for i, e in enumerate(r.list_(o.get("data_edges", []), _join(path, "data_edges")))),
-        pub_edges=tuple(_read_edge(r, e, f"{path}.pub_edges[{i}]") for i, e in enumerate(r.list_(o.get("pub_edges", []), _join(path, "pub_edges")))),
+        containers=tuple(r.items(o, "containers", path, lambda x, p: _read_container(r, x, p))),
+        inputs=tuple(r.items(o, "inputs", path, r.str_)),
+        outputs=tuple(r.items(o, "outputs", path, r.str_)),
+        vertices=tuple(r.items(o, "vertices", path, lambda x, p: _read_vertex(r, x, p))),
+        data_edges=tuple(r.items(o, "data_edges", path, edge)),
+        pub_edges=tuple(r.items(o, "pub_edges", path, edge)),
         staleness=tuple((m, r.int_(t, f"{path}.staleness.{m}", 0)) for m, t in staleness.items()),
-        quantiles=tuple(quantiles),
+        quantiles=tuple(r.items(o, "quantiles", path, lambda x, p: _read_quantile(r, x, p))),
         loc=r.loc,
         staleness_loc=r.loc,
         quantiles_loc=r.loc,
     )
-
-
-def _str_tuple(r: _Reader, v: Any, path: str) -> tuple[str, ...]:
-    return tuple(r.str_(x, f"{path}[{i}]") for i, x in enumerate(r.list_(v, path)))
 
 
 def _read_cluster(r: _Reader, v: Any, path: str) -> Cluster:
@@ -505,7 +507,12 @@ def _read_strategy(r: _Reader, o: dict, path: str, required: bool) -> Optional[S
 
 def _read_alloc(r: _Reader, v: Any, path: str) -> Alloc:
     o = r.obj(v, path, ("origin", "extent"))
-    return Alloc(origin=r.triple(o["origin"], _join(path, "origin"), 0), extent=r.triple(o["extent"], _join(path, "extent"), 1))
+    return _box(r, o, path)
+
+
+def _box(r: _Reader, o: dict, path: str) -> Alloc:
+    return Alloc(origin=r.triple(o["origin"], _join(path, "origin"), 0),
+                 extent=r.triple(o["extent"], _join(path, "extent"), 1))
 
 
 def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
@@ -514,7 +521,7 @@ def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
     for i, x in enumerate(r.list_(o["placements"], _join(path, "placements"))):
         pp = f"{path}.placements[{i}]"
         po = r.obj(x, pp, ("vertex", "origin", "extent") + _STRATEGY_KEYS)
-        alloc = Alloc(origin=r.triple(po["origin"], _join(pp, "origin"), 0), extent=r.triple(po["extent"], _join(pp, "extent"), 1))
+        alloc = _box(r, po, pp)
         placements.append(
             Placement(vertex=r.str_(po["vertex"], _join(pp, "vertex")), alloc=alloc,
                       strategy=_read_strategy(r, po, pp, required=True), loc=r.loc)
@@ -549,7 +556,9 @@ def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster]) -> Exe
         src_strategy = _read_strategy(r, r.obj(o["src_strategy"], sp, _STRATEGY_KEYS), sp, required=True)
     opt_float = lambda key: r.opt(o.get(key), _join(path, key), r.float_)  # noqa: E731
     opt_int = lambda key, low: r.opt(o.get(key), _join(path, key), lambda x, p: r.int_(x, p, low))  # noqa: E731
-    opt_str = lambda key, choices=None: r.opt(o.get(key), _join(path, key), lambda x, p: r.str_(x, p, choices))  # noqa: E731
+    opt_str = lambda key, choices=None: r.opt(  # noqa: E731
+        o.get(key), _join(path, key), lambda x, p: r.str_(x, p, choices)
+    )
     return ExecNode(
         id=node_id,
         kind=r.str_(o["kind"], _join(path, "kind"), NODE_KINDS),

@@ -146,6 +146,18 @@ def _acceptable(err: UnexpectedInput, fallback) -> set[str]:
     return set(fallback or ())
 
 
+def _glued_number(tok: Token, text: str) -> Optional[tuple[str, int]]:
+    """`1.5` or `2e9` where only an integer fits lexes as INT `1` then `.5` / `e9`; return the whole
+    number and its column so the message can name it."""
+    start = tok.start_pos
+    if tok.type not in ("FLOAT", "NAME") or start is None or start == 0 or not text[start - 1].isdigit():
+        return None
+    begin = start
+    while begin > 0 and text[begin - 1].isdigit():
+        begin -= 1
+    return text[begin : tok.end_pos], (tok.column or 1) - (start - begin)
+
+
 def _syntax_error(err: UnexpectedInput, text: str, file: str) -> RpegError:
     if isinstance(err, UnexpectedToken):
         tok = err.token
@@ -156,6 +168,10 @@ def _syntax_error(err: UnexpectedInput, text: str, file: str) -> RpegError:
             return RpegError(
                 Loc(file, line, col), f"unexpected end of input; expected {_join_expected(words)}"
             )
+        glued = _glued_number(tok, text)
+        if glued is not None:
+            number, col = glued
+            return RpegError(Loc(file, tok.line or 1, col), f"'{number}' is not an integer; write a whole number here")
         found = str(tok.value)
         what = _TERMINAL_WORDS.get(tok.type)
         shown = f"{what[what.index(' ') + 1:]} '{found}'" if what else f"'{found}'"
@@ -180,10 +196,15 @@ class _StatementError(Exception):
 @dataclass
 class _Attr:
     key: str
-    loc: Loc
+    loc: Loc  # of the key: unknown and repeated keys point here
     kind: str  # "number" (INT/FLOAT/NAME, maybe negated), "string", "flag"
     token: Optional[Token] = None
     negative: bool = False
+    value_loc: Optional[Loc] = None  # of the value: bad values point here
+
+    @property
+    def at(self) -> Loc:
+        return self.value_loc or self.loc
 
 
 @dataclass
@@ -196,7 +217,7 @@ class _GraphParts:
     vertices: list[Vertex] = field(default_factory=list)
     data_edges: list[Edge] = field(default_factory=list)
     pub_edges: list[Edge] = field(default_factory=list)
-    staleness: Optional[tuple[tuple[tuple[str, int], ...], Loc, list[Loc]]] = None
+    staleness: Optional[tuple[tuple[tuple[str, int], ...], Loc]] = None
     quantiles: Optional[tuple[tuple[Quantile, ...], Loc]] = None
     # Every container / vertex / model reference with where it was written, resolved at the end.
     container_refs: list[tuple[str, Loc]] = field(default_factory=list)
@@ -205,6 +226,22 @@ class _GraphParts:
 
 
 Ref = tuple[str, Loc]
+
+
+@dataclass
+class _ExecParts:
+    steps: int
+    nodes: list[ExecNode] = field(default_factory=list)
+    edges: list[ExecEdge] = field(default_factory=list)
+    node_locs: dict[str, Loc] = field(default_factory=dict)
+    refs: dict[str, list[Ref]] = field(
+        default_factory=lambda: {"node": [], "model": [], "vertex": [], "container": []}
+    )
+    memory: Optional[tuple[tuple[float, float, bool], Loc]] = None
+    devices: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: {k: [] for k in DEVICE_KEYS})
+    device_seen: dict[tuple[int, str], Loc] = field(default_factory=dict)
+    first_device: Optional[Loc] = None
+    schedule: Optional[tuple[ScheduleReport, Loc]] = None
 
 
 class _Builder:
@@ -394,9 +431,9 @@ class _Builder:
             if value is None:
                 out[key] = _Attr(key, loc, "flag")
             elif isinstance(value, Token):
-                out[key] = _Attr(key, loc, "string", value)
+                out[key] = _Attr(key, loc, "string", value, value_loc=self.loc(value))
             else:
-                out[key] = _Attr(key, loc, "number", value.children[0], value.data == "neg_number")
+                out[key] = _Attr(key, loc, "number", value.children[0], value.data == "neg_number", self.loc(value))
         return out
 
     def need(self, attrs: dict[str, _Attr], key: str, what: str, loc: Loc, example: str) -> _Attr:
@@ -406,15 +443,15 @@ class _Builder:
 
     def attr_int(self, a: _Attr, what: str, minimum: Optional[int] = 1) -> int:
         if a.kind != "number" or a.token.type != "INT":
-            self.fail(a.loc, f"'{a.key}' of {what} must be an integer, found {self.attr_text(a)}")
+            self.fail(a.at, f"'{a.key}' of {what} must be an integer, found {self.attr_text(a)}")
         value = -self.int_token(a.token) if a.negative else self.int_token(a.token)
-        self.check_min(value, minimum, f"'{a.key}' of {what}", a.loc)
+        self.check_min(value, minimum, f"'{a.key}' of {what}", a.at)
         return value
 
     def attr_float(self, a: _Attr, what: str) -> float:
         text = str(a.token) if a.token is not None else ""
         if a.kind != "number" or (a.token.type == "NAME" and text not in ("inf", "nan")):
-            self.fail(a.loc, f"'{a.key}' of {what} must be a number, found {self.attr_text(a)}")
+            self.fail(a.at, f"'{a.key}' of {what} must be a number, found {self.attr_text(a)}")
         value = float(text)
         return -value if a.negative else value
 
@@ -423,7 +460,7 @@ class _Builder:
             return True
         if a.kind == "number" and not a.negative and str(a.token) in ("true", "false"):
             return str(a.token) == "true"
-        self.fail(a.loc, f"'{a.key}' of {what} must be true or false, found {self.attr_text(a)}")
+        self.fail(a.at, f"'{a.key}' of {what} must be true or false, found {self.attr_text(a)}")
 
     def attr_word(self, a: _Attr, what: str, choices: tuple[str, ...]) -> str:
         """A bare-name value out of `choices` (kind, dtype); a quoted string is accepted too."""
@@ -432,9 +469,9 @@ class _Builder:
         elif a.kind == "number" and a.token.type == "NAME" and not a.negative:
             value = str(a.token)
         else:
-            self.fail(a.loc, f"'{a.key}' of {what} must be one of {', '.join(choices)}, found {self.attr_text(a)}")
+            self.fail(a.at, f"'{a.key}' of {what} must be one of {', '.join(choices)}, found {self.attr_text(a)}")
         if value not in choices:
-            self.fail(a.loc, f"unknown {a.key} '{value}' in {what}{_close(value, choices)}; expected one of {', '.join(choices)}")
+            self.fail(a.at, f"unknown {a.key} '{value}' in {what}{_close(value, choices)}; expected one of {', '.join(choices)}")
         return value
 
     def attr_text_value(self, a: _Attr, what: str) -> str:
@@ -443,7 +480,7 @@ class _Builder:
             return self.string(a.token)
         if a.kind == "number" and a.token.type == "NAME" and not a.negative:
             return str(a.token)
-        self.fail(a.loc, f"'{a.key}' of {what} must be a quoted string, found {self.attr_text(a)}")
+        self.fail(a.at, f"'{a.key}' of {what} must be a quoted string, found {self.attr_text(a)}")
 
     def attr_text(self, a: _Attr) -> str:
         if a.kind == "flag":
@@ -477,7 +514,7 @@ class _Builder:
             base = presets.lookup(preset)
             if base is None:
                 self.fail(
-                    attrs["arch"].loc,
+                    attrs["arch"].at,
                     f"unknown arch preset '{preset}'{_close(preset, presets.names())}; "
                     f"known presets: {', '.join(presets.names())} (or give layers, hidden, ffn, vocab, heads)",
                 )
@@ -587,7 +624,7 @@ class _Builder:
                 self.fail(loc, f"rpeg.staleness is given twice in graph @{parts.name} (first at {parts.staleness[1]}); merge them")
             entries, locs = self.sym_dict(stmt.children[0], "staleness budget", "rpeg.staleness")
             parts.model_refs.extend((m, l) for (m, _), l in zip(entries, locs))
-            parts.staleness = (tuple(entries), loc, locs)
+            parts.staleness = (tuple(entries), loc)
         elif kind == "quantiles":
             if parts.quantiles is not None:
                 self.fail(loc, f"rpeg.quantiles is given twice in graph @{parts.name} (first at {parts.quantiles[1]}); merge them")
@@ -652,7 +689,7 @@ class _Builder:
         self.resolve(parts.container_refs, containers, "container", "%", f"graph @{parts.name}", "rpeg.container")
         self.resolve(parts.vertex_refs, vertices, "vertex", "@", f"graph @{parts.name}", "rpeg.vertex")
         self.resolve(parts.model_refs, model_names, "model", "@", "the module", "rpeg.model")
-        staleness, staleness_loc = (parts.staleness[0], parts.staleness[1]) if parts.staleness else ((), None)
+        staleness, staleness_loc = parts.staleness if parts.staleness else ((), None)
         quantiles, quantiles_loc = parts.quantiles if parts.quantiles else ((), None)
         extra = {}
         if staleness_loc is not None:
@@ -734,92 +771,87 @@ class _Builder:
 
     def exec_graph(self, item: Tree) -> tuple[ExecGraph, dict]:
         name_tok, steps_tree, lowered_tree, *body = item.children
-        loc = self.loc(item)
-        steps = self.int_of(steps_tree, "steps of exec.graph", minimum=1)
-        nodes: list[ExecNode] = []
-        edges: list[ExecEdge] = []
-        refs: dict[str, list[Ref]] = {"node": [], "model": [], "vertex": [], "container": []}
-        node_locs: dict[str, Loc] = {}
-        memory: Optional[tuple[Tree, dict[str, _Attr]]] = None
-        devices: dict[str, list[tuple[int, float]]] = {k: [] for k in DEVICE_KEYS}
-        device_seen: dict[tuple[int, str], Loc] = {}
-        first_device: Optional[Loc] = None
-        schedule: Optional[ScheduleReport] = None
-        schedule_loc: Optional[Loc] = None
+        parts = _ExecParts(steps=self.int_of(steps_tree, "steps of exec.graph", minimum=1))
         for stmt in body:
             try:
-                kind = stmt.data
-                sloc = self.loc(stmt)
-                if kind == "exec_node":
-                    self.declare("exec node", stmt.children[1])
-                    node = self.exec_node(stmt, refs)
-                    if node.id in node_locs:
-                        self.fail(sloc, f"exec node @{node.id} is defined twice (first at {node_locs[node.id]}); node ids are unique")
-                    node_locs[node.id] = sloc
-                    nodes.append(node)
-                elif kind == "exec_edge":
-                    edges.append(self.exec_edge(stmt, refs))
-                elif kind == "exec_memory":
-                    if memory is not None:
-                        self.fail(sloc, f"exec.memory is given twice (first at {self.loc(memory[0])}); keep one")
-                    attrs = self.attrs(stmt.children[0], "exec.memory", MEMORY_KEYS)
-                    example = "exec.memory {m_eff = 8.6e10, r_peak = 0.71, feasible = true}"
-                    report = (
-                        self.attr_float(self.need(attrs, "m_eff", "exec.memory", sloc, example), "exec.memory"),
-                        self.attr_float(self.need(attrs, "r_peak", "exec.memory", sloc, example), "exec.memory"),
-                        self.attr_bool(self.need(attrs, "feasible", "exec.memory", sloc, example), "exec.memory"),
-                    )
-                    memory = (stmt, report)
-                elif kind == "exec_device":
-                    dev_tree, attr_tree = stmt.children
-                    dev = self.int_of(dev_tree, "the device id", minimum=0)
-                    what = f"exec.device {dev}"
-                    attrs = self.attrs(attr_tree, what, DEVICE_KEYS)
-                    if not attrs:
-                        self.fail(sloc, f"{what} gives no value; write e.g. `{what} {{peak = 6.1e10, persistent = 2.0e10, transient = 4.1e10}}`")
-                    values = {k: self.attr_float(a, what) for k, a in attrs.items()}
-                    for key, value in values.items():
-                        if (dev, key) in device_seen:
-                            self.fail(attrs[key].loc, f"device {dev} has two {key} values (first at {device_seen[(dev, key)]}); keep one")
-                        device_seen[(dev, key)] = attrs[key].loc
-                        devices[key].append((dev, value))
-                    first_device = first_device or sloc
-                elif kind == "exec_schedule":
-                    if schedule is not None:
-                        self.fail(sloc, f"exec.schedule is given twice (first at {schedule_loc}); keep one")
-                    attrs = self.attrs(stmt.children[0], "exec.schedule", SCHEDULE_KEYS)
-                    example = "exec.schedule {makespan = 12.5, score = 1.2e5, score_pen = 1.2e5, util = 0.61, p_eff = 3.2}"
-                    values = [self.attr_float(self.need(attrs, k, "exec.schedule", sloc, example), "exec.schedule") for k in SCHEDULE_KEYS]
-                    schedule = ScheduleReport(*values)
-                    schedule_loc = sloc
+                self.exec_statement(stmt, parts)
             except _StatementError:
                 continue
-        memory_report = None
-        if memory is not None:
-            m_eff, r_peak, feasible = memory[1]
-            memory_report = MemoryReport(
-                peak=tuple(devices["peak"]),
-                persistent=tuple(devices["persistent"]),
-                transient=tuple(devices["transient"]),
+        memory = None
+        if parts.memory is not None:
+            (m_eff, r_peak, feasible), _ = parts.memory
+            memory = MemoryReport(
+                peak=tuple(parts.devices["peak"]),
+                persistent=tuple(parts.devices["persistent"]),
+                transient=tuple(parts.devices["transient"]),
                 m_eff=m_eff,
                 r_peak=r_peak,
                 feasible=feasible,
             )
-        elif first_device is not None:
-            self.report(first_device, "exec.device needs an exec.memory line in the same exec.graph, e.g. "
+        elif parts.first_device is not None:
+            self.report(parts.first_device, "exec.device needs an exec.memory line in the same exec.graph, e.g. "
                         "`exec.memory {m_eff = 8.6e10, r_peak = 0.71, feasible = true}`")
         graph = ExecGraph(
             graph=self.name(name_tok),
-            steps=steps,
-            nodes=tuple(nodes),
-            edges=tuple(edges),
+            steps=parts.steps,
+            nodes=tuple(parts.nodes),
+            edges=tuple(parts.edges),
             lowered=lowered_tree is not None,
-            memory=memory_report,
-            schedule=schedule,
-            loc=loc,
+            memory=memory,
+            schedule=parts.schedule[0] if parts.schedule else None,
+            loc=self.loc(item),
         )
-        refs["graph"] = [(graph.graph, self.loc(name_tok))]
-        return graph, refs
+        parts.refs["graph"] = [(graph.graph, self.loc(name_tok))]
+        return graph, parts.refs
+
+    def exec_statement(self, stmt: Tree, parts: "_ExecParts") -> None:
+        kind = stmt.data
+        loc = self.loc(stmt)
+        if kind == "exec_node":
+            self.declare("exec node", stmt.children[1])
+            node = self.exec_node(stmt, parts.refs)
+            if node.id in parts.node_locs:
+                self.fail(loc, f"exec node @{node.id} is defined twice (first at {parts.node_locs[node.id]}); node ids are unique")
+            parts.node_locs[node.id] = loc
+            parts.nodes.append(node)
+        elif kind == "exec_edge":
+            parts.edges.append(self.exec_edge(stmt, parts.refs))
+        elif kind == "exec_memory":
+            if parts.memory is not None:
+                self.fail(loc, f"exec.memory is given twice (first at {parts.memory[1]}); keep one")
+            attrs = self.attrs(stmt.children[0], "exec.memory", MEMORY_KEYS)
+            example = "exec.memory {m_eff = 8.6e10, r_peak = 0.71, feasible = true}"
+            m_eff, r_peak, feasible = (self.need(attrs, k, "exec.memory", loc, example) for k in MEMORY_KEYS)
+            values = (self.attr_float(m_eff, "exec.memory"), self.attr_float(r_peak, "exec.memory"),
+                      self.attr_bool(feasible, "exec.memory"))
+            parts.memory = (values, loc)
+        elif kind == "exec_device":
+            self.exec_device(stmt, parts)
+        elif kind == "exec_schedule":
+            if parts.schedule is not None:
+                self.fail(loc, f"exec.schedule is given twice (first at {parts.schedule[1]}); keep one")
+            attrs = self.attrs(stmt.children[0], "exec.schedule", SCHEDULE_KEYS)
+            example = "exec.schedule {makespan = 12.5, score = 1.2e5, score_pen = 1.2e5, util = 0.61, p_eff = 3.2}"
+            values = [self.attr_float(self.need(attrs, k, "exec.schedule", loc, example), "exec.schedule") for k in SCHEDULE_KEYS]
+            parts.schedule = (ScheduleReport(*values), loc)
+
+    def exec_device(self, stmt: Tree, parts: "_ExecParts") -> None:
+        """`exec.device d {peak = .., persistent = .., transient = ..}`: appends to the report's series
+        in line order; a device may come back on a later line for a series it has not given yet."""
+        dev_tree, attr_tree = stmt.children
+        dev = self.int_of(dev_tree, "the device id", minimum=0)
+        what = f"exec.device {dev}"
+        attrs = self.attrs(attr_tree, what, DEVICE_KEYS)
+        if not attrs:
+            self.fail(self.loc(stmt), f"{what} gives no value; write e.g. `{what} {{peak = 6.1e10, persistent = 2.0e10, transient = 4.1e10}}`")
+        values = {k: self.attr_float(a, what) for k, a in attrs.items()}
+        for key, value in values.items():
+            if (dev, key) in parts.device_seen:
+                self.fail(attrs[key].loc, f"device {dev} has two {key} values (first at {parts.device_seen[(dev, key)]}); keep one")
+        for key, value in values.items():
+            parts.device_seen[(dev, key)] = attrs[key].loc
+            parts.devices[key].append((dev, value))
+        parts.first_device = parts.first_device or self.loc(stmt)
 
     def exec_node(self, stmt: Tree, refs: dict[str, list[Ref]]) -> ExecNode:
         kw_tree, id_tok, *clauses = stmt.children

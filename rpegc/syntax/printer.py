@@ -6,8 +6,9 @@ and `parse(print_program(p)) == p` holds (source locations are not part of equal
 `repr`, so they re-parse to the identical value. Lines are built as lists and joined once, so exec
 graphs with thousands of nodes print fast.
 
-Two things are implied rather than written, to keep the text short: an op node's vertex when it is the
-part of its id before '#', and a weights container's (empty) dims.
+Implied rather than written, to keep the text short: an op node's vertex when it is the part of its id
+before '#' (so an op node always has a vertex), and a weights container's dims (always empty). A model's
+`preset` is printed only when it names a known preset (rpegc.core.presets), the only kind the reader accepts.
 """
 
 from __future__ import annotations

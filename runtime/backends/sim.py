@@ -89,7 +89,9 @@ class SimBackend(Backend):
     def _start(self, d: Dispatch) -> None:
         for a in d.inputs:
             if a not in self._store:
-                raise BackendError(d.node.node.loc, f"node {d.id} needs {a.label}, which is not present (released or never made)")
+                raise BackendError(
+                    d.node.node.loc, f"node {d.id} needs {a.label}, which is not present (released or never made)"
+                )
         t = d.node.node.time
         assert t is not None
         f = self.factor(d.id)

@@ -122,22 +122,24 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope: Optional[tuple[Tensor, Tensor]], start: int,
                 cache: Optional[KVCache], layer: int) -> Tensor:
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        # Head counts come from the projections' widths, so a tensor-parallel shard that holds a
+        # subset of the heads (column-sharded wq/wk/wv, row-sharded wo) runs this code unchanged.
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             cos, sin = rope[0][start:start + t], rope[1][start:start + t]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.store(layer, k, v)
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        group = q.shape[1] // k.shape[1]
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         # Query i sits at absolute position start+i and may see keys 0..start+i.
         total = k.shape[2]
         mask = torch.arange(total).unsqueeze(0) <= (start + torch.arange(t)).unsqueeze(1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.wo(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):

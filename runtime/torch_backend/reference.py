@@ -99,9 +99,16 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
             raise RpegError(ms[1].loc, f"the torch backend runs one {kind} model, found {len(ms)} "
                             f"({', '.join(m.name for m in ms)}); keep one")
     shared = "actor_critic" in by_kind
+    if shared and "policy" in by_kind:
+        raise RpegError(by_kind["policy"][0].loc, "a shared actor_critic model replaces the policy; "
+                        "keep only one of them")
     actor = by_kind.get("actor_critic", by_kind.get("policy"))
     if not actor:
         raise RpegError(None, "the program has no policy or actor_critic model to train; add one")
+    for ref in by_kind.get("reference", []):
+        if ref.arch != actor[0].arch:
+            raise RpegError(ref.loc, f"reference model '{ref.name}' must have the architecture of "
+                            f"'{actor[0].name}': it is the initial actor (the KL anchor); give both the same arch")
     critic = by_kind.get("critic")
     algorithm = "ppo" if shared or critic else "grpo"
     reward_model = by_kind.get("reward")

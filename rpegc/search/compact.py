@@ -1,0 +1,614 @@
+"""The compact form of a structural variant and its plain-Python reference evaluator.
+
+Paper: App. A-J2c (Alg. 6 EVALUATECACHED: unroll, lower, schedule, score), built on App. A-F (Alg. 3),
+A-G (Alg. 4), A-H (Alg. 5), A-I (Eq. 4-5) and Sec. V (cost model). DESIGN.md Sec. 3, the
+one-implementation rule: every decision and number here comes from the `rpegc.core` functions the passes
+use (`unroll`, `lowering_rules`, `annotate.placement_time`, `transfer`, `residency.device_memory`,
+`schedule.prepare_schedule/run_schedule`, `score`); only the graph bookkeeping is compact.
+
+The compact form. The executable graph of a variant under a plan depends on the plan only through a few
+discrete facts: which generation -> inference pairs are disjoint (quantile splitting), which consumers of
+one published version share an installed Comm/Reshard (reuse), and whether a stage-3 pair edge that no
+data path implies is present. Those facts form the *pattern* of a plan. For each pattern one *superset*
+graph is built once: every Comm/Reshard that some plan of the pattern needs is a node. Under a given plan,
+a superset node that the plan does not need (a data edge between identical allocations, a publication or
+pair edge that lowers to a bare precedence) is a *relay*: time 0, no reserved devices, scheduled first
+among equal keys (lowest order key, transfer kind). A relay only forwards its predecessors' finish time,
+exactly like the precedence edge it stands for. Because a relay never changes device availability and its
+key sorts before every real node with the same EST, the list scheduler places the real nodes in the same
+order at the same times as on the lowered graph (proof sketch in `tests/test_search_compact.py`; the
+differential test checks it against the pass pipeline). Order keys reproduce the node order the lowering
+passes create (Comm and Reshard nodes right before their consumer, in creation order), so the scheduler's
+last tie-breaker also agrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Optional, Sequence
+
+import numpy as np
+
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.exec_graph import ExecNode
+from rpegc.core.expr import evaluate as evaluate_expr
+from rpegc.core.hardware import Hardware
+from rpegc.core.lowering_rules import (
+    COMM,
+    NONE,
+    RESHARD,
+    container_payload,
+    data_action,
+    data_bytes,
+    disjoint,
+    model_pairs,
+    pair_action,
+    phase_share,
+    phase_shares,
+    publication_action,
+    publication_bytes,
+    published_weights,
+    same_devices,
+    same_layout,
+    weight_bytes,
+)
+from rpegc.core.params import param_count
+from rpegc.core.program import Alloc, Placement, Plan, Program, Strategy
+from rpegc.core.residency import OpPlacement, device_memory
+from rpegc.core.schedule import Schedule, prepare_schedule, run_schedule
+from rpegc.core.score import p_eff, score, score_pen, utilization
+from rpegc.core.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
+from rpegc.core.unroll import unroll
+from rpegc.search.directory import VertexDirectory
+from rpegc.search.space import Variant, ordered_vertices
+
+Choice = tuple[int, ...]  # one directory index per vertex, in the variant's vertex order
+
+OP, DC, PC, PR = 0, 1, 2, 3  # superset node kinds: operator, data Comm, publication Comm/Reshard, pair Reshard
+RELAY_KEY = (-1,)  # order key of a relay: below every real node
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What EVALUATECACHED returns for one configuration (Alg. 6), plus what the report shows."""
+
+    makespan: float
+    score: float  # Eq. 4, tokens/s
+    score_pen: float  # Eq. 5
+    util: float  # Def. A.16 (A18)
+    p_eff: float
+    r_peak: float
+    feasible: bool
+    peak: tuple[float, ...]  # per device, by flat id
+
+    def objective(self, kind: str = "throughput", best_raw: float = 0.0, delta: float = 0.1, hard: bool = False) -> float:
+        """Score_pen (throughput) or Score_eff_pen (util, Eq. 6 with Score_star = max(best_raw, score))."""
+        from rpegc.search.objective import objective_value
+
+        return objective_value(self.score, self.util, self.r_peak, kind, best_raw, delta, hard)
+
+
+@dataclass(frozen=True)
+class Superset:
+    """One pattern's executable graph with every potential Comm/Reshard node (see module docstring)."""
+
+    pattern: tuple
+    kind: tuple[int, ...]  # OP, DC, PC, PR
+    vertex: tuple[int, ...]  # the vertex whose allocation the node reserves (Op: its own; others: consumer)
+    src: tuple[int, ...]  # DC/PC: source vertex; PR: the pair's first vertex; OP: -1
+    phase: tuple[int, ...]  # OP: quantile phase q (1-based) or 0 for a whole operator
+    role: tuple[str, ...]  # OP role ("" otherwise)
+    nbytes: tuple[int, ...]  # DC payload
+    model: tuple[Optional[str], ...]  # PC/PR: the model moved
+    step: tuple[int, ...]
+    key: tuple[tuple, ...]  # order key when the node is real (PC: as a Comm)
+    reshard_key: tuple[Optional[tuple], ...]  # PC: order key when it lowers to a Reshard
+    edges: tuple[tuple[int, int], ...]
+    groups: tuple[Hashable, ...]
+    names: tuple[str, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.kind)
+
+    @property
+    def is_transfer(self) -> tuple[bool, ...]:
+        return tuple(k != OP for k in self.kind)
+
+
+@dataclass(frozen=True)
+class PubSlot:
+    """Consumers of one published version (one key of the lowering's installed-node maps)."""
+
+    publisher: int  # vertex index of the training vertex
+    model: str
+    consumers: tuple[int, ...]  # vertex indices, in edge order
+
+
+@dataclass
+class CompactVariant:
+    """A structural variant compiled for fast evaluation; build once, evaluate many plans."""
+
+    variant: Variant
+    dirs: tuple[VertexDirectory, ...]
+    hw: Hardware
+    opts: CostOptions
+    steps: int
+    split: bool = True
+    _supersets: dict = field(default_factory=dict, repr=False)
+    _reshard_times: dict = field(default_factory=dict, repr=False)
+    _implied: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        p = self.program
+        g = p.graph
+        self.vertices = ordered_vertices(p)
+        self.vindex = {v.name: i for i, v in enumerate(self.vertices)}
+        if tuple(d.vertex for d in self.dirs) != tuple(v.name for v in self.vertices):
+            raise ValueError("directories must follow the variant's vertex order")
+        self.models = {m.name: m for m in p.models}
+        self.trainable = {m.name for m in p.models if m.trainable}
+        self.tau = dict(g.staleness)
+        self.base = unroll(p, self.steps).exec  # the plan-independent G-bar
+        self.shares = phase_shares(g)
+        self.tokens = tuple(float(evaluate_expr(q.tokens, p.workload.env)) for q in g.quantiles)
+        self.split_on = self.split and len(self.shares) >= 2
+        roles = [v.role for v in self.vertices]
+        pairs = []
+        for e in g.data_edges:
+            u, v = self.vindex[e.src], self.vindex[e.dst]
+            if roles[u] == "generation" and roles[v] == "inference" and (u, v) not in pairs:
+                pairs.append((u, v))
+        self.phase_pairs = tuple(pairs) if self.split_on else ()
+        self.pub_slots = self._pub_slots()
+        self.stage3 = self._stage3_pairs()
+        self.num_devices = p.cluster.num_devices
+        self._phase_tables()
+
+    # --- compile-time facts ----------------------------------------------------------------------
+
+    @property
+    def program(self) -> Program:
+        return self.variant.program
+
+    def _pub_slots(self) -> tuple[PubSlot, ...]:
+        """Installed-node keys (model, version) with two or more consumers: the lowering may reuse there."""
+        p = self.program
+        nodes = {n.id: n for n in self.base.nodes}
+        groups: dict[tuple[str, int], list] = {}
+        for e in self.base.edges:
+            if e.kind != "pub":
+                continue
+            u = nodes[e.src]
+            key = published_weights(p, e.container, u)
+            groups.setdefault(key, []).append((self.vindex[u.vertex], self.vindex[nodes[e.dst].vertex]))
+        slots = []
+        for (model, _), members in groups.items():
+            publishers = {m[0] for m in members}
+            consumers = tuple(m[1] for m in members)
+            if len(consumers) < 2:
+                continue
+            if len(publishers) != 1:
+                raise NotImplementedError("one published model version with several publishers")
+            slot = PubSlot(publishers.pop(), model, consumers)
+            if slot not in slots:
+                slots.append(slot)
+        return tuple(slots)
+
+    def _stage3_pairs(self) -> tuple[tuple[str, int, int, None], ...]:
+        """Pairs(m) of stage 3 (model, u, v) in the order insert-reshard visits them."""
+        ordered = [(v.name, v.model) for v in self.vertices]
+        return tuple((m, self.vindex[u], self.vindex[v], None) for m, u, v in model_pairs(ordered, self.trainable))
+
+    def _phase_tables(self) -> None:
+        """Per candidate: whole-operator time and quantile phase times, exactly as annotate computes them."""
+        q_count = len(self.tokens)
+        self.t_whole = [d.t_op for d in self.dirs]
+        self.t_phase: list[Optional[np.ndarray]] = []
+        for d in self.dirs:
+            if not self.split_on or d.role not in ("generation", "inference"):
+                self.t_phase.append(None)
+                continue
+            table = np.empty((len(d), len(self.shares)), dtype=np.float64)
+            for c, t in enumerate(d.op_times):
+                for q in range(1, len(self.shares) + 1):
+                    if d.role == "generation":
+                        previous = self.tokens[q - 2] if q > 1 else 0.0
+                        x = generation_phase_time(t.prefill_time, t.decode_time, q, self.tokens[q - 1], previous, self.tokens[q_count - 1])
+                    else:
+                        x = inference_phase_time(t.T_op, self.shares[q - 1])
+                    table[c, q - 1] = float(x)
+            self.t_phase.append(table)
+
+    # --- per-plan facts ----------------------------------------------------------------------------
+
+    def placement(self, choice: Choice) -> tuple[list[Alloc], list[Strategy]]:
+        return [d.allocs[c] for d, c in zip(self.dirs, choice)], [d.strategies[c] for d, c in zip(self.dirs, choice)]
+
+    def pattern(self, allocs: Sequence[Alloc], strats: Sequence[Strategy]) -> tuple:
+        """The discrete facts that shape the lowered graph beyond relays (module docstring)."""
+        phase = tuple(disjoint(allocs[u], allocs[v]) for u, v in self.phase_pairs)
+        reuse = tuple(self._reuse(slot, allocs, strats) for slot in self.pub_slots)
+        implied = self._implied.get(phase)
+        if implied is None:
+            implied = self._implied[phase] = implied_pairs(self, phase)
+        present = tuple(
+            imp or pair_action(self.tau.get(m, 0), allocs[u], strats[u], allocs[v], strats[v]) != NONE
+            for (m, u, v, _), imp in zip(self.stage3, implied)
+        )
+        return (phase, reuse, present)
+
+    def _reuse(self, slot: PubSlot, allocs, strats) -> tuple[Optional[int], ...]:
+        """For each consumer, the earlier consumer whose installed Comm/Reshard it reuses (insert-comm/-reshard keys)."""
+        u = slot.publisher
+        actions = [publication_action(allocs[u], strats[u], allocs[c], strats[c]) for c in slot.consumers]
+        trainable = slot.model in self.trainable
+        out: list[Optional[int]] = []
+        for j, c in enumerate(slot.consumers):
+            found = None
+            for i in range(j):
+                c2 = slot.consumers[i]
+                if actions[j] == COMM and actions[i] == COMM and same_devices(allocs[c2], allocs[c]):
+                    found = i
+                elif (trainable and actions[j] == RESHARD and actions[i] == RESHARD
+                      and same_devices(allocs[c2], allocs[c]) and same_layout(strats[c2], strats[c])):
+                    found = i
+                if found is not None:
+                    break
+            out.append(found)
+        return tuple(out)
+
+    def superset(self, pattern: tuple) -> Superset:
+        s = self._supersets.get(pattern)
+        if s is None:
+            s = self._supersets[pattern] = build_superset(self, pattern)
+        return s
+
+    def reshard_time(self, model: str, alloc: Alloc) -> float:
+        """T_reshard of `model` on `alloc` (depends on its size and tier only)."""
+        key = (model, alloc.extent)
+        t = self._reshard_times.get(key)
+        if t is None:
+            m = self.models[model]
+            t = float(reshard_node_time(param_count(m.arch, m.kind), self.program.workload.s_b, alloc, self.hw, self.opts))
+            self._reshard_times[key] = t
+        return t
+
+    def weight_bytes(self, model: str) -> int:
+        return weight_bytes(self.program, model)
+
+    # --- reference evaluation ------------------------------------------------------------------------
+
+    def node_times(self, s: Superset, choice: Choice, allocs, strats):
+        """Per superset node: (time, reserved bitmask, order key); relays get (0.0, 0, RELAY_KEY)."""
+        times: list[float] = []
+        reserved: list[int] = []
+        keys: list[tuple] = []
+        memo: dict = {}
+        for i in range(s.n):
+            kind, v = s.kind[i], s.vertex[i]
+            if kind == OP:
+                q = s.phase[i]
+                t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
+                times.append(t)
+                reserved.append(self.dirs[v].masks[choice[v]])
+                keys.append(s.key[i])
+                continue
+            spec = (kind, s.src[i], v, s.nbytes[i], s.model[i])
+            hit = memo.get(spec)
+            if hit is None:
+                hit = memo[spec] = self._transfer(kind, s.src[i], v, s.nbytes[i], s.model[i], allocs, strats)
+            t, as_reshard = hit
+            if t is None:
+                times.append(0.0)
+                reserved.append(0)
+                keys.append(RELAY_KEY)
+            else:
+                times.append(t)
+                reserved.append(self.dirs[v].masks[choice[v]])
+                keys.append(s.reshard_key[i] if as_reshard else s.key[i])
+        return times, reserved, keys
+
+    def _transfer(self, kind, u, v, nbytes, model, allocs, strats) -> tuple[Optional[float], bool]:
+        """(time, lowers-to-Reshard) of a Comm/Reshard superset node, (None, False) for a relay."""
+        a_u, a_v = allocs[u], allocs[v]
+        if kind == DC:
+            if data_action(a_u, a_v) != COMM:
+                return None, False
+            return float(comm_node_time(nbytes, a_u, a_v, self.hw)), False
+        if kind == PC:
+            action = publication_action(a_u, strats[u], a_v, strats[v])
+            if action == COMM:
+                payload = publication_bytes(self.weight_bytes(model), a_u, a_v)
+                return float(comm_node_time(payload, a_u, a_v, self.hw)), False
+            if action == RESHARD and model in self.trainable:
+                return self.reshard_time(model, a_v), True
+            return None, False
+        action = pair_action(self.tau.get(model, 0), a_u, strats[u], a_v, strats[v])
+        if action == RESHARD:
+            return self.reshard_time(model, a_v), True
+        return None, False
+
+    def memory(self, allocs, strats):
+        p = self.program
+        ops = tuple(OpPlacement(v.name, v.role, v.model, a, s) for v, a, s in zip(self.vertices, allocs, strats))
+        return device_memory(ops, self.models, self.tau, p.cluster, p.workload, self.hw, self.opts)
+
+    def schedule(self, choice: Choice) -> tuple[Superset, list[float], list[int], Schedule]:
+        allocs, strats = self.placement(choice)
+        s = self.superset(self.pattern(allocs, strats))
+        times, reserved, keys = self.node_times(s, choice, allocs, strats)
+        structure = prepare_schedule(s.is_transfer, reserved, s.edges, s.groups, keys, s.names)
+        return s, times, reserved, run_schedule(structure, times)
+
+    def evaluate(self, choice: Choice) -> Evaluation:
+        """The reference path: one configuration, core functions only."""
+        allocs, strats = self.placement(choice)
+        _, _, _, sched = self.schedule(choice)
+        mem = self.memory(allocs, strats)
+        return self._evaluation(sched.makespan, sched.busy, sched.op_time, mem.r_peak, mem.feasible, mem.peak)
+
+    def _evaluation(self, makespan, busy, op_time, r_peak, feasible, peak) -> Evaluation:
+        w = self.program.workload
+        raw = score(makespan, self.steps, w.B, w.R, w.Lp, w.Lr)
+        return Evaluation(
+            makespan=float(makespan),
+            score=float(raw),
+            score_pen=float(score_pen(raw, r_peak)),
+            util=float(utilization(busy, self.num_devices, makespan)),
+            p_eff=float(p_eff(op_time, makespan)),
+            r_peak=float(r_peak),
+            feasible=bool(feasible),
+            peak=tuple(float(x) for x in peak),
+        )
+
+    def critical_weights(self, choice: Choice) -> np.ndarray:
+        """Per vertex: its Op time on the critical path of the schedule (A-J2f single-vertex kernel)."""
+        s, times, reserved, sched = self.schedule(choice)
+        preds: list[list[int]] = [[] for _ in range(s.n)]
+        for a, b in s.edges:
+            preds[b].append(a)
+        weights = np.zeros(len(self.vertices))
+        x = max(range(s.n), key=lambda i: (sched.finish[i], -i))
+        seen = set()
+        while x is not None and x not in seen:
+            seen.add(x)
+            if s.kind[x] == OP:
+                weights[s.vertex[x]] += times[x]
+            start = sched.start[x]
+            if start <= 0.0:
+                break
+            x = _blocker(x, start, preds[x], sched, reserved)
+        return weights
+
+    # --- plans ----------------------------------------------------------------------------------------
+
+    def to_plan(self, choice: Choice, name: str = "opt") -> Plan:
+        p = self.program
+        allocs, strats = self.placement(choice)
+        placements = tuple(Placement(v.name, a, s) for v, a, s in zip(self.vertices, allocs, strats))
+        return Plan(name, p.graph.name, p.cluster.name, placements)
+
+    def choice_of(self, plan: Plan) -> Optional[Choice]:
+        """The directory indices of an existing plan, None if some placement is not a candidate."""
+        out = []
+        for v, d in zip(self.vertices, self.dirs):
+            try:
+                pl = plan.placement(v.name)
+            except KeyError:
+                return None
+            i = d.index(pl.alloc, pl.strategy)
+            if i is None:
+                return None
+            out.append(i)
+        return tuple(out)
+
+
+def _blocker(x: int, start: float, preds: list[int], sched: Schedule, reserved: list[int]) -> Optional[int]:
+    """The node whose finish fixed x's start: a predecessor, else a node that held one of x's devices."""
+    for u in preds:
+        if sched.finish[u] == start:
+            return u
+    mask = reserved[x]
+    best = None
+    for u, f in enumerate(sched.finish):
+        if f == start and reserved[u] & mask and sched.start[u] <= start:
+            best = u
+    return best
+
+
+# --- superset construction: mirrors split-quantiles, insert-comm and insert-reshard ---------------------
+
+
+@dataclass(frozen=True)
+class _Split:
+    """The unrolled graph after stage 1 (quantiles._split): op sub-nodes and the re-attached edge list."""
+
+    ops: tuple[ExecNode, ...]
+    first: dict
+    last: dict
+    edges: tuple[tuple[str, str, str, Optional[str]], ...]
+
+
+def split_stage(cv: CompactVariant, phase_bits: tuple[bool, ...]) -> _Split:
+    g = cv.base
+    vindex = cv.vindex
+    phased_pairs = {pair for pair, bit in zip(cv.phase_pairs, phase_bits) if bit}
+    by_id = {n.id: n for n in g.nodes}
+
+    def is_phase_edge(e) -> bool:
+        if e.kind != "data":
+            return False
+        u, v = by_id[e.src], by_id[e.dst]
+        return u.kind == "op" and v.kind == "op" and (vindex[u.vertex], vindex[v.vertex]) in phased_pairs
+
+    phased = [e for e in g.edges if is_phase_edge(e)]
+    split_ids = {e.src for e in phased} | {e.dst for e in phased}
+    ops: list[ExecNode] = []
+    edges: list[tuple[str, str, str, Optional[str]]] = []
+    for n in g.nodes:
+        if n.id not in split_ids:
+            ops.append(n)
+            continue
+        phases = [
+            n.with_(id=f"{n.id}.q{q}", phase=q, nphases=len(cv.shares), fraction=share)
+            for q, share in enumerate(cv.shares, start=1)
+        ]
+        ops += phases
+        edges += [(a.id, b.id, "dep", None) for a, b in zip(phases, phases[1:])]
+    first: dict[tuple[str, int], ExecNode] = {}
+    last: dict[tuple[str, int], ExecNode] = {}
+    for n in ops:
+        key = (n.vertex, n.step)
+        first.setdefault(key, n)
+        last[key] = n
+    phased_set = set(phased)
+    for e in g.edges:
+        if e in phased_set:
+            edges += [(f"{e.src}.q{q}", f"{e.dst}.q{q}", e.kind, e.container) for q in range(1, len(cv.shares) + 1)]
+        else:
+            u, v = by_id[e.src], by_id[e.dst]
+            edges.append((last[(u.vertex, u.step)].id, first[(v.vertex, v.step)].id, e.kind, e.container))
+    return _Split(tuple(ops), first, last, tuple(dict.fromkeys(edges)))  # unique_edges keeps the first
+
+
+def implied_pairs(cv: CompactVariant, phase_bits: tuple[bool, ...]) -> tuple[bool, ...]:
+    """Per stage-3 pair: does a path last(u) ->* first(v) exist at every step without the pair edge?
+
+    Then a bare pair edge adds no precedence and the pair's presence is irrelevant to the schedule."""
+    sp = split_stage(cv, phase_bits)
+    succ: dict[str, list[str]] = {}
+    for src, dst, _, _ in sp.edges:
+        succ.setdefault(src, []).append(dst)
+
+    def reaches(a: str, b: str) -> bool:
+        stack, seen = [a], {a}
+        while stack:
+            for y in succ.get(stack.pop(), ()):
+                if y == b:
+                    return True
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        return False
+
+    out = []
+    for _, u, v, _ in cv.stage3:
+        un, vn = cv.vertices[u].name, cv.vertices[v].name
+        out.append(all(reaches(sp.last[(un, k)].id, sp.first[(vn, k)].id) for k in range(cv.steps)))
+    return tuple(out)
+
+
+def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
+    phase_bits, reuse, present = pattern
+    p = cv.program
+    vindex = cv.vindex
+    sp = split_stage(cv, phase_bits)
+    ops, first, last, edges1 = sp.ops, sp.first, sp.last, sp.edges
+
+    b = _Builder()
+    op_index: dict[str, int] = {}
+    node_of: dict[str, ExecNode] = {}
+    for i, n in enumerate(ops):
+        op_index[n.id] = i
+        node_of[n.id] = n
+        group = ("chain", n.vertex, n.step) if n.role == "generation" and n.phase is not None else ("node", i)
+        b.add(OP, vindex[n.vertex], -1, n.phase or 0, n.role, 0, None, n.step,
+              (n.step, n.order, i, 2, 0, 0), None, group, n.id)
+
+    # Stages 2 and 4 (insert-comm, insert-reshard on publication edges), in edge order.
+    slot_of = {(s.publisher, s.model, s.consumers): k for k, s in enumerate(cv.pub_slots)}
+    members: dict[tuple[str, int], list[int]] = {}
+    for src, dst, kind, container in edges1:
+        if kind == "pub":
+            key = published_weights(p, container, node_of[src])
+            members.setdefault(key, []).append(vindex[node_of[dst].vertex])
+    installed: dict[tuple[str, int, int], int] = {}
+    seen_members: dict[tuple[str, int], int] = {}
+    for pos, (src, dst, kind, container) in enumerate(edges1):
+        u, v = node_of[src], node_of[dst]
+        ui, vi = op_index[src], op_index[dst]
+        if kind == "data":
+            nbytes = data_bytes(container_payload(p, container), phase_share(u, v))
+            c = b.add(DC, vindex[v.vertex], vindex[u.vertex], 0, "", nbytes, None, v.step,
+                      (v.step, v.order, vi, 0, pos, 0), None, None, f"comm {src}->{dst}")
+            b.edge(ui, c)
+            b.edge(c, vi)
+        elif kind == "pub":
+            key = published_weights(p, container, u)
+            model = key[0]
+            j = seen_members.get(key, 0)
+            seen_members[key] = j + 1
+            consumers = tuple(members[key])
+            reuse_of = None
+            if len(consumers) >= 2:
+                slot = slot_of[(vindex[u.vertex], model, consumers)]
+                reuse_of = reuse[slot][j]
+            if reuse_of is not None:
+                b.edge(installed[(model, key[1], reuse_of)], vi)
+                continue
+            c = b.add(PC, vindex[v.vertex], vindex[u.vertex], 0, "", 0, model, v.step,
+                      (v.step, v.order, vi, 0, pos, 0), (v.step, v.order, vi, 1, 0, pos), None, f"pub {src}->{dst}")
+            installed[(model, key[1], j)] = c
+            b.edge(ui, c)
+            b.edge(c, vi)
+        else:
+            b.edge(ui, vi)
+
+    # Stage 3 (insert-reshard pair edges): per pair, per step, after every publication edge.
+    created = 0
+    for (model, u_vertex, v_vertex, _), on in zip(cv.stage3, present):
+        for step in range(cv.steps):
+            uk = (cv.vertices[u_vertex].name, step)
+            vk = (cv.vertices[v_vertex].name, step)
+            if uk not in first or vk not in first:
+                continue
+            u, v = last[uk], first[vk]
+            if not on:
+                continue
+            vi = op_index[v.id]
+            c = b.add(PR, v_vertex, u_vertex, 0, "", 0, model, v.step,
+                      (v.step, v.order, vi, 1, 1, created), (v.step, v.order, vi, 1, 1, created), None,
+                      f"pair {u.id}->{v.id}")
+            created += 1
+            b.edge(op_index[u.id], c)
+            b.edge(c, vi)
+    return b.build(pattern)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {k: [] for k in (
+            "kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names")}
+        self.edges: list[tuple[int, int]] = []
+
+    def add(self, kind, vertex, src, phase, role, nbytes, model, step, key, reshard_key, group, name) -> int:
+        i = len(self.cols["kind"])
+        for col, value in zip(
+            ("kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names"),
+            (kind, vertex, src, phase, role, nbytes, model, step, key, reshard_key, group if group is not None else ("node", i), name),
+        ):
+            self.cols[col].append(value)
+        return i
+
+    def edge(self, a: int, b: int) -> None:
+        self.edges.append((a, b))
+
+    def build(self, pattern: tuple) -> Superset:
+        c = self.cols
+        return Superset(
+            pattern=pattern,
+            kind=tuple(c["kind"]),
+            vertex=tuple(c["vertex"]),
+            src=tuple(c["src"]),
+            phase=tuple(c["phase"]),
+            role=tuple(c["role"]),
+            nbytes=tuple(c["nbytes"]),
+            model=tuple(c["model"]),
+            step=tuple(c["step"]),
+            key=tuple(c["key"]),
+            reshard_key=tuple(c["reshard_key"]),
+            edges=tuple(dict.fromkeys(self.edges)),
+            groups=tuple(c["groups"]),
+            names=tuple(c["names"]),
+        )

@@ -1,0 +1,147 @@
+"""Candidate directories X_cand(v) with isolated memory filtering and estimated-time order.
+
+Paper: Sec. VI-B, App. A-J2a (Def. A.18, P1-P8) and A-J2f ("the directory contains all valid strategy
+tuples satisfying P1-P8, filtered by per-vertex memory feasibility ... and sorted by estimated execution
+time"). Legal (allocation, strategy) pairs come from `rpegc.core.candidates.enumerate_candidates`; this
+module prices them with the core cost model (`annotate.placement_time`, `residency.device_memory`) and
+keeps the ones whose operator fits on its devices when it runs alone.
+
+Time and isolated memory depend on the strategy and the allocation's shape only (homogeneous devices), so
+they are computed once per (strategy, extent) and shared by every aligned origin. A directory depends on
+the vertex (role, model) and not on tau, so staleness variants reuse it (A-J2i); `DirectoryCache` keys
+directories by vertex set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from rpegc.core.annotate import placement_time
+from rpegc.core.candidates import enumerate_candidates
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import Hardware
+from rpegc.core.memory import OpMemory
+from rpegc.core.optime import OpTime
+from rpegc.core.program import Alloc, Program, Strategy, Vertex
+from rpegc.core.residency import OpPlacement, device_memory
+from rpegc.core.schedule import alloc_mask
+
+# Ablation A3: microbatch counts fixed to P_p (generation, inference) and 2 P_p (training) (App. B).
+MB_TUNED = "tuned"
+MB_FIXED = "fixed"
+
+
+@dataclass(frozen=True)
+class VertexDirectory:
+    """X_cand(v): legal, individually memory-feasible choices of one vertex, fastest first."""
+
+    vertex: str
+    role: str
+    model: str
+    allocs: tuple[Alloc, ...]
+    strategies: tuple[Strategy, ...]
+    op_times: tuple[OpTime, ...]  # core OpTime per candidate (shared objects across origins)
+    t_op: np.ndarray  # T_op per candidate, float64, non-decreasing
+    isolated_peak: np.ndarray  # r_peak of the operator alone on its allocation
+    sizes: np.ndarray  # |sigma| per candidate (int64)
+    masks: tuple[int, ...]  # device bitmask per candidate (flat ids, `schedule.alloc_mask`)
+    by_strategy: tuple[tuple[int, ...], ...]  # candidate indices grouped by (dp, pp, tp, mb), first-seen order
+    strategy_of: np.ndarray  # group index per candidate
+    best_infeasible_r_peak: float = 0.0  # smallest isolated r_peak among dropped candidates (diagnostics)
+    dropped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.allocs)
+
+    def index(self, alloc: Alloc, strategy: Strategy) -> Optional[int]:
+        """Position of (alloc, strategy) in the directory, None if it is not a candidate."""
+        for i, (a, s) in enumerate(zip(self.allocs, self.strategies)):
+            if a == alloc and s == strategy:
+                return i
+        return None
+
+
+@dataclass
+class DirectoryCache:
+    """Directories keyed by vertex set and model set, so variants with the same vertices share them."""
+
+    hw: Hardware
+    opts: CostOptions
+    mb_rule: str = MB_TUNED
+    _cache: dict = field(default_factory=dict)
+
+    def directories(self, p: Program, vertices: tuple[Vertex, ...]) -> tuple[VertexDirectory, ...]:
+        models = tuple(sorted((m.name, m.kind, m.arch) for m in p.models if m.name in {v.model for v in vertices}))
+        key = (tuple((v.name, v.role, v.model) for v in vertices), models)
+        if key not in self._cache:
+            self._cache[key] = tuple(build_directory(p, v, self.hw, self.opts, self.mb_rule) for v in vertices)
+        return self._cache[key]
+
+
+def fixed_microbatch(role: str, pp: int) -> int:
+    """A3: mb = 1 without a pipeline, P_p for generation/inference, 2 P_p for training."""
+    if pp == 1:
+        return 1
+    return 2 * pp if role == "training" else pp
+
+
+def build_directory(
+    p: Program, v: Vertex, hw: Hardware, opts: CostOptions, mb_rule: str = MB_TUNED
+) -> VertexDirectory:
+    """X_cand(v) sorted by T_op (ties keep the core enumeration order)."""
+    if p.cluster is None:
+        raise RpegError(p.graph.loc if p.graph else None, "the optimizer needs an rpeg.cluster to place vertices on")
+    model = p.model(v.model)
+    raw = enumerate_candidates(model, p.workload, p.cluster)
+    if mb_rule == MB_FIXED:
+        raw = [(a, s) for a, s in raw if s.mb == fixed_microbatch(v.role, s.pp)]
+    models = {m.name: m for m in p.models}
+    priced: dict[tuple[Strategy, tuple[int, int, int]], tuple[OpTime, float]] = {}
+    keep: list[tuple[float, int, Alloc, Strategy, OpTime, float]] = []
+    best_bad = float("inf")
+    dropped = 0
+    for i, (a, s) in enumerate(raw):
+        key = (s, a.extent)
+        if key not in priced:
+            placement = OpPlacement(v.name, v.role, v.model, a, s)
+            t = placement_time(p, placement, hw, opts)
+            mem = device_memory((placement,), models, {}, p.cluster, p.workload, hw, opts)
+            priced[key] = (t, mem.r_peak)
+        t, r_peak = priced[key]
+        if r_peak > 1.0:
+            best_bad = min(best_bad, r_peak)
+            dropped += 1
+            continue
+        keep.append((float(t.T_op), i, a, s, t, r_peak))
+    if not keep:
+        raise RpegError(
+            v.loc,
+            f"vertex @{v.name} ({v.role} of @{v.model}) has no execution choice that fits in GPU memory on cluster "
+            f"@{p.cluster.name} even when it runs alone (best peak {best_bad:.2f}x of usable HBM); use more GPUs "
+            "per node or nodes, a smaller batch B*R or shorter sequences, or a smaller model",
+        )
+    keep.sort(key=lambda x: (x[0], x[1]))
+    groups: dict[Strategy, list[int]] = {}
+    for j, item in enumerate(keep):
+        groups.setdefault(item[3], []).append(j)
+    group_index = {s: g for g, s in enumerate(groups)}
+    return VertexDirectory(
+        vertex=v.name,
+        role=v.role,
+        model=v.model,
+        allocs=tuple(x[2] for x in keep),
+        strategies=tuple(x[3] for x in keep),
+        op_times=tuple(x[4] for x in keep),
+        t_op=np.array([x[0] for x in keep], dtype=np.float64),
+        isolated_peak=np.array([x[5] for x in keep], dtype=np.float64),
+        sizes=np.array([x[2].size for x in keep], dtype=np.int64),
+        masks=tuple(alloc_mask(x[2], p.cluster) for x in keep),
+        by_strategy=tuple(tuple(g) for g in groups.values()),
+        strategy_of=np.array([group_index[x[3]] for x in keep], dtype=np.int64),
+        best_infeasible_r_peak=best_bad if dropped else 0.0,
+        dropped=dropped,
+    )

@@ -1,0 +1,219 @@
+"""`rpeg-run`: execute a compiled RPEG plan and verify the trace (paper Sec. VII; DESIGN.md Section 7).
+
+    rpeg-run PLAN [--backend sim|torch] [--steps K] [--trace out.jsonl] [--jitter X] [--seed S]
+                  [--jitter-dist uniform|lognormal] [--policy auto|plan|alg2]
+                  [--reserve destination|endpoints] [--gantt out.png] [--quiet]
+    rpeg-run verify PLAN TRACE
+
+PLAN is a lowered exec module: `.json` (rpegc --emit=json) or the `.rpeg` text form. The run prints
+a line per completed RL step and a summary (steps, wall time, measured vs predicted makespan,
+verification result); the trace is verified against the plan before exiting. Errors print
+`file:line:col: error: ...` (or `file: error: ...`) and exit 1, as does a trace that fails to verify.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional, Sequence
+
+from rpegc.core.errors import RpegError, render
+from rpegc.runtime.plan import RunPlan, load_plan
+
+VERIFY_SHOWN = 30
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rpeg-run",
+        description="Execute a compiled RPEG plan completion-driven (Alg. 2) and verify its trace. "
+                    "`rpeg-run verify PLAN TRACE` checks an existing trace.",
+    )
+    p.add_argument("plan", help="lowered exec module (.json or .rpeg text)")
+    p.add_argument("--backend", choices=("sim", "torch"), default="sim",
+                   help="sim: simulated clock from the annotated node times (default); torch: real workers")
+    p.add_argument("--steps", type=int, default=None, metavar="K",
+                   help="run the first K RL steps (K <= the steps the plan was unrolled for: the runtime "
+                        "executes the compiled DAG and never unrolls further; recompile with unroll{k=..} for more)")
+    p.add_argument("--trace", metavar="OUT.jsonl", help="write the JSON-lines trace here")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="X",
+                   help="sim: multiplicative noise on node times (uniform: +-X, lognormal: sigma X)")
+    p.add_argument("--jitter-dist", choices=("uniform", "lognormal"), default="uniform")
+    p.add_argument("--seed", type=int, default=0, help="seed of the jitter draws (and of the torch backend)")
+    p.add_argument("--policy", choices=("auto", "plan", "alg2"), default="auto",
+                   help="dispatch order: plan = keep the schedule's order per device (reproduces the schedule "
+                        "without jitter); alg2 = greedy by step, transfers first, topological order; "
+                        "auto = plan if the plan is scheduled")
+    p.add_argument("--reserve", choices=("destination", "endpoints"), default=None,
+                   help="resource set of a transfer: its destination (the scheduler's rule, sim default) or "
+                        "both endpoints (Table III, torch default)")
+    p.add_argument("--gantt", metavar="OUT.png", help="draw predicted and measured Gantt charts (.png/.svg/.pdf)")
+    p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    return p
+
+
+def _verify_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rpeg-run verify", description="Verify a runtime trace against its plan.")
+    p.add_argument("plan", help="the plan the trace ran (.json or .rpeg text)")
+    p.add_argument("trace", help="the JSON-lines trace")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] == "verify":
+            return _verify_main(_verify_parser().parse_args(args[1:]))
+        return _run_main(_parser().parse_args(args))
+    except RpegError as e:
+        print(format_error(e), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rpeg-run: interrupted", file=sys.stderr)
+        return 130
+
+
+def format_error(e: RpegError) -> str:
+    """`file:line:col: error: msg` with the source line, or `file: error: msg` without a position."""
+    errors = getattr(e, "errors", [e])
+    lines = []
+    for err in errors:
+        loc = err.loc
+        if loc.line > 0:
+            source = None
+            if os.path.isfile(loc.file):
+                try:
+                    with open(loc.file, encoding="utf-8") as f:
+                        source = f.read()
+                except (OSError, UnicodeDecodeError):
+                    source = None
+            lines.append(render(err, source))
+        elif loc.file and loc.file != "<unknown>":
+            lines.append(f"{loc.file}: error: {err.message}")
+        else:
+            lines.append(f"rpeg-run: error: {err.message}")
+    return "\n".join(lines)
+
+
+def make_backend(args: argparse.Namespace):
+    if args.backend == "sim":
+        from rpegc.runtime.backends.sim import SimBackend
+
+        return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
+    if args.jitter:
+        raise RpegError(None, "--jitter applies to the sim backend only; the torch backend measures real times")
+    try:
+        from rpegc.runtime.backends.torch import TorchBackend  # type: ignore[import-not-found]
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("rpegc.runtime.backends.torch"):
+            raise RpegError(None, "the torch backend is not available yet in this installation "
+                                  "(rpegc.runtime.backends.torch is missing); use --backend sim") from None
+        raise RpegError(None, f"cannot load the torch backend: {e}; install the runtime extras "
+                              "(pip install 'rpegc[runtime]') or use --backend sim") from None
+    except ImportError as e:
+        raise RpegError(None, f"cannot load the torch backend: {e}; use --backend sim") from None
+    return TorchBackend(seed=args.seed)
+
+
+def _run_main(args: argparse.Namespace) -> int:
+    from rpegc.runtime.controller import RunOptions, StepProgress, run
+    from rpegc.runtime.trace import TraceWriter
+    from rpegc.runtime.verify import compare, verify
+
+    plan = load_plan(args.plan, steps=args.steps)
+    backend = make_backend(args)
+    for w in plan.warnings[:5]:
+        print(f"{args.plan}: warning: {w}", file=sys.stderr)
+    if len(plan.warnings) > 5:
+        print(f"{args.plan}: warning: ... and {len(plan.warnings) - 5} more such warnings", file=sys.stderr)
+    print(f"rpeg-run: {args.plan} (plan {plan.hash[:12]}), {plan.steps} of {plan.plan_steps} step(s), "
+          f"{len(plan.nodes)} nodes on {len(plan.devices)} devices, backend {backend.name}")
+
+    def progress(s: StepProgress) -> None:
+        if args.quiet:
+            return
+        pred = f" (predicted {s.predicted_finish:.6g} s)" if s.predicted_finish is not None else ""
+        print(f"step {s.step} done ({s.steps_done}/{s.steps_total}) at t = {s.finish:.6g} s{pred}, "
+              f"wall {s.wall_s:.3f} s", flush=True)
+
+    writer = TraceWriter(args.trace) if args.trace else None
+    options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed}
+    try:
+        result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),
+                     sink=writer, on_step=progress, header_options=options)
+    finally:
+        if writer is not None:
+            writer.close()
+    violations = verify(plan, result.trace)
+    cmp = compare(plan, result.trace)
+    print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
+          f"(dispatch policy {result.policy}, transfers reserve {result.reserve})")
+    print(_makespan_line(result.makespan, result.predicted_makespan, cmp.mean_abs_rel_error, backend.clock))
+    if args.gantt:
+        _gantt(plan, result.trace, args.gantt)
+    if args.trace:
+        print(f"trace: {args.trace}")
+    return _report(violations, len(result.trace.nodes))
+
+
+def _makespan_line(measured: float, predicted: Optional[float], err: Optional[float], clock: str) -> str:
+    text = f"makespan: measured {measured:.6g} s ({clock} clock)"
+    if predicted:
+        text += f", predicted {predicted:.6g} s (measured/predicted {measured / predicted:.4f})"
+    if err is not None:
+        text += f"; mean |node time error| {100 * err:.2f} %"
+    return text
+
+
+def _report(violations, nodes: int) -> int:
+    if not violations:
+        print(f"verification: OK ({nodes} nodes, 0 violations)")
+        return 0
+    print(f"verification: FAILED, {len(violations)} violation(s)")
+    for v in violations[:VERIFY_SHOWN]:
+        print(f"  {v}")
+    if len(violations) > VERIFY_SHOWN:
+        print(f"  ... and {len(violations) - VERIFY_SHOWN} more")
+    return 1
+
+
+def _verify_main(args: argparse.Namespace) -> int:
+    from rpegc.runtime.trace import read_trace
+    from rpegc.runtime.verify import compare, verify
+
+    plan = load_plan(args.plan)
+    trace = read_trace(args.trace)
+    violations = verify(plan, trace)
+    if not any(v.rule in ("plan-hash", "node-set") for v in violations):
+        cmp = compare(plan, trace)
+        print(_makespan_line(cmp.measured_makespan, cmp.predicted_makespan, cmp.mean_abs_rel_error,
+                             trace.header.clock))
+    return _report(violations, len(trace.nodes))
+
+
+def _gantt(plan: RunPlan, trace, path: str) -> None:
+    try:
+        from rpegc.tools.gantt import Bar, bars_from_program, draw_bars
+    except ImportError as e:
+        print(f"rpeg-run: skipping --gantt: the Gantt tool is not available ({e})", file=sys.stderr)
+        return
+    ids = set(plan.index)
+    panels = []
+    if plan.scheduled:
+        panels.append(("predicted", [b for b in bars_from_program(plan.program) if b.node in ids]))
+    measured = []
+    for r in trace.nodes.values():
+        n = plan.node(r.id).node
+        kind = n.role if n.kind == "op" and n.role else n.kind
+        measured.append(Bar(r.devices, r.start, r.finish, kind, r.id, str(r.step), r.id))
+    panels.append(("measured", measured))
+    cluster = plan.program.cluster
+    assert cluster is not None
+    draw_bars(panels, path, title=f"{os.path.basename(plan.file)}: {plan.steps} step(s)",
+              num_devices=cluster.num_devices, gpus_per_node=cluster.gpus)
+    print(f"gantt: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""`rpeg-run`: end to end through a subprocess, and its error paths (no tracebacks, non-zero exit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rpegc.runtime.cli import main
+from rpegc.syntax.json_form import program_to_json
+from test_runtime_fixtures import disaggregated_plan, lower, scheduled
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plans") / "ppo.exec.json"
+    path.write_text(json.dumps(program_to_json(scheduled(disaggregated_plan(1), 4))))
+    return str(path)
+
+
+def rpeg_run(*args):
+    code = "import sys; from rpegc.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_run_then_verify_end_to_end(plan_file, tmp_path):
+    trace = str(tmp_path / "run.jsonl")
+    out = rpeg_run(plan_file, "--backend", "sim", "--steps", "3", "--trace", trace, "--jitter", "0.1", "--seed", "3")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert sum(1 for line in lines if line.startswith("step ")) == 3  # a progress line per RL step
+    assert "3 of 4 step(s)" in lines[0]
+    assert any(line.startswith("makespan: measured") and "predicted" in line for line in lines)
+    records = [json.loads(r) for r in open(trace)]
+    nodes = sum(1 for r in records if r["type"] == "node")
+    assert lines[-1] == f"verification: OK ({nodes} nodes, 0 violations)"
+    assert records[0]["type"] == "header" and records[0]["steps"] == 3
+    assert [r["step"] for r in records if r["type"] == "step"] == [0, 1, 2]
+    assert records[-1]["type"] == "summary"
+
+    ok = rpeg_run("verify", plan_file, trace)
+    assert ok.returncode == 0 and "verification: OK" in ok.stdout, ok.stdout + ok.stderr
+
+    # Tamper: claim that a generation node read a fresher actor version than staleness allows.
+    tampered = tmp_path / "tampered.jsonl"
+    with open(tampered, "w") as f:
+        for r in records:
+            if r["type"] == "node" and r["id"] == "gen#2.q1":
+                r["consumed"]["actor"] = 2
+            f.write(json.dumps(r) + "\n")
+    bad = rpeg_run("verify", plan_file, str(tampered))
+    assert bad.returncode == 1
+    assert "verification: FAILED" in bad.stdout and "[version] gen#2.q1 consumed {@actor v2}" in bad.stdout
+    assert "Traceback" not in bad.stderr
+
+
+def test_plan_and_sim_policy_reproduce_predicted_makespan(plan_file, capsys):
+    assert main([plan_file, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "(measured/predicted 1.0000)" in out and "dispatch policy plan" in out
+
+
+def test_gantt_is_drawn(plan_file, tmp_path, capsys):
+    pytest.importorskip("rpegc.tools.gantt")
+    png = tmp_path / "g.png"
+    assert main([plan_file, "--quiet", "--steps", "1", "--gantt", str(png)]) == 0
+    assert png.stat().st_size > 1000
+
+
+def test_errors_are_messages_not_tracebacks(plan_file, tmp_path, capsys):
+    assert main([str(tmp_path / "missing.json")]) == 1
+    assert "missing.json: error: cannot read the plan file" in capsys.readouterr().err
+
+    assert main([plan_file, "--steps", "9"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot run 9 steps: the plan was unrolled for 4 step(s)" in err and "unroll{k=9}" in err
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n  \"workload\": [}\n")
+    assert main([str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}:2:16: error: invalid JSON") and "^" in err
+
+    unlowered = tmp_path / "unlowered.json"
+    from rpegc.core.unroll import unroll
+
+    unlowered.write_text(json.dumps(program_to_json(unroll(disaggregated_plan(1), 2))))
+    assert main([str(unlowered)]) == 1
+    assert "not lowered" in capsys.readouterr().err
+
+    no_times = tmp_path / "no_times.json"
+    no_times.write_text(json.dumps(program_to_json(lower(disaggregated_plan(1), 1))))
+    assert main([str(no_times)]) == 1
+    assert "annotate-cost" in capsys.readouterr().err
+
+    assert main([plan_file, "--jitter", "2"]) == 1
+    assert "jitter 2.0 is out of range" in capsys.readouterr().err
+
+    assert main(["verify", plan_file, str(tmp_path / "none.jsonl")]) == 1
+    assert "cannot read the trace" in capsys.readouterr().err
+
+
+def test_torch_backend_is_loaded_lazily(plan_file, capsys):
+    rc = main([plan_file, "--backend", "torch", "--jitter", "0.1"])
+    assert rc == 1 and "--jitter applies to the sim backend only" in capsys.readouterr().err
+    try:
+        import rpegc.runtime.backends.torch  # noqa: F401
+    except ModuleNotFoundError:
+        assert main([plan_file, "--backend", "torch"]) == 1
+        assert "the torch backend is not available yet" in capsys.readouterr().err

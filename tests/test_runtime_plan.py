@@ -1,0 +1,155 @@
+"""Graph realization (Alg. 2 line 1): loading plans without xDSL, validation, artifacts, plan hash."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from rpegc.core.errors import RpegError
+from rpegc.core.program import Alloc
+from rpegc.runtime.plan import build_run_plan, load_plan, plan_hash
+from rpegc.syntax.json_form import program_to_json
+from test_runtime_fixtures import colocated_plan, disaggregated_plan, lower, scheduled
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_json(p, path) -> str:
+    path.write_text(json.dumps(program_to_json(p)))
+    return str(path)
+
+
+def test_load_json_plan(tmp_path):
+    p = scheduled(disaggregated_plan(1), 3)
+    plan = load_plan(write_json(p, tmp_path / "p.json"))
+    assert plan.program == p
+    assert plan.steps == plan.plan_steps == 3
+    assert [n.id for n in plan.nodes] and len(plan.nodes) == len(p.exec.nodes)
+    pos = {n.id: n.index for n in plan.nodes}
+    for e in p.exec.edges:  # nodes are in a topological order
+        assert pos[e.src] < pos[e.dst]
+    assert plan.predicted_makespan == p.exec.schedule.makespan
+
+
+def test_load_text_plan(tmp_path):
+    printer = pytest.importorskip("rpegc.syntax.printer")
+    p = scheduled(disaggregated_plan(1), 2)
+    path = tmp_path / "p.exec.rpeg"
+    path.write_text(printer.print_program(p))
+    assert load_plan(str(path)).hash == plan_hash(p)
+
+
+def test_runtime_never_imports_xdsl(tmp_path):
+    path = write_json(scheduled(disaggregated_plan(1), 2), tmp_path / "p.json")
+    code = (
+        "import sys\n"
+        "from rpegc.runtime.cli import main\n"
+        f"rc = main([{path!r}, '--quiet', '--trace', {str(tmp_path / 't.jsonl')!r}])\n"
+        f"rc |= main(['verify', {path!r}, {str(tmp_path / 't.jsonl')!r}])\n"
+        "bad = sorted(m for m in sys.modules if m == 'xdsl' or m.startswith('xdsl.'))\n"
+        "print('XDSL', bad)\n"
+        "sys.exit(rc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "XDSL []" in out.stdout
+
+
+def test_plan_must_be_lowered():
+    p = colocated_plan(0)
+    from rpegc.core.unroll import unroll
+
+    with pytest.raises(RpegError, match="not lowered"):
+        build_run_plan(unroll(p, 2))
+    with pytest.raises(RpegError, match="no exec.graph"):
+        build_run_plan(p)
+    with pytest.raises(RpegError, match="rpeg.graph"):
+        build_run_plan(replace(lower(p, 1), graph=None))
+
+
+def test_steps_are_bounded_by_the_unrolled_horizon():
+    p = scheduled(colocated_plan(0), 2)
+    with pytest.raises(RpegError, match=r"unrolled for 2 step.*unroll\{k=5\}"):
+        build_run_plan(p, steps=5)
+    with pytest.raises(RpegError, match="choose 1..2"):
+        build_run_plan(p, steps=0)
+    assert {n.step for n in build_run_plan(p, steps=1).nodes} == {0}
+
+
+def test_missing_comm_is_a_plan_error():
+    p = scheduled(disaggregated_plan(0, quantiles=False), 1)
+    g = p.exec
+    comm = next(n for n in g.nodes if n.kind == "comm" and n.container == "values")
+    src = next(e.src for e in g.edges if e.dst == comm.id)
+    dsts = [e.dst for e in g.edges if e.src == comm.id]
+    from rpegc.core.exec_graph import ExecEdge
+
+    edges = tuple(e for e in g.edges if comm.id not in (e.src, e.dst)) + tuple(ExecEdge(src, d) for d in dsts)
+    broken = replace(p, exec=replace(g, nodes=tuple(n for n in g.nodes if n.id != comm.id), edges=edges))
+    with pytest.raises(RpegError, match=r"reads %values of step 0 .* lacks a Comm"):
+        build_run_plan(broken)
+
+
+def test_missing_dependency_on_a_version_is_a_plan_error():
+    p = scheduled(disaggregated_plan(1, quantiles=False), 3)
+    g = p.exec
+    # Drop the publication Comm's edge into gen#2: it could then read v1 before it arrives.
+    comm = next(n for n in g.nodes if n.kind == "comm" and n.model == "actor" and n.step == 2)
+    edges = tuple(e for e in g.edges if not (e.src == comm.id and e.dst == "gen#2"))
+    with pytest.raises(RpegError, match=r"gen#2 reads weights @actor v1 .* no predecessor produces it"):
+        build_run_plan(replace(p, exec=replace(g, edges=edges)))
+
+
+def test_artifacts_producers_and_consumers():
+    plan = build_run_plan(scheduled(disaggregated_plan(1, quantiles=True), 3))
+    gen_alloc = Alloc((0, 0, 0), (1, 1, 4))
+    # Version 0 of every model is installed where it is read; later versions are produced.
+    assert {(a.name, a.index) for a in plan.initial} == {("actor", 0), ("ref", 0), ("critic", 0), ("reward", 0)}
+    v1 = next(a for a in plan.producers if a.kind == "weights" and a.name == "actor" and a.index == 1
+              and a.alloc == gen_alloc)
+    assert [plan.nodes[i].kind for i in plan.producers[v1]] == ["comm"]
+    assert {plan.nodes[i].id for i in plan.consumers[v1]} == {"gen#2.q1", "gen#2.q2", "gen#2.q3"}
+    # A phase Comm moves one phase of %Y; a whole-container reader on the generation GPUs reads all phases.
+    phase_comm = next(n for n in plan.nodes if n.kind == "comm" and n.node.fraction is not None)
+    assert phase_comm.inputs[0].phase == phase_comm.outputs[0].phase is not None
+    final = {a for a in plan.retained if a.kind == "weights"}
+    assert {(a.name, a.index) for a in final} == {("actor", 3), ("critic", 3)}
+    assert plan.warnings == ()
+
+
+def test_colocated_async_reshard_depends_on_the_version_it_moves():
+    # insert-reshard puts a Reshard between gen#k and train_actor#k on shared GPUs also when tau > 0;
+    # the version it moves (k) is produced by train_actor#k-1, so the Reshard depends on it and binds.
+    plan = build_run_plan(scheduled(colocated_plan(1), 3))
+    assert not [n for n in plan.nodes if n.unbound]
+    assert plan.warnings == ()
+
+
+def test_plan_hash_ignores_float_noise_but_not_structure():
+    p = scheduled(disaggregated_plan(1), 2)
+    g = p.exec
+    noisy = replace(p, exec=replace(g, nodes=tuple(n.with_(time=n.time * (1 + 1e-12)) for n in g.nodes)))
+    assert plan_hash(noisy) == plan_hash(p)
+    assert plan_hash(replace(p, graph=replace(p.graph, staleness=(("actor", 0),)))) != plan_hash(p)
+    moved = replace(p, exec=replace(g, nodes=(g.nodes[0].with_(bytes=g.nodes[0].bytes + 1),) + g.nodes[1:]))
+    assert plan_hash(moved) != plan_hash(p)
+    # Another schedule order is another plan.
+    late = max(g.nodes, key=lambda n: n.start)
+    reordered = replace(p, exec=replace(g, nodes=tuple(
+        n.with_(start=-1.0, finish=-0.5) if n.id == late.id else n for n in g.nodes)))
+    assert plan_hash(reordered) != plan_hash(p)
+
+
+def test_bad_plan_files_are_located_errors(tmp_path):
+    with pytest.raises(RpegError, match="cannot read the plan file"):
+        load_plan(str(tmp_path / "nope.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"workload": {"B": 1,}')
+    with pytest.raises(RpegError) as e:
+        load_plan(str(bad))
+    assert e.value.loc.file == str(bad) and e.value.loc.line == 1 and "invalid JSON" in e.value.message

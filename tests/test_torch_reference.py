@@ -1,0 +1,115 @@
+"""Verifiable toy tasks and the single-process reference trainer: a tiny actor visibly learns with PPO and GRPO."""
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rpegc.core.errors import RpegError  # noqa: E402
+from rpegc.core.presets import lookup  # noqa: E402
+from rpegc.core.program import Graph, Model, Program, Workload  # noqa: E402
+from rpegc.runtime.torch_backend.reference import (ReferenceTrainer, config_from_program, run_reference,  # noqa: E402
+                                                   toy_config)
+from rpegc.runtime.torch_backend.tasks import make_task  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def test_pattern_task_scores_the_fraction_of_correct_tokens():
+    task = make_task("pattern", vocab=64, prompt_len=3, response_len=6)
+    prompts = task.prompts(4, seed=0, step=0)
+    assert torch.equal(prompts, task.prompts(4, seed=0, step=0))
+    assert not torch.equal(prompts, task.prompts(4, seed=0, step=1))
+    assert not torch.isin(prompts, torch.tensor(task.pattern)).any()  # prompts never contain target tokens
+    target = task.targets(prompts)
+    assert target[0].tolist() == [5, 2, 7, 3, 5, 2]
+    wrong = target.clone()
+    wrong[1, :3] = 0
+    mask = torch.ones(4, 6)
+    mask[2, 4:] = 0  # an early stop: the masked positions count as misses
+    torch.testing.assert_close(task.score(prompts, wrong, mask), torch.tensor([1.0, 0.5, 4 / 6, 1.0]))
+
+
+def test_reverse_task_targets_the_reversed_prompt():
+    task = make_task("reverse", vocab=10, prompt_len=3, response_len=4)
+    assert task.targets(torch.tensor([[1, 2, 3]])).tolist() == [[3, 2, 1, 3]]
+
+
+def test_bad_tasks_are_user_errors():
+    with pytest.raises(RpegError, match="pattern, reverse"):
+        make_task("sort", 64, 3, 4)
+    with pytest.raises(RpegError, match="vocab"):
+        make_task("pattern", 8, 3, 4)
+
+
+def improvement(metrics):
+    rewards = [m["reward"] for m in metrics]
+    return sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+
+
+# Measured over seeds 0-15 (30 steps): PPO gains 0.17-0.73, GRPO 0.32-0.93 in mean reward (from ~0.02).
+@pytest.mark.parametrize("algorithm, margin", [("ppo", 0.1), ("grpo", 0.2)])
+def test_reward_rises_on_the_toy_task(algorithm, margin):
+    result = run_reference(toy_config(algorithm), steps=30, seed=0)
+    assert improvement(result.metrics) > margin
+    assert set(result.weights) == ({"actor", "critic"} if algorithm == "ppo" else {"actor"})
+
+
+def test_reference_runs_are_reproducible_and_weights_change():
+    cfg = toy_config("ppo", shared_actor_critic=True, B=8)
+    a, b = run_reference(cfg, 2, seed=3), run_reference(cfg, 2, seed=3)
+    assert [m["reward"] for m in a.metrics] == [m["reward"] for m in b.metrics]
+    assert all(torch.equal(a.weights["actor"][k], b.weights["actor"][k]) for k in a.weights["actor"])
+    init = ReferenceTrainer(cfg, seed=3).weights()["actor"]
+    assert not torch.equal(init["value_head.weight"], a.weights["actor"]["value_head.weight"])
+    assert "value_loss" in a.metrics[-1] and "critic" not in a.weights
+
+
+def test_staleness_makes_generation_use_an_older_actor_version():
+    cfg = dataclasses.replace(toy_config("grpo", B=4), tau_actor=1)
+    trainer = ReferenceTrainer(cfg, seed=0)
+    fresh = ReferenceTrainer(toy_config("grpo", B=4), seed=0)
+    for k in range(2):
+        trainer.step(k)
+        fresh.step(k)
+    # at step 2 the stale run generates with version 1, the synchronous run with version 2
+    stale_exp, _, _ = trainer.collect(2)
+    assert trainer.actor_versions.for_step(2, 1)[0] == 1
+    fresh_exp, _, _ = fresh.collect(2)
+    assert not torch.equal(stale_exp.old_logprobs, fresh_exp.old_logprobs)
+
+
+def program(*kinds, staleness=()):
+    tiny = lookup("tiny")
+    models = tuple(Model(name=k, kind=k, trainable=k in ("policy", "critic", "actor_critic"), arch=tiny)
+                   for k in kinds)
+    graph = Graph("g", (), (), (), (), (), (), staleness=staleness)
+    return Program(Workload(B=4, R=2, Lp=3, Lr=4), models, graph=graph)
+
+
+def test_run_config_follows_the_program():
+    ppo = config_from_program(program("policy", "reference", "critic", "reward", staleness=(("policy", 1),)))
+    assert (ppo.algorithm, ppo.tau_actor, ppo.tau_critic, ppo.critic) == ("ppo", 1, 0, lookup("tiny"))
+    assert (ppo.workload.B, ppo.workload.R, ppo.workload.Lp, ppo.workload.Lr) == (4, 2, 3, 4)
+    grpo = config_from_program(program("policy", "reference", "reward"))
+    assert grpo.algorithm == "grpo" and grpo.rl.kl_estimator == "k3"
+    shared = config_from_program(program("actor_critic", "reference", "reward"), reward="model")
+    assert shared.algorithm == "ppo" and shared.shared_actor_critic and shared.reward_arch == lookup("tiny")
+    metrics = run_reference(shared, 1, seed=0).metrics  # the frozen reward model path runs
+    assert metrics[0]["score"] != metrics[0]["reward"]
+
+
+def test_programs_the_backend_cannot_run_are_user_errors():
+    with pytest.raises(RpegError, match="no policy"):
+        config_from_program(program("critic", "reward"))
+    with pytest.raises(RpegError, match="only one"):
+        config_from_program(program("actor_critic", "critic"))
+    with pytest.raises(RpegError, match="kind reward"):
+        config_from_program(program("policy"), reward="model")
+    with pytest.raises(RpegError, match="replaces the policy"):
+        config_from_program(program("policy", "actor_critic"))
+    other = dataclasses.replace(program("policy", "reference"), models=(
+        Model("actor", "policy", True, lookup("tiny")), Model("ref", "reference", False, lookup("tiny-4l"))))
+    with pytest.raises(RpegError, match="initial actor"):
+        config_from_program(other)

@@ -1,0 +1,170 @@
+"""RL math: GAE, PPO/GRPO losses and advantages against hand-computed values; data-parallel exactness."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rpegc.core.errors import RpegError  # noqa: E402
+from rpegc.core.program import Arch  # noqa: E402
+from rpegc.runtime.torch_backend.generation import expand_rollouts, generate  # noqa: E402
+from rpegc.runtime.torch_backend.models import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, clip_grad_norm,  # noqa: E402
+                                            compute_advantages, critic_loss, default_rl_config, gae,
+                                            grpo_advantages, kl_estimate, masked_moments, policy_loss,
+                                            response_forward, token_rewards, value_loss, whiten)
+
+torch.set_num_threads(1)
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_app_b_hyper_parameters_are_the_defaults():
+    cfg = RLConfig()
+    assert (cfg.lr_actor, cfg.lr_critic, cfg.weight_decay, cfg.grad_clip) == (1e-6, 1e-6, 0.0, 1.0)
+    assert (cfg.clip_eps, cfg.gamma, cfg.lam, cfg.kl_coef, cfg.ppo_epochs) == (0.2, 1.0, 0.95, 0.01, 1)
+    grpo = default_rl_config("grpo")
+    assert (grpo.kl_in_reward, grpo.kl_estimator, grpo.clip_eps, grpo.kl_coef) == (False, "k3", 0.2, 0.01)
+
+
+def test_gae_matches_a_hand_computed_example():
+    rewards, values = t([0, 0, 1], [0, 0.5, 0]), t([0.5, 0.6, 0.7], [0.2, 0.4, 9.0])
+    mask = t([1, 1, 1], [1, 1, 0])
+    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.95)
+    # row 0: deltas 0.1, 0.1, 0.3 -> A2 = 0.3, A1 = 0.1 + 0.95*0.3, A0 = 0.1 + 0.95*A1
+    # row 1: the episode ends after token 1, so V_2 = 9 is ignored: A1 = 0.5 - 0.4, A0 = 0.4 - 0.2 + 0.95*0.1
+    torch.testing.assert_close(adv, t([0.46575, 0.385, 0.3], [0.295, 0.1, 0.0]))
+    torch.testing.assert_close(ret, t([0.96575, 0.985, 1.0], [0.495, 0.5, 0.0]))
+    adv, _ = gae(rewards[:1], values[:1], mask[:1], gamma=0.9, lam=0.5)
+    # deltas: 0.9*0.6-0.5 = 0.04, 0.9*0.7-0.6 = 0.03, 1-0.7 = 0.3; gamma*lam = 0.45
+    torch.testing.assert_close(adv, t([0.04 + 0.45 * (0.03 + 0.45 * 0.3), 0.03 + 0.45 * 0.3, 0.3]))
+
+
+def test_token_rewards_put_the_score_on_the_last_real_token_and_the_kl_everywhere():
+    r = token_rewards(t(2.0, 3.0), t([1, 1, 1], [2, 2, 2]), t([1, 1, 1], [1, 1, 0]), kl_coef=0.1)
+    torch.testing.assert_close(r, t([-0.1, -0.1, 1.9], [-0.2, 2.8, 0.0]))
+
+
+def test_kl_estimators():
+    logp, ref = t(-1.0, -2.0), t(-1.5, -1.0)
+    torch.testing.assert_close(kl_estimate(logp, ref, "k1"), t(0.5, -1.0))
+    k3 = kl_estimate(logp, ref, "k3")
+    torch.testing.assert_close(k3, t(math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1.0 - 1))
+    assert (k3 >= 0).all() and kl_estimate(ref, ref, "k3").eq(0).all()
+    with pytest.raises(RpegError, match="k1, k3"):
+        kl_estimate(logp, ref, "k2")
+
+
+def test_ppo_clipped_loss_matches_a_hand_computed_example():
+    old = t([0.0, 0.0, 0.0])
+    logp = torch.log(t([1.5, 0.5, 1.1])).requires_grad_()
+    adv, mask = t([1.0, 1.0, -2.0]), t([1, 1, 1])
+    loss, stats = policy_loss(logp, old, adv, mask, clip_eps=0.2, num_tokens=3)
+    # token 0: max(-1.5, -1.2) = -1.2 (clipped, no gradient); token 1: max(-0.5, -0.8) = -0.5;
+    # token 2: max(2.2, 2.2) = 2.2
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 2.2) / 3, abs=1e-6)
+    assert stats["clipped_tokens"] == 1
+    loss.backward()
+    # d/dlogp of -A*r is -A*r, divided by the global token count
+    torch.testing.assert_close(logp.grad, t([0.0, -0.5 / 3, 2.2 / 3]))
+
+
+def test_value_loss_with_and_without_clipping():
+    v, old, ret, mask = t([1.0, 0.0]), t([0.5, 0.0]), t([2.0, 1.0]), t([1, 1])
+    assert value_loss(v, old, ret, mask, None, 2).item() == pytest.approx(0.5 * (1 + 1) / 2)
+    # token 0: clipped value 0.7 is further from the return (1.3^2 > 1^2)
+    assert value_loss(v, old, ret, mask, 0.2, 2).item() == pytest.approx(0.5 * (1.69 + 1) / 2)
+
+
+def test_grpo_advantages_are_group_relative():
+    adv = grpo_advantages(t(1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5), group_size=4)
+    z = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # unbiased std of (1, 0, 0, 1) is sqrt(1/3)
+    torch.testing.assert_close(adv, t(z, -z, -z, z, 0, 0, 0, 0))
+    with pytest.raises(RpegError, match="R >= 2"):
+        grpo_advantages(t(1, 0), group_size=1)
+    with pytest.raises(RpegError, match="whole groups"):
+        grpo_advantages(t(1, 0, 1), group_size=2)
+
+
+def test_whitening_from_summed_shard_moments_equals_whole_batch_whitening():
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    mask = (torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) > 0.3).float()
+    whole = whiten(x, mask, masked_moments(x, mask))
+    sel = mask.bool()
+    assert whole[sel].mean().abs() < 1e-5 and (whole[sel].pow(2).mean() - 1).abs() < 1e-4
+    moments = masked_moments(x[:2], mask[:2]) + masked_moments(x[2:], mask[2:])
+    torch.testing.assert_close(whiten(x[:2], mask[:2], moments), whole[:2])
+
+
+def test_clip_grad_norm_matches_torch():
+    def params():
+        p = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+        p[0].grad, p[1].grad = t(3.0, 0.0, 4.0), t([1.0, 2.0], [2.0, 4.0])
+        return p
+    ours, theirs = params(), params()
+    norm = clip_grad_norm(ours, 1.0)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert norm == pytest.approx(float(expected)) == pytest.approx(math.sqrt(50))
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+ARCH = Arch(layers=1, hidden=32, ffn=64, vocab=16, heads=4, kv_heads=4)
+LP, LR = 3, 4
+
+
+def experience(algorithm):
+    opts = NetOptions(max_seq=LP + LR)
+    actor = build_model(ARCH, "policy", 0, opts)
+    prompts = expand_rollouts(torch.randint(0, 16, (4, LP), generator=torch.Generator().manual_seed(0)), 2)
+    roll = generate(actor, prompts, range(8), seed=0, step=0, max_new_tokens=LR, eos_id=5)
+    with torch.no_grad():
+        ref = response_forward(build_model(ARCH, "reference", 1, opts), roll.sequences, LP).logprobs
+        values = response_forward(build_model(ARCH, "critic", 2, opts), roll.sequences, LP).values
+    scores = torch.rand(8, generator=torch.Generator().manual_seed(3))
+    exp = Experience(roll.sequences, roll.mask, roll.logprobs, ref, scores,
+                     values=values if algorithm == "ppo" else None)
+    return compute_advantages(exp, default_rl_config(algorithm), group_size=2)
+
+
+def grads(model, loss_fn, exp, shards):
+    model.zero_grad()
+    n = exp.num_tokens  # the GLOBAL token count, whatever the shard
+    size = exp.sequences.shape[0] // shards
+    for i in range(shards):
+        loss = loss_fn(model, exp.rows(slice(i * size, (i + 1) * size)), n)
+        loss.backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("algorithm, kind", [("ppo", "policy"), ("grpo", "policy"), ("ppo", "actor_critic"),
+                                             ("ppo", "critic")])
+def test_sharded_losses_sum_to_the_whole_batch_gradient(algorithm, kind):
+    """Data-parallel replicas or microbatches summing their gradients reproduce the single-process update."""
+    exp = experience(algorithm)
+    assert exp.mask.eq(0).any()  # variable-length responses: shards hold different token counts
+    cfg = default_rl_config(algorithm, entropy_coef=0.01)
+    model = build_model(ARCH, kind, 0, NetOptions(max_seq=LP + LR))
+    if kind == "critic":
+        def loss_fn(m, e, n):
+            return critic_loss(m, e, cfg, n)
+    else:
+        def loss_fn(m, e, n):
+            return actor_loss(m, e, cfg, n)[0]
+    whole = grads(model, loss_fn, exp, 1)
+    for shards in (2, 4):
+        for k, g in grads(model, loss_fn, exp, shards).items():
+            torch.testing.assert_close(g, whole[k], atol=1e-6, rtol=1e-5)
+
+
+def test_ppo_without_a_critic_and_grpo_with_kl_in_reward_are_user_errors():
+    exp = experience("grpo")
+    with pytest.raises(RpegError, match="critic values"):
+        compute_advantages(exp, default_rl_config("ppo"), group_size=2)
+    with pytest.raises(RpegError, match="kl_in_reward"):
+        default_rl_config("grpo", kl_in_reward=True)
+    with pytest.raises(RpegError, match="ppo, grpo"):
+        default_rl_config("dpo")
