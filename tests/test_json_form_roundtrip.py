@@ -15,7 +15,8 @@ from rpegc.core.exec_graph import MemoryReport
 from rpegc.core.expr import BinOp, Num, Sym
 from rpegc.core.program import Alloc
 from rpegc.core.unroll import unroll
-from rpegc.syntax.json_form import parse_expr, program_from_json, program_to_json
+from rpegc.syntax.json_form import program_from_json, program_to_json
+from rpegc.syntax.parser import parse_expr
 from test_runtime_fixtures import colocated_plan, disaggregated_plan, lower, scheduled
 
 DOCUMENTED_NODE_KEYS = {"id", "kind", "vertex", "step", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb",

@@ -81,8 +81,9 @@ from rpegc.core.exec_graph import (
     MemoryReport,
     ScheduleReport,
 )
-from rpegc.core.expr import SYMBOLS, BinOp, Expr, Num, Sym
+from rpegc.core.expr import Expr
 from rpegc.core.presets import lookup as lookup_preset
+from rpegc.syntax.parser import parse_expr
 from rpegc.core.program import (
     DTYPE_BYTES,
     ELEMENT_KINDS,
@@ -330,8 +331,8 @@ class _Reader:
         text = self.str_(value, path)
         try:
             return parse_expr(text)
-        except ValueError as e:
-            raise self.error(path, f"bad size expression '{text}': {e}") from None
+        except RpegError as e:
+            raise self.error(path, f"bad size expression '{text}': {e.message}") from None
 
 
 def _join(path: str, key: str) -> str:
@@ -680,74 +681,3 @@ def _read_schedule(r: _Reader, v: Any, path: str) -> ScheduleReport:
     keys = ("makespan", "score", "score_pen", "util", "p_eff")
     o = r.obj(v, path, keys)
     return ScheduleReport(**{k: r.float_(o[k], _join(path, k)) for k in keys})
-
-
-# ----------------------------------------------------------------------------------------------
-# Size expressions in their text form
-# ----------------------------------------------------------------------------------------------
-
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(.))")
-
-
-def parse_expr(text: str) -> Expr:
-    """Parse `str(expr)` back to the identical tree: + - * / left-associative, parentheses, numbers
-    (a leading '-' directly before a number makes a negative literal), the symbols B, R, Lp, Lr."""
-    tokens = []
-    for m in _TOKEN.finditer(text):
-        if m.group(1) is not None:
-            tokens.append(("num", int(m.group(1))))
-        elif m.group(2) is not None:
-            tokens.append(("sym", m.group(2)))
-        elif m.group(3) is not None and not m.group(3).isspace():
-            tokens.append(("op", m.group(3)))
-    parser = _ExprParser(tokens)
-    e = parser.sum()
-    if parser.i != len(tokens):
-        raise ValueError(f"unexpected '{tokens[parser.i][1]}'")
-    return e
-
-
-class _ExprParser:
-    def __init__(self, tokens: list[tuple[str, Any]]):
-        self.tokens = tokens
-        self.i = 0
-
-    def peek(self) -> tuple[str, Any]:
-        return self.tokens[self.i] if self.i < len(self.tokens) else ("end", None)
-
-    def sum(self) -> Expr:
-        e = self.product()
-        while self.peek() in (("op", "+"), ("op", "-")):
-            op = self.tokens[self.i][1]
-            self.i += 1
-            e = BinOp(op, e, self.product())
-        return e
-
-    def product(self) -> Expr:
-        e = self.atom()
-        while self.peek() in (("op", "*"), ("op", "/")):
-            op = self.tokens[self.i][1]
-            self.i += 1
-            e = BinOp(op, e, self.atom())
-        return e
-
-    def atom(self) -> Expr:
-        kind, value = self.peek()
-        self.i += 1
-        if kind == "num":
-            return Num(value)
-        if kind == "sym":
-            if value not in SYMBOLS:
-                raise ValueError(f"unknown symbol '{value}'; use {', '.join(SYMBOLS)}")
-            return Sym(value)
-        if (kind, value) == ("op", "-") and self.peek()[0] == "num":
-            n = self.tokens[self.i][1]
-            self.i += 1
-            return Num(-n)
-        if (kind, value) == ("op", "("):
-            e = self.sum()
-            if self.peek() != ("op", ")"):
-                raise ValueError("missing ')'")
-            self.i += 1
-            return e
-        raise ValueError("expected a number, a symbol or '('" if kind == "end" else f"unexpected '{value}'")

@@ -70,19 +70,40 @@ MAX_EXPR_DEPTH = 200
 @functools.cache
 def _lark() -> Lark:
     return Lark.open(
-        "rpeg.lark", rel_to=__file__, parser="lalr", cache=True, propagate_positions=True, maybe_placeholders=True
+        "rpeg.lark",
+        rel_to=__file__,
+        parser="lalr",
+        cache=True,
+        propagate_positions=True,
+        maybe_placeholders=True,
+        start=["start", "expr_only"],
     )
 
 
 def parse(text: str, file: str = "<input>") -> Program:
     """Parse one `.rpeg` module. Raises RpegError (or RpegErrors) for any bad input, never anything else."""
     try:
-        tree = _lark().parse(text)
+        tree = _lark().parse(text, start="start")
     except UnexpectedInput as err:
         raise _syntax_error(err, text, file) from None
     except LarkError as err:  # defensive: lark reports every input problem as UnexpectedInput
         raise RpegError(Loc(file, 1, 1), f"cannot parse the input: {err}") from None
     return _Builder(file).program(tree)
+
+
+def parse_expr(text: str, file: str = "<expr>") -> Expr:
+    """Parse one size expression (e.g. "B*R" or "(Lp + Lr)/2") with the module grammar's own rule."""
+    try:
+        tree = _lark().parse(text, start="expr_only")
+    except UnexpectedInput as err:
+        raise _syntax_error(err, text, file) from None
+    except LarkError as err:
+        raise RpegError(Loc(file, 1, 1), f"cannot parse the size expression: {err}") from None
+    builder = _Builder(file)
+    try:
+        return builder.size_expr(tree.children[0])
+    except _StatementError:
+        raise builder.errors[0] from None
 
 
 # ---------------------------------------------------------------------------------------------------
