@@ -26,7 +26,7 @@ def run_once(example: str) -> tuple[float, dict[str, float]]:
     out = subprocess.run([rpegc, example, "-p", PIPELINE, "--time-passes"], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     wall = time.perf_counter() - start
-    passes = {m.group(1): float(m.group(2)) for m in re.finditer(r"Pass (\S+) took ([0-9.eE-]+) seconds", out.stdout)}
+    passes = {m.group(1): float(m.group(2)) for m in re.finditer(r"Pass (\S+) took ([0-9.eE-]+) seconds", out.stderr)}
     return wall, passes
 
 

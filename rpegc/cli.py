@@ -10,17 +10,21 @@ outputs are written atomically and never over the input file.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
 import tempfile
+import time
 from typing import IO, Sequence
 
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass, PassPipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from rpegc.core.errors import Loc, RpegError, render
+from rpegc.registry import PASSES as _RPEGC_PASSES
 
 EMITS = ("rpeg", "mlir", "json", "dot")
 PRESET_PIPELINE = (
@@ -39,6 +43,26 @@ class UsageError(Exception):
 def pipeline_error(spec: str, message: str, col: int) -> UsageError:
     """A located error inside the `-p` pipeline string, with a caret under the offending part."""
     return UsageError(f"<pipeline>:1:{col}: error: {message}\n{spec}\n{' ' * (col - 1)}^")
+
+
+def explain_pipeline_error(message: str, known: list[str]) -> str:
+    """xDSL's pipeline errors, reworded to say what to change."""
+    unknown = re.match(r"Unrecognized passes: \[(.*)\]", message)
+    if unknown:
+        names = re.findall(r"'([^']*)'", unknown.group(1))
+        hints = []
+        for name in names:
+            close = difflib.get_close_matches(name, known, n=1)
+            hints.append(f"unknown pass '{name}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+        ours = [k for k in known if k in _RPEGC_PASSES]
+        return "; ".join(hints) + f" (rpegc passes: {', '.join(ours)})"
+    bad_type = re.match(r"Incompatible types: given \((.*),\), expected <class '(\w+)'>", message)
+    if bad_type:
+        return f"pass option value {bad_type.group(1)} is not of type {bad_type.group(2)}; write e.g. k=8 or flag=true"
+    bad_arg = re.match(r'Provided arguments \[(.*)\] not found in expected arguments \[(.*)\]', message)
+    if bad_arg:
+        return f"unknown pass option {bad_arg.group(1)}; the pass accepts {bad_arg.group(2) or 'no options'}"
+    return message
 
 
 def locate_in_spec(spec: str, message: str) -> int:
@@ -63,7 +87,13 @@ class RpegcMain(xDSLOptMain):
             raise UsageError(_spec_parse_error_text(spec, str(err))) from None
         except ValueError as err:
             spec = self._raw_pipeline(args)
-            raise pipeline_error(spec, str(err), locate_in_spec(spec, str(err))) from None
+            message = explain_pipeline_error(str(err), self._known_passes())
+            raise pipeline_error(spec, message, locate_in_spec(spec, str(err))) from None
+
+    def _known_passes(self) -> list[str]:
+        from xdsl.universe import Universe
+
+        return sorted(Universe.get_multiverse().all_passes)
 
     @staticmethod
     def _raw_pipeline(args: Sequence[str] | None) -> str:
@@ -93,7 +123,21 @@ class RpegcMain(xDSLOptMain):
             if self.args.passes:
                 raise UsageError("error: -O runs a preset pipeline; do not combine it with -p")
             self.args.passes = PRESET_PIPELINE
-        super().setup_pipeline()
+        self.pipeline = PassPipeline.parse_spec(self.available_passes, self.args.passes, self._between_passes)
+        self._pass_started = time.perf_counter()
+
+    def _between_passes(self, previous: ModulePass | None, module: ModuleOp, following: ModulePass | None) -> None:
+        """xDSL's pipeline callback, writing to stderr (stdout carries the module) and in .rpeg form."""
+        if self.args.time_passes and previous is not None:
+            sys.stderr.write(f"Pass {previous.name} took {time.perf_counter() - self._pass_started} seconds\n")
+        if not self.args.disable_verify:
+            module.verify()
+        if previous is not None and following is not None and self.args.print_between_passes:
+            from rpegc.dialects.convert import module_to_program
+            from rpegc.syntax.printer import print_program
+
+            sys.stderr.write(f"// ----- IR after {previous.name} -----\n{print_program(module_to_program(module))}\n")
+        self._pass_started = time.perf_counter()
 
     # -- input ----------------------------------------------------------------------------------------------
     def register_all_frontends(self):
@@ -173,8 +217,10 @@ class RpegcMain(xDSLOptMain):
         return self.parse_chunk(chunk, extension, offset)
 
     def prepare_input(self):
-        if self.args.input_file is not None and not os.path.isfile(self.args.input_file):
-            raise UsageError(f"{self.args.input_file}: error: cannot read the input file (no such file)")
+        path = self.args.input_file
+        if path is not None and not os.path.isfile(path):
+            why = "it is a directory" if os.path.isdir(path) else "no such file"
+            raise UsageError(f"{path}: error: cannot read the input file ({why})")
         try:
             return super().prepare_input()
         except ValueError as err:
@@ -273,7 +319,7 @@ def write_atomic(path: str, text: str, protect: str | None = None) -> None:
 def _spec_parse_error_text(spec: str, message: str) -> str:
     """Reformat xDSL's pipeline parse error as `<pipeline>:1:col: error: ...` with a caret."""
     match = re.search(r"pass-pipeline:(\d+):(\d+)", message)
-    col = int(match.group(2)) + 1 if match else 1
+    col = int(match.group(2)) if match else 1  # xDSL already counts columns from 1
     reason = message.strip().splitlines()[-1].strip() if message.strip() else "malformed pipeline"
     return pipeline_error(spec, f"malformed pass pipeline: {reason}", col).text
 

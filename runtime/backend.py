@@ -123,6 +123,14 @@ class Backend(ABC):
         """Largest `memory()` seen per device during the run; empty if unknown."""
         return {}
 
+    def prepare(self, plan: RunPlan) -> RunPlan:
+        """The plan this backend will run, e.g. only the steps after a checkpoint when resuming."""
+        return plan
+
+    def step_metrics(self, step: int) -> dict[str, float]:
+        """What the backend measured in RL step `step` (e.g. the mean reward); empty if nothing."""
+        return {}
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stop the workers. Called once, also when the run failed."""

@@ -3,6 +3,7 @@
     rpeg-run PLAN [--backend sim|torch] [--steps K] [--trace out.jsonl] [--jitter X] [--seed S]
                   [--jitter-dist uniform|lognormal] [--policy auto|plan|alg2]
                   [--reserve destination|endpoints] [--gantt out.png] [--quiet]
+                  [--run-dir DIR] [--checkpoint-every N] [--resume DIR] [--tp-impl auto|megatron|torch]
     rpeg-run verify PLAN TRACE
 
 PLAN is a lowered exec module: `.json` (rpegc --emit=json) or the `.rpeg` text form. The run prints
@@ -50,6 +51,16 @@ def _parser() -> argparse.ArgumentParser:
                         "both endpoints (Table III, torch default)")
     p.add_argument("--gantt", metavar="OUT.png", help="draw predicted and measured Gantt charts (.png/.svg/.pdf)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    t = p.add_argument_group("torch backend")
+    t.add_argument("--run-dir", metavar="DIR", help="checkpoints, worker logs and final weights go here")
+    t.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="checkpoint every N RL steps (default 1 with --run-dir, else none)")
+    t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    t.add_argument("--tp-impl", choices=("auto", "megatron", "torch"), default="auto",
+                   help="tensor parallelism: megatron-core layers (auto: when importable) or plain torch.distributed")
+    t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
+    t.add_argument("--reward", choices=("rule", "model"), default="rule",
+                   help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")
     return p
 
 
@@ -100,9 +111,14 @@ def make_backend(args: argparse.Namespace):
     if args.backend == "sim":
         from rpegc.runtime.backends.sim import SimBackend
 
+        if args.resume or args.run_dir or args.checkpoint_every is not None:
+            raise RpegError(None, "--run-dir, --checkpoint-every and --resume apply to the torch backend only")
+
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:
         raise RpegError(None, "--jitter applies to the sim backend only; the torch backend measures real times")
+    if args.resume and args.run_dir:
+        raise RpegError(None, "--resume DIR continues the run in DIR; do not also give --run-dir")
     try:
         from rpegc.runtime.backends.torch import TorchBackend  # type: ignore[import-not-found]
     except ModuleNotFoundError as e:
@@ -113,7 +129,7 @@ def make_backend(args: argparse.Namespace):
                               "(pip install 'rpegc[runtime]') or use --backend sim") from None
     except ImportError as e:
         raise RpegError(None, f"cannot load the torch backend: {e}; use --backend sim") from None
-    return TorchBackend(seed=args.seed)
+    return TorchBackend.from_args(args)
 
 
 def _run_main(args: argparse.Namespace) -> int:
@@ -123,6 +139,7 @@ def _run_main(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.plan, steps=args.steps)
     backend = make_backend(args)
+    plan = backend.prepare(plan)
     for w in plan.warnings[:5]:
         print(f"{args.plan}: warning: {w}", file=sys.stderr)
     if len(plan.warnings) > 5:
@@ -134,8 +151,10 @@ def _run_main(args: argparse.Namespace) -> int:
         if args.quiet:
             return
         pred = f" (predicted {s.predicted_finish:.6g} s)" if s.predicted_finish is not None else ""
+        measured = backend.step_metrics(s.step)
+        extra = "".join(f", {k} {measured[k]:.4g}" for k in ("reward", "policy_loss", "value_loss") if k in measured)
         print(f"step {s.step} done ({s.steps_done}/{s.steps_total}) at t = {s.finish:.6g} s{pred}, "
-              f"wall {s.wall_s:.3f} s", flush=True)
+              f"wall {s.wall_s:.3f} s{extra}", flush=True)
 
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed}

@@ -88,7 +88,8 @@ def phase_shares(graph: Graph) -> tuple[float, ...]:
                 f"quantile fraction {q.f} must lie in (0, 1] and exceed the previous one ({previous}); "
                 "write the quantiles with strictly increasing cumulative fractions",
             )
-        shares.append(q.f - previous)
+        # Rounding drops float noise (0.15000000000000002) so printed shares read as the user wrote them.
+        shares.append(round(q.f - previous, 12))
         previous = q.f
     if shares and abs(previous - 1.0) > 1e-9:
         raise RpegError(

@@ -49,6 +49,10 @@ def unroll(p: Program, k: int) -> Program:
     return replace(p, exec=exec_graph)
 
 
+# The exec graph grows linearly in K; beyond this it no longer fits in memory or time for any real graph.
+MAX_STEPS = 10_000
+
+
 def _check_unrollable(p: Program, k: int) -> Graph:
     if p.graph is None:
         raise RpegError(None, "there is no rpeg.graph to unroll; add the steady-state graph to the module")
@@ -60,6 +64,9 @@ def _check_unrollable(p: Program, k: int) -> Graph:
         )
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RpegError(p.graph.loc, f"unroll needs K_eval >= 1 steps, got k={k}; use e.g. unroll{{k=8}}")
+    if k > MAX_STEPS:
+        raise RpegError(p.graph.loc, f"unroll{{k={k}}} asks for more than {MAX_STEPS} steps; the score converges "
+                                     "within a few steps (the paper uses K_eval = 8), use e.g. unroll{k=8}")
     for model, tau in p.graph.staleness:
         if tau < 0:
             raise RpegError(

@@ -5,7 +5,7 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
 
 - Plans are grouped by pattern (see `compact`); each group shares one superset graph, so all of its
   configurations have the same nodes and edges and differ only in node times, reserved devices, relays and
-  tie-break keys.
+  tie-break keys. Groups are padded to one node count and scheduled together.
 - Node times are table look-ups and vectorised copies of the core formulas (`transfer.comm_time` with the
   tier of `collectives.span_tier`, `lowering_rules.publication_bytes` as exact integer rounding), written
   to give bit-identical results.
@@ -26,10 +26,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rpegc.core.memory import FROZEN, NONE, SHADOW, TRAINING, copy_bytes, training_state_bytes, transient_bytes
-from rpegc.core.memory import op_memory
+from rpegc.core.memory import (
+    FROZEN,
+    NONE,
+    SHADOW,
+    TRAINING,
+    copy_bytes,
+    op_memory,
+    training_state_bytes,
+    transient_bytes,
+)
 from rpegc.core.score import p_eff, score, score_pen, utilization
-from rpegc.search.compact import DC, OP, PC, PR, CompactVariant, Superset
+from rpegc.search.compact import DC, OP, PC, CompactVariant, Superset
 
 _INF = np.inf
 _BIG = np.iinfo(np.int64).max // 4
@@ -129,15 +137,26 @@ class BatchEvaluator:
         ch = np.asarray(choices, dtype=np.int64).reshape(-1, self.V)
         B = len(ch)
         A = self._allocs(ch)
-        makespan = np.empty(B)
         busy = np.empty(B)
         op_time = np.empty(B)
         keys, inverse = self._patterns(ch, A)
+        parts = []
         for g, key in enumerate(keys):
             rows = np.nonzero(inverse == g)[0]
             sub = {k: x[rows] for k, x in A.items()}
-            ms, bz, ot = self._schedule(self.cv.superset(key), ch[rows], sub)
-            makespan[rows], busy[rows], op_time[rows] = ms, bz, ot
+            G = self._graph(self.cv.superset(key))
+            T, cls, prio, bz, ot = self._node_arrays(G, ch[rows], sub)
+            busy[rows], op_time[rows] = bz, ot
+            parts.append((rows, G, T, cls, prio))
+        makespan = np.empty(B)
+        overlap = self._class_overlap(A)
+        for bucket in _buckets(parts):
+            rows = np.concatenate([p[0] for p in bucket])
+            sub, k = [], 0
+            for r, G, T, cls, prio in bucket:
+                sub.append((np.arange(k, k + len(r)), G, T, cls, prio))
+                k += len(r)
+            makespan[rows] = _run(_stack(sub, len(rows), self.V), overlap[rows], self.V)
         peak = self._memory(ch, A)
         cv = self.cv
         m_eff = cv.hw.M_eff
@@ -175,59 +194,25 @@ class BatchEvaluator:
     # --- patterns ------------------------------------------------------------------------------------
 
     def _patterns(self, ch: np.ndarray, A: dict):
-        """Pattern of every configuration (vectorised `CompactVariant.pattern`), grouped."""
-        cv = self.cv
-        B = len(ch)
-        cols: list[np.ndarray] = []
-        phase = [A["ovl"][:, u, v] == 0 for u, v in cv.phase_pairs]
-        cols += phase
-        reuse_cols: list[list[np.ndarray]] = []
-        for slot in cv.pub_slots:
-            u = slot.publisher
-            act = [self._pub_action(A, u, c) for c in slot.consumers]
-            trainable = slot.model in cv.trainable
-            per = []
-            for j, c in enumerate(slot.consumers):
-                found = np.full(B, -1)
-                for i in range(j - 1, -1, -1):  # the first match wins: scan backwards, keep overwriting
-                    c2 = slot.consumers[i]
-                    same = A["same"][:, c2, c]
-                    hit = ((act[j] == 0) & (act[i] == 0) & same) | (
-                        trainable & (act[j] == 2) & (act[i] == 2) & same & A["lay_eq"][:, c2, c])
-                    found = np.where(hit, i, found)
-                per.append(found)
-            reuse_cols.append(per)
-            cols += per
-        phase_rows = np.stack(phase, axis=1) if phase else np.zeros((B, 0), dtype=bool)
-        present_cols = []
-        uniq_phase, phase_inv = np.unique(phase_rows, axis=0, return_inverse=True)
-        phase_inv = phase_inv.reshape(-1)
-        implied = np.zeros((B, len(cv.stage3)), dtype=bool)
-        for k, row in enumerate(uniq_phase):
-            bits = tuple(bool(x) for x in row)
-            imp = cv._implied.get(bits)
-            if imp is None:
-                from rpegc.search.compact import implied_pairs
+        """Pattern of every configuration, grouped.
 
-                imp = cv._implied[bits] = implied_pairs(cv, bits)
-            implied[phase_inv == k] = imp
-        for k, (m, u, v, _) in enumerate(cv.stage3):
-            present_cols.append(implied[:, k] | (self._pair_action(A, cv.tau.get(m, 0), u, v) != 0))
-        cols += present_cols
-        table = np.stack([c.astype(np.int64) for c in cols], axis=1) if cols else np.zeros((B, 0), dtype=np.int64)
-        uniq, inverse = np.unique(table, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        keys = []
-        P, R = len(phase), sum(len(s.consumers) for s in cv.pub_slots)
-        for row in uniq:
-            ph = tuple(bool(x) for x in row[:P])
-            reuse, k = [], P
-            for s in cv.pub_slots:
-                reuse.append(tuple(None if x < 0 else int(x) for x in row[k:k + len(s.consumers)]))
-                k += len(s.consumers)
-            present = tuple(bool(x) for x in row[P + R:])
-            keys.append((ph, tuple(reuse), present))
-        return keys, inverse
+        A pattern depends only on which vertex allocations are equal or disjoint and which layouts on equal
+        devices are equal (`CompactVariant.relation_pairs`), so configurations are grouped by those
+        relations and `CompactVariant.pattern` runs once per group, on its first configuration."""
+        equal, apart = (np.array(x, dtype=np.int64).reshape(-1, 2) for x in self.cv.relation_pairs)
+        same = A["same"][:, equal[:, 0], equal[:, 1]]
+        relations = np.concatenate(
+            [same, same & A["lay_eq"][:, equal[:, 0], equal[:, 1]], A["ovl"][:, apart[:, 0], apart[:, 1]] == 0], axis=1)
+        _, first, inverse = np.unique(relations, axis=0, return_index=True, return_inverse=True)
+        keys: list = []
+        index: dict = {}
+        group = np.empty(len(first), dtype=np.int64)
+        for g, row in enumerate(first):
+            key = self.cv.pattern(*self.cv.placement(tuple(int(x) for x in ch[row])))
+            group[g] = index.setdefault(key, len(keys))
+            if group[g] == len(keys):
+                keys.append(key)
+        return keys, group[inverse.reshape(-1)]
 
     @staticmethod
     def _pub_action(A: dict, u: int, v: int) -> np.ndarray:
@@ -291,9 +276,9 @@ class BatchEvaluator:
 
     # --- the vectorised list scheduler ---------------------------------------------------------------
 
-    def _schedule(self, s: Superset, ch: np.ndarray, A: dict):
+    def _node_arrays(self, G: _Graph, ch: np.ndarray, A: dict):
+        """Times, reserved classes and tie-break priorities of one pattern group (plus busy and op time)."""
         cv = self.cv
-        G = self._graph(s)
         B, N, V = len(ch), G.n, self.V
         T = np.zeros((B, N + 1))
         relay = np.zeros((B, N), dtype=bool)
@@ -318,14 +303,12 @@ class BatchEvaluator:
             rank[:, grp] = rank[:, grp].max(axis=1)[:, None]
         kind = np.broadcast_to(G.is_op.astype(np.int64), (B, N))
         order = np.lexsort((pos, -rank[:, :N], kind), axis=-1)
-        prio = np.empty((B, N + 1), dtype=np.int64)
-        np.put_along_axis(prio[:, :N], order, np.arange(N)[None, :], axis=1)
-        prio[:, N] = _BIG
-        ms = _run(G, T, cls, prio, self._class_overlap(A), V)
+        prio = np.empty((B, N), dtype=np.int64)
+        np.put_along_axis(prio, order, np.arange(N)[None, :], axis=1)
         sizes = np.append(A["size"], np.zeros((B, 1), dtype=np.int64), axis=1)
         busy = (T[:, :N] * np.take_along_axis(sizes, cls[:, :N], axis=1)).sum(axis=1)
         op_time = T[:, :N][:, G.is_op].sum(axis=1)
-        return ms, busy, op_time
+        return T[:, :N], cls[:, :N], prio, busy, op_time
 
     @staticmethod
     def _class_overlap(A: dict) -> np.ndarray:
@@ -390,57 +373,138 @@ def _round_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return q + up
 
 
-def _run(G: _Graph, T: np.ndarray, cls: np.ndarray, prio: np.ndarray, overlap: np.ndarray, V: int) -> np.ndarray:
-    """Alg. 5 on B configurations at once; returns the makespans."""
-    B, N1 = T.shape
+@dataclass(frozen=True)
+class _Rows:
+    """Every pattern group padded to one node count and stacked: per-row graph tables for `_run`.
+
+    A group with fewer nodes gets isolated relays (no edges, no devices, time 0) on one extra chain; they
+    are scheduled at some step without touching anything. Node index N is the dummy: padding of successor
+    lists and the end of every chain; it never becomes ready."""
+
+    T: np.ndarray  # B x (N+1)
+    cls: np.ndarray  # B x (N+1), class V = no devices
+    prio: np.ndarray  # B x (N+1)
+    succ: np.ndarray  # B x (N+1) x D
+    npred: np.ndarray  # B x (N+1)
+    chain: np.ndarray  # B x (N+1)
+    nxt: np.ndarray  # B x (N+1)
+    heads: np.ndarray  # B x C
+
+
+MIN_BUCKET_ROWS = 256
+
+
+def _buckets(parts):
+    """Pattern groups by node count, so that short graphs do not run the steps of long ones."""
+    parts = sorted(parts, key=lambda x: x[1].n)
+    buckets, current, rows, lowest = [], [], 0, None
+    for part in parts:
+        n = part[1].n
+        if current and rows >= MIN_BUCKET_ROWS and n > 1.1 * lowest:
+            buckets.append(current)
+            current, rows = [], 0
+        if not current:
+            lowest = n
+        current.append(part)
+        rows += len(part[0])
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _stack(parts, B: int, V: int) -> _Rows:
+    N = max(G.n for _, G, _, _, _ in parts)
+    C = max(len(G.heads) + (G.n < N) for _, G, _, _, _ in parts)
+    D = max(G.succ.shape[1] for _, G, _, _, _ in parts)
+    out = _Rows(
+        T=np.zeros((B, N + 1)),
+        cls=np.full((B, N + 1), V, dtype=np.int64),
+        prio=np.full((B, N + 1), _BIG, dtype=np.int64),
+        succ=np.full((B, N + 1, D), N, dtype=np.int64),
+        npred=np.zeros((B, N + 1), dtype=np.int64),
+        chain=np.zeros((B, N + 1), dtype=np.int64),
+        nxt=np.full((B, N + 1), N, dtype=np.int64),
+        heads=np.full((B, C), N, dtype=np.int64),
+    )
+    for rows, G, T, cls, prio in parts:
+        n, c = G.n, len(G.heads)
+        remap = np.arange(G.n + 1)
+        remap[n] = N  # the group's dummy becomes the common dummy
+        out.T[rows, :n] = T
+        out.cls[rows, :n] = cls
+        out.prio[rows, :n] = prio
+        out.succ[rows, :n, : G.succ.shape[1]] = remap[G.succ[:n]]
+        out.npred[rows, :n] = G.npred[:n]
+        out.chain[rows, :n] = G.chain[:n]
+        out.nxt[rows, :n] = remap[G.next_in_chain[:n]]
+        out.heads[rows, :c] = G.heads
+        if n < N:
+            out.chain[rows, n:N] = c
+            out.nxt[rows, n:N] = np.arange(n + 1, N + 1)
+            out.heads[rows, c] = n
+            out.prio[rows, n:N] = np.arange(n, N)
+    out.npred[:, N] = 1 << 30  # never reaches 0 (int32 in _run)
+    return out
+
+
+def _run(R: _Rows, overlap: np.ndarray, V: int) -> np.ndarray:
+    """Alg. 5 on B configurations at once; returns the makespans.
+
+    Chain slots are laid out C x B so the per-step reductions run along contiguous rows. The selected node
+    is found through its priority: among the slots with the minimal EST the smallest priority wins, and
+    priorities are unique per configuration, so `by_prio` maps it back to the node. Index tables are
+    int32 and flat (node index + row offset) to keep the working set small."""
+    B, N1 = R.T.shape
     N = N1 - 1
-    C = len(G.heads)
-    rows = np.arange(B)
-    row_n = rows * N1
-    row_v = rows * (V + 1)
-    row_c = rows * C
-    ready = np.zeros((B, N1))
-    npred = np.broadcast_to(G.npred, (B, N1)).copy()
-    ready_f, npred_f = ready.reshape(-1), npred.reshape(-1)
-    T_f, cls_f, prio_f = T.reshape(-1), cls.reshape(-1), prio.reshape(-1)
-    over_f = overlap.reshape(B * (V + 1), V + 1)
-    head = np.broadcast_to(G.heads, (B, C)).copy()
-    hidx = head + row_n[:, None]
-    head_rt = np.where(npred_f[hidx] == 0, 0.0, _INF)
-    head_cls = cls_f[hidx] + row_v[:, None]  # flat index into class availability
+    C = R.heads.shape[1]
+    D = R.succ.shape[2]
+    i32 = np.int32
+    rows = np.arange(B, dtype=i32)
+    row_n = rows * i32(N1)
+    row_v = rows * i32(V + 1)
+    ready = np.zeros(B * N1)
+    npred = R.npred.astype(i32).reshape(-1)
+    T_f = R.T.reshape(-1)
+    cls_f = (R.cls + row_v[:, None]).astype(i32).reshape(-1)  # flat index into class availability
+    prio_f = R.prio.reshape(-1)
+    by_prio = np.zeros((B, N1), dtype=i32)
+    np.put_along_axis(by_prio, R.prio[:, :N], (np.arange(N)[None, :] + row_n[:, None]).astype(i32), axis=1)
+    by_prio_f = by_prio.reshape(-1)
+    succ_f = (R.succ + row_n[:, None, None]).astype(i32).reshape(B * N1, D)  # successor flat indices
+    chain_f = (R.chain * B + rows[:, None]).astype(i32).reshape(-1)  # flat slot index of each node
+    nxt_f = (R.nxt + row_n[:, None]).astype(i32).reshape(-1)
+    # Availability only grows and every time is >= 0, so max(avail, f * overlap) updates exactly the
+    # classes that share a device with the selected node (f * 0 = 0 never wins, f * 1 = f).
+    over_f = overlap.reshape(B * (V + 1), V + 1).astype(np.float64)
+    hidx = np.ascontiguousarray((R.heads + row_n[:, None]).T, dtype=i32)  # C x B flat node indices
+    head_rt = np.where(npred[hidx] == 0, 0.0, _INF)
+    head_cls = cls_f[hidx]
     head_pr = prio_f[hidx]
     avail = np.zeros((B, V + 1))
     avail_f = avail.reshape(-1)
-    head_f, head_rt_f, head_cls_f, head_pr_f = (x.reshape(-1) for x in (head, head_rt, head_cls, head_pr))
+    head_rt_f, head_cls_f, head_pr_f = (x.reshape(-1) for x in (head_rt, head_cls, head_pr))
     makespan = np.zeros(B)
-    succ, chain, nxt = G.succ, G.chain, G.next_in_chain
     for _ in range(N):
-        est = np.maximum(head_rt, avail_f[head_cls])
-        m = est.min(axis=1)
-        j = np.where(est == m[:, None], head_pr, _BIG).argmin(axis=1)
-        jf = j + row_c
-        v = head_f[jf]
-        vf = v + row_n
-        f = m + T_f[vf]
+        est = np.maximum(head_rt, avail_f.take(head_cls))
+        m = est.min(axis=0)
+        pmin = head_pr.min(axis=0, where=est == m, initial=_BIG)
+        vf = by_prio_f.take(pmin + row_n)
+        jf = chain_f.take(vf)
+        f = m + T_f.take(vf)
         np.maximum(makespan, f, out=makespan)
-        c = head_cls_f[jf] - row_v
-        np.maximum(avail, f[:, None], out=avail, where=over_f[row_v + c])
-        S = succ[v]
-        Sf = S + row_n[:, None]
-        ready_f[Sf] = np.maximum(ready_f[Sf], f[:, None])
-        left = npred_f[Sf] - 1
-        npred_f[Sf] = left
-        newly = left == 0
-        if newly.any():
-            bi, di = np.nonzero(newly)
-            w = S[bi, di]
-            head_rt[bi, chain[w]] = ready_f[w + row_n[bi]]
-        w = nxt[v]
-        wf = w + row_n
-        head_f[jf] = w
-        head_rt_f[jf] = np.where(npred_f[wf] == 0, ready_f[wf], _INF)
-        head_cls_f[jf] = cls_f[wf] + row_v
-        head_pr_f[jf] = prio_f[wf]
+        np.maximum(avail, over_f.take(cls_f.take(vf), axis=0) * f[:, None], out=avail)
+        Sf = succ_f.take(vf, axis=0)
+        ready[Sf] = np.maximum(ready.take(Sf), f[:, None])
+        left = npred.take(Sf) - 1
+        npred[Sf] = left
+        newly = np.nonzero(left == 0)
+        if len(newly[0]):
+            wf = Sf[newly]
+            head_rt_f[chain_f.take(wf)] = ready.take(wf)
+        wf = nxt_f.take(vf)
+        head_rt_f[jf] = np.where(npred.take(wf) == 0, ready.take(wf), _INF)
+        head_cls_f[jf] = cls_f.take(wf)
+        head_pr_f[jf] = prio_f.take(wf)
     return makespan
 
 

@@ -7,24 +7,25 @@ use (`unroll`, `lowering_rules`, `annotate.placement_time`, `transfer`, `residen
 `schedule.prepare_schedule/run_schedule`, `score`); only the graph bookkeeping is compact.
 
 The compact form. The executable graph of a variant under a plan depends on the plan only through a few
-discrete facts: which generation -> inference pairs are disjoint (quantile splitting), which consumers of
-one published version share an installed Comm/Reshard (reuse), and whether a stage-3 pair edge that no
-data path implies is present. Those facts form the *pattern* of a plan. For each pattern one *superset*
+discrete facts: which generation -> inference pairs are disjoint (quantile splitting), which publication
+and pair Reshards reuse a Comm/Reshard that already installs the same version on the same devices (the
+installed-node maps of insert-comm and insert-reshard), and whether a stage-3 pair edge that nothing else
+implies is present. Those facts form the *pattern* of a plan (`CompactVariant.pattern`, a function of
+which vertex allocations are equal or disjoint and which layouts agree). For each pattern one *superset*
 graph is built once: every Comm/Reshard that some plan of the pattern needs is a node. Under a given plan,
 a superset node that the plan does not need (a data edge between identical allocations, a publication or
-pair edge that lowers to a bare precedence) is a *relay*: time 0, no reserved devices, scheduled first
-among equal keys (lowest order key, transfer kind). A relay only forwards its predecessors' finish time,
-exactly like the precedence edge it stands for. Because a relay never changes device availability and its
-key sorts before every real node with the same EST, the list scheduler places the real nodes in the same
-order at the same times as on the lowered graph (proof sketch in `tests/test_search_compact.py`; the
-differential test checks it against the pass pipeline). Order keys reproduce the node order the lowering
-passes create (Comm and Reshard nodes right before their consumer, in creation order), so the scheduler's
-last tie-breaker also agrees.
+pair edge that lowers to a bare precedence) is a *relay*: time 0, no reserved devices, the transfer kind
+and the lowest order key. A relay only forwards its predecessors' finish time, exactly like the
+precedence edge it stands for; it never changes device availability and sorts before every real node
+with the same EST, so the list scheduler places the real nodes in the same order at the same times as on
+the lowered graph (argument in tests/test_search_compact.py; tests/test_search_differential.py checks it
+against the pass pipeline). Order keys reproduce the node order the lowering passes create (Comm and
+Reshard nodes right before their consumer, in creation order), so the last tie-breaker agrees too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Hashable, Optional, Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ from rpegc.core.expr import evaluate as evaluate_expr
 from rpegc.core.hardware import Hardware
 from rpegc.core.lowering_rules import (
     COMM,
-    NONE,
+    DEP,
     RESHARD,
     container_payload,
     data_action,
@@ -48,8 +49,6 @@ from rpegc.core.lowering_rules import (
     publication_action,
     publication_bytes,
     published_weights,
-    same_devices,
-    same_layout,
     weight_bytes,
 )
 from rpegc.core.params import param_count
@@ -66,6 +65,7 @@ Choice = tuple[int, ...]  # one directory index per vertex, in the variant's ver
 
 OP, DC, PC, PR = 0, 1, 2, 3  # superset node kinds: operator, data Comm, publication Comm/Reshard, pair Reshard
 RELAY_KEY = (-1,)  # order key of a relay: below every real node
+STRUCTURE_CACHE = 2048  # prepared scheduler structures kept per variant
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,7 @@ class Evaluation:
     p_eff: float
     r_peak: float
     feasible: bool
-    peak: tuple[float, ...]  # per device, by flat id
-
-    def objective(self, kind: str = "throughput", best_raw: float = 0.0, delta: float = 0.1, hard: bool = False) -> float:
-        """Score_pen (throughput) or Score_eff_pen (util, Eq. 6 with Score_star = max(best_raw, score))."""
-        from rpegc.search.objective import objective_value
-
-        return objective_value(self.score, self.util, self.r_peak, kind, best_raw, delta, hard)
+    peak: Optional[tuple[float, ...]] = None  # per device, by flat id (the batched path leaves it out)
 
 
 @dataclass(frozen=True)
@@ -117,12 +111,30 @@ class Superset:
 
 
 @dataclass(frozen=True)
-class PubSlot:
-    """Consumers of one published version (one key of the lowering's installed-node maps)."""
+class PubInstance:
+    """One unrolled publication edge (in edge order): weights of `model` at `version` from u to v."""
 
     publisher: int  # vertex index of the training vertex
+    consumer: int
     model: str
-    consumers: tuple[int, ...]  # vertex indices, in edge order
+    version: int
+
+
+@dataclass(frozen=True)
+class PairInstance:
+    """One stage-3 pair (u, v) of a trainable model at one step (insert-reshard visiting order)."""
+
+    model: str
+    u: int
+    v: int
+    step: int
+    version: int  # the version a Reshard would install (v's version, else u's, else the step)
+    producer: Optional[str]  # id of the training op producing that version (it precedes the Reshard)
+    producer_implied: bool  # a path producer ->* v exists anyway
+
+
+# Decisions of a pair instance in a pattern (besides ("pub" | "pair", index) for a reused Reshard).
+ABSENT, NODE, DEP_NODE = 0, 1, 2
 
 
 @dataclass
@@ -138,6 +150,7 @@ class CompactVariant:
     _supersets: dict = field(default_factory=dict, repr=False)
     _reshard_times: dict = field(default_factory=dict, repr=False)
     _implied: dict = field(default_factory=dict, repr=False)
+    _structures: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         p = self.program
@@ -160,8 +173,9 @@ class CompactVariant:
             if roles[u] == "generation" and roles[v] == "inference" and (u, v) not in pairs:
                 pairs.append((u, v))
         self.phase_pairs = tuple(pairs) if self.split_on else ()
-        self.pub_slots = self._pub_slots()
-        self.stage3 = self._stage3_pairs()
+        self.pub_instances = self._pub_instances()
+        self.pair_instances = self._pair_instances()
+        self.relation_pairs = self._relation_pairs()
         self.num_devices = p.cluster.num_devices
         self._phase_tables()
 
@@ -171,34 +185,56 @@ class CompactVariant:
     def program(self) -> Program:
         return self.variant.program
 
-    def _pub_slots(self) -> tuple[PubSlot, ...]:
-        """Installed-node keys (model, version) with two or more consumers: the lowering may reuse there."""
+    def _pub_instances(self) -> tuple[PubInstance, ...]:
         p = self.program
         nodes = {n.id: n for n in self.base.nodes}
-        groups: dict[tuple[str, int], list] = {}
+        out = []
         for e in self.base.edges:
-            if e.kind != "pub":
-                continue
-            u = nodes[e.src]
-            key = published_weights(p, e.container, u)
-            groups.setdefault(key, []).append((self.vindex[u.vertex], self.vindex[nodes[e.dst].vertex]))
-        slots = []
-        for (model, _), members in groups.items():
-            publishers = {m[0] for m in members}
-            consumers = tuple(m[1] for m in members)
-            if len(consumers) < 2:
-                continue
-            if len(publishers) != 1:
-                raise NotImplementedError("one published model version with several publishers")
-            slot = PubSlot(publishers.pop(), model, consumers)
-            if slot not in slots:
-                slots.append(slot)
-        return tuple(slots)
+            if e.kind == "pub":
+                u, v = nodes[e.src], nodes[e.dst]
+                model, version = published_weights(p, e.container, u)
+                out.append(PubInstance(self.vindex[u.vertex], self.vindex[v.vertex], model, version))
+        return tuple(out)
 
-    def _stage3_pairs(self) -> tuple[tuple[str, int, int, None], ...]:
-        """Pairs(m) of stage 3 (model, u, v) in the order insert-reshard visits them."""
+    def _pair_instances(self) -> tuple[PairInstance, ...]:
+        """Pairs(m) of stage 3 per step, with the version and producer insert-reshard would use."""
+        nodes = {n.id: n for n in self.base.nodes}
+        producers = {(m, ver): n.id for n in self.base.nodes for m, ver in n.version_out}
+        succ: dict[str, list[str]] = {}
+        for e in self.base.edges:
+            succ.setdefault(e.src, []).append(e.dst)
         ordered = [(v.name, v.model) for v in self.vertices]
-        return tuple((m, self.vindex[u], self.vindex[v], None) for m, u, v in model_pairs(ordered, self.trainable))
+        out = []
+        for model, un, vn in model_pairs(ordered, self.trainable):
+            for step in range(self.steps):
+                u, v = nodes[f"{un}#{step}"], nodes[f"{vn}#{step}"]
+                version = dict(v.version_in).get(model, dict(u.version_in).get(model, step))
+                producer = producers.get((model, version))
+                implied = producer is None or _reaches(succ, producer, v.id)
+                out.append(PairInstance(model, self.vindex[un], self.vindex[vn], step, version, producer, implied))
+        return tuple(out)
+
+    def _relation_pairs(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        """Vertex pairs whose (equality, layout equality on equal devices) can change the pattern, and
+        those whose disjointness can (quantile pairs; stage-3 pairs of a model with tau > 0)."""
+        pairs = set()
+        disjoint_pairs = set(self.phase_pairs)
+        destinations: dict[str, set[int]] = {}
+        for e in self.pub_instances:
+            pairs.add((e.publisher, e.consumer))
+            destinations.setdefault(e.model, set()).add(e.consumer)
+        for e in self.pair_instances:
+            pairs.add((e.u, e.v))
+            destinations.setdefault(e.model, set()).add(e.v)
+            if self.tau.get(e.model, 0) > 0:
+                disjoint_pairs.add((e.u, e.v))
+        for group in destinations.values():  # keys of the installed-node maps
+            pairs.update((a, b) for a in group for b in group)
+
+        def norm(xs):
+            return tuple(sorted({(min(a, b), max(a, b)) for a, b in xs if a != b}))
+
+        return norm(pairs), norm(disjoint_pairs)
 
     def _phase_tables(self) -> None:
         """Per candidate: whole-operator time and quantile phase times, exactly as annotate computes them."""
@@ -214,7 +250,8 @@ class CompactVariant:
                 for q in range(1, len(self.shares) + 1):
                     if d.role == "generation":
                         previous = self.tokens[q - 2] if q > 1 else 0.0
-                        x = generation_phase_time(t.prefill_time, t.decode_time, q, self.tokens[q - 1], previous, self.tokens[q_count - 1])
+                        x = generation_phase_time(t.prefill_time, t.decode_time, q, self.tokens[q - 1], previous,
+                                                  self.tokens[q_count - 1])
                     else:
                         x = inference_phase_time(t.T_op, self.shares[q - 1])
                     table[c, q - 1] = float(x)
@@ -226,37 +263,40 @@ class CompactVariant:
         return [d.allocs[c] for d, c in zip(self.dirs, choice)], [d.strategies[c] for d, c in zip(self.dirs, choice)]
 
     def pattern(self, allocs: Sequence[Alloc], strats: Sequence[Strategy]) -> tuple:
-        """The discrete facts that shape the lowered graph beyond relays (module docstring)."""
+        """The discrete facts that shape the lowered graph beyond relays (module docstring).
+
+        Mirrors the installed-node maps of insert-comm (model, version, destination) and insert-reshard
+        (model, version, destination, layout), which publication Reshards and pair Reshards share."""
         phase = tuple(disjoint(allocs[u], allocs[v]) for u, v in self.phase_pairs)
-        reuse = tuple(self._reuse(slot, allocs, strats) for slot in self.pub_slots)
+        comms: dict = {}
+        reshards: dict = {}
+        pub: list = []
+        for i, e in enumerate(self.pub_instances):
+            u, v = e.publisher, e.consumer
+            action = publication_action(allocs[u], strats[u], allocs[v], strats[v])
+            reuse = None
+            if action == COMM:
+                reuse = comms.setdefault((e.model, e.version, allocs[v]), i)
+            elif action == RESHARD and e.model in self.trainable:
+                reuse = reshards.setdefault((e.model, e.version, allocs[v], strats[v].layout()), ("pub", i))[1]
+            pub.append(None if reuse == i else reuse)
         implied = self._implied.get(phase)
         if implied is None:
             implied = self._implied[phase] = implied_pairs(self, phase)
-        present = tuple(
-            imp or pair_action(self.tau.get(m, 0), allocs[u], strats[u], allocs[v], strats[v]) != NONE
-            for (m, u, v, _), imp in zip(self.stage3, implied)
-        )
-        return (phase, reuse, present)
-
-    def _reuse(self, slot: PubSlot, allocs, strats) -> tuple[Optional[int], ...]:
-        """For each consumer, the earlier consumer whose installed Comm/Reshard it reuses (insert-comm/-reshard keys)."""
-        u = slot.publisher
-        actions = [publication_action(allocs[u], strats[u], allocs[c], strats[c]) for c in slot.consumers]
-        trainable = slot.model in self.trainable
-        out: list[Optional[int]] = []
-        for j, c in enumerate(slot.consumers):
-            found = None
-            for i in range(j):
-                c2 = slot.consumers[i]
-                if actions[j] == COMM and actions[i] == COMM and same_devices(allocs[c2], allocs[c]):
-                    found = i
-                elif (trainable and actions[j] == RESHARD and actions[i] == RESHARD
-                      and same_devices(allocs[c2], allocs[c]) and same_layout(strats[c2], strats[c])):
-                    found = i
-                if found is not None:
-                    break
-            out.append(found)
-        return tuple(out)
+        pair: list = []
+        for j, (e, imp) in enumerate(zip(self.pair_instances, implied)):
+            u, v = e.u, e.v
+            action = pair_action(self.tau.get(e.model, 0), allocs[u], strats[u], allocs[v], strats[v])
+            relay = NODE if e.producer_implied else DEP_NODE
+            if action == RESHARD:
+                key = (e.model, e.version, allocs[v], strats[v].layout())
+                target = reshards.setdefault(key, ("pair", j))
+                pair.append(NODE if target == ("pair", j) else target)
+            elif action == DEP or imp:
+                pair.append(relay)
+            else:
+                pair.append(ABSENT)
+        return (phase, tuple(pub), tuple(pair))
 
     def superset(self, pattern: tuple) -> Superset:
         s = self._supersets.get(pattern)
@@ -270,7 +310,8 @@ class CompactVariant:
         t = self._reshard_times.get(key)
         if t is None:
             m = self.models[model]
-            t = float(reshard_node_time(param_count(m.arch, m.kind), self.program.workload.s_b, alloc, self.hw, self.opts))
+            s_b = self.program.workload.s_b
+            t = float(reshard_node_time(param_count(m.arch, m.kind), s_b, alloc, self.hw, self.opts))
             self._reshard_times[key] = t
         return t
 
@@ -338,8 +379,24 @@ class CompactVariant:
         allocs, strats = self.placement(choice)
         s = self.superset(self.pattern(allocs, strats))
         times, reserved, keys = self.node_times(s, choice, allocs, strats)
-        structure = prepare_schedule(s.is_transfer, reserved, s.edges, s.groups, keys, s.names)
-        return s, times, reserved, run_schedule(structure, times)
+        return s, times, reserved, run_schedule(self._prepared(s, choice, reserved, keys), times)
+
+    def _prepared(self, s: Superset, choice: Choice, reserved: list[int], keys: list[tuple]):
+        """`schedule.prepare_schedule`, reused across plans with the same graph and device overlaps.
+
+        Beyond the superset, the prepared structure depends on which nodes are relays and which order
+        keys they use, and on the overlap structure of the vertex allocations (its device atoms); only
+        the reserved-set sizes (for busy time) change with the allocations themselves."""
+        masks = [self.dirs[v].masks[c] for v, c in enumerate(choice)]
+        key = (s.pattern, tuple(map(id, keys)), venn_cells(masks))
+        structure = self._structures.get(key)
+        if structure is None:
+            structure = prepare_schedule(s.is_transfer, reserved, s.edges, s.groups, keys, s.names)
+            if len(self._structures) >= STRUCTURE_CACHE:
+                self._structures.pop(next(iter(self._structures)))
+            self._structures[key] = structure
+            return structure
+        return replace(structure, sizes=tuple(m.bit_count() for m in reserved))
 
     def evaluate(self, choice: Choice) -> Evaluation:
         """The reference path: one configuration, core functions only."""
@@ -402,6 +459,25 @@ class CompactVariant:
                 return None
             out.append(i)
         return tuple(out)
+
+
+def venn_cells(masks: Sequence[int]) -> frozenset:
+    """The non-empty cells of the Venn diagram of device sets, as the member index sets covering them."""
+    cells: list[tuple[int, tuple[int, ...]]] = []
+    union = 0
+    for i, m in enumerate(masks):
+        refined = []
+        for cell, members in cells:
+            inside, outside = cell & m, cell & ~m
+            if inside:
+                refined.append((inside, members + (i,)))
+            if outside:
+                refined.append((outside, members))
+        if m & ~union:
+            refined.append((m & ~union, (i,)))
+        union |= m
+        cells = refined
+    return frozenset(members for _, members in cells)
 
 
 def _blocker(x: int, start: float, preds: list[int], sched: Schedule, reserved: list[int]) -> Optional[int]:
@@ -473,34 +549,34 @@ def split_stage(cv: CompactVariant, phase_bits: tuple[bool, ...]) -> _Split:
 
 
 def implied_pairs(cv: CompactVariant, phase_bits: tuple[bool, ...]) -> tuple[bool, ...]:
-    """Per stage-3 pair: does a path last(u) ->* first(v) exist at every step without the pair edge?
+    """Per stage-3 pair instance: does a path last(u) ->* first(v) exist without the pair edge?
 
-    Then a bare pair edge adds no precedence and the pair's presence is irrelevant to the schedule."""
+    Then a bare pair edge adds no precedence and its presence is irrelevant to the schedule."""
     sp = split_stage(cv, phase_bits)
     succ: dict[str, list[str]] = {}
     for src, dst, _, _ in sp.edges:
         succ.setdefault(src, []).append(dst)
-
-    def reaches(a: str, b: str) -> bool:
-        stack, seen = [a], {a}
-        while stack:
-            for y in succ.get(stack.pop(), ()):
-                if y == b:
-                    return True
-                if y not in seen:
-                    seen.add(y)
-                    stack.append(y)
-        return False
-
     out = []
-    for _, u, v, _ in cv.stage3:
-        un, vn = cv.vertices[u].name, cv.vertices[v].name
-        out.append(all(reaches(sp.last[(un, k)].id, sp.first[(vn, k)].id) for k in range(cv.steps)))
+    for e in cv.pair_instances:
+        un, vn = cv.vertices[e.u].name, cv.vertices[e.v].name
+        out.append(_reaches(succ, sp.last[(un, e.step)].id, sp.first[(vn, e.step)].id))
     return tuple(out)
 
 
+def _reaches(succ: dict[str, list[str]], a: str, b: str) -> bool:
+    stack, seen = [a], {a}
+    while stack:
+        for y in succ.get(stack.pop(), ()):
+            if y == b:
+                return True
+            if y not in seen:
+                seen.add(y)
+                stack.append(y)
+    return False
+
+
 def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
-    phase_bits, reuse, present = pattern
+    phase_bits, pub_reuse, pair_decisions = pattern
     p = cv.program
     vindex = cv.vindex
     sp = split_stage(cv, phase_bits)
@@ -516,15 +592,9 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
         b.add(OP, vindex[n.vertex], -1, n.phase or 0, n.role, 0, None, n.step,
               (n.step, n.order, i, 2, 0, 0), None, group, n.id)
 
-    # Stages 2 and 4 (insert-comm, insert-reshard on publication edges), in edge order.
-    slot_of = {(s.publisher, s.model, s.consumers): k for k, s in enumerate(cv.pub_slots)}
-    members: dict[tuple[str, int], list[int]] = {}
-    for src, dst, kind, container in edges1:
-        if kind == "pub":
-            key = published_weights(p, container, node_of[src])
-            members.setdefault(key, []).append(vindex[node_of[dst].vertex])
-    installed: dict[tuple[str, int, int], int] = {}
-    seen_members: dict[tuple[str, int], int] = {}
+    # Stages 2 and 4 (insert-comm, and insert-reshard on publication edges), in edge order.
+    pub_node: dict[int, int] = {}
+    k = 0
     for pos, (src, dst, kind, container) in enumerate(edges1):
         u, v = node_of[src], node_of[dst]
         ui, vi = op_index[src], op_index[dst]
@@ -535,58 +605,58 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
             b.edge(ui, c)
             b.edge(c, vi)
         elif kind == "pub":
-            key = published_weights(p, container, u)
-            model = key[0]
-            j = seen_members.get(key, 0)
-            seen_members[key] = j + 1
-            consumers = tuple(members[key])
-            reuse_of = None
-            if len(consumers) >= 2:
-                slot = slot_of[(vindex[u.vertex], model, consumers)]
-                reuse_of = reuse[slot][j]
-            if reuse_of is not None:
-                b.edge(installed[(model, key[1], reuse_of)], vi)
-                continue
-            c = b.add(PC, vindex[v.vertex], vindex[u.vertex], 0, "", 0, model, v.step,
-                      (v.step, v.order, vi, 0, pos, 0), (v.step, v.order, vi, 1, 0, pos), None, f"pub {src}->{dst}")
-            installed[(model, key[1], j)] = c
-            b.edge(ui, c)
-            b.edge(c, vi)
+            e = cv.pub_instances[k]
+            reuse = pub_reuse[k]
+            if reuse is not None:
+                b.edge(pub_node[reuse], vi)
+            else:
+                c = b.add(PC, e.consumer, e.publisher, 0, "", 0, e.model, v.step,
+                          (v.step, v.order, vi, 0, pos, 0), (v.step, v.order, vi, 1, 0, pos), None,
+                          f"pub {src}->{dst}")
+                pub_node[k] = c
+                b.edge(ui, c)
+                b.edge(c, vi)
+            k += 1
         else:
             b.edge(ui, vi)
 
-    # Stage 3 (insert-reshard pair edges): per pair, per step, after every publication edge.
-    created = 0
-    for (model, u_vertex, v_vertex, _), on in zip(cv.stage3, present):
-        for step in range(cv.steps):
-            uk = (cv.vertices[u_vertex].name, step)
-            vk = (cv.vertices[v_vertex].name, step)
-            if uk not in first or vk not in first:
-                continue
-            u, v = last[uk], first[vk]
-            if not on:
-                continue
-            vi = op_index[v.id]
-            c = b.add(PR, v_vertex, u_vertex, 0, "", 0, model, v.step,
-                      (v.step, v.order, vi, 1, 1, created), (v.step, v.order, vi, 1, 1, created), None,
-                      f"pair {u.id}->{v.id}")
-            created += 1
-            b.edge(op_index[u.id], c)
-            b.edge(c, vi)
+    # Stage 3 (insert-reshard pair edges): per pair and step, after every publication edge.
+    pair_node: dict[int, int] = {}
+    producer_index = {n.id: op_index[last[(n.vertex, n.step)].id] for n in cv.base.nodes}
+    for j, (e, decision) in enumerate(zip(cv.pair_instances, pair_decisions)):
+        u = last[(cv.vertices[e.u].name, e.step)]
+        v = first[(cv.vertices[e.v].name, e.step)]
+        ui, vi = op_index[u.id], op_index[v.id]
+        if decision == ABSENT:
+            continue
+        if isinstance(decision, tuple):  # a Reshard already installs this version: reuse it
+            target = pub_node[decision[1]] if decision[0] == "pub" else pair_node[decision[1]]
+            b.edge(ui, vi)
+            b.edge(target, vi)
+            continue
+        key = (v.step, v.order, vi, 1, 1, j)
+        c = b.add(PR, e.v, e.u, 0, "", 0, e.model, v.step, key, key, None, f"pair {u.id}->{v.id}")
+        pair_node[j] = c
+        b.edge(ui, c)
+        b.edge(c, vi)
+        if decision == NODE and e.producer is not None:
+            b.edge(producer_index[e.producer], c)
     return b.build(pattern)
+
+
+_COLUMNS = ("kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names")
 
 
 class _Builder:
     def __init__(self) -> None:
-        self.cols: dict[str, list] = {k: [] for k in (
-            "kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names")}
+        self.cols: dict[str, list] = {k: [] for k in _COLUMNS}
         self.edges: list[tuple[int, int]] = []
 
     def add(self, kind, vertex, src, phase, role, nbytes, model, step, key, reshard_key, group, name) -> int:
         i = len(self.cols["kind"])
+        group = group if group is not None else ("node", i)
         for col, value in zip(
-            ("kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names"),
-            (kind, vertex, src, phase, role, nbytes, model, step, key, reshard_key, group if group is not None else ("node", i), name),
+            _COLUMNS, (kind, vertex, src, phase, role, nbytes, model, step, key, reshard_key, group, name)
         ):
             self.cols[col].append(value)
         return i

@@ -24,7 +24,6 @@ from rpegc.core.candidates import enumerate_candidates
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import Hardware
-from rpegc.core.memory import OpMemory
 from rpegc.core.optime import OpTime
 from rpegc.core.program import Alloc, Program, Strategy, Vertex
 from rpegc.core.residency import OpPlacement, device_memory
@@ -90,9 +89,11 @@ def fixed_microbatch(role: str, pp: int) -> int:
 
 
 def build_directory(
-    p: Program, v: Vertex, hw: Hardware, opts: CostOptions, mb_rule: str = MB_TUNED
+    p: Program, v: Vertex, hw: Hardware, opts: CostOptions, mb_rule: str = MB_TUNED, memory_filter: bool = True
 ) -> VertexDirectory:
-    """X_cand(v) sorted by T_op (ties keep the core enumeration order)."""
+    """X_cand(v) sorted by T_op (ties keep the core enumeration order).
+
+    `memory_filter=False` keeps every legal choice (to evaluate arbitrary legal plans)."""
     if p.cluster is None:
         raise RpegError(p.graph.loc if p.graph else None, "the optimizer needs an rpeg.cluster to place vertices on")
     model = p.model(v.model)
@@ -112,11 +113,18 @@ def build_directory(
             mem = device_memory((placement,), models, {}, p.cluster, p.workload, hw, opts)
             priced[key] = (t, mem.r_peak)
         t, r_peak = priced[key]
-        if r_peak > 1.0:
+        if memory_filter and r_peak > 1.0:
             best_bad = min(best_bad, r_peak)
             dropped += 1
             continue
         keep.append((float(t.T_op), i, a, s, t, r_peak))
+    if not keep and not dropped:
+        raise RpegError(
+            v.loc,
+            f"vertex @{v.name} ({v.role} of @{v.model}) has no legal execution choice (P1-P8) on cluster "
+            f"@{p.cluster.name}; check that the batch B admits a data-parallel degree and the model's layer "
+            "count a pipeline split, or change the cluster shape",
+        )
     if not keep:
         raise RpegError(
             v.loc,

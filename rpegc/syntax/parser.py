@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from lark import Lark, Token, Tree
-from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternStr
 
 from rpegc.core import presets
@@ -65,6 +65,9 @@ _TERMINAL_WORDS = {
 }
 _MAX_EXPECTED = 12
 MAX_EXPR_DEPTH = 200
+# Sizes (batch, lengths, cluster shape, architecture, parallel degrees, allocations, steps) above this
+# describe no real system; bounding them keeps the checks that enumerate divisors instant.
+MAX_SIZE = 2**40
 
 
 @functools.cache
@@ -86,8 +89,7 @@ def parse(text: str, file: str = "<input>") -> Program:
         tree = _lark().parse(text, start="start")
     except UnexpectedInput as err:
         raise _syntax_error(err, text, file) from None
-    except LarkError as err:  # defensive: lark reports every input problem as UnexpectedInput
-        raise RpegError(Loc(file, 1, 1), f"cannot parse the input: {err}") from None
+    # Any other LarkError is a bug in the grammar or the parser, not bad input: it is not caught here.
     return _Builder(file).program(tree)
 
 
@@ -97,8 +99,6 @@ def parse_expr(text: str, file: str = "<expr>") -> Expr:
         tree = _lark().parse(text, start="expr_only")
     except UnexpectedInput as err:
         raise _syntax_error(err, text, file) from None
-    except LarkError as err:
-        raise RpegError(Loc(file, 1, 1), f"cannot parse the size expression: {err}") from None
     builder = _Builder(file)
     try:
         return builder.size_expr(tree.children[0])
@@ -339,8 +339,10 @@ class _Builder:
         plan = self.finish_plan(plans[0], graph, cluster) if plans else None
         exec_graph = self.finish_exec(execs[0], model_names, graph) if execs else None
         if not self.saw_workload:
+            # At the first statement, not at 1:1: a chunk of --split-input-file starts further down.
+            first = self.loc(tree.children[0]) if tree.children else Loc(self.file, 1, 1)
             self.report(
-                Loc(self.file, 1, 1),
+                first,
                 "the module has no rpeg.workload; add one, e.g. "
                 "`rpeg.workload {B = 512, R = 1, Lp = 128, Lr = 384, dtype = bf16}`",
             )
@@ -398,11 +400,12 @@ class _Builder:
 
     # -- numbers --------------------------------------------------------------------------------
 
-    def int_of(self, tree: Tree, what: str, minimum: Optional[int] = None) -> int:
-        """A signed_int / neg_int tree; `minimum` gives a located error naming `what`."""
+    def int_of(self, tree: Tree, what: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+        """A signed_int / neg_int tree; `minimum`/`maximum` give a located error naming `what`."""
         tok = tree.children[0]
         value = -self.int_token(tok) if tree.data == "neg_int" else self.int_token(tok)
         self.check_min(value, minimum, what, self.loc(tree))
+        self.check_max(value, maximum, what, self.loc(tree))
         return value
 
     def int_token(self, tok: Token) -> int:
@@ -410,6 +413,10 @@ class _Builder:
             return int(tok)
         except ValueError:  # Python refuses to convert integers of more than ~4300 digits
             self.fail(self.loc(tok), f"the integer {str(tok)[:20]}... has {len(tok)} digits, too many; use a smaller number")
+
+    def check_max(self, value: int, maximum: Optional[int], what: str, loc: Loc) -> None:
+        if maximum is not None and value > maximum:
+            self.fail(loc, f"{what} = {value} is larger than any real system (at most {maximum}); use a smaller value")
 
     def check_min(self, value: int, minimum: Optional[int], what: str, loc: Loc) -> None:
         if minimum is None or value >= minimum:
@@ -462,11 +469,12 @@ class _Builder:
             self.fail(loc, f"{what} needs '{key}', e.g. `{example}`")
         return attrs[key]
 
-    def attr_int(self, a: _Attr, what: str, minimum: Optional[int] = 1) -> int:
+    def attr_int(self, a: _Attr, what: str, minimum: Optional[int] = 1, maximum: Optional[int] = None) -> int:
         if a.kind != "number" or a.token.type != "INT":
             self.fail(a.at, f"'{a.key}' of {what} must be an integer, found {self.attr_text(a)}")
         value = -self.int_token(a.token) if a.negative else self.int_token(a.token)
         self.check_min(value, minimum, f"'{a.key}' of {what}", a.at)
+        self.check_max(value, maximum, f"'{a.key}' of {what}", a.at)
         return value
 
     def attr_float(self, a: _Attr, what: str) -> float:
@@ -515,7 +523,7 @@ class _Builder:
         what = "rpeg.workload"
         attrs = self.attrs(item.children[0], what, ("B", "R", "Lp", "Lr", "dtype"))
         example = "rpeg.workload {B = 512, R = 1, Lp = 128, Lr = 384, dtype = bf16}"
-        values = {k: self.attr_int(self.need(attrs, k, what, loc, example), what) for k in SYMBOLS}
+        values = {k: self.attr_int(self.need(attrs, k, what, loc, example), what, maximum=MAX_SIZE) for k in SYMBOLS}
         dtype = self.attr_word(attrs["dtype"], what, tuple(DTYPE_BYTES)) if "dtype" in attrs else "bf16"
         return Workload(values["B"], values["R"], values["Lp"], values["Lr"], dtype, loc=loc)
 
@@ -528,7 +536,7 @@ class _Builder:
         kind_attr = self.need(attrs, "kind", what, loc, f"rpeg.model @{name} {{arch = \"llama2-7b\", kind = policy}}")
         kind = self.attr_word(kind_attr, what, MODEL_KINDS)
         trainable = self.attr_bool(attrs["trainable"], what) if "trainable" in attrs else False
-        fields = {k: self.attr_int(attrs[k], what) for k in ARCH_FIELDS if k in attrs}
+        fields = {k: self.attr_int(attrs[k], what, maximum=MAX_SIZE) for k in ARCH_FIELDS if k in attrs}
         preset = None
         if "arch" in attrs:
             preset = self.attr_text_value(attrs["arch"], what)
@@ -560,7 +568,10 @@ class _Builder:
         what = f"cluster @{name}"
         attrs = self.attrs(attr_tree, what, ("racks", "nodes", "gpus", "hardware"))
         example = f'rpeg.cluster @{name} {{racks = 1, nodes = 2, gpus = 4, hardware = "gh200"}}'
-        sizes = {k: self.attr_int(self.need(attrs, k, what, loc, example), what) for k in ("racks", "nodes", "gpus")}
+        sizes = {
+            k: self.attr_int(self.need(attrs, k, what, loc, example), what, maximum=MAX_SIZE)
+            for k in ("racks", "nodes", "gpus")
+        }
         hardware = self.attr_text_value(self.need(attrs, "hardware", what, loc, example), what)
         return Cluster(name, sizes["racks"], sizes["nodes"], sizes["gpus"], hardware, loc=loc)
 
@@ -767,11 +778,17 @@ class _Builder:
 
     def triple(self, tree: Tree, what: str, owner: str, minimum: int) -> tuple[int, int, int]:
         """`(rack, node, gpu)`; messages read e.g. "origin node of @gen must not be negative"."""
-        a, b, c = (self.int_of(t, f"{what} {dim} of {owner}", minimum) for t, dim in zip(tree.children, ("rack", "node", "gpu")))
+        a, b, c = (
+            self.int_of(t, f"{what} {dim} of {owner}", minimum, MAX_SIZE)
+            for t, dim in zip(tree.children, ("rack", "node", "gpu"))
+        )
         return (a, b, c)
 
     def strategy(self, tree: Tree, what: str) -> Strategy:
-        dp, pp, tp, mb = (self.int_of(t, f"{key} of {what}", minimum=1) for t, key in zip(tree.children, ("dp", "pp", "tp", "mb")))
+        dp, pp, tp, mb = (
+            self.int_of(t, f"{key} of {what}", minimum=1, maximum=MAX_SIZE)
+            for t, key in zip(tree.children, ("dp", "pp", "tp", "mb"))
+        )
         return Strategy(dp, pp, tp, mb)
 
     def finish_plan(self, parts, graph: Optional[Graph], cluster: Optional[Cluster]) -> Plan:
@@ -792,7 +809,7 @@ class _Builder:
 
     def exec_graph(self, item: Tree) -> tuple[ExecGraph, dict]:
         name_tok, steps_tree, lowered_tree, *body = item.children
-        parts = _ExecParts(steps=self.int_of(steps_tree, "steps of exec.graph", minimum=1))
+        parts = _ExecParts(steps=self.int_of(steps_tree, "steps of exec.graph", minimum=1, maximum=MAX_SIZE))
         for stmt in body:
             try:
                 self.exec_statement(stmt, parts)

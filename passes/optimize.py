@@ -1,0 +1,99 @@
+"""optimize: the joint structure and plan search of Sec. VI / App. A-J (Alg. 1, 6, 7).
+
+Runs on the cyclic graph (before unroll) and replaces any existing plan: it writes the chosen structure
+(actor-critic sharing applied when chosen, tau into rpeg.staleness) and a new rpeg.plan, so the rest of
+the pipeline lowers it. Options:
+
+  budget=60        wall-clock seconds for the search (0: no time limit), split evenly over the variants
+  evals=0          total uncached evaluations (0: no limit); with both set, whichever ends first
+  seed=0           random seed: the same seed and evaluation budget give the same result
+  objective=throughput | util     Score_pen (Eq. 5) or the throughput x utilization score (Eq. 6)
+  delta=0.1        allowed throughput loss of objective=util
+  taus=0,1         staleness candidates per trainable model (S2)
+  ac=true          consider actor-critic parameter sharing (S1, when an actor and a critic exist)
+  steps=8          K_eval, the unrolled horizon the plans are scored on (use the same k in unroll{k=..})
+  ablate=""        comma list of Table IV ablations A1..A9 (e.g. ablate="A4,A7")
+  baseline=none | greedy | concurrent   write that baseline plan instead of searching
+  hardware=""      hardware profile override (default: the cluster's)
+  progress=false   show the progress bar even when stderr is not a terminal
+  summary=true     print the summary table on stderr at the end
+
+If no memory-feasible plan is found, the pass fails with the best peak reached and what to change.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import load_hardware
+from rpegc.core.program import Program
+from rpegc.passes.program_pass import transform
+from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, parse_ablations
+
+
+@dataclass(frozen=True)
+class OptimizePass(ModulePass):
+    name = "optimize"
+
+    budget: int | float = 60
+    evals: int = 0
+    seed: int = 0
+    objective: str = "throughput"
+    delta: int | float = 0.1
+    taus: tuple[int, ...] = (0, 1)
+    ac: bool = True
+    steps: int = 8
+    ablate: str = ""
+    baseline: str = "none"
+    hardware: str = ""
+    progress: bool = False
+    summary: bool = True
+
+    def options(self) -> OptimizeOptions:
+        return OptimizeOptions(
+            budget_s=float(self.budget),
+            evals=self.evals,
+            seed=self.seed,
+            objective=self.objective,
+            delta=float(self.delta),
+            taus=tuple(self.taus),
+            ac=self.ac,
+            steps=self.steps,
+            ablate=parse_ablations(self.ablate),
+            baseline=self.baseline,
+        )
+
+    def run(self, p: Program) -> Program:
+        try:
+            options = self.options()
+            check_options(options)
+        except RpegError as err:  # option errors have no source location: point at the graph
+            raise RpegError(p.graph.loc if p.graph else err.loc, f"optimize: {err.message}") from None
+        if p.cluster is None:
+            raise RpegError(p.graph.loc if p.graph else None, "optimize needs an rpeg.cluster; add one to the module")
+        hw = load_hardware(self.hardware or p.cluster.hardware, p.cluster.loc)
+        if self.progress or sys.stderr.isatty():
+            from rpegc.search.report import ProgressBar
+
+            with ProgressBar(options.budget_s, options.evals, force=self.progress) as bar:
+                result = optimize(p, options, hw, CostOptions(), on_round=bar.update)
+        else:
+            result = optimize(p, options, hw, CostOptions())
+        if self.summary:
+            from rpegc.search.report import print_summary
+
+            print_summary(result)
+        plan = result.program.plan
+        if p.plan is not None:  # keep the user's plan name and location for readable output
+            plan = type(plan)(p.plan.name, plan.graph, plan.cluster, plan.placements, p.plan.loc)
+        return type(p)(p.workload, result.program.models, result.program.graph, p.cluster, plan, None, p.file)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        transform(self.name, op, self.run)

@@ -1,0 +1,177 @@
+"""The greedy and concurrent baselines (Sec. VIII-B) and the SA seed (Alg. 1 line 7, App. A-J2h).
+
+- greedy: every invocation runs on the full GPU set with its fastest strategy there, so the scheduler runs
+  the invocations one after another. "Feasible" is isolated feasibility (the directory's filter); when the
+  co-resident state of the models then does not fit, the plan is repaired deterministically by switching,
+  one vertex at a time, to the full-set candidate that lowers the peak most. It may still be infeasible
+  (the paper reports such baselines as OOM).
+- concurrent: vertices are grouped by depth in the within-step data DAG (a group has no data dependency
+  inside it and can run in parallel); each group partitions the device space into disjoint allocations,
+  choosing the sizes that minimise the group's estimated time max_v T_op(v), then aligned first-fit
+  packing. The estimated step time is the sum over groups. If the joint plan does not fit in memory, group
+  partitions are exchanged for the next best ones while that lowers the peak.
+Both only use directory entries, so their plans are legal (P1-P8).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+from rpegc.search.compact import Choice, CompactVariant
+
+OPTIONS_PER_GROUP = 24
+MAX_SIZE_TUPLES = 200_000
+
+
+@dataclass(frozen=True)
+class BaselinePlan:
+    name: str
+    choice: Choice
+    estimated_time: float  # the heuristic's own estimate (sum of group maxima of T_op)
+
+
+def greedy_plan(cv: CompactVariant) -> BaselinePlan:
+    """Fastest full-GPU-set choice per vertex (largest allocation if none covers every GPU)."""
+    options = []
+    for d in cv.dirs:
+        full = int(d.sizes.max())
+        options.append([i for i in range(len(d)) if d.sizes[i] == full])
+    choice = [opts[0] for opts in options]
+    choice = _repair_memory(cv, choice, options)
+    total = sum(float(d.t_op[c]) for d, c in zip(cv.dirs, choice))
+    return BaselinePlan("greedy", tuple(choice), total)
+
+
+def concurrency_groups(cv: CompactVariant) -> list[list[int]]:
+    """Vertices grouped by longest data-edge path from a source (vertex indices, topological order)."""
+    g = cv.program.graph
+    depth = {v.name: 0 for v in cv.vertices}
+    for v in cv.vertices:  # topological order
+        for e in g.data_edges:
+            if e.src == v.name:
+                depth[e.dst] = max(depth[e.dst], depth[v.name] + 1)
+    groups: dict[int, list[int]] = {}
+    for i, v in enumerate(cv.vertices):
+        groups.setdefault(depth[v.name], []).append(i)
+    return [groups[k] for k in sorted(groups)]
+
+
+def concurrent_plan(cv: CompactVariant) -> BaselinePlan:
+    """Disjoint allocations inside each concurrency group, sizes minimising the estimated step time."""
+    per_group = [_group_options(cv, members) for members in concurrency_groups(cv)]
+    choice = [0] * len(cv.vertices)
+    for options in per_group:
+        for v, c in options[0][1]:
+            choice[v] = c
+    choice = _repair_groups(cv, choice, per_group)
+    estimate = sum(max(float(cv.dirs[v].t_op[choice[v]]) for v, _ in options[0][1]) for options in per_group)
+    return BaselinePlan("concurrent", tuple(choice), estimate)
+
+
+def _group_options(cv: CompactVariant, members: list[int]) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
+    """Up to OPTIONS_PER_GROUP packable disjoint assignments, best estimated group time first."""
+    n_dev = cv.num_devices
+    best_by_size: list[dict[int, int]] = []  # per member: size -> strategy group with the smallest T_op
+    for v in members:
+        d = cv.dirs[v]
+        sizes: dict[int, int] = {}
+        for g, idx in enumerate(d.by_strategy):
+            size = int(d.sizes[idx[0]])
+            if size not in sizes or d.t_op[idx[0]] < d.t_op[d.by_strategy[sizes[size]][0]]:
+                sizes[size] = g
+        best_by_size.append(sizes)
+    size_lists = [sorted(s) for s in best_by_size]
+    while _product(len(x) for x in size_lists) > MAX_SIZE_TUPLES:
+        widest = max(range(len(size_lists)), key=lambda i: len(size_lists[i]))
+        by_time = sorted(size_lists[widest], key=lambda s: cv.dirs[members[widest]].t_op[
+            cv.dirs[members[widest]].by_strategy[best_by_size[widest][s]][0]])
+        size_lists[widest] = sorted(by_time[: len(by_time) // 2 or 1])
+    tuples = []
+    for sizes in itertools.product(*size_lists):
+        if sum(sizes) > n_dev:
+            continue
+        t = max(float(cv.dirs[v].t_op[cv.dirs[v].by_strategy[best_by_size[k][s]][0]])
+                for k, (v, s) in enumerate(zip(members, sizes)))
+        tuples.append((t, sum(sizes), sizes))
+    tuples.sort()
+    options = []
+    for t, _, sizes in tuples:
+        packed = _pack(cv, members, [best_by_size[k][s] for k, s in enumerate(sizes)])
+        if packed is not None:
+            options.append((t, packed))
+            if len(options) >= OPTIONS_PER_GROUP:
+                break
+    if not options:  # the members do not fit side by side: they share devices and run one after another
+        fastest = tuple((v, 0) for v in members)
+        options.append((sum(float(cv.dirs[v].t_op[0]) for v in members), fastest))
+    return options
+
+
+def _pack(cv: CompactVariant, members: list[int], groups: list[int]) -> Optional[tuple[tuple[int, int], ...]]:
+    """Aligned first fit, largest allocation first; None if the blocks do not fit side by side."""
+    sizes = [int(cv.dirs[v].sizes[cv.dirs[v].by_strategy[g][0]]) for v, g in zip(members, groups)]
+    order = sorted(range(len(members)), key=lambda k: (-sizes[k], k))
+    used = 0
+    picks: dict[int, int] = {}
+    for k in order:
+        d = cv.dirs[members[k]]
+        for c in d.by_strategy[groups[k]]:
+            if not d.masks[c] & used:
+                used |= d.masks[c]
+                picks[members[k]] = c
+                break
+        else:
+            return None
+    return tuple((v, picks[v]) for v in members)
+
+
+def _r_peak(cv: CompactVariant, choice) -> float:
+    allocs, strats = cv.placement(tuple(choice))
+    return cv.memory(allocs, strats).r_peak
+
+
+def _repair_memory(cv: CompactVariant, choice: list[int], options: list[list[int]]) -> list[int]:
+    """Per-vertex coordinate descent on r_peak until the plan fits or nothing lowers the peak."""
+    current = _r_peak(cv, choice)
+    while current > 1.0:
+        best = (current, None, None)
+        for v, opts in enumerate(options):
+            for alt in opts:
+                trial = list(choice)
+                trial[v] = alt
+                r = _r_peak(cv, trial)
+                if r < best[0]:
+                    best = (r, v, alt)
+        if best[1] is None:
+            break
+        choice[best[1]] = best[2]
+        current = best[0]
+    return choice
+
+
+def _repair_groups(cv: CompactVariant, choice: list[int], per_group) -> list[int]:
+    """Exchange whole-group partitions for later (slower) ones while that lowers the peak."""
+    current = _r_peak(cv, choice)
+    while current > 1.0:
+        best = (current, None)
+        for options in per_group:
+            for _, assignment in options[1:]:
+                trial = list(choice)
+                for v, c in assignment:
+                    trial[v] = c
+                r = _r_peak(cv, trial)
+                if r < best[0]:
+                    best = (r, trial)
+        if best[1] is None:
+            break
+        current, choice = best
+    return choice
+
+
+def _product(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out

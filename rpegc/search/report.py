@@ -1,0 +1,101 @@
+"""The optimizer's summary table and progress bar (stderr), as plain rows and as a rich rendering.
+
+Rows: the chosen structure, best score and objective, gains over the greedy and concurrent baselines
+(Sec. VIII-B; "OOM" when a baseline does not fit), makespan, peak memory, utilization, evaluations,
+evaluations per second and the cache hit rate.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional, TextIO
+
+from rpegc.search.anneal import SearchState
+from rpegc.search.optimizer import BaselineResult, OptimizeResult
+
+GIB = 1024**3
+
+
+def _gain(result: OptimizeResult, base: Optional[BaselineResult]) -> str:
+    if base is None:
+        return "n/a"
+    b = base.evaluation
+    if not b.feasible:
+        return f"baseline OOM (r_peak {b.r_peak:.2f}); {b.score:,.0f} tok/s if it fit"
+    gain = result.evaluation.score / b.score - 1.0
+    return f"{gain:+.1%} ({b.score:,.0f} tok/s)"
+
+
+def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
+    e = result.evaluation
+    peak = max(e.peak) if e.peak else e.r_peak
+    s = result.stats
+    rows = [
+        ("structure", f"{result.variant.label()}  ({result.source})"),
+        ("score", f"{e.score:,.0f} tokens/s  (makespan {e.makespan:.3f} s over the horizon)"),
+        ("objective", f"{result.objective} = {result.value:,.4g}"),
+        ("gain over greedy", _gain(result, result.greedy)),
+        ("gain over concurrent", _gain(result, result.concurrent)),
+        ("memory peak", f"{peak / GIB:.1f} GiB per GPU, r_peak = {e.r_peak:.3f}" + ("" if e.feasible else "  (OOM)")),
+        ("utilization", f"{e.util:.1%}  (P_eff {e.p_eff:.2f})"),
+        ("evaluations", f"{s.evaluations:,} in {result.seconds:.1f} s: {s.evaluations / max(result.seconds, 1e-9):,.0f}/s "
+                        f"overall, {s.rate:,.0f}/s inside the evaluator"),
+        ("cache hit rate", f"{s.hit_rate:.1%}  ({s.hits:,} hits)"),
+        ("search", f"{result.chains} chains, {result.rounds} rounds"),
+    ]
+    for label, best in result.variants:
+        rows.append((f"  {label}", f"{best.score:,.0f} tokens/s" if best is not None else "no feasible plan"))
+    return rows
+
+
+def summary_text(result: OptimizeResult) -> str:
+    rows = summary_rows(result)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def print_summary(result: OptimizeResult, file: TextIO = sys.stderr) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rpegc optimize", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in summary_rows(result):
+        table.add_row(k, v)
+    Console(file=file, width=None if file.isatty() else 110).print(table)
+
+
+class ProgressBar:
+    """A rich progress bar over the search budget (seconds or evaluations), on stderr."""
+
+    def __init__(self, budget_s: float, evals: int, file: TextIO = sys.stderr, force: bool = False):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.budget_s, self.evals = budget_s, evals
+        self.start = time.perf_counter()
+        self.progress = Progress(
+            TextColumn("optimize"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+            console=Console(file=file, force_terminal=force or None), transient=True,
+        )
+        self.task = self.progress.add_task("optimize", total=1.0, info="")
+
+    def __enter__(self) -> "ProgressBar":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def update(self, state: SearchState) -> None:
+        done = 0.0
+        if self.budget_s > 0:
+            done = max(done, (time.perf_counter() - self.start) / self.budget_s)
+        if self.evals > 0:
+            done = max(done, state.evaluator.stats.evaluations / self.evals)
+        best = f"best {state.best.evaluation.score:,.0f} tok/s" if state.best else "no feasible plan yet"
+        info = f"{state.evaluator.stats.evaluations:,} evals, {best}"
+        self.progress.update(self.task, completed=min(1.0, done), info=info)

@@ -1,0 +1,840 @@
+"""The torch execution backend: real worker processes, models, RL math and transfers (paper Sec. VII,
+Alg. 2; DESIGN.md Section 7; issue 8).
+
+`TorchBackend` implements `rpegc.runtime.backend.Backend` for the completion-driven controller:
+- `start` launches one persistent worker per device of the plan (`worker.py`, through a TCPStore that is
+  also the control channel; locally forked processes, on a cluster the same module under torchrun/Slurm),
+  sends them the run setup and waits until every worker has created the process groups of every
+  vertex layout;
+- `run_op` / `transfer` / `reshard` turn a Dispatch into commands for the node's workers, with every
+  route precomputed here (`layout.route_rows`, `layout.route_weights`) from where each artifact's
+  shards are held; `wait` collects the workers' reports into Completions (start/finish on the wall
+  clock, bytes moved, versions read and produced) and turns a worker error or death into a
+  BackendError naming the node, the device and the worker;
+- `install` loads version 0 (or, on resume, a checkpointed version) in the layout its readers use;
+  `release` frees an artifact on its workers;
+- checkpoints every N steps (weights, Adam state, step, RNG) go to RUN_DIR/checkpoints; `prepare`
+  restricts the plan to the steps after the last checkpoint when resuming; at the end the final
+  weights of every trained model are gathered (`final_weights`) and saved to RUN_DIR/final.pt.
+
+What the RL vertices compute is fixed by role and model kind (`container_fields`): generation writes
+sequences + mask and the sampling log-probs; inference with the reference model writes reference
+log-probs, with a critic values, with the reward model scores (the verifiable rule of `tasks.py` by
+default, or the frozen reward model with reward = "model"); training reads them all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import io
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from rpegc.core.errors import RpegError
+from rpegc.core.program import Program, Strategy
+from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
+from rpegc.runtime.plan import Artifact, RunNode, RunPlan
+from rpegc.runtime.torch_backend import checkpoint as ckpt
+from rpegc.runtime.torch_backend.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
+                                                route_weights)
+from rpegc.runtime.torch_backend.models import derive_seed
+from rpegc.runtime.torch_backend.parallel import TP_IMPLS, param_shapes
+from rpegc.runtime.torch_backend.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
+from rpegc.runtime.torch_backend.worker import FAULT_ENV, ModelSpec, WorkerSetup
+
+LAUNCHERS = ("local", "external")
+TRAINING_FIELDS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores")
+
+
+def container_fields(role: str, kind: str, elem: str) -> Optional[tuple[str, ...]]:
+    """The fields a vertex of `role` invoking a model of `kind` writes into a container of `elem`."""
+    if role == "generation":
+        return {"tokens": ("sequences", "mask"), "logprobs": ("old_logprobs",), "values": ("values",)}.get(elem)
+    if role != "inference":
+        return None
+    table = {
+        "reference": {"logprobs": ("ref_logprobs",)},
+        "policy": {"logprobs": ("old_logprobs",)},
+        "critic": {"values": ("values",)},
+        "actor_critic": {"values": ("values",), "logprobs": ("old_logprobs",)},
+        "reward": {"rewards": ("scores", "task_scores"), "scalars": ("scores", "task_scores")},
+    }
+    return table.get(kind, {}).get(elem)
+
+
+def vertex_fields(program: Program, cfg: RunConfig) -> dict[str, tuple[str, ...]]:
+    """The fields of every data container, from the role and model kind of the vertex writing it; checks
+    that every training vertex reads all the fields its loss needs."""
+    assert program.graph is not None
+    fields: dict[str, tuple[str, ...]] = {}
+    for v in program.graph.vertices:
+        kind = program.model(v.model).kind
+        for c in v.writes:
+            cont = program.graph.container(c)
+            if cont.is_weights:
+                continue
+            got = container_fields(v.role, kind, cont.elem)
+            if got is None:
+                raise RpegError(v.loc, f"the torch backend does not know what the {v.role} vertex @{v.name} "
+                                f"(model kind {kind}) writes into %{c} ({cont.elem}); generation writes tokens and "
+                                "log-probs, inference writes log-probs (reference), values (critic) or rewards")
+            fields[c] = got
+    made = {f for fs in fields.values() for f in fs}
+    need = set(TRAINING_FIELDS) | ({"values"} if cfg.has_critic else set())
+    for v in program.graph.vertices:
+        if v.role != "training":
+            continue
+        missing = sorted(need - {f for c in v.reads if c in fields for f in fields[c]})
+        if missing:
+            unmade = sorted(need - made)
+            hint = (f"no vertex writes {', '.join(unmade)}" if unmade else
+                    "let it read the containers that hold them")
+            raise RpegError(v.loc, f"training vertex @{v.name} must read {', '.join(missing)}; {hint}")
+    return fields
+
+
+def run_config(program: Program, *, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
+               positions: str = "learned", rl: Optional[dict] = None) -> RunConfig:
+    """The RL run the torch backend executes for `program` (and the reference oracle must run).
+
+    The tiny models learn with the toy learning rate (`reference.toy_rl_config`) and learned positions;
+    `rl` overrides fields of the RL config (e.g. {"adam_eps": 1e-6}).
+    """
+    cfg = config_from_program(program, task=task, reward=reward, positions=positions)
+    overrides = dict(rl or {})
+    if lr is not None:
+        overrides.update(lr_actor=lr, lr_critic=lr)
+    cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, **overrides))
+    check_run_config(cfg)
+    return cfg
+
+
+def _split_address(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        raise RpegError(None, f"store address '{addr}' is not HOST:PORT")
+    return host or "0.0.0.0", int(port)
+
+
+def model_seed(seed: int, kind: str) -> int:
+    """Version-0 seed of a model, as the reference trainer draws it (the reference model is the initial actor)."""
+    role = {"policy": "actor", "actor_critic": "actor", "reference": "actor", "critic": "critic",
+            "reward": "reward"}[kind]
+    return derive_seed(seed, role)
+
+
+@dataclass
+class _Holding:
+    """Where an artifact's shards are: a weights layout, or data rows per rank."""
+
+    layout: Optional[Layout] = None
+    rows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    dispatch: Optional[Dispatch]
+    ranks: set[int]
+    start: float = float("inf")
+    finish: float = float("-inf")
+    bytes: int = 0
+    versions_in: dict = field(default_factory=dict)
+    versions_out: dict = field(default_factory=dict)
+    since: float = 0.0
+
+
+@dataclass
+class _Export:
+    ranks: set[int]
+    parts: dict[int, dict] = field(default_factory=dict)
+    on_done: Optional[Callable[["_Export"], None]] = None
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    clock = "wall"
+    default_reserve = "endpoints"  # Table III: a transfer holds both endpoints
+
+    def __init__(self, seed: int = 0, *, run_dir: Optional[str] = None, checkpoint_every: int = 0,
+                 resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
+                 tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
+                 dist_backend: str = "gloo", rl: Optional[dict] = None, launcher: str = "local",
+                 store: Optional[str] = None):
+        if tp_impl not in ("auto",) + TP_IMPLS:
+            raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
+        if checkpoint_every < 0:
+            raise RpegError(None, f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+        if (checkpoint_every or resume) and not run_dir:
+            raise RpegError(None, "checkpoints and --resume need a run directory; give --run-dir DIR")
+        self.seed, self.run_dir, self.checkpoint_every, self.resume = seed, run_dir, checkpoint_every, resume
+        self.task, self.reward, self.lr, self.tp_impl, self.timeout_s = task, reward, lr, tp_impl, timeout_s
+        self.fault = fault if fault is not None else os.environ.get(FAULT_ENV) or None
+        if launcher not in LAUNCHERS:
+            raise RpegError(None, f"unknown launcher '{launcher}'; use {' or '.join(LAUNCHERS)}")
+        if launcher == "external" and not store:
+            raise RpegError(None, "an external launch needs the store address workers connect to (HOST:PORT)")
+        self.dist_backend, self.launcher, self.store_addr = dist_backend, launcher, store
+        self.rl_overrides = dict(rl or {})
+        self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.checkpoints: list[str] = []
+        self.warnings: list[str] = []
+        self._procs: list = []  # multiprocessing.Process, one per worker rank
+        self._store: Optional[dist.TCPStore] = None
+        self._resume_file: Optional[str] = None
+        self._resume_data: Optional[dict] = None
+        self._failed = False
+        self._stopped = True
+
+    @classmethod
+    def from_args(cls, args) -> "TorchBackend":
+        """The backend `rpeg-run --backend torch` builds from its options."""
+        run_dir = getattr(args, "resume", None) or getattr(args, "run_dir", None)
+        every = getattr(args, "checkpoint_every", None)
+        if every is None:
+            every = 1 if run_dir else 0
+        return cls(seed=args.seed, run_dir=run_dir, checkpoint_every=every, resume=bool(getattr(args, "resume", None)),
+                   lr=getattr(args, "lr", None), tp_impl=getattr(args, "tp_impl", "auto") or "auto",
+                   reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern")
+
+    # -- plan ------------------------------------------------------------------------------------
+
+    def prepare(self, plan: RunPlan) -> RunPlan:
+        """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself."""
+        if not self.resume:
+            return plan
+        assert self.run_dir is not None
+        path, data = ckpt.find_resume_checkpoint(self.run_dir, plan, self.seed)
+        self._resume_file, self._resume_data = path, data
+        self.metrics.update(data.get("metrics", {}))
+        return ckpt.resume_plan(plan, data["step"])
+
+    @property
+    def resume_step(self) -> int:
+        return self._resume_data["step"] if self._resume_data else 0
+
+    def _analyse(self, plan: RunPlan) -> None:
+        p = plan.program
+        assert p.graph is not None and p.cluster is not None
+        self.plan, self.program = plan, p
+        self.cfg = run_config(p, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
+        self.rank_of = {d: i for i, d in enumerate(plan.devices)}
+        self.device_of = {i: d for d, i in self.rank_of.items()}
+        self.models = {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(self.seed, m.kind)) for m in p.models}
+        self.shapes = {m: param_shapes(s.arch, s.kind, self.cfg.net) for m, s in self.models.items()}
+        w = self.cfg.workload
+        self.rows_total = w.B * w.R
+        self.fields = vertex_fields(p, self.cfg)
+        self.layouts: dict[int, Layout] = {}
+        self.reshard_layouts: dict[int, tuple[Layout, Layout]] = {}
+        for n in plan.nodes:
+            if n.kind == "op":
+                self.layouts[n.index] = self._layout(n.devices, n.node.strategy, n)
+                self._check_layout(n, self.layouts[n.index])
+            elif n.kind == "reshard":
+                self.reshard_layouts[n.index] = (self._layout(n.src_devices, n.node.src_strategy, n),
+                                                 self._layout(n.devices, n.node.strategy, n))
+
+    def _layout(self, devices: tuple[int, ...], s: Optional[Strategy], n: RunNode) -> Layout:
+        if s is None:
+            raise RpegError(n.node.loc, f"{n.kind} node {n.id} has no layout (dp, pp, tp)")
+        try:
+            return Layout(tuple(self.rank_of[d] for d in devices), s.dp, s.pp, s.tp)
+        except RpegError as e:
+            raise RpegError(n.node.loc, f"node {n.id}: {e.message}") from None
+
+    def _check_layout(self, n: RunNode, layout: Layout) -> None:
+        arch = self.models[n.node.model].arch
+        if layout.pp > arch.layers:
+            raise RpegError(n.node.loc, f"node {n.id} uses pp = {layout.pp}, but @{n.node.model} has only "
+                            f"{arch.layers} blocks; use pp <= {arch.layers}")
+        if layout.tp > 1:
+            why = check_tp(arch.heads, arch.kv_heads, arch.ffn, layout.tp)
+            if why:
+                raise RpegError(n.node.loc, f"node {n.id}: {why} of @{n.node.model}; choose another tp")
+        lo, hi = self.node_rows(n)
+        group = self.group_of(n)
+        if (hi - lo) // group < layout.dp:
+            raise RpegError(n.node.loc, f"node {n.id} has dp = {layout.dp} replicas but only {(hi - lo) // group} "
+                            f"{'prompt group' if group > 1 else 'sequence'}(s) to share among them; lower dp or "
+                            "raise B in the workload")
+
+    # -- rows ----------------------------------------------------------------------------------------
+
+    def phase_rows(self, phase: Optional[int], nphases: Optional[int]) -> tuple[int, int]:
+        """Global sequence rows of a quantile phase: whole prompt groups, by the cumulative fractions."""
+        if phase is None:
+            return (0, self.rows_total)
+        w = self.cfg.workload
+        fs = [q.f for q in self.program.graph.quantiles] if self.program.graph else []
+        q = nphases or len(fs)
+        cum = [0.0] + [min(1.0, f) for f in fs[:q]]
+        while len(cum) <= q:
+            cum.append(1.0)
+        cum[q] = 1.0
+        return (round(cum[phase - 1] * w.B) * w.R, round(cum[phase] * w.B) * w.R)
+
+    def node_rows(self, n: RunNode) -> tuple[int, int]:
+        return self.phase_rows(n.node.phase, n.node.nphases)
+
+    def artifact_rows(self, a: Artifact) -> tuple[int, int]:
+        if a.phase is None:
+            return (0, self.rows_total)
+        nphases = len(self.program.graph.quantiles) if self.program.graph else None
+        return self.phase_rows(a.phase, nphases)
+
+    def group_of(self, n: RunNode) -> int:
+        """Rows a replica must keep together: GRPO's training needs every rollout of a prompt."""
+        if n.kind == "op" and n.node.role == "training" and self.cfg.algorithm == "grpo":
+            return self.cfg.workload.R
+        return 1
+
+    def op_rows(self, i: int) -> dict[int, tuple[int, int]]:
+        n = self.plan.nodes[i]
+        return replica_rows(self.layouts[i], *self.node_rows(n), self.group_of(n))
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self, plan: RunPlan) -> dict[int, int]:
+        self._analyse(plan)
+        tp_impl = self._resolve_tp_impl()
+        self._t0 = time.time()
+        self._holdings: dict[Artifact, _Holding] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._ready: list[Completion] = []
+        self._exports: dict[int, _Export] = {}
+        self._cmd_seq = [0] * len(plan.devices)
+        self._res_next = 0
+        self._tag = 0
+        self._export_id = 0
+        self._mem: dict[int, float] = {}
+        self._peak: dict[int, float] = {}
+        self._completed = 0
+        self._trained = {n.node.model for n in plan.nodes if n.kind == "op" and n.node.role == "training"}
+        self._train_done: dict[int, set[str]] = {}
+        self._window: dict[str, dict[int, dict[str, torch.Tensor]]] = {m: {} for m in self._trained}
+        if self._resume_data is not None:
+            for m, versions in self._resume_data["versions"].items():
+                self._window.setdefault(m, {}).update(versions)
+        layouts = tuple(sorted(set(self.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
+        setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
+                            layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
+                            dist_backend=self.dist_backend, resume_file=self._resume_file, fault=self.fault)
+        host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
+        self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=self.timeout_s))
+        self._store.set("setup", pickle.dumps(setup))
+        self._log_dir, self._temp_logs = "", False
+        self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway
+        if self.launcher == "local":
+            self._launch(len(plan.devices), self._store.port, tp_impl)
+        else:
+            print(f"rpeg-run: waiting for {len(plan.devices)} workers; start rank r of them with "
+                  f"`python -m rpegc.runtime.torch_backend.worker --store {self.store_addr} --rank r "
+                  f"--world {len(plan.devices)}` (torchrun/Slurm: RANK and WORLD_SIZE from the environment)",
+                  file=sys.stderr, flush=True)
+        for w in self.warnings:
+            print(f"rpeg-run: warning: {w}", file=sys.stderr)
+        self._await_ready(len(plan.devices))
+        return dict(self.rank_of)
+
+    def _resolve_tp_impl(self) -> str:
+        """megatron-core's TP layers when TP is used and megatron-core is installed (the workers import it)."""
+        if not any(L.tp > 1 for L in self.layouts.values()) or self.tp_impl == "torch":
+            return "torch"
+        import importlib.util
+
+        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+            why = "megatron-core is not installed"
+            if self.tp_impl == "megatron":
+                raise RpegError(None, f"--tp-impl megatron: {why}; install megatron-core 0.16.1 or use --tp-impl torch")
+            self.warnings.append(f"{why}; tensor parallelism falls back to plain torch.distributed")
+            return "torch"
+        return "megatron"
+
+    def _launch(self, world: int, port: int, tp_impl: str) -> None:
+        """One process per device, forked from a server that imported torch once (fast repeated launches).
+
+        On a cluster the same workers start under torchrun/Slurm instead:
+        `python -m rpegc.runtime.torch_backend.worker --store HOST:PORT` with RANK/WORLD_SIZE set.
+        """
+        import multiprocessing as mp
+
+        self._temp_logs = not self.run_dir
+        self._log_dir = os.path.join(self.run_dir, "workers") if self.run_dir else tempfile.mkdtemp(prefix="rpeg-workers-")
+        os.makedirs(self._log_dir, exist_ok=True)
+        ctx = mp.get_context("forkserver")
+        # Imported once in the fork server instead of in every worker: torch, torch._dynamo (the first
+        # torch.optim.Adam pulls it in, ~1 s per process) and, for TP through megatron, its layers.
+        preload = ["torch", "torch._dynamo", "rpegc.runtime.torch_backend.worker"]
+        if tp_impl == "megatron":
+            preload.append("rpegc.runtime.torch_backend.megatron_compat")
+        ctx.set_forkserver_preload(preload)
+        from rpegc.runtime.torch_backend.worker import spawn_main
+
+        atexit.register(self._kill_workers)
+        for r in range(world):
+            log = os.path.join(self._log_dir, f"worker-{r}.log")
+            proc = ctx.Process(target=spawn_main, args=("127.0.0.1", port, r, world, log), daemon=True,
+                               name=f"rpeg-worker-{r}")
+            proc.start()
+            self._procs.append(proc)
+
+    def _await_ready(self, world: int) -> None:
+        ready: set[int] = set()
+        deadline = time.time() + self.timeout_s
+        while len(ready) < world:
+            msg = self._poll()
+            if msg is None:
+                self._check_workers()
+                if time.time() > deadline:
+                    self._fail(f"only {len(ready)} of {world} workers started within {self.timeout_s:.0f} s; "
+                               f"see the worker logs in {self._log_dir}")
+                continue
+            if msg["type"] == "ready":
+                ready.add(msg["rank"])
+            else:
+                self._on_message(msg)
+
+    def now(self) -> float:
+        return time.time() - self._t0
+
+    # -- control channel -------------------------------------------------------------------------------
+
+    def _send(self, rank: int, cmd: dict) -> None:
+        assert self._store is not None
+        self._store.set(f"cmd/{rank}/{self._cmd_seq[rank]}", pickle.dumps(cmd))
+        self._cmd_seq[rank] += 1
+
+    def _poll(self) -> Optional[dict]:
+        """The next worker report, or None after a short wait."""
+        assert self._store is not None
+        key = f"res/{self._res_next}"
+        for delay in (0.0005, 0.002, 0.01, 0.03):
+            if self._store.check([key]):
+                data = self._store.get(key)
+                self._store.delete_key(key)
+                self._res_next += 1
+                return pickle.loads(data)
+            time.sleep(delay)
+        return None
+
+    def _fail(self, message: str, loc=None) -> None:
+        self._failed = True
+        raise BackendError(loc, message)
+
+    def _check_workers(self) -> None:
+        for r, proc in enumerate(self._procs):
+            rc = proc.exitcode
+            if rc is None:
+                continue
+            running = [p for p, pend in self._pending.items() if r in pend.ranks]
+            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+            what = f"while running node {', '.join(running)}" if running else "while idle"
+            self._fail(f"worker {r} (device {self.device_of.get(r, r)}) {how} {what}; the run stopped "
+                       f"(log: {os.path.join(self._log_dir, f'worker-{r}.log')})")
+        now = self.now()
+        for node, pend in self._pending.items():
+            if now - pend.since > self.timeout_s:
+                devs = sorted(self.device_of[r] for r in pend.ranks)
+                self._fail(f"node {node} did not finish within {self.timeout_s:.0f} s on device(s) {devs}")
+
+    def _on_message(self, msg: dict) -> None:
+        if msg["type"] == "error":
+            # A worker that died makes its peers' collectives fail a moment later: report the death,
+            # the cause, if one shows within a second.
+            deadline = time.time() + 1.0
+            while time.time() < deadline:
+                self._check_workers()
+                time.sleep(0.05)
+            r = msg["rank"]
+            dev = self.device_of.get(r, r)
+            if msg.get("node"):
+                self._fail(f"node {msg['node']} failed on device {dev} (worker {r}): {msg['message'].strip()}")
+            self._fail(f"worker {r} (device {dev}) failed in {msg['what']}: {msg['message'].strip()}")
+        if msg["type"] != "done":
+            return
+        r = msg["rank"]
+        self._mem[self.device_of[r]] = float(msg.get("mem", 0))
+        d = self.device_of[r]
+        self._peak[d] = max(self._peak.get(d, 0.0), self._mem[d])
+        if "export" in msg:
+            job = self._exports[msg["export"]]
+            job.parts[r] = torch.load(io.BytesIO(msg["payload"]), weights_only=False)
+            job.ranks.discard(r)
+            if not job.ranks:
+                del self._exports[msg["export"]]
+                if job.on_done is not None:
+                    job.on_done(job)
+            return
+        pend = self._pending[msg["node"]]
+        pend.ranks.discard(r)
+        pend.start, pend.finish = min(pend.start, msg["start"]), max(pend.finish, msg["finish"])
+        pend.bytes += int(msg.get("bytes", 0))
+        pend.versions_in.update(msg.get("versions_in") or {})
+        pend.versions_out.update(msg.get("versions_out") or {})
+        if msg.get("metrics"):
+            d0 = pend.dispatch
+            assert d0 is not None
+            self.metrics.setdefault(d0.node.step, {}).update(msg["metrics"])
+        if not pend.ranks:
+            self._complete(msg["node"], pend)
+
+    def _complete(self, node: str, pend: _Pending) -> None:
+        del self._pending[node]
+        d = pend.dispatch
+        assert d is not None
+        out = d.versions_out if d.node.kind != "op" else tuple(sorted(pend.versions_out.items()))
+        self._ready.append(Completion(node=node, start=pend.start, finish=pend.finish, bytes=pend.bytes,
+                                      versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out))
+        self._completed += 1
+        if d.node.kind == "op" and d.node.node.role == "training":
+            self._after_training(d)
+
+    def _submit(self, d: Dispatch, commands: dict[int, dict]) -> None:
+        if not commands:  # nothing to move (an unbound transfer): done at once
+            t = self.now()
+            self._ready.append(Completion(node=d.id, start=t, finish=t, bytes=0, versions_in=(),
+                                          versions_out=d.versions_out))
+            self._completed += 1
+            return
+        self._pending[d.id] = _Pending(d, set(commands), since=self.now())
+        for cmd in commands.values():
+            cmd["ranks"] = sorted(commands)
+        for r, cmd in sorted(commands.items()):
+            self._send(r, cmd)
+
+    def _next_tag(self) -> int:
+        self._tag = (self._tag + 1) % 2000
+        return self._tag * 1_000_000
+
+    # -- holdings ------------------------------------------------------------------------------------
+
+    def _ranks(self, devices) -> tuple[int, ...]:
+        return tuple(self.rank_of[d] for d in devices)
+
+    def _alloc_ranks(self, a: Artifact) -> tuple[int, ...]:
+        assert self.program.cluster is not None
+        return self._ranks(a.alloc.devices(self.program.cluster))
+
+    def _reader_layout(self, a: Artifact) -> Layout:
+        """The layout a weights copy is laid out in where it lands: that of its first reader on its allocation."""
+        for i in self.plan.consumers.get(a, ()):
+            n = self.plan.nodes[i]
+            if n.kind == "op":
+                return self.layouts[i]
+            if n.kind == "reshard":
+                return self.reshard_layouts[i][0]
+        ranks = self._alloc_ranks(a)
+        return Layout(ranks, len(ranks), 1, 1)
+
+    def _reader_rows(self, a: Artifact) -> dict[int, tuple[int, int]]:
+        """Rows each rank of a delivered data artifact's allocation should hold: as its first reader splits them."""
+        rows = self.artifact_rows(a)
+        for i in self.plan.consumers.get(a, ()):
+            if self.plan.nodes[i].kind == "op":
+                need = {r: intersect(rr, rows) for r, rr in self.op_rows(i).items()}
+                return {r: x for r, x in need.items() if x is not None}
+        return {r: rows for r in self._alloc_ranks(a)}
+
+    def install(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
+        if artifact.kind != "weights":
+            raise BackendError(None, f"cannot install {artifact.label}: only parameter copies are installed")
+        layout = self._reader_layout(artifact)
+        cmd = {"type": "install", "label": artifact.label, "model": artifact.name, "version": artifact.index,
+               "layout": layout}
+        for r in layout.ranks:
+            self._send(r, cmd)
+        self._holdings[artifact] = _Holding(layout=layout)
+
+    def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
+        h = self._holdings.pop(artifact, None)
+        ranks = set(self._ranks(devices))
+        if h is not None:
+            ranks |= set(h.layout.ranks) if h.layout else set(h.rows)
+        for r in sorted(ranks):
+            self._send(r, {"type": "release", "label": artifact.label})
+
+    # -- nodes -----------------------------------------------------------------------------------------
+
+    def run_op(self, d: Dispatch) -> None:
+        n = d.node
+        i = n.index
+        layout = self.layouts[i]
+        rows = self.op_rows(i)
+        tag = self._next_tag()
+        prep, data_in, weights = [], [], None
+        for a in d.inputs:
+            h = self._holdings.get(a)
+            if h is None:
+                raise BackendError(n.node.loc, f"node {n.id} needs {a.label}, which no worker holds")
+            if a.kind == "weights":
+                weights = a
+                if h.layout != layout:  # the plan left no Reshard: re-lay out locally first
+                    prep.append({"kind": "weights", "label": a.label, "model": a.name, "layout": layout,
+                                 "moves": route_weights(self.shapes[a.name], self.models[a.name].arch.layers,
+                                                        h.layout, layout)})
+                    h.layout = layout
+                continue
+            data_in.append(a.label)
+            need = {r: x for r, rr in rows.items() if (x := intersect(rr, self.artifact_rows(a))) is not None}
+            moves = route_rows(h.rows, need)
+            if moves:
+                prep.append({"kind": "rows", "label": a.label, "fields": list(self.fields[a.name]), "moves": moves})
+                for m in moves:
+                    h.rows.setdefault(m.dst, []).append((m.lo, m.hi))
+        if weights is None:
+            raise BackendError(n.node.loc, f"node {n.id} binds no parameter copy of @{n.node.model}")
+        outputs: dict[str, list[str]] = {}
+        fields: list[str] = []
+        out_weights = None
+        for a in d.outputs:
+            if a.kind == "weights":
+                out_weights = a
+                self._holdings[a] = _Holding(layout=layout)
+                continue
+            outputs[a.label] = list(self.fields[a.name])
+            fields += [f for f in self.fields[a.name] if f not in fields]
+            self._holdings[a] = _Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
+        cmd = {"type": "op", "node": n.id, "step": n.step, "role": n.node.role, "model": n.node.model,
+               "layout": layout, "mb": n.node.strategy.mb, "rows": rows, "weights": weights.label,
+               "inputs": data_in, "outputs": outputs, "fields": fields, "prep": prep, "tag": tag,
+               "output": out_weights.label if out_weights else None,
+               "version_out": out_weights.index if out_weights else None}
+        self._submit(d, {r: cmd for r in layout.ranks})
+
+    def transfer(self, d: Dispatch) -> None:
+        n = d.node
+        if not d.inputs:
+            self._submit(d, {})
+            return
+        if d.inputs[0].kind == "weights":
+            self._move_weights(d, d.inputs[0], d.outputs[0] if d.outputs else None, None)
+            return
+        out = d.outputs[0]
+        held: dict[int, list[tuple[int, int]]] = {}
+        for a in d.inputs:
+            h = self._holdings.get(a)
+            if h is None:
+                raise BackendError(n.node.loc, f"node {n.id} needs {a.label}, which no worker holds")
+            for r, rs in h.rows.items():
+                held.setdefault(r, []).extend(rs)
+        need = self._reader_rows(out)
+        moves = route_rows(held, need, have={})
+        cmd = {"type": "comm_data", "node": n.id, "moves": moves, "sources": [a.label for a in d.inputs],
+               "target": out.label, "fields": list(self.fields[out.name]), "tag": self._next_tag()}
+        self._holdings.setdefault(out, _Holding()).rows.update({r: [x] for r, x in need.items()})
+        ranks = {m.src for m in moves} | {m.dst for m in moves}
+        self._submit(d, {r: cmd for r in ranks})
+
+    def reshard(self, d: Dispatch) -> None:
+        if not d.inputs:
+            self._submit(d, {})
+            return
+        _, target = self.reshard_layouts[d.node.index]
+        self._move_weights(d, d.inputs[0], d.outputs[0] if d.outputs else d.inputs[0], target)
+
+    def _move_weights(self, d: Dispatch, src: Artifact, dst: Optional[Artifact], target: Optional[Layout]) -> None:
+        n = d.node
+        h = self._holdings.get(src)
+        if h is None or h.layout is None:
+            raise BackendError(n.node.loc, f"node {n.id} moves {src.label}, which no worker holds")
+        if dst is None:
+            self._submit(d, {})
+            return
+        layout = target or self._reader_layout(dst)
+        moves = route_weights(self.shapes[src.name], self.models[src.name].arch.layers, h.layout, layout)
+        cmd = {"type": "move_weights", "node": n.id, "model": src.name, "version": src.index, "source": src.label,
+               "target": dst.label, "layout": layout, "moves": moves, "src_ranks": h.layout.ranks,
+               "tag": self._next_tag()}
+        ranks = {m.src for m in moves} | set(layout.ranks)
+        if src == dst:
+            ranks |= set(h.layout.ranks)
+        self._holdings[dst] = _Holding(layout=layout)
+        self._submit(d, {r: cmd for r in ranks})
+
+    # -- waiting -----------------------------------------------------------------------------------------
+
+    def wait(self) -> list[Completion]:
+        if not self._ready and not self._pending:
+            raise BackendError(None, "wait() with nothing running")
+        while not self._ready:
+            msg = self._poll()
+            if msg is None:
+                self._check_workers()
+                continue
+            self._on_message(msg)
+        out, self._ready = self._ready, []
+        return out
+
+    def memory(self) -> dict[int, float]:
+        return dict(self._mem)
+
+    def peak_memory(self) -> dict[int, float]:
+        return dict(self._peak)
+
+    def step_metrics(self, step: int) -> dict[str, float]:
+        return dict(self.metrics.get(step, {}))
+
+    # -- checkpoints and final weights -------------------------------------------------------------------
+
+    def _export(self, requests: dict[int, dict], on_done: Callable[[_Export], None]) -> None:
+        self._export_id += 1
+        job = _Export(set(requests), on_done=on_done)
+        self._exports[self._export_id] = job
+        for r, req in sorted(requests.items()):
+            self._send(r, {"type": "export", "export": self._export_id, **req})
+
+    def _assemble(self, model: str, layout: Layout, parts: dict[int, dict]) -> dict[str, torch.Tensor]:
+        shards = {r: next(iter(parts[r]["weights"].values()))["shards"] for r in layout.replica(0)}
+        return ckpt.assemble(self.shapes[model], self.models[model].arch.layers, layout, shards)
+
+    def _assemble_optimizer(self, model: str, layout: Layout, parts: dict[int, dict]) -> dict[str, dict]:
+        states = {r: parts[r]["optimizer"].get(model, {}) for r in layout.replica(0)}
+        return ckpt.assemble_optimizer(self.shapes[model], self.models[model].arch.layers, layout, states)
+
+    def _after_training(self, d: Dispatch) -> None:
+        k, m = d.node.step, d.node.node.model
+        out = next(a for a in d.outputs if a.kind == "weights")
+        layout = self._holdings[out].layout
+        assert layout is not None
+        tau = self.plan.tau.get(m, 0)
+        self._train_done.setdefault(k, set()).add(m)
+        boundary = self._train_done[k] >= self._trained and self.checkpoint_every and \
+            (k + 1) % self.checkpoint_every == 0 and k + 1 < self.plan.steps
+        if self.checkpoint_every and tau > 0:
+            req = {r: {"weights": [out.label]} for r in layout.replica(0)}
+            self._export(req, lambda job, m=m, v=out.index, L=layout: self._keep_version(m, v, L, job))
+        if boundary:
+            self._checkpoint(k + 1)
+
+    def _keep_version(self, model: str, version: int, layout: Layout, job: _Export) -> None:
+        window = self._window.setdefault(model, {})
+        window[version] = self._assemble(model, layout, job.parts)
+        tau = self.plan.tau.get(model, 0)
+        for v in [v for v in window if v < version - tau]:
+            del window[v]
+
+    def _checkpoint(self, step: int) -> None:
+        """Gather weights, Adam state and RNG of step boundary `step` and write the checkpoint."""
+        requests: dict[int, dict] = {r: {"weights": [], "optimizer": []} for r in range(len(self._procs))}
+        trained: dict[str, tuple[Artifact, Layout]] = {}
+        for a, h in self._holdings.items():
+            if a.kind == "weights" and a.name in self._trained and a.index == step and h.layout is not None:
+                if a.name not in trained or any(self.plan.nodes[i].node.role == "training"
+                                                for i in self.plan.producers.get(a, ())):
+                    trained[a.name] = (a, h.layout)
+        for m, (a, layout) in trained.items():
+            for r in layout.replica(0):
+                requests[r]["weights"].append(a.label)
+                requests[r]["optimizer"].append((m, layout))
+
+        def write(job: _Export) -> None:
+            versions: dict[str, dict[int, dict]] = {}
+            optimizer = {}
+            for m, (a, layout) in trained.items():
+                parts = {r: {"weights": {a.label: job.parts[r]["weights"][a.label]}} for r in layout.replica(0)}
+                full = self._assemble(m, layout, parts)
+                tau = self.plan.tau.get(m, 0)
+                versions[m] = {v: w for v, w in self._window.get(m, {}).items() if v in ckpt.kept_versions(step, tau)}
+                versions[m][step] = full
+                optimizer[m] = self._assemble_optimizer(m, layout, job.parts)
+            data = {"step": step, "plan_hash": self.plan.hash, "seed": self.seed, "versions": versions,
+                    "optimizer": optimizer, "rng": {r: p["rng"] for r, p in job.parts.items()},
+                    "metrics": {k: v for k, v in self.metrics.items() if k < step}}
+            assert self.run_dir is not None
+            self.checkpoints.append(ckpt.save_checkpoint(self.run_dir, data))
+
+        self._export(requests, write)
+
+    def _drain_exports(self) -> None:
+        deadline = time.time() + self.timeout_s
+        while self._exports:
+            msg = self._poll()
+            if msg is None:
+                self._check_workers()
+                if time.time() > deadline:
+                    self._fail("exports of checkpoints or final weights did not finish in time")
+                continue
+            self._on_message(msg)
+
+    def _collect_final(self) -> None:
+        """Gather the final version of every trained model (the retained weights) into `final_weights`."""
+        finals: dict[str, tuple[Artifact, Layout]] = {}
+        for a in self.plan.retained:
+            h = self._holdings.get(a)
+            if a.kind != "weights" or h is None or h.layout is None:
+                continue
+            if a.name not in finals or a.index > finals[a.name][0].index:
+                finals[a.name] = (a, h.layout)
+        for m, (a, layout) in finals.items():
+            req = {r: {"weights": [a.label]} for r in layout.replica(0)}
+            self._export(req, lambda job, m=m, L=layout: self.final_weights.__setitem__(m, self._assemble(m, L, job.parts)))
+        self._drain_exports()
+        if self.run_dir and self.final_weights:
+            torch.save({"format": "rpeg-torch-final/1", "plan_hash": self.plan.hash, "seed": self.seed,
+                        "weights": self.final_weights, "metrics": self.metrics},
+                       os.path.join(self.run_dir, "final.pt"))
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        try:
+            if not self._failed and self._completed == len(self.plan.nodes) and not self._pending:
+                self._collect_final()
+        finally:
+            self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """Tell every worker to stop (an idle one exits at once; one stuck in a collective after a failure
+        reads it once its collective times out), wait a little, then kill what is left of ours."""
+        self._stopped = True
+        if self._store is not None:
+            for r in range(len(self._cmd_seq)):
+                try:
+                    self._send(r, {"type": "stop"})
+                except Exception:
+                    break
+            deadline = time.time() + (1.0 if self._failed else 10.0)
+            left = set(range(len(self._cmd_seq)))
+            while left and time.time() < deadline:
+                try:
+                    msg = self._poll()
+                except Exception:
+                    break
+                if msg is not None and msg.get("type") == "bye":
+                    left.discard(msg["rank"])
+            for p in self._procs:
+                p.join(timeout=max(0.0, deadline - time.time()))
+        self._kill_workers()
+        atexit.unregister(self._kill_workers)
+        self._store = None
+        if self._temp_logs and not self._failed:
+            shutil.rmtree(self._log_dir, ignore_errors=True)  # kept after a failure: the message points there
+
+    def _kill_workers(self) -> None:
+        """Terminate, then kill, every worker still alive; reap them all (no orphans, no zombies)."""
+        for p in self._procs:
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.time() + 3.0
+        for p in self._procs:
+            p.join(timeout=max(0.0, deadline - time.time()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs]

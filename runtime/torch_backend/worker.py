@@ -1,0 +1,638 @@
+"""The persistent worker process of the torch backend: one per device of the plan (paper Sec. VII, Alg. 2;
+DESIGN.md Section 7).
+
+    python -m rpegc.runtime.torch_backend.worker --store HOST:PORT [--rank R --world N]
+
+A worker joins the controller's TCPStore, reads the run setup from it, joins torch.distributed (gloo on
+CPU, NCCL on GPUs) through the same store, creates every process group of the plan's layouts (all ranks,
+one order), then executes commands until told to stop. Under torchrun or Slurm, RANK / WORLD_SIZE come
+from the environment instead of the flags; nothing else changes.
+
+Control channel (all through the store, so it works across nodes): the controller writes command i of
+rank r under `cmd/r/i`; a worker appends each result under `res/<n>`, n from the atomic counter `res/n`.
+Commands run strictly in order, so every rank meets the collectives of concurrent nodes in the same
+order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, export, stop).
+
+What a worker keeps (the states of the memory model):
+- published parameter copies: `weights` entries, one per (model, version, allocation), each this rank's
+  pieces under the layout it is held in (serving copies, and the shadow copies asynchronous consumers
+  read while training moves on);
+- execution modules: one `ParallelModel` per (model, layout) it serves, loaded with the version a node
+  reads; one training state per trained (model, layout): the live parameters and Adam's state;
+- data artifacts: `data` entries, row pieces of a container for one step (and phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rpegc.core.errors import RpegError
+from rpegc.core.program import Arch
+from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
+from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces
+from rpegc.runtime.torch_backend.models import build_model, export_weights
+from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, infer, param_shapes, shard_of,
+                                                  train_step)
+from rpegc.runtime.torch_backend.reference import RunConfig
+from rpegc.runtime.torch_backend.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
+                                            last_token_scores, make_adam, response_forward)
+from rpegc.runtime.torch_backend.tasks import make_task
+
+FAULT_ENV = "RPEG_TORCH_FAULT"  # "kill:NODE[:RANK]" or "raise:NODE[:RANK]": a test hook
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model of the program as the workers build it."""
+
+    name: str
+    kind: str  # policy | reference | critic | reward | actor_critic
+    arch: Arch
+    seed: int  # weight-init seed of version 0
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """Everything a worker needs besides its commands; the controller puts it in the store."""
+
+    world: int
+    seed: int
+    run: RunConfig
+    models: dict[str, ModelSpec]
+    layouts: tuple[Layout, ...]
+    tp_impl: str
+    t0: float  # controller wall clock (time.time()) at start; reported times are relative to it
+    timeout_s: float
+    dist_backend: str = "gloo"
+    resume_file: Optional[str] = None
+    fault: Optional[str] = None
+
+
+def field_spec(name: str, run: RunConfig) -> tuple[tuple[int, ...], torch.dtype]:
+    """Per-sequence shape and dtype of a data field."""
+    w = run.workload
+    specs = {
+        "sequences": ((w.Lp + w.Lr,), torch.int64),
+        "mask": ((w.Lr,), torch.float32),
+        "old_logprobs": ((w.Lr,), torch.float32),
+        "ref_logprobs": ((w.Lr,), torch.float32),
+        "values": ((w.Lr,), torch.float32),
+        "scores": ((), torch.float32),
+        "task_scores": ((), torch.float32),
+    }
+    return specs[name]
+
+
+@dataclass
+class Piece:
+    lo: int
+    hi: int
+    fields: dict[str, Tensor]
+
+
+@dataclass
+class Entry:
+    """An artifact held by this worker: data pieces, or this rank's shards of a weights version."""
+
+    kind: str
+    model: Optional[str] = None
+    version: int = 0
+    layout: Optional[Layout] = None
+    shards: dict[str, Tensor] = field(default_factory=dict)
+    pieces: list[Piece] = field(default_factory=list)
+
+    def nbytes(self) -> int:
+        tensors = list(self.shards.values()) + [t for p in self.pieces for t in p.fields.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class TrainState:
+    pm: ParallelModel
+    optimizer: torch.optim.Optimizer
+
+
+class CommandError(Exception):
+    """A command that cannot run; the message names what is wrong."""
+
+
+def _bytes_of(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Worker:
+    def __init__(self, setup: WorkerSetup, rank: int, store: dist.Store):
+        self.setup, self.rank, self.store = setup, rank, store
+        self.run = setup.run
+        self.entries: dict[str, Entry] = {}
+        self.debug = bool(os.environ.get("RPEG_TORCH_DEBUG"))  # one line per command in the worker log
+        self.serving: dict[tuple[str, Layout], ParallelModel] = {}
+        self.training: dict[tuple[str, Layout], TrainState] = {}
+        self.shapes = {m: param_shapes(s.arch, s.kind, self.run.net) for m, s in setup.models.items()}
+        self.initial: dict[str, dict[str, Tensor]] = {}
+        self.resume = torch.load(setup.resume_file, weights_only=False) if setup.resume_file else None
+        w = self.run.workload
+        self.task = make_task(self.run.task, self.run.actor.vocab, w.Lp, w.Lr)
+        self.groups = ProcessGroups(setup.layouts)
+        if self.resume is not None and self.rank in self.resume.get("rng", {}):
+            torch.set_rng_state(self.resume["rng"][self.rank])
+
+    def now(self) -> float:
+        return time.time() - self.setup.t0
+
+    # -- channel ----------------------------------------------------------------------------------
+
+    def report(self, msg: dict) -> None:
+        n = self.store.add("res/n", 1)
+        self.store.set(f"res/{n - 1}", pickle.dumps(msg))
+
+    def next_command(self, i: int) -> dict:
+        key = f"cmd/{self.rank}/{i}"
+        parent = os.getppid()
+        while True:
+            try:
+                self.store.wait([key], timedelta(seconds=60))
+                break
+            except Exception:  # a timeout, or the controller is gone (its store with it)
+                if os.getppid() != parent:
+                    raise SystemExit(3)
+                try:
+                    self.store.check([key])
+                except Exception:
+                    raise SystemExit(3)
+        data = self.store.get(key)
+        self.store.delete_key(key)
+        return pickle.loads(data)
+
+    def loop(self) -> None:
+        self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
+        i = 0
+        while True:
+            cmd = self.next_command(i)
+            i += 1
+            if cmd["type"] == "stop":
+                self.report({"type": "bye", "rank": self.rank})  # the controller keeps its store until all said bye
+                return
+            self.handle(cmd)
+
+    def handle(self, cmd: dict) -> None:
+        start = self.now()
+        node = cmd.get("node")
+        try:
+            self.maybe_fail(cmd)
+            info = getattr(self, "cmd_" + cmd["type"])(cmd) or {}
+        except Exception as e:
+            detail = str(e) if isinstance(e, (RpegError, CommandError)) else traceback.format_exc(limit=8)
+            self.report({"type": "error", "node": node, "what": cmd["type"], "rank": self.rank, "message": detail})
+            return
+        if self.debug:
+            print(f"[{start:9.3f} -> {self.now():9.3f}] {cmd['type']} {node or cmd.get('label', '')}", flush=True)
+        if node is not None or cmd["type"] == "export":
+            info.update(type="done", node=node, rank=self.rank, start=start, finish=self.now(), mem=self.memory())
+            self.report(info)
+
+    def maybe_fail(self, cmd: dict) -> None:
+        """The failure-injection hook of the tests: "kill:NODE[:RANK]" or "raise:NODE[:RANK]" makes worker
+        RANK (default: the node's lowest rank) die by SIGKILL or raise when it starts node NODE."""
+        spec, node = self.setup.fault, cmd.get("node")
+        if not spec or node is None:
+            return
+        parts = spec.split(":")
+        action, target = parts[0], parts[1]
+        rank = int(parts[2]) if len(parts) > 2 else min(cmd.get("ranks", [self.rank]))
+        if target != node or rank != self.rank:
+            return
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise CommandError(f"injected failure ({FAULT_ENV}={spec})")
+
+    def memory(self) -> int:
+        held = sum(e.nbytes() for e in self.entries.values())
+        mods = sum(_bytes_of(pm.module.parameters()) for pm in self.serving.values())
+        for st in self.training.values():
+            mods += _bytes_of(st.pm.module.parameters())
+            for s in st.optimizer.state.values():
+                mods += _bytes_of(v for v in s.values() if isinstance(v, Tensor))
+        return held + mods
+
+    # -- bookkeeping commands -----------------------------------------------------------------------
+
+    def full_weights(self, model: str, version: int) -> dict[str, Tensor]:
+        """Full tensors of a version this worker installs: from the resume checkpoint, or version 0 by seed."""
+        if self.resume is not None and version in self.resume["versions"].get(model, {}):
+            return self.resume["versions"][model][version]
+        if version != 0:
+            raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
+        if model not in self.initial:
+            spec = self.setup.models[model]
+            self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.run.net))
+        return self.initial[model]
+
+    def cmd_install(self, cmd: dict) -> None:
+        m, layout = cmd["model"], cmd["layout"]
+        full = self.full_weights(m, cmd["version"])
+        shards = shard_of(full, self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
+        self.entries[cmd["label"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
+
+    def cmd_release(self, cmd: dict) -> None:
+        self.entries.pop(cmd["label"], None)
+
+    def cmd_export(self, cmd: dict) -> dict:
+        """This rank's shards of weights versions and of a model's optimizer state, serialised."""
+        out: dict[str, Any] = {"weights": {}, "optimizer": {}, "rng": torch.get_rng_state()}
+        for label in cmd.get("weights", ()):
+            e = self.entries.get(label)
+            if e is None:
+                raise CommandError(f"export of {label}, which this worker does not hold")
+            out["weights"][label] = {"version": e.version, "shards": e.shards}
+        for m, layout in cmd.get("optimizer", ()):
+            st = self.training.get((m, layout))
+            if st is None:
+                continue
+            params = st.pm.params()
+            out["optimizer"][m] = {n: dict(st.optimizer.state[p]) for n, p in params.items() if p in st.optimizer.state}
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        return {"export": cmd["export"], "payload": buf.getvalue()}
+
+    # -- transfers ----------------------------------------------------------------------------------
+
+    def rows_of(self, labels: list[str], lo: int, hi: int, fields: list[str]) -> dict[str, Tensor]:
+        """Rows [lo, hi) of each field, assembled from the pieces this worker holds of `labels`."""
+        pieces = [p for lab in labels if lab in self.entries for p in self.entries[lab].pieces]
+        return {f: self._field_rows([p for p in pieces if f in p.fields], f, lo, hi, labels) for f in fields}
+
+    def _field_rows(self, pieces: list[Piece], f: str, lo: int, hi: int, labels: list[str]) -> Tensor:
+        parts, cur = [], lo
+        while cur < hi:
+            best = None
+            for p in pieces:
+                if p.lo <= cur < p.hi and (best is None or p.hi > best.hi):
+                    best = p
+            if best is None:
+                raise CommandError(f"rows [{cur}, {hi}) of '{f}' are not held on worker {self.rank} "
+                                   f"(artifacts {labels})")
+            end = min(best.hi, hi)
+            parts.append(best.fields[f][cur - best.lo:end - best.lo])
+            cur = end
+        return torch.cat(parts) if parts else self.empty(f, 0)
+
+    def empty(self, name: str, rows: int) -> Tensor:
+        shape, dtype = field_spec(name, self.run)
+        return torch.zeros((rows, *shape), dtype=dtype)
+
+    def move_rows(self, moves: list[RowMove], sources: list[str], target: str, fields: list[str], tag0: int) -> int:
+        """Execute row moves; received rows become pieces of `target`. Returns bytes this rank sent."""
+        ops, received, sent = [], [], 0
+        for i, m in enumerate(moves):
+            if m.src == self.rank and m.dst == self.rank:
+                received.append(Piece(m.lo, m.hi, {k: v.clone() for k, v in
+                                                   self.rows_of(sources, m.lo, m.hi, fields).items()}))
+                continue
+            if m.src == self.rank:
+                data = self.rows_of(sources, m.lo, m.hi, fields)
+                for j, f in enumerate(fields):
+                    t = data[f].contiguous()
+                    sent += t.numel() * t.element_size()
+                    ops.append(dist.isend(t, m.dst, tag=tag0 + 16 * i + j))
+            elif m.dst == self.rank:
+                bufs = {f: self.empty(f, m.hi - m.lo) for f in fields}
+                for j, f in enumerate(fields):
+                    ops.append(dist.irecv(bufs[f], m.src, tag=tag0 + 16 * i + j))
+                received.append(Piece(m.lo, m.hi, bufs))
+        for op in ops:
+            op.wait()
+        if received:
+            entry = self.entries.setdefault(target, Entry("data"))
+            entry.pieces.extend(received)
+        return sent
+
+    def move_weights(self, moves: list[WeightMove], src_label: str, model: str, layout: Layout,
+                     tag0: int) -> tuple[Optional[dict[str, Tensor]], int, Optional[int]]:
+        """Execute weight moves into this rank's pieces under `layout`; (shards or None, bytes sent, version)."""
+        shapes = self.shapes[model]
+        layers = self.setup.models[model].arch.layers
+        src = self.entries.get(src_label)
+        version = src.version if src is not None else None
+        mine = rank_pieces(shapes, layout, self.rank, layers) if self.rank in layout.ranks else {}
+        new: dict[str, Tensor] = {}
+        for name, piece in mine.items():
+            shape = list(shapes[name])
+            if piece.dim is not None:
+                shape[piece.dim] = piece.hi - piece.lo
+            new[name] = torch.empty(shape)
+        ops, sent = [], 0
+        for i, m in enumerate(moves):
+            if m.src == self.rank:
+                if src is None:
+                    raise CommandError(f"{src_label} is not held on worker {self.rank}")
+                t = self._src_slice(src, m)
+                if m.dst == self.rank:
+                    self._dst_slice(new, mine, m).copy_(t)
+                    continue
+                t = t.contiguous()
+                sent += t.numel() * t.element_size()
+                ops.append(dist.isend(t, m.dst, tag=tag0 + i))
+            elif m.dst == self.rank:
+                view = self._dst_slice(new, mine, m)
+                buf = torch.empty(view.shape)
+                ops.append((dist.irecv(buf, m.src, tag=tag0 + i), view, buf))
+        for op in ops:
+            if isinstance(op, tuple):
+                op[0].wait()
+                op[1].copy_(op[2])
+            else:
+                op.wait()
+        return (new if mine else None), sent, version
+
+    def _src_slice(self, entry: Entry, m: WeightMove) -> Tensor:
+        """The part [m.lo, m.hi) along m.dim of the piece of `m.name` this rank holds in `entry`."""
+        t = entry.shards[m.name]
+        if m.dim is None:
+            return t
+        assert entry.layout is not None and entry.model is not None
+        layers = self.setup.models[entry.model].arch.layers
+        held = rank_pieces(self.shapes[entry.model], entry.layout, self.rank, layers)[m.name]
+        lo = held.lo if held.dim is not None else 0
+        return t.narrow(m.dim, m.lo - lo, m.hi - m.lo)
+
+    @staticmethod
+    def _dst_slice(new: dict[str, Tensor], mine: dict, m: WeightMove) -> Tensor:
+        t = new[m.name]
+        if m.dim is None:
+            return t
+        piece = mine[m.name]
+        lo = piece.lo if piece.dim is not None else 0
+        return t.narrow(m.dim, m.lo - lo, m.hi - m.lo)
+
+    def cmd_comm_data(self, cmd: dict) -> dict:
+        sent = self.move_rows(cmd["moves"], cmd["sources"], cmd["target"], cmd["fields"], cmd["tag"])
+        return {"bytes": sent, "versions_in": {}}
+
+    def cmd_move_weights(self, cmd: dict) -> dict:
+        """A weights Comm (to another allocation) or a Reshard (same allocation, another layout)."""
+        m, layout = cmd["model"], cmd["layout"]
+        shards, sent, version = self.move_weights(cmd["moves"], cmd["source"], m, layout, cmd["tag"])
+        if cmd["source"] == cmd["target"] and self.rank in cmd["src_ranks"]:
+            self.entries.pop(cmd["source"], None)  # a Reshard replaces the old layout
+        if shards is not None:
+            self.entries[cmd["target"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
+        return {"bytes": sent, "versions_in": {m: version} if version is not None else {}}
+
+    # -- model invocations --------------------------------------------------------------------------
+
+    def serving_model(self, model: str, layout: Layout, label: str) -> tuple[ParallelModel, int]:
+        """The execution module of (model, layout) loaded with the version in `label`."""
+        key = (model, layout)
+        pm = self.serving.get(key)
+        if pm is None:
+            spec = self.setup.models[model]
+            pm = self.serving[key] = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank,
+                                                   self.groups, self.setup.tp_impl)
+        e = self.entries.get(label)
+        if e is None:
+            raise CommandError(f"{label} is not held on worker {self.rank}")
+        if pm.loaded != (model, e.version):
+            pm.load(e.shards)
+            pm.loaded = (model, e.version)
+        return pm, e.version
+
+    def train_state(self, model: str, layout: Layout) -> TrainState:
+        key = (model, layout)
+        st = self.training.get(key)
+        if st is None:
+            spec = self.setup.models[model]
+            pm = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank, self.groups, self.setup.tp_impl)
+            lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
+            params = pm.params()
+            opt = make_adam(params.values(), lr, self.run.rl)
+            saved = self.resume["optimizer"].get(model) if self.resume is not None else None
+            if saved:
+                self._load_optimizer(opt, params, saved, layout, model)
+            st = self.training[key] = TrainState(pm, opt)
+        return st
+
+    def _load_optimizer(self, opt, params, saved: dict, layout: Layout, model: str) -> None:
+        layers = self.setup.models[model].arch.layers
+        pieces = rank_pieces(self.shapes[model], layout, self.rank, layers)
+        for name, p in params.items():
+            state = saved.get(name)
+            if state is None:
+                continue
+            piece = pieces[name]
+            local = {}
+            for k, v in state.items():
+                if isinstance(v, Tensor) and v.dim() > 0 and piece.dim is not None:
+                    v = v.narrow(piece.dim, piece.lo, piece.hi - piece.lo)
+                local[k] = v.clone() if isinstance(v, Tensor) else v
+            opt.state[p] = local
+
+    def prep(self, cmd: dict) -> None:
+        """Move inputs into the invocation's layout first (rows to replicas, weights to shards)."""
+        for i, step in enumerate(cmd.get("prep", ())):
+            tag = cmd["tag"] + 100000 * (i + 1)
+            if step["kind"] == "rows":
+                self.move_rows(step["moves"], [step["label"]], step["label"], step["fields"], tag)
+            else:
+                shards, _, _ = self.move_weights(step["moves"], step["label"], step["model"], step["layout"], tag)
+                if shards is not None:
+                    e = self.entries[step["label"]]
+                    self.entries[step["label"]] = Entry("weights", e.model, e.version, step["layout"], shards=shards)
+
+    def cmd_op(self, cmd: dict) -> dict:
+        self.prep(cmd)
+        role = cmd["role"]
+        lo, hi = cmd["rows"][self.rank]
+        if role == "training":
+            return self.op_training(cmd, lo, hi)
+        pm, version = self.serving_model(cmd["model"], cmd["layout"], cmd["weights"])
+        if role == "generation":
+            fields = self.op_generation(cmd, pm, lo, hi)
+        else:
+            fields = self.op_inference(cmd, pm, lo, hi)
+        for label, names in cmd["outputs"].items():
+            self.entries[label] = Entry("data", pieces=[Piece(lo, hi, {f: fields[f] for f in names})])
+        return {"bytes": 0, "versions_in": {cmd["model"]: version}}
+
+    def chunks(self, cmd: dict, lo: int, hi: int) -> list[tuple[int, int]]:
+        from rpegc.runtime.torch_backend.layout import split_rows
+
+        n = hi - lo
+        return [c for c in split_rows(lo, hi, max(1, min(cmd["mb"], n))) if c[1] > c[0]] if n else []
+
+    def op_generation(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
+        w, rl = self.run.workload, self.run.rl
+        prompts = expand_rollouts(self.task.prompts(w.B, self.setup.seed, cmd["step"]), w.R)
+        from rpegc.runtime.torch_backend.parallel import StageView
+
+        seqs, masks, logps = [], [], []
+        for a, b in self.chunks(cmd, lo, hi):
+            roll = generate(StageView(pm, "generate"), prompts[a:b], range(a, b), seed=self.setup.seed,
+                            step=cmd["step"], max_new_tokens=w.Lr, temperature=rl.temperature)
+            seqs.append(roll.sequences)
+            masks.append(roll.mask)
+            logps.append(roll.logprobs)
+        out = {"sequences": torch.cat(seqs) if seqs else self.empty("sequences", 0),
+               "mask": torch.cat(masks) if masks else self.empty("mask", 0),
+               "old_logprobs": torch.cat(logps) if logps else self.empty("old_logprobs", 0)}
+        if "values" in cmd["fields"]:
+            out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi)
+        return out
+
+    def op_inference(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
+        w = self.run.workload
+        data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
+        out: dict[str, Tensor] = {}
+        for f in cmd["fields"]:
+            if f == "task_scores" or (f == "scores" and self.run.reward == "rule"):
+                # the verifiable rule: the prompt is the first Lp tokens of every sequence
+                seqs = data["sequences"]
+                out[f] = self.task.score(seqs[:, :w.Lp], seqs[:, w.Lp:], data["mask"])
+            else:
+                out[f] = self._forward_field(cmd, pm, data, f, lo, hi)
+        return out
+
+    def _forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
+                       hi: int) -> Tensor:
+        """A teacher-forced field (log-probs, values, reward-model scores) for the rows, microbatch by microbatch."""
+        lp, temp = self.run.workload.Lp, self.run.rl.temperature
+        parts = []
+        for a, b in self.chunks(cmd, lo, hi):
+            seqs, mask = data["sequences"][a - lo:b - lo], data["mask"][a - lo:b - lo]
+            if f in ("old_logprobs", "ref_logprobs"):
+                fn = lambda v, s=seqs: response_forward(v, s, lp, temp).logprobs  # noqa: E731
+            elif f == "values":
+                fn = lambda v, s=seqs: response_forward(v, s, lp).values  # noqa: E731
+            elif f == "scores":
+                fn = lambda v, s=seqs, m=mask: last_token_scores(v, s, lp, m)  # noqa: E731
+            else:
+                raise CommandError(f"the torch backend cannot compute field '{f}'")
+            parts.append(infer(pm, fn))
+        return torch.cat(parts) if parts else self.empty(f, 0)
+
+    def _dp_sum(self, pm: ParallelModel):
+        def reduce(t: Tensor) -> Tensor:
+            t = t.clone()
+            if pm.dp_group is not None:
+                dist.all_reduce(t, group=pm.dp_group)
+            return t
+        return reduce
+
+    def op_training(self, cmd: dict, lo: int, hi: int) -> dict:
+        model, layout = cmd["model"], cmd["layout"]
+        spec = self.setup.models[model]
+        rl = self.run.rl
+        st = self.train_state(model, layout)
+        pm = st.pm
+        e = self.entries.get(cmd["weights"])
+        if e is None:
+            raise CommandError(f"{cmd['weights']} is not held on worker {self.rank}")
+        if pm.loaded != (model, e.version):
+            pm.load(e.shards)
+            pm.loaded = (model, e.version)
+        names = ["sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores"]
+        if self.run.has_critic:
+            names.append("values")
+        data = self.rows_of(cmd["inputs"], lo, hi, names)
+        exp = Experience(sequences=data["sequences"], mask=data["mask"], old_logprobs=data["old_logprobs"],
+                         ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"))
+        dp_sum = self._dp_sum(pm)
+        num_tokens = float(dp_sum(exp.mask.double().sum()))
+        exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
+        if spec.kind == "critic":
+            keys: tuple[str, ...] = ("value_loss",)
+
+            def loss_fn(view, e):
+                loss = critic_loss(view, e, rl, num_tokens)
+                return loss, {"value_loss": loss.item()}
+        else:
+            keys = ("policy_loss", "clipped_tokens")
+            keys += (() if rl.kl_in_reward else ("kl_loss",)) + (("entropy",) if rl.entropy_coef else ())
+            keys += ("value_loss",) if spec.kind == "actor_critic" else ()
+
+            def loss_fn(view, e):
+                return actor_loss(view, e, rl, num_tokens)
+        for _ in range(rl.ppo_epochs):
+            stats, norm = train_step(pm, st.optimizer, loss_fn, exp, cmd["mb"], rl, keys)
+        version = cmd["version_out"]
+        pm.loaded = (model, version)
+        self.entries[cmd["output"]] = Entry("weights", model, version, layout, shards=pm.export())
+        kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
+        sums = dp_sum(torch.stack([data["task_scores"].double().sum(), exp.scores.double().sum(),
+                                   (kl * exp.mask).double().sum(), torch.tensor(float(hi - lo), dtype=torch.float64)]))
+        metrics = {"reward": float(sums[0] / sums[3]), "score": float(sums[1] / sums[3]),
+                   "kl": float(sums[2] / num_tokens)}
+        if spec.kind == "critic":
+            metrics.update(value_loss=stats["value_loss"], critic_grad_norm=norm)
+        else:
+            metrics.update({k: v for k, v in stats.items() if k != "clipped_tokens"})
+            metrics.update(clip_frac=stats["clipped_tokens"] / num_tokens, actor_grad_norm=norm)
+        return {"bytes": 0, "versions_in": {model: e.version}, "versions_out": {model: version},
+                "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+
+
+def run_worker(host: str, port: int, rank: int, world: int) -> int:
+    """Join the controller's store and process group, then serve commands until told to stop."""
+    torch.set_num_threads(1)
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=120))
+    setup: WorkerSetup = pickle.loads(store.get("setup"))
+    if world and world != setup.world:
+        raise SystemExit(f"worker {rank}: launched for {world} ranks, the plan needs {setup.world}")
+    dist.init_process_group(setup.dist_backend, store=dist.PrefixStore("pg", store), rank=rank,
+                            world_size=setup.world, timeout=timedelta(seconds=setup.timeout_s))
+    try:
+        worker = Worker(setup, rank, store)
+    except Exception:
+        n = store.add("res/n", 1)
+        store.set(f"res/{n - 1}", pickle.dumps({"type": "error", "node": None, "what": "setup", "rank": rank,
+                                                 "message": traceback.format_exc(limit=8)}))
+        return 1
+    worker.loop()
+    return 0
+
+
+def spawn_main(host: str, port: int, rank: int, world: int, log_path: str) -> None:
+    """Entry of a locally launched worker: output to its log file, then `run_worker`; exits hard at the end
+    (tearing down the interpreter and gloo politely costs seconds and holds nothing we need)."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 1
+    try:
+        code = run_worker(host, port, rank, world)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="rpeg-torch-worker")
+    ap.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
+    ap.add_argument("--rank", type=int, default=int(os.environ.get("RANK", "-1")))
+    ap.add_argument("--world", type=int, default=int(os.environ.get("WORLD_SIZE", "0")))
+    args = ap.parse_args(argv)
+    host, port = args.store.rsplit(":", 1)
+    code = run_worker(host, int(port), args.rank, args.world)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""rpeg-calibrate's pure parts: the fits recover known parameters from synthetic measurements, bad
+input is a located RpegError, and a calibration becomes a complete profile that load_hardware reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rpegc.core.devices import TIERS
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import load_hardware
+from rpegc.tools.calibrate import (Calibration, EtaFit, LinkFit, ScaleFit, allreduce_terms, cpu_plan, eta,
+                                   fit_alpha_beta, fit_eta, fit_f_peak, mape, p2p_terms, profile_text)
+
+ROWS = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], dtype=float)
+WIDTHS = np.array([8, 16, 32, 64, 128, 256, 512], dtype=float)
+
+
+def _grid():
+    r, k = np.meshgrid(ROWS, WIDTHS, indexing="ij")
+    return r.ravel(), k.ravel()
+
+
+@pytest.mark.parametrize("scale, gm, gk", [(5e10, 12.0, 40.0), (6e14, 256.0, 512.0), (1e11, 0.0, 24.0)])
+def test_fit_eta_recovers_exact_parameters(scale, gm, gk):
+    r, k = _grid()
+    fit = fit_eta(r, k, scale * eta(r, k, gm, gk))
+    assert fit.scale == pytest.approx(scale, rel=0.02)
+    assert fit.gamma_M == pytest.approx(gm, rel=0.02, abs=0.05)
+    assert fit.gamma_K == pytest.approx(gk, rel=0.02, abs=0.05)
+    assert fit.mape < 0.01 and fit.points == r.size
+
+
+def test_fit_eta_with_noise_stays_close():
+    r, k = _grid()
+    rng = np.random.default_rng(0)
+    noisy = 4e10 * eta(r, k, 20.0, 60.0) * np.exp(rng.normal(0, 0.1, r.size))
+    fit = fit_eta(r, k, noisy)
+    assert fit.gamma_M == pytest.approx(20.0, rel=0.2)
+    assert fit.gamma_K == pytest.approx(60.0, rel=0.2)
+    assert 0.05 < fit.mape < 0.15
+
+
+def test_fit_eta_rejects_bad_points():
+    with pytest.raises(RpegError, match="at least 3 points"):
+        fit_eta([1, 2], [8, 8], [1.0, 2.0])
+    with pytest.raises(RpegError, match="positive"):
+        fit_eta([1, 2, 0], [8, 8, 8], [1.0, 2.0, 3.0])
+
+
+def test_fit_alpha_beta_recovers_allreduce_parameters():
+    msgs = np.array([2.0**e for e in range(8, 25, 2)])
+    m, p = np.meshgrid(msgs, [2, 3, 4, 8], indexing="ij")
+    a, b = allreduce_terms(m.ravel(), p.ravel())
+    alpha, beta = 3e-4, 5e-10
+    fit = fit_alpha_beta(a, b, alpha * a + beta * b)
+    assert fit.alpha == pytest.approx(alpha, rel=1e-6)
+    assert fit.beta == pytest.approx(beta, rel=1e-6)
+    assert fit.mape < 1e-9 and fit.note == ""
+    # The ring AllReduce terms of spec 4: 2(p-1) alpha + 2 (p-1)/p M beta.
+    assert allreduce_terms(1000, 4) == (6, 1500)
+
+
+def test_fit_alpha_beta_p2p_and_constraints():
+    msgs = np.array([2.0**e for e in range(8, 25, 2)])
+    a, b = p2p_terms(msgs)
+    fit = fit_alpha_beta(a, b, 1.5e-3 + 2e-10 * msgs)
+    assert (fit.alpha, fit.beta) == (pytest.approx(1.5e-3), pytest.approx(2e-10))
+    # Times that shrink with size would need alpha < 0 or beta < 0: clamped, and said so.
+    clamped = fit_alpha_beta(a, b, 1e-3 - 1e-11 * msgs + 1e-4)
+    assert clamped.alpha >= 0 and clamped.beta > 0 and clamped.note
+    with pytest.raises(RpegError, match="positive"):
+        fit_alpha_beta(a, b, np.zeros_like(msgs))
+
+
+def test_fit_f_peak_inverts_the_roofline():
+    work = np.array([1e8, 4e8, 1.6e9, 6.4e9])
+    etas = np.array([0.3, 0.5, 0.7, 0.8])
+    compute_bound = np.full(4, 1e15)
+    seconds = work / (5e10 * etas)
+    fit = fit_f_peak(work, etas, compute_bound, seconds)
+    assert fit.value == pytest.approx(5e10, rel=0.01) and fit.mape < 0.01
+    # A point that is memory-bound at any plausible F_peak does not pull the fit.
+    ceilings = np.array([1e6, 1e15, 1e15, 1e15])
+    seconds_mem = seconds.copy()
+    seconds_mem[0] = work[0] / 1e6
+    assert fit_f_peak(work, etas, ceilings, seconds_mem).value == pytest.approx(5e10, rel=0.01)
+
+
+def test_mape():
+    assert mape([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
+    with pytest.raises(RpegError):
+        mape([1.0], [0.0])
+
+
+def _calibration() -> Calibration:
+    cal = Calibration(name="unit", devices=2, backend="gloo", plan=cpu_plan(quick=True), date="2026-01-01T00:00:00")
+    cal.BW_mem = 2.5e10
+    cal.eta_fit = EtaFit(1.2e11, 9.0, 25.0, 0.2, 168)
+    cal.f_peak_fit = ScaleFit(5.6e10, 0.1, 6)
+    cal.c_ng = 1.6e-4
+    cal.coll_fit = LinkFit(3.2e-4, 7.8e-10, 0.19, 9)
+    cal.p2p_fit = LinkFit(1.7e-3, 2.9e-10, 0.05, 9, "alpha clamped at 0")
+    cal.M_GPU = 1.2e10
+    cal.memory_source = "psutil RAM / 2 workers"
+    cal.raw.append(("copy", "128 MiB", 2.0**28, 0.01))
+    return cal
+
+
+def test_profile_round_trips_through_load_hardware(tmp_path: Path):
+    cal = _calibration()
+    path = tmp_path / "cpu.toml"
+    path.write_text(profile_text(cal))
+    hw = load_hardware(str(path))
+    assert hw.name == "unit" and hw.gpus_per_node == 2
+    assert (hw.F_peak, hw.BW_mem, hw.gamma_M, hw.gamma_K, hw.c_ng, hw.B_cal) == (
+        pytest.approx(5.6e10), pytest.approx(2.5e10), pytest.approx(9.0), pytest.approx(25.0),
+        pytest.approx(1.6e-4), 8.0)
+    assert hw.M_GPU == pytest.approx(1.2e10) and hw.eps_rt == 0.10
+    # Only the intra-node tier is measurable on one host; the profile is still complete.
+    for tier in TIERS:
+        assert hw.coll(tier) == (pytest.approx(3.2e-4), pytest.approx(7.8e-10))
+        assert hw.p2p(tier) == (pytest.approx(1.7e-3), pytest.approx(2.9e-10))
+    assert cal.hardware().F_peak == pytest.approx(5.6e10)
+
+
+def test_profile_comments_every_value_and_records_fit_quality():
+    text = profile_text(_calibration())
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("["):
+            section = line
+            continue
+        code = line.split("#", 1)[0]
+        if "=" in code and section != "[meta]" and not code.startswith(("name", "description")):
+            assert "#" in line, line
+    assert "not reachable on one host" in text and "alpha clamped at 0" in text
+    assert 'date = "2026-01-01T00:00:00"' in text and "fit_mape" in text
+
+
+def test_incomplete_calibration_is_an_error():
+    cal = _calibration()
+    cal.coll_fit = None
+    with pytest.raises(RpegError, match="incomplete"):
+        profile_text(cal)
+
+
+def test_tiny_campaign_on_two_workers_writes_a_loadable_profile(tmp_path: Path):
+    """A real (tiny) sweep on two gloo worker processes: every measured value is positive and the
+    written profile loads. Values are not checked for accuracy: the machine is shared and noisy."""
+    from rpegc.tools.calibrate import CPU_LAYER_ARCHS, ForwardCase, SweepPlan, calibrate
+
+    d64 = CPU_LAYER_ARCHS["d64"]
+    forwards = (ForwardCase("fwd", d64, 2, 8), ForwardCase("fwd", d64, 4, 8),
+                ForwardCase("dec", d64, 2, 1, 8), ForwardCase("dec", CPU_LAYER_ARCHS["d128"], 4, 1, 8))
+    plan = SweepPlan("fp32", "layers", (1 << 20,), (1, 8), (8, 32), 64, forwards, 8, 8, 64,
+                     (1 << 10, 1 << 14), 0.001, 1, rounds=1)
+    cal = calibrate(2, "gloo", plan, name="smoke", quiet=True)
+    hw = cal.hardware()
+    assert hw.F_peak > 0 and hw.BW_mem > 0 and hw.c_ng > 0 and hw.M_GPU > 0
+    assert hw.beta_coll[0] > 0 and hw.beta_p2p[0] > 0
+    assert {kind for kind, *_ in cal.raw} == {"copy", "forward", "non_gemm", "allreduce", "p2p"}
+    path = tmp_path / "smoke.toml"
+    path.write_text(profile_text(cal))
+    assert load_hardware(str(path)).gpus_per_node == 2

@@ -1,0 +1,64 @@
+"""Passes plug in through the `xdsl.universe` entry point (DESIGN.md Section 5), in real subprocesses.
+
+tests/plugin/ holds a researcher's package, rpegc_plugin_demo, with a dist-info that advertises its
+Universe; putting the folder on PYTHONPATH is all it takes for `rpegc` to run its `max-vertices` pass.
+The same entry point lets `xdsl-opt` run rpegc's own passes on `rpegc --emit=mlir` output.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).parent.parent
+PLUGIN = ROOT / "tests" / "plugin"
+PPO = ROOT / "examples" / "ppo.rpeg"
+BIN = pathlib.Path(sys.executable).parent
+
+
+def run(tool: str, *args: str, plugin: bool = False, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("RPEGC_DEBUG", None)
+    if plugin:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGIN), env.get("PYTHONPATH", "")) if p)
+    return subprocess.run([str(BIN / tool), *args], input=stdin, capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+
+
+def graph_line(path: pathlib.Path) -> int:
+    (line,) = [i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("rpeg.graph @")]
+    return line
+
+
+def test_plugin_pass_reports_a_located_error():
+    result = run("rpegc", str(PPO), "-p", "verify-wellformed,max-vertices{n=5}", plugin=True)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0] == (f"{PPO}:{graph_line(PPO)}:1: error: graph @ppo has 6 vertices, more than "
+                        "max-vertices{n=5} allows")
+    assert lines[1] == "rpeg.graph @ppo {" and lines[2] == "^"
+    assert "Traceback" not in result.stderr
+
+
+def test_plugin_pass_accepts_a_graph_within_its_limit():
+    result = run("rpegc", str(PPO), "-p", "max-vertices{n=10},unroll{k=1}", plugin=True)
+    assert result.returncode == 0, result.stderr
+    assert "exec.graph @ppo steps = 1 {" in result.stdout
+
+
+def test_without_the_plugin_the_pass_is_unknown():
+    result = run("rpegc", str(PPO), "-p", "max-vertices{n=5}")
+    assert result.returncode == 1
+    assert result.stderr.startswith("<pipeline>:1:1: error: ") and "max-vertices" in result.stderr
+
+
+def test_xdsl_opt_runs_rpegc_passes_on_emitted_mlir():
+    mlir = run("rpegc", str(PPO), "--emit=mlir")
+    assert mlir.returncode == 0, mlir.stderr
+    result = run("xdsl-opt", "-p", "verify-wellformed,unroll{k=2}", stdin=mlir.stdout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count('"exec.op"') == 12
+    assert '"exec.publish"() <{src = @"train_actor#0", dst = @"gen#1", container = "W_actor"}>' in result.stdout

@@ -1,0 +1,84 @@
+"""Candidate directories X_cand(v) (Sec. VI-B, App. A-J2a/f): legal, isolated-feasible, fastest first,
+shared by staleness variants, A3's fixed microbatch rule, and a located error when nothing fits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import load_hardware
+from rpegc.core.plan_rules import is_legal
+from rpegc.search.directory import MB_FIXED, DirectoryCache, build_directory, fixed_microbatch
+from rpegc.search.space import ordered_vertices, structural_candidates
+from rpegc.syntax.parser import parse
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+OPTS = CostOptions()
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    p = parse((EXAMPLES / "ppo-8gpu.rpeg").read_text(), "ppo-8gpu.rpeg")
+    return p, load_hardware(p.cluster.hardware)
+
+
+def test_directory_entries_are_legal_feasible_alone_and_sorted(ppo):
+    p, hw = ppo
+    models = {m.name: m for m in p.models}
+    for v in ordered_vertices(p):
+        d = build_directory(p, v, hw, OPTS)
+        assert len(d) > 0
+        assert all(is_legal(a, s, models[v.model].arch.layers, p.workload, p.cluster)
+                   for a, s in zip(d.allocs, d.strategies))
+        assert np.all(d.isolated_peak <= 1.0)
+        assert np.all(np.diff(d.t_op) >= 0)  # sorted by estimated time
+        # every (strategy, origin) group lists the aligned origins of one strategy
+        for group in d.by_strategy:
+            assert len({d.strategies[i] for i in group}) == 1
+            assert len({d.allocs[i] for i in group}) == len(group)
+
+
+def test_memory_filter_drops_only_choices_that_do_not_fit_alone(ppo):
+    p, hw = ppo
+    v = next(v for v in p.graph.vertices if v.name == "train_actor")
+    small = replace(hw, M_GPU=hw.M_GPU / 3)
+    full = build_directory(p, v, small, OPTS, memory_filter=False)
+    kept = build_directory(p, v, small, OPTS)
+    assert 0 < len(kept) < len(full) and kept.dropped == len(full) - len(kept)
+    kept_at = [full.index(a, s) for a, s in zip(kept.allocs, kept.strategies)]
+    dropped = np.isin(np.arange(len(full)), kept_at, invert=True)
+    assert np.all(full.isolated_peak[dropped] > 1.0) and np.all(full.isolated_peak[kept_at] <= 1.0)
+
+
+def test_nothing_fits_is_a_located_error_that_says_what_to_change(ppo):
+    p, hw = ppo
+    v = next(v for v in p.graph.vertices if v.name == "train_actor")
+    with pytest.raises(RpegError) as err:
+        build_directory(p, v, replace(hw, M_GPU=1e9), OPTS)
+    assert "@train_actor" in err.value.message and "more GPUs" in err.value.message
+    assert err.value.loc == v.loc
+
+
+def test_fixed_microbatch_rule_of_ablation_a3(ppo):
+    p, hw = ppo
+    for v in ordered_vertices(p):
+        d = build_directory(p, v, hw, OPTS, MB_FIXED)
+        assert all(s.mb == fixed_microbatch(v.role, s.pp) for s in d.strategies)
+    assert fixed_microbatch("training", 4) == 8 and fixed_microbatch("inference", 4) == 4
+    assert fixed_microbatch("generation", 1) == 1
+
+
+def test_staleness_variants_share_directories(ppo):
+    p, hw = ppo
+    cache = DirectoryCache(hw, OPTS)
+    variants = structural_candidates(p, (0, 1), ac=True)
+    dirs = {}
+    for y in variants:
+        dirs.setdefault(y.vertex_set, set()).add(id(cache.directories(y.program, ordered_vertices(y.program))))
+    assert len(dirs) == 2  # plain and actor-critic-shared vertex sets
+    assert all(len(ids) == 1 for ids in dirs.values())

@@ -1,0 +1,222 @@
+"""The optimizer (Sec. VI, App. A-J, Alg. 1/7): structural candidates, baselines, determinism, feasibility,
+gains over the baselines, the infeasible case, and the ablation switches of Table IV (A1-A9)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import load_hardware
+from rpegc.core.plan_rules import check_plan
+from rpegc.core.program import Cluster
+from rpegc.search import anneal, optimizer
+from rpegc.search.anneal import SearchConfig
+from rpegc.search.baselines import concurrency_groups, concurrent_plan, greedy_plan
+from rpegc.search.compact import CompactVariant
+from rpegc.search.directory import MB_FIXED
+from rpegc.search.evaluator import Evaluator
+from rpegc.search.objective import objective_value
+from rpegc.search.optimizer import OptimizeOptions, optimize, parse_ablations
+from rpegc.search.space import structural_candidates
+from rpegc.syntax.parser import parse
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SMALL = dict(budget_s=0, evals=150, steps=2)
+
+
+def load(name: str):
+    return parse((EXAMPLES / name).read_text(), name)
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    return load("ppo-8gpu.rpeg")
+
+
+@pytest.fixture(scope="module")
+def grpo():
+    return replace(load("grpo.rpeg"), cluster=Cluster("c8", 1, 2, 4, "gh200"), plan=None)
+
+
+# --- structural candidates (S1, S2) -------------------------------------------------------------------
+
+
+def test_structural_candidates_follow_s1_and_s2(ppo, grpo):
+    ys = structural_candidates(ppo, (0, 1), ac=True)
+    assert [(y.ac, tuple(t for _, t in y.tau)) for y in ys] == [
+        (False, (0, 0)), (False, (0, 1)), (False, (1, 0)), (False, (1, 1)), (True, (0,)), (True, (1,))]
+    assert all(y.program.plan is None and dict(y.program.graph.staleness) == dict(y.tau) for y in ys)
+    assert len(structural_candidates(ppo, (0, 1), ac=False)) == 4
+    assert len(structural_candidates(grpo, (0, 1, 2), ac=True)) == 3  # no critic: no sharing (S1)
+
+
+# --- baselines -------------------------------------------------------------------------------------------
+
+
+def compile_first(p) -> CompactVariant:
+    hw = load_hardware(p.cluster.hardware)
+    return Evaluator(hw, optimizer.CostOptions(), steps=2).compile(structural_candidates(p, (0,), False)[0])
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_baselines_produce_legal_plans(name, ppo, grpo):
+    cv = compile_first(ppo if name == "ppo" else grpo)
+    for plan in (greedy_plan(cv), concurrent_plan(cv)):
+        program = replace(cv.program, plan=cv.to_plan(plan.choice))
+        assert check_plan(program) == []
+
+
+def test_greedy_runs_everything_on_the_full_gpu_set(ppo):
+    cv = compile_first(ppo)
+    allocs, _ = cv.placement(greedy_plan(cv).choice)
+    assert all(a.size == ppo.cluster.num_devices for a in allocs)
+
+
+def test_concurrent_gives_each_group_disjoint_allocations(ppo):
+    cv = compile_first(ppo)
+    groups = concurrency_groups(cv)
+    names = [[cv.vertices[i].name for i in g] for g in groups]
+    assert names == [["gen"], ["ref_inf", "reward_inf", "critic_inf"], ["train_actor", "train_critic"]]
+    choice = concurrent_plan(cv).choice
+    for g in groups:
+        masks = [cv.dirs[v].masks[choice[v]] for v in g]
+        assert all(not (a & b) for i, a in enumerate(masks) for b in masks[i + 1:])
+
+
+# --- the search --------------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_result_and_the_result_is_feasible_and_legal(ppo):
+    a = optimize(ppo, OptimizeOptions(seed=3, **SMALL))
+    b = optimize(ppo, OptimizeOptions(seed=3, **SMALL))
+    assert a.program.plan == b.program.plan and a.variant.key == b.variant.key
+    assert a.evaluation == b.evaluation and a.stats.evaluations == b.stats.evaluations
+    assert a.evaluation.feasible and a.evaluation.r_peak <= 1.0
+    assert check_plan(a.program) == []
+    assert dict(a.program.graph.staleness) == dict(a.variant.tau)
+
+
+def test_beats_or_equals_the_baselines_on_the_8gpu_ppo_example(ppo):
+    r = optimize(ppo, OptimizeOptions(seed=0, budget_s=0, evals=300, steps=4))
+    assert r.concurrent.evaluation.feasible and r.greedy.evaluation.feasible
+    assert r.evaluation.score >= r.concurrent.evaluation.score
+    assert r.evaluation.score >= r.greedy.evaluation.score
+    assert r.stats.evaluations >= 300  # the search spent its budget (polish comes on top)
+
+
+def test_finds_a_feasible_plan_where_both_baselines_run_out_of_memory(ppo):
+    hw = replace(load_hardware("gh200"), M_GPU=40e9)
+    r = optimize(ppo, OptimizeOptions(seed=0, **SMALL), hw)
+    assert not r.greedy.evaluation.feasible and not r.concurrent.evaluation.feasible
+    assert r.evaluation.feasible
+
+
+def test_no_feasible_plan_is_a_user_error_with_the_best_peak(ppo):
+    hw = replace(load_hardware("gh200"), M_GPU=30e9)
+    with pytest.raises(RpegError) as err:
+        optimize(ppo, OptimizeOptions(seed=0, **SMALL), hw)
+    assert "no memory-feasible plan" in err.value.message and "r_peak = 1." in err.value.message
+    assert "more GPUs" in err.value.message
+
+
+def test_utilization_objective_scores_throughput_times_utilization(ppo):
+    r = optimize(ppo, OptimizeOptions(seed=0, objective="util", delta=0.1, **SMALL))
+    e = r.evaluation
+    assert r.value == pytest.approx(e.score * e.util) or r.value == pytest.approx(e.score * 1e-12)
+    assert r.objective == "util"
+
+
+def test_baseline_option_returns_that_plan_without_searching(ppo):
+    r = optimize(ppo, OptimizeOptions(baseline="concurrent", budget_s=0, evals=0, steps=2))
+    assert r.source == "concurrent" and r.choice == r.concurrent.choice and r.rounds == 0
+
+
+@pytest.mark.parametrize("options, words", [
+    (OptimizeOptions(objective="fast"), "objective"),
+    (OptimizeOptions(budget_s=0, evals=0), "budget"),
+    (OptimizeOptions(baseline="best"), "baseline"),
+    (OptimizeOptions(delta=1.5), "delta"),
+])
+def test_bad_options_are_user_errors(ppo, options, words):
+    with pytest.raises(RpegError, match=words):
+        optimize(ppo, options)
+
+
+def test_unknown_ablation_lists_the_known_ones():
+    assert parse_ablations("a1, A9") == {"A1", "A9"}
+    with pytest.raises(RpegError, match="A10.*A1 \\(response-length"):
+        parse_ablations("A10")
+
+
+# --- ablations actually change behaviour (Table IV) --------------------------------------------------
+
+
+class Calls:
+    def __init__(self, monkeypatch, module, name):
+        self.n = 0
+        self.args = []
+        original = getattr(module, name)
+
+        def wrapper(*a, **k):
+            self.n += 1
+            self.args.append(a)
+            return original(*a, **k)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+
+@pytest.mark.parametrize("ablation, module, name", [
+    ("A4", anneal, "pair_kernel"),
+    ("A6", anneal.SearchState, "critical_weights"),
+    ("A7", optimizer, "polish"),
+])
+def test_switched_off_mechanisms_are_not_used(ppo, monkeypatch, ablation, module, name):
+    on = Calls(monkeypatch, module, name)
+    optimize(ppo, OptimizeOptions(seed=1, **SMALL))
+    assert on.n > 0
+    off = Calls(monkeypatch, module, name)
+    optimize(ppo, OptimizeOptions(seed=1, ablate=frozenset({ablation}), **SMALL))
+    assert off.n == 0
+
+
+def test_a1_a2_a3_change_the_search_space(ppo, monkeypatch):
+    seen = []
+    original = optimizer.Evaluator
+
+    def spy(*a, **k):
+        ev = original(*a, **k)
+        seen.append(ev)
+        return ev
+
+    monkeypatch.setattr(optimizer, "Evaluator", spy)
+    r = optimize(ppo, OptimizeOptions(seed=0, ablate=parse_ablations("A1,A2,A3"), **SMALL))
+    ev = seen[-1]
+    assert not ev.split and ev.mb_rule == MB_FIXED
+    assert all(t == 0 for _, t in r.variant.tau) and len(r.variants) == 2
+    assert all(label.endswith("=0)") and "=1," not in label for label, _ in r.variants)
+    assert all(not cv.phase_pairs for cv in ev._compiled.values())
+
+
+def test_a5_restarts_from_the_seed_and_a9_cools(ppo, monkeypatch):
+    chains = Calls(monkeypatch, anneal, "run_chain")
+    optimize(ppo, OptimizeOptions(seed=2, search=SearchConfig(w_stag=2), **SMALL))
+    temps = {a[3] for a in chains.args}
+    assert temps == {SearchConfig().t_init, SearchConfig().t_warm}  # warm restarts happen
+    chains = Calls(monkeypatch, anneal, "run_chain")
+    optimize(ppo, OptimizeOptions(seed=2, ablate=frozenset({"A5"}), search=SearchConfig(w_stag=2), **SMALL))
+    assert {a[3] for a in chains.args} == {SearchConfig().t_init}
+    accepts = Calls(monkeypatch, anneal, "accept")
+    optimize(ppo, OptimizeOptions(seed=2, ablate=frozenset({"A9"}), **SMALL))
+    ts = [a[3] for a in accepts.args]
+    assert any(b < a for a, b in zip(ts, ts[1:]))  # geometric cooling lowers t within a chain
+
+
+def test_a8_rejects_out_of_memory_plans_outright():
+    assert objective_value(1000.0, 0.5, 1.01, hard=True) == -math.inf
+    assert objective_value(1000.0, 0.5, 1.01) == pytest.approx(1000.0 * math.exp(-0.4))
+    assert objective_value(1000.0, 0.5, 0.9, hard=True) == 1000.0
+    assert not anneal.accept(anneal.random.Random(0), 10.0, -math.inf, 1.0)

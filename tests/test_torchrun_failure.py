@@ -1,0 +1,100 @@
+"""Failure handling of the torch backend (issue 8, item 6): a worker that dies or raises stops the run
+with a message naming the node and the device, leaves no worker process behind, and `--resume` continues
+from the last checkpoint to the same final weights as an uninterrupted run."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+psutil = pytest.importorskip("psutil")
+
+from rpegc.cli import main as rpegc_main  # noqa: E402
+from rpegc.runtime.backend import BackendError  # noqa: E402
+from rpegc.runtime.controller import run  # noqa: E402
+from rpegc.runtime.plan import load_plan  # noqa: E402
+from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.torch_backend.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from rpegc.runtime.torch_backend.worker import FAULT_ENV  # noqa: E402
+from rpegc.runtime.verify import verify  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = "verify-wellformed,unroll{k=3},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("plans") / "grpo.exec.rpeg")
+    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(plan_file, tmp_path_factory):
+    backend = TorchBackend(seed=0, tp_impl="torch", run_dir=str(tmp_path_factory.mktemp("full")), checkpoint_every=1)
+    run(load_plan(plan_file), backend)
+    return backend.final_weights
+
+
+def no_process_left(pids):
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def test_a_killed_worker_stops_the_run_and_resume_reaches_the_same_weights(plan_file, uninterrupted, tmp_path):
+    plan = load_plan(plan_file)
+    run_dir = str(tmp_path / "run")
+    backend = TorchBackend(seed=0, tp_impl="torch", run_dir=run_dir, checkpoint_every=1, fault="kill:train_actor#2")
+    with pytest.raises(BackendError) as err:
+        run(plan, backend)
+    message = str(err.value)
+    assert "worker 0 (device 0) was killed by signal 9 while running node train_actor#2" in message
+    assert len(backend.worker_pids) == 4 and no_process_left(backend.worker_pids)
+    saved = load_checkpoint(latest_checkpoint(run_dir))
+    assert saved["step"] == 2 and sorted(saved["versions"]["actor"]) == [2]
+    assert set(saved["optimizer"]["actor"]) == set(uninterrupted["actor"])  # Adam state of every parameter
+    assert all("exp_avg" in s and int(s["step"]) == 2 for s in saved["optimizer"]["actor"].values())
+
+    resumed = TorchBackend(seed=0, tp_impl="torch", run_dir=run_dir, checkpoint_every=1, resume=True)
+    rest = resumed.prepare(plan)
+    assert {n.step for n in rest.nodes} == {2}
+    result = run(rest, resumed)
+    assert verify(rest, result.trace) == []
+    assert no_process_left(resumed.worker_pids)
+    for name, weights in uninterrupted["actor"].items():
+        assert torch.equal(resumed.final_weights["actor"][name], weights), name  # bit for bit
+
+
+def test_a_worker_that_raises_names_its_node_and_device_and_the_others_are_stopped(plan_file, tmp_path):
+    # ref_inf runs with tp = 2 on devices 2-3: the failing rank's partner is blocked in a TP all-reduce.
+    backend = TorchBackend(seed=0, tp_impl="torch", fault="raise:ref_inf#1.q1:2")
+    with pytest.raises(BackendError, match=r"node ref_inf#1\.q1 failed on device 2 \(worker 2\): injected failure"):
+        run(load_plan(plan_file), backend)
+    assert no_process_left(backend.worker_pids)
+
+
+def rpeg_run(*args, env=None):
+    code = "import sys; from rpegc.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300, env=dict(os.environ, **(env or {})))
+
+
+def test_rpeg_run_exits_nonzero_on_a_dead_worker_and_resume_finishes_the_run(plan_file, uninterrupted, tmp_path):
+    run_dir = str(tmp_path / "cli-run")
+    out = rpeg_run(plan_file, "--backend", "torch", "--tp-impl", "torch", "--run-dir", run_dir,
+                   env={FAULT_ENV: "kill:train_actor#1"})
+    assert out.returncode == 1
+    assert "worker 0 (device 0) was killed by signal 9 while running node train_actor#1" in out.stderr
+    assert "step 0 done" in out.stdout and "reward" in out.stdout
+    out = rpeg_run(plan_file, "--backend", "torch", "--tp-impl", "torch", "--resume", run_dir)
+    assert out.returncode == 0, out.stderr
+    assert "step 2 done" in out.stdout and "verification: OK" in out.stdout
+    final = torch.load(os.path.join(run_dir, "final.pt"), weights_only=False)["weights"]["actor"]
+    assert all(torch.equal(final[n], w) for n, w in uninterrupted["actor"].items())

@@ -1,0 +1,894 @@
+"""rpeg-calibrate: measure the hardware parameters of the cost model on this machine's devices.
+
+Paper Sec. V-A3 and App. C-A2 ("automated hardware calibration"); spec/cost-model.md Sec. 1.3, 3, 4.
+The campaign measures, on the devices the torch backend runs on (CPU worker processes with one
+thread each, or CUDA devices under NCCL):
+
+    BW_mem           contiguous copies (bytes read + written per second)
+    F_peak, gamma_M, gamma_K
+                     --eta-from layers (default): one least-squares fit of log(W/t) = log(F_peak *
+                     eta(rows, k)) (spec 3.2) over forwards of the backend's transformer layers, both
+                     prefill-shaped (rows = b * seq) and decode steps with the KV cache (rows = b), at
+                     several widths k. --eta-from gemm (the paper's split): the gammas from isolated
+                     GEMM shape sweeps, F_peak from the same forwards through min(F_peak*eta, I*BW_mem).
+                     On CPU the isolated GEMM misses the ~30 framework kernels around every layer's
+                     GEMMs, which dominate decode steps; bench/validation/README.md shows the effect.
+    c_ng             the tensor-parallel-replicated non-GEMM kernels of one layer (two RMSNorms, two
+                     residual adds) at the reference batch B_cal (spec 3.5, [A10])
+    alpha, beta      AllReduce sweeps (collective family) and send/recv ping-pong sweeps (P2P family),
+                     least squares of the alpha-beta forms of spec 4 in relative error
+
+Every microbenchmark is warm and keeps its fastest repeat (interference only adds time). The result
+is a hardware profile TOML (the schema of rpegc/core/hardware.py) with the fitted values, the quality
+of every fit and the date. Tiers a machine cannot reach (a single host reaches only
+`intra_node`) get the intra-node values, and the file says so.
+
+The fit functions are pure functions on arrays (no torch), tested on synthetic data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from rpegc.core.devices import TIERS
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import Hardware, load_hardware
+from rpegc.core.params import layer_params
+from rpegc.core.program import Arch, Workload
+from rpegc.core.work import decode_flops_per_rollout, inference_work
+from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, time_per_call
+
+DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
+BACKEND_POSITIONS = "learned"  # position embedding of the torch backend's models (its run_config default)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure fit functions
+
+
+@dataclass(frozen=True)
+class EtaFit:
+    """F(rows, k) = scale * rows/(rows + gamma_M) * k/(k + gamma_K), fitted in log space."""
+
+    scale: float  # FLOP/s at full saturation of the swept GEMMs
+    gamma_M: float
+    gamma_K: float
+    mape: float  # mean |F_fit - F| / F over the points
+    points: int
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """seconds = alpha * a + beta * b (a, b: the alpha and beta coefficients of a primitive)."""
+
+    alpha: float
+    beta: float
+    mape: float
+    points: int
+    note: str = ""  # set when a constraint (alpha >= 0, beta > 0) was active
+
+
+@dataclass(frozen=True)
+class ScaleFit:
+    """One fitted scale (F_peak) with its relative error over the points."""
+
+    value: float
+    mape: float
+    points: int
+
+
+def mape(predicted, measured) -> float:
+    """Mean absolute percentage error as a fraction: mean(|p - m| / m)."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    if p.shape != m.shape or m.size == 0:
+        raise RpegError(None, f"MAPE needs two equally long non-empty series, got {p.shape} and {m.shape}")
+    if np.any(m <= 0):
+        raise RpegError(None, "MAPE needs positive measured values; drop the zero or negative measurements")
+    return float(np.mean(np.abs(p - m) / m))
+
+
+def eta(rows, widths, gamma_M, gamma_K):
+    """GEMM utilisation of spec 3.2: rows/(rows + gamma_M) * k/(k + gamma_K)."""
+    rows, widths = np.asarray(rows, dtype=float), np.asarray(widths, dtype=float)
+    return rows / (rows + gamma_M) * (widths / (widths + gamma_K))
+
+
+def _gamma_grid(values: np.ndarray, n: int) -> np.ndarray:
+    # Up to 10x the largest swept size: beyond it the data cannot tell a saturation constant from a
+    # lower F scale (throughput just grows linearly over the sweep), and a bounded value keeps F_peak
+    # a physical ceiling rather than an extrapolation far outside the measurements.
+    lo, hi = float(values.min()), float(values.max())
+    return np.concatenate([[0.0], np.geomspace(lo / 100.0, hi * 10.0, n)])
+
+
+def _eta_objective(log_f, rows, widths, gm, gk):
+    """Sum of squared log residuals for every (gamma_M, gamma_K) pair; the scale is solved exactly."""
+    log_r = np.log(rows[None, :] / (rows[None, :] + gm[:, None]))  # [nM, N]
+    log_k = np.log(widths[None, :] / (widths[None, :] + gk[:, None]))  # [nK, N]
+    resid = log_f[None, None, :] - log_r[:, None, :] - log_k[None, :, :]
+    log_scale = resid.mean(axis=-1)
+    return ((resid - log_scale[..., None]) ** 2).sum(axis=-1), log_scale
+
+
+def fit_eta(rows, widths, flops_per_s) -> EtaFit:
+    """Least squares of log F = log A + log(rows/(rows+gamma_M)) + log(k/(k+gamma_K)).
+
+    Log space weighs every shape alike (a GEMM at 1 row counts as much as one at 1000). For fixed
+    gammas the best log A is the mean residual, so only the two gammas are searched: a log grid over
+    [min/100, max*10] plus 0, then two zoomed grids around the best pair.
+    """
+    r = np.asarray(rows, dtype=float)
+    k = np.asarray(widths, dtype=float)
+    f = np.asarray(flops_per_s, dtype=float)
+    if not (r.shape == k.shape == f.shape) or r.size < 3:
+        raise RpegError(None, "the GEMM fit needs at least 3 points with rows, width and FLOP/s each")
+    if np.any(r <= 0) or np.any(k <= 0) or np.any(f <= 0):
+        raise RpegError(None, "GEMM sweep points must have positive rows, width and throughput")
+    log_f = np.log(f)
+    gm, gk = _gamma_grid(r, 90), _gamma_grid(k, 90)
+    best = (0.0, 0.0)
+    for _ in range(3):
+        sse, _ = _eta_objective(log_f, r, k, gm, gk)
+        i, j = np.unravel_index(np.argmin(sse), sse.shape)
+        best = (float(gm[i]), float(gk[j]))
+        gm = _zoom(gm, i)
+        gk = _zoom(gk, j)
+    sse, log_scale = _eta_objective(log_f, r, k, np.array([best[0]]), np.array([best[1]]))
+    scale = float(np.exp(log_scale[0, 0]))
+    fitted = scale * eta(r, k, *best)
+    return EtaFit(scale, best[0], best[1], mape(fitted, f), int(r.size))
+
+
+def _zoom(grid: np.ndarray, i: int) -> np.ndarray:
+    """A finer grid between the neighbours of grid[i] (0 stays a candidate when it was best)."""
+    lo = grid[max(i - 1, 0)]
+    hi = grid[min(i + 1, grid.size - 1)]
+    positive_lo = lo if lo > 0 else (grid[1] / 10.0 if grid.size > 1 and grid[1] > 0 else 1e-9)
+    fine = np.geomspace(positive_lo, max(hi, positive_lo * 1.0001), 60)
+    return np.concatenate([[0.0], fine]) if lo == 0 else fine
+
+
+def fit_alpha_beta(alpha_terms, beta_terms, seconds) -> LinkFit:
+    """Least squares of seconds ~ alpha * a + beta * b in relative error (each row divided by its time).
+
+    Relative error keeps small messages (which fix alpha) from being drowned by large ones (which fix
+    beta). alpha is clamped at 0 and beta at a positive floor, as the profile requires; the note says
+    when that happened.
+    """
+    a = np.asarray(alpha_terms, dtype=float)
+    b = np.asarray(beta_terms, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if not (a.shape == b.shape == t.shape) or t.size < 2:
+        raise RpegError(None, "an alpha-beta fit needs at least 2 points with coefficients and times each")
+    if np.any(t <= 0):
+        raise RpegError(None, "alpha-beta sweep times must be positive")
+    w = 1.0 / t
+    design = np.stack([a * w, b * w], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    note = ""
+    if alpha < 0:
+        alpha, note = 0.0, "alpha clamped at 0"
+        beta = float(np.dot(b * w, np.ones_like(t)) / np.dot(b * w, b * w))
+    if beta <= 0:
+        floor = 1e-15
+        beta, note = floor, (note + "; " if note else "") + f"beta floored at {floor:g} s/B (no bandwidth term visible)"
+        if np.dot(a * w, a * w) > 0:
+            alpha = max(0.0, float(np.dot(a * w, np.ones_like(t) - b * w * beta) / np.dot(a * w, a * w)))
+    return LinkFit(float(alpha), float(beta), mape(alpha * a + beta * b, t), int(t.size), note)
+
+
+def allreduce_terms(message_bytes, participants):
+    """(alpha, beta) coefficients of a ring AllReduce of a per-GPU buffer M over p GPUs (spec 4)."""
+    m = np.asarray(message_bytes, dtype=float)
+    p = np.asarray(participants, dtype=float)
+    return 2 * (p - 1), 2 * (p - 1) / p * m
+
+
+def p2p_terms(message_bytes):
+    """(alpha, beta) coefficients of a point-to-point transfer of M bytes: 1 and M."""
+    m = np.asarray(message_bytes, dtype=float)
+    return np.ones_like(m), m
+
+
+def fit_f_peak(work_per_device, eta_values, memory_ceiling, seconds) -> ScaleFit:
+    """F_peak minimising sum (log t_pred - log t)^2, t_pred = W / min(F_peak * eta, I * BW_mem).
+
+    `memory_ceiling` is I * BW_mem per point (FLOP/s); a point that stays memory-bound for every
+    candidate F_peak carries no information about it and does not move the fit.
+    """
+    w = np.asarray(work_per_device, dtype=float)
+    e = np.asarray(eta_values, dtype=float)
+    c = np.asarray(memory_ceiling, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if not (w.shape == e.shape == c.shape == t.shape) or t.size < 1:
+        raise RpegError(None, "the F_peak fit needs at least one forward with work, eta, ceiling and time")
+    if np.any(t <= 0) or np.any(w <= 0) or np.any(e <= 0):
+        raise RpegError(None, "forward timings, work and eta must be positive")
+    direct = w / (t * e)  # F_peak each point implies when compute-bound
+    lo, hi = math.log(direct.min() / 10.0), math.log(direct.max() * 10.0)
+
+    def sse(log_f: np.ndarray) -> np.ndarray:
+        f = np.exp(log_f)[:, None]
+        predicted = w[None, :] / np.minimum(f * e[None, :], c[None, :])
+        return ((np.log(predicted) - np.log(t)[None, :]) ** 2).sum(axis=1)
+
+    grid = np.linspace(lo, hi, 400)
+    for _ in range(3):
+        i = int(np.argmin(sse(grid)))
+        step = grid[1] - grid[0]
+        grid = np.linspace(grid[i] - step, grid[i] + step, 200)
+    best = float(np.exp(grid[int(np.argmin(sse(grid)))]))
+    predicted = w / np.minimum(best * e, c)
+    return ScaleFit(best, mape(predicted, t), int(t.size))
+
+
+# ---------------------------------------------------------------------------------------------------
+# What to sweep
+
+
+@dataclass(frozen=True)
+class ForwardCase:
+    """One forward timing of the backend's model: `batch` x `seq` new tokens after `context` cached
+    positions (context 0: a teacher-forced forward, as in prefill and inference; seq 1 with a context:
+    one decode step with the KV cache)."""
+
+    name: str
+    arch: Arch
+    batch: int
+    seq: int
+    context: int = 0
+
+    @property
+    def rows(self) -> int:
+        """GEMM rows of the model's eta (spec 3.2): b_loc * ell, with ell = 1 for a decode step."""
+        return self.batch * self.seq
+
+    @property
+    def width(self) -> int:
+        """Local GEMM width k = min(d, d_ff) (one device, no TP)."""
+        return min(self.arch.hidden, self.arch.ffn)
+
+    def work(self) -> float:
+        """The model's FLOPs of this forward: inference work, or one decode step at context + 1 (spec 2)."""
+        if self.context == 0:
+            return float(inference_work(self.arch, "policy", Workload(self.batch, 1, self.seq, 0)))
+        return float(self.batch * decode_flops_per_rollout(self.arch, self.context, 2))
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The measurement campaign. `cpu_plan`/`gpu_plan` give the defaults; `quick` a tiny smoke version."""
+
+    dtype: str  # Workload dtype of what is measured ("fp32" on CPU, "bf16" on GPUs)
+    eta_from: str  # "layers": F_peak, gamma_M, gamma_K from forwards of the backend's layers; "gemm": the
+    # gammas from isolated GEMMs and F_peak from the forwards (the paper's split)
+    copy_bytes: tuple[int, ...]
+    gemm_rows: tuple[int, ...]
+    gemm_widths: tuple[int, ...]
+    gemm_full: int  # the unsharded GEMM dimension (hidden size of the swept layer)
+    forwards: tuple[ForwardCase, ...]
+    B_cal: int
+    ng_seq: int
+    ng_hidden: int
+    message_bytes: tuple[int, ...]
+    min_time: float  # seconds per timed repeat of a short kernel
+    repeats: int
+    # Passes over the forward and link sweeps; a point keeps its fastest pass, so a burst of load from
+    # other processes must hit the same point in every pass to move it.
+    rounds: int = 3
+
+
+def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
+    out, x = [], lo
+    while x <= hi:
+        out.append(x)
+        x *= factor
+    return tuple(out)
+
+
+ETA_SOURCES = ("layers", "gemm")
+
+# Two-layer models of the torch backend's family (hidden 64, 128, 256 like its tiny presets and beyond),
+# timed on prefill-shaped forwards and on decode steps with the KV cache: the shapes generation,
+# inference and training run.
+CPU_LAYER_ARCHS = {
+    "d64": Arch(layers=2, hidden=64, ffn=256, vocab=64, heads=4, kv_heads=4),
+    "d128": Arch(layers=2, hidden=128, ffn=512, vocab=64, heads=4, kv_heads=4),
+    "d256": Arch(layers=2, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8),
+}
+CPU_PREFILL_SHAPES = ((1, 32), (4, 32), (16, 32), (8, 128))  # (batch, seq)
+CPU_DECODE_BATCHES = (1, 4, 16, 64)
+CPU_DECODE_CONTEXT = 48
+
+
+def _layer_forwards(archs: dict[str, Arch], prefill, decode, context: int) -> tuple[ForwardCase, ...]:
+    out = []
+    for name, arch in archs.items():
+        out += [ForwardCase(f"{name} fwd b{b} s{t}", arch, b, t) for b, t in prefill]
+        out += [ForwardCase(f"{name} dec b{b} c{context}", arch, b, 1, context) for b in decode]
+    return tuple(out)
+
+
+def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
+    if quick:
+        two = {k: CPU_LAYER_ARCHS[k] for k in ("d64", "d128")}  # two widths, so gamma_K is identifiable
+        forwards = _layer_forwards(two, ((2, 16), (8, 16)), (1, 8), 16)
+        return SweepPlan("fp32", eta_from, (1 << 22,), (1, 16, 256), (16, 128), 128, forwards, 8, 32, 128,
+                         (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1)
+    forwards = _layer_forwards(CPU_LAYER_ARCHS, CPU_PREFILL_SHAPES, CPU_DECODE_BATCHES, CPU_DECODE_CONTEXT)
+    return SweepPlan(
+        dtype="fp32",
+        eta_from=eta_from,
+        copy_bytes=(1 << 24, 1 << 26, 1 << 27),
+        gemm_rows=_geometric(1, 2048),
+        gemm_widths=_geometric(8, 512),
+        gemm_full=256,
+        forwards=forwards,
+        B_cal=8,
+        ng_seq=64,
+        ng_hidden=128,
+        message_bytes=_geometric(1 << 8, 1 << 24, 4),
+        min_time=0.02,
+        repeats=5,
+    )
+
+
+def gpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
+    big = Arch(layers=2, hidden=4096, ffn=11008, vocab=32000, heads=32, kv_heads=32)
+    mid = Arch(layers=2, hidden=2048, ffn=5632, vocab=32000, heads=16, kv_heads=16)
+    if quick:
+        return SweepPlan("bf16", eta_from, (1 << 28,), (16, 1024, 8192), (256, 4096), 4096,
+                         _layer_forwards({"4k": big}, ((4, 512),), (8,), 512), 8, 512, 4096,
+                         (1 << 12, 1 << 20, 1 << 26), 0.01, 2, rounds=1)
+    forwards = _layer_forwards({"4k": big, "2k": mid}, ((1, 512), (4, 512), (8, 2048)), (1, 8, 64, 256), 1024)
+    return SweepPlan("bf16", eta_from, (1 << 28, 1 << 30), _geometric(16, 16384), _geometric(128, 16384), 8192,
+                     forwards, 8, 1024, 4096, _geometric(1 << 12, 1 << 28, 4), 0.05, 5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measurements (run on every worker; idle ranks return None)
+
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES[name])
+
+
+def _measure_copy(ctx, nbytes: int, dtype: str, min_time: float, repeats: int):
+    if ctx.rank != 0:
+        return None
+    import torch
+
+    elems = nbytes // torch.tensor([], dtype=_dtype(dtype)).element_size()
+    src = torch.randn(elems, device=ctx.device).to(_dtype(dtype))
+    dst = torch.empty_like(src)
+    timing = time_per_call(lambda: dst.copy_(src), min_time=min_time, repeats=repeats, sync=ctx.sync)
+    return 2 * src.numel() * src.element_size(), timing.best  # read + write
+
+
+def _measure_gemm(ctx, rows: int, width: int, full: int, dtype: str, min_time: float, repeats: int):
+    """Median seconds of the column-parallel [rows, full] @ [full, width] and the row-parallel
+    [rows, width] @ [width, full] GEMMs (the two local GEMM shapes of a TP-sharded layer)."""
+    if ctx.rank != 0:
+        return None
+    import torch
+
+    dt = _dtype(dtype)
+    x_col = torch.randn(rows, full, device=ctx.device).to(dt)
+    w_col = torch.randn(full, width, device=ctx.device).to(dt)
+    x_row = torch.randn(rows, width, device=ctx.device).to(dt)
+    w_row = torch.randn(width, full, device=ctx.device).to(dt)
+    with torch.no_grad():
+        col = time_per_call(lambda: torch.matmul(x_col, w_col), min_time=min_time, repeats=repeats, sync=ctx.sync)
+        row = time_per_call(lambda: torch.matmul(x_row, w_row), min_time=min_time, repeats=repeats, sync=ctx.sync)
+    return col.best, row.best
+
+
+def _measure_forward(ctx, case: ForwardCase, dtype: str, min_time: float, repeats: int, busy: int = 1):
+    """Seconds of one forward of the backend's model: teacher-forced over [batch, seq] tokens, or (with a
+    context) one decode step of `seq` tokens after `context` cached positions. Ranks 0..busy-1 run it
+    at the same time (a device's throughput while its neighbours compute too)."""
+    if ctx.rank >= busy:
+        return None
+    import torch
+
+    from rpegc.runtime.torch_backend.models import NetOptions, build_model
+
+    # Learned positions, as the torch backend builds its models (backend.run_config). The model code
+    # creates some tensors (the attention mask) without a device: the default-device context puts them
+    # on the worker's device.
+    net = NetOptions(max_seq=case.context + case.seq, positions=BACKEND_POSITIONS)
+    with torch.device(ctx.device), torch.no_grad():
+        model = build_model(case.arch, "policy", seed=0, opts=net).to(ctx.device, _dtype(dtype))
+        model.eval()
+        tokens = torch.randint(0, case.arch.vocab, (case.batch, case.seq), device=ctx.device)
+        cache = model.new_cache(case.batch, case.context + case.seq) if case.context else None
+
+        def forward() -> None:
+            if cache is not None:
+                cache.length = case.context  # every call is the same decode step
+            model(tokens, cache)
+
+        forward()  # warm before the start line, so the busy ranks overlap
+        if busy > 1:
+            ctx.barrier(range(busy))
+        timing = time_per_call(forward, min_time=min_time, repeats=repeats, sync=ctx.sync)
+    return timing.best
+
+
+def _measure_non_gemm(ctx, batch: int, seq: int, hidden: int, dtype: str, min_time: float, repeats: int):
+    """Seconds of the non-GEMM kernels a TP rank runs on the full hidden state in one layer: the
+    attention and MLP RMSNorms and the two residual adds (the backend's own modules)."""
+    if ctx.rank != 0:
+        return None
+    import torch
+
+    from rpegc.runtime.torch_backend.models import RMSNorm
+
+    dt = _dtype(dtype)
+    norm_a = RMSNorm(hidden, 1e-6).to(ctx.device, dt)
+    norm_m = RMSNorm(hidden, 1e-6).to(ctx.device, dt)
+    x = torch.randn(batch, seq, hidden, device=ctx.device).to(dt)
+    branch = torch.randn_like(x)
+
+    def layer() -> None:
+        h = norm_a(x)
+        y = x + branch  # attention output joins the residual stream
+        h = norm_m(y)
+        y + h  # MLP output joins the residual stream
+
+    with torch.no_grad():
+        return time_per_call(layer, min_time=min_time, repeats=repeats, sync=ctx.sync).best
+
+
+def _iterations(nbytes: int, budget_bytes: float) -> int:
+    """Same on every rank (collectives must match): more iterations for small messages."""
+    return int(min(200, max(3, budget_bytes // max(nbytes, 1))))
+
+
+def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats: int, budget_bytes: float):
+    """Seconds per AllReduce of an `nbytes` per-rank buffer over ranks 0..participants-1 (max over ranks)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    ranks = list(range(participants))
+    group = ctx.group(ranks)
+    if ctx.rank not in ranks:
+        return None
+    dt = _dtype(dtype)
+    buf = torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
+    iters = _iterations(nbytes, budget_bytes)
+    dist.all_reduce(buf, group=group)  # warm-up: connection setup and buffers
+    samples = []
+    for _ in range(repeats):
+        ctx.barrier(ranks)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf, group=group)
+        ctx.sync()
+        samples.append((time.perf_counter() - t0) / iters)
+    return min(samples)
+
+
+def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float):
+    """One-way seconds of a send/recv of `nbytes` between ranks 0 and 1 (half a ping-pong round trip)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    ranks = [0, 1]
+    group = ctx.group(ranks)
+    if ctx.rank not in ranks:
+        return None
+    dt = _dtype(dtype)
+    buf = torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
+    peer = 1 - ctx.rank
+    iters = _iterations(nbytes, budget_bytes)
+
+    def ping_pong() -> None:
+        if ctx.rank == 0:
+            dist.send(buf, peer, group=group)
+            dist.recv(buf, peer, group=group)
+        else:
+            dist.recv(buf, peer, group=group)
+            dist.send(buf, peer, group=group)
+
+    ping_pong()
+    samples = []
+    for _ in range(repeats):
+        ctx.barrier(ranks)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            ping_pong()
+        ctx.sync()
+        samples.append((time.perf_counter() - t0) / (2 * iters))
+    return min(samples)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The campaign
+
+
+@dataclass
+class Calibration:
+    """Everything the campaign found: the profile's values, the fits behind them and the raw points."""
+
+    name: str
+    devices: int
+    backend: str
+    plan: SweepPlan
+    BW_mem: float = 0.0
+    eta_fit: Optional[EtaFit] = None
+    f_peak_fit: Optional[ScaleFit] = None
+    c_ng: float = 0.0
+    coll_fit: Optional[LinkFit] = None
+    p2p_fit: Optional[LinkFit] = None
+    M_GPU: float = 0.0
+    memory_source: str = ""
+    memory_bound: int = 0  # forwards the fitted roofline calls memory-bound
+    concurrent: bool = False  # forwards timed on every device at once
+    raw: list[tuple[str, str, float, float]] = field(default_factory=list)  # (kind, point, x, seconds)
+    date: str = ""
+
+    def hardware(self) -> Hardware:
+        """The calibrated profile as the cost model reads it."""
+        return Hardware.from_dict(profile_mapping(self), source=f"<calibration {self.name}>")
+
+
+def _steps(plan: SweepPlan, world: int) -> int:
+    coll_points = (world - 1) * len(plan.message_bytes) if world > 1 else 0
+    p2p_points = len(plan.message_bytes) if world > 1 else 0
+    gemm_points = len(plan.gemm_rows) * len(plan.gemm_widths) if plan.eta_from == "gemm" else 0
+    rounds = plan.rounds * (len(plan.forwards) + coll_points + p2p_points)
+    return len(plan.copy_bytes) + gemm_points + 1 + rounds
+
+
+def calibrate(devices: int, backend: str, plan: SweepPlan, *, name: str = "cpu", quiet: bool = False,
+              concurrent: bool = False, pool_factory: Callable[[int, str], WorkerPool] = WorkerPool) -> Calibration:
+    """Run the campaign on `devices` workers (at least 2, so links can be measured) and fit everything.
+
+    `concurrent` times the forwards on every device at once: the ceiling of a device whose neighbours
+    are busy too (devices that share cores, caches or memory bandwidth), instead of one device alone.
+    """
+    world = max(devices, 2)
+    cal = Calibration(name=name, devices=devices, backend=backend, plan=plan, concurrent=concurrent,
+                      date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+    progress = Progress(_steps(plan, world), quiet)
+    try:
+        with pool_factory(world, backend) as pool:
+            _compute_campaign(pool, plan, cal, progress)
+            _link_campaign(pool, plan, cal, world, progress)
+    finally:
+        progress.close()
+    cal.M_GPU, cal.memory_source = _device_memory(backend, devices)
+    return cal
+
+
+def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progress: Progress) -> None:
+    busy = cal.devices if cal.concurrent else 1
+    copies = []
+    for nbytes in plan.copy_bytes:
+        moved, seconds = pool.run(_measure_copy, nbytes, plan.dtype, plan.min_time, plan.repeats)[0]
+        copies.append(moved / seconds)
+        cal.raw.append(("copy", f"{nbytes} B buffer", moved, seconds))
+        progress.step(f"memory copy {nbytes >> 20} MiB")
+    # The largest buffer is the one that leaves the caches: the "HBM" figure of the model.
+    cal.BW_mem = copies[-1]
+
+    s_b = Workload(1, 1, 1, 1, plan.dtype).s_b
+    best: dict[int, float] = {}
+    for round_ in range(plan.rounds):
+        for i, case in enumerate(plan.forwards):
+            per_rank = pool.run(_measure_forward, case, plan.dtype, plan.min_time, plan.repeats, busy)
+            seconds = max(t for t in per_rank if t is not None)
+            best[i] = min(best.get(i, math.inf), seconds)
+            progress.step(f"forward {case.name} ({round_ + 1}/{plan.rounds})")
+    forwards = [(case, best[i]) for i, case in enumerate(plan.forwards)]
+    cal.raw += [("forward", case.name, case.work(), seconds) for case, seconds in forwards]
+    if plan.eta_from == "layers":
+        cal.eta_fit = fit_eta([c.rows for c, _ in forwards], [c.width for c, _ in forwards],
+                              [c.work() / t for c, t in forwards])
+        cal.f_peak_fit = ScaleFit(cal.eta_fit.scale, cal.eta_fit.mape, cal.eta_fit.points)
+    else:
+        cal.eta_fit = _gemm_sweep(pool, plan, cal, progress)
+        terms = [roofline_terms(c, s_b, cal.eta_fit.gamma_M, cal.eta_fit.gamma_K, cal.BW_mem) for c, _ in forwards]
+        cal.f_peak_fit = fit_f_peak([w for w, _, _ in terms], [e for _, e, _ in terms], [m for _, _, m in terms],
+                                    [t for _, t in forwards])
+    s_b = Workload(1, 1, 1, 1, plan.dtype).s_b
+    for case, _ in forwards:
+        _, e, ceiling = roofline_terms(case, s_b, cal.eta_fit.gamma_M, cal.eta_fit.gamma_K, cal.BW_mem)
+        cal.memory_bound += ceiling < cal.f_peak_fit.value * e
+
+    cal.c_ng = pool.run(_measure_non_gemm, plan.B_cal, plan.ng_seq, plan.ng_hidden, plan.dtype,
+                        plan.min_time, plan.repeats)[0]
+    cal.raw.append(("non_gemm", f"b={plan.B_cal} seq={plan.ng_seq} d={plan.ng_hidden}", 0.0, cal.c_ng))
+    progress.step("non-GEMM layer")
+
+
+def _gemm_sweep(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progress: Progress) -> EtaFit:
+    """The paper's GEMM-shape sweep: both local GEMMs of a TP-sharded layer at every (rows, k)."""
+    rows, widths, flops = [], [], []
+    for r in plan.gemm_rows:
+        for k in plan.gemm_widths:
+            col, row = pool.run(_measure_gemm, r, k, plan.gemm_full, plan.dtype, plan.min_time, plan.repeats)[0]
+            work = 2.0 * r * k * plan.gemm_full
+            for orientation, seconds in (("col", col), ("row", row)):
+                rows.append(r)
+                widths.append(k)
+                flops.append(work / seconds)
+                cal.raw.append((f"gemm_{orientation}", f"rows={r} k={k} n={plan.gemm_full}", work, seconds))
+            progress.step(f"GEMM rows={r} k={k}")
+    return fit_eta(rows, widths, flops)
+
+
+def roofline_terms(case: ForwardCase, s_b: int, gamma_M: float, gamma_K: float, BW_mem: float) -> tuple[float, float, float]:
+    """(W, eta, I * BW_mem) of a forward on one device, as spec 3.1-3.2 price it.
+
+    Omega_W reads the layer weights once; Omega_A reads and writes b * ell * d activations per layer,
+    with ell the new tokens (1 for a decode step).
+    """
+    arch = case.arch
+    omega_w = arch.layers * layer_params(arch) * s_b
+    omega_a = 2 * case.rows * arch.hidden * arch.layers * s_b
+    work = case.work()
+    return work, float(eta(case.rows, case.width, gamma_M, gamma_K)), work / (omega_w + omega_a) * BW_mem
+
+
+def _link_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, world: int, progress: Progress) -> None:
+    budget = 64 * max(plan.message_bytes)  # bytes per timed repeat: a few large, many small messages
+    coll = [(p, m) for p in range(2, world + 1) for m in plan.message_bytes]
+    best: dict[tuple[str, int, int], float] = {}
+    for round_ in range(plan.rounds):
+        for p, nbytes in coll:
+            per_rank = pool.run(_measure_allreduce, p, nbytes, plan.dtype, plan.repeats, budget)
+            key = ("allreduce", p, nbytes)
+            best[key] = min(best.get(key, math.inf), max(t for t in per_rank if t is not None))
+            progress.step(f"AllReduce p={p} {nbytes} B ({round_ + 1}/{plan.rounds})")
+        for nbytes in plan.message_bytes:
+            per_rank = pool.run(_measure_p2p, nbytes, plan.dtype, plan.repeats, budget)
+            key = ("p2p", 2, nbytes)
+            best[key] = min(best.get(key, math.inf), max(t for t in per_rank if t is not None))
+            progress.step(f"send/recv {nbytes} B ({round_ + 1}/{plan.rounds})")
+    ar = [(p, m, best[("allreduce", p, m)]) for p, m in coll]
+    a, b = allreduce_terms([m for _, m, _ in ar], [p for p, _, _ in ar])
+    cal.coll_fit = fit_alpha_beta(a, b, [t for *_, t in ar])
+    cal.raw += [("allreduce", f"p={p} M={m}", float(m), t) for p, m, t in ar]
+    pp = [(m, best[("p2p", 2, m)]) for m in plan.message_bytes]
+    a, b = p2p_terms([m for m, _ in pp])
+    cal.p2p_fit = fit_alpha_beta(a, b, [t for _, t in pp])
+    cal.raw += [("p2p", f"M={m}", float(m), t) for m, t in pp]
+
+
+def _device_memory(backend: str, devices: int) -> tuple[float, str]:
+    """M_GPU: a CUDA device's capacity, or on CPU the machine's RAM shared by its worker processes."""
+    if backend == "nccl":
+        import torch
+
+        total = min(torch.cuda.get_device_properties(i).total_memory for i in range(devices))
+        return float(total), "torch.cuda.get_device_properties(...).total_memory (smallest device)"
+    import psutil
+
+    total = psutil.virtual_memory().total
+    return float(total) / devices, f"psutil RAM {total} B / {devices} worker processes"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The profile file
+
+
+def profile_mapping(cal: Calibration) -> dict:
+    """The nested mapping the TOML profile holds (the schema of rpegc.core.hardware)."""
+    if cal.eta_fit is None or cal.f_peak_fit is None or cal.coll_fit is None or cal.p2p_fit is None:
+        raise RpegError(None, "the calibration is incomplete; run every measurement before writing a profile")
+    coll = {"alpha": cal.coll_fit.alpha, "beta": cal.coll_fit.beta}
+    p2p = {"alpha": cal.p2p_fit.alpha, "beta": cal.p2p_fit.beta}
+    return {
+        "name": cal.name,
+        "description": _description(cal),
+        "gpus_per_node": cal.devices,
+        "compute": {"F_peak": cal.f_peak_fit.value, "BW_mem": cal.BW_mem, "gamma_M": cal.eta_fit.gamma_M,
+                    "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng, "B_cal": float(cal.plan.B_cal)},
+        "memory": {"M_GPU": cal.M_GPU, "eps_rt": DEFAULT_EPS_RT},
+        # One host reaches only the intra-node tier; the others repeat it so the profile is complete.
+        "collective": {t: dict(coll) for t in TIERS},
+        "p2p": {t: dict(p2p) for t in TIERS},
+    }
+
+
+def _description(cal: Calibration) -> str:
+    unit = "CUDA device (NCCL)" if cal.backend == "nccl" else "single-threaded CPU worker process (gloo)"
+    return f"calibrated on {platform.node() or 'this machine'}: {cal.devices} x {unit}, {cal.plan.dtype}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.6g}" if x != 0 else "0.0"
+
+
+def _compute_lines(cal: Calibration, c: dict) -> list[str]:
+    """F_peak, BW_mem and the gammas with how each was obtained (the two --eta-from methods)."""
+    e, f, p = cal.eta_fit, cal.f_peak_fit, cal.plan
+    bw = f"BW_mem = {_num(c['BW_mem'])}      # B/s; contiguous copy of {p.copy_bytes[-1] >> 20} MiB (read + write bytes)"
+    if p.eta_from == "layers":
+        return [
+            f"F_peak = {_num(c['F_peak'])}      # FLOP/s; scale of one least-squares fit of log(W/t) = log(F_peak * eta) "
+            f"over {f.points} forwards of the backend's layers (prefill-shaped and decode steps"
+            f"{', every device busy at once' if cal.concurrent else ', one device busy'}), MAPE {f.mape:.1%}",
+            bw,
+            f"gamma_M = {_num(c['gamma_M'])}    # rows; same fit (rows = b*ell, ell = 1 for a decode step)",
+            f"gamma_K = {_num(c['gamma_K'])}    # columns; same fit (k = min(d, d_ff) of widths "
+            f"{sorted({fc.width for fc in p.forwards})})",
+        ]
+    return [
+        f"F_peak = {_num(c['F_peak'])}      # FLOP/s; transformer forwards of the backend's model, fitted through "
+        f"min(F_peak*eta, I*BW_mem): {f.points} forwards, MAPE {f.mape:.1%}",
+        bw,
+        f"gamma_M = {_num(c['gamma_M'])}    # rows; GEMM shape sweep ({e.points} GEMMs, n = {p.gemm_full}), "
+        f"least squares of log F, MAPE {e.mape:.1%}",
+        f"gamma_K = {_num(c['gamma_K'])}    # columns; same fit (GEMM saturation scale {e.scale:.4g} FLOP/s)",
+    ]
+
+
+def profile_text(cal: Calibration) -> str:
+    """The profile as TOML, every value with a comment saying how it was obtained."""
+    m = profile_mapping(cal)
+    c, e, f = m["compute"], cal.eta_fit, cal.f_peak_fit
+    p = cal.plan
+    lines = [
+        f"# Hardware profile calibrated by rpeg-calibrate on {cal.date} (paper App. C-A2).",
+        f"# Devices: {cal.devices} x {'CUDA device under NCCL' if cal.backend == 'nccl' else 'CPU worker process with torch.set_num_threads(1), gloo'}.",
+        f"# Kernels run in {p.dtype}: use workloads with dtype = {p.dtype} (s_b = {Workload(1, 1, 1, 1, p.dtype).s_b}) with this profile.",
+        "# beta is an inverse bandwidth (s/B): beta = 1 / bandwidth.",
+        f'name = "{m["name"]}"',
+        f'description = "{m["description"]}"',
+        f"gpus_per_node = {cal.devices}               # the devices of this host form one node",
+        "",
+        "[compute]",
+    ] + _compute_lines(cal, c) + [
+        f"c_ng = {_num(c['c_ng'])}          # s per layer; 2 RMSNorm + 2 residual adds at b = B_cal, "
+        f"seq = {p.ng_seq}, d = {p.ng_hidden}",
+        f"B_cal = {p.B_cal}                   # sequences; reference batch of the c_ng measurement",
+        "",
+        "[memory]",
+        f"M_GPU = {_num(cal.M_GPU)}         # B; {cal.memory_source}",
+        f"eps_rt = {DEFAULT_EPS_RT}                 # paper Sec. IV-E: reserved runtime fraction (not measured)",
+    ]
+    for family, fit, how in (("collective", cal.coll_fit, "AllReduce sweep"), ("p2p", cal.p2p_fit, "send/recv ping-pong sweep")):
+        for tier in TIERS:
+            lines.append("")
+            lines.append(f"[{family}.{tier}]")
+            if tier == "intra_node":
+                note = f"; {fit.note}" if fit.note else ""
+                lines.append(f"alpha = {_num(fit.alpha)}     # s; {how}, {fit.points} points, MAPE {fit.mape:.1%}{note}")
+                lines.append(f"beta = {_num(fit.beta)}      # s/B = 1/{1 / fit.beta / 1e9:.3g} GB/s; same fit")
+            else:
+                lines.append(f"alpha = {_num(fit.alpha)}     # s; not reachable on one host: the intra_node value")
+                lines.append(f"beta = {_num(fit.beta)}      # s/B; not reachable on one host: the intra_node value")
+    lines += [
+        "",
+        "[meta]",
+        f'date = "{cal.date}"',
+        f'host = "{platform.node()}"',
+        f'machine = "{platform.machine()}"',
+        f'torch = "{_torch_version()}"',
+        f'backend = "{cal.backend}"',
+        f"devices = {cal.devices}",
+        f'dtype = "{p.dtype}"',
+        f"fit_mape = {{ eta = {e.mape:.4f}, forward = {f.mape:.4f}, collective = {cal.coll_fit.mape:.4f}, p2p = {cal.p2p_fit.mape:.4f} }}",
+        f'eta_from = "{p.eta_from}"',
+        f"concurrent_forwards = {'true' if cal.concurrent else 'false'}",
+        f"eta_saturation_flops = {_num(e.scale)}",
+        f"memory_bound_forwards = {cal.memory_bound}",
+        f"copy_bandwidths = [{', '.join(_num(moved / s) for kind, _, moved, s in cal.raw if kind == 'copy')}]",
+        f'tiers_measured = ["intra_node"]',
+        f"non_gemm_seq = {p.ng_seq}",
+        f"non_gemm_hidden = {p.ng_hidden}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _torch_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def write_raw(cal: Calibration, path: Path) -> None:
+    """Every measured point of the campaign as CSV: kind, point, x (bytes or FLOPs), seconds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(["kind", "point", "x", "seconds"])
+        for kind, point, x, seconds in cal.raw:
+            out.writerow([kind, point, f"{x:.6g}", f"{seconds:.6g}"])
+
+
+def summary(cal: Calibration) -> str:
+    e, f = cal.eta_fit, cal.f_peak_fit
+    rows = [
+        f"F_peak  {f.value:.4g} FLOP/s   (eta from {cal.plan.eta_from}; forward fit MAPE {f.mape:.1%})",
+        f"BW_mem  {cal.BW_mem:.4g} B/s",
+        f"gamma_M {e.gamma_M:.4g} rows   gamma_K {e.gamma_K:.4g} cols   (eta fit over {e.points}, MAPE {e.mape:.1%})",
+        f"c_ng    {cal.c_ng:.4g} s/layer at B_cal = {cal.plan.B_cal}",
+        f"coll    alpha {cal.coll_fit.alpha:.4g} s  beta {cal.coll_fit.beta:.4g} s/B  (MAPE {cal.coll_fit.mape:.1%})",
+        f"p2p     alpha {cal.p2p_fit.alpha:.4g} s  beta {cal.p2p_fit.beta:.4g} s/B  (MAPE {cal.p2p_fit.mape:.1%})",
+        f"M_GPU   {cal.M_GPU:.4g} B  eps_rt {DEFAULT_EPS_RT}",
+    ]
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rpeg-calibrate", description=(
+        "Measure the cost model's hardware parameters on this machine's devices and write a hardware "
+        "profile TOML (paper App. C-A2)."))
+    ap.add_argument("-o", "--output", default="cpu.toml", help="profile to write (default: cpu.toml)")
+    ap.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
+    ap.add_argument("--devices", type=int, default=None,
+                    help="devices to calibrate: CPU worker processes (default: CPU cores, at most 8) or CUDA devices")
+    ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                    help="gloo = CPU worker processes, nccl = CUDA devices (auto: nccl if CUDA is visible)")
+    ap.add_argument("--quick", action="store_true", help="a tiny sweep for smoke tests (seconds, rough values)")
+    ap.add_argument("--eta-from", choices=ETA_SOURCES, default="layers",
+                    help="fit F_peak, gamma_M, gamma_K on forwards of the backend's layers (default), or the gammas "
+                         "on isolated GEMMs and F_peak on the forwards (the paper's split)")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="time the forwards on every device at once (devices that share cores or memory "
+                         "bandwidth), instead of one device while the others idle")
+    ap.add_argument("--raw", default=None, help="also write every measured point to this CSV")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        backend = default_backend() if args.backend == "auto" else args.backend
+        available = device_count(backend)
+        devices = args.devices if args.devices is not None else min(8, available)
+        if devices < 1:
+            raise RpegError(None, f"--devices must be >= 1, got {devices}")
+        if backend == "nccl" and devices > available:
+            raise RpegError(None, f"--devices {devices} but only {available} CUDA devices are visible; lower it")
+        output = Path(args.output)
+        plan = (gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from)
+        cal = calibrate(devices, backend, plan, name=args.name or output.stem, quiet=args.quiet,
+                        concurrent=args.concurrent)
+        text = profile_text(cal)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        load_hardware(str(output))  # the file must load as a profile
+        if args.raw:
+            write_raw(cal, Path(args.raw))
+    except RpegError as err:
+        print(f"rpeg-calibrate: error: {err.message}", file=sys.stderr)
+        return 1
+    print(summary(cal))
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,718 @@
+"""rpeg-validate: run real operators of the torch backend and compare their latency with the cost model.
+
+Paper Sec. VIII-A (Fig. 4: predicted vs measured operator latency, MAPE, Spearman rho, fraction of
+correctly ordered pairs; Fig. 5: the same for peak memory) and App. C-A2 (the model is evaluated with
+the calibrated profile). spec/cost-model.md Sec. 3 gives the prediction, `rpegc.core.optime.op_time`.
+
+A configuration is one operator (generation, inference or training of one model kind) of one tiny
+model on one workload (B, R, Lp, Lr) under one strategy (dp, pp, tp, mb) on the first dp*pp*tp
+devices. It is executed by the torch backend's own worker code (`runtime/torch_backend/worker.py`,
+`Worker.cmd_op`: the same function the backend runs for an Op node, with its TP/PP/DP execution in
+`parallel.py`), inside worker processes of `rpegc.tools.measure.WorkerPool`. The latency of one run is
+the slowest rank's time from a common barrier to the end of its part; a configuration's latency is the
+median of warm repeats. Memory (Fig. 5) is measured where the backend can measure a device's peak
+(CUDA); the torch backend runs on CPU workers, so on this machine only time is validated.
+
+Outputs (in --out, default bench/validation/): validation.csv (one row per configuration, predicted_s
+and measured_s among the columns), validation.png (log-log scatter with the +-25% band, like Fig. 4)
+and report.md (the printed report). `--from CSV` re-predicts saved measurements with another profile
+or other cost options without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import itertools
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from rpegc.core.cost_options import CostOptions, cost_options
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import Hardware, load_hardware
+from rpegc.core.memory import op_memory, training_state_bytes
+from rpegc.core.optime import op_time
+from rpegc.core.presets import lookup
+from rpegc.core.program import Arch, Workload
+from rpegc.tools.measure import Progress, WorkerPool, device_count
+
+ROLES = ("generation", "inference", "training")
+BACKEND_DTYPE = "fp32"  # the torch backend computes in float32 whatever the workload says (s_b = 4)
+BAND = 0.25  # the +-25% band of Fig. 4
+
+# Tiny models the torch backend trains on a CPU: the two presets and one wider model, so the grid spans
+# 16x in FLOPs per token at fixed depth.
+VALIDATION_ARCHS: dict[str, Arch] = {
+    "tiny": lookup("tiny"),
+    "tiny-4l": lookup("tiny-4l"),
+    "small-256": Arch(layers=4, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8),
+}
+# (B, R, Lp, Lr): a short and a longer workload; R = 1 (PPO-style), sequences = B.
+VALIDATION_WORKLOADS: tuple[tuple[int, int, int, int], ...] = ((16, 1, 16, 16), (32, 1, 32, 32))
+# (role, model kind) of the operators: actor generation, reference inference, actor training.
+VALIDATION_OPERATORS: tuple[tuple[str, str], ...] = (("generation", "policy"), ("inference", "reference"),
+                                                     ("training", "policy"))
+MODEL_NAMES = {"policy": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}
+# How the torch backend executes what spec/cost-model.md Sec. 9 leaves open. Validation predicts with
+# these (they describe the implementation measured, they are not fitted); the CSV and the report keep
+# the prediction with the spec's defaults too (predicted_default_s). `--spec-defaults` drops them.
+BACKEND_COST_OPTIONS: dict[str, object] = {
+    # [A1] parallel.train_step runs forward and backward without activation recompute: 3 forward-equivalents.
+    "train_forward_equivalents": 3,
+    # [A20] worker.op_generation calls generate() once per microbatch: mb separate decode loops.
+    "tp_decode": "per_microbatch",
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configurations
+
+
+@dataclass(frozen=True)
+class Case:
+    """One operator configuration."""
+
+    role: str
+    kind: str
+    model: str  # a VALIDATION_ARCHS name (or any name when `arch` is given explicitly)
+    arch: Arch
+    B: int
+    R: int
+    Lp: int
+    Lr: int
+    dp: int
+    pp: int
+    tp: int
+    mb: int
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def id(self) -> str:
+        return (f"{self.role[:3]}-{self.kind}-{self.model}-B{self.B}R{self.R}Lp{self.Lp}Lr{self.Lr}"
+                f"-d{self.dp}p{self.pp}t{self.tp}m{self.mb}")
+
+    @property
+    def strategy(self) -> str:
+        return f"dp{self.dp} pp{self.pp} tp{self.tp} mb{self.mb}"
+
+    def workload(self, dtype: str) -> Workload:
+        return Workload(B=self.B, R=self.R, Lp=self.Lp, Lr=self.Lr, dtype=dtype)
+
+    @property
+    def suite(self) -> tuple:
+        """Cases sharing one backend worker setup (same architecture and workload)."""
+        return (self.model, self.arch, self.B, self.R, self.Lp, self.Lr)
+
+
+def legal_strategies(arch: Arch, sequences: int, devices: int) -> list[tuple[int, int, int, int]]:
+    """(dp, pp, tp, mb) on 1, 2, 4, 8 devices (at most `devices`) that satisfy the plan rules of spec 1.4.
+
+    TP divides heads, KV heads and FFN; PP divides the layers and is 1 or even; dp divides the
+    sequences; mb = 1 without PP, else mb in {pp, 2 pp} with mb | sequences/dp and at least 8
+    sequences per microbatch.
+    """
+    out = []
+    for p in (1, 2, 4, 8):
+        if p > devices:
+            break
+        for dp, pp in itertools.product(_divisors(p), repeat=2):
+            if p % (dp * pp):
+                continue
+            tp = p // (dp * pp)
+            if arch.heads % tp or arch.kv_heads % tp or arch.ffn % tp:
+                continue
+            if pp > 1 and (pp % 2 or arch.layers % pp):
+                continue
+            if sequences % dp:
+                continue
+            if pp == 1:
+                out.append((dp, 1, tp, 1))
+                continue
+            local = sequences // dp
+            for mb in (pp, 2 * pp):
+                if local % mb == 0 and local // mb >= 8:
+                    out.append((dp, pp, tp, mb))
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def subsample(cases: Sequence[Case], limit: int) -> list[Case]:
+    """At most `limit` cases, evenly spaced through the grid's order (deterministic)."""
+    if limit < 1:
+        raise RpegError(None, f"--max-configs must be >= 1, got {limit}")
+    if len(cases) <= limit:
+        return list(cases)
+    picks = sorted({int(round(i)) for i in np.linspace(0, len(cases) - 1, limit)})
+    return [cases[i] for i in picks]
+
+
+def build_grid(devices: int, quick: bool = False) -> list[Case]:
+    """The validation grid: models x workloads x operators x legal strategies on up to `devices`."""
+    if quick:
+        arch = VALIDATION_ARCHS["tiny"]
+        strategies = [s for s in legal_strategies(arch, 16, devices) if s[1] * s[2] == 1 or s[0] == 1][:3]
+        return [Case(role, kind, "tiny", arch, 16, 1, 8, 8, *s)
+                for role, kind in VALIDATION_OPERATORS for s in strategies]
+    cases = []
+    for (name, arch), (B, R, Lp, Lr) in itertools.product(VALIDATION_ARCHS.items(), VALIDATION_WORKLOADS):
+        for role, kind in VALIDATION_OPERATORS:
+            for s in legal_strategies(arch, B * R, devices):
+                cases.append(Case(role, kind, name, arch, B, R, Lp, Lr, *s))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------------
+# Metrics (pure)
+
+
+def mape(predicted, measured) -> float:
+    """Mean absolute percentage error as a fraction."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    if p.shape != m.shape or m.size == 0:
+        raise RpegError(None, f"MAPE needs two equally long non-empty series, got {p.shape} and {m.shape}")
+    if np.any(m <= 0):
+        raise RpegError(None, "MAPE needs positive measured values")
+    return float(np.mean(np.abs(p - m) / m))
+
+
+def ranks(x) -> np.ndarray:
+    """1-based ranks with ties given their average rank."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="mergesort")
+    r = np.empty(x.size)
+    sorted_x = x[order]
+    i = 0
+    while i < x.size:
+        j = i
+        while j + 1 < x.size and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        r[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return r
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation: Pearson correlation of the (tie-averaged) ranks; nan if undefined."""
+    ra, rb = ranks(a), ranks(b)
+    if ra.size < 2 or np.std(ra) == 0 or np.std(rb) == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def pairs_ordered(predicted, measured) -> float:
+    """Fraction of pairs the prediction orders like the measurement (pairs with equal measurements skipped;
+    a predicted tie of a measured difference counts as wrong)."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    i, j = np.triu_indices(p.size, k=1)
+    dm = np.sign(m[i] - m[j])
+    keep = dm != 0
+    if not np.any(keep):
+        return float("nan")
+    return float(np.mean(np.sign(p[i] - p[j])[keep] == dm[keep]))
+
+
+@dataclass(frozen=True)
+class Scores:
+    n: int
+    mape: float
+    spearman: float
+    pairs: float
+    within_band: float  # fraction with |pred/meas - 1| <= BAND
+    bias: float  # median of pred/meas - 1 (negative: the model underpredicts)
+
+
+def scores(predicted, measured) -> Scores:
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    rel = p / m - 1.0
+    return Scores(int(p.size), mape(p, m), spearman(p, m), pairs_ordered(p, m),
+                  float(np.mean(np.abs(rel) <= BAND)), float(np.median(rel)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prediction
+
+
+@dataclass(frozen=True)
+class Prediction:
+    T_op: float
+    T_gemm: float
+    T_bubble: float
+    T_tp: float
+    T_pp: float
+    T_dp: float
+    T_non_gemm: float
+    T_opt: float
+    peak_bytes: float  # persistent state plus the operator's transient peak on its worst device
+
+
+def predict(case: Case, hw: Hardware, opts: CostOptions, dtype: str, gpus_per_node: int) -> Prediction:
+    """T_op of spec 3 and the isolated operator's per-device memory peak of spec 6 (all devices on one node)."""
+    wl = case.workload(dtype)
+    t = op_time(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
+                gpus_per_node=gpus_per_node, hw=hw, opts=opts)
+    mem = op_memory(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb, opts=opts)
+    # Alone on its devices: a training operator keeps its Adam state; a serving one loads its weights.
+    peak = (training_state_bytes(mem.W_shard, case.dp) + mem.A_core if case.role == "training"
+            else mem.A_with_weights)
+    return Prediction(float(t.T_op), float(t.T_gemm), float(t.T_bubble), float(t.T_tp), float(t.T_pp),
+                      float(t.T_dp), float(t.T_non_gemm), float(t.T_opt), float(peak))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Execution through the torch backend's worker (runs in the pool's processes)
+
+
+def _layout(case: Case):
+    from rpegc.runtime.torch_backend.layout import Layout
+
+    return Layout(tuple(range(case.devices)), case.dp, case.pp, case.tp)
+
+
+def _init_groups(ctx, layouts) -> int:
+    """Every process group the grid needs, created once on every rank in one order: the backend's
+    TP/PP/DP groups (`parallel.ProcessGroups`) and one group per allocation for the start barrier."""
+    import warnings
+
+    from rpegc.runtime.torch_backend.parallel import ProcessGroups
+
+    # megatron-core's TP layers warn about a CUDA setting on every construction; it does not apply here.
+    warnings.filterwarnings("ignore", message="When using async grad allreduce")
+    ctx.state["groups"] = ProcessGroups(layouts)
+    for layout in layouts:
+        ctx.group(layout.ranks)
+    return len(ctx.state["groups"])
+
+
+def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
+    """The backend's `Worker` for the case's model and workload (one per suite, reused across strategies)."""
+    from rpegc.runtime.torch_backend.backend import model_seed
+    from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.torch_backend.worker import ModelSpec, Worker, WorkerSetup
+
+    workers = ctx.state.setdefault("workers", {})
+    if case.suite in workers:
+        return workers[case.suite]
+    arch = case.arch
+    run = RunConfig(algorithm="ppo", actor=arch, workload=case.workload(BACKEND_DTYPE), rl=toy_rl_config("ppo"),
+                    critic=arch, reward="model", reward_arch=arch, positions="learned")
+    models = {MODEL_NAMES[k]: ModelSpec(MODEL_NAMES[k], k, arch, model_seed(seed, k)) for k in MODEL_NAMES}
+    # No layouts: the groups were created once for the whole grid (`_init_groups`) and are shared.
+    setup = WorkerSetup(world=ctx.world, seed=seed, run=run, models=models, layouts=(), tp_impl=tp_impl,
+                        t0=time.time(), timeout_s=300.0)
+    worker = Worker(setup, ctx.rank, store=None)
+    worker.groups = ctx.state["groups"]
+    workers[case.suite] = worker
+    return worker
+
+
+def _batch_fields(case: Case, seed: int) -> dict:
+    """Synthetic inputs of every row of the batch (identical on every rank): what generation, the
+    inference operators and the advantage computation would have produced."""
+    import torch
+
+    BR, ell = case.B * case.R, case.Lp + case.Lr
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "sequences": torch.randint(8, case.arch.vocab, (BR, ell), generator=gen),
+        "mask": torch.ones(BR, case.Lr),
+        "old_logprobs": -2.0 * torch.rand(BR, case.Lr, generator=gen),
+        "ref_logprobs": -2.0 * torch.rand(BR, case.Lr, generator=gen),
+        "values": 0.1 * torch.randn(BR, case.Lr, generator=gen),
+        "scores": torch.rand(BR, generator=gen),
+        "task_scores": torch.rand(BR, generator=gen),
+    }
+
+
+_OUTPUT_FIELDS = {("generation", "policy"): ("sequences", "mask", "old_logprobs"),
+                  ("inference", "reference"): ("ref_logprobs",), ("inference", "policy"): ("old_logprobs",),
+                  ("inference", "critic"): ("values",), ("inference", "reward"): ("scores", "task_scores")}
+_TRAINING_INPUTS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores", "values")
+
+
+def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
+    """The Op command the backend would send for this operator, with its inputs already on this rank."""
+    from rpegc.runtime.torch_backend.layout import replica_rows
+    from rpegc.runtime.torch_backend.worker import Entry, Piece
+
+    model = MODEL_NAMES[case.kind]
+    weights = f"W:{model}:{layout.dp}.{layout.pp}.{layout.tp}"
+    if weights not in worker.entries:
+        worker.cmd_install({"model": model, "layout": layout, "version": 0, "label": weights})
+    rows = replica_rows(layout, 0, case.B * case.R)
+    lo, hi = rows[rank]
+    cmd = {"type": "op", "node": case.id, "step": 0, "role": case.role, "model": model, "layout": layout,
+           "mb": case.mb, "rows": rows, "weights": weights, "inputs": [], "outputs": {}, "fields": [],
+           "prep": [], "tag": 0, "output": None, "version_out": None}
+    batch = _batch_fields(case, seed)
+    if case.role == "training":
+        worker.entries["experience"] = Entry("data", pieces=[Piece(lo, hi, {f: batch[f][lo:hi] for f in _TRAINING_INPUTS})])
+        cmd.update(inputs=["experience"], output=f"{weights}:trained", version_out=1)
+        return cmd
+    out = list(_OUTPUT_FIELDS[(case.role, case.kind)])
+    if case.role == "inference":
+        worker.entries["rollouts"] = Entry("data", pieces=[Piece(lo, hi, {f: batch[f][lo:hi] for f in ("sequences", "mask")})])
+        cmd["inputs"] = ["rollouts"]
+    cmd.update(outputs={"result": out}, fields=out)
+    return cmd
+
+
+def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl: str):
+    """Seconds of each timed run of the operator on this rank and its peak device memory (CUDA only)."""
+    import torch
+
+    layout = _layout(case)
+    if ctx.rank not in layout.ranks:
+        return None
+    worker = _backend_worker(ctx, case, seed, tp_impl)
+    cmd = _op_command(worker, case, layout, ctx.rank, seed)
+    samples, peak = [], None
+    for i in range(warmup + repeats):
+        if ctx.is_cuda:
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        ctx.barrier(layout.ranks)
+        t0 = time.perf_counter()
+        worker.cmd_op(cmd)
+        ctx.sync()
+        samples.append(time.perf_counter() - t0)
+        if ctx.is_cuda:
+            peak = float(torch.cuda.max_memory_allocated(ctx.device))
+    return samples[warmup:], peak
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass(frozen=True)
+class Row:
+    """One CSV row: the configuration, what was measured and what the model predicts."""
+
+    case: Case
+    measured: tuple[float, ...]  # per warm repeat, the slowest rank's seconds
+    measured_peak: Optional[float]  # bytes on the worst device (CUDA), else None
+    pred: Prediction
+    pred_default: Prediction  # with the spec's default cost options
+
+    @property
+    def measured_s(self) -> float:
+        return float(np.median(self.measured))
+
+
+def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 1, seed: int = 0,
+            tp_impl: str = "auto", quiet: bool = False, backend: str = "gloo") -> list[tuple[tuple[float, ...], Optional[float]]]:
+    """Run every case on a pool of `devices` workers; per case the slowest rank's seconds per repeat.
+
+    Repeats are rounds over the whole grid (the first round warms every case up), so a burst of load
+    from other processes lands on one repeat of many cases, not on every repeat of one case, and the
+    median discards it. Each case keeps its backend state (modules, optimizer) between rounds.
+    """
+    if any(c.devices > devices for c in cases):
+        raise RpegError(None, f"a configuration needs more than the {devices} devices; raise --devices")
+    tp_impl = _resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
+    layouts = sorted({_layout(c) for c in cases}, key=lambda L: (L.ranks, L.dp, L.pp, L.tp))
+    progress = Progress(len(cases) * repeats + 1, quiet, "starting workers")
+    samples: list[list[float]] = [[] for _ in cases]
+    peaks: list[Optional[float]] = [None] * len(cases)
+    try:
+        with WorkerPool(devices, backend) as pool:
+            pool.run(_init_groups, layouts)
+            progress.step("process groups ready")
+            for round_ in range(repeats):
+                for i, case in enumerate(cases):
+                    per_rank = [r for r in pool.run(_measure_case, case, 1, warmup if round_ == 0 else 0, seed, tp_impl)
+                                if r is not None]
+                    samples[i].append(max(r[0][0] for r in per_rank))
+                    ranks_peak = [r[1] for r in per_rank if r[1] is not None]
+                    if ranks_peak:
+                        peaks[i] = max(ranks_peak + ([peaks[i]] if peaks[i] is not None else []))
+                    progress.step(f"{case.id} ({round_ + 1}/{repeats})")
+    finally:
+        progress.close()
+    return [(tuple(s), p) for s, p in zip(samples, peaks)]
+
+
+def _resolve_tp_impl(tp_impl: str, needs_tp: bool) -> str:
+    """As the torch backend resolves it: megatron-core when it imports, else plain torch.distributed."""
+    if tp_impl not in ("auto", "megatron", "torch"):
+        raise RpegError(None, f"unknown --tp-impl '{tp_impl}'; use auto, megatron or torch")
+    if tp_impl != "auto" or not needs_tp:
+        return "torch" if tp_impl == "auto" else tp_impl
+    from rpegc.runtime.torch_backend import megatron_compat
+
+    layers, _ = megatron_compat.load()
+    return "megatron" if layers is not None else "torch"
+
+
+def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> list[Row]:
+    dtype = BACKEND_DTYPE
+    return [Row(c, m, peak, predict(c, hw, opts, dtype, gpus_per_node), predict(c, hw, CostOptions(), dtype, gpus_per_node))
+            for c, (m, peak) in zip(cases, measured)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# CSV
+
+CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads",
+               "B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s", "measured_min_s",
+               "measured_max_s", "predicted_s", "predicted_default_s", "rel_error", "T_gemm", "T_bubble", "T_tp",
+               "T_pp", "T_dp", "T_non_gemm", "T_opt", "predicted_peak_bytes", "measured_peak_bytes", "samples_s")
+
+
+def write_csv(rows: Sequence[Row], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(CSV_COLUMNS)
+        for r in rows:
+            c, a, p = r.case, r.case.arch, r.pred
+            out.writerow([c.id, c.role, c.kind, c.model, a.layers, a.hidden, a.ffn, a.vocab, a.heads, a.kv_heads,
+                          c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb, c.devices, len(r.measured),
+                          f"{r.measured_s:.6g}", f"{min(r.measured):.6g}", f"{max(r.measured):.6g}",
+                          f"{p.T_op:.6g}", f"{r.pred_default.T_op:.6g}", f"{p.T_op / r.measured_s - 1:.4f}",
+                          f"{p.T_gemm:.6g}", f"{p.T_bubble:.6g}", f"{p.T_tp:.6g}", f"{p.T_pp:.6g}", f"{p.T_dp:.6g}",
+                          f"{p.T_non_gemm:.6g}", f"{p.T_opt:.6g}", f"{p.peak_bytes:.6g}",
+                          "" if r.measured_peak is None else f"{r.measured_peak:.6g}",
+                          " ".join(f"{s:.6g}" for s in r.measured)])
+
+
+def read_csv(path: Path) -> list[tuple[Case, tuple[float, ...], Optional[float]]]:
+    """Cases and measurements of a validation CSV (to re-predict them with another profile)."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise RpegError(None, f"cannot read {path}: {err.strerror}; pass a CSV written by rpeg-validate") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in ("role", "kind", "model", "layers", "B", "dp", "samples_s") if c not in (reader.fieldnames or [])]
+    if missing:
+        raise RpegError(None, f"{path} lacks the columns {', '.join(missing)}; pass a CSV written by rpeg-validate")
+    out = []
+    for line, rec in enumerate(reader, start=2):
+        try:
+            arch = Arch(*(int(rec[k]) for k in ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")))
+            case = Case(rec["role"], rec["kind"], rec["model"], arch,
+                        *(int(rec[k]) for k in ("B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb")))
+            samples = tuple(float(s) for s in rec["samples_s"].split())
+            peak = float(rec["measured_peak_bytes"]) if rec.get("measured_peak_bytes") else None
+        except (KeyError, ValueError, TypeError) as err:
+            raise RpegError(None, f"{path}, line {line}: malformed row ({err}); regenerate it with rpeg-validate") from None
+        if not samples:
+            raise RpegError(None, f"{path}, line {line}: no measured samples")
+        out.append((case, samples, peak))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Report and plot
+
+
+def _fmt(s: Scores) -> str:
+    rho = "  n/a" if math.isnan(s.spearman) else f"{s.spearman:5.3f}"
+    pairs = "  n/a" if math.isnan(s.pairs) else f"{s.pairs:5.1%}"
+    return f"{s.n:4d}  {s.mape:6.1%}  {rho}  {pairs}  {s.within_band:6.1%}  {s.bias:+6.1%}"
+
+
+def groups_of(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
+    """The rows overall, per role, and per parallelism class (what a systematic error shows up in)."""
+    out = [("all", list(rows))]
+    out += [(role, [r for r in rows if r.case.role == role]) for role in ROLES]
+    classes = (("pp = 1", lambda c: c.pp == 1), ("pp > 1", lambda c: c.pp > 1), ("tp > 1", lambda c: c.tp > 1),
+               ("dp > 1", lambda c: c.dp > 1), ("one device", lambda c: c.devices == 1))
+    out += [(name, [r for r in rows if pred(r.case)]) for name, pred in classes]
+    for role in ROLES:
+        out.append((f"{role}, pp = 1", [r for r in rows if r.case.role == role and r.case.pp == 1]))
+    return [(name, rs) for name, rs in out if rs]
+
+
+def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int, source: str) -> str:
+    changed = [f"{f.name} = {getattr(opts, f.name)!r}" for f in fields(CostOptions)
+               if getattr(opts, f.name) != getattr(CostOptions(), f.name)]
+    lines = [
+        "# Cost-model validation (paper Sec. VIII-A, Fig. 4)",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}, host {platform.node()}",
+        f"- measurements: {source}",
+        f"- hardware profile: {hw.source} ({hw.name}); devices: {devices}",
+        f"- cost options: {', '.join(changed) if changed else 'the spec defaults'}",
+        f"- latency = median of warm repeats (rounds over the grid) of the slowest rank; configurations: {len(rows)}",
+        "",
+        "```",
+        "group                      n    MAPE    rho   pairs  +-25%    bias",
+    ]
+    for name, rs in groups_of(rows):
+        s = scores([r.pred.T_op for r in rs], [r.measured_s for r in rs])
+        lines.append(f"{name:<24} {_fmt(s)}")
+    lines.append("```")
+    if any(r.pred_default.T_op != r.pred.T_op for r in rows):
+        s = scores([r.pred_default.T_op for r in rows], [r.measured_s for r in rows])
+        lines += ["", f"With the spec's default cost options: n {s.n}, MAPE {s.mape:.1%}, rho {s.spearman:.3f}, "
+                  f"pairs {s.pairs:.1%}, bias {s.bias:+.1%}."]
+    mem = [r for r in rows if r.measured_peak is not None]
+    if mem:
+        s = scores([r.pred.peak_bytes for r in mem], [r.measured_peak for r in mem])
+        lines += ["", "Peak memory (Fig. 5): ```" + _fmt(s) + "```"]
+    else:
+        lines += ["", "Peak memory (Fig. 5): not measured; the torch backend's workers run on the CPU, where torch "
+                  "keeps no per-device peak."]
+    worst = sorted(rows, key=lambda r: -abs(r.pred.T_op / r.measured_s - 1))[:8]
+    lines += ["", "Largest errors:", "```"]
+    lines += [f"{r.case.id:<48} measured {r.measured_s * 1e3:8.2f} ms  predicted {r.pred.T_op * 1e3:8.2f} ms  "
+              f"({r.pred.T_op / r.measured_s - 1:+.0%})" for r in worst]
+    lines.append("```")
+    lines += ["", "Columns: MAPE = mean |pred - meas| / meas; rho = Spearman rank correlation; pairs = fraction of "
+              "configuration pairs ordered correctly; +-25% = fraction inside the band; bias = median pred/meas - 1."]
+    return "\n".join(lines) + "\n"
+
+
+_MARKERS = {"dp": "o", "tp": "s", "pp": "^", "mixed": "D", "single": "x"}
+_COLOURS = {"generation": "#4C72B0", "inference": "#55A868", "training": "#C44E52"}
+
+
+def _shape(case: Case) -> str:
+    used = [k for k, v in (("dp", case.dp), ("pp", case.pp), ("tp", case.tp)) if v > 1]
+    return "single" if not used else used[0] if len(used) == 1 else "mixed"
+
+
+def plot(rows: Sequence[Row], path: Path, *, memory: bool = False) -> None:
+    """Predicted vs measured on log-log axes, y = x and the +-25% band (Fig. 4; Fig. 5 with memory)."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    use = [r for r in rows if not memory or r.measured_peak is not None]
+    if not use:
+        return
+    meas = np.array([r.measured_peak if memory else r.measured_s for r in use])
+    pred = np.array([r.pred.peak_bytes if memory else r.pred.T_op for r in use])
+    scale = 1.0 if memory else 1e3
+    unit = "bytes" if memory else "ms"
+    fig = Figure(figsize=(6.2, 5.6), dpi=130)
+    ax = fig.add_subplot(1, 1, 1)
+    lo = min(meas.min(), pred.min()) * scale / 1.5
+    hi = max(meas.max(), pred.max()) * scale * 1.5
+    grid = np.geomspace(lo, hi, 50)
+    ax.fill_between(grid, grid * (1 - BAND), grid * (1 + BAND), color="#DDDDDD", label=f"+-{BAND:.0%}")
+    ax.plot(grid, grid, color="black", linewidth=1)
+    for r, m, p in zip(use, meas, pred):
+        ax.scatter(m * scale, p * scale, marker=_MARKERS[_shape(r.case)], color=_COLOURS[r.case.role],
+                   s=22, linewidths=1.0, alpha=0.85)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(f"measured ({unit})")
+    ax.set_ylabel(f"predicted ({unit})")
+    s = scores(pred, meas)
+    what = "peak memory" if memory else "operator latency"
+    ax.set_title(f"Predicted vs measured {what}\nMAPE {s.mape:.1%}, Spearman {s.spearman:.3f}, "
+                 f"pairs {s.pairs:.1%} (n = {s.n})", fontsize=9)
+    handles = [Line2D([], [], color=c, marker="o", linestyle="", label=role) for role, c in _COLOURS.items()]
+    handles += [Line2D([], [], color="grey", marker=m, linestyle="", label=name) for name, m in _MARKERS.items()]
+    ax.legend(handles=handles, fontsize=7, loc="upper left")
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rpeg-validate", description=(
+        "Run generation, inference and training operators of the torch backend over a grid of tiny models, "
+        "workloads and (dp, pp, tp, mb) strategies, and compare their latency with the cost model "
+        "(paper Sec. VIII-A, Fig. 4)."))
+    ap.add_argument("--hardware", required=True, help="calibrated profile (a path or a shipped name), e.g. cpu.toml")
+    ap.add_argument("--devices", type=int, default=None, help="worker processes (default: CPU cores, at most 8)")
+    ap.add_argument("--out", default="bench/validation", help="directory for validation.csv/.png and report.md")
+    ap.add_argument("--repeats", type=int, default=5, help="timed warm repeats per configuration (median)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs before the repeats")
+    ap.add_argument("--quick", action="store_true", help="a handful of configurations (smoke test)")
+    ap.add_argument("--max-configs", type=int, default=120,
+                    help="run at most this many configurations, evenly spread over the grid (default 120; the "
+                         "grid has 81 on 2 devices, 177 on 4, 279 on 8)")
+    ap.add_argument("--cost-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a cost-model option of rpegc.core.cost_options (repeatable), on top of the options that "
+                         "describe the torch backend (train_forward_equivalents=3, tp_decode=per_microbatch)")
+    ap.add_argument("--spec-defaults", action="store_true",
+                    help="start from the spec's default cost options instead of the backend's")
+    ap.add_argument("--from", dest="from_csv", default=None,
+                    help="re-predict the measurements of this validation CSV instead of running anything")
+    ap.add_argument("--tp-impl", default="auto", help="tensor-parallel implementation: auto, megatron or torch")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def _parse_options(items: Sequence[str], spec_defaults: bool = False) -> CostOptions:
+    values: dict[str, object] = {} if spec_defaults else dict(BACKEND_COST_OPTIONS)
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise RpegError(None, f"--cost-option '{item}' is not NAME=VALUE, e.g. train_forward_equivalents=3")
+        values[name.strip()] = value.strip()
+    return cost_options(values)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        hw = load_hardware(args.hardware)
+        opts = _parse_options(args.cost_option, args.spec_defaults)
+        if args.repeats < 1 or args.warmup < 0:
+            raise RpegError(None, "--repeats must be >= 1 and --warmup >= 0")
+        if args.from_csv:
+            saved = read_csv(Path(args.from_csv))
+            cases = [c for c, _, _ in saved]
+            measured = [(s, p) for _, s, p in saved]
+            devices = max(c.devices for c in cases)
+            source = f"re-predicted from {args.from_csv}"
+        else:
+            devices = args.devices if args.devices is not None else min(8, device_count("gloo"))
+            if devices < 1:
+                raise RpegError(None, f"--devices must be >= 1, got {devices}")
+            cases = subsample(build_grid(devices, args.quick), args.max_configs)
+            measured = measure(cases, devices, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                               tp_impl=args.tp_impl, quiet=args.quiet)
+            source = f"measured now, {args.repeats} repeats after {args.warmup} warm-up"
+            cores = device_count("gloo")
+            if devices > cores:
+                source += (f"; WARNING: {devices} workers on {cores} cores time-share, so the devices are not "
+                           "independent as the cost model assumes")
+        gpus_per_node = hw.gpus_per_node or devices
+        rows = make_rows(cases, measured, hw, opts, gpus_per_node)
+        out = Path(args.out)
+        text = report(rows, hw=hw, opts=opts, devices=devices, source=source)
+        out.mkdir(parents=True, exist_ok=True)
+        if not args.from_csv:
+            write_csv(rows, out / "validation.csv")
+        else:
+            write_csv(rows, out / "validation-repredicted.csv")
+        plot(rows, out / ("validation.png" if not args.from_csv else "validation-repredicted.png"))
+        if any(r.measured_peak is not None for r in rows):
+            plot(rows, out / "validation-memory.png", memory=True)
+        (out / ("report.md" if not args.from_csv else "report-repredicted.md")).write_text(text)
+    except RpegError as err:
+        print(f"rpeg-validate: error: {err.message}", file=sys.stderr)
+        return 1
+    print(text, end="")
+    print(f"wrote {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
