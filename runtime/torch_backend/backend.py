@@ -728,7 +728,7 @@ class TorchBackend(Backend):
 
     def _checkpoint(self, step: int) -> None:
         """Gather weights, Adam state and RNG of step boundary `step` and write the checkpoint."""
-        requests: dict[int, dict] = {r: {"weights": [], "optimizer": []} for r in range(len(self._procs))}
+        requests: dict[int, dict] = {r: {"weights": [], "optimizer": []} for r in range(len(self._cmd_seq))}
         trained: dict[str, tuple[Artifact, Layout]] = {}
         for a, h in self._holdings.items():
             if a.kind == "weights" and a.name in self._trained and a.index == step and h.layout is not None:

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
-from rpegc.runtime.torch_backend.layout import Layout, param_piece, shard_dim, split_rows, stage_bounds
+from rpegc.runtime.torch_backend.layout import Layout, param_piece, rank_pieces, shard_dim, split_rows, stage_bounds
 from rpegc.runtime.torch_backend.models import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, KVCache, ModelOutput, NetOptions,
                                                 TransformerModel)
 from rpegc.runtime.torch_backend.rl import Experience, RLConfig, optimizer_step
@@ -364,8 +364,6 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
 def shard_of(full: dict[str, Tensor], shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int,
              layers: int) -> dict[str, Tensor]:
     """This rank's pieces of full tensors (an initial checkpoint or a saved version)."""
-    from rpegc.runtime.torch_backend.layout import rank_pieces
-
     out = {}
     for name, piece in rank_pieces(shapes, layout, rank, layers).items():
         t = full[name]

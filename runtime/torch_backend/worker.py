@@ -3,10 +3,11 @@ DESIGN.md Section 7).
 
     python -m rpegc.runtime.torch_backend.worker --store HOST:PORT [--rank R --world N]
 
-A worker joins the controller's TCPStore, reads the run setup from it, joins torch.distributed (gloo on
-CPU, NCCL on GPUs) through the same store, creates every process group of the plan's layouts (all ranks,
-one order), then executes commands until told to stop. Under torchrun or Slurm, RANK / WORLD_SIZE come
-from the environment instead of the flags; nothing else changes.
+A worker joins the controller's TCPStore, reads the run setup from it, joins torch.distributed through
+the same store (the setup names the backend: gloo; NCCL would need the tensors on the GPU, which this
+module does not place yet), creates every process group of the plan's layouts (all ranks, one order),
+then executes commands until told to stop. Under torchrun or Slurm, RANK / WORLD_SIZE come from the
+environment instead of the flags; nothing else changes.
 
 Control channel (all through the store, so it works across nodes): the controller writes command i of
 rank r under `cmd/r/i`; a worker appends each result under `res/<n>`, n from the atomic counter `res/n`.
@@ -43,10 +44,10 @@ from torch import Tensor
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
-from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces
+from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.models import build_model, export_weights
-from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, infer, param_shapes, shard_of,
-                                                  train_step)
+from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, StageView, infer, param_shapes,
+                                                  shard_of, train_step)
 from rpegc.runtime.torch_backend.reference import RunConfig
 from rpegc.runtime.torch_backend.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
                                             last_token_scores, make_adam, response_forward)
@@ -469,16 +470,12 @@ class Worker:
         return {"bytes": 0, "versions_in": {cmd["model"]: version}}
 
     def chunks(self, cmd: dict, lo: int, hi: int) -> list[tuple[int, int]]:
-        from rpegc.runtime.torch_backend.layout import split_rows
-
         n = hi - lo
         return [c for c in split_rows(lo, hi, max(1, min(cmd["mb"], n))) if c[1] > c[0]] if n else []
 
     def op_generation(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
         w, rl = self.run.workload, self.run.rl
         prompts = expand_rollouts(self.task.prompts(w.B, self.setup.seed, cmd["step"]), w.R)
-        from rpegc.runtime.torch_backend.parallel import StageView
-
         seqs, masks, logps = [], [], []
         for a, b in self.chunks(cmd, lo, hi):
             roll = generate(StageView(pm, "generate"), prompts[a:b], range(a, b), seed=self.setup.seed,
