@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from rpegc.core.errors import RpegError
+from rpegc.core.devices import id_ranges
 from rpegc.core.program import Program
 
 KIND_COLOURS = {
@@ -74,24 +75,10 @@ def bars_from_program(p: Program) -> list[Bar]:
     return bars
 
 
-def _ranges(ids: Sequence[int]) -> str:
-    """'0-3,8-11' for ascending ids."""
-    parts = []
-    lo = prev = ids[0]
-    for d in list(ids[1:]) + [None]:
-        if d is not None and d == prev + 1:
-            prev = d
-            continue
-        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
-        if d is not None:
-            lo = prev = d
-    return ",".join(parts)
-
-
 def _device_label(devices: Sequence[int]) -> str:
     if len(devices) == 1:
         return f"GPU {devices[0]}"
-    text = _ranges(devices)
+    text = id_ranges(devices)
     if len(text) > 16:
         text = text[:14].rsplit(",", 1)[0] + ",…"
     return f"GPUs {text} ({len(devices)})" if "," in text else f"GPUs {text}"
@@ -135,7 +122,7 @@ def device_rows(
         label = _device_label(devs)
         if len(group[0]) > 1:  # node-level rows
             node_ids = sorted({d // gpus_per_node for d in devs})
-            label = f"node {node_ids[0]}" if len(node_ids) == 1 else f"nodes {_ranges(node_ids)}"
+            label = f"node {node_ids[0]}" if len(node_ids) == 1 else f"nodes {id_ranges(node_ids)}"
             label = label if len(label) <= 18 else label[:16].rsplit(",", 1)[0] + ",…"
         rows.append(Row(devs, label))
     return rows

@@ -23,3 +23,19 @@ def tier(devices: Iterable[int], cluster: Cluster) -> str:
         return "intra_node"
     racks = {n // cluster.nodes for n in nodes}
     return "inter_node" if len(racks) == 1 else "inter_rack"
+
+
+def id_ranges(ids: Iterable[int]) -> str:
+    """'0-3,8,10-11' for a set of device (or node) ids; '-' for none."""
+    ordered = sorted(int(i) for i in ids)
+    if not ordered:
+        return "-"
+    parts, lo, prev = [], ordered[0], ordered[0]
+    for i in ordered[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
+        if i is not None:
+            lo = prev = i
+    return ",".join(parts)

@@ -13,6 +13,7 @@ import numpy as np
 
 from rpegc.core.annotate import placement_time, program_memory, program_placements, transfer_time
 from rpegc.core.cost_options import CostOptions
+from rpegc.core.devices import id_ranges
 from rpegc.core.hardware import Hardware
 from rpegc.core.memory import FROZEN, SHADOW, TRAINING
 from rpegc.core.params import param_count
@@ -59,7 +60,7 @@ def _time_table(p, placements, hw, opts) -> list[str]:
         s = pl.strategy
         values = [t.T_gemm, t.T_bubble, t.T_tp, t.T_pp, t.T_dp, t.T_non_gemm, t.T_opt, t.T_op]
         rows.append([pl.vertex, pl.role, pl.model, f"{s.dp},{s.pp},{s.tp},{s.mb}",
-                     _ranges(alloc_ids(pl.alloc, p.cluster))] + [f"{float(v):.4e}" for v in values])
+                     id_ranges(alloc_ids(pl.alloc, p.cluster))] + [f"{float(v):.4e}" for v in values])
         if pl.role == "generation":
             pf, dec = t.phase("prefill"), t.phase("decode")
             rows.append([f"  prefill {float(pf.T_gemm):.4e} s (F_eff {float(pf.F_eff):.3e}), decode {float(dec.T_gemm):.4e} s "
@@ -73,9 +74,9 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
         if n.kind == "op":
             continue
         t = transfer_time(n, p, hw, opts)
-        dst = _ranges(alloc_ids(n.alloc, p.cluster))
+        dst = id_ranges(alloc_ids(n.alloc, p.cluster))
         if n.kind == "comm":
-            key = (f"comm {n.container or n.model or ''}", n.bytes, _ranges(alloc_ids(n.src_alloc, p.cluster)), dst)
+            key = (f"comm {n.container or n.model or ''}", n.bytes, id_ranges(alloc_ids(n.src_alloc, p.cluster)), dst)
         else:
             model = p.model(n.model)
             key = (f"reshard {n.model}", param_count(model.arch, model.kind) * p.workload.s_b, dst, "same")
@@ -116,7 +117,7 @@ def _memory_lines(mem: DeviceMemory, n: int) -> list[str]:
     order = sorted(groups.items(), key=lambda kv: (-float(mem.peak[kv[1][0]]), kv[1][0]))
     lines = []
     for items, devices in order:
-        name = f"device {devices[0]}" if len(devices) == 1 else f"devices {_ranges(devices)}"
+        name = f"device {devices[0]}" if len(devices) == 1 else f"devices {id_ranges(devices)}"
         peak = float(mem.peak[devices[0]])
         flag = "" if peak <= mem.m_eff else "  OVER"
         detail = " + ".join(f"{label} {_gib(v)}" for label, v in items) if items else "idle"
@@ -134,7 +135,7 @@ def _verdict(mem: DeviceMemory) -> str:
         groups[tuple((label, round(v)) for label, v in _device_items(mem, int(d)))].append(int(d))
     lines = [f"infeasible (r_peak = {mem.r_peak:.4f}):"]
     for items, devices in sorted(groups.items(), key=lambda kv: -float(mem.peak[kv[1][0]])):
-        name = f"device {devices[0]}" if len(devices) == 1 else f"devices {_ranges(devices)}"
+        name = f"device {devices[0]}" if len(devices) == 1 else f"devices {id_ranges(devices)}"
         terms = " + ".join(f"{label} {_gib(v)} GiB" for label, v in items)
         lines.append(f"  {name}: {terms} = {_gib(mem.peak[devices[0]])} GiB > {_gib(mem.m_eff)} GiB usable")
     return "\n".join(lines)
@@ -142,22 +143,6 @@ def _verdict(mem: DeviceMemory) -> str:
 
 def _gib(nbytes) -> str:
     return f"{float(nbytes) / GIB:.2f}"
-
-
-def _ranges(ids) -> str:
-    """'0-3,8,10-11' for sorted device ids."""
-    ids = sorted(int(i) for i in ids)
-    if not ids:
-        return "-"
-    parts, start, prev = [], ids[0], ids[0]
-    for i in ids[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(parts)
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:

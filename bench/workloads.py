@@ -1,0 +1,222 @@
+"""The modelled workloads of the paper's optimizer evaluation (Sec. VIII-B/D, App. B, Tables X and XI).
+
+Every benchmark builds its programs here, from one PPO builder (`ppo_program`): the PPO graph of
+examples/ppo.rpeg (actor, reference, critic and reward models; six vertices), the App. B modelled setup
+(three response-length phases with completion fractions (0.50, 0.85, 1.0) at lengths (Lr/4, Lr/2, Lr);
+K_eval = 8 and staleness candidates tau in {0, 1} are optimizer options, see `SEARCH_DEFAULTS`), LLaMA-2
+model sizes (GPT-3 175B for the 1,024-GPU actor of Table X) and the GH200 profile with 4 GPUs per node.
+The module is written synchronous (tau = 0), as the baselines run; the optimizer searches tau itself.
+The reference model has the actor's size (it is the frozen initial policy).
+
+Topologies the paper does not state (weak and strong scaling) use one rack up to 32 GPUs and two racks
+above, the layout of the Table X rows (64 = 2 x 8 x 4, 128 = 2 x 16 x 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from rpegc.core.hardware import Hardware, load_hardware
+from rpegc.core.program import Program
+from rpegc.syntax.parser import parse
+
+SIZES = {7: "llama2-7b", 13: "llama2-13b", 34: "llama2-34b", 70: "llama2-70b", 175: "gpt3-175b"}
+GPUS_PER_NODE = 4
+SEARCH_DEFAULTS = dict(steps=8, taus=(0, 1))  # App. B: K_eval = 8, one-step bounded staleness
+
+PPO_TEMPLATE = """\
+// PPO, {name}: actor {a}B, critic {c}B, reward {r}B (reference = actor), {gpus} GPUs.
+rpeg.workload {{B = {B}, R = 1, Lp = {Lp}, Lr = {Lr}, dtype = bf16}}
+
+rpeg.model @actor  {{arch = "{arch_a}", kind = policy, trainable}}
+rpeg.model @ref    {{arch = "{arch_a}", kind = reference}}
+rpeg.model @critic {{arch = "{arch_c}", kind = critic, trainable}}
+rpeg.model @reward {{arch = "{arch_r}", kind = reward}}
+
+rpeg.graph @ppo {{
+  %X        = rpeg.container tokens[B, Lp]
+  %Y        = rpeg.container tokens[B*R, Lp + Lr]
+  %logp     = rpeg.container logprobs[B*R, Lr]
+  %logp_ref = rpeg.container logprobs[B*R, Lr]
+  %r        = rpeg.container rewards[B*R]
+  %v        = rpeg.container values[B*R, Lr]
+  %W_actor  = rpeg.weights @actor
+  %W_critic = rpeg.weights @critic
+  %W_ref    = rpeg.weights @ref
+  %W_reward = rpeg.weights @reward
+  rpeg.input %X, %W_ref, %W_reward
+
+  rpeg.vertex @gen          generation @actor  reads(%W_actor, %X) writes(%Y, %logp)
+  rpeg.vertex @ref_inf      inference  @ref    reads(%W_ref, %Y) writes(%logp_ref)
+  rpeg.vertex @reward_inf   inference  @reward reads(%W_reward, %Y) writes(%r)
+  rpeg.vertex @critic_inf   inference  @critic reads(%W_critic, %Y) writes(%v)
+  rpeg.vertex @train_actor  training   @actor  reads(%W_actor, %Y, %logp, %logp_ref, %r, %v) writes(%W_actor)
+  rpeg.vertex @train_critic training   @critic reads(%W_critic, %Y, %logp_ref, %r, %v) writes(%W_critic)
+
+  rpeg.data @gen -> @ref_inf (%Y)
+  rpeg.data @gen -> @reward_inf (%Y)
+  rpeg.data @gen -> @critic_inf (%Y)
+  rpeg.data @ref_inf -> @train_actor (%logp_ref)
+  rpeg.data @ref_inf -> @train_critic (%logp_ref)
+  rpeg.data @reward_inf -> @train_actor (%r)
+  rpeg.data @reward_inf -> @train_critic (%r)
+  rpeg.data @critic_inf -> @train_actor (%v)
+  rpeg.data @critic_inf -> @train_critic (%v)
+
+  rpeg.publish @train_actor -> @gen (%W_actor)
+  rpeg.publish @train_critic -> @critic_inf (%W_critic)
+  rpeg.staleness {{@actor = {tau}, @critic = {tau}}}
+  rpeg.quantiles [(0.5, Lr/4), (0.85, Lr/2), (1.0, Lr)]
+}}
+
+rpeg.cluster @c{gpus} {{racks = {racks}, nodes = {nodes}, gpus = {gpn}, hardware = "{hardware}"}}
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark workload: the program (no plan), the hardware it is priced on, and its labels."""
+
+    name: str
+    program: Program
+    hw: Hardware
+    actor: int
+    critic: int
+    reward: int
+    B: int
+    Lp: int
+    Lr: int
+    racks: int
+    nodes: int
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def gpus(self) -> int:
+        return self.program.cluster.num_devices
+
+    @property
+    def topology(self) -> str:
+        c = self.program.cluster
+        return f"{c.racks}x{c.nodes}x{c.gpus}"
+
+    @property
+    def models(self) -> str:
+        return f"{self.actor}/{self.critic}/{self.reward}"
+
+    def labels(self) -> dict:
+        """Columns every results CSV starts with."""
+        return {"case": self.name, "gpus": self.gpus, "topology": self.topology, "A/C/R": self.models,
+                "B": self.B, "Lp": self.Lp, "Lr": self.Lr, "M_GPU_GB": f"{self.hw.M_GPU / 1e9:g}", **self.extra}
+
+
+def ppo_text(actor: int, critic: int, reward: int, B: int, Lp: int, Lr: int, racks: int, nodes: int,
+             tau: int = 0, hardware: str = "gh200", name: str = "benchmark") -> str:
+    """The PPO module of a workload as .rpeg text (sizes in billions of parameters, keys of SIZES)."""
+    return PPO_TEMPLATE.format(
+        name=name, a=actor, c=critic, r=reward, arch_a=SIZES[actor], arch_c=SIZES[critic], arch_r=SIZES[reward],
+        B=B, Lp=Lp, Lr=Lr, tau=tau, racks=racks, nodes=nodes, gpn=GPUS_PER_NODE, gpus=racks * nodes * GPUS_PER_NODE,
+        hardware=hardware,
+    )
+
+
+def ppo_program(actor: int, critic: int, reward: int, B: int, Lp: int, Lr: int, racks: int, nodes: int,
+                tau: int = 0, hardware: str = "gh200", name: str = "benchmark") -> Program:
+    return parse(ppo_text(actor, critic, reward, B, Lp, Lr, racks, nodes, tau, hardware, name), f"<{name}>")
+
+
+def case(name: str, actor: int, critic: int, reward: int, B: int, Lp: int, Lr: int, racks: int, nodes: int,
+         hw: Optional[Hardware] = None, **extra) -> Case:
+    program = ppo_program(actor, critic, reward, B, Lp, Lr, racks, nodes, name=name)
+    return Case(name, program, hw or load_hardware("gh200"), actor, critic, reward, B, Lp, Lr, racks, nodes,
+                dict(extra))
+
+
+def default_topology(gpus: int) -> tuple[int, int]:
+    """(racks, nodes per rack) for `gpus` GH200s: one rack up to 32 GPUs, two racks above (Table X layout)."""
+    nodes = gpus // GPUS_PER_NODE
+    if nodes * GPUS_PER_NODE != gpus or nodes < 1:
+        raise ValueError(f"{gpus} GPUs is not a whole number of {GPUS_PER_NODE}-GPU nodes")
+    return (1, nodes) if gpus <= 32 else (2, nodes // 2)
+
+
+def mem_tight_hardware() -> Hardware:
+    """GH200 with the 50 GB HBM limit of the MEM-TIGHT scenario (Table XI), imposed analytically."""
+    return replace(load_hardware("gh200"), name="gh200-50g", M_GPU=50e9)
+
+
+# --- Table X: optimizer stability workloads (64-1024 GPUs, Lp/Lr = 128/384) ----------------------------
+
+TABLE_X = (  # gpus, racks, nodes, A, C, R, B, paper's evaluations per 600 s (six cores)
+    (64, 2, 8, 13, 13, 7, 1024, 220_000),
+    (128, 2, 16, 34, 13, 13, 1024, 200_000),
+    (256, 4, 16, 70, 34, 13, 1024, 160_000),
+    (512, 8, 16, 70, 70, 34, 2048, 105_000),
+    (1024, 16, 16, 175, 70, 34, 2048, 75_000),
+)
+
+
+def table_x(max_gpus: int = 1024) -> list[Case]:
+    return [case(f"tableX-{g}", a, c, r, B, 128, 384, racks, nodes, paper_evals_600s=ev)
+            for g, racks, nodes, a, c, r, B, ev in TABLE_X if g <= max_gpus]
+
+
+# --- Table XI: ablation workloads ----------------------------------------------------------------------
+
+
+def table_xi() -> list[Case]:
+    tight = mem_tight_hardware()
+    return [
+        case("MEM-TIGHT", 13, 13, 13, 128, 128, 896, 1, 4, hw=tight),
+        case("WIDE", 7, 7, 7, 1024, 128, 384, 1, 32),
+        case("HETERO", 34, 7, 7, 512, 128, 128, 1, 8),
+        case("DEEP", 7, 70, 70, 512, 128, 128, 2, 8),
+    ]
+
+
+# --- Strong scaling (Fig. 8): 13B models, B = 1024, Lp = 128, Lr = 384, 8 -> 128 GPUs ---------------------
+
+STRONG_GPUS = (8, 16, 32, 64, 128)
+
+
+def strong_scaling(gpus: tuple[int, ...] = STRONG_GPUS) -> list[Case]:
+    return [case(f"strong-{g}", 13, 13, 13, 1024, 128, 384, *default_topology(g)) for g in gpus]
+
+
+# --- Weak scaling (Fig. 6/7, App. B): three sweeps x four sizes x three (B, Lr) regimes = 36 cases --------
+
+WEAK_REGIMES = ((512, 128), (256, 384), (128, 896))  # (B, Lr), Lp = 128
+WEAK_SWEEPS = {
+    # sweep: [(gpus, actor, critic, reward)]; the reference model follows the actor.
+    "actor": [(8, 7, 7, 7), (16, 13, 7, 7), (32, 34, 7, 7), (64, 70, 7, 7)],
+    "critic-reward": [(8, 7, 7, 7), (16, 7, 13, 13), (32, 7, 34, 34), (64, 7, 70, 70)],
+    "joint": [(16, 7, 7, 7), (32, 13, 13, 7), (64, 34, 34, 13), (128, 70, 70, 13)],
+}
+
+
+def weak_scaling() -> list[Case]:
+    out = []
+    for sweep, rows in WEAK_SWEEPS.items():
+        for B, Lr in WEAK_REGIMES:
+            for g, a, c, r in rows:
+                out.append(case(f"weak-{sweep}-{g}-B{B}-Lr{Lr}", a, c, r, B, 128, Lr, *default_topology(g),
+                                sweep=sweep))
+    return out
+
+
+# --- Convergence (Fig. 12 left): 7B/256, 13B/512, 34B/1024, 70B/2048 --------------------------------------
+# The paper does not give the rest of these workloads; Table X's B = 1024 / 2048 and Lp/Lr = 128/384 are used,
+# with all four models of the named size (reward 7B below 70B is not stated either; we keep one size).
+
+CONVERGENCE = ((7, 256, 1024), (13, 512, 2048), (34, 1024, 2048), (70, 2048, 2048))
+
+
+def convergence_cases(max_gpus: int = 2048) -> list[Case]:
+    out = []
+    for size, g, B in CONVERGENCE:
+        if g > max_gpus:
+            continue
+        nodes = g // GPUS_PER_NODE
+        racks = max(1, nodes // 16)
+        out.append(case(f"conv-{size}B-{g}", size, size, size, B, 128, 384, racks, nodes // racks))
+    return out
