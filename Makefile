@@ -18,6 +18,9 @@ LOWER := unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,sc
 # The demo gives the optimizer 15 s; `rpegc FILE -O` runs the same pipeline with the default 60 s budget.
 DEMO_PIPELINE := verify-wellformed,optimize{budget=15 seed=0},$(LOWER)
 
+TINY_OPT := verify-wellformed,optimize{budget=5 seed=0 steps=20 summary=false}
+TINY_LOWER := unroll{k=20},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
+
 demo: $(STAMP)
 	@mkdir -p $(OUT)
 	@echo "== 1. optimize the PPO example (64 GH200 GPUs), lower, cost and schedule it =="
@@ -25,6 +28,14 @@ demo: $(STAMP)
 	@echo "== 2. execute the plan on the simulated backend and verify the trace =="
 	$(BIN)/rpeg-run $(OUT)/ppo.exec.rpeg --backend sim --trace $(OUT)/ppo.trace.jsonl
 	$(BIN)/rpeg-run verify $(OUT)/ppo.exec.rpeg $(OUT)/ppo.trace.jsonl
+	@echo "== 3. train tiny PPO and GRPO for real: optimized plans, CPU worker processes (torch + gloo) =="
+	@for x in ppo-tiny grpo-tiny; do \
+	  $(BIN)/rpegc examples/$$x.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/$$x.exec.rpeg && \
+	  $(BIN)/rpeg-run $(OUT)/$$x.exec.rpeg --backend torch --run-dir $(OUT)/$$x.run --trace $(OUT)/$$x.trace.jsonl \
+	  || exit 1; done
+	@echo "== 4. the hand-written PPO plan on all 8 CPU workers (dp/tp/pp, Comm and Reshard nodes) =="
+	$(BIN)/rpegc examples/ppo-tiny.rpeg -p 'verify-wellformed,$(TINY_LOWER)' -o $(OUT)/ppo-tiny-8.exec.rpeg
+	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --trace $(OUT)/ppo-tiny-8.trace.jsonl
 
 test: $(STAMP)
 	@$(BIN)/python tests/run_all.py

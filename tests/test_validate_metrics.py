@@ -128,7 +128,7 @@ def test_report_and_plot(tmp_path: Path):
     assert "train_forward_equivalents = 3" in text
     for group in ("all", "generation", "inference", "training", "pp > 1", "dp > 1"):
         assert f"\n{group} " in text
-    assert "With the spec's default cost options" in text
+    assert "With the spec's default cost options" in text and "fastest repeat" in text
     assert "Peak memory (Fig. 5)" in text and "Largest errors" in text
     plot(rows, tmp_path / "v.png")
     plot(rows, tmp_path / "m.png", memory=True)

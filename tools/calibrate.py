@@ -104,11 +104,11 @@ def eta(rows, widths, gamma_M, gamma_K):
 
 
 def _gamma_grid(values: np.ndarray, n: int) -> np.ndarray:
-    # Up to 10x the largest swept size: beyond it the data cannot tell a saturation constant from a
-    # lower F scale (throughput just grows linearly over the sweep), and a bounded value keeps F_peak
-    # a physical ceiling rather than an extrapolation far outside the measurements.
+    # Up to 2x the largest swept size: beyond it the data cannot tell a saturation constant from a
+    # lower F scale (throughput just grows linearly over the sweep: a ridge of equally good fits), and
+    # the bound keeps F_peak a ceiling near the measurements instead of an extrapolation far beyond.
     lo, hi = float(values.min()), float(values.max())
-    return np.concatenate([[0.0], np.geomspace(lo / 100.0, hi * 10.0, n)])
+    return np.concatenate([[0.0], np.geomspace(lo / 100.0, hi * 2.0, n)])
 
 
 def _eta_objective(log_f, rows, widths, gm, gk):
@@ -125,7 +125,7 @@ def fit_eta(rows, widths, flops_per_s) -> EtaFit:
 
     Log space weighs every shape alike (a GEMM at 1 row counts as much as one at 1000). For fixed
     gammas the best log A is the mean residual, so only the two gammas are searched: a log grid over
-    [min/100, max*10] plus 0, then two zoomed grids around the best pair.
+    [min/100, 2*max] plus 0, then two zoomed grids around the best pair.
     """
     r = np.asarray(rows, dtype=float)
     k = np.asarray(widths, dtype=float)
@@ -298,13 +298,14 @@ def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
 
 ETA_SOURCES = ("layers", "gemm")
 
-# Two-layer models of the torch backend's family (hidden 64, 128, 256 like its tiny presets and beyond),
+# Two-layer models of the torch backend's family (hidden 64 and 128 like its tiny presets, 256, 512),
 # timed on prefill-shaped forwards and on decode steps with the KV cache: the shapes generation,
 # inference and training run.
 CPU_LAYER_ARCHS = {
     "d64": Arch(layers=2, hidden=64, ffn=256, vocab=64, heads=4, kv_heads=4),
     "d128": Arch(layers=2, hidden=128, ffn=512, vocab=64, heads=4, kv_heads=4),
     "d256": Arch(layers=2, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8),
+    "d512": Arch(layers=2, hidden=512, ffn=2048, vocab=256, heads=8, kv_heads=8),
 }
 CPU_PREFILL_SHAPES = ((1, 32), (4, 32), (16, 32), (8, 128))  # (batch, seq)
 CPU_DECODE_BATCHES = (1, 4, 16, 64)

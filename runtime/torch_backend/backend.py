@@ -308,6 +308,8 @@ class TorchBackend(Backend):
 
     def start(self, plan: RunPlan) -> dict[int, int]:
         self._analyse(plan)
+        if self.run_dir and not self.resume:
+            ckpt.clear_run_dir(self.run_dir)
         tp_impl = self._resolve_tp_impl()
         self._t0 = time.time()
         self._holdings: dict[Artifact, _Holding] = {}
@@ -785,7 +787,7 @@ class TorchBackend(Backend):
         if self.run_dir and self.final_weights:
             torch.save({"format": "rpeg-torch-final/1", "plan_hash": self.plan.hash, "seed": self.seed,
                         "weights": self.final_weights, "metrics": self.metrics},
-                       os.path.join(self.run_dir, "final.pt"))
+                       os.path.join(self.run_dir, ckpt.FINAL))
 
     def shutdown(self) -> None:
         if self._stopped:

@@ -31,6 +31,7 @@ from rpegc.runtime.torch_backend.layout import Layout, rank_pieces
 
 FORMAT = "rpeg-torch-checkpoint/1"
 CHECKPOINT_DIR = "checkpoints"
+FINAL = "final.pt"
 
 
 def checkpoint_path(run_dir: str, step: int) -> str:
@@ -45,6 +46,13 @@ def save_checkpoint(run_dir: str, data: dict) -> str:
     torch.save({"format": FORMAT, **data}, tmp)
     os.replace(tmp, path)
     return path
+
+
+def clear_run_dir(run_dir: str) -> None:
+    """A fresh run owns its directory: drop the checkpoints and final weights of an earlier run there."""
+    for path in glob.glob(os.path.join(run_dir, CHECKPOINT_DIR, "step-*.pt")) + [os.path.join(run_dir, FINAL)]:
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def latest_checkpoint(run_dir: str) -> Optional[str]:
@@ -64,6 +72,10 @@ def load_checkpoint(path: str) -> dict:
 
 def find_resume_checkpoint(run_dir: str, plan: RunPlan, seed: int) -> tuple[str, dict]:
     """The latest checkpoint in `run_dir`, checked against the plan and seed being resumed."""
+    final = os.path.join(run_dir, FINAL)
+    if os.path.exists(final) and torch.load(final, weights_only=False).get("plan_hash") == plan.hash:
+        raise RpegError(Loc(final, 0, 0), "this run already finished (its final weights are here); "
+                        "nothing to resume")
     path = latest_checkpoint(run_dir)
     if path is None:
         raise RpegError(Loc(run_dir, 0, 0), "no checkpoint to resume from (expected checkpoints/step-*.pt); "
@@ -143,5 +155,5 @@ def kept_versions(step: int, tau: int) -> range:
     return range(max(0, step - tau), step + 1)
 
 
-__all__ = ["FORMAT", "checkpoint_path", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
+__all__ = ["FORMAT", "FINAL", "clear_run_dir", "checkpoint_path", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
            "find_resume_checkpoint", "resume_plan", "kept_versions", "assemble", "assemble_optimizer"]
