@@ -612,7 +612,6 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
         terms = [roofline_terms(c, s_b, cal.eta_fit.gamma_M, cal.eta_fit.gamma_K, cal.BW_mem) for c, _ in forwards]
         cal.f_peak_fit = fit_f_peak([w for w, _, _ in terms], [e for _, e, _ in terms], [m for _, _, m in terms],
                                     [t for _, t in forwards])
-    s_b = Workload(1, 1, 1, 1, plan.dtype).s_b
     for case, _ in forwards:
         _, e, ceiling = roofline_terms(case, s_b, cal.eta_fit.gamma_M, cal.eta_fit.gamma_K, cal.BW_mem)
         cal.memory_bound += ceiling < cal.f_peak_fit.value * e
@@ -784,22 +783,24 @@ def profile_text(cal: Calibration) -> str:
     lines += [
         "",
         "[meta]",
-        f'date = "{cal.date}"',
-        f'host = "{platform.node()}"',
-        f'machine = "{platform.machine()}"',
-        f'torch = "{_torch_version()}"',
-        f'backend = "{cal.backend}"',
-        f"devices = {cal.devices}",
-        f'dtype = "{p.dtype}"',
-        f"fit_mape = {{ eta = {e.mape:.4f}, forward = {f.mape:.4f}, collective = {cal.coll_fit.mape:.4f}, p2p = {cal.p2p_fit.mape:.4f} }}",
-        f'eta_from = "{p.eta_from}"',
-        f"concurrent_forwards = {'true' if cal.concurrent else 'false'}",
-        f"eta_saturation_flops = {_num(e.scale)}",
-        f"memory_bound_forwards = {cal.memory_bound}",
-        f"copy_bandwidths = [{', '.join(_num(moved / s) for kind, _, moved, s in cal.raw if kind == 'copy')}]",
-        f'tiers_measured = ["intra_node"]',
-        f"non_gemm_seq = {p.ng_seq}",
-        f"non_gemm_hidden = {p.ng_hidden}",
+        f'date = "{cal.date}"                 # when the campaign ran',
+        f'host = "{platform.node()}"          # where it ran',
+        f'machine = "{platform.machine()}"    # CPU architecture',
+        f'torch = "{_torch_version()}"        # the kernels measured',
+        f'backend = "{cal.backend}"           # torch.distributed backend of the links',
+        f"devices = {cal.devices}                  # worker processes (CPU) or CUDA devices",
+        f'dtype = "{p.dtype}"                 # element type of the compute measurements',
+        f"fit_mape = {{ eta = {e.mape:.4f}, forward = {f.mape:.4f}, collective = {cal.coll_fit.mape:.4f}, "
+        f"p2p = {cal.p2p_fit.mape:.4f} }}  # relative error of each fit",
+        f'eta_from = "{p.eta_from}"           # what F_peak and the gammas were fitted to',
+        f"concurrent_forwards = {'true' if cal.concurrent else 'false'}  # forwards timed on every device at once",
+        f"eta_saturation_flops = {_num(e.scale)}  # scale of the eta fit, FLOP/s",
+        f"memory_bound_forwards = {cal.memory_bound}  # forwards the fitted roofline calls memory-bound",
+        f"copy_bandwidths = [{', '.join(_num(moved / s) for kind, _, moved, s in cal.raw if kind == 'copy')}]"
+        f"  # B/s per copy size {[b >> 20 for b in p.copy_bytes]} MiB",
+        'tiers_measured = ["intra_node"]  # the only tier one host reaches',
+        f"non_gemm_seq = {p.ng_seq}              # sequence length of the c_ng measurement",
+        f"non_gemm_hidden = {p.ng_hidden}          # hidden size of the c_ng measurement",
     ]
     return "\n".join(lines) + "\n"
 

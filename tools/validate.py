@@ -29,7 +29,7 @@ import math
 import platform
 import sys
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional, Sequence
 
