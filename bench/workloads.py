@@ -14,11 +14,24 @@ above, the layout of the Table X rows (64 = 2 x 8 x 4, 128 = 2 x 16 x 4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Optional
+import os
 
+# Benchmarks measure one core: pin numpy's thread pools before numpy is first imported (below).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from rpegc.core.cost_options import CostOptions
 from rpegc.core.hardware import Hardware, load_hardware
 from rpegc.core.program import Program
+from rpegc.search.anneal import SearchConfig
+from rpegc.search.optimizer import BaselineResult, OptimizeOptions, OptimizeResult, optimize
 from rpegc.syntax.parser import parse
 
 SIZES = {7: "llama2-7b", 13: "llama2-13b", 34: "llama2-34b", 70: "llama2-70b", 175: "gpt3-175b"}
@@ -220,3 +233,93 @@ def convergence_cases(max_gpus: int = 2048) -> list[Case]:
         racks = max(1, nodes // 16)
         out.append(case(f"conv-{size}B-{g}", size, size, size, B, 128, 384, racks, nodes // racks))
     return out
+
+
+# --- running searches and writing results (shared by the benchmark scripts) -------------------------------
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PAPER_EVALS_PER_CORE_S = 220_000 / 600 / 6  # Table X 64-GPU row: ~220K evaluations in 600 s on six cores
+
+
+@dataclass
+class Run:
+    """One optimizer (or baseline) run and the CPU time it took."""
+
+    result: OptimizeResult
+    cpu_s: float
+
+
+def search(c: Case, objective: str = "throughput", evals: int = 3000, seed: int = 0, budget_s: float = 0.0,
+           ablate: frozenset = frozenset(), cost: CostOptions = CostOptions(), search_config: Optional[SearchConfig] = None,
+           on_round: Optional[Callable] = None) -> Run:
+    """`optimize` on a benchmark case with the App. B defaults (K_eval = 8, tau in {0, 1})."""
+    options = OptimizeOptions(budget_s=budget_s, evals=evals, seed=seed, objective=objective, ablate=ablate,
+                              search=search_config or SearchConfig(), **SEARCH_DEFAULTS)
+    start = time.process_time()
+    result = optimize(c.program, options, c.hw, cost, on_round=on_round)
+    return Run(result, time.process_time() - start)
+
+
+def baselines(c: Case, cost: CostOptions = CostOptions()) -> OptimizeResult:
+    """The greedy and concurrent plans of a case (no search): `result.greedy` and `result.concurrent`."""
+    options = OptimizeOptions(budget_s=0, evals=0, baseline="concurrent", **SEARCH_DEFAULTS)
+    return optimize(c.program, options, c.hw, cost)
+
+
+def baseline_cells(prefix: str, b: Optional[BaselineResult]) -> dict:
+    """Score, utilization and feasibility of a baseline ("OOM" rows keep the would-be score)."""
+    if b is None:
+        return {f"{prefix}_tok_s": "", f"{prefix}_util": "", f"{prefix}_feasible": "n/a"}
+    e = b.evaluation
+    return {f"{prefix}_tok_s": round(e.score, 1), f"{prefix}_util": round(e.util, 4),
+            f"{prefix}_r_peak": round(e.r_peak, 3), f"{prefix}_feasible": e.feasible}
+
+
+def run_cells(prefix: str, run: Run) -> dict:
+    r = run.result
+    e = r.evaluation
+    gen = r.program.plan.placement("gen").strategy
+    return {
+        f"{prefix}_tok_s": round(e.score, 1), f"{prefix}_util": round(e.util, 4), f"{prefix}_r_peak": round(e.r_peak, 3),
+        f"{prefix}_feasible": e.feasible, f"{prefix}_structure": r.variant.label(),
+        f"{prefix}_gen": f"dp{gen.dp} pp{gen.pp} tp{gen.tp} mb{gen.mb}",
+        f"{prefix}_evals": r.stats.evaluations, f"{prefix}_cpu_s": round(run.cpu_s, 1),
+    }
+
+
+def gain(run: Run, b: Optional[BaselineResult]) -> str:
+    """Relative throughput gain over a feasible baseline, "OOM" when the baseline does not fit."""
+    if b is None:
+        return "n/a"
+    if not b.evaluation.feasible:
+        return "OOM"
+    return f"{run.result.evaluation.score / b.evaluation.score - 1.0:+.1%}"
+
+
+def write_csv(name: str, rows: list[dict], out_dir: Path = RESULTS) -> Path:
+    """Rows (dicts; the union of their keys, in first-seen order) to out_dir/name."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    path = out_dir / name
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def common_args(description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help="tiny budgets and few cases (smoke test, < 1 min)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
+    ap.add_argument("--no-plot", action="store_true", help="write the CSV only")
+    return ap
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths)))

@@ -71,6 +71,19 @@ class BaselineResult:
 
 
 @dataclass(frozen=True)
+class VariantStats:
+    """What the search spent on one structural variant and the best feasible plan it saw there."""
+
+    label: str
+    best: Optional[Evaluation]
+    evaluations: int  # uncached evaluations charged to this variant (its budget share)
+    chains: int
+    rounds: int
+    seconds: float
+    skipped: bool = False  # no plan could be placed for this structure
+
+
+@dataclass(frozen=True)
 class OptimizeResult:
     program: Program  # G°(y*) with the chosen plan, ready for unroll and lowering
     variant: Variant
@@ -86,6 +99,8 @@ class OptimizeResult:
     rounds: int = 0
     chains: int = 0
     source: str = "search"  # or "greedy" / "concurrent"
+    variant_stats: tuple[VariantStats, ...] = ()
+    polish_evaluations: int = 0  # uncached evaluations of the final polish (on top of the budget)
 
 
 def parse_ablations(text: str) -> frozenset[str]:
@@ -151,6 +166,7 @@ def optimize(
         return _result(state, reference, chosen.choice, greedy, concurrent, start, (), options.baseline)
     variants = structural_candidates(structure, taus, options.ac)
     per_variant: list[tuple[str, Optional[Evaluation]]] = []
+    spent: list[VariantStats] = []
     deadline = start + options.budget_s if options.budget_s > 0 else None
     first_error: Optional[RpegError] = None
     for i, variant in enumerate(variants):
@@ -167,21 +183,32 @@ def optimize(
         except RpegError as err:  # e.g. a vertex of this structure fits nowhere: skip the structure
             first_error = first_error or err
             per_variant.append((variant.label(), None))
+            spent.append(VariantStats(variant.label(), None, 0, 0, 0, 0.0, skipped=True))
             continue
         budget = Budget(share_deadline, max_evals, evaluator.stats.evaluations)
+        before = (evaluator.stats.evaluations, state.chains, state.rounds, time.perf_counter())
+        # Each variant draws from its own stream, so its search does not depend on how many random numbers
+        # the variants before it used: with an evaluation budget, a larger budget extends each variant's
+        # chains instead of reshuffling them (only the shared elite set carries over).
+        state.rng = random.Random(f"{options.seed}/{variant.label()}")
         if greedy is not None and variant.key == reference.key:  # C* never falls behind a baseline
             state.add_elite(variant, greedy.choice, state.evaluate(variant, [greedy.choice])[0])
         search_variant(state, variant, seed, budget)
-        per_variant.append((variant.label(), _best_of(state, variant)))
+        best = _best_of(state, variant)
+        per_variant.append((variant.label(), best))
+        spent.append(VariantStats(variant.label(), best, evaluator.stats.evaluations - before[0],
+                                  state.chains - before[1], state.rounds - before[2], time.perf_counter() - before[3]))
     if state.best is None:
         if first_error is not None and not math.isfinite(state.min_r_peak):
             raise first_error  # no structure could be placed at all: say which vertex fits nowhere
         raise _infeasible(structure, state)
     best = state.best
     choice = best.choice
+    searched = evaluator.stats.evaluations
     if state.config.polish:
         choice = polish(state, best.variant, choice)
-    return _result(state, best.variant, choice, greedy, concurrent, start, tuple(per_variant), "search")
+    result = _result(state, best.variant, choice, greedy, concurrent, start, tuple(per_variant), "search")
+    return replace(result, variant_stats=tuple(spent), polish_evaluations=evaluator.stats.evaluations - searched)
 
 
 def _written_variant(structure: Program, force_tau: Optional[int]) -> Variant:

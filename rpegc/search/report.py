@@ -2,7 +2,8 @@
 
 Rows: the chosen structure, best score and objective, gains over the greedy and concurrent baselines
 (Sec. VIII-B; "OOM" when a baseline does not fit), makespan, peak memory, utilization, evaluations,
-evaluations per second and the cache hit rate.
+evaluations per second, the cache hit rate, and per structural variant its best plan and what the search
+spent on it (evaluations, chains, seconds).
 """
 
 from __future__ import annotations
@@ -42,10 +43,17 @@ def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
         ("evaluations", f"{s.evaluations:,} in {result.seconds:.1f} s: {s.evaluations / max(result.seconds, 1e-9):,.0f}/s "
                         f"overall, {s.rate:,.0f}/s inside the evaluator"),
         ("cache hit rate", f"{s.hit_rate:.1%}  ({s.hits:,} hits)"),
-        ("search", f"{result.chains} chains, {result.rounds} rounds"),
+        ("search", f"{result.chains} chains, {result.rounds} rounds"
+                   + (f", polish {result.polish_evaluations:,} evaluations" if result.variant_stats else "")),
     ]
-    for label, best in result.variants:
-        rows.append((f"  {label}", f"{best.score:,.0f} tokens/s" if best is not None else "no feasible plan"))
+    if result.variant_stats:
+        for v in result.variant_stats:
+            best = f"{v.best.score:,.0f} tokens/s" if v.best is not None else "no feasible plan"
+            spent = "skipped" if v.skipped else f"{v.evaluations:,} evals, {v.chains} chains, {v.seconds:.1f} s"
+            rows.append((f"  {v.label}", f"{best}  ({spent})"))
+    else:
+        for label, best in result.variants:
+            rows.append((f"  {label}", f"{best.score:,.0f} tokens/s" if best is not None else "no feasible plan"))
     return rows
 
 

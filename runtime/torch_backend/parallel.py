@@ -1,25 +1,37 @@
 """Model parallelism of one invocation: TP, PP and DP with microbatches on per-vertex process groups.
 
 Paper Sec. VII (each vertex runs under its own plan (dp, pp, tp, mb)) and spec Sec. 1.4 (nested
-placement). Which part uses what:
+placement); the pipeline schedules are the ones spec/cost-model.md Sec. 3.3 prices, microbatches in
+flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Which part uses what:
 - tensor parallelism: Megatron-style column/row-parallel projections in every block, from
   megatron-core (`megatron_compat`, tp_impl "megatron") or from the two autograd functions below
   (tp_impl "torch": identity forward / all-reduce backward before a column-parallel projection,
   all-reduce forward / identity backward after a row-parallel one). Either way on the vertex's own
   TP group; embeddings, norms and heads are replicated over TP;
 - pipeline parallelism: stage slicing of the blocks (`layout.stage_bounds`) with point-to-point
-  send/recv of activations and their gradients per microbatch (a GPipe schedule: all forwards, then
-  all backwards in reverse), plain torch.distributed;
+  transfers on the vertex's own PP group. Sends are non-blocking (`StageLink`) and nothing
+  synchronises the stages between microbatches, so stage s works on microbatch j while stage s+1
+  works on j-1:
+  - inference (`infer`): all microbatches forward, one broadcast of the results at the end;
+  - training (`train_step`): GPipe, all forwards then all backwards in reverse, each phase pipelined;
+  - generation (`generate`): every decode step sends the microbatches through the stages as a
+    wavefront; the last stage samples with the per-sequence generators and sends only the token ids
+    back to stage 0 (no logits broadcast), and the rollouts are broadcast once at the end;
 - data parallelism: a SUM all-reduce of the gradients over the DP group (the losses are sums over local
   tokens divided by the GLOBAL token count, so the sum is the whole-batch gradient), plain
   torch.distributed.
-Generation, inference and the losses are the single-process functions of `generation` and `rl`, run
-on a `StageView` that looks like a `TransformerModel` to them.
+Inference and the losses are the single-process functions of `rl`, run on a `StageView` that looks like
+a `TransformerModel` to them; generation repeats `generation.generate`'s sampling step by step, so a
+sequence gets the tokens it gets in a single process. `ParallelModel.trace` records a rank's schedule
+(what it computed, in order, with times) for tests and measurements.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,6 +40,7 @@ from torch import Tensor, nn
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
+from rpegc.runtime.torch_backend.generation import Rollout, sample_tokens, sequence_seed
 from rpegc.runtime.torch_backend.layout import Layout, param_piece, rank_pieces, shard_dim, split_rows, stage_bounds
 from rpegc.runtime.torch_backend.models import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, KVCache, ModelOutput, NetOptions,
                                                 TransformerModel)
@@ -168,6 +181,7 @@ class ParallelModel:
         self.is_first, self.is_last = p == 0, p == layout.pp - 1
         self.prev = layout.rank_at(d, p - 1, t) if not self.is_first else None
         self.next = layout.rank_at(d, p + 1, t) if not self.is_last else None
+        self.first_rank = layout.rank_at(d, 0, t)
         self.last_rank = layout.rank_at(d, layout.pp - 1, t)
         self.tp_group = groups.get(layout.tp_group(d, p))
         self.pp_group = groups.get(layout.pp_group(d, t))
@@ -175,6 +189,7 @@ class ParallelModel:
         self.mp_group = groups.get(layout.replica(d))
         self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl)
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
+        self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
 
     def params(self) -> dict[str, nn.Parameter]:
         return {canonical_name(n): p for n, p in self.module.named_parameters()}
@@ -194,6 +209,16 @@ class ParallelModel:
 
     # -- pipeline ---------------------------------------------------------------------------------
 
+    @contextmanager
+    def event(self, what: str, key: tuple[int, ...]) -> Iterator[None]:
+        """Time a piece of this rank's schedule into `trace` (when tracing)."""
+        if self.trace is None:
+            yield
+            return
+        start = time.monotonic()
+        yield
+        self.trace.append(StageEvent(what, key, start, time.monotonic()))
+
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         a = self.arch
         cache = KVCache(0, batch, a.kv_heads // self.layout.tp, a.head_dim, capacity, torch.float32)
@@ -204,30 +229,39 @@ class ParallelModel:
                         for i in range(a.layers)]
         return cache
 
-    def stage_forward(self, tokens: Tensor, cache: Optional[KVCache] = None,
+    def expect_input(self, link: StageLink, key: tuple[int, ...], shape: tuple[int, int]) -> None:
+        """Post the receive of microbatch `key`'s input, `shape` = [b, t] positions, from the previous stage."""
+        if not self.is_first:
+            link.expect((*shape, self.arch.hidden), torch.float32, self.prev, ACTIVATION, key)
+
+    def stage_forward(self, link: StageLink, key: tuple[int, ...], shape: tuple[int, int],
+                      tokens: Optional[Tensor] = None, cache: Optional[KVCache] = None,
                       grad: bool = False) -> tuple[Optional[Tensor], Tensor]:
-        """This stage's blocks on `tokens` [b, t]: (received input or None on stage 0, output)."""
-        b, t = tokens.shape
+        """This stage's blocks on the `shape` = [b, t] positions of microbatch `key`: (received input or
+        None on stage 0, output). Stage 0 embeds `tokens`; the others receive the previous stage's
+        output; the output goes on to the next stage without waiting. Advances `cache`."""
+        b, t = shape
         start = cache.length if cache is not None else 0
         inp: Optional[Tensor] = None
-        if self.is_first:
-            h = self.module.embed_tokens(tokens, start)
-        else:
-            inp = torch.empty(b, t, self.arch.hidden)
-            dist.recv(inp, self.prev)
+        if not self.is_first:
+            inp = link.recv((b, t, self.arch.hidden), torch.float32, self.prev, ACTIVATION, key)
             if grad:
                 inp.requires_grad_(True)
-            h = inp
-        out = self.module.forward_layers(h, start, cache, self.first_layer, self.last_layer)
+        with self.event("forward", key):
+            h = self.module.embed_tokens(tokens, start) if self.is_first else inp
+            out = self.module.forward_layers(h, start, cache, self.first_layer, self.last_layer)
         if not self.is_last:
-            dist.send(out.detach().contiguous(), self.next)
+            link.send(out, self.next, ACTIVATION, key)
+        if cache is not None:
+            cache.length += t
         return inp, out
 
     def from_last_stage(self, x: Tensor) -> Tensor:
-        """`x` as the last stage computed it, on every stage of this pipeline."""
-        if self.pp_group is not None:
-            x = x.contiguous()
-            dist.broadcast(x, src=self.last_rank, group=self.pp_group)
+        """`x` as the last stage computed it, on every stage of this pipeline (every stage knows its shape)."""
+        if self.pp_group is not None and x.numel():
+            with self.event("broadcast", ()):
+                x = x.contiguous()
+                dist.broadcast(x, src=self.last_rank, group=self.pp_group)
         return x
 
     # -- gradients --------------------------------------------------------------------------------
@@ -263,16 +297,83 @@ class ParallelModel:
         return total
 
 
-class StageView:
-    """What `generate`, `response_forward`, `last_token_scores` and the losses use of a TransformerModel.
+# ---------------------------------------------------------------------------------------------------
+# Pipeline schedules
 
-    mode "generate": every call returns the last position's logits, broadcast from the last stage so all
-    stages sample the same tokens. mode "forward": the last stage returns its heads' output; other stages
-    run their blocks and return zeros of the right shape (their results are replaced by the last stage's).
+# What a point-to-point message carries; with the microbatch key it makes the message's tag, so every
+# receive matches exactly one send whatever order the transfers complete in.
+ACTIVATION, GRADIENT, TOKENS = 0, 1, 2
+_KINDS = 3
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """One piece of a rank's pipeline schedule: `what` ("forward", "backward", "sample", "broadcast") of
+    microbatch `key` ((j,) or (decode step, j); () for a whole-invocation broadcast), between two
+    `time.monotonic()` readings (comparable across the processes of one host)."""
+
+    what: str
+    key: tuple[int, ...]
+    start: float
+    end: float
+
+
+class StageLink:
+    """A stage's point-to-point traffic on its pipeline's own process group during one invocation.
+
+    Sends are non-blocking: the stage hands microbatch j on and starts j+1 while the next stage works on
+    j (a blocking send would hold it until the receiver is ready). The sent tensors are kept until
+    `close`, which waits for all of them; gloo moves the data in its own threads meanwhile. Receives
+    can be posted ahead (`expect`): gloo delivers a message whose receive is already posted in one hop,
+    while a send that finds no receive waits for the receiver's "ready" notice, a round trip more that
+    a pipelined sender, running ahead of its receiver, would otherwise pay on every message.
     """
 
-    def __init__(self, pm: ParallelModel, mode: str):
-        self.pm, self.mode = pm, mode
+    def __init__(self, pm: ParallelModel, microbatches: int):
+        self.pm, self.microbatches = pm, microbatches
+        self._sent: list[tuple[dist.Work, Tensor]] = []
+        self._posted: dict[int, tuple[dist.Work, Tensor]] = {}
+
+    def tag(self, kind: int, key: tuple[int, ...]) -> int:
+        """(kind, step, microbatch) as one integer; (j,) keys are step 0."""
+        step, j = (0, key[0]) if len(key) == 1 else key
+        return (step * self.microbatches + j) * _KINDS + kind
+
+    def send(self, x: Tensor, dst: int, kind: int, key: tuple[int, ...]) -> None:
+        x = x.detach().contiguous()
+        self._sent.append((dist.isend(x, dst, group=self.pm.pp_group, tag=self.tag(kind, key)), x))
+
+    def expect(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, kind: int, key: tuple[int, ...]) -> None:
+        """Post the receive of message (kind, key) from `src` now (once; later calls do nothing)."""
+        tag = self.tag(kind, key)
+        if tag not in self._posted:
+            x = torch.empty(shape, dtype=dtype)
+            self._posted[tag] = (dist.irecv(x, src, group=self.pm.pp_group, tag=tag), x)
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, kind: int, key: tuple[int, ...]) -> Tensor:
+        """Message (kind, key) from `src`, waiting for it."""
+        self.expect(shape, dtype, src, kind, key)
+        work, x = self._posted.pop(self.tag(kind, key))
+        work.wait()
+        return x
+
+    def close(self) -> None:
+        assert not self._posted, "every posted receive is consumed within its invocation"
+        for work, _ in self._sent:
+            work.wait()
+        self._sent.clear()
+
+
+class StageView:
+    """What `response_forward`, `last_token_scores` and the losses use of a TransformerModel, for
+    microbatch j of a pipelined invocation whose microbatches have `rows` rows each.
+
+    The last stage returns its heads' output; the other stages run their blocks and return zeros of the
+    right shape (their results are replaced by the last stage's).
+    """
+
+    def __init__(self, pm: ParallelModel, link: StageLink, j: int, rows: Sequence[int]):
+        self.pm, self.link, self.j, self.rows = pm, link, j, rows
         self.kind = pm.kind
         self.opts = pm.net
         self.records: list[tuple[Optional[Tensor], Tensor]] = []
@@ -297,31 +398,125 @@ class StageView:
         self.pm.module.train(mode)
         return self
 
-    def new_cache(self, batch: int, capacity: Optional[int] = None) -> KVCache:
-        return self.pm.new_cache(batch, capacity or self.opts.max_seq)
-
-    def __call__(self, tokens: Tensor, cache: Optional[KVCache] = None) -> ModelOutput:
+    def __call__(self, tokens: Tensor) -> ModelOutput:
+        # one pass per microbatch: its messages are tagged by the microbatch alone
+        assert not self.records, "a StageView runs one forward pass"
         pm = self.pm
-        inp, out = pm.stage_forward(tokens, cache, grad=torch.is_grad_enabled())
-        if cache is not None:
-            cache.length += tokens.shape[1]
-        self.records.append((inp, out))
         b, t = tokens.shape
-        if self.mode == "generate":
-            logits = pm.module.heads(out).logits[:, -1:] if pm.is_last else torch.empty(b, 1, pm.arch.vocab)
-            return ModelOutput(logits=pm.from_last_stage(logits), values=None)
+        for i in range(self.j, len(self.rows)):  # every pass of the invocation has this length
+            pm.expect_input(self.link, (i,), (self.rows[i], t))
+        inp, out = pm.stage_forward(self.link, (self.j,), (b, t), tokens, grad=torch.is_grad_enabled())
+        self.records.append((inp, out))
         if pm.is_last:
             return pm.module.heads(out)
         return ModelOutput(logits=torch.zeros(b, t, pm.arch.vocab) if self.has_lm_head else None,
                            values=torch.zeros(b, t) if self.has_value_head else None)
 
 
-def infer(pm: ParallelModel, fn: Callable[[StageView], Tensor]) -> Tensor:
-    """Run `fn` (e.g. response_forward(...).logprobs) through the pipeline; its result on every stage."""
+Microbatch = Callable[[StageView], Tensor]
+
+
+def infer(pm: ParallelModel, microbatches: Sequence[Microbatch], rows: Sequence[int]) -> Tensor:
+    """Run each function of `microbatches` (e.g. response_forward(...).logprobs of its `rows[j]` rows) through
+    the pipeline, pipelined; their results concatenated, on every stage (one broadcast at the end)."""
+    link = StageLink(pm, len(microbatches))
     with torch.no_grad():
-        view = StageView(pm, "forward")
-        result = fn(view)
-    return pm.from_last_stage(result)
+        results = [fn(StageView(pm, link, j, rows)) for j, fn in enumerate(microbatches)]
+        link.close()
+        return pm.from_last_stage(torch.cat(results))
+
+
+class _Sampler:
+    """The last stage's sampling state of one microbatch, step by step as `generation.generate` keeps it."""
+
+    def __init__(self, indices: Sequence[int], seed: int, step: int, temperature: float,
+                 eos_id: Optional[int], pad_id: int):
+        self.generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
+        self.temperature, self.eos_id, self.pad_id = temperature, eos_id, pad_id
+        self.alive = torch.ones(len(indices), dtype=torch.bool)
+        self.tokens: list[Tensor] = []
+        self.logps: list[Tensor] = []
+        self.masks: list[Tensor] = []
+
+    def sample(self, logits: Tensor) -> Tensor:
+        """Draw the next token of every row from the last position's `logits` [b, V]; returns the tokens
+        to feed back (pad after end-of-sequence)."""
+        logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        tok = sample_tokens(logp, self.generators)
+        tok_logp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        self.tokens.append(torch.where(self.alive, tok, torch.full_like(tok, self.pad_id)))
+        self.logps.append(torch.where(self.alive, tok_logp, torch.zeros_like(tok_logp)))
+        self.masks.append(self.alive.float())
+        if self.eos_id is not None:
+            self.alive = self.alive & (tok != self.eos_id)
+        return self.tokens[-1]
+
+
+@torch.no_grad()
+def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int]], *, seed: int, step: int,
+             max_new_tokens: int, temperature: float = 1.0, eos_id: Optional[int] = None,
+             pad_id: int = 0) -> Rollout:
+    """`generation.generate` of the prompt rows [lo, hi) in microbatches `chunks` (global sequence
+    indices, contiguous from lo; `prompts` holds rows lo..hi), pipelined over the stages; the rollouts
+    on every stage.
+
+    Each forward f (f = 0: the prompts; f > 0: the token sampled at step f-1) runs microbatch 0, 1, ...
+    in turn on every stage, so while stage s works on microbatch j the next stage works on j-1 and the
+    last stage samples j-2 (a wavefront). The last stage samples with the per-sequence generators and
+    sends the token ids to stage 0, which needs them for forward f+1.
+    """
+    if pm.kind not in LM_HEAD_KINDS:
+        raise RpegError(None, f"generation needs a model with an LM head (policy or actor_critic), got kind '{pm.kind}'")
+    if temperature <= 0:
+        raise RpegError(None, f"sampling temperature must be > 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise RpegError(None, f"max_new_tokens (Lr) must be >= 1, got {max_new_tokens}")
+    n, lp = prompts.shape
+    if lp + max_new_tokens > pm.net.max_seq:
+        raise RpegError(None, f"Lp + Lr = {lp} + {max_new_tokens} exceeds the model's max_seq {pm.net.max_seq}; "
+                        "build the model with max_seq >= Lp + Lr")
+    lo = chunks[0][0] if chunks else 0
+    pm.module.eval()
+    link = StageLink(pm, len(chunks))
+    caches = [pm.new_cache(b - a, lp + max_new_tokens) for a, b in chunks]
+    samplers = [_Sampler(range(a, b), seed, step, temperature, eos_id, pad_id) for a, b in chunks] if pm.is_last else []
+    fed: list[Optional[Tensor]] = [None] * len(chunks)  # the last sampled tokens, where stage 0 is also the last
+
+    def expect(f: int) -> None:
+        """Post this stage's receives for forward f: its inputs, and on stage 0 the tokens that feed it."""
+        for j, (a, b) in enumerate(chunks if f < max_new_tokens else ()):
+            pm.expect_input(link, (f, j), (b - a, lp if f == 0 else 1))
+            if f > 0 and pm.is_first and not pm.is_last:
+                link.expect((b - a, 1), torch.int64, pm.last_rank, TOKENS, (f - 1, j))
+
+    expect(0)
+    for f in range(max_new_tokens):
+        expect(f + 1)  # a step ahead: stage 0 runs at most one step ahead of the others
+        for j, (a, b) in enumerate(chunks):
+            tokens = None
+            if pm.is_first:
+                if f == 0:
+                    tokens = prompts[a - lo:b - lo]
+                elif pm.is_last:
+                    tokens = fed[j]
+                else:
+                    tokens = link.recv((b - a, 1), torch.int64, pm.last_rank, TOKENS, (f - 1, j))
+            _, out = pm.stage_forward(link, (f, j), (b - a, lp if f == 0 else 1), tokens, caches[j])
+            if not pm.is_last:
+                continue
+            with pm.event("sample", (f, j)):
+                fed[j] = samplers[j].sample(pm.module.heads(out).logits[:, -1]).unsqueeze(-1)
+            if f + 1 < max_new_tokens and not pm.is_first:
+                link.send(fed[j], pm.first_rank, TOKENS, (f, j))
+    link.close()
+    shape = (n, max_new_tokens)
+    responses, logps, mask = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape), torch.zeros(shape)
+    if samplers:
+        responses = torch.cat([torch.stack(s.tokens, dim=1) for s in samplers])
+        logps = torch.cat([torch.stack(s.logps, dim=1) for s in samplers])
+        mask = torch.cat([torch.stack(s.masks, dim=1) for s in samplers])
+    responses, logps, mask = (pm.from_last_stage(x) for x in (responses, logps, mask))
+    return Rollout(sequences=torch.cat([prompts, responses], dim=1), responses=responses, logprobs=logps, mask=mask)
 
 
 LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
@@ -329,31 +524,39 @@ LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
 
 def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: LossFn, exp: Experience,
                microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...]) -> tuple[dict[str, float], float]:
-    """One optimizer step on this replica's rows `exp` in `microbatches` microbatches (GPipe schedule).
+    """One optimizer step on this replica's rows `exp` in `microbatches` microbatches (GPipe schedule:
+    all forwards, then all backwards in reverse, both phases pipelined over the stages).
 
     Returns (statistics summed over microbatches and replicas, valid on the last stage; pre-clip norm).
     """
     n = exp.sequences.shape[0]
     chunks = [c for c in split_rows(0, n, max(1, min(microbatches, n))) if c[1] > c[0]] if n else []
     pm.module.train()
+    link = StageLink(pm, len(chunks))
     pending: list[tuple[Optional[Tensor], Optional[Tensor], Tensor]] = []
     sums = torch.zeros(len(stat_keys), dtype=torch.float64)
-    for lo, hi in chunks:
-        view = StageView(pm, "forward")
+    rows = [hi - lo for lo, hi in chunks]
+    for j, (lo, hi) in enumerate(chunks):
+        view = StageView(pm, link, j, rows)
         loss, stats = loss_fn(view, exp.rows(slice(lo, hi)))
         inp, out = view.records[0]
         pending.append((loss if pm.is_last else None, inp, out))
         if pm.is_last:
             sums += torch.tensor([float(stats.get(k, 0.0)) for k in stat_keys], dtype=torch.float64)
-    for loss, inp, out in reversed(pending):
-        if loss is not None:
-            loss.backward()
-        else:
-            g = torch.empty_like(out)
-            dist.recv(g, pm.next)
-            out.backward(g)
+    if not pm.is_last:
+        for j, (_, _, out) in enumerate(pending):
+            link.expect(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
+    for j in reversed(range(len(pending))):
+        loss, inp, out = pending[j]
+        grad = None if loss is not None else link.recv(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
+        with pm.event("backward", (j,)):
+            if loss is not None:
+                loss.backward()
+            else:
+                out.backward(grad)
         if inp is not None:
-            dist.send(inp.grad.contiguous(), pm.prev)
+            link.send(inp.grad, pm.prev, GRADIENT, (j,))
+    link.close()
     pm.allreduce_grads()
     norm = optimizer_step(pm.module, optimizer, cfg, reduce_sq=pm.grad_sq_total)
     if pm.is_last and pm.dp_group is not None:
@@ -378,5 +581,5 @@ def param_shapes(arch: Arch, kind: str, net: NetOptions) -> dict[str, tuple[int,
     return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
-__all__ = ["ProcessGroups", "ParallelModel", "StageView", "infer", "train_step", "shard_of", "param_shapes",
+__all__ = ["ProcessGroups", "ParallelModel", "StageView", "StageLink", "StageEvent", "infer", "generate", "train_step", "shard_of", "param_shapes",
            "canonical_name", "param_piece", "TP_IMPLS"]

@@ -43,10 +43,10 @@ from torch import Tensor
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
-from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
+from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.models import build_model, export_weights
-from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, StageView, infer, param_shapes,
+from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
                                                   shard_of, train_step)
 from rpegc.runtime.torch_backend.reference import RunConfig
 from rpegc.runtime.torch_backend.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
@@ -476,16 +476,9 @@ class Worker:
     def op_generation(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
         w, rl = self.run.workload, self.run.rl
         prompts = expand_rollouts(self.task.prompts(w.B, self.setup.seed, cmd["step"]), w.R)
-        seqs, masks, logps = [], [], []
-        for a, b in self.chunks(cmd, lo, hi):
-            roll = generate(StageView(pm, "generate"), prompts[a:b], range(a, b), seed=self.setup.seed,
-                            step=cmd["step"], max_new_tokens=w.Lr, temperature=rl.temperature)
-            seqs.append(roll.sequences)
-            masks.append(roll.mask)
-            logps.append(roll.logprobs)
-        out = {"sequences": torch.cat(seqs) if seqs else self.empty("sequences", 0),
-               "mask": torch.cat(masks) if masks else self.empty("mask", 0),
-               "old_logprobs": torch.cat(logps) if logps else self.empty("old_logprobs", 0)}
+        roll = generate(pm, prompts[lo:hi], self.chunks(cmd, lo, hi), seed=self.setup.seed, step=cmd["step"],
+                        max_new_tokens=w.Lr, temperature=rl.temperature)
+        out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
         if "values" in cmd["fields"]:
             out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi)
         return out
@@ -505,21 +498,21 @@ class Worker:
 
     def _forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
                        hi: int) -> Tensor:
-        """A teacher-forced field (log-probs, values, reward-model scores) for the rows, microbatch by microbatch."""
+        """A teacher-forced field (log-probs, values, reward-model scores) for the rows, in pipelined microbatches."""
         lp, temp = self.run.workload.Lp, self.run.rl.temperature
-        parts = []
+        if f not in ("old_logprobs", "ref_logprobs", "values", "scores"):
+            raise CommandError(f"the torch backend cannot compute field '{f}'")
+        fns, rows = [], []
         for a, b in self.chunks(cmd, lo, hi):
+            rows.append(b - a)
             seqs, mask = data["sequences"][a - lo:b - lo], data["mask"][a - lo:b - lo]
-            if f in ("old_logprobs", "ref_logprobs"):
-                fn = lambda v, s=seqs: response_forward(v, s, lp, temp).logprobs  # noqa: E731
-            elif f == "values":
-                fn = lambda v, s=seqs: response_forward(v, s, lp).values  # noqa: E731
+            if f == "values":
+                fns.append(lambda v, s=seqs: response_forward(v, s, lp).values)
             elif f == "scores":
-                fn = lambda v, s=seqs, m=mask: last_token_scores(v, s, lp, m)  # noqa: E731
+                fns.append(lambda v, s=seqs, m=mask: last_token_scores(v, s, lp, m))
             else:
-                raise CommandError(f"the torch backend cannot compute field '{f}'")
-            parts.append(infer(pm, fn))
-        return torch.cat(parts) if parts else self.empty(f, 0)
+                fns.append(lambda v, s=seqs: response_forward(v, s, lp, temp).logprobs)
+        return infer(pm, fns, rows) if fns else self.empty(f, 0)
 
     def _dp_sum(self, pm: ParallelModel):
         def reduce(t: Tensor) -> Tensor:

@@ -1,0 +1,58 @@
+"""The benchmark scripts keep working (issue 6 item 6): one script end to end in --quick mode, as a user runs
+it, and the workload definitions match the paper's tables (App. B, Tables X and XI, the 36-case weak grid).
+No wall-clock time is asserted."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+from rpegc.core.expr import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+
+def load_workloads():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import workloads
+    finally:
+        sys.path.remove(str(BENCH))
+    return workloads
+
+
+def test_strong_scaling_quick_writes_results_that_beat_or_match_feasible_baselines(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH / "strong_scaling.py"), "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(open(tmp_path / "strong_scaling_quick.csv")))
+    assert [int(r["gpus"]) for r in rows] == [8, 16]
+    assert (tmp_path / "strong_scaling_quick.png").stat().st_size > 0
+    for r in rows:
+        assert r["rpeg_feasible"] == "True" and r["rpeg_util_feasible"] == "True"
+        for base in ("greedy", "concurrent"):
+            if r[f"{base}_feasible"] == "True":
+                assert float(r["rpeg_tok_s"]) >= float(r[f"{base}_tok_s"])
+            else:
+                assert r[f"gain_vs_{base}"] == "OOM"
+
+
+def test_workloads_follow_the_paper_tables():
+    w = load_workloads()
+    x = w.table_x()
+    assert [(c.gpus, c.topology, c.models, c.B) for c in x] == [
+        (64, "2x8x4", "13/13/7", 1024), (128, "2x16x4", "34/13/13", 1024), (256, "4x16x4", "70/34/13", 1024),
+        (512, "8x16x4", "70/70/34", 2048), (1024, "16x16x4", "175/70/34", 2048)]
+    xi = {c.name: c for c in w.table_xi()}
+    assert xi["MEM-TIGHT"].hw.M_GPU == 50e9 and xi["WIDE"].hw.M_GPU == 102e9
+    assert (xi["DEEP"].topology, xi["DEEP"].models, xi["HETERO"].Lr) == ("2x8x4", "7/70/70", 128)
+    weak = w.weak_scaling()
+    assert len(weak) == 36 and len({c.name for c in weak}) == 36
+    assert {(c.B, c.Lr) for c in weak} == {(512, 128), (256, 384), (128, 896)}
+    p = weak[0].program
+    phases = [(q.f, evaluate(q.tokens, p.workload.env)) for q in p.graph.quantiles]
+    assert phases == [(0.5, 128 / 4), (0.85, 128 / 2), (1.0, 128)]  # App. B: (0.50, 0.85, 1.0) at Lr/4, Lr/2, Lr
+    assert {m.name: m.preset for m in p.models}["ref"] == {m.name: m.preset for m in p.models}["actor"]
