@@ -460,10 +460,12 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
     indices, contiguous from lo; `prompts` holds rows lo..hi), pipelined over the stages; the rollouts
     on every stage.
 
-    Each forward f (f = 0: the prompts; f > 0: the token sampled at step f-1) runs microbatch 0, 1, ...
-    in turn on every stage, so while stage s works on microbatch j the next stage works on j-1 and the
-    last stage samples j-2 (a wavefront). The last stage samples with the per-sequence generators and
-    sends the token ids to stage 0, which needs them for forward f+1.
+    Every stage runs forward f (f = 0: the prompts; f > 0: the tokens sampled at step f-1) of
+    microbatch 0, 1, ..., mb-1, then forward f+1, so while stage s works on microbatch j the next stage
+    works on j-1 (a wavefront through the stages, step after step). The last stage samples with the
+    per-sequence generators (`generation.generate`'s draws, so the tokens are the single-process ones)
+    and sends only the token ids to stage 0, which feeds them to forward f+1; each stage posts the
+    receives of forward f+1 when it starts forward f.
     """
     if pm.kind not in LM_HEAD_KINDS:
         raise RpegError(None, f"generation needs a model with an LM head (policy or actor_critic), got kind '{pm.kind}'")

@@ -1,0 +1,254 @@
+"""Pipelined pipeline parallelism in the torch backend (issue 9; spec/cost-model.md Sec. 3.3: microbatches
+in flight across stages for inference, training and generation [A6]).
+
+With pp = 2 and mb = 4, the backend's own operators (`Worker.cmd_op`, run in two gloo worker processes)
+give the outputs of pp = 1 and of the single-process functions. That the stages overlap is checked
+without timing anything:
+- a gate: the last stage may not compute microbatch 0's heads until stage 0 has run the forward of
+  the LAST microbatch. A schedule that synchronises the stages per microbatch (a broadcast, a blocking
+  send, logits sent back before stage 0 goes on) never opens the gate and the operator fails on the
+  gate's timeout; a pipelined one passes;
+- each stage's recorded schedule (`ParallelModel.trace`): generation runs decode step by decode step
+  over all microbatches (a wavefront), results are broadcast once at the end, not per microbatch.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rpegc.core.presets import lookup  # noqa: E402
+from rpegc.core.program import Workload  # noqa: E402
+from rpegc.tools.measure import WorkerPool  # noqa: E402
+
+B, LP, LR, MB = 8, 4, 6, 4
+ARCH = lookup("tiny")
+GATE_TIMEOUT_S = 20.0
+FIELDS = {"generation": ("sequences", "mask", "old_logprobs"), "inference": ("ref_logprobs",)}
+
+
+def _run_config():
+    from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config
+
+    return RunConfig(algorithm="ppo", actor=ARCH, workload=Workload(B=B, R=1, Lp=LP, Lr=LR, dtype="fp32"),
+                     rl=toy_rl_config("ppo"), critic=ARCH, reward="model", reward_arch=ARCH, positions="learned")
+
+
+def _layouts():
+    from rpegc.runtime.torch_backend.layout import Layout
+
+    return {1: Layout((0,), 1, 1, 1), 2: Layout((0, 1), 1, 2, 1)}
+
+
+def _batch() -> dict:
+    """Synthetic rollouts and experience of all B rows (what generation and inference would produce)."""
+    gen = torch.Generator().manual_seed(3)
+    return {"sequences": torch.randint(1, ARCH.vocab, (B, LP + LR), generator=gen), "mask": torch.ones(B, LR),
+            "old_logprobs": -2.0 * torch.rand(B, LR, generator=gen), "ref_logprobs": -2.0 * torch.rand(B, LR, generator=gen),
+            "values": 0.1 * torch.randn(B, LR, generator=gen), "scores": torch.rand(B, generator=gen),
+            "task_scores": torch.rand(B, generator=gen)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Run in the worker processes (module-level: the pool pickles them by name)
+
+
+def _setup(ctx, gate_path: str) -> None:
+    from rpegc.runtime.torch_backend.backend import model_seed
+    from rpegc.runtime.torch_backend.worker import ModelSpec, Worker, WorkerSetup
+
+    names = {"policy": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}
+    models = {n: ModelSpec(n, k, ARCH, model_seed(0, k)) for k, n in names.items()}
+    setup = WorkerSetup(world=ctx.world, seed=0, run=_run_config(), models=models,
+                        layouts=tuple(_layouts().values()), tp_impl="torch", t0=time.time(), timeout_s=60.0)
+    ctx.state["worker"] = Worker(setup, ctx.rank, store=None)
+    ctx.state["gate"] = torch.distributed.FileStore(gate_path, ctx.world)
+
+
+def _install_gate(pm, store, name: str, timeout_s: float) -> dict:
+    """Stage 0 opens gate `name` once its forward of the last microbatch ran; the last stage waits for it
+    (at most `timeout_s`, then goes on) before its first heads, microbatch 0's. Returns {"opened": bool}
+    on the last stage once it waited: whether the gate opened in time."""
+    state: dict = {}
+    if pm.is_first:
+        forward_layers, calls = pm.module.forward_layers, []
+
+        def counted(*args, **kwargs):
+            out = forward_layers(*args, **kwargs)
+            calls.append(1)
+            if len(calls) == MB:
+                store.set(name, "open")
+            return out
+        pm.module.forward_layers = counted
+    if pm.is_last:
+        heads = pm.module.heads
+
+        def gated(h):
+            if "opened" not in state:
+                try:
+                    store.wait([name], timedelta(seconds=timeout_s))
+                    state["opened"] = True
+                except RuntimeError:  # the store's timeout
+                    state["opened"] = False
+            return heads(h)
+        pm.module.heads = gated
+    return state
+
+
+def _remove_gate(pm) -> None:
+    for name in ("forward_layers", "heads"):
+        pm.module.__dict__.pop(name, None)
+
+
+def _op(ctx, role: str, pp: int, gated: bool) -> dict | None:
+    """One operator under (dp, pp, tp, mb) = (1, pp, 1, MB): this rank's outputs and schedule trace."""
+    from rpegc.runtime.torch_backend.layout import replica_rows
+    from rpegc.runtime.torch_backend.worker import Entry, Piece
+
+    layout = _layouts()[pp]
+    if ctx.rank not in layout.ranks:
+        return None
+    worker, batch = ctx.state["worker"], _batch()
+    model = {"generation": "actor", "inference": "ref", "training": "actor"}[role]
+    weights = f"W:{model}:pp{pp}"
+    worker.cmd_install({"model": model, "layout": layout, "version": 0, "label": weights})
+    rows = replica_rows(layout, 0, B)
+    cmd = {"type": "op", "node": f"{role}-pp{pp}", "step": 0, "role": role, "model": model, "layout": layout,
+           "mb": MB, "rows": rows, "weights": weights, "inputs": ["batch"], "outputs": {}, "fields": [],
+           "prep": [], "tag": 0, "output": None, "version_out": None}
+    worker.entries["batch"] = Entry("data", pieces=[Piece(0, B, batch)])
+    if role == "training":
+        cmd.update(output=f"{weights}:trained", version_out=1)
+        pm = worker.train_state(model, layout).pm
+    else:
+        cmd.update(outputs={"result": list(FIELDS[role])}, fields=list(FIELDS[role]))
+        pm, _ = worker.serving_model(model, layout, weights)
+    pm.trace = []
+    gate = _install_gate(pm, ctx.state["gate"], f"{role}-pp{pp}", GATE_TIMEOUT_S) if gated else {}
+    info = worker.cmd_op(cmd)
+    _remove_gate(pm)
+    out = {"trace": [(e.what, e.key) for e in pm.trace], "metrics": info.get("metrics"), "gate": gate.get("opened")}
+    if role == "training":
+        out["weights"] = worker.entries[cmd["output"]].shards
+    else:
+        out["fields"] = worker.entries["result"].pieces[0].fields
+    return out
+
+
+def _initial_actor(ctx) -> dict | None:
+    return ctx.state["worker"].full_weights("actor", 0) if ctx.rank == 0 else None
+
+
+def _single_process(ctx, role: str) -> dict | None:
+    """What the single-process functions give for the same rows, microbatch by microbatch (rank 0)."""
+    from rpegc.runtime.torch_backend.backend import model_seed
+    from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
+    from rpegc.runtime.torch_backend.models import build_model
+    from rpegc.runtime.torch_backend.rl import response_forward
+
+    if ctx.rank != 0:
+        return None
+    worker, cfg = ctx.state["worker"], _run_config()
+    kind = "policy" if role == "generation" else "reference"
+    model = build_model(ARCH, kind, model_seed(0, kind), cfg.net)
+    chunks = [(j * B // MB, (j + 1) * B // MB) for j in range(MB)]
+    if role == "generation":
+        prompts = expand_rollouts(worker.task.prompts(B, 0, 0), 1)
+        rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
+                          temperature=cfg.rl.temperature) for a, b in chunks]
+        return {"sequences": torch.cat([r.sequences for r in rolls]), "mask": torch.cat([r.mask for r in rolls]),
+                "old_logprobs": torch.cat([r.logprobs for r in rolls])}
+    seqs = _batch()["sequences"]
+    with torch.no_grad():
+        return {"ref_logprobs": torch.cat([response_forward(model, seqs[a:b], LP, cfg.rl.temperature).logprobs
+                                           for a, b in chunks])}
+
+
+def _serialized_inference(ctx) -> bool | None:
+    """Reference inference at pp = 2 the way the backend ran it before (one microbatch through the whole
+    pipeline, broadcast, then the next), under a short gate: whether the gate opened (last stage)."""
+    from rpegc.runtime.torch_backend.parallel import infer
+    from rpegc.runtime.torch_backend.rl import response_forward
+
+    layout = _layouts()[2]
+    pm, _ = ctx.state["worker"].serving_model("ref", layout, "W:ref:pp2")
+    gate = _install_gate(pm, ctx.state["gate"], "serialized", timeout_s=1.0)
+    seqs = _batch()["sequences"]
+    for j in range(MB):
+        rows = seqs[j * B // MB:(j + 1) * B // MB]
+        infer(pm, [lambda v, s=rows: response_forward(v, s, LP).logprobs], [rows.shape[0]])
+    _remove_gate(pm)
+    return gate.get("opened")
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    gate = tmp_path_factory.mktemp("gate") / "store"
+    with WorkerPool(2, timeout_s=60.0) as p:
+        p.run(_setup, str(gate))
+        yield p
+
+
+def _stage_events(trace, what: str):
+    return [key for w, key in trace if w == what]
+
+
+def test_pipelined_generation_matches_pp1_and_runs_as_a_wavefront(pool):
+    piped = pool.run(_op, "generation", 2, True)
+    assert piped[1]["gate"] is True  # stage 0 ran every microbatch's prefill before the last stage sampled one
+    flat = pool.run(_op, "generation", 1, False)[0]
+    single = pool.run(_single_process, "generation")[0]
+    for f in FIELDS["generation"]:
+        for rank in (0, 1):  # both stages hold the rollouts
+            assert torch.equal(piped[rank]["fields"][f], flat["fields"][f]), (f, rank)
+        assert torch.equal(flat["fields"][f], single[f]), f
+    wavefront = [(step, j) for step in range(LR) for j in range(MB)]
+    stage0, stage1 = piped[0]["trace"], piped[1]["trace"]
+    assert _stage_events(stage0, "forward") == wavefront
+    assert _stage_events(stage1, "forward") == wavefront and _stage_events(stage1, "sample") == wavefront
+    for trace in (stage0, stage1):  # no per-step logits broadcast: only the rollouts, once, at the end
+        assert [w for w, _ in trace[-3:]] == ["broadcast"] * 3 and _stage_events(trace[:-3], "broadcast") == []
+
+
+def test_pipelined_inference_matches_pp1_and_broadcasts_once(pool):
+    piped = pool.run(_op, "inference", 2, True)
+    assert piped[1]["gate"] is True
+    flat = pool.run(_op, "inference", 1, False)[0]
+    single = pool.run(_single_process, "inference")[0]
+    for rank in (0, 1):
+        assert torch.equal(piped[rank]["fields"]["ref_logprobs"], flat["fields"]["ref_logprobs"])
+    assert torch.equal(flat["fields"]["ref_logprobs"], single["ref_logprobs"])
+    microbatches = [(j,) for j in range(MB)]
+    for trace in (piped[0]["trace"], piped[1]["trace"]):
+        assert trace == [("forward", key) for key in microbatches] + [("broadcast", ())]
+
+
+def test_pipelined_training_matches_pp1(pool):
+    piped = pool.run(_op, "training", 2, True)
+    assert piped[1]["gate"] is True
+    flat = pool.run(_op, "training", 1, False)[0]
+    merged = {**piped[0]["weights"], **piped[1]["weights"]}
+    assert set(piped[0]["weights"]).isdisjoint(piped[1]["weights"]) and set(merged) == set(flat["weights"])
+    for name, want in flat["weights"].items():
+        torch.testing.assert_close(merged[name], want, rtol=0, atol=1e-6, msg=name)
+    initial = pool.run(_initial_actor)[0]
+    moved = max((flat["weights"][n] - initial[n]).abs().max().item() for n in initial)
+    assert moved > 1e-4  # the step trained: agreement is not the identity
+    got, want = piped[1]["metrics"], flat["metrics"]
+    for key in ("policy_loss", "actor_grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5), key
+    forwards, backwards = [(j,) for j in range(MB)], [(j,) for j in reversed(range(MB))]
+    for trace in (piped[0]["trace"], piped[1]["trace"]):  # GPipe: all forwards, then all backwards
+        assert trace == [("forward", k) for k in forwards] + [("backward", k) for k in backwards]
+
+
+def test_the_gate_catches_a_schedule_that_synchronises_per_microbatch(pool):
+    pool.run(_op, "inference", 2, False)  # installs the pp = 2 weights
+    assert pool.run(_serialized_inference) == [None, False]
