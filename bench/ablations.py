@@ -18,13 +18,14 @@ Usage: python bench/ablations.py [--quick] [--evals N] [--seeds K]
 
 from __future__ import annotations
 
+# workloads first: it pins numpy to one thread before numpy is imported.
+from workloads import SEARCH_DEFAULTS, Run, case, common_args, print_table, search, table_x, table_xi, write_csv
+
 import statistics
 
-import workloads  # noqa: F401  (pins numpy to one thread before it is imported)
 from rpegc.core.cost_options import CostOptions
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.optimizer import ABLATIONS
-from workloads import SEARCH_DEFAULTS, Run, case, common_args, print_table, search, table_x, table_xi, write_csv
 
 PAPER = {"A1": "-9.2%", "A2": "-16.1%", "A3": "-4.3%", "A4": "<1%", "A5": "<1%", "A6": "<1%", "A7": "-2.2%",
          "A8": "<1%", "A9": "-2.8%"}

@@ -6,7 +6,7 @@ already within 5% of the one found after an hour. Here each case runs with an ev
 every search round the best feasible makespan so far, the evaluations spent and the CPU time are
 recorded (`convergence.csv`, one row per sample), and a summary (`convergence_summary.csv`) gives the
 reduction at 1/12 of the budget (the paper's 300 s of 3,600 s), 1/4, 1/2, the end of the search and
-after the final polish.
+after the final polish, and the result of a separate run with 1/12 of the budget (a "300 s" search).
 
 The paper does not give these workloads' batch and lengths; Table X's (B = 1024 up to 256 GPUs, else
 2048; Lp/Lr = 128/384) are used, with all four models of the named size.
@@ -16,10 +16,10 @@ Usage: python bench/convergence.py [--quick] [--evals N] [--max-gpus G]
 
 from __future__ import annotations
 
+# workloads first: it pins numpy to one thread before numpy is imported.
+from workloads import common_args, convergence_cases, print_table, search, table_x, write_csv
 import time
 
-import workloads  # noqa: F401  (pins numpy to one thread before it is imported)
-from workloads import common_args, convergence_cases, print_table, search, table_x, write_csv
 
 FRACTIONS = ((1 / 12, "at_1_12"), (0.25, "at_1_4"), (0.5, "at_1_2"), (1.0, "at_end"))
 
@@ -69,6 +69,12 @@ def main() -> int:
             row[f"reduction_{key}"] = f"{1 - trace.best_at(frac * evals) / initial:.1%}"
         row["reduction_after_polish"] = f"{1 - r.evaluation.makespan / initial:.1%}"
         row["at_1_12_within_5pct_of_end"] = trace.best_at(evals / 12) <= 1.05 * trace.best_at(evals)
+        # The paper's "300 s vs 3,600 s" reads as two searches; within one run the budget is split over the
+        # structural variants in turn, so 1/12 of a run has searched only the first (synchronous) variant.
+        short = search(c, evals=max(1, evals // 12), seed=args.seed).result
+        row["short_run_evals"] = max(1, evals // 12)
+        row["reduction_short_run"] = f"{1 - short.evaluation.makespan / initial:.1%}"
+        row["short_run_within_5pct_of_long"] = short.evaluation.makespan <= 1.05 * r.evaluation.makespan
         row["structure"] = r.variant.label()
         summary.append(row)
         print(f"{c.name}: makespan -{row['reduction_after_polish']} vs initial", flush=True)
@@ -76,7 +82,8 @@ def main() -> int:
     path = write_csv(f"convergence{suffix}.csv", samples, args.out)
     spath = write_csv(f"convergence_summary{suffix}.csv", summary, args.out)
     print_table(summary, ["case", "gpus", "evals", "cpu_s"] + [f"reduction_{k}" for _, k in FRACTIONS]
-                + ["reduction_after_polish", "at_1_12_within_5pct_of_end"])
+                + ["reduction_after_polish", "at_1_12_within_5pct_of_end", "reduction_short_run",
+                   "short_run_within_5pct_of_long"])
     if not args.no_plot:
         plot(samples, summary, evals, path.with_suffix(".png"))
     print(f"wrote {path} and {spath}")

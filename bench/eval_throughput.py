@@ -23,10 +23,12 @@ Usage: python bench/eval_throughput.py [--quick] [--max-gpus N]
 
 from __future__ import annotations
 
+# workloads first: it pins numpy to one thread before numpy is imported.
+from workloads import SEARCH_DEFAULTS, Case, common_args, print_table, search, table_x, write_csv
+
 import random
 import time
 
-import workloads  # noqa: F401  (pins numpy to one thread before it is imported)
 import numpy as np
 
 from rpegc.core.cost_options import CostOptions
@@ -35,7 +37,6 @@ from rpegc.search.baselines import concurrent_plan
 from rpegc.search.batched import BatchEvaluator
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.space import structural_candidates
-from workloads import SEARCH_DEFAULTS, Case, common_args, print_table, search, table_x, write_csv
 
 TARGET = 6000.0
 
@@ -109,7 +110,7 @@ def plot(rows: list[dict], path) -> None:
     cases = list(dict.fromkeys(r["gpus"] for r in rows))
     paths = ["reference", "batched-random", "batched-neighbours", "search: SA phase (optimize without polish)",
              "search: SA + polish (optimize)"]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.14
     for k, p in enumerate(paths + ["paper"]):
         ys = []
@@ -125,7 +126,7 @@ def plot(rows: list[dict], path) -> None:
     ax.set_xticks(range(len(cases)), [f"{g} GPUs" for g in cases])
     ax.set_ylabel("configurations per CPU-core-second")
     ax.set_title("Evaluation throughput, Table X workloads (one core)")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

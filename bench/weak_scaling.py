@@ -16,7 +16,7 @@ Usage: python bench/weak_scaling.py [--quick] [--evals N] [--seed S]
 
 from __future__ import annotations
 
-import workloads  # noqa: F401  (pins numpy to one thread before it is imported)
+# workloads first: it pins numpy to one thread before numpy is imported.
 from workloads import (
     WEAK_REGIMES,
     WEAK_SWEEPS,

@@ -456,7 +456,6 @@ def _run(R: _Rows, overlap: np.ndarray, V: int) -> np.ndarray:
     int32 and flat (node index + row offset) to keep the working set small."""
     B, N1 = R.T.shape
     N = N1 - 1
-    C = R.heads.shape[1]
     D = R.succ.shape[2]
     i32 = np.int32
     rows = np.arange(B, dtype=i32)

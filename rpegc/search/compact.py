@@ -416,7 +416,7 @@ class CompactVariant:
             p_eff=float(p_eff(op_time, makespan)),
             r_peak=float(r_peak),
             feasible=bool(feasible),
-            peak=tuple(float(x) for x in peak),
+            peak=tuple(np.asarray(peak, dtype=np.float64).tolist()),
         )
 
     def critical_weights(self, choice: Choice) -> np.ndarray:
