@@ -17,8 +17,9 @@ GOOD = (PROFILE_DIR / "gh200.toml").read_text()
 
 
 def test_shipped_profiles():
-    assert profile_names() == ["a100-40g", "gh200", "h100-80g", "h200"]
-    per_node = {"gh200": 4, "a100-40g": 8, "h100-80g": 8, "h200": 8}
+    assert profile_names() == ["a100-40g", "cpu", "gh200", "h100-80g", "h200"]
+    # cpu: calibrated by rpeg-calibrate on this project's 2-core machines (bench/validation/cpu.toml).
+    per_node = {"gh200": 4, "a100-40g": 8, "h100-80g": 8, "h200": 8, "cpu": 2}
     for name in profile_names():
         hw = load_hardware(name)
         assert hw.name == name and hw.gpus_per_node == per_node[name]
