@@ -40,11 +40,11 @@ class SearchConfig:
     w_stag: int = 10
     k_elite: int = 3
     # The paper gives no values (only t_warm > t_init). A relative loss of t is accepted with probability 1/e.
-    # Measured over six workloads x 5 seeds (bench/README.md, "Search changes"): with 0.005/0.01 most
+    # Measured over six workloads x 5 seeds (bench/results/search_temperature.csv): with 0.005/0.01 most
     # chains end after w_stag rejections next to their seed, so plans that need a few worse intermediate
     # steps (e.g. moving generation off the trainers' GPUs under tau = 1) are found only by luck; 0.01/0.05
-    # raised the mean by 5% and the worst seed by up to 18%; 0.02/0.1 had the same mean but chains long
-    # enough to wander off good basins on small budgets (worst seed up to 11% lower).
+    # raised the mean result by 6% (up to 17%) and the worst seed by up to 18%; 0.02/0.1 had about the same
+    # mean, but its chains wander off good basins on small budgets (worst seed up to 11% lower).
     t_init: float = 0.01
     t_warm: float = 0.05
     gamma: float = 0.95  # A9 geometric cooling factor per round
