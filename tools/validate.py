@@ -42,6 +42,7 @@ from rpegc.core.memory import op_memory, training_state_bytes
 from rpegc.core.optime import op_time
 from rpegc.core.presets import lookup
 from rpegc.core.program import Arch, Workload
+from rpegc.tools.calibrate import mape
 from rpegc.tools.measure import Progress, WorkerPool, device_count
 
 ROLES = ("generation", "inference", "training")
@@ -177,16 +178,6 @@ def build_grid(devices: int, quick: bool = False) -> list[Case]:
 
 # ---------------------------------------------------------------------------------------------------
 # Metrics (pure)
-
-
-def mape(predicted, measured) -> float:
-    """Mean absolute percentage error as a fraction."""
-    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
-    if p.shape != m.shape or m.size == 0:
-        raise RpegError(None, f"MAPE needs two equally long non-empty series, got {p.shape} and {m.shape}")
-    if np.any(m <= 0):
-        raise RpegError(None, "MAPE needs positive measured values")
-    return float(np.mean(np.abs(p - m) / m))
 
 
 def ranks(x) -> np.ndarray:

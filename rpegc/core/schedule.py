@@ -94,7 +94,10 @@ class Schedule:
     op_time: float  # sum of T over Op nodes (numerator of P_eff)
 
 
-def _topological(n: int, succs: list[list[int]], npred: list[int], names: Optional[Sequence[str]]) -> list[int]:
+def topological_order(
+    n: int, succs: Sequence[Sequence[int]], npred: Sequence[int], names: Optional[Sequence[str]] = None
+) -> list[int]:
+    """Kahn's order of nodes 0..n-1; a cycle is an RpegError naming the nodes involved or blocked by it."""
     left = list(npred)
     order = [v for v in range(n) if left[v] == 0]
     i = 0
@@ -185,7 +188,7 @@ def prepare_schedule(
     for u, v in pairs:
         succs[u].append(v)
         npred[v] += 1
-    topo = _topological(n, succs, npred, names)
+    topo = topological_order(n, succs, npred, names)
 
     masks = _masks(reserved)
     distinct = list(dict.fromkeys(m for m in masks if m))

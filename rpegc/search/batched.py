@@ -36,6 +36,7 @@ from rpegc.core.memory import (
     training_state_bytes,
     transient_bytes,
 )
+from rpegc.core.schedule import topological_order
 from rpegc.core.score import p_eff, score, score_pen, utilization
 from rpegc.search.compact import DC, OP, PC, CompactVariant, Superset
 
@@ -520,7 +521,7 @@ def prepare_graph(s: Superset) -> _Graph:
     for i, x in enumerate(succs):
         succ[i, : len(x)] = x
     npred = np.array([len(x) for x in preds] + [1 << 40], dtype=np.int64)
-    topo = _topological(n, succs, preds)
+    topo = topological_order(n, succs, [len(p) for p in preds])
     height = [0] * n
     for v in reversed(topo):
         height[v] = 1 + max((height[w] for w in succs[v]), default=-1)
@@ -561,21 +562,6 @@ def prepare_graph(s: Superset) -> _Graph:
         transfer_cols={k: np.array(v) for k, v in transfer_cols.items()},
         vertex=np.array(s.vertex, dtype=np.int64),
     )
-
-
-def _topological(n: int, succs, preds) -> list[int]:
-    left = [len(p) for p in preds]
-    order = [v for v in range(n) if left[v] == 0]
-    i = 0
-    while i < len(order):
-        for w in succs[order[i]]:
-            left[w] -= 1
-            if left[w] == 0:
-                order.append(w)
-        i += 1
-    if len(order) != n:
-        raise ValueError("superset graph has a cycle")
-    return order
 
 
 def _chain_cover(n: int, topo: list[int], succs, preds):
