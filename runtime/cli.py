@@ -4,6 +4,7 @@
                   [--jitter-dist uniform|lognormal] [--policy auto|plan|alg2]
                   [--reserve destination|endpoints] [--gantt out.png] [--quiet]
                   [--run-dir DIR] [--checkpoint-every N] [--resume DIR] [--tp-impl auto|megatron|torch]
+                  [--dist-backend auto|gloo|nccl]
     rpeg-run verify PLAN TRACE
 
 PLAN is a lowered exec module: `.json` (rpegc --emit=json) or the `.rpeg` text form. The run prints
@@ -58,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     t.add_argument("--tp-impl", choices=("auto", "megatron", "torch"), default="auto",
                    help="tensor parallelism: megatron-core layers (auto: when importable) or plain torch.distributed")
+    t.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="torch.distributed backend of the workers: gloo (CPU tensors) or nccl (one GPU per worker); "
+                        "auto: nccl when this host has a CUDA device for every worker, else gloo")
     t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
     t.add_argument("--reward", choices=("rule", "model"), default="rule",
                    help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")

@@ -2,10 +2,11 @@
 Alg. 2; DESIGN.md Section 7; issue 8).
 
 `TorchBackend` implements `rpegc.runtime.backend.Backend` for the completion-driven controller:
-- `start` launches one persistent worker per device of the plan (`worker.py`, through a TCPStore that is
-  also the control channel; locally forked processes, on a cluster the same module under torchrun/Slurm),
-  sends them the run setup and waits until every worker has created the process groups of every
-  vertex layout;
+- `start` chooses the torch.distributed backend (`dist_backend`: gloo on CPUs, nccl with one GPU per
+  worker, auto = nccl when every worker gets a GPU; `device.choose_dist_backend`), launches one
+  persistent worker per device of the plan (`worker.py`, through a TCPStore that is also the control
+  channel; locally forked processes, on a cluster the same module under torchrun/Slurm), sends them the
+  run setup and waits until every worker has created the process groups of every vertex layout;
 - `run_op` / `transfer` / `reshard` turn a Dispatch into commands for the node's workers, with every
   route precomputed here (`layout.route_rows`, `layout.route_weights`) from where each artifact's
   shards are held; `wait` collects the workers' reports into Completions (start/finish on the wall
@@ -46,6 +47,7 @@ from rpegc.core.program import Program, Strategy
 from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 from rpegc.runtime.torch_backend import checkpoint as ckpt
+from rpegc.runtime.torch_backend.device import DIST_BACKEND_CHOICES, choose_dist_backend
 from rpegc.runtime.torch_backend.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                 route_weights)
 from rpegc.runtime.torch_backend.models import derive_seed
@@ -184,6 +186,8 @@ class TorchBackend(Backend):
             raise RpegError(None, f"unknown launcher '{launcher}'; use {' or '.join(LAUNCHERS)}")
         if launcher == "external" and not store:
             raise RpegError(None, "an external launch needs the store address workers connect to (HOST:PORT)")
+        if dist_backend not in DIST_BACKEND_CHOICES:
+            raise RpegError(None, f"unknown distributed backend '{dist_backend}'; use {', '.join(DIST_BACKEND_CHOICES)}")
         self.dist_backend, self.launcher, self.store_addr = dist_backend, launcher, store
         self.rl_overrides = dict(rl or {})
         self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
@@ -206,7 +210,8 @@ class TorchBackend(Backend):
             every = 1 if run_dir else 0
         return cls(seed=args.seed, run_dir=run_dir, checkpoint_every=every, resume=bool(getattr(args, "resume", None)),
                    lr=getattr(args, "lr", None), tp_impl=getattr(args, "tp_impl", "auto") or "auto",
-                   reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern")
+                   reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern",
+                   dist_backend=getattr(args, "dist_backend", "auto") or "auto")
 
     # -- plan ------------------------------------------------------------------------------------
 
@@ -307,6 +312,7 @@ class TorchBackend(Backend):
     # -- lifecycle -----------------------------------------------------------------------------------
 
     def start(self, plan: RunPlan) -> dict[int, int]:
+        dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
@@ -332,7 +338,7 @@ class TorchBackend(Backend):
         layouts = tuple(sorted(set(self.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
         setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
-                            dist_backend=self.dist_backend, resume_file=self._resume_file, fault=self.fault)
+                            dist_backend=dist_backend, resume_file=self._resume_file, fault=self.fault)
         host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
         self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=self.timeout_s))
@@ -350,6 +356,16 @@ class TorchBackend(Backend):
             print(f"rpeg-run: warning: {w}", file=sys.stderr)
         self._await_ready(len(plan.devices))
         return dict(self.rank_of)
+
+    def _resolve_dist_backend(self, plan: RunPlan) -> str:
+        """gloo or nccl. Locally launched workers all run on this host, one GPU each under NCCL; externally
+        launched ones run elsewhere and check their own GPUs, so here only auto looks at this host's GPUs
+        (against a node of the plan's cluster: the controller usually shares a node with workers)."""
+        here: Optional[int] = len(plan.devices)
+        if self.launcher == "external":
+            cluster = plan.program.cluster
+            here = min(here, cluster.gpus) if self.dist_backend == "auto" and cluster is not None else None
+        return choose_dist_backend(self.dist_backend, here, torch.cuda.device_count())
 
     def _resolve_tp_impl(self) -> str:
         """megatron-core's TP layers when TP is used and megatron-core is installed (the workers import it)."""

@@ -62,7 +62,7 @@ def latest_checkpoint(run_dir: str) -> Optional[str]:
 
 def load_checkpoint(path: str) -> dict:
     try:
-        data = torch.load(path, weights_only=False)
+        data = torch.load(path, map_location="cpu", weights_only=False)  # the controller may have no GPU
     except (OSError, RuntimeError, EOFError) as e:
         raise RpegError(Loc(path, 0, 0), f"cannot read the checkpoint: {e}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -73,7 +73,7 @@ def load_checkpoint(path: str) -> dict:
 def find_resume_checkpoint(run_dir: str, plan: RunPlan, seed: int) -> tuple[str, dict]:
     """The latest checkpoint in `run_dir`, checked against the plan and seed being resumed."""
     final = os.path.join(run_dir, FINAL)
-    if os.path.exists(final) and torch.load(final, weights_only=False).get("plan_hash") == plan.hash:
+    if os.path.exists(final) and torch.load(final, map_location="cpu", weights_only=False).get("plan_hash") == plan.hash:
         raise RpegError(Loc(final, 0, 0), "this run already finished (its final weights are here); "
                         "nothing to resume")
     path = latest_checkpoint(run_dir)

@@ -5,7 +5,8 @@ plan under any dp/pp/tp/microbatch layout). Each sequence draws its randomness f
 `torch.Generator` seeded by `(seed, step, global sequence index)`, and a token is drawn by
 inverse-CDF sampling in float64 from that sequence's own probabilities, so the tokens a sequence gets
 do not depend on which replica or microbatch it lands in. Sequence `g` of a step is rollout `g % R` of
-prompt `g // R` (`expand_rollouts`).
+prompt `g // R` (`expand_rollouts`). The draw happens on the CPU whatever device the model runs on
+(`sample_tokens`), so a GPU run samples what a CPU run would from the same probabilities.
 """
 
 from __future__ import annotations
@@ -50,11 +51,18 @@ def expand_rollouts(prompts: Tensor, rollouts: int) -> Tensor:
 
 
 def sample_tokens(logprobs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
-    """One token per row from log-probabilities [b, V], row i drawing from generators[i]."""
+    """One token per row from log-probabilities [b, V], row i drawing from generators[i] (CPU generators);
+    the tokens are returned on the device of `logprobs`.
+
+    The inverse CDF is taken on the CPU even when the model runs on a GPU: a CUDA generator draws a
+    different stream than a CPU one seeded alike, and a float64 cumsum on the GPU need not sum in the
+    CPU's order, so drawing there would make the tokens depend on the device. The copy is [b, V] per
+    decode step, which generation synchronises on anyway (the next step needs the tokens).
+    """
     u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
-    cdf = torch.cumsum(logprobs.double().exp(), dim=-1)
+    cdf = torch.cumsum(logprobs.detach().to("cpu", torch.float64).exp(), dim=-1)
     idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
-    return idx.clamp_(max=logprobs.shape[-1] - 1)
+    return idx.clamp_(max=logprobs.shape[-1] - 1).to(logprobs.device)
 
 
 @torch.no_grad()
@@ -85,7 +93,7 @@ def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *
     cache = model.new_cache(b, lp + max_new_tokens)
     logits = model(prompts, cache).logits[:, -1]
     tokens, logps, masks = [], [], []
-    alive = torch.ones(b, dtype=torch.bool)
+    alive = torch.ones(b, dtype=torch.bool, device=prompts.device)
     for t in range(max_new_tokens):
         logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         tok = sample_tokens(logp, generators)

@@ -7,7 +7,9 @@ group as `tp_group`, so two co-located vertices with different layouts live in o
 megatron's global `parallel_state` is never initialised (the tests check that).
 
 What was measured with megatron-core 0.16.1 on torch 2.13 (CPU build, gloo):
-- `import megatron.core` works without Triton, Transformer Engine or Apex (it only warns);
+- `import megatron.core` works without Triton, Transformer Engine or Apex (it only warns), and does not
+  initialise CUDA at import (checked with CUDA's lazy initialisation trapped), so the backend's fork
+  server may import it before the workers pick their GPUs;
 - with `use_cpu_initialization=True` and `perform_initialization=False` the layers allocate on the CPU
   and never touch the CUDA RNG tracker (the backend loads every weight from the published version);
 - the forward/backward of both layers with `gather_output=False`, `input_is_parallel=True`, no sequence
@@ -18,6 +20,12 @@ the global parallel state uninitialised. What would need patches on CPU (the pip
 p2p_communication, megatron DDP's grad buffers, the distributed optimizer, grad clipping, all of which
 allocate on `torch.cuda.current_device()` or use the global state) is not used: pipeline and data
 parallelism are plain torch.distributed in `parallel.py`.
+
+The only CPU-specific choices are settings, not patches, and both depend on the worker's device:
+on the CPU `use_cpu_initialization=True` and megatron's CUDA_DEVICE_MAX_CONNECTIONS hint is silenced;
+on a GPU (NCCL workers) the layers take megatron's normal path, `use_cpu_initialization=False`, which
+allocates the weights on `torch.cuda.current_device()` (the worker sets it to its own GPU first), and the
+hint stays visible. The GPU path is written from megatron-core 0.16.1's source and has not been run here.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+
+from rpegc.runtime.torch_backend.device import CPU
 
 VERIFIED_VERSIONS = ("0.16.1",)
 
@@ -58,8 +68,6 @@ def _import() -> tuple[Optional[object], str]:
 
 # Imported with this module (seconds), so the backend's fork server pays it once for all workers.
 _LAYERS, _VERSION = _import()
-# A CUDA-stream tuning hint megatron prints at the first backward; meaningless on CPU.
-warnings.filterwarnings("ignore", message="When using async grad allreduce")
 
 
 def load() -> tuple[Optional[object], str]:
@@ -67,18 +75,27 @@ def load() -> tuple[Optional[object], str]:
     return _LAYERS, _VERSION
 
 
-def parallel_config(tp: int, dtype: torch.dtype = torch.float32):
+def parallel_config(tp: int, dtype: torch.dtype = torch.float32, device: torch.device = CPU):
+    """megatron's settings for TP layers whose weights live on `device` (CPU or the current CUDA device)."""
     from megatron.core.model_parallel_config import ModelParallelConfig
 
     return ModelParallelConfig(
-        tensor_model_parallel_size=tp, use_cpu_initialization=True, perform_initialization=False,
+        tensor_model_parallel_size=tp, use_cpu_initialization=device.type == "cpu", perform_initialization=False,
         params_dtype=dtype, sequence_parallel=False, gradient_accumulation_fusion=False,
     )
 
 
-def _require():
+def _require(device: torch.device):
     if _LAYERS is None:
         raise RuntimeError(f"{_VERSION}; run with --tp-impl torch")
+    if device.type == "cpu":
+        # A CUDA-stream tuning hint (CUDA_DEVICE_MAX_CONNECTIONS) megatron prints at the first backward;
+        # meaningless on the CPU, worth seeing on a GPU.
+        warnings.filterwarnings("ignore", message="When using async grad allreduce")
+    elif device.type != "cuda" or device.index != torch.cuda.current_device():
+        current = torch.cuda.current_device() if torch.cuda.is_available() else None
+        raise RuntimeError(f"megatron's GPU path allocates on torch.cuda.current_device() (= {current}), not on "
+                           f"the worker's device {device}; call torch.cuda.set_device first")
     return _LAYERS
 
 
@@ -101,19 +118,20 @@ class MegatronLinear(nn.Module):
         return self.inner(x)[0]
 
 
-def column_linear(in_features: int, out_features: int, tp: int, group) -> MegatronLinear:
+def column_linear(in_features: int, out_features: int, tp: int, group, device: torch.device = CPU) -> MegatronLinear:
     """Column-parallel: this rank holds out_features / tp output rows; the input is replicated."""
-    layers = _require()
-    inner = layers.ColumnParallelLinear(in_features, out_features, config=parallel_config(tp), init_method=_no_init,
-                                        bias=False, gather_output=False, tp_group=group)
+    layers = _require(device)
+    inner = layers.ColumnParallelLinear(in_features, out_features, config=parallel_config(tp, device=device),
+                                        init_method=_no_init, bias=False, gather_output=False, tp_group=group)
     return MegatronLinear(inner)
 
 
-def row_linear(in_features: int, out_features: int, tp: int, group) -> MegatronLinear:
+def row_linear(in_features: int, out_features: int, tp: int, group, device: torch.device = CPU) -> MegatronLinear:
     """Row-parallel: this rank holds in_features / tp input columns; the output is all-reduced."""
-    layers = _require()
-    inner = layers.RowParallelLinear(in_features, out_features, config=parallel_config(tp), init_method=_no_init,
-                                     bias=False, input_is_parallel=True, skip_bias_add=False, tp_group=group)
+    layers = _require(device)
+    inner = layers.RowParallelLinear(in_features, out_features, config=parallel_config(tp, device=device),
+                                     init_method=_no_init, bias=False, input_is_parallel=True, skip_bias_add=False,
+                                     tp_group=group)
     return MegatronLinear(inner)
 
 

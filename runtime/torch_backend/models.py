@@ -67,10 +67,11 @@ class KVCache:
     positions at `length` and advances it once all layers have run.
     """
 
-    def __init__(self, layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype):
+    def __init__(self, layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
+                 device: Optional[torch.device] = None):
         shape = (batch, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.capacity = capacity
         self.length = 0
 
@@ -137,7 +138,8 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         # Query i sits at absolute position start+i and may see keys 0..start+i.
         total = k.shape[2]
-        mask = torch.arange(total).unsqueeze(0) <= (start + torch.arange(t)).unsqueeze(1)
+        keys_at = torch.arange(total, device=q.device)
+        mask = keys_at.unsqueeze(0) <= (start + torch.arange(t, device=q.device)).unsqueeze(1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -200,7 +202,7 @@ class TransformerModel(nn.Module):
     def new_cache(self, batch: int, capacity: Optional[int] = None) -> KVCache:
         a = self.arch
         return KVCache(a.layers, batch, a.kv_heads, a.head_dim, capacity or self.opts.max_seq,
-                       self.embed.weight.dtype)
+                       self.embed.weight.dtype, self.embed.weight.device)
 
     def _rope(self):
         return None if self.rope_cos is None else (self.rope_cos, self.rope_sin)
@@ -213,7 +215,7 @@ class TransformerModel(nn.Module):
                             f"{self.opts.max_seq}; build the model with max_seq >= Lp + Lr")
         h = self.embed(tokens)
         if self.pos_embed is not None:
-            h = h + self.pos_embed(torch.arange(start, start + t))
+            h = h + self.pos_embed(torch.arange(start, start + t, device=tokens.device))
         return h
 
     def forward_layers(self, h: Tensor, start: int = 0, cache: Optional[KVCache] = None,

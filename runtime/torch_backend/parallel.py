@@ -20,6 +20,8 @@ flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Whi
 - data parallelism: a SUM all-reduce of the gradients over the DP group (the losses are sums over local
   tokens divided by the GLOBAL token count, so the sum is the whole-batch gradient), plain
   torch.distributed.
+Everything a `ParallelModel` builds (its stage module, KV caches, message buffers, placeholders) is on
+its `device`: the CPU under gloo, the worker's GPU under NCCL (`device.worker_device`).
 Inference and the losses are the single-process functions of `rl`, run on a `StageView` that looks like
 a `TransformerModel` to them; generation repeats `generation.generate`'s sampling step by step, so a
 sequence gets the tokens it gets in a single process. `ParallelModel.trace` records a rank's schedule
@@ -40,6 +42,7 @@ from torch import Tensor, nn
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
+from rpegc.runtime.torch_backend.device import CPU
 from rpegc.runtime.torch_backend.generation import Rollout, sample_tokens, sequence_seed
 from rpegc.runtime.torch_backend.layout import Layout, param_piece, rank_pieces, shard_dim, split_rows, stage_bounds
 from rpegc.runtime.torch_backend.models import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, KVCache, ModelOutput, NetOptions,
@@ -121,23 +124,24 @@ def canonical_name(name: str) -> str:
     return name.replace(".inner.", ".")
 
 
-def _tp_linear(kind: str, lin: nn.Linear, tp: int, group, impl: str) -> nn.Module:
+def _tp_linear(kind: str, lin: nn.Linear, tp: int, group, impl: str, device: torch.device) -> nn.Module:
     if impl == "megatron":
         from rpegc.runtime.torch_backend import megatron_compat as mc
 
         make = mc.column_linear if kind == "column" else mc.row_linear
-        return make(lin.in_features, lin.out_features, tp, group)
+        return make(lin.in_features, lin.out_features, tp, group, device)
     if kind == "column":
         return ColumnParallelLinear(lin.in_features, lin.out_features // tp, group)
     return RowParallelLinear(lin.in_features // tp, lin.out_features, group)
 
 
 def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, tp_group,
-                       tp_impl: str) -> TransformerModel:
-    """The part of the model `rank` runs: its pipeline stage's blocks, TP-sharded projections.
+                       tp_impl: str, device: torch.device = CPU) -> TransformerModel:
+    """The part of the model `rank` runs: its pipeline stage's blocks, TP-sharded projections, on `device`.
 
     Parameters keep the names of the single-process model (after `canonical_name`); their values are
-    placeholders until a published version is loaded.
+    placeholders until a published version is loaded. megatron's layers are allocated on the device
+    itself (its GPU path); the rest is built on the CPU and moved once it is cut to this rank's share.
     """
     _, p, _ = layout.coord(rank)
     first, last = stage_bounds(arch.layers, layout.pp)[p]
@@ -156,13 +160,14 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
         for i in range(first, last):
             block = model.layers[i]
             for name in ("wq", "wk", "wv"):
-                setattr(block.attn, name, _tp_linear("column", getattr(block.attn, name), layout.tp, tp_group, tp_impl))
-            block.attn.wo = _tp_linear("row", block.attn.wo, layout.tp, tp_group, tp_impl)
+                setattr(block.attn, name, _tp_linear("column", getattr(block.attn, name), layout.tp, tp_group, tp_impl,
+                                                     device))
+            block.attn.wo = _tp_linear("row", block.attn.wo, layout.tp, tp_group, tp_impl, device)
             if block.mlp.kind == "swiglu":
-                block.mlp.w_gate = _tp_linear("column", block.mlp.w_gate, layout.tp, tp_group, tp_impl)
-            block.mlp.w_up = _tp_linear("column", block.mlp.w_up, layout.tp, tp_group, tp_impl)
-            block.mlp.w_down = _tp_linear("row", block.mlp.w_down, layout.tp, tp_group, tp_impl)
-    return model
+                block.mlp.w_gate = _tp_linear("column", block.mlp.w_gate, layout.tp, tp_group, tp_impl, device)
+            block.mlp.w_up = _tp_linear("column", block.mlp.w_up, layout.tp, tp_group, tp_impl, device)
+            block.mlp.w_down = _tp_linear("row", block.mlp.w_down, layout.tp, tp_group, tp_impl, device)
+    return model.to(device)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -170,11 +175,12 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
 
 
 class ParallelModel:
-    """The stage module of `rank` under `layout` with its TP/PP/DP/replica groups."""
+    """The stage module of `rank` under `layout` with its TP/PP/DP/replica groups, on `device`."""
 
     def __init__(self, arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, groups: ProcessGroups,
-                 tp_impl: str):
+                 tp_impl: str, device: torch.device = CPU):
         self.arch, self.kind, self.net, self.layout, self.rank = arch, kind, net, layout, rank
+        self.device = device
         d, p, t = layout.coord(rank)
         self.d, self.p, self.t = d, p, t
         self.first_layer, self.last_layer = stage_bounds(arch.layers, layout.pp)[p]
@@ -187,7 +193,7 @@ class ParallelModel:
         self.pp_group = groups.get(layout.pp_group(d, t))
         self.dp_group = groups.get(layout.dp_group(p, t))
         self.mp_group = groups.get(layout.replica(d))
-        self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl)
+        self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device)
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
         self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
 
@@ -195,6 +201,7 @@ class ParallelModel:
         return {canonical_name(n): p for n, p in self.module.named_parameters()}
 
     def load(self, shards: dict[str, Tensor]) -> None:
+        """Copy a version's shards (on any device) into the module's parameters."""
         own = self.params()
         if set(own) != set(shards):
             missing, extra = sorted(set(own) - set(shards)), sorted(set(shards) - set(own))
@@ -221,11 +228,12 @@ class ParallelModel:
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         a = self.arch
-        cache = KVCache(0, batch, a.kv_heads // self.layout.tp, a.head_dim, capacity, torch.float32)
+        cache = KVCache(0, batch, a.kv_heads // self.layout.tp, a.head_dim, capacity, torch.float32, self.device)
         shape = (batch, a.kv_heads // self.layout.tp, capacity, a.head_dim)
-        empty = torch.empty(0)
-        cache.keys = [torch.zeros(shape) if self.first_layer <= i < self.last_layer else empty for i in range(a.layers)]
-        cache.values = [torch.zeros(shape) if self.first_layer <= i < self.last_layer else empty
+        empty = torch.empty(0, device=self.device)
+        cache.keys = [torch.zeros(shape, device=self.device) if self.first_layer <= i < self.last_layer else empty
+                      for i in range(a.layers)]
+        cache.values = [torch.zeros(shape, device=self.device) if self.first_layer <= i < self.last_layer else empty
                         for i in range(a.layers)]
         return cache
 
@@ -284,7 +292,7 @@ class ParallelModel:
 
     def grad_sq_total(self, _local: Tensor) -> Tensor:
         """The squared global gradient norm: TP shards and stages summed, replicated tensors once."""
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.params().items():
             if p.grad is None:
                 continue
@@ -327,12 +335,19 @@ class StageLink:
     can be posted ahead (`expect`): gloo delivers a message whose receive is already posted in one hop,
     while a send that finds no receive waits for the receiver's "ready" notice, a round trip more that
     a pipelined sender, running ahead of its receiver, would otherwise pay on every message.
+
+    Under NCCL receives are posted only when awaited (`expect` does nothing): NCCL ignores tags and
+    matches a pair's messages in the order they are issued, on one stream per pair, so a receive posted
+    ahead would hold up the sends queued behind it on that stream (stage 0 waiting for tokens before it
+    sends the activations that produce them). Every schedule here sends and receives each direction of
+    a pair in the same (step, microbatch) order, which is what order matching needs.
     """
 
     def __init__(self, pm: ParallelModel, microbatches: int):
         self.pm, self.microbatches = pm, microbatches
         self._sent: list[tuple[dist.Work, Tensor]] = []
         self._posted: dict[int, tuple[dist.Work, Tensor]] = {}
+        self.post_ahead = pm.pp_group is None or dist.get_backend(pm.pp_group) != "nccl"
 
     def tag(self, kind: int, key: tuple[int, ...]) -> int:
         """(kind, step, microbatch) as one integer; (j,) keys are step 0."""
@@ -344,15 +359,20 @@ class StageLink:
         self._sent.append((dist.isend(x, dst, group=self.pm.pp_group, tag=self.tag(kind, key)), x))
 
     def expect(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, kind: int, key: tuple[int, ...]) -> None:
-        """Post the receive of message (kind, key) from `src` now (once; later calls do nothing)."""
+        """Post the receive of message (kind, key) from `src` now (once; later calls do nothing; under NCCL
+        nothing: see the class)."""
+        if self.post_ahead:
+            self._post(shape, dtype, src, kind, key)
+
+    def _post(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, kind: int, key: tuple[int, ...]) -> None:
         tag = self.tag(kind, key)
         if tag not in self._posted:
-            x = torch.empty(shape, dtype=dtype)
+            x = torch.empty(shape, dtype=dtype, device=self.pm.device)
             self._posted[tag] = (dist.irecv(x, src, group=self.pm.pp_group, tag=tag), x)
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, kind: int, key: tuple[int, ...]) -> Tensor:
         """Message (kind, key) from `src`, waiting for it."""
-        self.expect(shape, dtype, src, kind, key)
+        self._post(shape, dtype, src, kind, key)
         work, x = self._posted.pop(self.tag(kind, key))
         work.wait()
         return x
@@ -409,8 +429,8 @@ class StageView:
         self.records.append((inp, out))
         if pm.is_last:
             return pm.module.heads(out)
-        return ModelOutput(logits=torch.zeros(b, t, pm.arch.vocab) if self.has_lm_head else None,
-                           values=torch.zeros(b, t) if self.has_value_head else None)
+        return ModelOutput(logits=torch.zeros(b, t, pm.arch.vocab, device=pm.device) if self.has_lm_head else None,
+                           values=torch.zeros(b, t, device=pm.device) if self.has_value_head else None)
 
 
 Microbatch = Callable[[StageView], Tensor]
@@ -427,13 +447,16 @@ def infer(pm: ParallelModel, microbatches: Sequence[Microbatch], rows: Sequence[
 
 
 class _Sampler:
-    """The last stage's sampling state of one microbatch, step by step as `generation.generate` keeps it."""
+    """The last stage's sampling state of one microbatch, step by step as `generation.generate` keeps it.
+
+    The log-probabilities are computed on `device`; the generators are CPU ones and the draw happens
+    on the CPU (`generation.sample_tokens`: the tokens must not depend on the device)."""
 
     def __init__(self, indices: Sequence[int], seed: int, step: int, temperature: float,
-                 eos_id: Optional[int], pad_id: int):
+                 eos_id: Optional[int], pad_id: int, device: torch.device = CPU):
         self.generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
         self.temperature, self.eos_id, self.pad_id = temperature, eos_id, pad_id
-        self.alive = torch.ones(len(indices), dtype=torch.bool)
+        self.alive = torch.ones(len(indices), dtype=torch.bool, device=device)
         self.tokens: list[Tensor] = []
         self.logps: list[Tensor] = []
         self.masks: list[Tensor] = []
@@ -481,7 +504,8 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
     pm.module.eval()
     link = StageLink(pm, len(chunks))
     caches = [pm.new_cache(b - a, lp + max_new_tokens) for a, b in chunks]
-    samplers = [_Sampler(range(a, b), seed, step, temperature, eos_id, pad_id) for a, b in chunks] if pm.is_last else []
+    samplers = ([_Sampler(range(a, b), seed, step, temperature, eos_id, pad_id, pm.device) for a, b in chunks]
+                if pm.is_last else [])
     fed: list[Optional[Tensor]] = [None] * len(chunks)  # the last sampled tokens, where stage 0 is also the last
 
     def expect(f: int) -> None:
@@ -512,7 +536,8 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
                 link.send(fed[j], pm.first_rank, TOKENS, (f, j))
     link.close()
     shape = (n, max_new_tokens)
-    responses, logps, mask = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape), torch.zeros(shape)
+    responses = torch.zeros(shape, dtype=torch.int64, device=pm.device)
+    logps, mask = torch.zeros(shape, device=pm.device), torch.zeros(shape, device=pm.device)
     if samplers:
         responses = torch.cat([torch.stack(s.tokens, dim=1) for s in samplers])
         logps = torch.cat([torch.stack(s.logps, dim=1) for s in samplers])
@@ -536,7 +561,7 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
     pm.module.train()
     link = StageLink(pm, len(chunks))
     pending: list[tuple[Optional[Tensor], Optional[Tensor], Tensor]] = []
-    sums = torch.zeros(len(stat_keys), dtype=torch.float64)
+    sums = torch.zeros(len(stat_keys), dtype=torch.float64, device=pm.device)
     rows = [hi - lo for lo, hi in chunks]
     for j, (lo, hi) in enumerate(chunks):
         view = StageView(pm, link, j, rows)
@@ -544,7 +569,7 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
         inp, out = view.records[0]
         pending.append((loss if pm.is_last else None, inp, out))
         if pm.is_last:
-            sums += torch.tensor([float(stats.get(k, 0.0)) for k in stat_keys], dtype=torch.float64)
+            sums += torch.tensor([float(stats.get(k, 0.0)) for k in stat_keys], dtype=torch.float64, device=pm.device)
     if not pm.is_last:
         for j, (_, _, out) in enumerate(pending):
             link.expect(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))

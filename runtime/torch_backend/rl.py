@@ -356,7 +356,7 @@ def clip_grad_norm(params: Iterable[Tensor], max_norm: float, reduce_sq: Reduce 
     is max_norm / (norm + 1e-6), capped at 1, as in torch.nn.utils.clip_grad_norm_.
     """
     grads = [p.grad for p in params if p.grad is not None]
-    local = torch.zeros((), dtype=torch.float64)
+    local = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else None)
     for g in grads:
         local = local + g.double().pow(2).sum()
     norm = reduce_sq(local).sqrt()

@@ -41,9 +41,9 @@ class Task:
 
     def targets(self, prompts: Tensor) -> Tensor:
         """The correct response [b, Lr] for each prompt row."""
-        t = torch.arange(self.response_len)
+        t = torch.arange(self.response_len, device=prompts.device)
         if self.name == "pattern":
-            pat = torch.tensor(self.pattern)
+            pat = torch.tensor(self.pattern, device=prompts.device)
             return pat[t % len(self.pattern)].expand(prompts.shape[0], -1)
         return prompts.flip(-1)[:, t % self.prompt_len]
 

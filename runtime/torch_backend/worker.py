@@ -3,11 +3,21 @@ DESIGN.md Section 7).
 
     python -m rpegc.runtime.torch_backend.worker --store HOST:PORT [--rank R --world N]
 
-A worker joins the controller's TCPStore, reads the run setup from it, joins torch.distributed through
-the same store (the setup names the backend: gloo; NCCL would need the tensors on the GPU, which this
-module does not place yet), creates every process group of the plan's layouts (all ranks, one order),
-then executes commands until told to stop. Under torchrun or Slurm, RANK / WORLD_SIZE come from the
-environment instead of the flags; nothing else changes.
+A worker joins the controller's TCPStore, reads the run setup from it, picks its device, joins
+torch.distributed through the same store with the backend the setup names, creates every process group
+of the plan's layouts (all ranks, one order), then executes commands until told to stop. Under torchrun
+or Slurm, RANK / WORLD_SIZE (or SLURM_PROCID / SLURM_NTASKS) come from the environment instead of the
+flags; nothing else changes.
+
+Devices (`device.worker_device`): with gloo everything is on the CPU. With NCCL the worker first calls
+`torch.cuda.set_device(local rank)` (LOCAL_RANK under torchrun, SLURM_LOCALID under srun; a locally
+launched worker takes rank modulo the node's GPUs) and keeps on that GPU every model, parameter, Adam
+state, KV cache, data piece it receives and communication buffer; only the per-sequence sampling
+generators and their draws stay on the CPU (`generation.sample_tokens`). Version 0 is built on the CPU
+from its seed and checkpoints are read to the CPU (map_location="cpu": a checkpoint holds every model's
+full weights, of which a worker moves only its own shards to its GPU). Exports to the controller
+(checkpoints, final weights) are copied to the CPU, and a command reports completion only after the GPU
+has finished its work. The CUDA path is written but has not been run on a GPU here.
 
 Control channel (all through the store, so it works across nodes): the controller writes command i of
 rank r under `cmd/r/i`; a worker appends each result under `res/<n>`, n from the atomic counter `res/n`.
@@ -43,6 +53,7 @@ from torch import Tensor
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
+from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, to_cpu, worker_device
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.models import build_model, export_weights
@@ -136,8 +147,10 @@ def _bytes_of(tensors) -> int:
 
 
 class Worker:
-    def __init__(self, setup: WorkerSetup, rank: int, store: dist.Store):
+    def __init__(self, setup: WorkerSetup, rank: int, store: dist.Store, device: Optional[torch.device] = None):
         self.setup, self.rank, self.store = setup, rank, store
+        # Without a device: the one a locally launched worker of this backend gets (the CPU for gloo).
+        self.device = device if device is not None else worker_device(setup.dist_backend, rank, {})
         self.run = setup.run
         self.entries: dict[str, Entry] = {}
         self.debug = bool(os.environ.get("RPEG_TORCH_DEBUG"))  # one line per command in the worker log
@@ -145,7 +158,8 @@ class Worker:
         self.training: dict[tuple[str, Layout], TrainState] = {}
         self.shapes = {m: param_shapes(s.arch, s.kind, self.run.net) for m, s in setup.models.items()}
         self.initial: dict[str, dict[str, Tensor]] = {}
-        self.resume = torch.load(setup.resume_file, weights_only=False) if setup.resume_file else None
+        self.resume = (torch.load(setup.resume_file, map_location="cpu", weights_only=False)
+                       if setup.resume_file else None)
         w = self.run.workload
         self.task = make_task(self.run.task, self.run.actor.vocab, w.Lp, w.Lr)
         self.groups = ProcessGroups(setup.layouts)
@@ -196,6 +210,7 @@ class Worker:
         try:
             self.maybe_fail(cmd)
             info = getattr(self, "cmd_" + cmd["type"])(cmd) or {}
+            synchronize(self.device)  # finished means the device finished (and its errors surface here)
         except Exception as e:
             detail = str(e) if isinstance(e, (RpegError, CommandError)) else traceback.format_exc(limit=8)
             self.report({"type": "error", "node": node, "what": cmd["type"], "rank": self.rank, "message": detail})
@@ -247,13 +262,15 @@ class Worker:
         m, layout = cmd["model"], cmd["layout"]
         full = self.full_weights(m, cmd["version"])
         shards = shard_of(full, self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
+        shards = {n: t.to(self.device) for n, t in shards.items()}
         self.entries[cmd["label"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
 
     def cmd_release(self, cmd: dict) -> None:
         self.entries.pop(cmd["label"], None)
 
     def cmd_export(self, cmd: dict) -> dict:
-        """This rank's shards of weights versions and of a model's optimizer state, serialised."""
+        """This rank's shards of weights versions and of a model's optimizer state, serialised (on the CPU:
+        the controller may have no GPU)."""
         out: dict[str, Any] = {"weights": {}, "optimizer": {}, "rng": torch.get_rng_state()}
         for label in cmd.get("weights", ()):
             e = self.entries.get(label)
@@ -267,7 +284,7 @@ class Worker:
             params = st.pm.params()
             out["optimizer"][m] = {n: dict(st.optimizer.state[p]) for n, p in params.items() if p in st.optimizer.state}
         buf = io.BytesIO()
-        torch.save(out, buf)
+        torch.save(to_cpu(out), buf)
         return {"export": cmd["export"], "payload": buf.getvalue()}
 
     # -- transfers ----------------------------------------------------------------------------------
@@ -294,7 +311,7 @@ class Worker:
 
     def empty(self, name: str, rows: int) -> Tensor:
         shape, dtype = field_spec(name, self.run)
-        return torch.zeros((rows, *shape), dtype=dtype)
+        return torch.zeros((rows, *shape), dtype=dtype, device=self.device)
 
     def move_rows(self, moves: list[RowMove], sources: list[str], target: str, fields: list[str], tag0: int) -> int:
         """Execute row moves; received rows become pieces of `target`. Returns bytes this rank sent."""
@@ -335,7 +352,7 @@ class Worker:
             shape = list(shapes[name])
             if piece.dim is not None:
                 shape[piece.dim] = piece.hi - piece.lo
-            new[name] = torch.empty(shape)
+            new[name] = torch.empty(shape, device=self.device)
         ops, sent = [], 0
         for i, m in enumerate(moves):
             if m.src == self.rank:
@@ -350,7 +367,7 @@ class Worker:
                 ops.append(dist.isend(t, m.dst, tag=tag0 + i))
             elif m.dst == self.rank:
                 view = self._dst_slice(new, mine, m)
-                buf = torch.empty(view.shape)
+                buf = torch.empty(view.shape, device=self.device)
                 ops.append((dist.irecv(buf, m.src, tag=tag0 + i), view, buf))
         for op in ops:
             if isinstance(op, tuple):
@@ -403,7 +420,7 @@ class Worker:
         if pm is None:
             spec = self.setup.models[model]
             pm = self.serving[key] = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank,
-                                                   self.groups, self.setup.tp_impl)
+                                                   self.groups, self.setup.tp_impl, self.device)
         e = self.entries.get(label)
         if e is None:
             raise CommandError(f"{label} is not held on worker {self.rank}")
@@ -417,7 +434,8 @@ class Worker:
         st = self.training.get(key)
         if st is None:
             spec = self.setup.models[model]
-            pm = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank, self.groups, self.setup.tp_impl)
+            pm = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank, self.groups, self.setup.tp_impl,
+                               self.device)
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
             params = pm.params()
             opt = make_adam(params.values(), lr, self.run.rl)
@@ -437,8 +455,11 @@ class Worker:
             piece = pieces[name]
             local = {}
             for k, v in state.items():
-                if isinstance(v, Tensor) and v.dim() > 0 and piece.dim is not None:
-                    v = v.narrow(piece.dim, piece.lo, piece.hi - piece.lo)
+                if isinstance(v, Tensor) and v.dim() > 0:
+                    if piece.dim is not None:
+                        v = v.narrow(piece.dim, piece.lo, piece.hi - piece.lo)
+                    v = v.to(p.device)
+                # 0-dim state (Adam's step count) stays on the CPU, where a non-capturable Adam keeps it
                 local[k] = v.clone() if isinstance(v, Tensor) else v
             opt.state[p] = local
 
@@ -475,7 +496,7 @@ class Worker:
 
     def op_generation(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
         w, rl = self.run.workload, self.run.rl
-        prompts = expand_rollouts(self.task.prompts(w.B, self.setup.seed, cmd["step"]), w.R)
+        prompts = expand_rollouts(self.task.prompts(w.B, self.setup.seed, cmd["step"]), w.R).to(self.device)
         roll = generate(pm, prompts[lo:hi], self.chunks(cmd, lo, hi), seed=self.setup.seed, step=cmd["step"],
                         max_new_tokens=w.Lr, temperature=rl.temperature)
         out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
@@ -563,7 +584,8 @@ class Worker:
         self.entries[cmd["output"]] = Entry("weights", model, version, layout, shards=pm.export())
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         sums = dp_sum(torch.stack([data["task_scores"].double().sum(), exp.scores.double().sum(),
-                                   (kl * exp.mask).double().sum(), torch.tensor(float(hi - lo), dtype=torch.float64)]))
+                                   (kl * exp.mask).double().sum(),
+                                   torch.tensor(float(hi - lo), dtype=torch.float64, device=self.device)]))
         metrics = {"reward": float(sums[0] / sums[3]), "score": float(sums[1] / sums[3]),
                    "kl": float(sums[2] / num_tokens)}
         if spec.kind == "critic":
@@ -575,22 +597,33 @@ class Worker:
                 "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
 
 
-def run_worker(host: str, port: int, rank: int, world: int) -> int:
-    """Join the controller's store and process group, then serve commands until told to stop."""
+def _setup_failed(store: dist.Store, rank: int, message: str) -> int:
+    n = store.add("res/n", 1)
+    store.set(f"res/{n - 1}", pickle.dumps({"type": "error", "node": None, "what": "setup", "rank": rank,
+                                             "message": message}))
+    return 1
+
+
+def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str]) -> int:
+    """Join the controller's store and process group, then serve commands until told to stop. `env` holds
+    the launcher's variables (LOCAL_RANK, SLURM_LOCALID); a locally launched worker passes none."""
     torch.set_num_threads(1)
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=120))
     setup: WorkerSetup = pickle.loads(store.get("setup"))
     if world and world != setup.world:
         raise SystemExit(f"worker {rank}: launched for {world} ranks, the plan needs {setup.world}")
+    try:
+        device = worker_device(setup.dist_backend, rank, env)
+    except RpegError as e:
+        return _setup_failed(store, rank, e.message)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL starts: its communicators bind to the current device
     dist.init_process_group(setup.dist_backend, store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=setup.world, timeout=timedelta(seconds=setup.timeout_s))
     try:
-        worker = Worker(setup, rank, store)
+        worker = Worker(setup, rank, store, device)
     except Exception:
-        n = store.add("res/n", 1)
-        store.set(f"res/{n - 1}", pickle.dumps({"type": "error", "node": None, "what": "setup", "rank": rank,
-                                                 "message": traceback.format_exc(limit=8)}))
-        return 1
+        return _setup_failed(store, rank, traceback.format_exc(limit=8))
     worker.loop()
     return 0
 
@@ -603,7 +636,7 @@ def spawn_main(host: str, port: int, rank: int, world: int, log_path: str) -> No
     os.dup2(fd, 2)
     code = 1
     try:
-        code = run_worker(host, port, rank, world)
+        code = run_worker(host, port, rank, world, {})  # the local launcher: GPU = rank modulo the GPUs
     except BaseException:
         traceback.print_exc()
     finally:
@@ -615,11 +648,12 @@ def spawn_main(host: str, port: int, rank: int, world: int, log_path: str) -> No
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="rpeg-torch-worker")
     ap.add_argument("--store", required=True, help="HOST:PORT of the controller's TCPStore")
-    ap.add_argument("--rank", type=int, default=int(os.environ.get("RANK", "-1")))
-    ap.add_argument("--world", type=int, default=int(os.environ.get("WORLD_SIZE", "0")))
+    rank, world = rank_and_world(os.environ)
+    ap.add_argument("--rank", type=int, default=rank, help="default: RANK or SLURM_PROCID")
+    ap.add_argument("--world", type=int, default=world, help="default: WORLD_SIZE or SLURM_NTASKS")
     args = ap.parse_args(argv)
     host, port = args.store.rsplit(":", 1)
-    code = run_worker(host, int(port), args.rank, args.world)
+    code = run_worker(host, int(port), args.rank, args.world, dict(os.environ))
     sys.stdout.flush()
     os._exit(code)
 

@@ -1,0 +1,304 @@
+"""Where the torch backend's workers keep their tensors (the CPU under gloo, one GPU per worker under NCCL)
+and how `rpeg-run --backend torch` chooses the distributed backend.
+
+CPU only, on purpose: CI has no GPU. The CUDA path is checked through what can be checked without one:
+the device choice for every launcher environment, the one-line errors when NCCL cannot work, NCCL's
+receive order in the pipeline link, and the worker's own code run on the `meta` device, a second device
+that, like CUDA, refuses to mix with CPU tensors, so a tensor created without the worker's device makes
+those tests fail. An explicit CPU device gives exactly the single-process results.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rpegc.cli import main as rpegc_main  # noqa: E402
+from rpegc.core.errors import RpegError  # noqa: E402
+from rpegc.core.presets import lookup  # noqa: E402
+from rpegc.core.program import Workload  # noqa: E402
+from rpegc.runtime import cli as run_cli  # noqa: E402
+from rpegc.runtime.backend import BackendError  # noqa: E402
+from rpegc.runtime.controller import run  # noqa: E402
+from rpegc.runtime.plan import load_plan  # noqa: E402
+from rpegc.runtime.torch_backend import parallel  # noqa: E402
+from rpegc.runtime.torch_backend.backend import TorchBackend, model_seed  # noqa: E402
+from rpegc.runtime.torch_backend.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
+                                                worker_device)
+from rpegc.runtime.torch_backend.generation import expand_rollouts, generate  # noqa: E402
+from rpegc.runtime.torch_backend.layout import Layout, replica_rows  # noqa: E402
+from rpegc.runtime.torch_backend.models import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, StageLink, infer,  # noqa: E402
+                                                  train_step)
+from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config  # noqa: E402
+from rpegc.runtime.torch_backend.rl import Experience, response_forward  # noqa: E402
+from rpegc.runtime.torch_backend.worker import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+CPU, META = torch.device("cpu"), torch.device("meta")
+ARCH = lookup("tiny")
+B, LP, LR, MB = 4, 4, 5, 2
+SINGLE = Layout((0,), 1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The device choice
+
+
+def test_gloo_workers_are_on_the_cpu_whatever_the_launcher_says():
+    for env in ({}, {"LOCAL_RANK": "1"}, {"SLURM_LOCALID": "2"}):
+        assert worker_device("gloo", 3, env, device_count=8) == CPU
+
+
+@pytest.mark.parametrize("env, rank, expected", [
+    ({"LOCAL_RANK": "2"}, 7, 2),                        # torchrun
+    ({"SLURM_LOCALID": "1"}, 5, 1),                     # srun
+    ({"LOCAL_RANK": "3", "SLURM_LOCALID": "0"}, 3, 3),  # torchrun inside a Slurm allocation: torchrun's wins
+    ({}, 5, 1),                                         # the local launcher: rank modulo the 4 GPUs
+    ({"LOCAL_RANK": ""}, 2, 2),                         # an empty variable counts as unset
+])
+def test_nccl_workers_take_their_local_gpu(env, rank, expected):
+    assert worker_device("nccl", rank, env, device_count=4) == torch.device("cuda", expected)
+
+
+def test_nccl_without_a_gpu_of_its_own_is_a_user_error():
+    with pytest.raises(RpegError, match="needs a CUDA device, but torch sees none"):
+        worker_device("nccl", 0, {}, device_count=0)
+    with pytest.raises(RpegError, match="local rank 4 has no GPU of its own"):
+        worker_device("nccl", 4, {"LOCAL_RANK": "4"}, device_count=4)
+
+
+def test_rank_and_world_come_from_torchrun_or_slurm():
+    assert rank_and_world({"RANK": "3", "WORLD_SIZE": "8"}) == (3, 8)
+    assert rank_and_world({"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}) == (2, 4)
+    assert rank_and_world({"RANK": "5", "SLURM_PROCID": "0", "WORLD_SIZE": "8", "SLURM_NTASKS": "2"}) == (5, 8)
+    assert rank_and_world({}) == (-1, 0)
+
+
+def test_auto_takes_nccl_only_when_every_worker_here_gets_a_gpu():
+    assert choose_dist_backend("auto", 4, 0) == "gloo"
+    assert choose_dist_backend("auto", 4, 2) == "gloo"
+    assert choose_dist_backend("auto", 4, 4) == "nccl"
+    assert choose_dist_backend("gloo", 4, 8) == "gloo"
+    assert choose_dist_backend("nccl", 4, 8) == "nccl"
+    assert choose_dist_backend("nccl", None, 0) == "nccl"  # external workers check their own nodes
+    with pytest.raises(RpegError, match="needs CUDA devices, but torch sees none"):
+        choose_dist_backend("nccl", 4, 0)
+    with pytest.raises(RpegError, match="starts 4 workers on this host but torch sees 2"):
+        choose_dist_backend("nccl", 4, 2)
+
+
+def test_exports_reach_nested_tensors_and_copy_nothing_that_is_on_the_cpu_already():
+    a, rng = torch.ones(2), torch.zeros(1, dtype=torch.uint8)
+    out = to_cpu({"w": {"a": a}, "rng": [rng], "step": (3, a)})
+    assert out["w"]["a"] is a and out["rng"][0] is rng and out["step"][0] == 3 and out["step"][1] is a
+    assert isinstance(out["rng"], list) and isinstance(out["step"], tuple)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rpeg-run
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("plans") / "grpo.exec.rpeg")
+    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    return out
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Worker launches attempted (none may happen when the backend is refused)."""
+    calls: list = []
+    monkeypatch.setattr(TorchBackend, "_launch", lambda self, *a: calls.append(a))
+    return calls
+
+
+@pytest.mark.parametrize("gpus, message", [
+    (0, "rpeg-run: error: --dist-backend nccl needs CUDA devices, but torch sees none on this host"),
+    (2, "rpeg-run: error: --dist-backend nccl runs one worker per GPU: the plan starts 4 workers on this host "
+        "but torch sees 2 CUDA device(s)"),
+])
+def test_rpeg_run_refuses_nccl_without_enough_gpus_in_one_line(plan_file, launches, monkeypatch, capsys, tmp_path,
+                                                               gpus, message):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-000001.pt").write_bytes(b"kept")
+    code = run_cli.main([plan_file, "--backend", "torch", "--dist-backend", "nccl", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.splitlines() == [err.strip()] and err.startswith(message), err
+    assert "Traceback" not in err
+    assert launches == []
+    assert (run_dir / "checkpoints" / "step-000001.pt").exists()  # refused before the run dir is touched
+
+
+def test_rpeg_run_auto_picks_gloo_without_gpus_and_nccl_with_one_per_worker(plan_file, monkeypatch):
+    plan = load_plan(plan_file)
+    args = run_cli._parser().parse_args([plan_file, "--backend", "torch"])
+    backend = TorchBackend.from_args(args)
+    assert backend.dist_backend == "auto"
+    for gpus, expected in ((0, "gloo"), (len(plan.devices) - 1, "gloo"), (len(plan.devices), "nccl")):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda g=gpus: g)
+        assert backend._resolve_dist_backend(plan) == expected
+
+
+def test_an_external_nccl_worker_without_a_gpu_says_so_and_the_run_stops(plan_file):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    env = dict(os.environ, RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", CUDA_VISIBLE_DEVICES="")
+    worker = subprocess.Popen([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store", address], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        backend = TorchBackend(seed=0, tp_impl="torch", launcher="external", store=address, dist_backend="nccl")
+        with pytest.raises(BackendError, match="worker 0 .*failed in setup: the nccl backend needs a CUDA device, but "
+                                               "torch sees none on this node"):
+            run(load_plan(plan_file), backend)
+        assert worker.wait(timeout=60) == 1, worker.stderr.read()[-2000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_an_unknown_distributed_backend_is_a_user_error():
+    with pytest.raises(RpegError, match="unknown distributed backend 'mpi'"):
+        TorchBackend(dist_backend="mpi")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The pipeline link under NCCL
+
+
+def test_nccl_links_post_receives_only_when_awaited(monkeypatch):
+    posted: list = []
+
+    class Work:
+        def wait(self):
+            return None
+
+    monkeypatch.setattr(parallel.dist, "irecv", lambda x, src, group=None, tag=0: posted.append(tag) or Work())
+    for backend, ahead in (("gloo", [parallel.ACTIVATION]), ("nccl", [])):
+        monkeypatch.setattr(parallel.dist, "get_backend", lambda group=None, b=backend: b)
+        posted.clear()
+        link = StageLink(SimpleNamespace(pp_group=object(), device=CPU), microbatches=2)
+        link.expect((2, 3), torch.float32, 0, parallel.ACTIVATION, (0,))
+        assert posted == ahead, backend  # gloo matches by tag: post ahead; NCCL matches in order: wait
+        assert link.recv((2, 3), torch.float32, 0, parallel.ACTIVATION, (0,)).shape == (2, 3)
+        assert posted == [parallel.ACTIVATION], backend
+
+
+# ---------------------------------------------------------------------------------------------------
+# The worker's code on a device given explicitly
+
+
+def _net() -> NetOptions:
+    return NetOptions(max_seq=LP + LR, positions="learned")
+
+
+def _run_config() -> RunConfig:
+    return RunConfig(algorithm="grpo", actor=ARCH, workload=Workload(B=B, R=2, Lp=LP, Lr=LR, dtype="fp32"),
+                     rl=toy_rl_config("grpo"), positions="learned")
+
+
+def _worker(device) -> Worker:
+    models = {"actor": ModelSpec("actor", "policy", ARCH, model_seed(0, "policy")),
+              "ref": ModelSpec("ref", "reference", ARCH, model_seed(0, "reference"))}
+    setup = WorkerSetup(world=1, seed=0, run=_run_config(), models=models, layouts=(), tp_impl="torch",
+                        t0=time.time(), timeout_s=60.0)
+    worker = Worker(setup, 0, store=None, device=device)
+    for m in models:
+        worker.cmd_install({"model": m, "layout": SINGLE, "version": 0, "label": f"W:{m}"})
+    return worker
+
+
+def _op(role: str, model: str, fields: list[str]) -> dict:
+    rows = replica_rows(SINGLE, 0, B * 2)
+    return {"type": "op", "node": role, "step": 0, "role": role, "model": model, "layout": SINGLE, "mb": MB,
+            "rows": rows, "weights": f"W:{model}", "inputs": ["rollouts"], "outputs": {"out": fields},
+            "fields": fields, "prep": [], "tag": 0, "output": None, "version_out": None}
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_a_stage_module_keeps_every_tensor_on_its_device(positions):
+    net = NetOptions(max_seq=LP + LR, positions=positions)
+    pm = ParallelModel(ARCH, "policy", net, SINGLE, 0, ProcessGroups(()), "torch", device=META)
+    assert {t.device for t in list(pm.module.parameters()) + list(pm.module.buffers())} == {META}
+    tokens = torch.zeros(3, LP, dtype=torch.int64, device=META)
+    cache = pm.new_cache(3, LP + LR)
+    link = StageLink(pm, 1)
+    _, prefill = pm.stage_forward(link, (0, 0), (3, LP), tokens, cache)
+    _, decoded = pm.stage_forward(link, (1, 0), (3, 1), tokens[:, :1], cache)  # attends to the cached positions
+    link.close()
+    assert prefill.device == decoded.device == META and decoded.shape == (3, 1, ARCH.hidden)
+    assert cache.length == LP + 1 and {k.device for k in cache.keys} == {META}
+    seqs = torch.zeros(3, LP + LR, dtype=torch.int64, device=META)
+    out = infer(pm, [lambda v: response_forward(v, seqs, LP).logprobs], [3])
+    assert out.device == META and out.shape == (3, LR)
+
+
+def test_a_training_step_keeps_activations_and_gradients_on_the_device(monkeypatch):
+    cfg = _run_config()
+    pm = ParallelModel(ARCH, "policy", _net(), SINGLE, 0, ProcessGroups(()), "torch", device=META)
+    rows = {f: torch.zeros(B, LR, device=META) for f in ("mask", "old_logprobs", "ref_logprobs")}
+    exp = Experience(sequences=torch.zeros(B, LP + LR, dtype=torch.int64, device=META), scores=torch.zeros(B, device=META),
+                     **rows)
+    seen: dict = {}
+
+    class Stop(Exception):
+        """Adam's step and the statistics read values, which meta tensors do not have: stop before them."""
+
+    def record(module, optimizer, rl, reduce_sq):
+        seen["grads"] = {p.grad.device for p in module.parameters()}
+        raise Stop
+
+    monkeypatch.setattr(parallel, "optimizer_step", record)
+    with pytest.raises(Stop):
+        train_step(pm, None, lambda v, e: (response_forward(v, e.sequences, LP).logprobs.sum(), {}), exp, MB,
+                   cfg.rl, ())
+    assert seen == {"grads": {META}}
+
+
+def test_an_explicit_cpu_device_gives_the_single_process_results():
+    cfg, worker = _run_config(), _worker(CPU)
+    assert worker.device == CPU and _worker(None).device == CPU  # gloo's default
+    worker.cmd_op(_op("generation", "actor", ["sequences", "mask", "old_logprobs"]))
+    got = worker.entries["out"].pieces[0].fields
+    model = build_model(ARCH, "policy", model_seed(0, "policy"), cfg.net)
+    prompts = expand_rollouts(worker.task.prompts(B, 0, 0), 2)
+    rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
+                      temperature=cfg.rl.temperature) for a, b in ((0, B), (B, 2 * B))]
+    assert torch.equal(got["sequences"], torch.cat([r.sequences for r in rolls]))
+    assert torch.equal(got["mask"], torch.cat([r.mask for r in rolls]))
+    assert torch.equal(got["old_logprobs"], torch.cat([r.logprobs for r in rolls]))
+    worker.entries["rollouts"] = worker.entries.pop("out")
+    worker.cmd_op(_op("inference", "ref", ["ref_logprobs"]))
+    ref = build_model(ARCH, "reference", model_seed(0, "reference"), cfg.net)
+    with torch.no_grad():
+        want = torch.cat([response_forward(ref, got["sequences"][a:b], LP, cfg.rl.temperature).logprobs
+                          for a, b in ((0, B), (B, 2 * B))])
+    assert torch.equal(worker.entries["out"].pieces[0].fields["ref_logprobs"], want)
+
+
+def test_a_worker_on_another_device_installs_computes_and_exports_there():
+    worker = _worker(META)
+    assert {t.device for t in worker.entries["W:ref"].shards.values()} == {META}
+    assert worker.empty("mask", 3).device == META
+    seqs = torch.zeros(2 * B, LP + LR, dtype=torch.int64, device=META)
+    worker.entries["rollouts"] = Entry("data", pieces=[Piece(0, 2 * B, {"sequences": seqs,
+                                                                         "mask": worker.empty("mask", 2 * B)})])
+    worker.cmd_op(_op("inference", "ref", ["ref_logprobs"]))
+    out = worker.entries["out"].pieces[0].fields["ref_logprobs"]
+    assert out.device == META and out.shape == (2 * B, LR)
+    pm, _ = worker.serving_model("ref", SINGLE, "W:ref")
+    assert {p.device for p in pm.module.parameters()} == {META}
