@@ -49,6 +49,7 @@ class AnnotateCostPass(ModulePass):
     alltoall_family: str = _D.alltoall_family
     tp_decode: str = _D.tp_decode
     scalar_head_act_width: str = _D.scalar_head_act_width
+    dp_scalar_allreduces: int = _D.dp_scalar_allreduces
 
     def cost_options(self) -> CostOptions:
         return CostOptions(**{f.name: getattr(self, f.name) for f in fields(CostOptions)})

@@ -161,3 +161,46 @@ def test_tiny_campaign_on_two_workers_writes_a_loadable_profile(tmp_path: Path):
     path = tmp_path / "smoke.toml"
     path.write_text(profile_text(cal))
     assert load_hardware(str(path)).gpus_per_node == 2
+
+
+def test_points_keep_the_median_of_their_pooled_repeats_by_default():
+    """The profile must predict the statistic rpeg-validate measures (the median): one stalled
+    collective among five repeats moves the fastest-repeat estimate, not the median."""
+    from rpegc.tools.calibrate import SweepPlan, slowest_rank, summarize
+
+    assert SweepPlan.__dataclass_fields__["statistic"].default == "median"
+    samples = [4.1e-3, 2.0e-4, 2.2e-4, 2.1e-4, 4.0e-3]
+    assert summarize(samples, "median") == 2.2e-4
+    assert summarize(samples, "min") == 2.0e-4
+    # An idle rank answers None; per repeat the busiest rank is what the operation took.
+    assert slowest_rank([[1.0, 5.0, 2.0], None, [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+
+
+def test_calibrate_cli_rejects_an_unknown_statistic(capsys):
+    from rpegc.tools.calibrate import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--statistic", "mean", "-o", "never-written.toml"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert not Path("never-written.toml").exists()
+
+
+def test_fit_eta_overhead_recovers_roofline_and_layer_call_time():
+    """Synthetic forwards t = W / (F eta) + layers * t_layer: the fit finds F, both gammas and t_layer
+    (the fixed per-layer-call time that dominates small models on CPU workers)."""
+    from rpegc.tools.calibrate import fit_eta_overhead
+
+    r, k = _grid()
+    work = 2.0 * r * k * 1000.0
+    layers = np.where(r > 64, 2.0, 4.0)
+    F, gm, gk, t_layer = 1e11, 40.0, 300.0, 3e-4
+    seconds = work / (F * eta(r, k, gm, gk)) + layers * t_layer
+    fit = fit_eta_overhead(r, k, work, layers, seconds)
+    assert fit.scale == pytest.approx(F, rel=0.02) and fit.t_layer == pytest.approx(t_layer, rel=0.02)
+    assert fit.gamma_M == pytest.approx(gm, rel=0.05) and fit.gamma_K == pytest.approx(gk, rel=0.05)
+    assert fit.mape < 0.005
+    # Without a fixed part the fit finds (next to) none: t_layer is clamped at 0, never negative.
+    pure = fit_eta_overhead(r, k, work, layers, work / (F * eta(r, k, gm, gk)))
+    assert pure.t_layer < 1e-3 * t_layer and pure.scale == pytest.approx(F, rel=0.02)
+    with pytest.raises(RpegError):
+        fit_eta_overhead(r[:3], k[:3], work[:3], layers[:3], seconds[:3])

@@ -25,9 +25,10 @@ OPTIONS = st.builds(
     CostOptions,
     decode_rows=st.sampled_from(["local_mb", "local_batch"]),
     bubble_on_generation=st.booleans(),
-    generation_pp=st.sampled_from(["none", "prefill"]),
+    generation_pp=st.sampled_from(["none", "prefill", "wavefront"]),
     tp_decode=st.sampled_from(["batched", "per_microbatch"]),
     train_forward_equivalents=st.sampled_from([3, 4]),
+    dp_scalar_allreduces=st.integers(0, 6),
 )
 
 

@@ -393,6 +393,15 @@ def test_sensitivity_alternatives():
     a7 = timing("generation", "policy", CostOptions(generation_pp="prefill"))
     assert a7.T_pp == pytest.approx(4.674e-4, rel=1e-3)
     assert a7.T_op == approx(1.676318 + a7.T_pp)
+    # [A7] "wavefront": the prefill as above, plus per decode step and microbatch (127 * 4) one
+    # activation hop (b_loc = 8 rows of d = 4096 BF16, TP-sharded: 32 KiB) and 8 int64 tokens back.
+    wave = timing("generation", "policy", CostOptions(generation_pp="wavefront"))
+    alpha, beta = HW_DICT["p2p"]["intra_node"]["alpha"], HW_DICT["p2p"]["intra_node"]["beta"]
+    per_step = (alpha + beta * 8 * 4096 * 2 / 2) + (alpha + beta * 8 * 8)
+    assert (wave.decode_pp.steps, wave.decode_pp.msg) == (127 * 4, 32_768)
+    assert wave.T_pp == approx(a7.T_pp + 127 * 4 * per_step)
+    assert wave.decode_time == approx(a7.decode_time + 127 * 4 * per_step)
+    assert wave.T_op == approx(a7.T_op + 127 * 4 * per_step)
 
 
 def test_remaining_alternatives():
@@ -405,6 +414,12 @@ def test_remaining_alternatives():
     value = timing("inference", "actor_critic", CostOptions(actor_critic_inference_heads="value")).W
     assert both - value == approx(64 * 640 * 2 * 32000 * 4096)
     assert timing("training", "actor_critic", CostOptions(actor_critic_inference_heads="value")).W == approx(4 * both)
+    # dp_scalar_allreduces (not in the source): k latency-bound AllReduces of 8 B over P_d = 2.
+    base, four = timing("training", "policy"), timing("training", "policy", CostOptions(dp_scalar_allreduces=4))
+    one = 2 * 1 * 1.0e-5 + 2 * (1 / 2) * 8 / 200e9
+    assert four.T_dp == approx(base.T_dp + 4 * one) and four.T_op == approx(base.T_op + 4 * one)
+    assert timing("inference", "reference", CostOptions(dp_scalar_allreduces=4)).T_op == approx(
+        timing("inference", "reference").T_op)
     # [A16] AlltoAll priced with the P2P pair.
     p2p_reshard = reshard_node_time(param_count(ARCH, "policy"), 2, ALL8, HW, CostOptions(alltoall_family="p2p"))
     assert p2p_reshard == approx(7 * 5e-6 + 1_291_059_200 / 150e9)
@@ -553,3 +568,27 @@ def test_allocation_outside_the_cluster_is_a_located_error():
     with pytest.raises(RpegError) as info:
         annotate(bad, HW)
     assert info.value.loc == Loc("toy.rpeg", 7, 3) and "outside cluster @node" in info.value.message
+
+
+def test_layer_call_overhead_t_layer():
+    """hardware t_layer (not in the source; 0 in the spec's profile): every forward call of a local
+    layer costs t_layer, in T_non_gemm; generation splits it between its prefill and decode shares."""
+    t_layer = 1e-4
+    hw = Hardware.from_dict({**HW_DICT, "compute": {**HW_DICT["compute"], "t_layer": t_layer}})
+    layers_local, mb = 32 / 2, 4
+
+    def both(role, kind, opts=CostOptions()):
+        return (op_time(role, ARCH, kind, WL, **PLAN, gpus_per_node=8, hw=HW, opts=opts),
+                op_time(role, ARCH, kind, WL, **PLAN, gpus_per_node=8, hw=hw, opts=opts))
+
+    base, slow = both("inference", "reference")
+    assert slow.T_non_gemm - base.T_non_gemm == approx(mb * layers_local * t_layer)
+    base, slow = both("training", "policy")
+    assert slow.T_op - base.T_op == approx(4 * mb * layers_local * t_layer)  # 4 forward-equivalents
+    base, slow = both("generation", "policy")
+    assert slow.prefill_time - base.prefill_time == approx(mb * layers_local * t_layer)
+    assert slow.decode_time - base.decode_time == approx(127 * layers_local * t_layer)  # batched decode
+    assert slow.T_op - base.T_op == approx((mb + 127) * layers_local * t_layer)
+    _, per_mb = both("generation", "policy", CostOptions(tp_decode="per_microbatch"))
+    assert per_mb.launch_decode == approx(127 * mb * layers_local * t_layer)
+    assert HW.t_layer == 0.0  # an optional key: profiles without it keep the spec's model

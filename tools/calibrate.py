@@ -5,11 +5,12 @@ The campaign measures, on the devices the torch backend runs on (CPU worker proc
 thread each, or CUDA devices under NCCL):
 
     BW_mem           contiguous copies (bytes read + written per second)
-    F_peak, gamma_M, gamma_K
-                     --eta-from layers (default): one least-squares fit of log(W/t) = log(F_peak *
-                     eta(rows, k)) (spec 3.2) over forwards of the backend's transformer layers, both
-                     prefill-shaped (rows = b * seq) and decode steps with the KV cache (rows = b), at
-                     several widths k. --eta-from gemm (the paper's split): the gammas from isolated
+    F_peak, gamma_M, gamma_K, t_layer
+                     --eta-from layers (default): one least-squares fit, in relative error, of
+                     t = W / (F_peak * eta(rows, k)) + layers * t_layer (spec 3.2 plus a fixed time per
+                     layer call, not in the source) over forwards of the backend's transformer layers,
+                     both prefill-shaped (rows = b * seq) and decode steps with the KV cache (rows = b),
+                     at several widths k. --eta-from gemm (the paper's split): the gammas from isolated
                      GEMM shape sweeps, F_peak from the same forwards through min(F_peak*eta, I*BW_mem).
                      On CPU the isolated GEMM misses the ~30 framework kernels around every layer's
                      GEMMs, which dominate decode steps; bench/validation/README.md shows the effect.
@@ -18,7 +19,9 @@ thread each, or CUDA devices under NCCL):
     alpha, beta      AllReduce sweeps (collective family) and send/recv ping-pong sweeps (P2P family),
                      least squares of the alpha-beta forms of spec 4 in relative error
 
-Every microbenchmark is warm and keeps its fastest repeat (interference only adds time). The result
+Every microbenchmark is warm and repeated; a point's value is the median of all its repeats over all
+rounds (`--statistic min`: the fastest), the statistic rpeg-validate reports for the operators, so the
+profile predicts the latency validation measures. The result
 is a hardware profile TOML (the schema of rpegc/core/hardware.py) with the fitted values, the quality
 of every fit and the date. Tiers a machine cannot reach (a single host reaches only
 `intra_node`) get the intra-node values, and the file says so.
@@ -30,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime
 import math
 import platform
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,13 +63,15 @@ BACKEND_POSITIONS = "learned"  # position embedding of the torch backend's model
 
 @dataclass(frozen=True)
 class EtaFit:
-    """F(rows, k) = scale * rows/(rows + gamma_M) * k/(k + gamma_K), fitted in log space."""
+    """F(rows, k) = scale * rows/(rows + gamma_M) * k/(k + gamma_K), fitted in log space; or, by
+    `fit_eta_overhead`, t = W / F(rows, k) + layers * t_layer fitted in relative time error."""
 
     scale: float  # FLOP/s at full saturation of the swept GEMMs
     gamma_M: float
     gamma_K: float
-    mape: float  # mean |F_fit - F| / F over the points
+    mape: float  # mean |F_fit - F| / F over the points (= mean |t_fit - t| / t)
     points: int
+    t_layer: float = 0.0  # s per layer call, fitted by fit_eta_overhead only
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,51 @@ def fit_eta(rows, widths, flops_per_s) -> EtaFit:
     scale = float(np.exp(log_scale[0, 0]))
     fitted = scale * eta(r, k, *best)
     return EtaFit(scale, best[0], best[1], mape(fitted, f), int(r.size))
+
+
+def _overhead_objective(work, layers, seconds, rows, widths, gm, gk):
+    """For every (gamma_M, gamma_K) pair: the least squares of t ~ u * W/eta + t0 * layers in relative
+    error (u = 1/F, t0 >= 0, solved exactly: two unknowns), its sum of squares, u and t0."""
+    x = work[None, None, :] / (rows[None, None, :] / (rows[None, None, :] + gm[:, None, None])
+                               * (widths[None, None, :] / (widths[None, None, :] + gk[None, :, None])))
+    a, b = x / seconds, np.broadcast_to(layers / seconds, x.shape)
+    saa, sab, sbb = (a * a).sum(-1), (a * b).sum(-1), (b * b).sum(-1)
+    sa, sb = a.sum(-1), b.sum(-1)
+    det = saa * sbb - sab * sab
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.where(det > 0, (sa * sbb - sb * sab) / det, 0.0)
+        t0 = np.where(det > 0, (saa * sb - sab * sa) / det, -1.0)
+        clamp = t0 < 0  # no overhead visible: the pure roofline
+        u = np.where(clamp, sa / saa, u)
+        t0 = np.where(clamp, 0.0, t0)
+    sse = ((u[..., None] * a + t0[..., None] * b - 1.0) ** 2).sum(-1)
+    return np.where(u > 0, sse, np.inf), u, t0
+
+
+def fit_eta_overhead(rows, widths, work, layers, seconds) -> EtaFit:
+    """Least squares of t = W / (A * eta(rows, k)) + layers * t_layer in relative error.
+
+    A forward is GEMM time on the eta roofline plus a fixed time per layer call (dispatch): on CPU
+    workers the second dominates small models, and eta alone can only mimic it with a cost that grows
+    with the GEMM width. For fixed gammas the problem is linear in (1/A, t_layer); the gammas are
+    searched as in `fit_eta`.
+    """
+    r, k, w, n, t = (np.asarray(v, dtype=float) for v in (rows, widths, work, layers, seconds))
+    if not (r.shape == k.shape == w.shape == n.shape == t.shape) or r.size < 4:
+        raise RpegError(None, "the forward fit needs at least 4 points with rows, width, work, layers and time each")
+    if np.any(r <= 0) or np.any(k <= 0) or np.any(w <= 0) or np.any(n <= 0) or np.any(t <= 0):
+        raise RpegError(None, "forward points must have positive rows, width, work, layers and time")
+    gm, gk = _gamma_grid(r, 60), _gamma_grid(k, 60)
+    best = (0.0, 0.0)
+    for _ in range(3):
+        sse, _, _ = _overhead_objective(w, n, t, r, k, gm, gk)
+        i, j = np.unravel_index(np.argmin(sse), sse.shape)
+        best = (float(gm[i]), float(gk[j]))
+        gm, gk = _zoom(gm, i), _zoom(gk, j)
+    _, u, t0 = _overhead_objective(w, n, t, r, k, np.array([best[0]]), np.array([best[1]]))
+    scale, t_layer = 1.0 / float(u[0, 0]), float(t0[0, 0])
+    fitted = w / (scale * eta(r, k, *best)) + n * t_layer
+    return EtaFit(scale, best[0], best[1], mape(fitted, t), int(r.size), t_layer)
 
 
 def _zoom(grid: np.ndarray, i: int) -> np.ndarray:
@@ -283,9 +335,11 @@ class SweepPlan:
     message_bytes: tuple[int, ...]
     min_time: float  # seconds per timed repeat of a short kernel
     repeats: int
-    # Passes over the forward and link sweeps; a point keeps its fastest pass, so a burst of load from
-    # other processes must hit the same point in every pass to move it.
+    # Passes over the forward and link sweeps; a point pools its repeats of every pass, so a burst of
+    # load from other processes lands on a few of its samples, not all.
     rounds: int = 3
+    statistic: str = "median"  # of a point's pooled repeats: "median" or "min" (STATISTICS)
+    link_gap_s: float = 0.0  # compute before every message of the link sweeps (`_Gap`); 0 = back to back
 
 
 def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -297,6 +351,22 @@ def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
 
 
 ETA_SOURCES = ("layers", "gemm")
+# "median" matches rpeg-validate (median of warm repeats), the paper's latency statistic. On this
+# project's VM gloo collectives stall for a 4 ms timer tick in 10-25% of calls, so their fastest
+# repeat is 2-3x their median; the minimum would make every multi-device prediction optimistic.
+STATISTICS = ("median", "min")
+
+
+def summarize(samples: Sequence[float], statistic: str) -> float:
+    """One number for a point's repeats (STATISTICS)."""
+    if statistic == "min":
+        return float(min(samples))
+    return float(statistics.median(samples))
+
+
+def slowest_rank(per_rank: Sequence[Optional[Sequence[float]]]) -> list[float]:
+    """Per repeat, the slowest busy rank (idle ranks return None): what a collective operation takes."""
+    return [max(xs) for xs in zip(*[r for r in per_rank if r is not None])]
 
 # Two-layer models of the torch backend's family (hidden 64 and 128 like its tiny presets, 256, 512),
 # timed on prefill-shaped forwards and on decode steps with the KV cache: the shapes generation,
@@ -310,6 +380,10 @@ CPU_LAYER_ARCHS = {
 CPU_PREFILL_SHAPES = ((1, 32), (4, 32), (16, 32), (8, 128))  # (batch, seq)
 CPU_DECODE_BATCHES = (1, 4, 16, 64)
 CPU_DECODE_CONTEXT = 48
+# Compute between two messages of the CPU link sweeps: about half a layer of the tiny presets, the
+# granularity at which the backend's TP and PP code sends (`_Gap`). GPU sweeps send back to back:
+# NCCL progresses on the device, and host compute would not model a GPU kernel anyway.
+CPU_LINK_GAP_S = 2e-4
 
 
 def _layer_forwards(archs: dict[str, Arch], prefill, decode, context: int) -> tuple[ForwardCase, ...]:
@@ -325,7 +399,7 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         two = {k: CPU_LAYER_ARCHS[k] for k in ("d64", "d128")}  # two widths, so gamma_K is identifiable
         forwards = _layer_forwards(two, ((2, 16), (8, 16)), (1, 8), 16)
         return SweepPlan("fp32", eta_from, (1 << 22,), (1, 16, 256), (16, 128), 128, forwards, 8, 32, 128,
-                         (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1)
+                         (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1, link_gap_s=CPU_LINK_GAP_S)
     forwards = _layer_forwards(CPU_LAYER_ARCHS, CPU_PREFILL_SHAPES, CPU_DECODE_BATCHES, CPU_DECODE_CONTEXT)
     return SweepPlan(
         dtype="fp32",
@@ -341,6 +415,7 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         message_bytes=_geometric(1 << 8, 1 << 24, 4),
         min_time=0.02,
         repeats=5,
+        link_gap_s=CPU_LINK_GAP_S,
     )
 
 
@@ -378,11 +453,11 @@ def _measure_copy(ctx, nbytes: int, dtype: str, min_time: float, repeats: int):
     src = torch.randn(elems, device=ctx.device).to(_dtype(dtype))
     dst = torch.empty_like(src)
     timing = time_per_call(lambda: dst.copy_(src), min_time=min_time, repeats=repeats, sync=ctx.sync)
-    return 2 * src.numel() * src.element_size(), timing.best  # read + write
+    return 2 * src.numel() * src.element_size(), timing.samples  # read + write
 
 
 def _measure_gemm(ctx, rows: int, width: int, full: int, dtype: str, min_time: float, repeats: int):
-    """Median seconds of the column-parallel [rows, full] @ [full, width] and the row-parallel
+    """Seconds (repeats) of the column-parallel [rows, full] @ [full, width] and the row-parallel
     [rows, width] @ [width, full] GEMMs (the two local GEMM shapes of a TP-sharded layer)."""
     if ctx.rank != 0:
         return None
@@ -396,7 +471,7 @@ def _measure_gemm(ctx, rows: int, width: int, full: int, dtype: str, min_time: f
     with torch.no_grad():
         col = time_per_call(lambda: torch.matmul(x_col, w_col), min_time=min_time, repeats=repeats, sync=ctx.sync)
         row = time_per_call(lambda: torch.matmul(x_row, w_row), min_time=min_time, repeats=repeats, sync=ctx.sync)
-    return col.best, row.best
+    return col.samples, row.samples
 
 
 def _measure_forward(ctx, case: ForwardCase, dtype: str, min_time: float, repeats: int, busy: int = 1):
@@ -428,7 +503,7 @@ def _measure_forward(ctx, case: ForwardCase, dtype: str, min_time: float, repeat
         if busy > 1:
             ctx.barrier(range(busy))
         timing = time_per_call(forward, min_time=min_time, repeats=repeats, sync=ctx.sync)
-    return timing.best
+    return timing.samples
 
 
 def _measure_non_gemm(ctx, batch: int, seq: int, hidden: int, dtype: str, min_time: float, repeats: int):
@@ -453,7 +528,7 @@ def _measure_non_gemm(ctx, batch: int, seq: int, hidden: int, dtype: str, min_ti
         y + h  # MLP output joins the residual stream
 
     with torch.no_grad():
-        return time_per_call(layer, min_time=min_time, repeats=repeats, sync=ctx.sync).best
+        return time_per_call(layer, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
 
 
 def _iterations(nbytes: int, budget_bytes: float) -> int:
@@ -461,8 +536,41 @@ def _iterations(nbytes: int, budget_bytes: float) -> int:
     return int(min(200, max(3, budget_bytes // max(nbytes, 1))))
 
 
-def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats: int, budget_bytes: float):
-    """Seconds per AllReduce of an `nbytes` per-rank buffer over ranks 0..participants-1 (max over ranks)."""
+class _Gap:
+    """About `seconds` of compute on the worker's device between two messages of a link sweep.
+
+    The backend never sends back to back: a TP AllReduce follows half a layer, a pipeline transfer a
+    stage's forward. Where the transport needs a thread woken on a core that computes (gloo on CPU
+    workers), a message after compute costs more than one after another message -- on this project's
+    VM 2-3x, from scheduler stalls -- so the sweeps time messages the way the backend sends them and
+    subtract the compute, timed alone on the same worker.
+    """
+
+    def __init__(self, ctx, seconds: float):
+        import torch
+
+        self.calls = 0
+        self.solo = 0.0
+        if seconds <= 0:
+            return
+        self._x = torch.randn(64, 256, device=ctx.device)
+        self._w = torch.randn(256, 256, device=ctx.device)
+        one = time_per_call(self._matmul, min_time=0.01, repeats=3, sync=ctx.sync).median
+        self.calls = max(1, round(seconds / max(one, 1e-9)))
+        self.solo = time_per_call(self, min_time=0.02, repeats=3, sync=ctx.sync).median
+
+    def _matmul(self) -> None:
+        self._x @ self._w
+
+    def __call__(self) -> None:
+        for _ in range(self.calls):
+            self._matmul()
+
+
+def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats: int, budget_bytes: float,
+                       gap_s: float = 0.0):
+    """Seconds per AllReduce of an `nbytes` per-rank buffer over ranks 0..participants-1, each after
+    `gap_s` of compute on every rank (the compute subtracted; see `_Gap`)."""
     import time
 
     import torch
@@ -475,20 +583,23 @@ def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats:
     dt = _dtype(dtype)
     buf = torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
     iters = _iterations(nbytes, budget_bytes)
+    gap = _Gap(ctx, gap_s)
     dist.all_reduce(buf, group=group)  # warm-up: connection setup and buffers
     samples = []
     for _ in range(repeats):
         ctx.barrier(ranks)
         t0 = time.perf_counter()
         for _ in range(iters):
+            gap()
             dist.all_reduce(buf, group=group)
         ctx.sync()
-        samples.append((time.perf_counter() - t0) / iters)
-    return min(samples)
+        samples.append(max((time.perf_counter() - t0) / iters - gap.solo, 1e-9))
+    return tuple(samples)
 
 
-def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float):
-    """One-way seconds of a send/recv of `nbytes` between ranks 0 and 1 (half a ping-pong round trip)."""
+def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float, gap_s: float = 0.0):
+    """One-way seconds of a send/recv of `nbytes` between ranks 0 and 1 (half a ping-pong round trip),
+    each send after `gap_s` of compute on the sender (the compute subtracted; see `_Gap`)."""
     import time
 
     import torch
@@ -502,15 +613,21 @@ def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float
     buf = torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
     peer = 1 - ctx.rank
     iters = _iterations(nbytes, budget_bytes)
+    gap = _Gap(ctx, gap_s)
 
     def ping_pong() -> None:
         if ctx.rank == 0:
+            gap()
             dist.send(buf, peer, group=group)
             dist.recv(buf, peer, group=group)
         else:
             dist.recv(buf, peer, group=group)
+            gap()
             dist.send(buf, peer, group=group)
 
+    # A round trip holds both ranks' gaps; rank 0 knows only its own, so both send theirs along.
+    solo = torch.tensor([gap.solo], dtype=torch.float64)
+    dist.all_reduce(solo, group=group)
     ping_pong()
     samples = []
     for _ in range(repeats):
@@ -519,8 +636,8 @@ def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float
         for _ in range(iters):
             ping_pong()
         ctx.sync()
-        samples.append((time.perf_counter() - t0) / (2 * iters))
-    return min(samples)
+        samples.append(max(((time.perf_counter() - t0) / iters - float(solo)) / 2, 1e-9))
+    return tuple(samples)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -586,7 +703,8 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
     busy = cal.devices if cal.concurrent else 1
     copies = []
     for nbytes in plan.copy_bytes:
-        moved, seconds = pool.run(_measure_copy, nbytes, plan.dtype, plan.min_time, plan.repeats)[0]
+        moved, samples = pool.run(_measure_copy, nbytes, plan.dtype, plan.min_time, plan.repeats)[0]
+        seconds = summarize(samples, plan.statistic)
         copies.append(moved / seconds)
         cal.raw.append(("copy", f"{nbytes} B buffer", moved, seconds))
         progress.step(f"memory copy {nbytes >> 20} MiB")
@@ -594,18 +712,17 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
     cal.BW_mem = copies[-1]
 
     s_b = Workload(1, 1, 1, 1, plan.dtype).s_b
-    best: dict[int, float] = {}
+    pooled: dict[int, list[float]] = {i: [] for i in range(len(plan.forwards))}
     for round_ in range(plan.rounds):
         for i, case in enumerate(plan.forwards):
-            per_rank = pool.run(_measure_forward, case, plan.dtype, plan.min_time, plan.repeats, busy)
-            seconds = max(t for t in per_rank if t is not None)
-            best[i] = min(best.get(i, math.inf), seconds)
+            pooled[i] += slowest_rank(pool.run(_measure_forward, case, plan.dtype, plan.min_time, plan.repeats, busy))
             progress.step(f"forward {case.name} ({round_ + 1}/{plan.rounds})")
-    forwards = [(case, best[i]) for i, case in enumerate(plan.forwards)]
+    forwards = [(case, summarize(pooled[i], plan.statistic)) for i, case in enumerate(plan.forwards)]
     cal.raw += [("forward", case.name, case.work(), seconds) for case, seconds in forwards]
     if plan.eta_from == "layers":
-        cal.eta_fit = fit_eta([c.rows for c, _ in forwards], [c.width for c, _ in forwards],
-                              [c.work() / t for c, t in forwards])
+        cal.eta_fit = fit_eta_overhead([c.rows for c, _ in forwards], [c.width for c, _ in forwards],
+                                       [c.work() for c, _ in forwards], [c.arch.layers for c, _ in forwards],
+                                       [t for _, t in forwards])
         cal.f_peak_fit = ScaleFit(cal.eta_fit.scale, cal.eta_fit.mape, cal.eta_fit.points)
     else:
         cal.eta_fit = _gemm_sweep(pool, plan, cal, progress)
@@ -616,8 +733,8 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
         _, e, ceiling = roofline_terms(case, s_b, cal.eta_fit.gamma_M, cal.eta_fit.gamma_K, cal.BW_mem)
         cal.memory_bound += ceiling < cal.f_peak_fit.value * e
 
-    cal.c_ng = pool.run(_measure_non_gemm, plan.B_cal, plan.ng_seq, plan.ng_hidden, plan.dtype,
-                        plan.min_time, plan.repeats)[0]
+    cal.c_ng = summarize(pool.run(_measure_non_gemm, plan.B_cal, plan.ng_seq, plan.ng_hidden, plan.dtype,
+                                  plan.min_time, plan.repeats)[0], plan.statistic)
     cal.raw.append(("non_gemm", f"b={plan.B_cal} seq={plan.ng_seq} d={plan.ng_hidden}", 0.0, cal.c_ng))
     progress.step("non-GEMM layer")
 
@@ -629,7 +746,8 @@ def _gemm_sweep(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progress: P
         for k in plan.gemm_widths:
             col, row = pool.run(_measure_gemm, r, k, plan.gemm_full, plan.dtype, plan.min_time, plan.repeats)[0]
             work = 2.0 * r * k * plan.gemm_full
-            for orientation, seconds in (("col", col), ("row", row)):
+            for orientation, samples in (("col", col), ("row", row)):
+                seconds = summarize(samples, plan.statistic)
                 rows.append(r)
                 widths.append(k)
                 flops.append(work / seconds)
@@ -654,18 +772,17 @@ def roofline_terms(case: ForwardCase, s_b: int, gamma_M: float, gamma_K: float, 
 def _link_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, world: int, progress: Progress) -> None:
     budget = 64 * max(plan.message_bytes)  # bytes per timed repeat: a few large, many small messages
     coll = [(p, m) for p in range(2, world + 1) for m in plan.message_bytes]
-    best: dict[tuple[str, int, int], float] = {}
+    pooled: dict[tuple[str, int, int], list[float]] = {}
     for round_ in range(plan.rounds):
         for p, nbytes in coll:
-            per_rank = pool.run(_measure_allreduce, p, nbytes, plan.dtype, plan.repeats, budget)
-            key = ("allreduce", p, nbytes)
-            best[key] = min(best.get(key, math.inf), max(t for t in per_rank if t is not None))
+            per_rank = pool.run(_measure_allreduce, p, nbytes, plan.dtype, plan.repeats, budget, plan.link_gap_s)
+            pooled.setdefault(("allreduce", p, nbytes), []).extend(slowest_rank(per_rank))
             progress.step(f"AllReduce p={p} {nbytes} B ({round_ + 1}/{plan.rounds})")
         for nbytes in plan.message_bytes:
-            per_rank = pool.run(_measure_p2p, nbytes, plan.dtype, plan.repeats, budget)
-            key = ("p2p", 2, nbytes)
-            best[key] = min(best.get(key, math.inf), max(t for t in per_rank if t is not None))
+            per_rank = pool.run(_measure_p2p, nbytes, plan.dtype, plan.repeats, budget, plan.link_gap_s)
+            pooled.setdefault(("p2p", 2, nbytes), []).extend(slowest_rank(per_rank))
             progress.step(f"send/recv {nbytes} B ({round_ + 1}/{plan.rounds})")
+    best = {key: summarize(samples, plan.statistic) for key, samples in pooled.items()}
     ar = [(p, m, best[("allreduce", p, m)]) for p, m in coll]
     a, b = allreduce_terms([m for _, m, _ in ar], [p for p, _, _ in ar])
     cal.coll_fit = fit_alpha_beta(a, b, [t for *_, t in ar])
@@ -704,7 +821,8 @@ def profile_mapping(cal: Calibration) -> dict:
         "description": _description(cal),
         "gpus_per_node": cal.devices,
         "compute": {"F_peak": cal.f_peak_fit.value, "BW_mem": cal.BW_mem, "gamma_M": cal.eta_fit.gamma_M,
-                    "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng, "B_cal": float(cal.plan.B_cal)},
+                    "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng, "B_cal": float(cal.plan.B_cal),
+                    "t_layer": cal.eta_fit.t_layer},
         "memory": {"M_GPU": cal.M_GPU, "eps_rt": DEFAULT_EPS_RT},
         # One host reaches only the intra-node tier; the others repeat it so the profile is complete.
         "collective": {t: dict(coll) for t in TIERS},
@@ -727,13 +845,14 @@ def _compute_lines(cal: Calibration, c: dict) -> list[str]:
     bw = f"BW_mem = {_num(c['BW_mem'])}      # B/s; contiguous copy of {p.copy_bytes[-1] >> 20} MiB (read + write bytes)"
     if p.eta_from == "layers":
         return [
-            f"F_peak = {_num(c['F_peak'])}      # FLOP/s; scale of one least-squares fit of log(W/t) = log(F_peak * eta) "
-            f"over {f.points} forwards of the backend's layers (prefill-shaped and decode steps"
+            f"F_peak = {_num(c['F_peak'])}      # FLOP/s; one least-squares fit of t = W / (F_peak * eta) + layers * t_layer "
+            f"in relative error over {f.points} forwards of the backend's layers (prefill-shaped and decode steps"
             f"{', every device busy at once' if cal.concurrent else ', one device busy'}), MAPE {f.mape:.1%}",
             bw,
             f"gamma_M = {_num(c['gamma_M'])}    # rows; same fit (rows = b*ell, ell = 1 for a decode step)",
             f"gamma_K = {_num(c['gamma_K'])}    # columns; same fit (k = min(d, d_ff) of widths "
             f"{sorted({fc.width for fc in p.forwards})})",
+            f"t_layer = {_num(c['t_layer'])}    # s per layer per forward call (dispatch; not in the source); same fit",
         ]
     return [
         f"F_peak = {_num(c['F_peak'])}      # FLOP/s; transformer forwards of the backend's model, fitted through "
@@ -794,6 +913,7 @@ def profile_text(cal: Calibration) -> str:
         f"p2p = {cal.p2p_fit.mape:.4f} }}  # relative error of each fit",
         f'eta_from = "{p.eta_from}"           # what F_peak and the gammas were fitted to',
         f"concurrent_forwards = {'true' if cal.concurrent else 'false'}  # forwards timed on every device at once",
+        f"statistic = \"{cal.plan.statistic}\"  # of each point's pooled warm repeats ({cal.plan.repeats} x {cal.plan.rounds} rounds)",
         f"eta_saturation_flops = {_num(e.scale)}  # scale of the eta fit, FLOP/s",
         f"memory_bound_forwards = {cal.memory_bound}  # forwards the fitted roofline calls memory-bound",
         f"copy_bandwidths = [{', '.join(_num(moved / s) for kind, _, moved, s in cal.raw if kind == 'copy')}]"
@@ -830,6 +950,7 @@ def summary(cal: Calibration) -> str:
         f"F_peak  {f.value:.4g} FLOP/s   (eta from {cal.plan.eta_from}; forward fit MAPE {f.mape:.1%})",
         f"BW_mem  {cal.BW_mem:.4g} B/s",
         f"gamma_M {e.gamma_M:.4g} rows   gamma_K {e.gamma_K:.4g} cols   (eta fit over {e.points}, MAPE {e.mape:.1%})",
+        f"t_layer {e.t_layer:.4g} s per layer call",
         f"c_ng    {cal.c_ng:.4g} s/layer at B_cal = {cal.plan.B_cal}",
         f"coll    alpha {cal.coll_fit.alpha:.4g} s  beta {cal.coll_fit.beta:.4g} s/B  (MAPE {cal.coll_fit.mape:.1%})",
         f"p2p     alpha {cal.p2p_fit.alpha:.4g} s  beta {cal.p2p_fit.beta:.4g} s/B  (MAPE {cal.p2p_fit.mape:.1%})",
@@ -856,6 +977,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eta-from", choices=ETA_SOURCES, default="layers",
                     help="fit F_peak, gamma_M, gamma_K on forwards of the backend's layers (default), or the gammas "
                          "on isolated GEMMs and F_peak on the forwards (the paper's split)")
+    ap.add_argument("--statistic", choices=STATISTICS, default="median",
+                    help="what a point keeps of its repeats: the median (default; what rpeg-validate reports) "
+                         "or the fastest")
     ap.add_argument("--concurrent", action="store_true",
                     help="time the forwards on every device at once (devices that share cores or memory "
                          "bandwidth), instead of one device while the others idle")
@@ -875,7 +999,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if backend == "nccl" and devices > available:
             raise RpegError(None, f"--devices {devices} but only {available} CUDA devices are visible; lower it")
         output = Path(args.output)
-        plan = (gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from)
+        plan = dataclasses.replace((gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from),
+                                   statistic=args.statistic)
         cal = calibrate(devices, backend, plan, name=args.name or output.stem, quiet=args.quiet,
                         concurrent=args.concurrent)
         text = profile_text(cal)

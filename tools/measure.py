@@ -8,8 +8,9 @@ so collectives and send/recv between them are the ones the torch backend uses.
 
 A timing keeps every warm repeat (`warmup` untimed calls first, so allocator growth, lazy
 initialisation and cache misses of the first call do not enter it). rpeg-validate reports the median
-of the repeats, as the paper does; rpeg-calibrate uses the fastest repeat of its microbenchmarks, the
-estimate least disturbed by other processes on a shared machine.
+of the repeats, as the paper does; rpeg-calibrate by default the median of a point's repeats pooled over
+its rounds too, so the profile predicts the statistic validation measures (`--statistic min`: the
+fastest repeat).
 """
 
 from __future__ import annotations
@@ -102,6 +103,35 @@ def time_per_call(fn: Callable[[], Any], *, min_time: float = 0.02, repeats: int
 # Worker pool
 
 
+def pin_main_thread(core: int, free: frozenset) -> None:
+    """Bind the calling (main) thread to `core` and leave every other thread of the process free.
+
+    One CPU worker stands for one device, so its compute must not migrate or share a core with the
+    other workers: on this project's 2-vCPU VM two unpinned single-threaded workers slow each other's
+    small kernels down up to 3x (measured in bench/validation/README.md). The transport threads of
+    gloo stay unpinned: they wake when the main thread waits, and pinned to its core they would queue
+    behind it (on `free`, the cores the process was given). Threads start with their creator's mask,
+    so call this again after creating groups.
+    """
+    import threading
+
+    main = threading.get_native_id()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core} if int(tid) == main else free)
+        except OSError:
+            pass  # the thread exited meanwhile
+    os.sched_setaffinity(0, {core})
+
+
+def cores_to_pin(world: int, backend: str) -> Optional[list[int]]:
+    """One core per worker when the CPU workers fit on this machine's cores, else None (no pinning)."""
+    if backend != "gloo" or not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[:world] if world <= len(cores) else None
+
+
 @dataclass
 class WorkerContext:
     """What a function run in a worker sees: its rank, the world, its device and process groups."""
@@ -110,8 +140,15 @@ class WorkerContext:
     world: int
     backend: str  # "gloo" or "nccl"
     device: Any  # torch.device
+    core: Optional[int] = None  # the core its main thread is bound to (CPU workers), else None
+    free: frozenset = frozenset()  # the cores the process was started with (its other threads' mask)
     _groups: dict = field(default_factory=dict)
     state: dict = field(default_factory=dict)  # what a tool keeps in this worker between `run` calls
+
+    def repin(self) -> None:
+        """Re-apply the core binding (after threads were created, e.g. by new process groups)."""
+        if self.core is not None:
+            pin_main_thread(self.core, self.free)
 
     @property
     def is_cuda(self) -> bool:
@@ -138,6 +175,7 @@ class WorkerContext:
             return None
         if key not in self._groups:
             self._groups[key] = dist.new_group(list(key))
+            self.repin()
         return self._groups[key]
 
     def barrier(self, ranks: Optional[Sequence[int]] = None) -> None:
@@ -151,7 +189,7 @@ class WorkerContext:
 
 
 def _worker_main(rank: int, world: int, init_file: str, backend: str, threads: int, timeout_s: float,
-                 conn) -> None:
+                 core: Optional[int], conn) -> None:
     import datetime
 
     import torch
@@ -169,7 +207,9 @@ def _worker_main(rank: int, world: int, init_file: str, backend: str, threads: i
         device = torch.device("cpu")
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    ctx = WorkerContext(rank, world, backend, device)
+    free = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+    ctx = WorkerContext(rank, world, backend, device, core, free)
+    ctx.repin()
     conn.send(("ready", None))
     while True:
         message = conn.recv()
@@ -208,7 +248,8 @@ class WorkerPool:
     `close()`: workers are stopped and joined.
     """
 
-    def __init__(self, world: int, backend: str = "gloo", threads: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, world: int, backend: str = "gloo", threads: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 pin: bool = True):
         if world < 1:
             raise RpegError(None, f"a worker pool needs at least one worker, got {world}")
         if backend not in ("gloo", "nccl"):
@@ -219,6 +260,8 @@ class WorkerPool:
         import torch.multiprocessing as mp
 
         self.world, self.backend = world, backend
+        # Bound to one core each when they fit (`pin`); `cores` says which, for the reports.
+        self.cores = cores_to_pin(world, backend) if pin else None
         self._dir = tempfile.TemporaryDirectory(prefix="rpeg-pool-")
         init_file = os.path.join(self._dir.name, "init")
         ctx = mp.get_context("spawn")
@@ -226,7 +269,8 @@ class WorkerPool:
         self._procs = []
         for rank in range(world):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(rank, world, init_file, backend, threads, timeout_s, child),
+            core = self.cores[rank] if self.cores else None
+            proc = ctx.Process(target=_worker_main, args=(rank, world, init_file, backend, threads, timeout_s, core, child),
                                daemon=True)
             proc.start()
             child.close()

@@ -70,6 +70,12 @@ BACKEND_COST_OPTIONS: dict[str, object] = {
     "train_forward_equivalents": 3,
     # [A20] worker.op_generation calls generate() once per microbatch: mb separate decode loops.
     "tp_decode": "per_microbatch",
+    # [A7] parallel.generate pipelines decode as a loop: each token's activations cross every stage
+    # boundary and the sampled ids return to stage 0 before the next step of that microbatch.
+    "generation_pp": "wavefront",
+    # worker.op_training all-reduces 4 statistics over the DP group: the token count, the advantage
+    # whitening moments, the loss statistics and the reward metrics.
+    "dp_scalar_allreduces": 4,
 }
 
 
@@ -285,6 +291,7 @@ def _init_groups(ctx, layouts) -> int:
     ctx.state["groups"] = ProcessGroups(layouts)
     for layout in layouts:
         ctx.group(layout.ranks)
+    ctx.repin()  # the new groups' transport threads were started pinned with this thread
     return len(ctx.state["groups"])
 
 
@@ -304,7 +311,7 @@ def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     # No layouts: the groups were created once for the whole grid (`_init_groups`) and are shared.
     setup = WorkerSetup(world=ctx.world, seed=seed, run=run, models=models, layouts=(), tp_impl=tp_impl,
                         t0=time.time(), timeout_s=300.0)
-    worker = Worker(setup, ctx.rank, store=None)
+    worker = Worker(setup, ctx.rank, store=None, device=ctx.device)
     worker.groups = ctx.state["groups"]
     workers[case.suite] = worker
     return worker

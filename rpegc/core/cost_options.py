@@ -14,7 +14,7 @@ from rpegc.core.errors import Loc, RpegError
 _CHOICES: dict[str, tuple[str, ...]] = {
     "actor_critic_inference_heads": ("both", "value"),
     "decode_rows": ("local_mb", "local_batch"),
-    "generation_pp": ("none", "prefill"),
+    "generation_pp": ("none", "prefill", "wavefront"),
     "pp_inter_tier": ("allocation", "replica"),
     "checkpoint_interval": ("floor", "ceil"),
     "alltoall_family": ("collective", "p2p"),
@@ -35,7 +35,10 @@ class CostOptions:
     decode_rows: str = "local_mb"
     # A6: apply the 1F1B bubble to generation's T_gemm.
     bubble_on_generation: bool = True
-    # A7: pipeline P2P of generation ("none"; "prefill": the prefill priced like inference at L_p).
+    # A7: pipeline P2P of generation ("none"; "prefill": the prefill priced like inference at L_p;
+    # "wavefront": the prefill as in "prefill", plus, for every decode step of every microbatch, one
+    # activation transfer per stage boundary and the sampled token back from the last stage to the
+    # first -- what a pipelined decode loop that feeds each token back does, as the torch backend's).
     generation_pp: str = "none"
     # A8: tier of node-crossing PP boundaries ("allocation": tier(sigma(v)); "replica": the slowest
     # tier spanned by one pipeline replica).
@@ -52,6 +55,10 @@ class CostOptions:
     tp_decode: str = "batched"
     # A23: LM-head width in M_act^I for scalar-head kinds ("vocab": d + V; "one": d + 1).
     scalar_head_act_width: str = "vocab"
+    # Not in the source: latency-bound AllReduces of a few scalars a training operator makes over its
+    # DP group (token counts for loss normalisation, advantage whitening moments, statistics), each
+    # priced AR(8 B, P_d). The spec prices none; the torch backend makes 4.
+    dp_scalar_allreduces: int = 0
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -60,6 +67,8 @@ class CostOptions:
                 raise RpegError(None, f"cost option {name} = {value!r} is not one of {', '.join(allowed)}")
         if self.train_forward_equivalents not in (3, 4):
             raise RpegError(None, "cost option train_forward_equivalents must be 4 (with recompute) or 3 (without)")
+        if self.dp_scalar_allreduces < 0:
+            raise RpegError(None, "cost option dp_scalar_allreduces must be >= 0")
         if self.decode_attention_factor not in (1, 2):
             raise RpegError(None, "cost option decode_attention_factor must be 2 (spec A3) or 1 ([PF] sum)")
 

@@ -4,7 +4,7 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
 
     name = "gh200"
     gpus_per_node = 4            # optional, informational
-    [compute]   F_peak, BW_mem, gamma_M, gamma_K, c_ng, B_cal
+    [compute]   F_peak, BW_mem, gamma_M, gamma_K, c_ng, B_cal, optional t_layer (default 0)
     [memory]    M_GPU, eps_rt
     [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
     [p2p.<tier>]         alpha, beta
@@ -39,6 +39,14 @@ _COMPUTE_KEYS = (
     ("c_ng", "per-layer non-GEMM residual at B_cal, s", 0.0, False),
     ("B_cal", "per-device batch used to fit c_ng, sequences", 0.0, True),
 )
+# Optional compute keys (key, meaning, lower bound, strict, default). Not in the source: t_layer is
+# the shape-independent time of one layer's forward call (kernel dispatch and launch), which the
+# eta roofline cannot express (it scales with the GEMM width). Negligible next to the GEMMs of large
+# models on GPUs (shipped GPU profiles leave it 0, the spec's model); it dominates small models on
+# CPU workers, where rpeg-calibrate fits it (bench/validation/README.md).
+_OPTIONAL_COMPUTE_KEYS = (
+    ("t_layer", "fixed time of one layer's forward call, s", 0.0, False, 0.0),
+)
 _MEMORY_KEYS = (
     ("M_GPU", "HBM capacity per GPU, B", 0.0, True),
     ("eps_rt", "reserved runtime fraction of HBM, in [0, 1)", 0.0, False),
@@ -70,6 +78,7 @@ class Hardware:
     gpus_per_node: int | None = None
     description: str = ""
     source: str = "<dict>"
+    t_layer: float = 0.0  # s per layer per forward call (optional key, see _OPTIONAL_COMPUTE_KEYS)
 
     @property
     def M_eff(self) -> float:
@@ -188,10 +197,14 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
     compute = _table(d, "compute", where)
     memory = _table(d, "memory", where)
     values: dict[str, float] = {}
+    optional = [k for k, *_ in _OPTIONAL_COMPUTE_KEYS]
     for table_name, table, keys in (("compute", compute, _COMPUTE_KEYS), ("memory", memory, _MEMORY_KEYS)):
-        _reject_unknown(table, table_name, [k for k, *_ in keys], where)
+        _reject_unknown(table, table_name, [k for k, *_ in keys] + (optional if table_name == "compute" else []), where)
         for key, meaning, bound, strict in keys:
             values[key] = _number(table, f"{table_name}.{key}", key, meaning, bound, strict, where)
+    for key, meaning, bound, strict, default in _OPTIONAL_COMPUTE_KEYS:
+        values[key] = (_number(compute, f"compute.{key}", key, meaning, bound, strict, where)
+                       if key in compute else default)
     if values["eps_rt"] >= 1.0:
         raise where.error("memory.eps_rt", f"key 'memory.eps_rt' must be below 1 ({_MEMORY_KEYS[1][1]}), got {values['eps_rt']}")
     links: dict[str, tuple[float, float, float]] = {}

@@ -25,6 +25,7 @@ _DEFAULT = CostOptions()
 _TINY = 1e-300  # F_eff floor: a phase without work (L_r = 1 decode) then takes 0 s, not 0/0
 ADAM_BYTES_PER_PARAM = 18  # effective HBM traffic of one Adam step (spec 3.6)
 TRAIN_TP_ALLREDUCES_PER_LAYER = 6  # 2 per forward-equivalent phase: forward, recompute, backward
+SCALAR_BYTES = 8  # one fp64 statistic (option dp_scalar_allreduces)
 NON_GEMM_MULTIPLIER = {"generation": 0, "inference": 1, "training": 4}
 
 
@@ -78,15 +79,17 @@ class PpComm:
 
 @dataclass(frozen=True)
 class DpComm:
-    """ZeRO-2 gradient ReduceScatter plus weight AllGather of `msg` bytes (spec 3.4.3)."""
+    """ZeRO-2 gradient ReduceScatter plus weight AllGather of `msg` bytes (spec 3.4.3), and the
+    option `dp_scalar_allreduces`' scalar AllReduces (`scalars` seconds in all)."""
 
     msg: object
     reduce_scatter: object
     allgather: object
+    scalars: object = 0.0
 
     @property
     def time(self):
-        return self.reduce_scatter + self.allgather
+        return self.reduce_scatter + self.allgather + self.scalars
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,12 @@ class OpTime:
     T_non_gemm: object
     T_opt: object
     bubble_factor: object  # T_bubble / T_gemm
+    decode_pp: Optional[PpComm] = None  # [A7] "wavefront": the decode loop's transfers (in T_pp)
+    # Fixed per-layer-call time (hardware t_layer, not in the source), included in T_non_gemm;
+    # for generation split into its prefill and decode shares.
+    T_launch: object = 0.0
+    launch_prefill: object = 0.0
+    launch_decode: object = 0.0
 
     @property
     def T_comm(self):
@@ -128,13 +137,16 @@ class OpTime:
     @property
     def prefill_time(self):
         """T_pf of spec 5.3: the prefill's GEMM with its bubble share, TP and (option A7) PP."""
-        pp = self.T_pp if self.pp is not None else 0.0
-        return self.phase("prefill").T_gemm * (1 + self.bubble_factor) + self.tp_calls("prefill").time + pp
+        pp = self.pp.time if self.pp is not None else 0.0
+        return (self.phase("prefill").T_gemm * (1 + self.bubble_factor) + self.tp_calls("prefill").time + pp
+                + self.launch_prefill)
 
     @property
     def decode_time(self):
-        """T_dec of spec 5.3: the decode's GEMM with its bubble share and TP."""
-        return self.phase("decode").T_gemm * (1 + self.bubble_factor) + self.tp_calls("decode").time
+        """T_dec of spec 5.3: the decode's GEMM with its bubble share, TP and (option A7) PP."""
+        pp = self.decode_pp.time if self.decode_pp is not None else 0.0
+        return (self.phase("decode").T_gemm * (1 + self.bubble_factor) + self.tp_calls("decode").time + pp
+                + self.launch_decode)
 
 
 def op_time(
@@ -186,16 +198,32 @@ def op_time(
     def tp_calls(name, count, msg) -> TpCalls:
         return TpCalls(name, count, msg, allreduce(msg, tp, a_tp, b_tp))
 
+    per_node = np.maximum(np.minimum(pp, np.floor(gpus_per_node / tp)), 1)
+    n_inter = np.maximum(0, np.ceil(pp / per_node) - 1)
+    n_intra = pp - 1 - n_inter
+
+    def boundary(msg):
+        """Seconds of one transfer of `msg` bytes across a stage boundary, averaged over the boundaries."""
+        boundaries = np.maximum(pp - 1, 1)
+        return n_intra / boundaries * p2p(msg, *hw.p2p("intra_node")) + n_inter / boundaries * p2p(msg, *hw.p2p(pp_tier))
+
     def pipeline(ell, steps) -> PpComm:
         msg = BR * ell * d * s_b / (dp * tp * mb)
-        per_node = np.maximum(np.minimum(pp, np.floor(gpus_per_node / tp)), 1)
-        n_inter = np.maximum(0, np.ceil(pp / per_node) - 1)
-        n_intra = pp - 1 - n_inter
-        boundaries = np.maximum(pp - 1, 1)
-        step = n_intra / boundaries * p2p(msg, *hw.p2p("intra_node")) + n_inter / boundaries * p2p(msg, *hw.p2p(pp_tier))
-        return PpComm(steps, msg, n_intra, n_inter, step)
+        return PpComm(steps, msg, n_intra, n_inter, boundary(msg))
+
+    def decode_loop() -> PpComm:
+        """[A7] "wavefront": per decode step and microbatch, pp - 1 activation transfers of one token's
+        rows and the sampled token ids (int64) back around the ring; the stage that waits on a
+        receive is idle, so the transfers are on the critical path."""
+        msg = b_loc * d * s_b / tp
+        tokens = b_loc * 8  # int64 ids, last stage -> first: across nodes when the pipeline is
+        back = np.where(n_inter > 0, p2p(tokens, *hw.p2p(pp_tier)), p2p(tokens, *hw.p2p("intra_node")))
+        per_step = (pp - 1) * boundary(msg) + (pp > 1) * back
+        return PpComm((wl.Lr - 1) * mb, msg, n_intra, n_inter, per_step)
 
     pp_comm: Optional[PpComm] = None
+    decode_pp: Optional[PpComm] = None
+    launch_prefill = launch_decode = 0.0
     dp_comm: Optional[DpComm] = None
     if role == "generation":
         # Work leaves Python's exact ints here: it can exceed int64 and numpy would then refuse it.
@@ -212,13 +240,19 @@ def op_time(
         else:
             decode_tp = tp_calls("decode", 2 * layers_local * mb * decode_steps, BR * d * s_b / (dp * mb))
         tps = (tp_calls("prefill", 2 * layers_local * mb, BR * wl.Lp * d * s_b / (dp * mb)), decode_tp)
-        if opts.generation_pp == "prefill":
+        decode_calls = decode_steps * (mb if opts.tp_decode == "per_microbatch" else 1)
+        launch_prefill = mb * layers_local * hw.t_layer
+        launch_decode = decode_calls * layers_local * hw.t_layer
+        if opts.generation_pp in ("prefill", "wavefront"):
             pp_comm = pipeline(wl.Lp, mb + pp - 2)
+        if opts.generation_pp == "wavefront":
+            decode_pp = decode_loop()
     elif role == "inference":
         W = inference_work(arch, kind, wl, opts) * 1.0
         phases = (gemm("forward", W, W / (P * mb), ell_full, b_loc),)
         tps = (tp_calls("forward", 2 * layers_local * mb, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + pp - 2)
+        launch = mb * layers_local * hw.t_layer
     elif role == "training":
         W = training_work(arch, kind, wl, opts) * 1.0
         # Intensity is that of one forward-equivalent pass.
@@ -226,9 +260,12 @@ def op_time(
         count = TRAIN_TP_ALLREDUCES_PER_LAYER * layers_local * mb
         tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
+        # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch.
+        launch = opts.train_forward_equivalents * mb * layers_local * hw.t_layer
         msg = N_m * s_b / (pp * tp)
         a_dp, b_dp = hw.coll(span_tier)
-        dp_comm = DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), allgather(msg, dp, a_dp, b_dp))
+        scalars = opts.dp_scalar_allreduces * allreduce(SCALAR_BYTES, dp, a_dp, b_dp)
+        dp_comm = DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), allgather(msg, dp, a_dp, b_dp), scalars)
     else:
         raise ValueError(f"unknown role {role!r}")
 
@@ -237,6 +274,8 @@ def op_time(
     bubble_factor = (pp - 1) / mb * bubbled
     zero = 0.0 * P  # a zero of the plan's shape
     T_ng0 = layers_local * hw.c_ng * (b_loc / hw.B_cal) * (1 - 1 / tp)
+    if role == "generation":
+        launch = launch_prefill + launch_decode
     T_opt = ADAM_BYTES_PER_PARAM * N_m / (P * hw.BW_mem) if role == "training" else zero
     return OpTime(
         role=role,
@@ -251,9 +290,13 @@ def op_time(
         T_gemm=T_gemm,
         T_bubble=T_gemm * bubble_factor,
         T_tp=sum(c.time for c in tps),
-        T_pp=pp_comm.time if pp_comm is not None else zero,
+        T_pp=(pp_comm.time if pp_comm is not None else zero) + (decode_pp.time if decode_pp is not None else zero),
         T_dp=dp_comm.time if dp_comm is not None else zero,
-        T_non_gemm=NON_GEMM_MULTIPLIER[role] * T_ng0,
+        T_non_gemm=NON_GEMM_MULTIPLIER[role] * T_ng0 + launch,
         T_opt=T_opt,
         bubble_factor=bubble_factor,
+        decode_pp=decode_pp,
+        T_launch=launch,
+        launch_prefill=launch_prefill,
+        launch_decode=launch_decode,
     )
