@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="torch.distributed backend of the workers: gloo (CPU tensors) or nccl (one GPU per worker); "
                         "auto: nccl when this host has a CUDA device for every worker, else gloo")
+    t.add_argument("--store", metavar="HOST:PORT", default=None,
+                   help="launch no workers: serve the control store at HOST:PORT and wait for one worker per "
+                        "device, started by torchrun or Slurm on any node as `python -m "
+                        "rpegc.runtime.torch_backend.worker --store HOST:PORT` (RANK and WORLD_SIZE from the "
+                        "environment)")
     t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
     t.add_argument("--reward", choices=("rule", "model"), default="rule",
                    help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")
@@ -115,8 +120,8 @@ def make_backend(args: argparse.Namespace):
     if args.backend == "sim":
         from rpegc.runtime.backends.sim import SimBackend
 
-        if args.resume or args.run_dir or args.checkpoint_every is not None:
-            raise RpegError(None, "--run-dir, --checkpoint-every and --resume apply to the torch backend only")
+        if args.resume or args.run_dir or args.checkpoint_every is not None or args.store:
+            raise RpegError(None, "--run-dir, --checkpoint-every, --resume and --store apply to the torch backend only")
 
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:

@@ -187,7 +187,7 @@ class _Run:
         h = TraceHeader(
             plan_hash=self.plan.hash, plan_file=self.plan.file, backend=self.backend.name, clock=self.backend.clock,
             steps=self.plan.steps, plan_steps=self.plan.plan_steps, policy=self.policy, reserve=self.reserve,
-            workers=self.workers, options=options,
+            workers=self.workers, options=options, first_step=self.plan.first_step,
         )
         self.header = h
         self.emit(header_record(h))

@@ -29,6 +29,7 @@ change the order keeps the hash; a plan whose schedule order changed gets anothe
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -111,6 +112,7 @@ class RunPlan:
     scheduled: bool  # every node has a planned start and finish
     warnings: tuple[str, ...] = ()
     devices: tuple[int, ...] = field(default=())  # every device some node occupies, ascending
+    first_step: int = 0  # > 0: a resumed run; the steps before it ran earlier (`from_step`)
 
     def node(self, node_id: str) -> RunNode:
         return self.nodes[self.index[node_id]]
@@ -123,7 +125,37 @@ class RunPlan:
 
     def restrict(self, steps: int) -> "RunPlan":
         """The same plan run for fewer steps (a prefix of the unrolled horizon)."""
-        return build_run_plan(self.program, steps=steps, file=self.file)
+        plan = build_run_plan(self.program, steps=steps, file=self.file)
+        return plan.from_step(self.first_step) if self.first_step else plan
+
+    def from_step(self, step: int) -> "RunPlan":
+        """The nodes of steps >= `step`, with their dependencies among themselves: what a run resumed
+        from a checkpoint at `step` executes. What they read from earlier steps is initial (installed
+        from the checkpoint); only weights may be, data never crosses a step."""
+        keep = [n for n in self.nodes if n.step >= step]
+        if not keep:
+            raise RpegError(None, f"no node of step >= {step} is left to run")
+        new_index = {n.index: i for i, n in enumerate(keep)}
+
+        def remap(ids) -> tuple[int, ...]:
+            return tuple(new_index[i] for i in ids if i in new_index)
+
+        nodes = tuple(dataclasses.replace(n, index=new_index[n.index], preds=remap(n.preds), succs=remap(n.succs))
+                      for n in keep)
+        producers = {a: remap(p) for a, p in self.producers.items() if remap(p)}
+        consumers = {a: remap(c) for a, c in self.consumers.items() if remap(c)}
+        initial: dict[Artifact, None] = {}
+        for n in nodes:
+            for a in n.inputs:
+                if a not in producers:
+                    if a.kind != "weights":
+                        raise RpegError(n.node.loc, f"{n.id} reads {a.label}, made before step {step}; data never "
+                                        "crosses a step, so this plan cannot be resumed at this step")
+                    initial[a] = None
+        return dataclasses.replace(
+            self, nodes=nodes, index={n.id: n.index for n in nodes}, producers=producers, consumers=consumers,
+            initial=tuple(initial), first_step=step,
+        )
 
 
 # ----------------------------------------------------------------------------------------------

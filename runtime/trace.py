@@ -47,6 +47,7 @@ class TraceHeader:
     reserve: str
     workers: dict[int, int]
     options: dict[str, Any] = field(default_factory=dict)
+    first_step: int = 0  # > 0: resumed from a checkpoint; steps before it ran in an earlier trace
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def header_record(h: TraceHeader) -> dict:
         "type": "header", "format": FORMAT, "plan_hash": h.plan_hash, "plan_file": h.plan_file,
         "backend": h.backend, "clock": h.clock, "steps": h.steps, "plan_steps": h.plan_steps,
         "policy": h.policy, "reserve": h.reserve, "workers": {str(d): w for d, w in h.workers.items()},
-        "options": h.options,
+        "options": h.options, "first_step": h.first_step,
     }
 
 
@@ -310,10 +311,13 @@ def _read_header(r: _Rec) -> TraceHeader:
     options = r.raw.get("options", {})
     if not isinstance(options, dict):
         raise r.error("'options' must be an object")
+    first_step = r.raw.get("first_step", 0)  # absent in traces written before resumes were recorded
+    if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
+        raise r.error("'first_step' must be a non-negative integer")
     return TraceHeader(
         plan_hash=r.text("plan_hash"), plan_file=r.text("plan_file"), backend=r.text("backend"), clock=r.text("clock"),
         steps=r.integer("steps"), plan_steps=r.integer("plan_steps"), policy=r.text("policy"), reserve=r.text("reserve"),
-        workers=wmap, options=options,
+        workers=wmap, options=options, first_step=first_step,
     )
 
 

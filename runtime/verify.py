@@ -57,8 +57,9 @@ def verify(plan: RunPlan, trace: Trace) -> list[Violation]:
     if h.plan_steps != plan.plan_steps or not 1 <= h.steps <= plan.plan_steps:
         return [Violation("node-set", (), f"the trace ran {h.steps} of {h.plan_steps} steps, but the plan has "
                                           f"{plan.plan_steps} steps")]
-    if h.steps != plan.steps:
-        plan = plan.restrict(h.steps)
+    plan = _as_run(plan, h)
+    if h.first_step >= h.steps and h.first_step:
+        return [Violation("node-set", (), f"the trace resumed at step {h.first_step} but ran only {h.steps} steps")]
     recs = trace.nodes
     out += _node_set(plan, recs)
     for n in plan.nodes:
@@ -324,9 +325,17 @@ class Comparison:
         return self.measured_makespan / self.predicted_makespan
 
 
+def _as_run(plan: RunPlan, h) -> RunPlan:
+    """The part of `plan` the trace's run executed: its first `steps` steps, from `first_step` on."""
+    if h.steps != plan.steps and 1 <= h.steps <= plan.plan_steps:
+        plan = plan.restrict(h.steps)
+    if h.first_step and h.first_step != plan.first_step and h.first_step < h.steps:
+        plan = plan.from_step(h.first_step)
+    return plan
+
+
 def compare(plan: RunPlan, trace: Trace) -> Comparison:
-    if trace.header.steps != plan.steps and 1 <= trace.header.steps <= plan.plan_steps:
-        plan = plan.restrict(trace.header.steps)
+    plan = _as_run(plan, trace.header)
     rows = []
     for n in plan.nodes:
         r = trace.nodes.get(n.id)

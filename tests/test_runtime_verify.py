@@ -181,3 +181,23 @@ def test_compare_reports_predicted_and_measured(ran):
     assert 0.0 < cmp.mean_abs_rel_error <= 0.2  # uniform jitter of +-20 %
     row = next(t for t in cmp.nodes if t.id == "gen#0.q1")
     assert row.predicted_time == plan.node("gen#0.q1").node.time
+
+
+def test_a_resumed_run_verifies_against_the_whole_plan():
+    """A run resumed at step s executes plan.from_step(s); its trace header records s, so the trace
+    checks against the plan file as compiled (the steps before s are not missing), and only there."""
+    plan = build_run_plan(scheduled(disaggregated_plan(1), 3))
+    rest = plan.from_step(1)
+    assert {n.step for n in rest.nodes} == {1, 2} and rest.first_step == 1
+    assert all(a.kind == "weights" for a in rest.initial)
+    result = run(rest, SimBackend(), RunOptions(policy="alg2"))
+    records = trace_records(result.trace)
+    assert records[0]["first_step"] == 1
+    assert verify(plan, result.trace) == [] and verify(rest, result.trace) == []
+    assert len(compare(plan, result.trace).nodes) == len(rest.nodes)
+    dropped = tampered(records, lambda rs: rs.remove(node(rs, "train_critic#2")))
+    assert "node-set" in rules(verify(plan, dropped))
+    as_full = tampered(records, lambda rs: rs[0].update(first_step=0))  # claims to be the whole run
+    assert "node-set" in rules(verify(plan, as_full))
+    with pytest.raises(RpegError, match="first_step"):
+        tampered(records, lambda rs: rs[0].update(first_step=-1))

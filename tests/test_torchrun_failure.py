@@ -93,8 +93,12 @@ def test_rpeg_run_exits_nonzero_on_a_dead_worker_and_resume_finishes_the_run(pla
     assert out.returncode == 1
     assert "worker 0 (device 0) was killed by signal 9 while running node train_actor#1" in out.stderr
     assert "step 0 done" in out.stdout and "reward" in out.stdout
-    out = rpeg_run(plan_file, "--backend", "torch", "--tp-impl", "torch", "--resume", run_dir)
+    trace = str(tmp_path / "resumed.jsonl")
+    out = rpeg_run(plan_file, "--backend", "torch", "--tp-impl", "torch", "--resume", run_dir, "--trace", trace)
     assert out.returncode == 0, out.stderr
     assert "step 2 done" in out.stdout and "verification: OK" in out.stdout
+    # The resumed trace says where it started, so it verifies against the whole plan file.
+    check = rpeg_run("verify", plan_file, trace)
+    assert check.returncode == 0 and "OK" in check.stdout, check.stdout + check.stderr
     final = torch.load(os.path.join(run_dir, "final.pt"), weights_only=False)["weights"]["actor"]
     assert all(torch.equal(final[n], w) for n, w in uninterrupted["actor"].items())

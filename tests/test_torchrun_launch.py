@@ -51,3 +51,42 @@ def test_externally_launched_workers_run_the_plan_and_exit_cleanly(tmp_path):
     assert backend.metrics[1]["actor_grad_norm"] == pytest.approx(ref.metrics[1]["actor_grad_norm"], rel=1e-6)
     for n, w in ref.weights["actor"].items():
         torch.testing.assert_close(backend.final_weights["actor"][n], w, rtol=0, atol=5e-5)
+
+
+def test_rpeg_run_store_option_waits_for_workers_started_elsewhere(tmp_path):
+    """`rpeg-run --backend torch --store HOST:PORT` starts no worker; four started as torchrun would
+    start them (RANK / WORLD_SIZE) join it, and the run ends verified."""
+    out = str(tmp_path / "grpo.exec.rpeg")
+    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    address = f"127.0.0.1:{free_port()}"
+    controller = subprocess.Popen([sys.executable, "-m", "rpegc.runtime.cli", out, "--backend", "torch",
+                                   "--steps", "1", "--tp-impl", "torch", "--store", address, "--quiet"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store", address],
+                                env=dict(os.environ, RANK=str(r), WORLD_SIZE="4"), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+               for r in range(4)]
+    try:
+        stdout, stderr = controller.communicate(timeout=180)
+        codes = [w.wait(timeout=60) for w in workers]
+    finally:
+        for p in [controller, *workers]:
+            if p.poll() is None:
+                p.kill()
+    assert controller.returncode == 0, stderr[-2000:]
+    assert "waiting for 4 workers" in stderr and "verification: OK" in stdout, (stdout, stderr)
+    assert codes == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("address", ["no-port", "host:99999", "host:"])
+def test_rpeg_run_rejects_a_malformed_store_address(tmp_path, address, capsys):
+    from rpegc.runtime.cli import main as rpeg_run
+
+    out = str(tmp_path / "grpo.exec.rpeg")
+    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    capsys.readouterr()
+    assert rpeg_run([out, "--backend", "torch", "--store", address]) == 1
+    err = capsys.readouterr().err
+    assert "is not HOST:PORT" in err and "Traceback" not in err
+    assert rpeg_run([out, "--backend", "sim", "--store", "127.0.0.1:5000"]) == 1
+    assert "apply to the torch backend only" in capsys.readouterr().err

@@ -124,8 +124,8 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
 
 def _split_address(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
-    if not port.isdigit():
-        raise RpegError(None, f"store address '{addr}' is not HOST:PORT")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise RpegError(None, f"store address '{addr}' is not HOST:PORT (a port in 1..65535)")
     return host or "0.0.0.0", int(port)
 
 
@@ -186,6 +186,8 @@ class TorchBackend(Backend):
             raise RpegError(None, f"unknown launcher '{launcher}'; use {' or '.join(LAUNCHERS)}")
         if launcher == "external" and not store:
             raise RpegError(None, "an external launch needs the store address workers connect to (HOST:PORT)")
+        if launcher == "external":
+            _split_address(store or "")  # a malformed address fails here, before the run directory is touched
         if dist_backend not in DIST_BACKEND_CHOICES:
             raise RpegError(None, f"unknown distributed backend '{dist_backend}'; use {', '.join(DIST_BACKEND_CHOICES)}")
         self.dist_backend, self.launcher, self.store_addr = dist_backend, launcher, store
@@ -211,7 +213,8 @@ class TorchBackend(Backend):
         return cls(seed=args.seed, run_dir=run_dir, checkpoint_every=every, resume=bool(getattr(args, "resume", None)),
                    lr=getattr(args, "lr", None), tp_impl=getattr(args, "tp_impl", "auto") or "auto",
                    reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern",
-                   dist_backend=getattr(args, "dist_backend", "auto") or "auto")
+                   dist_backend=getattr(args, "dist_backend", "auto") or "auto",
+                   launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None))
 
     # -- plan ------------------------------------------------------------------------------------
 
@@ -340,8 +343,12 @@ class TorchBackend(Backend):
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
                             dist_backend=dist_backend, resume_file=self._resume_file, fault=self.fault)
         host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
-        self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=self.timeout_s))
+        try:
+            self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                        timeout=timedelta(seconds=self.timeout_s))
+        except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError: port taken, bad host
+            raise RpegError(None, f"cannot serve the control store at {host}:{port}: {str(err).splitlines()[0]}; "
+                                  "choose a free port on this host (--store HOST:PORT)") from None
         self._store.set("setup", pickle.dumps(setup))
         self._log_dir, self._temp_logs = "", False
         self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway

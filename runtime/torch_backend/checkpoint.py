@@ -18,7 +18,6 @@ Files: RUN_DIR/checkpoints/step-000004.pt (written atomically), RUN_DIR/final.pt
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 from typing import Optional
@@ -26,7 +25,7 @@ from typing import Optional
 import torch
 
 from rpegc.core.errors import Loc, RpegError
-from rpegc.runtime.plan import Artifact, RunPlan
+from rpegc.runtime.plan import RunPlan
 from rpegc.runtime.torch_backend.layout import Layout, rank_pieces
 
 FORMAT = "rpeg-torch-checkpoint/1"
@@ -94,31 +93,8 @@ def find_resume_checkpoint(run_dir: str, plan: RunPlan, seed: int) -> tuple[str,
 
 
 def resume_plan(plan: RunPlan, step: int) -> RunPlan:
-    """The plan restricted to the nodes of steps >= `step`; what they read from earlier steps is initial."""
-    keep = [n for n in plan.nodes if n.step >= step]
-    if not keep:
-        raise RpegError(None, f"no node of step >= {step} is left to run")
-    new_index = {n.index: i for i, n in enumerate(keep)}
-
-    def remap(ids) -> tuple[int, ...]:
-        return tuple(new_index[i] for i in ids if i in new_index)
-
-    nodes = tuple(dataclasses.replace(n, index=new_index[n.index], preds=remap(n.preds), succs=remap(n.succs))
-                  for n in keep)
-    producers = {a: remap(p) for a, p in plan.producers.items() if remap(p)}
-    consumers = {a: remap(c) for a, c in plan.consumers.items() if remap(c)}
-    initial: dict[Artifact, None] = {}
-    for n in nodes:
-        for a in n.inputs:
-            if a not in producers:
-                if a.kind != "weights":
-                    raise RpegError(n.node.loc, f"{n.id} reads {a.label}, made before step {step}; data never "
-                                    "crosses a step, so this plan cannot be resumed at this step")
-                initial[a] = None
-    return dataclasses.replace(
-        plan, nodes=nodes, index={n.id: n.index for n in nodes}, producers=producers, consumers=consumers,
-        initial=tuple(initial),
-    )
+    """The plan restricted to the nodes of steps >= `step` (`RunPlan.from_step`)."""
+    return plan.from_step(step)
 
 
 def assemble(shapes: dict[str, tuple[int, ...]], layers: int, layout: Layout,
