@@ -39,6 +39,7 @@ import math
 import platform
 import statistics
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -47,11 +48,12 @@ import numpy as np
 
 from rpegc.core.devices import TIERS
 from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware, load_hardware
+from rpegc.core.hardware import Hardware
 from rpegc.core.params import layer_params
 from rpegc.core.program import Arch, Workload
 from rpegc.core.work import decode_flops_per_rollout, inference_work
-from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, time_per_call
+from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, time_per_call, time_repeats
+from rpegc.tools.outputs import atomic_target, write_text_atomic
 
 DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
 BACKEND_POSITIONS = "learned"  # position embedding of the torch backend's models (its run_config default)
@@ -380,10 +382,12 @@ CPU_LAYER_ARCHS = {
 CPU_PREFILL_SHAPES = ((1, 32), (4, 32), (16, 32), (8, 128))  # (batch, seq)
 CPU_DECODE_BATCHES = (1, 4, 16, 64)
 CPU_DECODE_CONTEXT = 48
-# Compute between two messages of the CPU link sweeps: about half a layer of the tiny presets, the
-# granularity at which the backend's TP and PP code sends (`_Gap`). GPU sweeps send back to back:
+# Compute between two messages of the CPU link sweeps: the backend's tiny TP decode computes a median
+# 0.54 ms between two megatron AllReduces (measured), so the sweeps send at that granularity (`_Gap`).
+# On this project's VM an AllReduce costs 0.39 ms back to back, 0.75 ms after 0.2 ms of compute and
+# 1.2 ms after 0.5-1 ms (measured): it saturates there. GPU sweeps send back to back:
 # NCCL progresses on the device, and host compute would not model a GPU kernel anyway.
-CPU_LINK_GAP_S = 2e-4
+CPU_LINK_GAP_S = 5e-4
 
 
 def _layer_forwards(archs: dict[str, Arch], prefill, decode, context: int) -> tuple[ForwardCase, ...]:
@@ -416,6 +420,7 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         min_time=0.02,
         repeats=5,
         link_gap_s=CPU_LINK_GAP_S,
+        rounds=5,  # a shared VM's speed drifts over minutes: five passes pool more of it
     )
 
 
@@ -502,7 +507,9 @@ def _measure_forward(ctx, case: ForwardCase, dtype: str, min_time: float, repeat
         forward()  # warm before the start line, so the busy ranks overlap
         if busy > 1:
             ctx.barrier(range(busy))
-        timing = time_per_call(forward, min_time=min_time, repeats=repeats, sync=ctx.sync)
+        # One call per sample, as an operator calls the model once per microbatch (or decode step)
+        # among other work: a tight loop of calls keeps caches hotter than any operator sees them.
+        timing = time_repeats(forward, repeats, warmup=1, sync=ctx.sync)
     return timing.samples
 
 
@@ -936,8 +943,7 @@ def _torch_version() -> str:
 
 def write_raw(cal: Calibration, path: Path) -> None:
     """Every measured point of the campaign as CSV: kind, point, x (bytes or FLOPs), seconds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
+    with atomic_target(path) as tmp, tmp.open("w", newline="") as fh:
         out = csv.writer(fh)
         out.writerow(["kind", "point", "x", "seconds"])
         for kind, point, x, seconds in cal.raw:
@@ -980,9 +986,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--statistic", choices=STATISTICS, default="median",
                     help="what a point keeps of its repeats: the median (default; what rpeg-validate reports) "
                          "or the fastest")
-    ap.add_argument("--concurrent", action="store_true",
-                    help="time the forwards on every device at once (devices that share cores or memory "
-                         "bandwidth), instead of one device while the others idle")
+    ap.add_argument("--solo", dest="concurrent", action="store_false", default=None,
+                    help="time the forwards on one device while the others idle (default on GPUs) instead of on "
+                         "every device at once (default for CPU workers, whose cores share caches and memory)")
+    ap.add_argument("--concurrent", dest="concurrent", action="store_true", default=None,
+                    help="time the forwards on every device at once (the default for CPU workers)")
     ap.add_argument("--raw", default=None, help="also write every measured point to this CSV")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return ap
@@ -1001,12 +1009,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         output = Path(args.output)
         plan = dataclasses.replace((gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from),
                                    statistic=args.statistic)
+        # CPU workers share the host's caches, memory and (on a VM) possibly physical cores: measured
+        # here, a layer call is 1.7x slower with the neighbour busy. In a plan every device is busy most
+        # of the time, so that is the throughput to calibrate; GPUs do not share compute.
+        concurrent = args.concurrent if args.concurrent is not None else backend == "gloo"
         cal = calibrate(devices, backend, plan, name=args.name or output.stem, quiet=args.quiet,
-                        concurrent=args.concurrent)
+                        concurrent=concurrent)
         text = profile_text(cal)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        load_hardware(str(output))  # the file must load as a profile
+        Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one
+        write_text_atomic(output, text)
         if args.raw:
             write_raw(cal, Path(args.raw))
     except RpegError as err:

@@ -44,6 +44,7 @@ from rpegc.core.presets import lookup
 from rpegc.core.program import Arch, Workload
 from rpegc.tools.calibrate import mape
 from rpegc.tools.measure import Progress, WorkerPool, device_count
+from rpegc.tools.outputs import atomic_target, write_text_atomic
 
 ROLES = ("generation", "inference", "training")
 BACKEND_DTYPE = "fp32"  # the torch backend computes in float32 whatever the workload says (s_b = 4)
@@ -471,8 +472,7 @@ CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "voca
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
+    with atomic_target(path) as tmp, tmp.open("w", newline="") as fh:
         out = csv.writer(fh)
         out.writerow(CSV_COLUMNS)
         for r in rows:
@@ -624,8 +624,8 @@ def plot(rows: Sequence[Row], path: Path, *, memory: bool = False) -> None:
     ax.legend(handles=handles, fontsize=7, loc="upper left")
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_target(path) as tmp:
+        fig.savefig(tmp)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -706,7 +706,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plot(rows, out / ("validation.png" if not args.from_csv else "validation-repredicted.png"))
         if any(r.measured_peak is not None for r in rows):
             plot(rows, out / "validation-memory.png", memory=True)
-        (out / ("report.md" if not args.from_csv else "report-repredicted.md")).write_text(text)
+        write_text_atomic(out / ("report.md" if not args.from_csv else "report-repredicted.md"), text)
     except RpegError as err:
         print(f"rpeg-validate: error: {err.message}", file=sys.stderr)
         return 1
