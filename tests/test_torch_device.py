@@ -75,6 +75,8 @@ def test_nccl_without_a_gpu_of_its_own_is_a_user_error():
         worker_device("nccl", 0, {}, device_count=0)
     with pytest.raises(RpegError, match="local rank 4 has no GPU of its own"):
         worker_device("nccl", 4, {"LOCAL_RANK": "4"}, device_count=4)
+    with pytest.raises(RpegError, match="LOCAL_RANK='x1' is not an integer"):
+        worker_device("nccl", 0, {"LOCAL_RANK": "x1"}, device_count=4)
 
 
 def test_rank_and_world_come_from_torchrun_or_slurm():

@@ -31,7 +31,11 @@ def _first_int(env: Mapping[str, str], names: tuple[str, ...]) -> Optional[int]:
     for name in names:
         value = env.get(name, "")
         if value.strip():
-            return int(value)
+            try:
+                return int(value)
+            except ValueError:
+                raise RpegError(None, f"environment variable {name}={value!r} is not an integer; the "
+                                "launcher sets it to this process's index") from None
     return None
 
 
