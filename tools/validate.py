@@ -47,7 +47,7 @@ from rpegc.tools.measure import Progress, WorkerPool, device_count
 from rpegc.tools.outputs import atomic_target, write_text_atomic
 
 ROLES = ("generation", "inference", "training")
-BACKEND_DTYPE = "fp32"  # the torch backend computes in float32 whatever the workload says (s_b = 4)
+BACKEND_DTYPE = "fp32"  # validation measures the torch backend's float32 path (s_b = 4; bf16 serves in bf16)
 BAND = 0.25  # the +-25% band of Fig. 4
 
 # Tiny models the torch backend trains on a CPU: the two presets and one wider model, so the grid spans

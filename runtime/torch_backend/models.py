@@ -12,6 +12,10 @@ separate q/k/v/o projections and the MLP separate gate/up/down projections, so t
 shard heads and FFN columns. Every parameter is initialised from its own generator seeded by
 `derive_seed(seed, name)`, so a rank that builds only a slice of the model (a pipeline stage) or a
 model with different heads gets bit-identical values for the parameters it does build.
+
+Precision: models are built in float32 (the training master). Serving copies are the same modules cast
+to `serving_dtype(workload)` (bf16/fp16 when the workload says so); whatever the module's dtype, `heads`
+returns float32 logits and values, so log-probs, sampling and the RL math always run in float32.
 """
 
 from __future__ import annotations
@@ -26,18 +30,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpegc.core.errors import RpegError
-from rpegc.core.program import MODEL_KINDS, Arch
+from rpegc.core.program import MODEL_KINDS, Arch, Workload
 
 LM_HEAD_KINDS = ("policy", "reference", "actor_critic")
 SCALAR_HEAD_KINDS = ("critic", "reward", "actor_critic")
 MLP_KINDS = ("swiglu", "gelu")
 POSITION_KINDS = ("rope", "learned")
+# The `.rpeg` workload's tensor format -> the dtype of serving copies and serving forwards (the cost model's
+# s_b bytes per parameter). Training always keeps float32 masters and Adam state and computes in float32:
+# mixed-precision training (bf16 forward/backward over a float32 master) is out of scope.
+SERVING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any printable parts (same on every process, Python version and run)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def serving_dtype(workload: Workload) -> torch.dtype:
+    """The dtype published weight copies are stored in and generation/inference compute in, from
+    `workload.dtype` (the one place that reads it)."""
+    dtype = SERVING_DTYPES.get(workload.dtype)
+    if dtype is None:
+        raise RpegError(workload.loc, f"workload dtype '{workload.dtype}' is not supported by the "
+                        f"torch backend; use one of {', '.join(SERVING_DTYPES)}")
+    return dtype
+
+
+def cast_weights(weights: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    """A published version in `dtype` (a serving copy); tensors already in `dtype` are kept as they are."""
+    return {n: t.to(dtype) for n, t in weights.items()}
 
 
 @dataclass(frozen=True)
@@ -93,7 +116,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # The statistic in float32 (as LLaMA does): a bf16 mean is not only coarse, the CPU reduces it in
+        # another order for another batch size, which would make a sequence's logits depend on its
+        # replica's or microbatch's size. A no-op for float32 modules.
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 def rope_tables(max_seq: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -228,10 +255,14 @@ class TransformerModel(nn.Module):
         return h
 
     def heads(self, h: Tensor) -> ModelOutput:
-        """Last pipeline stage: final norm and the heads of this model kind."""
+        """Last pipeline stage: final norm and the heads of this model kind, returned in float32.
+
+        A bf16/fp16 serving module computes its heads in its own dtype; the outputs are cast here, the one
+        place every serving path (generation, inference, pipelined or not) goes through, so log-probs,
+        values and sampling see float32 (a no-op for a float32 module)."""
         h = self.norm(h)
-        logits = self.lm_head(h) if self.lm_head is not None else None
-        values = self.value_head(h).squeeze(-1) if self.value_head is not None else None
+        logits = self.lm_head(h).float() if self.lm_head is not None else None
+        values = self.value_head(h).squeeze(-1).float() if self.value_head is not None else None
         return ModelOutput(logits=logits, values=values)
 
     def forward(self, tokens: Tensor, cache: Optional[KVCache] = None) -> ModelOutput:

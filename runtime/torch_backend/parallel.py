@@ -21,7 +21,10 @@ flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Whi
   tokens divided by the GLOBAL token count, so the sum is the whole-batch gradient), plain
   torch.distributed.
 Everything a `ParallelModel` builds (its stage module, KV caches, message buffers, placeholders) is on
-its `device`: the CPU under gloo, the worker's GPU under NCCL (`device.worker_device`).
+its `device`: the CPU under gloo, the worker's GPU under NCCL (`device.worker_device`), and in its
+`dtype`: float32 for training, the serving dtype (`models.serving_dtype`: bf16 when the workload says
+so) for generation and inference, whose activations, KV caches, TP all-reduces and pipeline messages are
+then bf16 too; the heads return float32 (`TransformerModel.heads`), so results and sampling are float32.
 Inference and the losses are the single-process functions of `rl`, run on a `StageView` that looks like
 a `TransformerModel` to them; generation repeats `generation.generate`'s sampling step by step, so a
 sequence gets the tokens it gets in a single process. `ParallelModel.trace` records a rank's schedule
@@ -135,9 +138,10 @@ def _tp_linear(kind: str, lin: nn.Linear, tp: int, group, impl: str, device: tor
     return RowParallelLinear(lin.in_features // tp, lin.out_features, group)
 
 
-def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, tp_group,
-                       tp_impl: str, device: torch.device = CPU) -> TransformerModel:
-    """The part of the model `rank` runs: its pipeline stage's blocks, TP-sharded projections, on `device`.
+def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, tp_group, tp_impl: str,
+                       device: torch.device = CPU, dtype: torch.dtype = torch.float32) -> TransformerModel:
+    """The part of the model `rank` runs: its pipeline stage's blocks, TP-sharded projections, on `device`
+    in `dtype` (parameters and floating buffers such as the RoPE tables).
 
     Parameters keep the names of the single-process model (after `canonical_name`); their values are
     placeholders until a published version is loaded. megatron's layers are allocated on the device
@@ -167,7 +171,7 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
                 block.mlp.w_gate = _tp_linear("column", block.mlp.w_gate, layout.tp, tp_group, tp_impl, device)
             block.mlp.w_up = _tp_linear("column", block.mlp.w_up, layout.tp, tp_group, tp_impl, device)
             block.mlp.w_down = _tp_linear("row", block.mlp.w_down, layout.tp, tp_group, tp_impl, device)
-    return model.to(device)
+    return model.to(device=device, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -175,12 +179,13 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
 
 
 class ParallelModel:
-    """The stage module of `rank` under `layout` with its TP/PP/DP/replica groups, on `device`."""
+    """The stage module of `rank` under `layout` with its TP/PP/DP/replica groups, on `device`, computing in
+    `dtype` (float32 for training; a serving module may be bf16/fp16)."""
 
     def __init__(self, arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, groups: ProcessGroups,
-                 tp_impl: str, device: torch.device = CPU):
+                 tp_impl: str, device: torch.device = CPU, dtype: torch.dtype = torch.float32):
         self.arch, self.kind, self.net, self.layout, self.rank = arch, kind, net, layout, rank
-        self.device = device
+        self.device, self.dtype = device, dtype
         d, p, t = layout.coord(rank)
         self.d, self.p, self.t = d, p, t
         self.first_layer, self.last_layer = stage_bounds(arch.layers, layout.pp)[p]
@@ -193,7 +198,7 @@ class ParallelModel:
         self.pp_group = groups.get(layout.pp_group(d, t))
         self.dp_group = groups.get(layout.dp_group(p, t))
         self.mp_group = groups.get(layout.replica(d))
-        self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device)
+        self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device, dtype)
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
         self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
 
@@ -201,7 +206,7 @@ class ParallelModel:
         return {canonical_name(n): p for n, p in self.module.named_parameters()}
 
     def load(self, shards: dict[str, Tensor]) -> None:
-        """Copy a version's shards (on any device) into the module's parameters."""
+        """Copy a version's shards (on any device) into the module's parameters (cast to the module's dtype)."""
         own = self.params()
         if set(own) != set(shards):
             missing, extra = sorted(set(own) - set(shards)), sorted(set(shards) - set(own))
@@ -228,19 +233,19 @@ class ParallelModel:
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         a = self.arch
-        cache = KVCache(0, batch, a.kv_heads // self.layout.tp, a.head_dim, capacity, torch.float32, self.device)
+        cache = KVCache(0, batch, a.kv_heads // self.layout.tp, a.head_dim, capacity, self.dtype, self.device)
         shape = (batch, a.kv_heads // self.layout.tp, capacity, a.head_dim)
-        empty = torch.empty(0, device=self.device)
-        cache.keys = [torch.zeros(shape, device=self.device) if self.first_layer <= i < self.last_layer else empty
-                      for i in range(a.layers)]
-        cache.values = [torch.zeros(shape, device=self.device) if self.first_layer <= i < self.last_layer else empty
-                        for i in range(a.layers)]
+        empty = torch.empty(0, dtype=self.dtype, device=self.device)
+        cache.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                      if self.first_layer <= i < self.last_layer else empty for i in range(a.layers)]
+        cache.values = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                        if self.first_layer <= i < self.last_layer else empty for i in range(a.layers)]
         return cache
 
     def expect_input(self, link: StageLink, key: tuple[int, ...], shape: tuple[int, int]) -> None:
         """Post the receive of microbatch `key`'s input, `shape` = [b, t] positions, from the previous stage."""
         if not self.is_first:
-            link.expect((*shape, self.arch.hidden), torch.float32, self.prev, ACTIVATION, key)
+            link.expect((*shape, self.arch.hidden), self.dtype, self.prev, ACTIVATION, key)
 
     def stage_forward(self, link: StageLink, key: tuple[int, ...], shape: tuple[int, int],
                       tokens: Optional[Tensor] = None, cache: Optional[KVCache] = None,
@@ -252,7 +257,7 @@ class ParallelModel:
         start = cache.length if cache is not None else 0
         inp: Optional[Tensor] = None
         if not self.is_first:
-            inp = link.recv((b, t, self.arch.hidden), torch.float32, self.prev, ACTIVATION, key)
+            inp = link.recv((b, t, self.arch.hidden), self.dtype, self.prev, ACTIVATION, key)  # activations in dtype
             if grad:
                 inp.requires_grad_(True)
         with self.event("forward", key):

@@ -9,6 +9,14 @@ count, so at tau = 0 any legal plan must reproduce `run_reference` within float 
 Seeds: model weights from `derive_seed(seed, role)` (the reference model shares the actor's seed, so
 it is the initial actor), prompts from `task.prompts(B, seed, k)`, sampling from
 `sequence_seed(seed, k, g)` for global sequence g.
+
+Precision (`workload.dtype`, through `models.serving_dtype`): trained models keep float32 weights and
+float32 Adam state and train in float32 (mixed-precision training is out of scope). Every published
+version is a serving copy cast to the serving dtype (bf16/fp16, or float32 for fp32), and the models that
+serve generation and inference (the stale actor/critic, the reference and reward models) run their forward
+in that dtype; their heads return float32, so sampling, log-probs and the losses are float32. The workers
+cast in the same places, so tau = 0 equivalence holds in bf16 too: serving under DP/PP rounds the same
+values in the same order (bit-identical outputs on the CPU), TP sums partial products in another order.
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ from rpegc.core.errors import RpegError
 from rpegc.core.presets import lookup
 from rpegc.core.program import Arch, Program, Workload
 from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
-from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, build_model, derive_seed,
-                                                export_weights, install_weights)
+from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, build_model, cast_weights, derive_seed,
+                                                export_weights, install_weights, serving_dtype)
 from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
                                             critic_loss, default_rl_config, kl_estimate, last_token_scores,
                                             make_adam, optimizer_step, response_forward)
@@ -39,7 +47,8 @@ class RunConfig:
     `critic` is the separate critic's arch (PPO); `shared_actor_critic` makes the actor one
     actor_critic model with both heads instead. `reward` is "rule" (the verifiable `task`) or "model"
     (a frozen reward model of `reward_arch`; its score is still logged next to the task's).
-    Models run in float32 whatever `workload.dtype` says.
+    `workload.dtype` sets `serving_dtype`: published copies and generation/inference forwards; training
+    is float32 whatever it says.
     """
 
     algorithm: str
@@ -64,6 +73,10 @@ class RunConfig:
     def has_critic(self) -> bool:
         return self.critic is not None or self.shared_actor_critic
 
+    @property
+    def serving_dtype(self) -> torch.dtype:
+        return serving_dtype(self.workload)
+
 
 def check_run_config(cfg: RunConfig) -> None:
     check_rl_config(cfg.rl)
@@ -86,6 +99,7 @@ def check_run_config(cfg: RunConfig) -> None:
     w = cfg.workload
     if min(w.B, w.R, w.Lp, w.Lr) < 1:
         raise RpegError(w.loc, f"workload needs B, R, Lp, Lr >= 1, got {w.B}, {w.R}, {w.Lp}, {w.Lr}")
+    serving_dtype(w)  # an unsupported dtype fails here, before any worker starts
 
 
 def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task: str = "pattern",
@@ -136,7 +150,7 @@ def toy_rl_config(algorithm: str, **overrides) -> RLConfig:
 
 def toy_config(algorithm: str, *, B: Optional[int] = None, R: Optional[int] = None, Lp: int = 4, Lr: int = 6,
                shared_actor_critic: bool = False, task: str = "pattern", positions: str = "learned",
-               **rl_overrides) -> RunConfig:
+               dtype: str = "fp32", **rl_overrides) -> RunConfig:
     """The demo run: the `tiny` preset learning a verifiable `task`; by default 64 sequences per step for GRPO
     (B = 16 prompts x R = 4 rollouts) and 32 for PPO (B = 32, R = 1). Learned positions: with RoPE the
     tiny actor cannot tell response positions apart and stalls on a partial pattern."""
@@ -144,7 +158,7 @@ def toy_config(algorithm: str, *, B: Optional[int] = None, R: Optional[int] = No
     R = R if R is not None else (4 if algorithm == "grpo" else 1)
     B = B if B is not None else (16 if algorithm == "grpo" else 32)
     critic = tiny if algorithm == "ppo" and not shared_actor_critic else None
-    cfg = RunConfig(algorithm=algorithm, actor=tiny, workload=Workload(B=B, R=R, Lp=Lp, Lr=Lr, dtype="fp32"),
+    cfg = RunConfig(algorithm=algorithm, actor=tiny, workload=Workload(B=B, R=R, Lp=Lp, Lr=Lr, dtype=dtype),
                     rl=toy_rl_config(algorithm, **rl_overrides), critic=critic,
                     shared_actor_critic=shared_actor_critic, task=task, positions=positions)
     check_run_config(cfg)
@@ -160,15 +174,17 @@ class ReferenceResult:
 
 
 class VersionStore:
-    """Published versions of one trainable model: version v = weights after v training steps."""
+    """Published versions of one trainable model: version v = weights after v training steps, kept as
+    serving copies in `dtype` (what the workers' published entries hold)."""
 
-    def __init__(self, weights: dict[str, Tensor]):
-        self.versions = {0: weights}
+    def __init__(self, weights: dict[str, Tensor], dtype: torch.dtype):
+        self.dtype = dtype
+        self.versions = {0: cast_weights(weights, dtype)}
         self.latest = 0
 
     def publish(self, weights: dict[str, Tensor], keep: int) -> None:
         self.latest += 1
-        self.versions[self.latest] = weights
+        self.versions[self.latest] = cast_weights(weights, self.dtype)
         for v in [v for v in self.versions if v < self.latest - keep]:
             del self.versions[v]
 
@@ -186,24 +202,30 @@ class ReferenceTrainer:
         w = cfg.workload
         net = cfg.net
         self.task: Task = make_task(cfg.task, cfg.actor.vocab, w.Lp, w.Lr)
+        serving = cfg.serving_dtype
+
+        def serving_model(arch: Arch, kind: str, model_seed: int) -> TransformerModel:
+            # built in float32 from the seed, then cast: the values a worker's version-0 copy holds
+            return build_model(arch, kind, model_seed, net).to(serving).requires_grad_(False)
+
         actor_kind = "actor_critic" if cfg.shared_actor_critic else "policy"
         actor_seed = derive_seed(seed, "actor")
+        # trained models (actor, critic) stay float32: the master weights Adam updates
         self.actor = build_model(cfg.actor, actor_kind, actor_seed, net)
-        self.reference = build_model(cfg.actor, "reference", actor_seed, net).requires_grad_(False)
+        self.reference = serving_model(cfg.actor, "reference", actor_seed)
         self.actor_opt = make_adam(self.actor.parameters(), cfg.rl.lr_actor, cfg.rl)
-        self.actor_versions = VersionStore(export_weights(self.actor))
-        self.stale_actor = build_model(cfg.actor, actor_kind, actor_seed, net).requires_grad_(False)
+        self.actor_versions = VersionStore(export_weights(self.actor), serving)
+        self.stale_actor = serving_model(cfg.actor, actor_kind, actor_seed)
         self.critic: Optional[TransformerModel] = None
         if cfg.critic is not None:
             critic_seed = derive_seed(seed, "critic")
             self.critic = build_model(cfg.critic, "critic", critic_seed, net)
             self.critic_opt = make_adam(self.critic.parameters(), cfg.rl.lr_critic, cfg.rl)
-            self.critic_versions = VersionStore(export_weights(self.critic))
-            self.stale_critic = build_model(cfg.critic, "critic", critic_seed, net).requires_grad_(False)
+            self.critic_versions = VersionStore(export_weights(self.critic), serving)
+            self.stale_critic = serving_model(cfg.critic, "critic", critic_seed)
         self.reward_model = None
         if cfg.reward == "model":
-            self.reward_model = build_model(cfg.reward_arch, "reward", derive_seed(seed, "reward"), net)
-            self.reward_model.requires_grad_(False)
+            self.reward_model = serving_model(cfg.reward_arch, "reward", derive_seed(seed, "reward"))
 
     def _at_version(self, model: TransformerModel, store: VersionStore, step: int, tau: int) -> TransformerModel:
         _, weights = store.for_step(step, tau)
@@ -268,6 +290,7 @@ class ReferenceTrainer:
         return metrics
 
     def weights(self) -> dict[str, dict[str, Tensor]]:
+        """The float32 master weights of the trained models (not their serving copies)."""
         out = {"actor": export_weights(self.actor)}
         if self.critic is not None:
             out["critic"] = export_weights(self.critic)

@@ -24,13 +24,19 @@ rank r under `cmd/r/i`; a worker appends each result under `res/<n>`, n from the
 Commands run strictly in order, so every rank meets the collectives of concurrent nodes in the same
 order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, export, stop).
 
-What a worker keeps (the states of the memory model):
+What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
 - published parameter copies: `weights` entries, one per (model, version, allocation), each this rank's
   pieces under the layout it is held in (serving copies, and the shadow copies asynchronous consumers
-  read while training moves on);
-- execution modules: one `ParallelModel` per (model, layout) it serves, loaded with the version a node
-  reads; one training state per trained (model, layout): the live parameters and Adam's state;
-- data artifacts: `data` entries, row pieces of a container for one step (and phase).
+  read while training moves on), in the serving dtype (`models.serving_dtype`: s_b bytes per parameter,
+  bf16 for a bf16 workload); Comm and Reshard nodes move them as they are, so the bytes they report are
+  those of the serving dtype;
+- execution modules: one `ParallelModel` per (model, layout) it serves, in the serving dtype, loaded with
+  the version a node reads; one training state per trained (model, layout): the live float32 parameters
+  (the master weights) and Adam's float32 state. Training computes in float32 (mixed precision is out of
+  scope) and publishes each new version by casting the master to the serving dtype. The master never
+  reloads from a reduced-precision copy: a training state starts from the float32 version it was cast
+  from (version 0 by seed, or the checkpoint), and checkpoints and final weights save the master;
+- data artifacts: `data` entries, row pieces of a container for one step (and phase), float32/int64.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, to_cpu, worker_device
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
-from rpegc.runtime.torch_backend.models import build_model, export_weights
+from rpegc.runtime.torch_backend.models import build_model, cast_weights, export_weights
 from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
                                                   shard_of, train_step)
 from rpegc.runtime.torch_backend.reference import RunConfig
@@ -131,9 +137,15 @@ class Entry:
         tensors = list(self.shards.values()) + [t for p in self.pieces for t in p.fields.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def full_precision(self) -> bool:
+        """Whether the shards are float32 (exact master values), not a reduced-precision serving copy."""
+        return all(t.dtype == torch.float32 for t in self.shards.values())
+
 
 @dataclass
 class TrainState:
+    """A trained model's float32 master weights (`pm`, at version `pm.loaded`) and its Adam state."""
+
     pm: ParallelModel
     optimizer: torch.optim.Optimizer
 
@@ -152,6 +164,7 @@ class Worker:
         # Without a device: the one a locally launched worker of this backend gets (the CPU for gloo).
         self.device = device if device is not None else worker_device(setup.dist_backend, rank, {})
         self.run = setup.run
+        self.serving_dtype = setup.run.serving_dtype  # of every `weights` entry and serving module
         self.entries: dict[str, Entry] = {}
         self.debug = bool(os.environ.get("RPEG_TORCH_DEBUG"))  # one line per command in the worker log
         self.serving: dict[tuple[str, Layout], ParallelModel] = {}
@@ -262,7 +275,7 @@ class Worker:
         m, layout = cmd["model"], cmd["layout"]
         full = self.full_weights(m, cmd["version"])
         shards = shard_of(full, self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
-        shards = {n: t.to(self.device) for n, t in shards.items()}
+        shards = {n: t.to(self.device, self.serving_dtype) for n, t in shards.items()}
         self.entries[cmd["label"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
 
     def cmd_release(self, cmd: dict) -> None:
@@ -276,7 +289,7 @@ class Worker:
             e = self.entries.get(label)
             if e is None:
                 raise CommandError(f"export of {label}, which this worker does not hold")
-            out["weights"][label] = {"version": e.version, "shards": e.shards}
+            out["weights"][label] = {"version": e.version, "shards": self.saved_shards(e)}
         for m, layout in cmd.get("optimizer", ()):
             st = self.training.get((m, layout))
             if st is None:
@@ -286,6 +299,15 @@ class Worker:
         buf = io.BytesIO()
         torch.save(to_cpu(out), buf)
         return {"export": cmd["export"], "payload": buf.getvalue()}
+
+    def saved_shards(self, e: Entry) -> dict[str, Tensor]:
+        """What an export saves of a weights entry: the entry, unless it is a reduced-precision serving copy
+        of the version a training state here holds in the same layout; then that state's float32 master, so
+        checkpoints resume exactly and final weights are the trained ones, not their bf16 rounding."""
+        st = self.training.get((e.model, e.layout)) if e.model is not None and e.layout is not None else None
+        if st is not None and not e.full_precision() and st.pm.loaded == (e.model, e.version):
+            return st.pm.export()
+        return e.shards
 
     # -- transfers ----------------------------------------------------------------------------------
 
@@ -352,7 +374,7 @@ class Worker:
             shape = list(shapes[name])
             if piece.dim is not None:
                 shape[piece.dim] = piece.hi - piece.lo
-            new[name] = torch.empty(shape, device=self.device)
+            new[name] = torch.empty(shape, dtype=self.serving_dtype, device=self.device)
         ops, sent = [], 0
         for i, m in enumerate(moves):
             if m.src == self.rank:
@@ -367,7 +389,7 @@ class Worker:
                 ops.append(dist.isend(t, m.dst, tag=tag0 + i))
             elif m.dst == self.rank:
                 view = self._dst_slice(new, mine, m)
-                buf = torch.empty(view.shape, device=self.device)
+                buf = torch.empty(view.shape, dtype=self.serving_dtype, device=self.device)  # as sent
                 ops.append((dist.irecv(buf, m.src, tag=tag0 + i), view, buf))
         for op in ops:
             if isinstance(op, tuple):
@@ -420,7 +442,7 @@ class Worker:
         if pm is None:
             spec = self.setup.models[model]
             pm = self.serving[key] = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank,
-                                                   self.groups, self.setup.tp_impl, self.device)
+                                                   self.groups, self.setup.tp_impl, self.device, self.serving_dtype)
         e = self.entries.get(label)
         if e is None:
             raise CommandError(f"{label} is not held on worker {self.rank}")
@@ -434,8 +456,9 @@ class Worker:
         st = self.training.get(key)
         if st is None:
             spec = self.setup.models[model]
+            # float32 whatever the serving dtype: master weights, Adam state and the training compute
             pm = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank, self.groups, self.setup.tp_impl,
-                               self.device)
+                               self.device, torch.float32)
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
             params = pm.params()
             opt = make_adam(params.values(), lr, self.run.rl)
@@ -444,6 +467,19 @@ class Worker:
                 self._load_optimizer(opt, params, saved, layout, model)
             st = self.training[key] = TrainState(pm, opt)
         return st
+
+    def master_shards(self, model: str, layout: Layout, e: Entry) -> dict[str, Tensor]:
+        """The float32 values a training state (re)starts from at version `e.version`: the entry when it is
+        float32; else the full-precision version it was cast from (version 0 by seed, or the checkpoint),
+        since a bf16 serving copy has lost bits the master must keep."""
+        if e.full_precision():
+            return e.shards
+        try:
+            full = self.full_weights(model, e.version)
+        except CommandError as err:
+            raise CommandError(f"training @{model} cannot start from the {self.serving_dtype} serving copy of "
+                               f"version {e.version}: {err}") from None
+        return shard_of(full, self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
 
     def _load_optimizer(self, opt, params, saved: dict, layout: Layout, model: str) -> None:
         layers = self.setup.models[model].arch.layers
@@ -553,7 +589,7 @@ class Worker:
         if e is None:
             raise CommandError(f"{cmd['weights']} is not held on worker {self.rank}")
         if pm.loaded != (model, e.version):
-            pm.load(e.shards)
+            pm.load(self.master_shards(model, layout, e))
             pm.loaded = (model, e.version)
         names = ["sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores"]
         if self.run.has_critic:
@@ -581,7 +617,9 @@ class Worker:
             stats, norm = train_step(pm, st.optimizer, loss_fn, exp, cmd["mb"], rl, keys)
         version = cmd["version_out"]
         pm.loaded = (model, version)
-        self.entries[cmd["output"]] = Entry("weights", model, version, layout, shards=pm.export())
+        # publish: the new version as a serving copy (the float32 master stays in the training state)
+        self.entries[cmd["output"]] = Entry("weights", model, version, layout,
+                                            shards=cast_weights(pm.export(), self.serving_dtype))
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         sums = dp_sum(torch.stack([data["task_scores"].double().sum(), exp.scores.double().sum(),
                                    (kl * exp.mask).double().sum(),
