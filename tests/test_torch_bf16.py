@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-import time
 
 import pytest
 
@@ -40,7 +39,7 @@ from rpegc.runtime.torch_backend.models import (NetOptions, build_model, export_
 from rpegc.runtime.torch_backend.parallel import param_shapes  # noqa: E402
 from rpegc.runtime.torch_backend.reference import RunConfig, run_reference, toy_config, toy_rl_config  # noqa: E402
 from rpegc.runtime.torch_backend.rl import response_forward  # noqa: E402
-from rpegc.runtime.torch_backend.worker import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
+from rpegc.runtime.torch_backend.worker import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402
 from test_torchrun_equivalence import PPO4, assert_same_run, compile_plan, run_torch  # noqa: E402
 
 ARCH = lookup("tiny")
@@ -90,9 +89,7 @@ def _worker() -> Worker:
                     rl=toy_rl_config("grpo"), positions="learned")
     models = {"actor": ModelSpec("actor", "policy", ARCH, model_seed(0, "policy")),
               "ref": ModelSpec("ref", "reference", ARCH, model_seed(0, "reference"))}
-    setup = WorkerSetup(world=1, seed=0, run=run, models=models, layouts=(), tp_impl="torch", t0=time.time(),
-                        timeout_s=60.0)
-    worker = Worker(setup, 0, store=None, device=torch.device("cpu"))
+    worker = standalone_worker(run, models, device=torch.device("cpu"))
     for m in models:
         worker.cmd_install({"model": m, "layout": SINGLE, "version": 0, "label": f"W:{m}"})
     return worker

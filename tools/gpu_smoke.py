@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -40,16 +39,14 @@ def _worker(device: torch.device):
     from rpegc.runtime.torch_backend.backend import model_seed
     from rpegc.runtime.torch_backend.layout import Layout
     from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config
-    from rpegc.runtime.torch_backend.worker import ModelSpec, Worker, WorkerSetup
+    from rpegc.runtime.torch_backend.worker import ModelSpec, standalone_worker
 
     arch = lookup("tiny")
     run = RunConfig(algorithm="grpo", actor=arch, workload=Workload(B=B, R=R, Lp=LP, Lr=LR, dtype="fp32"),
                     rl=toy_rl_config("grpo"), positions="learned")
     models = {"actor": ModelSpec("actor", "policy", arch, model_seed(0, "policy")),
               "ref": ModelSpec("ref", "reference", arch, model_seed(0, "reference"))}
-    setup = WorkerSetup(world=1, seed=0, run=run, models=models, layouts=(), tp_impl="torch", t0=time.time(),
-                        timeout_s=60.0)
-    worker = Worker(setup, 0, store=None, device=device)
+    worker = standalone_worker(run, models, device=device)
     for m in models:
         worker.cmd_install({"model": m, "layout": Layout((0,), 1, 1, 1), "version": 0, "label": f"W:{m}"})
     return worker

@@ -300,7 +300,7 @@ def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     """The backend's `Worker` for the case's model and workload (one per suite, reused across strategies)."""
     from rpegc.runtime.torch_backend.backend import model_seed
     from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config
-    from rpegc.runtime.torch_backend.worker import ModelSpec, Worker, WorkerSetup
+    from rpegc.runtime.torch_backend.worker import ModelSpec, standalone_worker
 
     workers = ctx.state.setdefault("workers", {})
     if case.suite in workers:
@@ -310,9 +310,8 @@ def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
                     critic=arch, reward="model", reward_arch=arch, positions="learned")
     models = {MODEL_NAMES[k]: ModelSpec(MODEL_NAMES[k], k, arch, model_seed(seed, k)) for k in MODEL_NAMES}
     # No layouts: the groups were created once for the whole grid (`_init_groups`) and are shared.
-    setup = WorkerSetup(world=ctx.world, seed=seed, run=run, models=models, layouts=(), tp_impl=tp_impl,
-                        t0=time.time(), timeout_s=300.0)
-    worker = Worker(setup, ctx.rank, store=None, device=ctx.device)
+    worker = standalone_worker(run, models, rank=ctx.rank, world=ctx.world, seed=seed, tp_impl=tp_impl,
+                               device=ctx.device)
     worker.groups = ctx.state["groups"]
     workers[case.suite] = worker
     return worker

@@ -642,6 +642,16 @@ def _setup_failed(store: dist.Store, rank: int, message: str) -> int:
     return 1
 
 
+def standalone_worker(run: RunConfig, models: dict[str, ModelSpec], *, rank: int = 0, world: int = 1, seed: int = 0,
+                      tp_impl: str = "torch", device: Optional[torch.device] = None) -> Worker:
+    """A worker outside a controlled run (no store, no layouts of its own): what tests, rpeg-validate and
+    the GPU smoke script drive directly with `cmd_*` calls. With world > 1 the caller must already have
+    joined torch.distributed and set `worker.groups`."""
+    setup = WorkerSetup(world=world, seed=seed, run=run, models=models, layouts=(), tp_impl=tp_impl,
+                        t0=time.time(), timeout_s=300.0)
+    return Worker(setup, rank, store=None, device=device)
+
+
 def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str]) -> int:
     """Join the controller's store and process group, then serve commands until told to stop. `env` holds
     the launcher's variables (LOCAL_RANK, SLURM_LOCALID); a locally launched worker passes none."""
