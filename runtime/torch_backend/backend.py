@@ -121,6 +121,8 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
     check_run_config(cfg)
     return cfg
 
+POLL_S = 0.05  # longest wait for a worker report before the controller checks the workers' health
+
 
 def _split_address(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
@@ -443,17 +445,20 @@ class TorchBackend(Backend):
         self._cmd_seq[rank] += 1
 
     def _poll(self) -> Optional[dict]:
-        """The next worker report, or None after a short wait."""
+        """The next worker report, or None after POLL_S without one.
+
+        The store's wait returns as soon as the key is set (sleep-polling added up to 30 ms to every
+        node); the bounded wait lets the caller check for dead workers and timeouts in between."""
         assert self._store is not None
         key = f"res/{self._res_next}"
-        for delay in (0.0005, 0.002, 0.01, 0.03):
-            if self._store.check([key]):
-                data = self._store.get(key)
-                self._store.delete_key(key)
-                self._res_next += 1
-                return pickle.loads(data)
-            time.sleep(delay)
-        return None
+        try:
+            self._store.wait([key], timedelta(seconds=POLL_S))
+        except (RuntimeError, TimeoutError):  # DistStoreError: not set within POLL_S
+            return None
+        data = self._store.get(key)
+        self._store.delete_key(key)
+        self._res_next += 1
+        return pickle.loads(data)
 
     def _fail(self, message: str, loc=None) -> None:
         self._failed = True
