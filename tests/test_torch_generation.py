@@ -76,3 +76,17 @@ def test_bad_generation_requests_are_user_errors():
                  max_new_tokens=LR)
     with pytest.raises(RpegError, match="max_seq"):
         generate(MODEL, PROMPTS, range(8), seed=0, step=0, max_new_tokens=LR + 1)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((False, "critic", 1.0, 4, 4, 16), "needs a model with an LM head"),
+    ((True, "policy", 0.0, 4, 4, 16), "temperature must be > 0"),
+    ((True, "policy", 1.0, 0, 4, 16), "max_new_tokens \\(Lr\\) must be >= 1"),
+    ((True, "policy", 1.0, 13, 4, 16), "Lp \\+ Lr = 4 \\+ 13 exceeds the model's max_seq 16"),
+])
+def test_bad_generation_requests_are_user_errors(args, message):
+    from rpegc.runtime.torch_backend.generation import check_generation
+
+    with pytest.raises(RpegError, match=message):
+        check_generation(*args)
+    check_generation(True, "policy", 1.0, 12, 4, 16)  # exactly max_seq fits

@@ -65,6 +65,20 @@ def sample_tokens(logprobs: Tensor, generators: Sequence[torch.Generator]) -> Te
     return idx.clamp_(max=logprobs.shape[-1] - 1).to(logprobs.device)
 
 
+def check_generation(has_lm_head: bool, kind: str, temperature: float, max_new_tokens: int, prompt_len: int,
+                     max_seq: int) -> None:
+    """The user errors of a generation request, for the single-process and the pipelined generate."""
+    if not has_lm_head:
+        raise RpegError(None, f"generation needs a model with an LM head (policy or actor_critic), got kind '{kind}'")
+    if temperature <= 0:
+        raise RpegError(None, f"sampling temperature must be > 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise RpegError(None, f"max_new_tokens (Lr) must be >= 1, got {max_new_tokens}")
+    if prompt_len + max_new_tokens > max_seq:
+        raise RpegError(None, f"Lp + Lr = {prompt_len} + {max_new_tokens} exceeds the model's max_seq {max_seq}; "
+                        "build the model with max_seq >= Lp + Lr")
+
+
 @torch.no_grad()
 def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *, seed: int, step: int,
              max_new_tokens: int, temperature: float = 1.0, eos_id: Optional[int] = None,
@@ -73,20 +87,11 @@ def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *
 
     After a sequence emits `eos_id` its remaining positions hold `pad_id` with mask 0 and log-prob 0.
     """
-    if not model.has_lm_head:
-        raise RpegError(None, f"generation needs a model with an LM head (policy or actor_critic), "
-                        f"got kind '{model.kind}'")
-    if temperature <= 0:
-        raise RpegError(None, f"sampling temperature must be > 0, got {temperature}")
+    check_generation(model.has_lm_head, model.kind, temperature, max_new_tokens, prompts.shape[1], model.opts.max_seq)
     if len(indices) != prompts.shape[0]:
         raise RpegError(None, f"{prompts.shape[0]} prompts but {len(indices)} sequence indices; "
                         "pass one global index per prompt row")
-    if max_new_tokens < 1:
-        raise RpegError(None, f"max_new_tokens (Lr) must be >= 1, got {max_new_tokens}")
     b, lp = prompts.shape
-    if lp + max_new_tokens > model.opts.max_seq:
-        raise RpegError(None, f"Lp + Lr = {lp} + {max_new_tokens} exceeds the model's max_seq {model.opts.max_seq}; "
-                        "build the model with max_seq >= Lp + Lr")
     was_training = model.training
     model.eval()
     generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]

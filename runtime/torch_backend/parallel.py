@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend.device import CPU
-from rpegc.runtime.torch_backend.generation import Rollout, sample_tokens, sequence_seed
+from rpegc.runtime.torch_backend.generation import Rollout, check_generation, sample_tokens, sequence_seed
 from rpegc.runtime.torch_backend.layout import Layout, param_piece, rank_pieces, shard_dim, split_rows, stage_bounds
 from rpegc.runtime.torch_backend.models import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, KVCache, ModelOutput, NetOptions,
                                                 TransformerModel)
@@ -495,16 +495,8 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
     and sends only the token ids to stage 0, which feeds them to forward f+1; each stage posts the
     receives of forward f+1 when it starts forward f.
     """
-    if pm.kind not in LM_HEAD_KINDS:
-        raise RpegError(None, f"generation needs a model with an LM head (policy or actor_critic), got kind '{pm.kind}'")
-    if temperature <= 0:
-        raise RpegError(None, f"sampling temperature must be > 0, got {temperature}")
-    if max_new_tokens < 1:
-        raise RpegError(None, f"max_new_tokens (Lr) must be >= 1, got {max_new_tokens}")
     n, lp = prompts.shape
-    if lp + max_new_tokens > pm.net.max_seq:
-        raise RpegError(None, f"Lp + Lr = {lp} + {max_new_tokens} exceeds the model's max_seq {pm.net.max_seq}; "
-                        "build the model with max_seq >= Lp + Lr")
+    check_generation(pm.kind in LM_HEAD_KINDS, pm.kind, temperature, max_new_tokens, lp, pm.net.max_seq)
     lo = chunks[0][0] if chunks else 0
     pm.module.eval()
     link = StageLink(pm, len(chunks))
