@@ -574,41 +574,54 @@ class _Gap:
             self._matmul()
 
 
+def _message_buffer(ctx, nbytes: int, dtype: str):
+    """A buffer of `nbytes` (at least one element) on the worker's device."""
+    import torch
+
+    dt = _dtype(dtype)
+    return torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
+
+
+def _seconds_per_iteration(ctx, ranks: list[int], repeats: int, iters: int, body: Callable[[], None]) -> list[float]:
+    """Per repeat, the mean seconds of `iters` calls of `body`, started together on `ranks`."""
+    import time
+
+    samples = []
+    for _ in range(repeats):
+        ctx.barrier(ranks)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            body()
+        ctx.sync()
+        samples.append((time.perf_counter() - t0) / iters)
+    return samples
+
+
 def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats: int, budget_bytes: float,
                        gap_s: float = 0.0):
     """Seconds per AllReduce of an `nbytes` per-rank buffer over ranks 0..participants-1, each after
     `gap_s` of compute on every rank (the compute subtracted; see `_Gap`)."""
-    import time
-
-    import torch
     import torch.distributed as dist
 
     ranks = list(range(participants))
     group = ctx.group(ranks)
     if ctx.rank not in ranks:
         return None
-    dt = _dtype(dtype)
-    buf = torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
-    iters = _iterations(nbytes, budget_bytes)
+    buf = _message_buffer(ctx, nbytes, dtype)
     gap = _Gap(ctx, gap_s)
     dist.all_reduce(buf, group=group)  # warm-up: connection setup and buffers
-    samples = []
-    for _ in range(repeats):
-        ctx.barrier(ranks)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            gap()
-            dist.all_reduce(buf, group=group)
-        ctx.sync()
-        samples.append(max((time.perf_counter() - t0) / iters - gap.solo, 1e-9))
-    return tuple(samples)
+
+    def step() -> None:
+        gap()
+        dist.all_reduce(buf, group=group)
+
+    times = _seconds_per_iteration(ctx, ranks, repeats, _iterations(nbytes, budget_bytes), step)
+    return tuple(max(t - gap.solo, 1e-9) for t in times)
 
 
 def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float, gap_s: float = 0.0):
     """One-way seconds of a send/recv of `nbytes` between ranks 0 and 1 (half a ping-pong round trip),
     each send after `gap_s` of compute on the sender (the compute subtracted; see `_Gap`)."""
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -616,10 +629,8 @@ def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float
     group = ctx.group(ranks)
     if ctx.rank not in ranks:
         return None
-    dt = _dtype(dtype)
-    buf = torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
+    buf = _message_buffer(ctx, nbytes, dtype)
     peer = 1 - ctx.rank
-    iters = _iterations(nbytes, budget_bytes)
     gap = _Gap(ctx, gap_s)
 
     def ping_pong() -> None:
@@ -636,15 +647,8 @@ def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float
     solo = torch.tensor([gap.solo], dtype=torch.float64)
     dist.all_reduce(solo, group=group)
     ping_pong()
-    samples = []
-    for _ in range(repeats):
-        ctx.barrier(ranks)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            ping_pong()
-        ctx.sync()
-        samples.append(max(((time.perf_counter() - t0) / iters - float(solo)) / 2, 1e-9))
-    return tuple(samples)
+    times = _seconds_per_iteration(ctx, ranks, repeats, _iterations(nbytes, budget_bytes), ping_pong)
+    return tuple(max((t - float(solo)) / 2, 1e-9) for t in times)
 
 
 # ---------------------------------------------------------------------------------------------------
