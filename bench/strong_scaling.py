@@ -14,18 +14,7 @@ Usage: python bench/strong_scaling.py [--quick] [--evals N] [--seed S]
 from __future__ import annotations
 
 # workloads first: it pins numpy to one thread before numpy is imported.
-from workloads import (
-    STRONG_GPUS,
-    baseline_cells,
-    baselines,
-    common_args,
-    gain,
-    print_table,
-    run_cells,
-    search,
-    strong_scaling,
-    write_csv,
-)
+from workloads import STRONG_GPUS, common_args, objectives_row, print_table, strong_scaling, write_csv
 
 PAPER = {8: "8,966 tok/s; both baselines OOM", 16: "+20..49% over greedy", 128: "104,930 tok/s, +49% over greedy"}
 
@@ -38,17 +27,9 @@ def main() -> int:
     gpus, evals = ((8, 16), 300) if args.quick else (STRONG_GPUS, args.evals)
     rows = []
     for c in strong_scaling(gpus):
-        base = baselines(c)
-        thr = search(c, "throughput", evals, args.seed)
-        util = search(c, "util", evals, args.seed)
-        row = {**c.labels(), **baseline_cells("greedy", base.greedy), **baseline_cells("concurrent", base.concurrent),
-               **run_cells("rpeg", thr), **run_cells("rpeg_util", util),
-               "gain_vs_greedy": gain(thr, base.greedy), "gain_vs_concurrent": gain(thr, base.concurrent),
-               "util_gain_pp": round(100 * (util.result.evaluation.util - thr.result.evaluation.util), 1),
-               "util_tput_change": f"{util.result.evaluation.score / thr.result.evaluation.score - 1:+.1%}",
-               "paper": PAPER.get(c.gpus, "")}
+        row = {**objectives_row(c, evals, args.seed), "paper": PAPER.get(c.gpus, "")}
         rows.append(row)
-        print(f"{c.name}: rpeg {thr.result.evaluation.score:,.0f} tok/s ({row['gain_vs_greedy']} vs greedy, "
+        print(f"{c.name}: rpeg {row['rpeg_tok_s']:,.0f} tok/s ({row['gain_vs_greedy']} vs greedy, "
               f"{row['gain_vs_concurrent']} vs concurrent)", flush=True)
     path = write_csv("strong_scaling_quick.csv" if args.quick else "strong_scaling.csv", rows, args.out)
     print_table(rows, ["gpus", "greedy_tok_s", "greedy_feasible", "concurrent_tok_s", "concurrent_feasible", "rpeg_tok_s",

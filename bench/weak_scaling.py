@@ -17,19 +17,7 @@ Usage: python bench/weak_scaling.py [--quick] [--evals N] [--seed S]
 from __future__ import annotations
 
 # workloads first: it pins numpy to one thread before numpy is imported.
-from workloads import (
-    WEAK_REGIMES,
-    WEAK_SWEEPS,
-    baseline_cells,
-    baselines,
-    common_args,
-    gain,
-    print_table,
-    run_cells,
-    search,
-    weak_scaling,
-    write_csv,
-)
+from workloads import WEAK_REGIMES, WEAK_SWEEPS, common_args, objectives_row, print_table, weak_scaling, write_csv
 
 
 def main() -> int:
@@ -44,18 +32,9 @@ def main() -> int:
         evals = 200
     rows = []
     for c in cases:
-        base = baselines(c)
-        thr = search(c, "throughput", evals, args.seed)
-        util = search(c, "util", evals, args.seed)
-        e_t, e_u = thr.result.evaluation, util.result.evaluation
-        rows.append({
-            **c.labels(), **baseline_cells("greedy", base.greedy), **baseline_cells("concurrent", base.concurrent),
-            **run_cells("rpeg", thr), **run_cells("rpeg_util", util),
-            "gain_vs_concurrent": gain(thr, base.concurrent), "gain_vs_greedy": gain(thr, base.greedy),
-            "util_gain_pp": round(100 * (e_u.util - e_t.util), 1),
-            "util_tput_change": f"{e_u.score / e_t.score - 1:+.1%}",
-        })
-        print(f"{c.name}: {rows[-1]['gain_vs_concurrent']} vs concurrent, util {e_t.util:.0%} -> {e_u.util:.0%}",
+        rows.append(objectives_row(c, evals, args.seed))
+        r = rows[-1]
+        print(f"{c.name}: {r['gain_vs_concurrent']} vs concurrent, util {r['rpeg_util']:.0%} -> {r['rpeg_util_util']:.0%}",
               flush=True)
     path = write_csv("weak_scaling_quick.csv" if args.quick else "weak_scaling.csv", rows, args.out)
     print_table(rows, ["case", "A/C/R", "concurrent_tok_s", "concurrent_feasible", "greedy_feasible", "rpeg_tok_s",

@@ -307,6 +307,22 @@ def gain(run: Run, b: Optional[BaselineResult]) -> str:
     return f"{run.result.evaluation.score / b.evaluation.score - 1.0:+.1%}"
 
 
+def objectives_row(c: Case, evals: int, seed: int) -> dict:
+    """One row of the scaling studies (Fig. 6-8): both baselines, and the optimizer with the throughput
+    and with the throughput x utilization objective, each with `evals` evaluations."""
+    base = baselines(c)
+    thr = search(c, "throughput", evals, seed)
+    util = search(c, "util", evals, seed)
+    e_t, e_u = thr.result.evaluation, util.result.evaluation
+    return {
+        **c.labels(), **baseline_cells("greedy", base.greedy), **baseline_cells("concurrent", base.concurrent),
+        **run_cells("rpeg", thr), **run_cells("rpeg_util", util),
+        "gain_vs_greedy": gain(thr, base.greedy), "gain_vs_concurrent": gain(thr, base.concurrent),
+        "util_gain_pp": round(100 * (e_u.util - e_t.util), 1),
+        "util_tput_change": f"{e_u.score / e_t.score - 1:+.1%}",
+    }
+
+
 def write_csv(name: str, rows: list[dict], out_dir: Path = RESULTS) -> Path:
     """Rows (dicts; the union of their keys, in first-seen order) to out_dir/name."""
     out_dir.mkdir(parents=True, exist_ok=True)
