@@ -10,25 +10,14 @@ import re
 
 import pytest
 
+from programs import ACTOR_GRAPH
 from rpegc.cli import main
 
 ROOT = pathlib.Path(__file__).parent.parent
 FIG18 = ROOT / "lit_tests" / "Inputs" / "fig18-4gpu.rpeg"
 LOWER = "verify-wellformed,unroll{k=1},split-quantiles,insert-comm,insert-reshard"
 
-GOOD = """rpeg.workload {B = 64, R = 1, Lp = 128, Lr = 384, dtype = bf16}
-rpeg.model @actor {arch = "tiny", kind = policy, trainable}
-rpeg.graph @g {
-  %X = rpeg.container tokens[B, Lp]
-  %Y = rpeg.container tokens[B*R, Lp + Lr]
-  %W = rpeg.weights @actor
-  rpeg.input %X
-  rpeg.vertex @gen   generation @actor reads(%W, %X) writes(%Y)
-  rpeg.vertex @train training   @actor reads(%W, %Y) writes(%W)
-  rpeg.data @gen -> @train (%Y)
-  rpeg.publish @train -> @gen (%W)
-}
-"""
+GOOD = ACTOR_GRAPH
 # Same graph without `rpeg.input %X`: %X is read but never produced (Def. A.2 (3)).
 BAD = GOOD.replace("  rpeg.input %X\n", "")
 BAD_LINE = 4  # the declaration of %X in BAD

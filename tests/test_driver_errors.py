@@ -9,23 +9,12 @@ import signal
 
 import pytest
 
+from programs import ACTOR_GRAPH
 from rpegc.cli import main
 
 ROOT = pathlib.Path(__file__).parent.parent
 PPO = ROOT / "examples" / "ppo.rpeg"
-SMALL = """rpeg.workload {B = 64, R = 1, Lp = 128, Lr = 384, dtype = bf16}
-rpeg.model @actor {arch = "tiny", kind = policy, trainable}
-rpeg.graph @g {
-  %X = rpeg.container tokens[B, Lp]
-  %Y = rpeg.container tokens[B*R, Lp + Lr]
-  %W = rpeg.weights @actor
-  rpeg.input %X
-  rpeg.vertex @gen   generation @actor reads(%W, %X) writes(%Y)
-  rpeg.vertex @train training   @actor reads(%W, %Y) writes(%W)
-  rpeg.data @gen -> @train (%Y)
-  rpeg.publish @train -> @gen (%W)
-}
-rpeg.cluster @c {racks = 1, nodes = 2, gpus = 4, hardware = "gh200"}
+SMALL = ACTOR_GRAPH + """rpeg.cluster @c {racks = 1, nodes = 2, gpus = 4, hardware = "gh200"}
 rpeg.plan @p for @g on @c {
   @gen   at (0, 0, 0) extent (1, 1, 4) dp = 2 pp = 1 tp = 2 mb = 1
   @train at (0, 1, 0) extent (1, 1, 4) dp = 1 pp = 2 tp = 2 mb = 8
