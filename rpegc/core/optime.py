@@ -243,6 +243,7 @@ def op_time(
         decode_calls = decode_steps * (mb if opts.tp_decode == "per_microbatch" else 1)
         launch_prefill = mb * layers_local * hw.t_layer
         launch_decode = decode_calls * layers_local * hw.t_layer
+        launch = launch_prefill + launch_decode
         if opts.generation_pp in ("prefill", "wavefront"):
             pp_comm = pipeline(wl.Lp, mb + pp - 2)
         if opts.generation_pp == "wavefront":
@@ -274,8 +275,6 @@ def op_time(
     bubble_factor = (pp - 1) / mb * bubbled
     zero = 0.0 * P  # a zero of the plan's shape
     T_ng0 = layers_local * hw.c_ng * (b_loc / hw.B_cal) * (1 - 1 / tp)
-    if role == "generation":
-        launch = launch_prefill + launch_decode
     T_opt = ADAM_BYTES_PER_PARAM * N_m / (P * hw.BW_mem) if role == "training" else zero
     return OpTime(
         role=role,
