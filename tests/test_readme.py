@@ -1,0 +1,179 @@
+"""The README's commands and code blocks work as written.
+
+Every fenced block carries an info string: `sh` blocks are run command by command in one scratch
+directory (with a copy of examples/ and .venv/bin on PATH), `rpeg` blocks must compile through the whole
+lowering pipeline, `text` blocks are documentation. A command runs exactly as printed, except:
+`[--opt ...]` marks optional arguments, which are run too; a command holding the placeholder `'...'` is
+not run; a pipe into a tool this machine lacks (Graphviz's `dot`) runs up to that pipe; and the few
+commands listed in NOT_RUN, STAND_INS and INTERRUPTED below, each with its reason. Every entry of those lists
+must still be a command of the README, so none of them outlives the text it excuses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rpegc.cli import PRESET_PIPELINE
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BIN = Path(sys.executable).parent
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
+INFO_STRINGS = ("sh", "rpeg", "text")
+LOWERING = "verify-wellformed,unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+COMMAND_SECONDS = 300
+
+# Commands of the README this test does not run, and why.
+NOT_RUN = {
+    "make demo": "the quickstart itself; run on a fresh clone before every submission",
+    "make test": "this suite",
+    "source .venv/bin/activate": "the test puts .venv/bin on PATH itself",
+    "rpeg-calibrate -o cpu.toml": "about 4 minutes of measurements (its arguments are parsed below; "
+                                  "tests/test_calibrate_fits.py covers the fits)",
+    "rpeg-validate --hardware cpu.toml": "about 3.5 minutes of measurements (its arguments are parsed below; "
+                                         "tests/test_validate_smoke.py runs a small grid)",
+}
+# Commands run in a faster form that produces the same kind of output.
+STAND_INS = {
+    "rpegc examples/ppo.rpeg -O -o plan.exec.rpeg": (
+        f"rpegc examples/ppo.rpeg -p '{PRESET_PIPELINE.replace('optimize', 'optimize{evals=300}')}' -o plan.exec.rpeg",
+        "-O gives the optimizer a 60 s wall-clock budget; 300 evaluations run the same preset pipeline"),
+}
+# Commands interrupted (SIGINT) once step N is done, because the README's next command resumes them.
+INTERRUPTED = {"rpeg-run g.exec.rpeg --backend torch --run-dir run/ --trace g.jsonl": 3}
+
+
+@dataclass(frozen=True)
+class Block:
+    info: str
+    body: str
+    line: int
+
+
+def blocks(text: str) -> list[Block]:
+    return [Block(m.group(1).strip(), m.group(2), text.count("\n", 0, m.start()) + 1) for m in FENCE.finditer(text)]
+
+
+def commands(body: str) -> list[str]:
+    """The commands of an `sh` block: continuation lines joined, trailing `# comments` dropped."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    out = []
+    for line in joined.splitlines():
+        line = re.sub(r"(^|\s)#\s.*$", "", line).strip()
+        if line:
+            out.append(re.sub(r"\s+", " ", line))
+    return out
+
+
+def readme_commands() -> list[str]:
+    return [c for b in blocks(README.read_text()) if b.info == "sh" for c in commands(b.body)]
+
+
+def runnable(command: str) -> str:
+    """The command with its optional `[...]` arguments in, and pipes into missing tools cut off."""
+    command = re.sub(r"\[(-[^\]]*)\]", r"\1", command)
+    parts = command.split(" | ")
+    kept = [parts[0]]
+    for part in parts[1:]:
+        tool = part.split()[0]
+        if shutil.which(tool, path=_path()) is None:
+            break
+        kept.append(part)
+    return " | ".join(kept)
+
+
+def _path() -> str:
+    return f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PATH=_path(), PYTHONUNBUFFERED="1")
+
+
+def _check(command: str, proc_rc: int, output: str) -> None:
+    assert proc_rc == 0, f"`{command}` exited {proc_rc}:\n{output[-3000:]}"
+    for bad in ("Traceback", "internal error"):
+        assert bad not in output, f"`{command}` printed {bad!r}:\n{output[-3000:]}"
+
+
+def _run(command: str, cwd: Path) -> None:
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=COMMAND_SECONDS)
+    _check(command, proc.returncode, proc.stdout)
+
+
+def _run_interrupted(command: str, cwd: Path, after_step: int) -> None:
+    proc = subprocess.Popen(shlex.split(command), cwd=cwd, env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(f"step {after_step} done"):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.communicate(timeout=COMMAND_SECONDS)[0]
+    output = "".join(seen) + rest
+    assert any(s.startswith(f"step {after_step} done") for s in seen), output[-3000:]
+    assert "Traceback" not in output and "internal error" not in output, output[-3000:]
+
+
+def test_every_block_says_what_it_is():
+    for b in blocks(README.read_text()):
+        assert b.info in INFO_STRINGS, f"README.md:{b.line}: a code block needs one of {INFO_STRINGS}, not {b.info!r}"
+
+
+def test_the_exceptions_name_commands_that_are_in_the_readme():
+    present = set(readme_commands())
+    for listed in (NOT_RUN, STAND_INS, INTERRUPTED):
+        stale = set(listed) - present
+        assert not stale, f"no longer in the README, remove from the test's lists: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("tool", ["rpeg-calibrate", "rpeg-validate"])
+def test_commands_not_run_have_valid_arguments(tool):
+    from rpegc.tools import calibrate, validate
+
+    parser = {"rpeg-calibrate": calibrate, "rpeg-validate": validate}[tool].build_parser()
+    uses = [c for c in NOT_RUN if c.startswith(tool + " ")]
+    assert uses
+    for command in uses:
+        parser.parse_args(shlex.split(command)[1:])
+
+
+@pytest.mark.parametrize("index", range(sum(b.info == "rpeg" for b in blocks(README.read_text()))))
+def test_rpeg_blocks_compile(index, tmp_path):
+    block = [b for b in blocks(README.read_text()) if b.info == "rpeg"][index]
+    source = tmp_path / "readme.rpeg"
+    source.write_text(block.body)
+    _run(f"rpegc readme.rpeg -p '{LOWERING}' -o readme.exec.rpeg --summary", tmp_path)
+    assert "exec.schedule" in (tmp_path / "readme.exec.rpeg").read_text()
+
+
+def _sh_blocks() -> list[Block]:
+    return [b for b in blocks(README.read_text()) if b.info == "sh"]
+
+
+@pytest.mark.parametrize("block", _sh_blocks(), ids=lambda b: f"line{b.line}")
+def test_sh_block_runs_as_written(block, tmp_path):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    ran = 0
+    for command in commands(block.body):
+        if command in NOT_RUN or "'...'" in command:
+            continue
+        if command in INTERRUPTED:
+            _run_interrupted(runnable(command), tmp_path, INTERRUPTED[command])
+        else:
+            _run(runnable(STAND_INS.get(command, (command,))[0]), tmp_path)
+        ran += 1
+    assert ran or all(c in NOT_RUN for c in commands(block.body))
