@@ -84,7 +84,8 @@ def check_outputs(outputs: Sequence[Output], inputs: Iterable[str] = ()) -> None
                                             f"{shown(src)}; choose another path")
         for other in outputs[:i]:
             if _overlaps(out, other.path, other.directory):
-                raise OutputError(out.path, f"cannot write {out.what}: it is the same file as {other.what} "
+                how = "the same file as" if same_file(out.path, other.path) else "overlapping"
+                raise OutputError(out.path, f"cannot write {out.what}: it is {how} {other.what} "
                                             f"({shown(other.path)}); give each output its own path")
 
 
