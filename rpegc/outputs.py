@@ -84,9 +84,8 @@ def check_outputs(outputs: Sequence[Output], inputs: Iterable[str] = ()) -> None
                                             f"{shown(src)}; choose another path")
         for other in outputs[:i]:
             if _overlaps(out, other.path, other.directory):
-                how = "the same file as" if same_file(out.path, other.path) else "overlapping"
-                raise OutputError(out.path, f"cannot write {out.what}: it is {how} {other.what} "
-                                            f"({shown(other.path)}); give each output its own path")
+                raise OutputError(out.path, f"cannot write {out.what}: {_overlap_reason(out, other)}; "
+                                            "give each output its own path")
 
 
 def _check_file_output(out: Output) -> None:
@@ -145,6 +144,13 @@ def _failer(out: Output):
         raise OutputError(out.path, f"cannot write {out.what}: {reason}")
 
     return fail
+
+
+def _overlap_reason(out: Output, other: Output) -> str:
+    where = f"{other.what} ({shown(other.path)})"
+    if same_file(out.path, other.path):
+        return f"it is the same file as {where}"
+    return f"it lies in {where}" if other.directory and _inside(out.path, other.path) else f"{where} lies in it"
 
 
 def _overlaps(out: Output, path: str, path_is_directory: bool = False) -> bool:

@@ -202,10 +202,6 @@ def check_run_outputs(args: argparse.Namespace) -> None:
     except ImportError:  # no matplotlib: _gantt says so after the run
         FORMATS = (".png", ".svg", ".pdf")
     wanted = []
-    if args.trace is not None:
-        wanted.append(Output(args.trace, "the trace"))
-    if args.gantt is not None:
-        wanted.append(Output(args.gantt, "the Gantt chart", suffixes=tuple(FORMATS)))
     run_dir = args.resume or args.run_dir
     if run_dir is not None and args.backend == "torch":
         try:
@@ -217,6 +213,10 @@ def check_run_outputs(args: argparse.Namespace) -> None:
                           directory=True, make_parents=True),
                    Output(os.path.join(run_dir, "workers"), "the run directory's worker logs",
                           directory=True, make_parents=True)]
+    if args.trace is not None:
+        wanted.append(Output(args.trace, "the trace"))
+    if args.gantt is not None:
+        wanted.append(Output(args.gantt, "the Gantt chart", suffixes=tuple(FORMATS)))
     check_outputs(wanted, inputs=[args.plan])
 
 

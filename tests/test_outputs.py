@@ -205,7 +205,7 @@ def test_two_outputs_onto_one_file_are_refused(tmp_path, monkeypatch):
     with pytest.raises(OutputError, match=r"it is the same file as the trace \(t.jsonl\)"):
         check_outputs([Output("t.jsonl", "the trace"), Output("./sub/../t.jsonl", "the chart")])
     os.mkdir("run")
-    with pytest.raises(OutputError, match="it is overlapping the checkpoints"):
+    with pytest.raises(OutputError, match="it lies in the checkpoints"):
         check_outputs([Output("run/checkpoints", "the checkpoints", directory=True, make_parents=True),
                        Output("run/checkpoints/step-000001.pt", "the trace", make_parents=True)])
 

@@ -683,7 +683,7 @@ def fresh_out_dir(now: Optional[datetime.datetime] = None) -> Path:
 def output_names(repredicted: bool) -> dict[str, str]:
     """The files rpeg-validate writes in --out, by what they are."""
     suffix = "-repredicted" if repredicted else ""
-    return {"csv": f"validation{suffix}.csv", "plot": f"validation{suffix}.png",
+    return {"CSV": f"validation{suffix}.csv", "plot": f"validation{suffix}.png",
             "memory plot": "validation-memory.png", "report": f"report{suffix}.md"}
 
 
@@ -693,7 +693,7 @@ def check_cli_outputs(args: argparse.Namespace) -> Path:
 
     out = Path(args.out) if args.out is not None else fresh_out_dir()
     if args.out == "":
-        raise OutputError("", "cannot write the results: the --out path is empty")
+        raise OutputError("", "cannot write the results: the path is empty")
     wanted = [Output(str(out / name), f"the {what}", make_parents=True)
               for what, name in output_names(bool(args.from_csv)).items()]
     check_outputs(wanted, inputs=[str(_resolve(args.hardware, None)), args.from_csv or ""])
@@ -731,7 +731,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = report(rows, hw=hw, opts=opts, devices=devices, source=source)
         names = output_names(bool(args.from_csv))
         out.mkdir(parents=True, exist_ok=True)
-        write_csv(rows, out / names["csv"])
+        write_csv(rows, out / names["CSV"])
         plot(rows, out / names["plot"])
         if any(r.measured_peak is not None for r in rows):
             plot(rows, out / names["memory plot"], memory=True)
