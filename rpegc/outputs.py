@@ -95,18 +95,17 @@ def _check_file_output(out: Output) -> None:
     ext = os.path.splitext(out.path)[1].lower()
     if out.suffixes and ext not in out.suffixes:
         fail(f"use a file name ending in {', '.join(out.suffixes)}")
-    target = os.path.realpath(out.path)
-    st = _stat(target)
+    st = _stat(out.path)  # through symlinks, also /proc's (/dev/stdout of a pipe resolves to no path)
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             fail("it is a directory")
         if _in_place(st):
-            if not os.access(target, os.W_OK):
+            if not os.access(out.path, os.W_OK):
                 fail("permission denied")
             return
         if not stat.S_ISREG(st.st_mode):
             fail("it is not a regular file, character device or FIFO")
-    _check_directory(os.path.dirname(target), out.make_parents, fail)
+    _check_directory(os.path.dirname(os.path.realpath(out.path)), out.make_parents, fail)
 
 
 def _check_directory_output(out: Output) -> None:
@@ -198,12 +197,12 @@ class PendingOutput:
 
     def __init__(self, target: str, what: str = "the output"):
         self.target, self.what = target, what
-        self._final = os.path.realpath(target) if target else target
-        st = _stat(self._final)
+        st = _stat(target)
         self._temporary = not (st is not None and _in_place(st))
         if not self._temporary:
-            self.path = self._final
+            self.path = self._final = target  # open() follows the links; the device or pipe stays
             return
+        self._final = os.path.realpath(target) if target else target
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise self.error("it is not a regular file, character device or FIFO")
         directory, name = os.path.split(self._final)

@@ -78,6 +78,14 @@ def test_a_fifo_gets_the_text_and_stays_a_fifo(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and leftovers(tmp_path) == []
 
 
+def test_dev_stdout_of_a_pipe_is_written_through():
+    """/dev/stdout of a pipe resolves to no path (`pipe:[N]`): it is written by opening it, not renamed."""
+    code = "from rpegc.outputs import check_outputs, Output, write_text; check_outputs([Output('/dev/stdout')]); " \
+           "write_text('/dev/stdout', 'to the pipe')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "to the pipe", "")
+
+
 def test_a_socket_is_refused(tmp_path):
     path = tmp_path / "s.sock"
     with socket.socket(socket.AF_UNIX) as s:
