@@ -116,7 +116,7 @@ def _check_directory_output(out: Output) -> None:
     st = _stat(target)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         fail("it exists and is not a directory")
-    _check_directory(target if st is not None else os.path.dirname(target), out.make_parents or st is None, fail)
+    _check_directory(target if st is not None else os.path.dirname(target), out.make_parents, fail)
 
 
 def _check_directory(directory: str, make_parents: bool, fail) -> None:

@@ -218,6 +218,14 @@ def test_two_outputs_onto_one_file_are_refused(tmp_path, monkeypatch):
                        Output("run/checkpoints/step-000001.pt", "the trace", make_parents=True)])
 
 
+def test_a_directory_output(tmp_path):
+    (tmp_path / "file").write_text("")
+    check_outputs([Output(str(tmp_path / "run"), directory=True)])
+    assert check_one(tmp_path / "file", directory=True).endswith("it exists and is not a directory")
+    assert check_one(tmp_path / "a" / "run", directory=True).endswith(f"no such directory {tmp_path / 'a'}")
+    check_outputs([Output(str(tmp_path / "a" / "run"), directory=True, make_parents=True)])
+
+
 def test_same_file_for_files_not_written_yet(tmp_path):
     assert same_file(str(tmp_path / "x"), str(tmp_path / "d" / ".." / "x"))
     assert not same_file(str(tmp_path / "x"), str(tmp_path / "y"))
