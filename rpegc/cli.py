@@ -4,7 +4,7 @@ Built on xDSL's opt main, so `-p`, `-o`, `--split-input-file`, `--verify-diagnos
 `--print-between-passes` and `--time-passes` behave as in xdsl-opt. rpegc adds the `.rpeg` (and `.json`)
 frontends, `--emit=rpeg|mlir|json|dot`, the `-O` preset pipeline, `--summary`, `--explain` and `--gantt`.
 Every user error is printed as `file:line:col: error: ...` with the source line and a caret, and exits 1;
-outputs are written atomically and never over the input file.
+outputs are checked before the run and written as rpegc/outputs.py says (atomically, never over an input).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import difflib
 import os
 import re
 import sys
-import tempfile
 import time
 from typing import IO, Sequence
 
@@ -24,6 +23,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseE
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from rpegc.core.errors import Loc, RpegError, render
+from rpegc.outputs import Output, OutputError, Outputs, check_outputs
 from rpegc.registry import PASSES as _RPEGC_PASSES
 
 EMITS = ("rpeg", "mlir", "json", "dot")
@@ -191,6 +191,7 @@ class RpegcMain(xDSLOptMain):
 
     # -- main loop ------------------------------------------------------------------------------------------
     def run(self):
+        self.check_outputs()  # before anything runs, so a bad output path costs no compile and writes nothing
         chunks, extension = self.prepare_input()
         outputs: list[str] = []
         for i, (chunk, offset) in enumerate(chunks):
@@ -205,8 +206,10 @@ class RpegcMain(xDSLOptMain):
                 outputs.append(text + "\n")
             finally:
                 chunk.close()
-        self.write_output("// -----\n".join(outputs))
-        self.after_output()
+        try:
+            self.write_outputs("// -----\n".join(outputs))
+        except OutputError as err:
+            raise UsageError(str(err)) from None
 
     def _parse_chunk_at(self, chunk: IO[bytes], extension: str, offset: int) -> ModuleOp:
         if extension == "rpeg" and offset:
@@ -236,18 +239,44 @@ class RpegcMain(xDSLOptMain):
             return render(err, self.sources.get(err.loc.file))
         return f"{self.get_input_name()}: error: {err}"
 
-    def write_output(self, text: str) -> None:
-        if self.args.output_file is None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            return
-        write_atomic(self.args.output_file, text, protect=self.args.input_file)
+    def check_outputs(self) -> None:
+        """-o and --gantt: writable, not the input, not each other, --gantt with a chart extension."""
+        wanted = []
+        if self.args.output_file is not None:
+            wanted.append(Output(self.args.output_file, "the output"))
+        if self.args.gantt is not None:
+            from rpegc.tools.gantt import FORMATS
 
-    def after_output(self) -> None:
-        programs = self.summary_programs
-        if not programs:
+            wanted.append(Output(self.args.gantt, "the Gantt chart", suffixes=tuple(FORMATS)))
+        try:
+            check_outputs(wanted, inputs=[self.args.input_file] if self.args.input_file else [])
+        except OutputError as err:
+            raise UsageError(str(err)) from None
+
+    def write_outputs(self, text: str) -> None:
+        """The module (to -o or stdout), the reports on stderr and the Gantt chart; -o and --gantt are
+        committed together, so a run whose chart fails leaves no module file either."""
+        program = self.summary_programs[-1] if self.summary_programs else None
+        if self.args.gantt and (program is None or program.exec is None or program.exec.schedule is None):
+            raise UsageError("error: --gantt needs a scheduled module; run the pipeline through 'schedule'")
+        with Outputs() as files:
+            if self.args.output_file is None:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            else:
+                with open(files.open(self.args.output_file, "the output"), "w", encoding="utf-8") as f:
+                    f.write(text)
+            self.print_reports(program)
+            if self.args.gantt:
+                from rpegc.tools.gantt import draw_gantt
+
+                draw_gantt(program, files.open(self.args.gantt, "the Gantt chart"))
+        if self.args.gantt:
+            sys.stderr.write(f"wrote Gantt chart {self.args.gantt}\n")
+
+    def print_reports(self, program) -> None:
+        if program is None:
             return
-        program = programs[-1]
         if self.args.summary or self.args.optimize_preset:
             from rpegc.summary import summary
 
@@ -257,8 +286,6 @@ class RpegcMain(xDSLOptMain):
             from rpegc.passes.annotate_cost import program_hardware
 
             sys.stderr.write(explain(program, program_hardware(program)))
-        if self.args.gantt:
-            draw_gantt_checked(program, self.args.gantt)
 
 
 def emit_program(program, emit: str) -> str:
@@ -275,45 +302,6 @@ def emit_program(program, emit: str) -> str:
     from rpegc.tools.dot import program_to_dot
 
     return program_to_dot(program)
-
-
-def draw_gantt_checked(program, path: str) -> None:
-    if program.exec is None or program.exec.schedule is None:
-        raise UsageError("error: --gantt needs a scheduled module; run the pipeline through 'schedule'")
-    from rpegc.tools.gantt import draw_gantt
-
-    tmp = _tmp_path(path)
-    try:
-        draw_gantt(program, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    sys.stderr.write(f"wrote Gantt chart {path}\n")
-
-
-def _tmp_path(path: str) -> str:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"{path}: error: the output directory {directory} does not exist")
-    base, ext = os.path.splitext(os.path.basename(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=ext, dir=directory)
-    os.close(fd)
-    return tmp
-
-
-def write_atomic(path: str, text: str, protect: str | None = None) -> None:
-    """Write `text` to `path` via a temporary file and rename; refuse to overwrite the input file."""
-    if protect is not None and os.path.exists(path) and os.path.samefile(path, protect):
-        raise UsageError(f"{path}: error: refusing to overwrite the input file; choose another -o path")
-    tmp = _tmp_path(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _spec_parse_error_text(spec: str, message: str) -> str:

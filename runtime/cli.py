@@ -38,7 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, metavar="K",
                    help="run the first K RL steps (K <= the steps the plan was unrolled for: the runtime "
                         "executes the compiled DAG and never unrolls further; recompile with unroll{k=..} for more)")
-    p.add_argument("--trace", metavar="OUT.jsonl", help="write the JSON-lines trace here")
+    p.add_argument("--trace", metavar="OUT.jsonl",
+                   help="write the JSON-lines trace here, when the run completes; a run that completes but fails "
+                        "verification keeps its trace (it is the evidence), a run that stops with an error "
+                        "leaves none")
     p.add_argument("--jitter", type=float, default=0.0, metavar="X",
                    help="sim: multiplicative noise on node times (uniform: +-X, lognormal: sigma X)")
     p.add_argument("--jitter-dist", choices=("uniform", "lognormal"), default="uniform")
@@ -146,6 +149,7 @@ def _run_main(args: argparse.Namespace) -> int:
     from rpegc.runtime.trace import TraceWriter
     from rpegc.runtime.verify import compare, verify
 
+    check_run_outputs(args)
     plan = load_plan(args.plan, steps=args.steps)
     backend = make_backend(args)
     plan = backend.prepare(plan)
@@ -170,9 +174,12 @@ def _run_main(args: argparse.Namespace) -> int:
     try:
         result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),
                      sink=writer, on_step=progress, header_options=options)
-    finally:
+    except BaseException:
         if writer is not None:
-            writer.close()
+            writer.discard()
+        raise
+    if writer is not None:
+        writer.close()  # the run completed: its trace stays even if verification fails below
     violations = verify(plan, result.trace)
     cmp = compare(plan, result.trace)
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
@@ -183,6 +190,34 @@ def _run_main(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"trace: {args.trace}")
     return _report(violations, len(result.trace.nodes))
+
+
+def check_run_outputs(args: argparse.Namespace) -> None:
+    """Every file the run writes (--trace, --gantt, the run directory's checkpoints, logs and final
+    weights) against the plan, --resume's directory and each other, before anything runs."""
+    from rpegc.outputs import Output, check_outputs
+
+    try:
+        from rpegc.tools.gantt import FORMATS
+    except ImportError:  # no matplotlib: _gantt says so after the run
+        FORMATS = (".png", ".svg", ".pdf")
+    wanted = []
+    run_dir = args.resume or args.run_dir
+    if run_dir is not None and args.backend == "torch":
+        try:
+            from rpegc.runtime.torch_backend.checkpoint import CHECKPOINT_DIR, FINAL
+        except ImportError:  # no torch: make_backend says so
+            CHECKPOINT_DIR, FINAL = "checkpoints", "final.pt"
+        wanted += [Output(os.path.join(run_dir, FINAL), "the run directory's final weights", make_parents=True),
+                   Output(os.path.join(run_dir, CHECKPOINT_DIR), "the run directory's checkpoints",
+                          directory=True, make_parents=True),
+                   Output(os.path.join(run_dir, "workers"), "the run directory's worker logs",
+                          directory=True, make_parents=True)]
+    if args.trace is not None:
+        wanted.append(Output(args.trace, "the trace"))
+    if args.gantt is not None:
+        wanted.append(Output(args.gantt, "the Gantt chart", suffixes=tuple(FORMATS)))
+    check_outputs(wanted, inputs=[args.plan])
 
 
 def _makespan_line(measured: float, predicted: Optional[float], err: Optional[float], clock: str) -> str:
@@ -238,8 +273,11 @@ def _gantt(plan: RunPlan, trace, path: str) -> None:
     panels.append(("measured", measured))
     cluster = plan.program.cluster
     assert cluster is not None
-    draw_bars(panels, path, title=f"{os.path.basename(plan.file)}: {plan.steps} step(s)",
-              num_devices=cluster.num_devices, gpus_per_node=cluster.gpus)
+    from rpegc.outputs import PendingOutput
+
+    with PendingOutput(path, "the Gantt chart") as tmp:
+        draw_bars(panels, tmp, title=f"{os.path.basename(plan.file)}: {plan.steps} step(s)",
+                  num_devices=cluster.num_devices, gpus_per_node=cluster.gpus)
     print(f"gantt: {path}")
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
 from rpegc.core.errors import Loc, RpegError
+from rpegc.outputs import PendingOutput
 
 FORMAT = "rpeg-trace/1"
 
@@ -152,24 +153,49 @@ def trace_records(t: Trace) -> list[dict]:
 
 
 class TraceWriter:
-    """Appends records to a JSON-lines file as they happen, so a crashed run leaves a partial trace."""
+    """Appends records to a JSON-lines trace as they happen, into a temporary file beside `path`
+    (rpegc/outputs.py): `close()` puts the finished trace at `path`, `discard()` drops it, so a run
+    that stops with an error leaves no partial trace and an earlier trace at `path` intact. A FIFO or
+    /dev/null is streamed to directly."""
 
     def __init__(self, path: str):
         self.path = path
+        self._pending = PendingOutput(path, "the trace")
         try:
-            self._f: Optional[TextIO] = open(path, "w", encoding="utf-8")
+            self._f: Optional[TextIO] = open(self._pending.path, "w", encoding="utf-8")
         except OSError as e:
-            raise RpegError(Loc(path, 0, 0), f"cannot write the trace: {e.strerror or e}") from None
+            self._pending.discard()
+            raise self._pending.error(e.strerror or str(e)) from None
 
     def __call__(self, record: dict) -> None:
         assert self._f is not None
-        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._f.flush()
+        except OSError as e:
+            raise self._pending.error(e.strerror or str(e)) from None
 
     def close(self) -> None:
+        """The run completed: the trace becomes `path`."""
+        if self._f is None:
+            return
+        f, self._f = self._f, None
+        try:
+            f.close()
+        except OSError as e:
+            self._pending.discard()
+            raise self._pending.error(e.strerror or str(e)) from None
+        self._pending.commit()
+
+    def discard(self) -> None:
+        """The run failed: no trace file."""
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except OSError:
+                pass  # being dropped anyway
+        self._pending.discard()
 
 
 def write_trace(t: Trace, path: str) -> None:
@@ -177,8 +203,10 @@ def write_trace(t: Trace, path: str) -> None:
     try:
         for r in trace_records(t):
             w(r)
-    finally:
-        w.close()
+    except BaseException:
+        w.discard()
+        raise
+    w.close()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -88,11 +88,14 @@ def rpeg_run(*args, env=None):
 
 def test_rpeg_run_exits_nonzero_on_a_dead_worker_and_resume_finishes_the_run(plan_file, uninterrupted, tmp_path):
     run_dir = str(tmp_path / "cli-run")
+    killed = tmp_path / "killed.jsonl"
     out = rpeg_run(plan_file, "--backend", "torch", "--tp-impl", "torch", "--run-dir", run_dir,
-                   env={FAULT_ENV: "kill:train_actor#1"})
+                   "--trace", str(killed), env={FAULT_ENV: "kill:train_actor#1"})
     assert out.returncode == 1
     assert "worker 0 (device 0) was killed by signal 9 while running node train_actor#1" in out.stderr
     assert "step 0 done" in out.stdout and "reward" in out.stdout
+    # A run that stops with an error leaves no partial trace (rpegc/outputs.py), nor its temporary file.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cli-run"]
     trace = str(tmp_path / "resumed.jsonl")
     out = rpeg_run(plan_file, "--backend", "torch", "--tp-impl", "torch", "--resume", run_dir, "--trace", trace)
     assert out.returncode == 0, out.stderr

@@ -52,8 +52,8 @@ from rpegc.core.hardware import Hardware
 from rpegc.core.params import layer_params
 from rpegc.core.program import Arch, Workload
 from rpegc.core.work import decode_flops_per_rollout, inference_work
+from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, time_per_call, time_repeats
-from rpegc.tools.outputs import atomic_target, write_text_atomic
 
 DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
 BACKEND_POSITIONS = "learned"  # position embedding of the torch backend's models (its run_config default)
@@ -947,7 +947,7 @@ def _torch_version() -> str:
 
 def write_raw(cal: Calibration, path: Path) -> None:
     """Every measured point of the campaign as CSV: kind, point, x (bytes or FLOPs), seconds."""
-    with atomic_target(path) as tmp, tmp.open("w", newline="") as fh:
+    with PendingOutput(str(path), "the raw measurements") as tmp, open(tmp, "w", newline="") as fh:
         out = csv.writer(fh)
         out.writerow(["kind", "point", "x", "seconds"])
         for kind, point, x, seconds in cal.raw:
@@ -977,7 +977,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rpeg-calibrate", description=(
         "Measure the cost model's hardware parameters on this machine's devices and write a hardware "
         "profile TOML (paper App. C-A2)."))
-    ap.add_argument("-o", "--output", default="cpu.toml", help="profile to write (default: cpu.toml)")
+    ap.add_argument("-o", "--output", default=None,
+                    help=f"profile to write (default: {DEFAULT_OUTPUT}, only if no such file exists: the default "
+                         "never replaces a profile)")
     ap.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
     ap.add_argument("--devices", type=int, default=None,
                     help="devices to calibrate: CPU worker processes (default: CPU cores, at most 8) or CUDA devices")
@@ -1000,9 +1002,27 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+DEFAULT_OUTPUT = "cpu.toml"
+
+
+def check_cli_outputs(args: argparse.Namespace) -> Path:
+    """The profile and --raw paths, checked before anything is measured; the profile path to write."""
+    if args.output is None and Path(DEFAULT_OUTPUT).exists():
+        raise OutputError(DEFAULT_OUTPUT, f"cannot write the profile: {DEFAULT_OUTPUT} exists and the default "
+                                          f"output never replaces a file; pass -o {DEFAULT_OUTPUT} to replace it, "
+                                          "or -o another path")
+    output = args.output if args.output is not None else DEFAULT_OUTPUT
+    wanted = [Output(output, "the profile")]
+    if args.raw is not None:
+        wanted.append(Output(args.raw, "the raw measurements"))
+    check_outputs(wanted)
+    return Path(output)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        output = check_cli_outputs(args)
         backend = default_backend() if args.backend == "auto" else args.backend
         available = device_count(backend)
         devices = args.devices if args.devices is not None else min(8, available)
@@ -1010,7 +1030,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RpegError(None, f"--devices must be >= 1, got {devices}")
         if backend == "nccl" and devices > available:
             raise RpegError(None, f"--devices {devices} but only {available} CUDA devices are visible; lower it")
-        output = Path(args.output)
         plan = dataclasses.replace((gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from),
                                    statistic=args.statistic)
         # CPU workers share the host's caches, memory and (on a VM) possibly physical cores: measured
@@ -1021,9 +1040,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         concurrent=concurrent)
         text = profile_text(cal)
         Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one
-        write_text_atomic(output, text)
+        write_text(str(output), text, "the profile")
         if args.raw:
             write_raw(cal, Path(args.raw))
+    except OutputError as err:
+        print(err, file=sys.stderr)
+        return 1
     except RpegError as err:
         print(f"rpeg-calibrate: error: {err.message}", file=sys.stderr)
         return 1

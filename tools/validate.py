@@ -13,7 +13,7 @@ the slowest rank's time from a common barrier to the end of its part; a configur
 median of warm repeats. Memory (Fig. 5) is measured where the backend can measure a device's peak
 (CUDA); the torch backend runs on CPU workers, so on this machine only time is validated.
 
-Outputs (in --out, default bench/validation/): validation.csv (one row per configuration, predicted_s
+Outputs (in --out, default a new ./rpeg-validate-YYYYmmdd-HHMMSS/): validation.csv (one row per configuration, predicted_s
 and measured_s among the columns), validation.png (log-log scatter with the +-25% band, like Fig. 4)
 and report.md (the printed report). `--from CSV` re-predicts saved measurements with another profile
 or other cost options without running anything.
@@ -42,9 +42,9 @@ from rpegc.core.memory import op_memory, training_state_bytes
 from rpegc.core.optime import op_time
 from rpegc.core.presets import lookup
 from rpegc.core.program import Arch, Workload
+from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.calibrate import mape
 from rpegc.tools.measure import Progress, WorkerPool, device_count
-from rpegc.tools.outputs import atomic_target, write_text_atomic
 
 ROLES = ("generation", "inference", "training")
 BACKEND_DTYPE = "fp32"  # validation measures the torch backend's float32 path (s_b = 4; bf16 serves in bf16)
@@ -471,7 +471,7 @@ CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "voca
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
-    with atomic_target(path) as tmp, tmp.open("w", newline="") as fh:
+    with PendingOutput(str(path), "the validation CSV") as tmp, open(tmp, "w", newline="") as fh:
         out = csv.writer(fh)
         out.writerow(CSV_COLUMNS)
         for r in rows:
@@ -623,7 +623,7 @@ def plot(rows: Sequence[Row], path: Path, *, memory: bool = False) -> None:
     ax.legend(handles=handles, fontsize=7, loc="upper left")
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     fig.tight_layout()
-    with atomic_target(path) as tmp:
+    with PendingOutput(str(path), "the validation plot") as tmp:
         fig.savefig(tmp)
 
 
@@ -638,7 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(paper Sec. VIII-A, Fig. 4)."))
     ap.add_argument("--hardware", required=True, help="calibrated profile (a path or a shipped name), e.g. cpu.toml")
     ap.add_argument("--devices", type=int, default=None, help="worker processes (default: CPU cores, at most 8)")
-    ap.add_argument("--out", default="bench/validation", help="directory for validation.csv/.png and report.md")
+    ap.add_argument("--out", default=None,
+                    help="directory for validation.csv/.png and report.md (default: a new directory "
+                         "./rpeg-validate-YYYYmmdd-HHMMSS, so no earlier results are replaced)")
     ap.add_argument("--repeats", type=int, default=5, help="timed warm repeats per configuration (median)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before the repeats")
     ap.add_argument("--quick", action="store_true", help="a handful of configurations (smoke test)")
@@ -668,9 +670,40 @@ def _parse_options(items: Sequence[str], spec_defaults: bool = False) -> CostOpt
     return cost_options(values)
 
 
+def fresh_out_dir(now: Optional[datetime.datetime] = None) -> Path:
+    """The default --out: a directory named after the time that does not exist yet."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    out, n = Path(f"rpeg-validate-{stamp}"), 1
+    while out.exists():
+        n += 1
+        out = Path(f"rpeg-validate-{stamp}-{n}")
+    return out
+
+
+def output_names(repredicted: bool) -> dict[str, str]:
+    """The files rpeg-validate writes in --out, by what they are."""
+    suffix = "-repredicted" if repredicted else ""
+    return {"CSV": f"validation{suffix}.csv", "plot": f"validation{suffix}.png",
+            "memory plot": "validation-memory.png", "report": f"report{suffix}.md"}
+
+
+def check_cli_outputs(args: argparse.Namespace) -> Path:
+    """Every output file in --out against --hardware, --from and each other, before anything runs."""
+    from rpegc.core.hardware import _resolve
+
+    out = Path(args.out) if args.out is not None else fresh_out_dir()
+    if args.out == "":
+        raise OutputError("", "cannot write the results: the path is empty")
+    wanted = [Output(str(out / name), f"the {what}", make_parents=True)
+              for what, name in output_names(bool(args.from_csv)).items()]
+    check_outputs(wanted, inputs=[str(_resolve(args.hardware, None)), args.from_csv or ""])
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        out = check_cli_outputs(args)
         hw = load_hardware(args.hardware)
         opts = _parse_options(args.cost_option, args.spec_defaults)
         if args.repeats < 1 or args.warmup < 0:
@@ -695,17 +728,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            "independent as the cost model assumes")
         gpus_per_node = hw.gpus_per_node or devices
         rows = make_rows(cases, measured, hw, opts, gpus_per_node)
-        out = Path(args.out)
         text = report(rows, hw=hw, opts=opts, devices=devices, source=source)
+        names = output_names(bool(args.from_csv))
         out.mkdir(parents=True, exist_ok=True)
-        if not args.from_csv:
-            write_csv(rows, out / "validation.csv")
-        else:
-            write_csv(rows, out / "validation-repredicted.csv")
-        plot(rows, out / ("validation.png" if not args.from_csv else "validation-repredicted.png"))
+        write_csv(rows, out / names["CSV"])
+        plot(rows, out / names["plot"])
         if any(r.measured_peak is not None for r in rows):
-            plot(rows, out / "validation-memory.png", memory=True)
-        write_text_atomic(out / ("report.md" if not args.from_csv else "report-repredicted.md"), text)
+            plot(rows, out / names["memory plot"], memory=True)
+        write_text(str(out / names["report"]), text, "the report")
+    except OutputError as err:
+        print(err, file=sys.stderr)
+        return 1
     except RpegError as err:
         print(f"rpeg-validate: error: {err.message}", file=sys.stderr)
         return 1

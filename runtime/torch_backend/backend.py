@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from rpegc.core.errors import RpegError
+from rpegc.outputs import PendingOutput
 from rpegc.core.program import Program, Strategy
 from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
@@ -813,9 +814,9 @@ class TorchBackend(Backend):
             self._export(req, lambda job, m=m, L=layout: self.final_weights.__setitem__(m, self._assemble(m, L, job.parts)))
         self._drain_exports()
         if self.run_dir and self.final_weights:
-            torch.save({"format": "rpeg-torch-final/1", "plan_hash": self.plan.hash, "seed": self.seed,
-                        "weights": self.final_weights, "metrics": self.metrics},
-                       os.path.join(self.run_dir, ckpt.FINAL))
+            with PendingOutput(os.path.join(self.run_dir, ckpt.FINAL), "the final weights") as tmp:
+                torch.save({"format": "rpeg-torch-final/1", "plan_hash": self.plan.hash, "seed": self.seed,
+                            "weights": self.final_weights, "metrics": self.metrics}, tmp)
 
     def shutdown(self) -> None:
         if self._stopped:

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from rpegc.core.errors import Loc, RpegError
+from rpegc.outputs import PendingOutput
 from rpegc.runtime.plan import RunPlan
 from rpegc.runtime.torch_backend.layout import Layout, rank_pieces
 
@@ -41,9 +42,8 @@ def save_checkpoint(run_dir: str, data: dict) -> str:
     """Write `data` (with "step") as the checkpoint of its step boundary; atomic (tmp file + rename)."""
     path = checkpoint_path(run_dir, data["step"])
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    torch.save({"format": FORMAT, **data}, tmp)
-    os.replace(tmp, path)
+    with PendingOutput(path, "the checkpoint") as tmp:
+        torch.save({"format": FORMAT, **data}, tmp)
     return path
 
 
