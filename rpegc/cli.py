@@ -153,17 +153,10 @@ class RpegcMain(xDSLOptMain):
         return program_to_module(parse(text, self.get_input_name()))
 
     def _parse_json(self, io: IO[bytes]) -> ModuleOp:
-        import json
-
         from rpegc.dialects.convert import program_to_module
-        from rpegc.syntax.json_form import program_from_json
+        from rpegc.syntax.json_form import program_from_text
 
-        text = self._decode(io)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise RpegError(Loc(self.get_input_name(), err.lineno, err.colno), f"invalid JSON: {err.msg}") from None
-        return program_to_module(program_from_json(data, self.get_input_name()))
+        return program_to_module(program_from_text(self._decode(io), self.get_input_name()))
 
     def _decode(self, io: IO[bytes]) -> str:
         raw = io.read()
@@ -267,11 +260,10 @@ def emit_program(program, emit: str) -> str:
 
         return print_program(program)
     if emit == "json":
-        import json
-
         from rpegc.syntax.json_form import program_to_json
+        from rpegc.syntax.json_text import dumps
 
-        return json.dumps(program_to_json(program), indent=1) + "\n"
+        return dumps(program_to_json(program), indent=1) + "\n"
     from rpegc.tools.dot import program_to_dot
 
     return program_to_dot(program)

@@ -170,14 +170,13 @@ def load_program(path: str) -> Program:
             text = f.read()
     except OSError as e:
         raise RpegError(Loc(path, 0, 0), f"cannot read the plan file: {e.strerror or e}; check the path") from None
+    except UnicodeDecodeError as e:
+        raise RpegError(Loc(path, 0, 0), f"the plan file is not UTF-8 text (byte {e.start}); give a .json or "
+                                         ".rpeg plan") from None
     if path.endswith(".json"):
-        from rpegc.syntax.json_form import program_from_json
+        from rpegc.syntax.json_form import program_from_text
 
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RpegError(Loc(path, e.lineno, e.colno), f"invalid JSON: {e.msg}") from None
-        return program_from_json(data, path)
+        return program_from_text(text, path)
     try:
         from rpegc.syntax.parser import parse
     except ImportError as e:  # the text parser needs lark; the JSON form needs nothing
