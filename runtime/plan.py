@@ -20,8 +20,8 @@ Reshard whose version no ancestor produces is accepted with a warning and binds 
 pair even when tau(m) > 0, where the version it names is produced by the previous training step,
 which is not its predecessor.
 
-Consistency (`_check_program`, for the JSON and the text form alike): the nodes cover exactly the
-steps 0 .. steps-1, every node's time, start and finish are finite and >= 0 with finish >= start,
+Consistency (`_check_program`, for the JSON and the text form alike): the nodes' steps run up to
+steps-1 exactly, every node's time, start and finish are finite and >= 0 with finish >= start,
 payloads are >= 0, and the memory and schedule reports hold finite, non-negative numbers.
 
 Plan hash (`rpeg-plan-hash/2`): sha256 of a canonical JSON of everything a run depends on — the
@@ -232,18 +232,17 @@ def _check_program(p: Program) -> None:
 
 
 def _check_steps(p: Program) -> None:
-    """The plan's `steps` is the number of steps its nodes were unrolled for: 0 .. steps-1, each present."""
+    """The plan's `steps` is the number of steps its nodes were unrolled for: their steps end at steps-1."""
     g = p.exec
     assert g is not None
-    present = {n.step for n in g.nodes}
     for n in g.nodes:
         if not 0 <= n.step < g.steps:
             raise RpegError(n.loc, f"node {n.id} is in step {n.step}, but the plan has {g.steps} step(s) "
                                    f"(0..{g.steps - 1}); fix the node's step or the plan's steps")
-    missing = [k for k in range(g.steps) if k not in present]
-    if missing:
-        raise RpegError(g.loc, f"the plan says {g.steps} step(s), but no node is in step {missing[0]} (the nodes "
-                               f"cover {len(present)} step(s)); set steps to what the plan was unrolled for")
+    last = max(n.step for n in g.nodes)
+    if last != g.steps - 1:
+        raise RpegError(g.loc, f"the plan says {g.steps} step(s), but its nodes end at step {last} (they cover "
+                               f"{last + 1} step(s)); set steps to what the plan was unrolled for")
 
 
 def _bad_number(x) -> bool:

@@ -126,7 +126,7 @@ SEMANTIC_BAD = [
     (lambda d: d["edges"].append([d["edges"][0][1], d["edges"][0][0]]), None, r"dependency cycle .* -> .*"),
     (lambda d: d["edges"].append([d["nodes"][0]["id"]] * 2), None, r"dependency cycle (\S+) -> \1;"),
     (lambda d: d["edges"].append([d["nodes"][0]["id"], "nowhere"]), None, r"unknown node id 'nowhere'"),
-    (lambda d: d.update(steps=1000000), "steps", r"'steps' is 1000000, but no node is in step 2"),
+    (lambda d: d.update(steps=1000000), "steps", r"'steps' is 1000000, but the nodes end at step 1"),
     (lambda d: d.update(steps=1), None, r"node .* is in step 1, but 'steps' is 1"),
 ]
 

@@ -172,7 +172,7 @@ def _with_first(p, **change):
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda p: replace(p, exec=replace(p.exec, steps=1000000)), r"the plan says 1000000 step\(s\), but no node is in step 2"),
+    (lambda p: replace(p, exec=replace(p.exec, steps=1000000)), r"the plan says 1000000 step\(s\), but its nodes end at step 1"),
     (lambda p: replace(p, exec=replace(p.exec, steps=1)), r"is in step 1, but the plan has 1 step"),
     (lambda p: _with_first(p, start=math.nan), r"has start nan; times must be finite and >= 0"),
     (lambda p: _with_first(p, start=-1.0), r"has start -1\.0"),

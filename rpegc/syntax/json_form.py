@@ -72,7 +72,7 @@ every schema violation is rejected at the same key path. Strictness: the text mu
 64 deep); integers are at most 2^53 - 1; times (time, start, finish), memory bytes, m_eff, r_peak,
 makespan, util and p_eff are finite and >= 0, fractions and quantile shares in (0, 1]. Beyond the
 schema the reader checks node ids are unique, edge endpoints exist, the edges are acyclic,
-finish >= start, and that the nodes cover exactly the steps 0 .. steps-1. Every error names the key
+finish >= start, and that the last step of the nodes is steps-1. Every error names the key
 path and the line and column of the value, e.g.
 `plan.json:1292:13: error: at nodes[17].bytes: expected an integer >= 0, got -1`.
 """
@@ -702,7 +702,7 @@ def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
 
 
 def _check_steps(r: _Reader, nodes: tuple[ExecNode, ...], steps: int) -> None:
-    """The nodes cover exactly the steps 0 .. steps-1 (a module without nodes has no steps to check)."""
+    """The nodes' steps run up to steps-1 exactly (a module without nodes has no steps to check)."""
     if not nodes:
         return
     present = {n.step for n in nodes}
@@ -710,10 +710,10 @@ def _check_steps(r: _Reader, nodes: tuple[ExecNode, ...], steps: int) -> None:
         if n.step >= steps:
             raise r.error(f"nodes[{i}].step", f"node {n.id} is in step {n.step}, but 'steps' is {steps} "
                                               f"(steps 0..{steps - 1}); fix the step or 'steps'")
-    missing = [k for k in range(steps) if k not in present]
-    if missing:
-        raise r.error("steps", f"'steps' is {steps}, but no node is in step {missing[0]}; the nodes cover "
-                               f"{len(present)} step(s): set 'steps' to the steps the nodes were unrolled for")
+    last = max(present)
+    if last != steps - 1:
+        raise r.error("steps", f"'steps' is {steps}, but the nodes end at step {last} (they cover {last + 1} "
+                               "step(s)); set 'steps' to the steps the nodes were unrolled for")
 
 
 def _check_acyclic(r: _Reader, nodes: tuple[ExecNode, ...], edges: list[ExecEdge]) -> None:
