@@ -177,3 +177,25 @@ def test_locate_walks_to_the_value():
     assert json_text.locate(text, "e.f") == (2, 28)  # the last of duplicate keys, as json reads it
     assert json_text.locate(text, "a[7]") == (1, 7)  # not there: the deepest enclosing value
     assert json_text.parse_path('nodes[17].version_in["a.b"]') == ["nodes", 17, "version_in", "a.b"]
+
+
+def test_nodes_and_edges_read_from_text_carry_their_location(tmp_path):
+    """Errors found after reading (passes, the runtime) point at the node in the JSON file, not at file:0:0."""
+    from rpegc.runtime.plan import load_plan
+
+    d = scheduled_doc()
+    comm = next(i for i, n in enumerate(d["nodes"]) if n["kind"] == "comm")
+    d["nodes"][comm]["devices"] = None
+    d["nodes"][comm].pop("alloc")
+    text = json.dumps(d, indent=1)
+    p = program_from_text(text, "p.json")
+    for i in (0, comm, len(d["nodes"]) - 1):
+        loc = p.exec.nodes[i].loc
+        assert (loc.line, loc.col) == json_text.locate(text, f"nodes[{i}]")
+    e0 = p.exec.edges[3].loc
+    assert (e0.line, e0.col) == json_text.locate(text, "edges[3]")
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(RpegError, match="has no allocation") as e:
+        load_plan(str(path))
+    assert (e.value.loc.line, e.value.loc.col) == json_text.locate(text, f"nodes[{comm}]")

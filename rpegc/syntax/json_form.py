@@ -287,6 +287,17 @@ class _Reader:
             loc = Loc(self.file, line, col)
         return RpegError(loc, f"{where}{message}")
 
+    def at(self, path: str) -> Loc:
+        """The location of the value at `path` (file:0:0 without the text)."""
+        if self.text is None:
+            return self.loc
+        return Loc(self.file, *json_text.locate(self.text, path))
+
+    def element_locs(self, path: str, count: int) -> list[Loc]:
+        """The location of each of the `count` elements of the list at `path`."""
+        locs = json_text.element_locs(self.text, path, self.file) if self.text is not None else []
+        return locs if len(locs) == count else [self.loc] * count
+
     def obj(self, value: Any, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
         if not isinstance(value, dict):
             raise self.error(path, f"expected an object, got {_kind(value)}")
@@ -583,7 +594,7 @@ _NODE_OPTIONAL = (
 )
 
 
-def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster]) -> ExecNode:
+def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster], loc: Optional[Loc] = None) -> ExecNode:
     o = r.obj(v, path, _NODE_REQUIRED, _NODE_OPTIONAL)
     node_id = r.str_(o["id"], _join(path, "id"))
     alloc = r.opt(o.get("alloc"), _join(path, "alloc"), lambda x, p: _read_alloc(r, x, p))
@@ -626,7 +637,7 @@ def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster]) -> Exe
         time=opt_time("time"),
         start=start,
         finish=finish,
-        loc=r.loc,
+        loc=loc or r.loc,
     )
 
 
@@ -660,7 +671,10 @@ def _check_devices(
 
 
 def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
-    nodes = tuple(_read_node(r, v, f"nodes[{i}]", cluster) for i, v in enumerate(r.list_(top["nodes"], "nodes")))
+    raw_nodes = r.list_(top["nodes"], "nodes")
+    # Later errors about a node or an edge (passes, the runtime) point at it in the file.
+    node_locs = r.element_locs("nodes", len(raw_nodes))
+    nodes = tuple(_read_node(r, v, f"nodes[{i}]", cluster, node_locs[i]) for i, v in enumerate(raw_nodes))
     seen: set[str] = set()
     for i, n in enumerate(nodes):
         if n.id in seen:
@@ -671,6 +685,7 @@ def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
     if attrs is not None and len(attrs) != len(raw_edges):
         raise r.error("edge_attrs", f"has {len(attrs)} entries but 'edges' has {len(raw_edges)}; give one per edge")
     edges = []
+    edge_locs = r.element_locs("edges", len(raw_edges))
     for i, e in enumerate(raw_edges):
         path = f"edges[{i}]"
         if not isinstance(e, list) or len(e) != 2:
@@ -685,7 +700,7 @@ def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
             ao = r.obj(attrs[i], ap, ("kind",), ("container",))
             kind = r.str_(ao["kind"], _join(ap, "kind"), EDGE_KINDS)
             container = r.opt(ao.get("container"), _join(ap, "container"), r.str_)
-        edges.append(ExecEdge(src=src, dst=dst, kind=kind, container=container, loc=r.loc))
+        edges.append(ExecEdge(src=src, dst=dst, kind=kind, container=container, loc=edge_locs[i]))
     steps = r.int_(top["steps"], "steps", 1)
     _check_steps(r, nodes, steps)
     _check_acyclic(r, nodes, edges)
@@ -697,7 +712,7 @@ def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
         lowered=r.bool_(top.get("lowered", False), "lowered"),
         memory=r.opt(top.get("memory"), "memory", lambda v, p: _read_memory(r, v, p)),
         schedule=r.opt(top.get("schedule"), "schedule", lambda v, p: _read_schedule(r, v, p)),
-        loc=r.loc,
+        loc=r.at("steps"),
     )
 
 

@@ -16,6 +16,7 @@ No xDSL: the runtime reads plans and traces through this module.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
@@ -207,6 +208,34 @@ def locate_offset(text: str, path: list[PathStep]) -> int:
     except (IndexError, ValueError):
         return pos
     return pos
+
+
+def element_locs(text: str, path: str, file: str) -> list[Loc]:
+    """The location of every element of the array at `path` (one walk over it): what the reader gives
+    exec nodes and edges, so that later errors about one of them (in passes, in the runtime) point at it."""
+    start = locate_offset(text, parse_path(path))
+    if start >= len(text) or text[start] != "[":
+        return []
+    decoder = json.JSONDecoder()
+    newlines = [m.start() for m in re.finditer("\n", text)]
+    out: list[Loc] = []
+
+    def ws(i: int) -> int:
+        return _WS.match(text, i).end()  # type: ignore[union-attr]
+
+    i = ws(start + 1)
+    try:
+        while text[i] != "]":
+            line = bisect.bisect_left(newlines, i)  # newlines before offset i
+            out.append(Loc(file, line + 1, i - (newlines[line - 1] + 1 if line else 0) + 1))
+            _, i = decoder.raw_decode(text, i)
+            i = ws(i)
+            if text[i] != ",":
+                break
+            i = ws(i + 1)
+    except (IndexError, ValueError):
+        pass
+    return out
 
 
 def locate(text: str, path: str) -> tuple[int, int]:
