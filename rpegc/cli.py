@@ -476,9 +476,13 @@ def emit_program(program, emit: str) -> str:
         return print_program(program)
     if emit == "json":
         from rpegc.syntax.json_form import program_to_json
-        from rpegc.syntax.json_text import dumps
+        from rpegc.syntax.json_text import NonFiniteError, dumps
 
-        return dumps(program_to_json(program), indent=1) + "\n"
+        try:
+            return dumps(program_to_json(program), indent=1) + "\n"
+        except NonFiniteError as err:
+            raise UsageError(f"error: cannot emit JSON: {err}; the module holds a NaN or infinite value there "
+                             "(check the inputs of the pass that computed it)") from None
     from rpegc.tools.dot import program_to_dot
 
     return program_to_dot(program)

@@ -165,7 +165,12 @@ class TraceWriter:
 
     def __call__(self, record: dict) -> None:
         assert self._f is not None
-        self._f.write(json_text.dumps(record, separators=(",", ":")) + "\n")
+        try:
+            text = json_text.dumps(record, separators=(",", ":"))
+        except json_text.NonFiniteError as err:
+            raise RpegError(Loc(self.path, 0, 0), f"cannot write a '{record.get('type')}' record: {err} "
+                                                  "(a backend reported a NaN or infinite value)") from None
+        self._f.write(text + "\n")
         self._f.flush()
 
     def close(self) -> None:

@@ -159,8 +159,17 @@ def test_non_finite_numbers_are_rejected_on_read_and_located(token):
 def test_nan_is_never_written():
     d = scheduled_doc()
     d["nodes"][0]["time"] = math.nan
-    with pytest.raises(ValueError):
+    with pytest.raises(json_text.NonFiniteError, match=r"the value at nodes\[0\]\.time is not a finite number"):
         json_text.dumps(d)
+    from rpegc.cli import UsageError, emit_program
+    from rpegc.syntax.json_form import program_from_json
+
+    p = program_from_json(scheduled_doc(), "p.json")
+    bad = p.exec.nodes[0].with_(time=math.inf)
+    from dataclasses import replace
+
+    with pytest.raises(UsageError, match=r"cannot emit JSON: the value at nodes\[0\]\.time is not a finite"):
+        emit_program(replace(p, exec=replace(p.exec, nodes=(bad,) + p.exec.nodes[1:])), "json")
 
 
 @pytest.mark.parametrize("text", ["[" * 100000, '{"a":' * 100000, "[" * 65 + "]" * 65, '{"k": ' + "[" * 900 + "]" * 900 + "}"])

@@ -262,3 +262,15 @@ def test_a_plan_with_other_times_is_another_plan(ran):
                                                    + g.nodes[1:])))
     v = verify(other, trace_from_records(list(enumerate(records, start=1))))
     assert [x.rule for x in v] == ["plan-hash"]
+
+
+def test_trace_writer_never_writes_nan(tmp_path):
+    from rpegc.runtime.trace import TraceWriter
+
+    w = TraceWriter(str(tmp_path / "t.jsonl"))
+    try:
+        with pytest.raises(RpegError, match=r"cannot write a 'node' record: the value at finish is not a finite"):
+            w({"type": "node", "finish": float("nan")})
+    finally:
+        w.close()
+    assert (tmp_path / "t.jsonl").read_text() == ""

@@ -123,9 +123,32 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+class NonFiniteError(ValueError):
+    """A value to be written holds NaN or an infinity; `path` is where (e.g. `nodes[3].time`)."""
+
+    def __init__(self, path: str):
+        super().__init__(f"the value at {path or 'the top level'} is not a finite number; JSON has no NaN or "
+                         "infinity")
+        self.path = path
+
+
 def dumps(value: Any, **kwargs: Any) -> str:
-    """`json.dumps` that refuses NaN and infinities (they are not JSON)."""
-    return json.dumps(value, allow_nan=False, **kwargs)
+    """`json.dumps` that refuses NaN and infinities (they are not JSON): NonFiniteError names the path."""
+    try:
+        return json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError:
+        raise NonFiniteError(_non_finite_path(value, "") or "") from None
+
+
+def _non_finite_path(v: Any, path: str) -> Optional[str]:
+    if isinstance(v, float) and not math.isfinite(v):
+        return path
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+    for k, x in items:
+        found = _non_finite_path(x, join(path, k if isinstance(k, int) else str(k)))
+        if found is not None:
+            return found
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
