@@ -138,10 +138,6 @@ def check_options(args: argparse.Namespace) -> None:
                               "(leave the option out for no checkpoints without --run-dir)")
     if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
         raise RpegError(None, f"--lr {args.lr}: give a finite learning rate > 0")
-    if args.store is not None:
-        host, _, port = args.store.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise RpegError(None, f"--store {args.store}: give HOST:PORT with a port in 1..65535")
 
 
 def make_backend(args: argparse.Namespace):

@@ -124,7 +124,6 @@ def test_torch_backend_is_loaded_lazily(plan_file, capsys):
     (["--checkpoint-every", "0"], "--checkpoint-every 0: checkpoint every N >= 1 steps"),
     (["--seed", "-3"], "--seed -3: give a seed in 0..2^63-1"),
     (["--lr", "inf"], "--lr inf: give a finite learning rate > 0"),
-    (["--store", "nohost"], "--store nohost: give HOST:PORT"),
     (["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
 ])
 def test_numeric_options_are_range_checked(plan_file, capsys, args, message):
