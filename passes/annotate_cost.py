@@ -19,7 +19,7 @@ from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import Hardware, load_hardware
 from rpegc.core.program import Program
-from rpegc.passes.program_pass import transform
+from rpegc.passes.program_pass import check_hardware, transform
 
 _D = CostOptions()
 
@@ -53,6 +53,10 @@ class AnnotateCostPass(ModulePass):
 
     def cost_options(self) -> CostOptions:
         return CostOptions(**{f.name: getattr(self, f.name) for f in fields(CostOptions)})
+
+    def check_options(self, where=None) -> None:
+        self.cost_options()
+        check_hardware(self.hardware, where)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         def run(p: Program) -> Program:

@@ -34,7 +34,7 @@ from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import load_hardware
 from rpegc.core.program import Program
-from rpegc.passes.program_pass import transform
+from rpegc.passes.program_pass import check_hardware, transform
 from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, parse_ablations
 
 
@@ -69,6 +69,10 @@ class OptimizePass(ModulePass):
             ablate=parse_ablations(self.ablate),
             baseline=self.baseline,
         )
+
+    def check_options(self, where=None) -> None:
+        check_options(self.options())
+        check_hardware(self.hardware, where)
 
     def run(self, p: Program) -> Program:
         try:

@@ -4,6 +4,10 @@ A pass converts the xDSL module to a `Program`, applies one core function, and w
 same ModuleOp (a ModulePass mutates its module). User errors from the core (`RpegError`) become
 `RpegPassError`, an xDSL `PassFailedException` that still carries the located error so the driver can print
 the source line and a caret.
+
+A pass with options may define `check_options(self, where)`: it raises RpegError for a bad option value
+before anything runs (`where` is the input's location, against which relative paths resolve). The driver
+calls it once per option given on its own, so the error points at that option's value in the `-p` string.
 """
 
 from __future__ import annotations
@@ -50,6 +54,14 @@ def check(pass_name: str, module: ModuleOp, fn: Callable[[Program], None]) -> No
         fn(read_program(module))
     except RpegError as err:
         raise RpegPassError(pass_name, err) from None
+
+
+def check_hardware(name_or_path: str, where) -> None:
+    """A `hardware=...` pass option names a loadable profile (relative paths as the pass resolves them)."""
+    if name_or_path:
+        from rpegc.core.hardware import load_hardware
+
+        load_hardware(name_or_path, where)
 
 
 def require(cond: bool, loc, message: str) -> None:

@@ -11,7 +11,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.unroll import unroll
+from rpegc.core.errors import RpegError
+from rpegc.core.unroll import MAX_STEPS, unroll
 from rpegc.passes.program_pass import transform
 
 
@@ -19,6 +20,12 @@ from rpegc.passes.program_pass import transform
 class UnrollPass(ModulePass):
     name = "unroll"
     k: int = 2
+
+    def check_options(self, where=None) -> None:
+        if self.k < 1:
+            raise RpegError(None, f"unroll needs K_eval >= 1 steps, got k={self.k}; use e.g. unroll{{k=8}}")
+        if self.k > MAX_STEPS:
+            raise RpegError(None, f"unroll{{k={self.k}}} asks for more than {MAX_STEPS} steps; use e.g. unroll{{k=8}}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         transform(self.name, op, lambda p: unroll(p, self.k))

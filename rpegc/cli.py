@@ -15,10 +15,12 @@ import os
 import re
 import sys
 import time
-from typing import IO, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Optional, Sequence
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
+from xdsl.utils.arg_spec import ArgSpec, PipelineLexer, SpecTokenKind, parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
@@ -74,12 +76,208 @@ def locate_in_spec(spec: str, message: str) -> int:
     return 1
 
 
+@dataclass
+class PassRef:
+    """One pass of the `-p` string with the 1-based columns of its name, option names and values."""
+
+    name: str
+    col: int
+    options: dict[str, tuple[int, int]] = field(default_factory=dict)  # normalized key -> (key col, value col)
+
+
+def scan_pipeline(spec: str) -> Optional[list[PassRef]]:
+    """The passes of `spec` with their columns, found with xDSL's own pipeline lexer. Raises UsageError for
+    what xDSL accepts silently (an empty pipeline, a trailing comma, an option given twice); returns None
+    for a spec xDSL itself rejects, so that its (reworded) error is reported."""
+    if not spec.strip():
+        raise pipeline_error(spec, "empty pass pipeline; give at least one pass, e.g. -p 'verify-wellformed' "
+                                   "(or leave -p out to only parse and print)", 1)
+    lexer = PipelineLexer(spec)
+    tokens = []
+    try:
+        while True:
+            tok = lexer.lex()
+            tokens.append(tok)
+            if tok.kind is SpecTokenKind.EOF:
+                break
+    except ArgSpecParseError:
+        return None
+    K = SpecTokenKind
+    refs: list[PassRef] = []
+    i = 0
+
+    def col(j: int) -> int:
+        return tokens[j].span.start + 1
+
+    while True:
+        if tokens[i].kind is not K.IDENT:
+            return None
+        ref = PassRef(tokens[i].span.text, col(i))
+        refs.append(ref)
+        i += 1
+        if tokens[i].kind is K.L_BRACE:
+            i += 1
+            while tokens[i].kind is not K.R_BRACE:
+                if tokens[i].kind is not K.IDENT:
+                    return None
+                key, key_at = tokens[i].span.text, i
+                i += 1
+                value_col = col(key_at)
+                if tokens[i].kind is K.EQUALS:
+                    i += 1
+                    value_col = col(i)
+                    while tokens[i].kind in (K.NUMBER, K.IDENT, K.STRING_LIT):
+                        i += 1
+                        if tokens[i].kind is not K.COMMA:
+                            break
+                        i += 1
+                norm = key.replace("-", "_")
+                if norm in ref.options:
+                    first = ref.options[norm][0]
+                    raise pipeline_error(spec, f"option '{key}' of {ref.name} is given twice (first at column "
+                                               f"{first}); give each option once", col(key_at))
+                ref.options[norm] = (col(key_at), value_col)
+                if tokens[i].kind is K.SPACE:
+                    i += 1
+                elif tokens[i].kind is not K.R_BRACE:
+                    return None
+            i += 1
+        if tokens[i].kind is K.EOF:
+            return refs
+        if tokens[i].kind is not K.COMMA:
+            return None
+        if tokens[i + 1].kind is K.EOF:
+            raise pipeline_error(spec, "trailing comma in the pass pipeline; remove it or add a pass after it", col(i))
+        i += 1
+
+
+def check_pass_options(spec: str, refs: list[PassRef], available, where: Loc) -> None:
+    """Type and range checks of every pass option, each located at its value in the `-p` string."""
+    for ref, arg in zip(refs, parse_pipeline(spec)):
+        if arg.name not in available:
+            continue  # xDSL reports unknown passes
+        cls = available[arg.name]()
+        fields = {f.name for f in dataclasses_fields(cls)}
+        options = arg.normalize_parameter_names().parameters
+        singles = {}
+        for key, values in options.items():
+            key_col, value_col = ref.options[key]
+            if key not in fields:
+                message = explain_pipeline_error(
+                    f'Provided arguments ["{key}"] not found in expected arguments '
+                    f'[{", ".join(chr(34) + f + chr(34) for f in sorted(fields) if f != "name")}]', [])
+                raise pipeline_error(spec, message, key_col)
+            try:
+                singles[key] = cls.from_spec(ArgSpec(arg.name, {key: values}))
+            except ValueError as err:
+                raise pipeline_error(spec, explain_pipeline_error(str(err), []), value_col) from None
+        try:
+            whole = cls.from_spec(arg)
+        except ValueError as err:
+            raise pipeline_error(spec, explain_pipeline_error(str(err), []), ref.col) from None
+        failure = _option_error(whole, where)
+        if failure is None:
+            continue
+        # Blame the option that fails the same way on its own; an error of the combination points at the pass.
+        for key, one in singles.items():
+            err = _option_error(one, where)
+            if err is not None and err.message == failure.message:
+                raise pipeline_error(spec, _pass_message(one, err), ref.options[key][1])
+        raise pipeline_error(spec, _pass_message(whole, failure), ref.col)
+
+
+def _option_error(instance, where: Loc) -> Optional[RpegError]:
+    check = getattr(instance, "check_options", None)
+    if check is None:
+        return None
+    try:
+        check(where)
+    except RpegError as err:
+        if err.loc.line > 0:  # located in a file the option names (e.g. a bad hardware profile)
+            raise
+        return err
+    return None
+
+
+def _pass_message(instance, err: RpegError) -> str:
+    return err.message if err.message.startswith(instance.name) else f"{instance.name}: {err.message}"
+
+
+def dataclasses_fields(cls):
+    import dataclasses
+
+    return dataclasses.fields(cls)
+
+
+# Pass order. Stages of a module: its cyclic graph G° only, unrolled (an exec graph), lowered (Comm and
+# Reshard nodes inserted). Structural passes rewrite G° and need the cyclic stage.
+STRUCTURAL = ("share-actor-critic", "optimize")
+LOWERING = ("split-quantiles", "insert-comm", "insert-reshard")
+FULL_PIPELINE = "unroll{k=..}, split-quantiles, insert-comm, insert-reshard, annotate-cost"
+
+
+def check_pass_order(spec: str, refs: list[PassRef], program) -> None:
+    """Reject a pipeline whose passes cannot run in this order on this module, at the offending pass."""
+    g = program.exec
+    stage = "cyclic" if g is None else ("lowered" if g.lowered else "unrolled")
+    timed = g is not None and bool(g.nodes) and all(n.time is not None for n in g.nodes)
+    by: Optional[PassRef] = None  # the pass of this pipeline that made the current stage
+    ran: set[str] = set()
+
+    def why() -> str:
+        return f"{by.name} at column {by.col} already" if by is not None else "the input module is already"
+
+    for ref in refs:
+        name = ref.name
+        fail = None
+        if name in STRUCTURAL or name == "unroll":
+            if stage != "cyclic":
+                what = "unrolls the cyclic graph" if name == "unroll" else "transforms the cyclic graph G°"
+                fail = (f"{name} {what}, but {why()} {'unrolled' if by is None or by.name == 'unroll' else 'lowered'} "
+                        f"it; {name} runs before unroll, once")
+        elif name in LOWERING:
+            if stage == "cyclic":
+                fail = f"{name} needs an unrolled module; run unroll{{k=..}} before {name}"
+            elif stage == "lowered":
+                fail = f"{name} cannot run on a lowered module ({why()} ran insert-reshard); the lowering passes " \
+                       "run once, in the order split-quantiles, insert-comm, insert-reshard"
+            elif name == "split-quantiles" and "insert-comm" in ran:
+                fail = "split-quantiles must run before insert-comm; the lowering order is split-quantiles, " \
+                       "insert-comm, insert-reshard"
+            elif name == "insert-comm" and "insert-comm" in ran:
+                fail = "insert-comm already ran in this pipeline; run each lowering pass once"
+            elif name == "insert-reshard" and "unroll" in ran and "insert-comm" not in ran:
+                fail = "insert-reshard needs insert-comm first; the lowering order is split-quantiles, " \
+                       "insert-comm, insert-reshard"
+        elif name == "annotate-cost":
+            if stage != "lowered":
+                fail = f"annotate-cost needs a lowered module; run {FULL_PIPELINE.rsplit(', ', 1)[0]} first"
+        elif name == "schedule":
+            if stage != "lowered":
+                todo = FULL_PIPELINE if stage == "cyclic" else FULL_PIPELINE.split(", ", 1)[1]
+                fail = f"schedule needs a lowered module with node times; run {todo} first"
+            elif not timed:
+                fail = "schedule needs node times; run annotate-cost before schedule"
+        elif name != "verify-wellformed":
+            return  # a pass rpegc does not know: it may change anything, stop checking
+        if fail is not None:
+            raise pipeline_error(spec, fail, ref.col)
+        ran.add(name)
+        if name == "unroll":
+            stage, by, timed = "unrolled", ref, False
+        elif name == "insert-reshard":
+            stage, by, timed = "lowered", ref, False
+        elif name == "annotate-cost":
+            timed = True
+
+
 class RpegcMain(xDSLOptMain):
     """xDSL's opt main with rpegc's frontends, emitters and error reporting."""
 
     def __init__(self, args: Sequence[str] | None = None):
         self.sources: dict[str, str] = {}
         self.summary_programs: list = []
+        self._argv = args
         try:
             super().__init__(description="rpegc: compile RL post-training pipelines (.rpeg)", args=args)
         except ArgSpecParseError as err:  # a BaseException in xDSL
@@ -89,6 +287,12 @@ class RpegcMain(xDSLOptMain):
             spec = self._raw_pipeline(args)
             message = explain_pipeline_error(str(err), self._known_passes())
             raise pipeline_error(spec, message, locate_in_spec(spec, str(err))) from None
+
+    def _pipeline_given(self) -> bool:
+        argv = list(sys.argv[1:] if self._argv is None else self._argv)
+        return any(a in ("-p", "--passes") or a.startswith("--passes=") or (a.startswith("-p") and len(a) > 2
+                                                                             and not a.startswith("--"))
+                   for a in argv)
 
     def _known_passes(self) -> list[str]:
         from xdsl.universe import Universe
@@ -119,10 +323,17 @@ class RpegcMain(xDSLOptMain):
         arg_parser.add_argument("--gantt", metavar="PATH", help="draw the schedule (PNG or SVG by extension)")
 
     def setup_pipeline(self):
+        given = self._pipeline_given()
         if self.args.optimize_preset:
-            if self.args.passes:
+            if self.args.passes or given:
                 raise UsageError("error: -O runs a preset pipeline; do not combine it with -p")
             self.args.passes = PRESET_PIPELINE
+        self.pass_refs: Optional[list[PassRef]] = None
+        if given or self.args.passes:
+            self.pass_refs = scan_pipeline(self.args.passes)
+            if self.pass_refs is not None:
+                check_pass_options(self.args.passes, self.pass_refs, self.available_passes,
+                                   Loc(self.args.input_file or "<stdin>", 0, 0))
         self.pipeline = PassPipeline.parse_spec(self.available_passes, self.args.passes, self._between_passes)
         self._pass_started = time.perf_counter()
 
@@ -153,17 +364,10 @@ class RpegcMain(xDSLOptMain):
         return program_to_module(parse(text, self.get_input_name()))
 
     def _parse_json(self, io: IO[bytes]) -> ModuleOp:
-        import json
-
         from rpegc.dialects.convert import program_to_module
-        from rpegc.syntax.json_form import program_from_json
+        from rpegc.syntax.json_form import program_from_text
 
-        text = self._decode(io)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise RpegError(Loc(self.get_input_name(), err.lineno, err.colno), f"invalid JSON: {err.msg}") from None
-        return program_to_module(program_from_json(data, self.get_input_name()))
+        return program_to_module(program_from_text(self._decode(io), self.get_input_name()))
 
     def _decode(self, io: IO[bytes]) -> str:
         raw = io.read()
@@ -197,6 +401,10 @@ class RpegcMain(xDSLOptMain):
         for i, (chunk, offset) in enumerate(chunks):
             try:
                 module = self._parse_chunk_at(chunk, extension, offset)
+                if self.pass_refs:
+                    from rpegc.dialects.convert import module_to_program
+
+                    check_pass_order(self.args.passes, self.pass_refs, module_to_program(module))
                 self.apply_passes(module)
                 outputs.append(self.output_resulting_program(module))
             except (RpegError, DiagnosticException, ParseError) as err:
@@ -294,11 +502,14 @@ def emit_program(program, emit: str) -> str:
 
         return print_program(program)
     if emit == "json":
-        import json
-
         from rpegc.syntax.json_form import program_to_json
+        from rpegc.syntax.json_text import NonFiniteError, dumps
 
-        return json.dumps(program_to_json(program), indent=1) + "\n"
+        try:
+            return dumps(program_to_json(program), indent=1) + "\n"
+        except NonFiniteError as err:
+            raise UsageError(f"error: cannot emit JSON: {err}; the module holds a NaN or infinite value there "
+                             "(check the inputs of the pass that computed it)") from None
     from rpegc.tools.dot import program_to_dot
 
     return program_to_dot(program)
@@ -309,6 +520,14 @@ def _spec_parse_error_text(spec: str, message: str) -> str:
     match = re.search(r"pass-pipeline:(\d+):(\d+)", message)
     col = int(match.group(2)) if match else 1  # xDSL already counts columns from 1
     reason = message.strip().splitlines()[-1].strip() if message.strip() else "malformed pipeline"
+    value = re.search(r"([A-Za-z0-9_-]+)=([^\s{},=]*)$", spec[: col - 1])
+    if value is not None and reason.startswith("Unknown token") and col - 1 < len(spec):
+        start = value.start(2)
+        end = re.search(r"[\s}]|$", spec[start:])
+        text = spec[start: start + end.start()] if end else spec[start:]
+        return pipeline_error(spec, f"malformed pass pipeline: the value of {value.group(1)} is not a name or a "
+                                    f"number; a path or other text needs quotes: {value.group(1)}=\"{text}\"",
+                              start + 1).text
     return pipeline_error(spec, f"malformed pass pipeline: {reason}", col).text
 
 

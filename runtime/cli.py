@@ -16,6 +16,7 @@ verification result); the trace is verified against the plan before exiting. Err
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Optional, Sequence
@@ -24,10 +25,18 @@ from rpegc.core.errors import RpegError, render
 from rpegc.runtime.plan import RunPlan, load_plan
 
 VERIFY_SHOWN = 30
+MAX_SEED = 2**63 - 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are rpeg-run's one-line errors with exit status 1 (not argparse's 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise RpegError(None, f"{message} (see {self.prog} --help)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="rpeg-run",
         description="Execute a compiled RPEG plan completion-driven (Alg. 2) and verify its trace. "
                     "`rpeg-run verify PLAN TRACE` checks an existing trace.",
@@ -77,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _verify_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rpeg-run verify", description="Verify a runtime trace against its plan.")
+    p = _Parser(prog="rpeg-run verify", description="Verify a runtime trace against its plan.")
     p.add_argument("plan", help="the plan the trace ran (.json or .rpeg text)")
     p.add_argument("trace", help="the JSON-lines trace")
     return p
@@ -119,6 +128,21 @@ def format_error(e: RpegError) -> str:
     return "\n".join(lines)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Range checks of the numeric options, before anything is loaded or launched."""
+    if args.steps is not None and args.steps < 1:
+        raise RpegError(None, f"--steps {args.steps}: run at least 1 step (K >= 1)")
+    if not math.isfinite(args.jitter) or args.jitter < 0:
+        raise RpegError(None, f"--jitter {args.jitter}: give a finite jitter >= 0")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise RpegError(None, f"--seed {args.seed}: give a seed in 0..2^63-1")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise RpegError(None, f"--checkpoint-every {args.checkpoint_every}: checkpoint every N >= 1 steps "
+                              "(leave the option out for no checkpoints without --run-dir)")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise RpegError(None, f"--lr {args.lr}: give a finite learning rate > 0")
+
+
 def make_backend(args: argparse.Namespace):
     if args.backend == "sim":
         from rpegc.runtime.backends.sim import SimBackend
@@ -149,6 +173,7 @@ def _run_main(args: argparse.Namespace) -> int:
     from rpegc.runtime.trace import TraceWriter
     from rpegc.runtime.verify import compare, verify
 
+    check_options(args)
     check_run_outputs(args)
     plan = load_plan(args.plan, steps=args.steps)
     backend = make_backend(args)

@@ -20,11 +20,16 @@ Reshard whose version no ancestor produces is accepted with a warning and binds 
 pair even when tau(m) > 0, where the version it names is produced by the previous training step,
 which is not its predecessor.
 
-Plan hash: sha256 of a canonical JSON of what the runtime executes — the cluster shape, staleness
-budgets, every node's structure, placement (allocation, layout, microbatches), payload and versions,
-the edges, and (for a scheduled plan) the planned execution order as integer positions. Predicted
-times, memory and schedule reports are left out, so re-annotating with float noise that does not
-change the order keeps the hash; a plan whose schedule order changed gets another hash.
+Consistency (`_check_program`, for the JSON and the text form alike): the nodes' steps run up to
+steps-1 exactly, every node's time, start and finish are finite and >= 0 with finish >= start,
+payloads are >= 0, and the memory and schedule reports hold finite, non-negative numbers.
+
+Plan hash (`rpeg-plan-hash/2`): sha256 of a canonical JSON of everything a run depends on — the
+workload, the models, the cluster shape and hardware, staleness budgets, every node's structure,
+placement (allocation, layout, microbatches), payload, versions, predicted time, start and finish
+(exact float values), every edge with its kind, the memory and schedule reports, and (for a scheduled
+plan) the planned execution order. Any change to the plan, a re-annotation included, gives another
+hash, so a trace verifies only against the very plan it ran.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -40,7 +46,8 @@ from rpegc.core.exec_graph import ExecNode
 from rpegc.core.lowering_rules import container_payload, data_bytes, weight_bytes
 from rpegc.core.program import Alloc, Program
 
-HASH_FORMAT = "rpeg-plan-hash/1"
+HASH_FORMAT = "rpeg-plan-hash/2"
+_ARCH_KEYS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
 
 
 @dataclass(frozen=True)
@@ -170,14 +177,13 @@ def load_program(path: str) -> Program:
             text = f.read()
     except OSError as e:
         raise RpegError(Loc(path, 0, 0), f"cannot read the plan file: {e.strerror or e}; check the path") from None
+    except UnicodeDecodeError as e:
+        raise RpegError(Loc(path, 0, 0), f"the plan file is not UTF-8 text (byte {e.start}); give a .json or "
+                                         ".rpeg plan") from None
     if path.endswith(".json"):
-        from rpegc.syntax.json_form import program_from_json
+        from rpegc.syntax.json_form import program_from_text
 
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RpegError(Loc(path, e.lineno, e.colno), f"invalid JSON: {e.msg}") from None
-        return program_from_json(data, path)
+        return program_from_text(text, path)
     try:
         from rpegc.syntax.parser import parse
     except ImportError as e:  # the text parser needs lark; the JSON form needs nothing
@@ -211,6 +217,8 @@ def _check_program(p: Program) -> None:
                                "reads containers and staleness budgets from it")
     if not p.exec.nodes:
         raise RpegError(where, "the exec graph has no nodes; nothing to run")
+    _check_steps(p)
+    _check_numbers(p)
     for n in p.exec.nodes:
         if n.alloc is None:
             raise RpegError(n.loc, f"node {n.id} has no allocation; every node must be placed before it can run")
@@ -221,6 +229,58 @@ def _check_program(p: Program) -> None:
         _check_inside(n, n.alloc, p)
         if n.src_alloc is not None:
             _check_inside(n, n.src_alloc, p)
+
+
+def _check_steps(p: Program) -> None:
+    """The plan's `steps` is the number of steps its nodes were unrolled for: their steps end at steps-1."""
+    g = p.exec
+    assert g is not None
+    for n in g.nodes:
+        if not 0 <= n.step < g.steps:
+            raise RpegError(n.loc, f"node {n.id} is in step {n.step}, but the plan has {g.steps} step(s) "
+                                   f"(0..{g.steps - 1}); fix the node's step or the plan's steps")
+    last = max(n.step for n in g.nodes)
+    if last != g.steps - 1:
+        raise RpegError(g.loc, f"the plan says {g.steps} step(s), but its nodes end at step {last} (they cover "
+                               f"{last + 1} step(s)); set steps to what the plan was unrolled for")
+
+
+def _bad_number(x) -> bool:
+    return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
+
+
+def _check_numbers(p: Program) -> None:
+    """Times, payloads and reports are finite and non-negative: the run and its checks compute with them."""
+    g = p.exec
+    assert g is not None
+    for n in g.nodes:
+        for what in ("time", "start", "finish"):
+            x = getattr(n, what)
+            if x is not None and _bad_number(x):
+                raise RpegError(n.loc, f"node {n.id} has {what} {x!r}; times must be finite and >= 0")
+        if n.start is not None and n.finish is not None and n.finish < n.start:
+            raise RpegError(n.loc, f"node {n.id} finishes at {n.finish!r}, before it starts at {n.start!r}")
+        if isinstance(n.bytes, bool) or not isinstance(n.bytes, int) or n.bytes < 0:
+            raise RpegError(n.loc, f"node {n.id} moves {n.bytes!r} bytes; a payload is an integer >= 0")
+        if n.fraction is not None and (_bad_number(n.fraction) or not 0 < n.fraction <= 1):
+            raise RpegError(n.loc, f"node {n.id} has fraction {n.fraction!r}; a phase share is in (0, 1]")
+    if g.memory is not None:
+        m = g.memory
+        for what, values in (("peak", m.peak), ("persistent", m.persistent), ("transient", m.transient)):
+            for d, b in values:
+                if _bad_number(b):
+                    raise RpegError(g.loc, f"exec.memory {what} of device {d} is {b!r}; bytes must be finite and >= 0")
+        for what in ("m_eff", "r_peak"):
+            if _bad_number(getattr(m, what)):
+                raise RpegError(g.loc, f"exec.memory {what} is {getattr(m, what)!r}; it must be finite and >= 0")
+    if g.schedule is not None:
+        s = g.schedule
+        for what in ("makespan", "score", "score_pen", "util", "p_eff"):
+            x = getattr(s, what)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (
+                    what not in ("score", "score_pen") and x < 0):
+                raise RpegError(g.loc, f"exec.schedule {what} is {x!r}; it must be a finite number"
+                                       + ("" if what in ("score", "score_pen") else " >= 0"))
 
 
 def _check_inside(n: ExecNode, a: Alloc, p: Program) -> None:
@@ -621,7 +681,7 @@ def _strategy_key(s):
 
 
 def plan_hash(p: Program) -> str:
-    """sha256 (hex) of the canonical structure of `p.exec` (see the module docstring)."""
+    """sha256 (hex) of the canonical structure of `p` that a run depends on (see the module docstring)."""
     g = p.exec
     if g is None:
         raise RpegError(Loc(p.file, 0, 0), "the module has no exec.graph to hash")
@@ -631,20 +691,29 @@ def plan_hash(p: Program) -> str:
     if scheduled:
         topo = {n.id: i for i, n in enumerate(g.nodes)}
         planned_order = [n.id for n in sorted(g.nodes, key=lambda n: (n.start, n.finish, topo[n.id]))]
+    w = p.workload
+    m, s = g.memory, g.schedule
     doc = {
         "format": HASH_FORMAT,
+        "workload": [w.B, w.R, w.Lp, w.Lr, w.dtype],
+        "models": sorted([x.name, x.kind, x.trainable, [getattr(x.arch, k) for k in _ARCH_KEYS]] for x in p.models),
         "graph": g.graph,
         "steps": g.steps,
-        "cluster": [p.cluster.racks, p.cluster.nodes, p.cluster.gpus] if p.cluster else None,
-        "staleness": sorted([m, t] for m, t in p.graph.staleness) if p.graph else None,
+        "lowered": g.lowered,
+        "cluster": [p.cluster.racks, p.cluster.nodes, p.cluster.gpus, p.cluster.hardware] if p.cluster else None,
+        "staleness": sorted([m_, t] for m_, t in p.graph.staleness) if p.graph else None,
         "nodes": [
             [n.id, n.kind, n.step, n.order, n.vertex, n.role, n.model, n.container, n.phase, n.nphases,
              _alloc_key(n.alloc), _strategy_key(n.strategy), _alloc_key(n.src_alloc), _strategy_key(n.src_strategy),
-             n.bytes, n.fraction, sorted([m, v] for m, v in n.version_in), sorted([m, v] for m, v in n.version_out)]
+             n.bytes, n.fraction, sorted([m_, v] for m_, v in n.version_in), sorted([m_, v] for m_, v in n.version_out),
+             n.time, n.start, n.finish]
             for n in nodes
         ],
-        "edges": sorted({(e.src, e.dst) for e in g.edges}),
+        "edges": sorted({(e.src, e.dst, e.kind, e.container or "") for e in g.edges}),
+        "memory": None if m is None else [sorted(m.peak), sorted(m.persistent), sorted(m.transient), m.m_eff,
+                                          m.r_peak, m.feasible],
+        "schedule": None if s is None else [s.makespan, s.score, s.score_pen, s.util, s.p_eff],
         "planned_order": planned_order,
     }
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -27,11 +27,13 @@ Artifact labels are `rpegc.runtime.plan.Artifact.label`. Times are seconds on th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
 from rpegc.core.errors import Loc, RpegError
 from rpegc.outputs import PendingOutput
+from rpegc.syntax import json_text
 
 FORMAT = "rpeg-trace/1"
 
@@ -170,7 +172,12 @@ class TraceWriter:
     def __call__(self, record: dict) -> None:
         assert self._f is not None
         try:
-            self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            text = json_text.dumps(record, separators=(",", ":"))
+        except json_text.NonFiniteError as err:
+            raise RpegError(Loc(self.path, 0, 0), f"cannot write a '{record.get('type')}' record: {err} "
+                                                  "(a backend reported a NaN or infinite value)") from None
+        try:
+            self._f.write(text + "\n")
             self._f.flush()
         except OSError as e:
             raise self._pending.error(e.strerror or str(e)) from None
@@ -220,19 +227,33 @@ def read_trace(path: str) -> Trace:
             lines = f.read().splitlines()
     except OSError as e:
         raise RpegError(Loc(path, 0, 0), f"cannot read the trace: {e.strerror or e}; check the path") from None
+    except UnicodeDecodeError as e:
+        raise RpegError(Loc(path, 0, 0), f"the trace is not UTF-8 text (byte {e.start}); give a JSON-lines trace "
+                                         "written by rpeg-run --trace") from None
     records = []
     for no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            records.append((no, json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise RpegError(Loc(path, no, e.colno), f"invalid JSON in the trace: {e.msg}") from None
+        records.append((no, json_text.loads(line, path, line=no), line))
     return trace_from_records(records, path)
 
 
-def trace_from_records(records: list[tuple[int, Any]], file: str = "<trace>") -> Trace:
-    """Validate and assemble (line, record) pairs; bad records raise RpegError at their line."""
+# The fields of each record type: (required, optional). Anything else in a record is an error.
+FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "header": (("type", "format", "plan_hash", "plan_file", "backend", "clock", "steps", "plan_steps", "policy",
+                "reserve", "workers"), ("options", "first_step")),
+    "install": (("type", "artifact", "time"), ()),
+    "release": (("type", "artifact", "time"), ("after",)),
+    "node": (("type", "id", "kind", "step", "dispatch", "start", "finish", "devices", "workers", "consumed",
+              "produced", "bytes"), ("strategy", "inputs", "outputs", "unbound")),
+    "step": (("type", "step", "finish", "nodes"), ("predicted_finish",)),
+    "summary": (("type", "steps", "nodes", "makespan"), ("predicted_makespan", "wall_s", "peak_memory", "warnings")),
+}
+
+
+def trace_from_records(records: list[tuple], file: str = "<trace>") -> Trace:
+    """Validate and assemble (line, record) or (line, record, line text) tuples; a bad record raises
+    RpegError at `file:line:col`, the column of the bad value when the line's text is given."""
     if not records:
         raise RpegError(Loc(file, 0, 0), "the trace is empty; it must start with a header record")
     header: Optional[TraceHeader] = None
@@ -240,11 +261,16 @@ def trace_from_records(records: list[tuple[int, Any]], file: str = "<trace>") ->
     events: list[ArtifactEvent] = []
     steps: list[StepRecord] = []
     summary = None
-    for line, rec in records:
-        r = _Rec(file, line, rec)
+    for entry in records:
+        line, rec = entry[0], entry[1]
+        r = _Rec(file, line, rec, entry[2] if len(entry) > 2 else None)
         kind = r.text("type")
+        if kind not in FIELDS:
+            raise r.error(f"unknown record type '{kind}'; expected header, install, node, release, step or summary",
+                          "type")
         if header is None and kind != "header":
             raise r.error("the first record must be the header ({\"type\": \"header\", ...})")
+        r.known(*FIELDS[kind])
         if kind == "header":
             if header is not None:
                 raise r.error("a second header; a trace describes one run")
@@ -252,31 +278,57 @@ def trace_from_records(records: list[tuple[int, Any]], file: str = "<trace>") ->
         elif kind == "node":
             n = _read_node(r)
             if n.id in nodes:
-                raise r.error(f"node {n.id} is recorded twice (also on line {nodes[n.id].line}); each node runs once")
+                raise r.error(f"node {n.id} is recorded twice (also on line {nodes[n.id].line}); each node runs once",
+                              "id")
             nodes[n.id] = n
         elif kind in ("install", "release"):
             after = r.opt_str("after") if kind == "release" else None
-            events.append(ArtifactEvent(kind, r.text("artifact"), r.number("time"), after, line))
+            events.append(ArtifactEvent(kind, r.text("artifact"), r.time("time"), after, line))
         elif kind == "step":
-            predicted = None if r.raw.get("predicted_finish") is None else r.number("predicted_finish")
-            steps.append(StepRecord(r.integer("step"), r.number("finish"), predicted, r.integer("nodes")))
+            predicted = None if r.raw.get("predicted_finish") is None else r.time("predicted_finish")
+            steps.append(StepRecord(r.integer("step"), r.time("finish"), predicted, r.integer("nodes")))
         elif kind == "summary":
+            for key in ("steps", "nodes"):
+                r.integer(key)
+            for key in ("makespan", "predicted_makespan", "wall_s", "peak_memory"):
+                if r.raw.get(key) is not None:
+                    r.time(key)
+            r.strs("warnings")
             summary = {k: v for k, v in r.raw.items() if k != "type"}
-        else:
-            raise r.error(f"unknown record type '{kind}'; expected header, install, node, release, step or summary")
     assert header is not None
     return Trace(header=header, nodes=nodes, events=events, steps=steps, summary=summary, file=file)
 
 
+def _short(v: Any) -> str:
+    """A bounded description of a JSON value for messages (a repr could be huge or deeply nested)."""
+    if isinstance(v, (list, dict)):
+        return f"a list of {len(v)}" if isinstance(v, list) else "an object"
+    text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class _Rec:
-    def __init__(self, file: str, line: int, raw: Any):
-        self.file, self.line = file, line
+    def __init__(self, file: str, line: int, raw: Any, text: Optional[str] = None):
+        self.file, self.line, self.source = file, line, text
         if not isinstance(raw, dict):
             raise self.error("a trace record must be a JSON object")
         self.raw = raw
 
-    def error(self, message: str) -> RpegError:
-        return RpegError(Loc(self.file, self.line, 1), message)
+    def error(self, message: str, key: Optional[str] = None) -> RpegError:
+        col = 1
+        if key is not None and self.source is not None:
+            col = json_text.locate(self.source, key)[1]
+        return RpegError(Loc(self.file, self.line, col), message)
+
+    def known(self, required: tuple[str, ...], optional: tuple[str, ...]) -> None:
+        kind = self.raw.get("type")
+        for key in self.raw:
+            if key not in required and key not in optional:
+                raise self.error(f"unknown field '{key}' in a '{kind}' record; it has "
+                                 f"{', '.join(required + optional)}", key)
+        for key in required:
+            if key not in self.raw:
+                raise self.error(f"'{kind}' record lacks '{key}'")
 
     def get(self, key: str) -> Any:
         if key not in self.raw:
@@ -286,65 +338,76 @@ class _Rec:
     def text(self, key: str) -> str:
         v = self.get(key)
         if not isinstance(v, str):
-            raise self.error(f"'{key}' must be a string, got {v!r}")
+            raise self.error(f"'{key}' must be a string, got {_short(v)}", key)
+        return v
+
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        v = self.text(key)
+        if v not in choices:
+            raise self.error(f"'{key}' is '{v}'; expected {' or '.join(choices)}", key)
         return v
 
     def opt_str(self, key: str) -> Optional[str]:
         v = self.raw.get(key)
         if v is not None and not isinstance(v, str):
-            raise self.error(f"'{key}' must be a string or null, got {v!r}")
+            raise self.error(f"'{key}' must be a string or null, got {_short(v)}", key)
         return v
 
-    def integer(self, key: str) -> int:
+    def integer(self, key: str, minimum: int = 0) -> int:
         v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.error(f"'{key}' must be an integer, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise self.error(f"'{key}' must be an integer >= {minimum}, got {_short(v)}", key)
         return v
 
-    def number(self, key: str) -> float:
+    def time(self, key: str) -> float:
+        """A finite, non-negative number (times, bytes of memory)."""
         v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.error(f"'{key}' must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise self.error(f"'{key}' must be a finite number >= 0, got {_short(v)}", key)
         return float(v)
 
-    def ints(self, key: str) -> tuple[int, ...]:
+    number = time
+
+    def ints(self, key: str, minimum: int = 0) -> tuple[int, ...]:
         v = self.get(key)
-        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
-            raise self.error(f"'{key}' must be a list of integers")
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < minimum for x in v):
+            raise self.error(f"'{key}' must be a list of integers >= {minimum}", key)
         return tuple(v)
 
     def strs(self, key: str) -> tuple[str, ...]:
         v = self.raw.get(key, [])
         if not isinstance(v, list) or any(not isinstance(x, str) for x in v):
-            raise self.error(f"'{key}' must be a list of strings")
+            raise self.error(f"'{key}' must be a list of strings", key)
         return tuple(v)
 
     def versions(self, key: str) -> tuple[tuple[str, int], ...]:
         v = self.get(key)
-        if not isinstance(v, dict) or any(isinstance(x, bool) or not isinstance(x, int) for x in v.values()):
-            raise self.error(f"'{key}' must be an object {{model: version}}")
+        if not isinstance(v, dict) or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v.values()):
+            raise self.error(f"'{key}' must be an object {{model: version}} with versions >= 0", key)
         return tuple(v.items())
 
 
 def _read_header(r: _Rec) -> TraceHeader:
     if r.raw.get("format") != FORMAT:
-        raise r.error(f"not an rpeg trace (format {r.raw.get('format')!r}, expected '{FORMAT}')")
+        raise r.error(f"not an rpeg trace (format {_short(r.raw.get('format'))}, expected '{FORMAT}')", "format")
     workers = r.get("workers")
     if not isinstance(workers, dict):
-        raise r.error("'workers' must be an object {device: rank}")
-    try:
-        wmap = {int(d): int(w) for d, w in workers.items()}
-    except (TypeError, ValueError):
-        raise r.error("'workers' must map device ids to worker ranks (integers)") from None
+        raise r.error("'workers' must be an object {device: rank}", "workers")
+    wmap = {}
+    for d, w in workers.items():
+        if not d.isdigit() or isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise r.error("'workers' must map device ids to worker ranks (integers >= 0)", json_text.join("workers", d))
+        wmap[int(d)] = w
     options = r.raw.get("options", {})
     if not isinstance(options, dict):
-        raise r.error("'options' must be an object")
+        raise r.error("'options' must be an object", "options")
     first_step = r.raw.get("first_step", 0)  # absent in traces written before resumes were recorded
     if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
-        raise r.error("'first_step' must be a non-negative integer")
+        raise r.error("'first_step' must be a non-negative integer", "first_step")
     return TraceHeader(
-        plan_hash=r.text("plan_hash"), plan_file=r.text("plan_file"), backend=r.text("backend"), clock=r.text("clock"),
-        steps=r.integer("steps"), plan_steps=r.integer("plan_steps"), policy=r.text("policy"), reserve=r.text("reserve"),
+        plan_hash=r.text("plan_hash"), plan_file=r.text("plan_file"), backend=r.text("backend"),
+        clock=r.choice("clock", ("sim", "wall")), steps=r.integer("steps", 1), plan_steps=r.integer("plan_steps", 1),
+        policy=r.choice("policy", ("plan", "alg2")), reserve=r.choice("reserve", ("destination", "endpoints")),
         workers=wmap, options=options, first_step=first_step,
     )
 
@@ -352,12 +415,16 @@ def _read_header(r: _Rec) -> TraceHeader:
 def _read_node(r: _Rec) -> NodeRecord:
     strategy = r.raw.get("strategy")
     if strategy is not None:
-        if not isinstance(strategy, list) or len(strategy) != 4 or any(not isinstance(x, int) for x in strategy):
-            raise r.error("'strategy' must be [dp, pp, tp, mb] or null")
+        if not isinstance(strategy, list) or len(strategy) != 4 or any(
+                isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in strategy):
+            raise r.error("'strategy' must be [dp, pp, tp, mb] (integers >= 1) or null", "strategy")
         strategy = tuple(strategy)
+    dispatch, start, finish = r.time("dispatch"), r.time("start"), r.time("finish")
+    if finish < start:
+        raise r.error(f"finish {finish!r} is before start {start!r}; a node ends after it starts", "finish")
     return NodeRecord(
-        id=r.text("id"), kind=r.text("kind"), step=r.integer("step"), dispatch=r.number("dispatch"),
-        start=r.number("start"), finish=r.number("finish"), devices=r.ints("devices"), workers=r.ints("workers"),
+        id=r.text("id"), kind=r.choice("kind", ("op", "comm", "reshard")), step=r.integer("step"), dispatch=dispatch,
+        start=start, finish=finish, devices=r.ints("devices"), workers=r.ints("workers"),
         strategy=strategy,
         consumed=r.versions("consumed"), produced=r.versions("produced"), bytes=r.integer("bytes"),
         inputs=r.strs("inputs"), outputs=r.strs("outputs"), unbound=r.strs("unbound"), line=r.line,

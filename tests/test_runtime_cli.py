@@ -113,3 +113,85 @@ def test_torch_backend_is_loaded_lazily(plan_file, capsys):
     except ModuleNotFoundError:
         assert main([plan_file, "--backend", "torch"]) == 1
         assert "the torch backend is not available yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--jitter", "800", "--jitter-dist", "lognormal"], "jitter 800.0 is out of range; give 0 <= jitter < 1 for uniform"),
+    (["--jitter", "nan"], "--jitter nan: give a finite jitter >= 0"),
+    (["--jitter", "-0.1"], "--jitter -0.1: give a finite jitter >= 0"),
+    (["--steps", "-1"], "--steps -1: run at least 1 step"),
+    (["--steps", "0"], "--steps 0: run at least 1 step"),
+    (["--checkpoint-every", "0"], "--checkpoint-every 0: checkpoint every N >= 1 steps"),
+    (["--seed", "-3"], "--seed -3: give a seed in 0..2^63-1"),
+    (["--lr", "inf"], "--lr inf: give a finite learning rate > 0"),
+    (["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+])
+def test_numeric_options_are_range_checked(plan_file, capsys, args, message):
+    assert main([plan_file, *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rpeg-run: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_lognormal_jitter_at_its_bound_runs_to_a_finite_makespan(plan_file, capsys):
+    assert main([plan_file, "--jitter", "3", "--jitter-dist", "lognormal", "--seed", "7", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "verification: OK" in out and "nan" not in out and "inf" not in out
+
+
+def test_sim_clock_overflow_is_an_error_not_inf():
+    from dataclasses import replace
+
+    from rpegc.core.errors import RpegError
+    from rpegc.runtime.backends.sim import SimBackend
+    from rpegc.runtime.controller import run
+    from rpegc.runtime.plan import build_run_plan
+
+    p = scheduled(disaggregated_plan(1), 1)
+    g = p.exec
+    huge = replace(p, exec=replace(g, nodes=tuple(n.with_(time=1.7e308) for n in g.nodes)))
+    with pytest.raises(RpegError, match="the simulated clock overflows"):
+        run(build_run_plan(huge), SimBackend())
+
+
+def _doc(plan_file):
+    return json.loads(open(plan_file).read())
+
+
+def test_inconsistent_json_plans_are_located_errors(plan_file, tmp_path, capsys):
+    """Issue 13.3-13.5: deep nesting, NaN times, steps the nodes do not cover, bad traces; exit 1."""
+    deep = tmp_path / "deep.json"
+    for text in ("[" * 100000, '{"a":' * 100000):
+        deep.write_text(text)
+        for argv in ([str(deep)], ["verify", str(deep), str(deep)]):
+            assert main(argv) == 1
+            err = capsys.readouterr().err
+            assert err.startswith(f"{deep}:1:") and "more than 64 levels deep" in err and "Traceback" not in err
+    d = _doc(plan_file)
+    d["steps"] = 1000000
+    many = tmp_path / "many.json"
+    many.write_text(json.dumps(d, indent=1))
+    assert main([str(many)]) == 1
+    err = capsys.readouterr().err
+    line = next(i for i, s in enumerate(many.read_text().splitlines(), start=1) if '"steps"' in s)
+    assert err.startswith(f"{many}:{line}:") and "'steps' is 1000000, but the nodes end at step 3" in err
+    d = _doc(plan_file)
+    d["nodes"][5]["start"] = float("nan")
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps(d, indent=1))
+    assert main([str(nan)]) == 1
+    assert "'NaN' is not a JSON number" in capsys.readouterr().err
+
+
+def test_verify_rejects_a_trace_with_nan_or_negative_values(plan_file, tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    assert main([plan_file, "--trace", str(trace), "--quiet"]) == 0
+    capsys.readouterr()
+    lines = trace.read_text().splitlines()
+    at = next(i for i, s in enumerate(lines) if '"type":"node"' in s)
+    for bad in (lines[at].replace('"finish":', '"finish":NaN,"x":', 1), lines[at].replace('"bytes":0', '"bytes":-1')):
+        assert bad != lines[at]
+        tampered = tmp_path / "bad.jsonl"
+        tampered.write_text("\n".join(lines[:at] + [bad] + lines[at + 1:]) + "\n")
+        assert main(["verify", plan_file, str(tampered)]) == 1
+        captured = capsys.readouterr()
+        assert captured.err.startswith(f"{tampered}:{at + 1}:") and "verification: OK" not in captured.out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from rpegc.core.errors import RpegError
+from rpegc.core.exec_graph import MemoryReport
 from rpegc.core.program import Alloc
 from rpegc.runtime.plan import build_run_plan, load_plan, plan_hash
 from rpegc.syntax.json_form import program_to_json
@@ -130,11 +132,20 @@ def test_colocated_async_reshard_depends_on_the_version_it_moves():
     assert plan.warnings == ()
 
 
-def test_plan_hash_ignores_float_noise_but_not_structure():
+def test_plan_hash_covers_everything_the_run_depends_on():
     p = scheduled(disaggregated_plan(1), 2)
     g = p.exec
+    # A re-annotated time (even float noise) is another plan: the sim runs on these times.
     noisy = replace(p, exec=replace(g, nodes=tuple(n.with_(time=n.time * (1 + 1e-12)) for n in g.nodes)))
-    assert plan_hash(noisy) == plan_hash(p)
+    assert plan_hash(noisy) != plan_hash(p)
+    first = g.nodes[0]
+    for change in (dict(start=first.start + 1.0, finish=first.finish + 1.0), dict(finish=first.finish * 2)):
+        assert plan_hash(replace(p, exec=replace(g, nodes=(first.with_(**change),) + g.nodes[1:]))) != plan_hash(p)
+    assert plan_hash(replace(p, exec=replace(g, schedule=replace(g.schedule, makespan=1.0)))) != plan_hash(p)
+    assert plan_hash(replace(p, exec=replace(g, edges=g.edges[1:]))) != plan_hash(p)
+    assert plan_hash(replace(p, cluster=replace(p.cluster, hardware="h100-80g"))) != plan_hash(p)
+    assert plan_hash(replace(p, workload=replace(p.workload, B=p.workload.B * 2))) != plan_hash(p)
+    assert plan_hash(replace(p, file="elsewhere.rpeg")) == plan_hash(p)  # where it was read from is not the plan
     assert plan_hash(replace(p, graph=replace(p.graph, staleness=(("actor", 0),)))) != plan_hash(p)
     moved = replace(p, exec=replace(g, nodes=(g.nodes[0].with_(bytes=g.nodes[0].bytes + 1),) + g.nodes[1:]))
     assert plan_hash(moved) != plan_hash(p)
@@ -153,3 +164,28 @@ def test_bad_plan_files_are_located_errors(tmp_path):
     with pytest.raises(RpegError) as e:
         load_plan(str(bad))
     assert e.value.loc.file == str(bad) and e.value.loc.line == 1 and "invalid JSON" in e.value.message
+
+
+def _with_first(p, **change):
+    g = p.exec
+    return replace(p, exec=replace(g, nodes=(g.nodes[0].with_(**change),) + g.nodes[1:]))
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: replace(p, exec=replace(p.exec, steps=1000000)), r"the plan says 1000000 step\(s\), but its nodes end at step 1"),
+    (lambda p: replace(p, exec=replace(p.exec, steps=1)), r"is in step 1, but the plan has 1 step"),
+    (lambda p: _with_first(p, start=math.nan), r"has start nan; times must be finite and >= 0"),
+    (lambda p: _with_first(p, start=-1.0), r"has start -1\.0"),
+    (lambda p: _with_first(p, time=math.inf), r"has time inf"),
+    (lambda p: _with_first(p, start=1.0, finish=0.5), r"finishes at 0\.5, before it starts at 1\.0"),
+    (lambda p: _with_first(p, bytes=-1), r"moves -1 bytes"),
+    (lambda p: replace(p, exec=replace(p.exec, memory=MemoryReport(peak=((0, -1.0),), persistent=(), transient=(),
+                                                                   m_eff=1.0, r_peak=0.5, feasible=True))),
+     r"exec.memory peak of device 0 is -1\.0"),
+    (lambda p: replace(p, exec=replace(p.exec, schedule=replace(p.exec.schedule, makespan=math.nan))),
+     r"exec.schedule makespan is nan"),
+])
+def test_inconsistent_plans_are_rejected_whatever_their_form(make, message):
+    """The plan loader's own checks, for plans from the text form or built in memory (issue 13.4)."""
+    with pytest.raises(RpegError, match=message):
+        build_run_plan(make(scheduled(disaggregated_plan(1), 2)))

@@ -201,3 +201,76 @@ def test_a_resumed_run_verifies_against_the_whole_plan():
     assert "node-set" in rules(verify(plan, as_full))
     with pytest.raises(RpegError, match="first_step"):
         tampered(records, lambda rs: rs[0].update(first_step=-1))
+
+
+def _trace_file(records, tmp_path, index, text_change):
+    """The trace as JSON lines with line `index` (0-based) changed textually; returns (path, that line)."""
+    lines = [json.dumps(r, separators=(",", ":")) for r in records]
+    lines[index] = text_change(lines[index])
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path), lines[index]
+
+
+def _set(key, value):
+    """Set `key` to the raw JSON text `value` (which may be NaN or nested too deep to build as a dict)."""
+    def change(line):
+        rec = json.loads(line)
+        rec[key] = "@@"
+        return json.dumps(rec, separators=(",", ":")).replace('"@@"', value)
+    return change
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("finish", "NaN", r"'NaN' is not a JSON number"),
+    ("finish", "1e999", r"too large"),
+    ("start", "-1", r"'start' must be a finite number >= 0, got -1"),
+    ("bytes", "-1", r"'bytes' must be an integer >= 0, got -1"),
+    ("finish", "0", r"finish 0\.0 is before start"),
+    ("step", "true", r"'step' must be an integer >= 0, got true"),
+    ("kind", '"send"', r"'kind' is 'send'; expected op or comm or reshard"),
+    ("devices", '[0,"x"]', r"'devices' must be a list of integers"),
+    ("consumed", '{"actor":-2}', r"'consumed' must be an object \{model: version\} with versions >= 0"),
+    ("strategy", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+     r"more than 64 levels deep"),
+])
+def test_bad_trace_records_are_located_at_line_and_value(ran, tmp_path, key, value, message):
+    plan, records = ran
+    index = next(i for i, r in enumerate(records) if r["type"] == "node" and r["start"] > 0)
+    path, line = _trace_file(records, tmp_path, index, _set(key, value))
+    with pytest.raises(RpegError, match=message) as e:
+        read_trace(path)
+    assert e.value.loc.line == index + 1
+    assert e.value.loc.col > 1 and line[e.value.loc.col - 1 - len(f'"{key}":'):].startswith(f'"{key}":') or \
+        "levels deep" in message
+
+
+def test_unknown_trace_fields_are_errors(ran, tmp_path):
+    plan, records = ran
+    path, line = _trace_file(records, tmp_path, 0, lambda s: s[:-1] + ',"colour":1}')
+    with pytest.raises(RpegError, match=r"unknown field 'colour' in a 'header' record") as e:
+        read_trace(path)
+    assert (e.value.loc.line, e.value.loc.col) == (1, line.index('"colour"') + len('"colour":') + 1)
+
+
+def test_a_plan_with_other_times_is_another_plan(ran):
+    """The hash covers the node times: a trace does not verify against a re-annotated plan (issue 13.5)."""
+    plan, records = ran
+    p = plan.program
+    g = p.exec
+    other = build_run_plan(replace(p, exec=replace(g, nodes=(g.nodes[0].with_(time=g.nodes[0].time * 2),)
+                                                   + g.nodes[1:])))
+    v = verify(other, trace_from_records(list(enumerate(records, start=1))))
+    assert [x.rule for x in v] == ["plan-hash"]
+
+
+def test_trace_writer_never_writes_nan(tmp_path):
+    from rpegc.runtime.trace import TraceWriter
+
+    w = TraceWriter(str(tmp_path / "t.jsonl"))
+    try:
+        with pytest.raises(RpegError, match=r"cannot write a 'node' record: the value at finish is not a finite"):
+            w({"type": "node", "finish": float("nan")})
+    finally:
+        w.close()
+    assert (tmp_path / "t.jsonl").read_text() == ""

@@ -62,12 +62,24 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
 
 EXPR is a size expression in the text syntax, e.g. "B*R" or "(Lp + Lr)/2". When reading, a node
 may give "devices" without "alloc": the allocation is rebuilt from the device box (the module's
-cluster is needed); given both, they must agree. Unknown keys are errors. Every error names the key
-path, e.g. `at nodes[3].alloc.extent: expected a list of 3 integers`.
+cluster is needed); given both, they must agree. Unknown keys are errors.
+
+The published JSON Schema of this form is `rpegc-program.schema.json` beside this module (package
+data; draft 2020-12). The reader below is hand-written (the runtime must not need jsonschema, whose
+`rpds-py` dependency is compiled) and is kept equal to the schema by tests/test_json_schema.py:
+every schema violation is rejected at the same key path. Strictness: the text must be strict JSON
+(`rpegc.syntax.json_text.loads`: no NaN/Infinity, no number that overflows a double, nesting at most
+64 deep); integers are at most 2^53 - 1; times (time, start, finish), memory bytes, m_eff, r_peak,
+makespan, util and p_eff are finite and >= 0, fractions and quantile shares in (0, 1]. Beyond the
+schema the reader checks node ids are unique, edge endpoints exist, the edges are acyclic,
+finish >= start, and that the last step of the nodes is steps-1. Every error names the key
+path and the line and column of the value, e.g.
+`plan.json:1292:13: error: at nodes[17].bytes: expected an integer >= 0, got -1`.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable, Optional
 
@@ -82,6 +94,7 @@ from rpegc.core.exec_graph import (
     ScheduleReport,
 )
 from rpegc.core.expr import Expr
+from rpegc.syntax import json_text
 from rpegc.core.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
 from rpegc.core.program import (
@@ -107,6 +120,8 @@ from rpegc.core.program import (
 
 FORMAT = "rpegc-program"
 FORMAT_VERSION = 1
+SCHEMA_FILE = "rpegc/syntax/rpegc-program.schema.json"  # the published JSON Schema of this form (package data)
+MAX_INT = 2**53 - 1  # the integers every JSON reader reads exactly (I-JSON, RFC 7493)
 _ARCH_KEYS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
 _STRATEGY_KEYS = ("dp", "pp", "tp", "mb")
 
@@ -256,22 +271,39 @@ def _node_json(n: ExecNode, cluster: Optional[Cluster]) -> dict:
 
 
 class _Reader:
-    """Typed access to decoded JSON; every failure is an RpegError naming the key path."""
+    """Typed access to decoded JSON; every failure is an RpegError naming the key path and, when the
+    text is known, the line and column of the value (`rpegc.syntax.json_text.locate`)."""
 
-    def __init__(self, file: str):
+    def __init__(self, file: str, text: Optional[str] = None):
         self.file = file
+        self.text = text
         self.loc = Loc(file, 0, 0)
 
     def error(self, path: str, message: str) -> RpegError:
         where = f"at {path}: " if path else ""
-        return RpegError(self.loc, f"{where}{message}")
+        loc = self.loc
+        if self.text is not None:
+            line, col = json_text.locate(self.text, path)
+            loc = Loc(self.file, line, col)
+        return RpegError(loc, f"{where}{message}")
+
+    def at(self, path: str) -> Loc:
+        """The location of the value at `path` (file:0:0 without the text)."""
+        if self.text is None:
+            return self.loc
+        return Loc(self.file, *json_text.locate(self.text, path))
+
+    def element_locs(self, path: str, count: int) -> list[Loc]:
+        """The location of each of the `count` elements of the list at `path`."""
+        locs = json_text.element_locs(self.text, path, self.file) if self.text is not None else []
+        return locs if len(locs) == count else [self.loc] * count
 
     def obj(self, value: Any, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
         if not isinstance(value, dict):
             raise self.error(path, f"expected an object, got {_kind(value)}")
         for key in required:
             if key not in value:
-                raise self.error(path, f"missing key '{key}'; add it (see the JSON schema in rpegc.syntax.json_form)")
+                raise self.error(path, f"missing key '{key}'; add it (see {SCHEMA_FILE})")
         allowed = set(required) | set(optional)
         for key in value:
             if key not in allowed:
@@ -285,11 +317,23 @@ class _Reader:
             raise self.error(path, f"expected an integer, got {_kind(value)}")
         if minimum is not None and value < minimum:
             raise self.error(path, f"expected an integer >= {minimum}, got {value}")
+        if value > MAX_INT:
+            raise self.error(path, f"the integer {value} is too large; integers are at most 2^53 - 1 = {MAX_INT}")
         return value
 
-    def float_(self, value: Any, path: str) -> float:
+    def float_(self, value: Any, path: str, minimum: Optional[float] = None, positive: bool = False,
+               maximum: Optional[float] = None) -> float:
+        """A finite number; with `minimum`: >= minimum, `positive`: > 0, `maximum`: <= maximum."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(path, f"expected a number, got {_kind(value)}")
+        if not math.isfinite(value):
+            raise self.error(path, f"expected a finite number, got {value}")
+        if minimum is not None and value < minimum:
+            raise self.error(path, f"expected a number >= {minimum:g}, got {value!r}")
+        if positive and value <= 0:
+            raise self.error(path, f"expected a number > 0, got {value!r}")
+        if maximum is not None and value > maximum:
+            raise self.error(path, f"expected a number <= {maximum:g}, got {value!r}")
         return value
 
     def bool_(self, value: Any, path: str) -> bool:
@@ -336,7 +380,7 @@ class _Reader:
 
 
 def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+    return json_text.join(path, key)
 
 
 def _kind(value: Any) -> str:
@@ -353,9 +397,16 @@ def _kind(value: Any) -> str:
     return "an object"
 
 
-def program_from_json(d: dict, file: str) -> Program:
-    """Rebuild a Program from `program_to_json`'s dict; malformed input raises RpegError (key path)."""
-    r = _Reader(file)
+def program_from_text(text: str, file: str) -> Program:
+    """Read the JSON form from its text: strict JSON (`json_text.loads`), every error located at its
+    key path and its line and column in `text`."""
+    return program_from_json(json_text.loads(text, file), file, text)
+
+
+def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program:
+    """Rebuild a Program from `program_to_json`'s dict; malformed input raises RpegError (key path, and
+    line and column when the `text` it was decoded from is given)."""
+    r = _Reader(file, text)
     exec_keys = ("graph", "steps", "lowered", "nodes", "edges")
     top = r.obj(
         d,
@@ -366,10 +417,9 @@ def program_from_json(d: dict, file: str) -> Program:
     )
     if "format" in top and top["format"] != FORMAT:
         raise r.error("format", f"expected '{FORMAT}', got {_kind(top['format'])}; this is not an rpegc program")
-    if "format_version" in top and top["format_version"] != FORMAT_VERSION:
-        raise r.error(
-            "format_version", f"unsupported version {top['format_version']!r}; this rpegc reads {FORMAT_VERSION}"
-        )
+    version = top.get("format_version", FORMAT_VERSION)
+    if isinstance(version, bool) or version != FORMAT_VERSION:
+        raise r.error("format_version", f"unsupported version {_kind(version)}; this rpegc reads {FORMAT_VERSION}")
     workload = _read_workload(r, top["workload"])
     models = tuple(_read_model(r, m, f"models[{i}]") for i, m in enumerate(r.list_(top["models"], "models")))
     graph = r.opt(top.get("rpeg_graph"), "rpeg_graph", lambda v, p: _read_graph(r, v, p))
@@ -456,7 +506,8 @@ def _read_vertex(r: _Reader, v: Any, path: str) -> Vertex:
 
 def _read_quantile(r: _Reader, v: Any, path: str) -> Quantile:
     o = r.obj(v, path, ("f", "tokens"))
-    return Quantile(f=r.float_(o["f"], _join(path, "f")), tokens=r.expr(o["tokens"], _join(path, "tokens")), loc=r.loc)
+    return Quantile(f=r.float_(o["f"], _join(path, "f"), positive=True, maximum=1.0),
+                    tokens=r.expr(o["tokens"], _join(path, "tokens")), loc=r.loc)
 
 
 def _read_graph(r: _Reader, v: Any, path: str) -> Graph:
@@ -543,7 +594,7 @@ _NODE_OPTIONAL = (
 )
 
 
-def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster]) -> ExecNode:
+def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster], loc: Optional[Loc] = None) -> ExecNode:
     o = r.obj(v, path, _NODE_REQUIRED, _NODE_OPTIONAL)
     node_id = r.str_(o["id"], _join(path, "id"))
     alloc = r.opt(o.get("alloc"), _join(path, "alloc"), lambda x, p: _read_alloc(r, x, p))
@@ -555,11 +606,14 @@ def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster]) -> Exe
     if o.get("src_strategy") is not None:
         sp = _join(path, "src_strategy")
         src_strategy = _read_strategy(r, r.obj(o["src_strategy"], sp, _STRATEGY_KEYS), sp, required=True)
-    opt_float = lambda key: r.opt(o.get(key), _join(path, key), r.float_)  # noqa: E731
+    opt_time = lambda key: r.opt(o.get(key), _join(path, key), lambda x, p: r.float_(x, p, minimum=0.0))  # noqa: E731
     opt_int = lambda key, low: r.opt(o.get(key), _join(path, key), lambda x, p: r.int_(x, p, low))  # noqa: E731
     opt_str = lambda key, choices=None: r.opt(  # noqa: E731
         o.get(key), _join(path, key), lambda x, p: r.str_(x, p, choices)
     )
+    start, finish = opt_time("start"), opt_time("finish")
+    if start is not None and finish is not None and finish < start:
+        raise r.error(_join(path, "finish"), f"finish {finish!r} is before start {start!r}; a node ends after it starts")
     return ExecNode(
         id=node_id,
         kind=r.str_(o["kind"], _join(path, "kind"), NODE_KINDS),
@@ -576,13 +630,14 @@ def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster]) -> Exe
         src_alloc=r.opt(o.get("src_alloc"), _join(path, "src_alloc"), lambda x, p: _read_alloc(r, x, p)),
         src_strategy=src_strategy,
         bytes=r.int_(o.get("bytes", 0), _join(path, "bytes"), 0),
-        fraction=opt_float("fraction"),
+        fraction=r.opt(o.get("fraction"), _join(path, "fraction"),
+                       lambda x, p: r.float_(x, p, positive=True, maximum=1.0)),
         version_in=r.version_map(o.get("version_in", {}), _join(path, "version_in")),
         version_out=r.version_map(o.get("version_out", {}), _join(path, "version_out")),
-        time=opt_float("time"),
-        start=opt_float("start"),
-        finish=opt_float("finish"),
-        loc=r.loc,
+        time=opt_time("time"),
+        start=start,
+        finish=finish,
+        loc=loc or r.loc,
     )
 
 
@@ -616,7 +671,10 @@ def _check_devices(
 
 
 def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
-    nodes = tuple(_read_node(r, v, f"nodes[{i}]", cluster) for i, v in enumerate(r.list_(top["nodes"], "nodes")))
+    raw_nodes = r.list_(top["nodes"], "nodes")
+    # Later errors about a node or an edge (passes, the runtime) point at it in the file.
+    node_locs = r.element_locs("nodes", len(raw_nodes))
+    nodes = tuple(_read_node(r, v, f"nodes[{i}]", cluster, node_locs[i]) for i, v in enumerate(raw_nodes))
     seen: set[str] = set()
     for i, n in enumerate(nodes):
         if n.id in seen:
@@ -627,6 +685,7 @@ def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
     if attrs is not None and len(attrs) != len(raw_edges):
         raise r.error("edge_attrs", f"has {len(attrs)} entries but 'edges' has {len(raw_edges)}; give one per edge")
     edges = []
+    edge_locs = r.element_locs("edges", len(raw_edges))
     for i, e in enumerate(raw_edges):
         path = f"edges[{i}]"
         if not isinstance(e, list) or len(e) != 2:
@@ -641,17 +700,69 @@ def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
             ao = r.obj(attrs[i], ap, ("kind",), ("container",))
             kind = r.str_(ao["kind"], _join(ap, "kind"), EDGE_KINDS)
             container = r.opt(ao.get("container"), _join(ap, "container"), r.str_)
-        edges.append(ExecEdge(src=src, dst=dst, kind=kind, container=container, loc=r.loc))
+        edges.append(ExecEdge(src=src, dst=dst, kind=kind, container=container, loc=edge_locs[i]))
+    steps = r.int_(top["steps"], "steps", 1)
+    _check_steps(r, nodes, steps)
+    _check_acyclic(r, nodes, edges)
     return ExecGraph(
         graph=r.str_(top["graph"], "graph"),
-        steps=r.int_(top["steps"], "steps", 1),
+        steps=steps,
         nodes=nodes,
         edges=tuple(edges),
         lowered=r.bool_(top.get("lowered", False), "lowered"),
         memory=r.opt(top.get("memory"), "memory", lambda v, p: _read_memory(r, v, p)),
         schedule=r.opt(top.get("schedule"), "schedule", lambda v, p: _read_schedule(r, v, p)),
-        loc=r.loc,
+        loc=r.at("steps"),
     )
+
+
+def _check_steps(r: _Reader, nodes: tuple[ExecNode, ...], steps: int) -> None:
+    """The nodes' steps run up to steps-1 exactly (a module without nodes has no steps to check)."""
+    if not nodes:
+        return
+    present = {n.step for n in nodes}
+    for i, n in enumerate(nodes):
+        if n.step >= steps:
+            raise r.error(f"nodes[{i}].step", f"node {n.id} is in step {n.step}, but 'steps' is {steps} "
+                                              f"(steps 0..{steps - 1}); fix the step or 'steps'")
+    last = max(present)
+    if last != steps - 1:
+        raise r.error("steps", f"'steps' is {steps}, but the nodes end at step {last} (they cover {last + 1} "
+                               "step(s)); set 'steps' to the steps the nodes were unrolled for")
+
+
+def _check_acyclic(r: _Reader, nodes: tuple[ExecNode, ...], edges: list[ExecEdge]) -> None:
+    """The exec graph is a DAG (Kahn's algorithm); a cycle is reported at one of its edges."""
+    succs: dict[str, list[int]] = {n.id: [] for n in nodes}
+    indegree = {n.id: 0 for n in nodes}
+    for i, e in enumerate(edges):
+        succs[e.src].append(i)
+        indegree[e.dst] += 1
+    ready = [i for i, d in indegree.items() if d == 0]
+    while ready:
+        u = ready.pop()
+        for i in succs[u]:
+            v = edges[i].dst
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                ready.append(v)
+    left = {i for i, d in indegree.items() if d > 0}
+    if not left:
+        return
+    # Every node left has a predecessor left: walk back until a node repeats to name one cycle.
+    preds: dict[str, int] = {}
+    for i, e in enumerate(edges):
+        if e.src in left and e.dst in left:
+            preds.setdefault(e.dst, i)
+    cycle: list[str] = []
+    at = next(iter(sorted(left)))
+    while at not in cycle:
+        cycle.append(at)
+        at = edges[preds[at]].src
+    cycle = cycle[cycle.index(at):][::-1]
+    first = preds[cycle[0]]
+    text = " -> ".join(cycle + [cycle[0]])
+    raise r.error(f"edges[{first}]", f"the exec graph has a dependency cycle {text}; remove an edge so it is acyclic")
 
 
 def _device_map(r: _Reader, v: Any, path: str) -> tuple[tuple[int, float], ...]:
@@ -661,7 +772,7 @@ def _device_map(r: _Reader, v: Any, path: str) -> tuple[tuple[int, float], ...]:
     for key, b in v.items():
         if not re.fullmatch(r"[0-9]+", key):
             raise r.error(_join(path, key), f"'{key}' is not a flat device id (a non-negative integer)")
-        out.append((int(key), r.float_(b, _join(path, key))))
+        out.append((int(key), r.float_(b, _join(path, key), minimum=0.0)))
     return tuple(out)
 
 
@@ -671,8 +782,8 @@ def _read_memory(r: _Reader, v: Any, path: str) -> MemoryReport:
         peak=_device_map(r, o["peak"], _join(path, "peak")),
         persistent=_device_map(r, o["persistent"], _join(path, "persistent")),
         transient=_device_map(r, o["transient"], _join(path, "transient")),
-        m_eff=r.float_(o["m_eff"], _join(path, "m_eff")),
-        r_peak=r.float_(o["r_peak"], _join(path, "r_peak")),
+        m_eff=r.float_(o["m_eff"], _join(path, "m_eff"), minimum=0.0),
+        r_peak=r.float_(o["r_peak"], _join(path, "r_peak"), minimum=0.0),
         feasible=r.bool_(o["feasible"], _join(path, "feasible")),
     )
 
@@ -680,4 +791,5 @@ def _read_memory(r: _Reader, v: Any, path: str) -> MemoryReport:
 def _read_schedule(r: _Reader, v: Any, path: str) -> ScheduleReport:
     keys = ("makespan", "score", "score_pen", "util", "p_eff")
     o = r.obj(v, path, keys)
-    return ScheduleReport(**{k: r.float_(o[k], _join(path, k)) for k in keys})
+    signed = ("score", "score_pen")  # a score may be negative; the times and ratios may not
+    return ScheduleReport(**{k: r.float_(o[k], _join(path, k), minimum=None if k in signed else 0.0) for k in keys})

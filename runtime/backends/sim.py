@@ -23,6 +23,11 @@ from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.plan import Artifact, RunPlan
 
 DISTRIBUTIONS = ("uniform", "lognormal")
+# The largest lognormal sigma: at sigma 3 one node in a thousand already runs e^(3 * 3.09) ~ 10^4 times its
+# predicted time and the mean factor is e^(sigma^2 / 2) = 90; a larger sigma models no machine and drives
+# exp() towards overflow (it overflows past e^709).
+MAX_LOGNORMAL_SIGMA = 3.0
+MAX_EXPONENT = 700.0  # exp(700) ~ 1e304 is still a finite double
 
 
 class SimBackend(Backend):
@@ -33,11 +38,13 @@ class SimBackend(Backend):
     def __init__(self, jitter: float = 0.0, distribution: str = "uniform", seed: int = 0):
         if distribution not in DISTRIBUTIONS:
             raise RpegError(None, f"unknown jitter distribution '{distribution}'; use {' or '.join(DISTRIBUTIONS)}")
-        if not (math.isfinite(jitter) and jitter >= 0.0) or (distribution == "uniform" and jitter >= 1.0):
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not (
+                math.isfinite(jitter) and jitter >= 0.0) or (distribution == "uniform" and jitter >= 1.0) or (
+                distribution == "lognormal" and jitter > MAX_LOGNORMAL_SIGMA):
             raise RpegError(
                 None,
                 f"jitter {jitter} is out of range; give 0 <= jitter < 1 for uniform (+-100*jitter %) "
-                "or jitter >= 0 (the log-space sigma) for lognormal",
+                f"or 0 <= jitter <= {MAX_LOGNORMAL_SIGMA:g} (the log-space sigma) for lognormal",
             )
         self.jitter, self.distribution, self.seed = jitter, distribution, seed
         self._clock = 0.0
@@ -84,7 +91,7 @@ class SimBackend(Backend):
         rng = random.Random(f"{self.seed}/{node_id}")
         if self.distribution == "uniform":
             return 1.0 + rng.uniform(-self.jitter, self.jitter)
-        return math.exp(rng.gauss(0.0, self.jitter))
+        return math.exp(max(-MAX_EXPONENT, min(MAX_EXPONENT, rng.gauss(0.0, self.jitter))))
 
     def _start(self, d: Dispatch) -> None:
         for a in d.inputs:
@@ -96,6 +103,11 @@ class SimBackend(Backend):
         assert t is not None
         f = self.factor(d.id)
         finish = self._clock + (t if f == 1.0 else t * f)
+        if not math.isfinite(finish):
+            raise BackendError(
+                d.node.node.loc, f"node {d.id}: the simulated clock overflows ({self._clock:g} s + time {t:g} s x "
+                                 f"jitter {f:g}); the plan's times are too large to simulate",
+            )
         heapq.heappush(self._events, (finish, self._seq, d, self._clock))
         self._seq += 1
 
