@@ -2,7 +2,8 @@
 the losses and weights of the single-process reference (`reference.run_reference`) with the same seeds;
 tau = 1 changes only which versions are read, and the trace shows them.
 
-Tolerances. Per-step statistics (rewards, losses, gradient norms) agree to ~1e-7 relative. Weights are
+Tolerances. Per-step statistics (rewards, losses, gradient norms) within `STAT_REL` relative, or `STAT_REL`
+absolute for those near zero (derived at `STAT_REL`; measured ~1e-8 relative on this machine). Weights are
 compared after Adam, whose first updates are about lr * sign(g): for gradient entries near zero it turns
 float32 summation noise (a different reduction order over replicas, shards and microbatches) into
 differences up to lr. PPO's whitened advantages make the policy gradient a sum of cancelling terms with
@@ -102,6 +103,24 @@ def model_names(plan):
     return out
 
 
+# Why these statistic tolerances (issue 13: they must hold on any x86-64 CPU). A distributed step computes
+# the same float32 values as the reference in another order: GEMMs over other row blocks (microbatches,
+# replicas) and other column blocks (TP shards), reductions over replicas and microbatches in another
+# order. Each such rounding has relative error <= u = 2^-24; the worst-case bound for a chain of N
+# rounded accumulations, N u, is far from what happens, so we use the probabilistic bound (Higham and
+# Mary, 2019): lambda sqrt(N) u with probability >= 1 - 2 exp(-lambda^2 / 2) per value. Along a
+# statistic's path N is about 4e3: ~15 GEMMs of reduction length <= 256 (ffn) through the tiny model's
+# two layers, forward and backward, then the mean over <= 384 tokens or the norm over <= 1.4e5
+# parameters (sqrt: ~370, dominated by the GEMMs). lambda = 3 gives 3 * sqrt(4e3) * 2^-24 = 1.1e-5.
+# The bound is relative to the sum of the magnitudes of what is added, not to the result: the policy
+# loss (advantages normalised to mean 0 per group, ratios ~1), the k1 KL (signed log-prob differences)
+# and the KL loss are means of per-token terms of magnitude <= ~1 whose values cancel, and at step 0
+# they are rounding noise around 0 in exact arithmetic; so the absolute floor is the same bound for a
+# unit term scale. The gradient norms and the final weights carry the precise checks of training.
+STAT_REL = 1e-5
+STAT_ABS = STAT_REL * 1.0  # unit per-token term scale
+
+
 def assert_same_run(plan, backend, rl, weights_atol):
     cfg = run_config(plan.program, rl=rl)
     ref = run_reference(cfg, plan.steps, seed=0)
@@ -109,7 +128,7 @@ def assert_same_run(plan, backend, rl, weights_atol):
         got = backend.metrics[k]
         for key in ("reward", "kl", "policy_loss", "kl_loss", "value_loss", "actor_grad_norm", "critic_grad_norm"):
             if key in want:
-                assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (k, key)
+                assert got[key] == pytest.approx(want[key], rel=STAT_REL, abs=STAT_ABS), (k, key)
     initial = ReferenceTrainer(cfg, seed=0).weights()
     for role, name in model_names(plan).items():
         want, got = ref.weights[role], backend.final_weights[name]
@@ -162,7 +181,7 @@ def test_a_frozen_reward_model_scores_instead_of_the_rule(tmp_path):
     backend, _ = run_torch(plan, reward="model")
     ref = run_reference(run_config(plan.program, reward="model"), 1, seed=0)
     got, want = backend.metrics[0], ref.metrics[0]
-    assert got["score"] == pytest.approx(want["score"], rel=1e-5) and got["score"] != got["reward"]
+    assert got["score"] == pytest.approx(want["score"], rel=STAT_REL) and got["score"] != got["reward"]
     assert got["reward"] == pytest.approx(want["reward"])  # the rule is still measured and reported
     for n, w in ref.weights["actor"].items():
         torch.testing.assert_close(backend.final_weights["actor"][n], w, rtol=0, atol=5e-5)

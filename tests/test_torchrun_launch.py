@@ -17,6 +17,7 @@ from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.torch_backend.backend import TorchBackend, run_config  # noqa: E402
 from rpegc.runtime.torch_backend.reference import run_reference  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
+from test_torchrun_equivalence import STAT_REL  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
@@ -48,7 +49,7 @@ def test_externally_launched_workers_run_the_plan_and_exit_cleanly(tmp_path):
     assert codes == [0, 0, 0, 0], [w.stderr.read()[-2000:] for w in workers]
     assert verify(plan, result.trace) == []
     ref = run_reference(run_config(plan.program), 2, seed=0)
-    assert backend.metrics[1]["actor_grad_norm"] == pytest.approx(ref.metrics[1]["actor_grad_norm"], rel=1e-6)
+    assert backend.metrics[1]["actor_grad_norm"] == pytest.approx(ref.metrics[1]["actor_grad_norm"], rel=STAT_REL)
     for n, w in ref.weights["actor"].items():
         torch.testing.assert_close(backend.final_weights["actor"][n], w, rtol=0, atol=5e-5)
 

@@ -19,6 +19,7 @@ from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.torch_backend.backend import TorchBackend, run_config  # noqa: E402
 from rpegc.runtime.torch_backend.reference import run_reference  # noqa: E402
+from test_torchrun_equivalence import STAT_REL  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,6 +48,6 @@ def test_a_run_with_megatron_tensor_parallelism_matches_the_reference(tmp_path):
     backend = TorchBackend(seed=0, tp_impl="megatron")
     run(plan, backend)
     ref = run_reference(run_config(plan.program), 1, seed=0)
-    assert backend.metrics[0]["actor_grad_norm"] == pytest.approx(ref.metrics[0]["actor_grad_norm"], rel=1e-6)
+    assert backend.metrics[0]["actor_grad_norm"] == pytest.approx(ref.metrics[0]["actor_grad_norm"], rel=STAT_REL)
     for n, w in ref.weights["actor"].items():
         torch.testing.assert_close(backend.final_weights["actor"][n], w, rtol=0, atol=2e-5)

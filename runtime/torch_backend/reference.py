@@ -15,8 +15,12 @@ float32 Adam state and train in float32 (mixed-precision training is out of scop
 version is a serving copy cast to the serving dtype (bf16/fp16, or float32 for fp32), and the models that
 serve generation and inference (the stale actor/critic, the reference and reward models) run their forward
 in that dtype; their heads return float32, so sampling, log-probs and the losses are float32. The workers
-cast in the same places, so tau = 0 equivalence holds in bf16 too: serving under DP/PP rounds the same
-values in the same order (bit-identical outputs on the CPU), TP sums partial products in another order.
+cast in the same places, so tau = 0 equivalence holds in bf16 too, step by step: from the same serving copy,
+DP/PP serving splits rows only (on the CPU kernel paths tested, a sequence's bf16 forward does not depend on
+its call's row count), TP sums partial products in another order. Across steps it does not compound: a
+published copy is bf16(master), a discontinuous function of a master known to float32 noise only, so an
+independently trained reference may serve copies one bf16 ulp apart in a few entries from step 1 on
+(tests/test_torch_bf16.py compares each step from the run's own checkpoint).
 """
 
 from __future__ import annotations
