@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from rpegc.core.errors import UNKNOWN_LOC, Loc
+from rpegc.core.errors import UNKNOWN_LOC, Loc, RpegError
 from rpegc.core.expr import Expr, evaluate
 
 if TYPE_CHECKING:
@@ -243,14 +243,52 @@ class Program:
         raise KeyError(name)
 
 
+# The largest element count a data container may have: 2**50 elements (a PiB of bf16) exceeds the memory of
+# any cluster the cost model describes, and keeps every byte count exact in a float64 (< 2**53).
+MAX_ELEMENTS = 2**50
+
+
+def container_shape(c: Container, workload: Workload) -> tuple[int, ...]:
+    """The dimensions of a data container under the workload, each a positive integer.
+
+    The one check of container sizes: verify-wellformed reports its error, and every later consumer (lowering,
+    cost, memory) calls it too, so a pass run without verification still fails with the same located error."""
+    dims = []
+    total = 1
+    shape = f"{c.elem}[{', '.join(str(d) for d in c.dims)}]"
+    for d in c.dims:
+        try:
+            value = evaluate(d, workload.env)
+        except ZeroDivisionError:
+            raise RpegError(c.loc, f"size {d} of container %{c.name} = {shape} divides by zero under the workload "
+                                   f"({_env_text(workload)}); write sizes that stay positive") from None
+        if value.denominator != 1:
+            raise RpegError(c.loc, f"size {d} of container %{c.name} = {shape} is {float(value):g}, not a whole "
+                                   f"number of elements, under the workload ({_env_text(workload)}); write sizes "
+                                   "that divide evenly")
+        if value <= 0:
+            raise RpegError(c.loc, f"size {d} of container %{c.name} = {shape} is {value} under the workload "
+                                   f"({_env_text(workload)}); every size must be a positive number of elements")
+        total *= int(value)
+        if total > MAX_ELEMENTS:
+            raise RpegError(c.loc, f"container %{c.name} = {shape} has more than {MAX_ELEMENTS} (2**50) elements "
+                                   f"under the workload ({_env_text(workload)}); no cluster holds it")
+        dims.append(int(value))
+    return tuple(dims)
+
+
+def _env_text(workload: Workload) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in workload.env.items())
+
+
 def container_elements(c: Container, workload: Workload, param_count) -> int:
     """#a: element count of a container; weights use `param_count(model_name)` (N_m, spec 2.5)."""
     if c.is_weights:
         return int(param_count(c.model))
     n = 1
-    for d in c.dims:
-        n *= evaluate(d, workload.env)
-    return int(n)
+    for d in container_shape(c, workload):
+        n *= d
+    return n
 
 
 def container_bytes(c: Container, workload: Workload, param_count) -> int:

@@ -22,7 +22,7 @@ from typing import Optional
 
 from rpegc.core.errors import Loc, RpegError
 from rpegc.core.expr import evaluate
-from rpegc.core.program import ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program, Vertex
+from rpegc.core.program import ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program, Vertex, container_shape
 
 GENERATIVE_KINDS = ("policy", "actor_critic")  # kinds with an LM head (spec 2.3)
 _EPS = 1e-9
@@ -45,6 +45,7 @@ def check_graph(p: Program) -> list[RpegError]:
         _check_acyclic,
         _check_staleness,
         _check_quantiles,
+        _check_sizes,
     ):
         errors += check(ctx)
     # A stable sort keeps checks in the order above for declarations without a source position.
@@ -536,6 +537,19 @@ def _check_quantiles(ctx: _Context) -> list[RpegError]:
     if not isinstance(t_last, RpegError) and t_last != lr:
         errors.append(RpegError(last.loc, f"the last quantile length is {last.tokens} = {_num(t_last)} tokens, but "
                                           f"responses end by Lr = {lr}; end the list with length Lr"))
+    return errors
+
+
+def _check_sizes(ctx: _Context) -> list[RpegError]:
+    """Every data container's dimensions evaluate, once, to positive whole numbers (container_shape)."""
+    errors = []
+    for c in ctx.g.containers:
+        if c.is_weights:
+            continue
+        try:
+            container_shape(c, ctx.p.workload)
+        except RpegError as err:
+            errors.append(err)
     return errors
 
 
