@@ -85,6 +85,7 @@ def _lark() -> Lark:
 
 def parse(text: str, file: str = "<input>") -> Program:
     """Parse one `.rpeg` module. Raises RpegError (or RpegErrors) for any bad input, never anything else."""
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark (editors on Windows write one)
     try:
         tree = _lark().parse(text, start="start")
     except UnexpectedInput as err:
