@@ -48,15 +48,35 @@ class RpegErrors(RpegError):
         return "\n".join(str(e) for e in self.errors)
 
 
+# The most characters of a source line an error prints: a generated file may hold a megabyte on one line.
+EXCERPT_WIDTH = 120
+_ELLIPSIS = "..."
+
+
+def excerpt(line: str, col: int, width: int = EXCERPT_WIDTH) -> tuple[str, int]:
+    """At most `width` characters of `line` around 1-based `col`, with `...` where it was cut, and the
+    1-based column of that position within the excerpt (where the caret goes)."""
+    if len(line) <= width:
+        return line, col
+    i = min(max(0, col - 1), len(line))
+    start = max(0, min(i - width // 2, len(line) - width))
+    end = min(len(line), start + width)
+    head = _ELLIPSIS if start > 0 else ""
+    tail = _ELLIPSIS if end < len(line) else ""
+    return head + line[start:end] + tail, len(head) + (i - start) + 1
+
+
 def render(error: RpegError, source: str | None) -> str:
-    """`file:line:col: error: msg`, then the source line and a caret under the column."""
+    """`file:line:col: error: msg`, then (an excerpt of) the source line and a caret under the column."""
     parts = []
+    lines: list[str] | None = None  # split once, however many errors point into the source
     for err in getattr(error, "errors", [error]):
         text = f"{err.loc}: error: {err.message}"
         if source is not None and err.loc.line > 0:
-            lines = source.splitlines()
+            if lines is None:
+                lines = source.splitlines()
             if err.loc.line <= len(lines):
-                line = lines[err.loc.line - 1]
-                text += f"\n{line}\n{' ' * max(0, err.loc.col - 1)}^"
+                line, col = excerpt(lines[err.loc.line - 1], err.loc.col)
+                text += f"\n{line}\n{' ' * max(0, col - 1)}^"
         parts.append(text)
     return "\n".join(parts)

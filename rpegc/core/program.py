@@ -134,19 +134,15 @@ class Graph:
     quantiles_loc: Loc = _loc()
 
     def vertex(self, name: str) -> Vertex:
-        for v in self.vertices:
-            if v.name == name:
-                return v
-        raise KeyError(name)
+        return _first_by_name(self, "vertices", self.vertices, lambda v: v.name)[name]
 
     def container(self, name: str) -> Container:
-        for c in self.containers:
-            if c.name == name:
-                return c
-        raise KeyError(name)
+        return _first_by_name(self, "containers", self.containers, lambda c: c.name)[name]
 
     def tau(self, model: str) -> int:
-        return dict(self.staleness).get(model, 0)
+        # The last entry of a repeated model counts, as in dict(staleness) (verify-wellformed reports repeats).
+        last = _first_by_name(self, "staleness", self.staleness[::-1], lambda e: e[0])
+        return last.get(model, (model, 0))[1]
 
 
 @dataclass(frozen=True)
@@ -218,10 +214,7 @@ class Plan:
     loc: Loc = _loc()
 
     def placement(self, vertex: str) -> Placement:
-        for p in self.placements:
-            if p.vertex == vertex:
-                return p
-        raise KeyError(vertex)
+        return _first_by_name(self, "placements", self.placements, lambda p: p.vertex)[vertex]
 
 
 @dataclass(frozen=True)
@@ -237,10 +230,27 @@ class Program:
     file: str = field(default="<input>", compare=False)
 
     def model(self, name: str) -> Model:
-        for m in self.models:
-            if m.name == name:
-                return m
-        raise KeyError(name)
+        return _first_by_name(self, "models", self.models, lambda m: m.name)[name]
+
+
+def _first_by_name(owner, field_name: str, items: tuple, key) -> dict:
+    """An index name -> first of `items` (derived from the field `field_name` of the frozen `owner`), built
+    once per object.
+
+    Lookups by name used to scan the tuple, which made passes over a graph of n vertices or containers
+    O(n^2). The index lives in the instance's __dict__ beside the fields (which never change): equality,
+    repr and dataclasses.replace see only the fields, and a replaced object builds its own index."""
+    cache = owner.__dict__.get("_index")
+    if cache is None:
+        cache = {}
+        object.__setattr__(owner, "_index", cache)
+    index = cache.get(field_name)
+    if index is None:
+        index = {}
+        for item in items:
+            index.setdefault(key(item), item)
+        cache[field_name] = index
+    return index
 
 
 # The largest element count a data container may have: 2**50 elements (a PiB of bf16) exceeds the memory of
