@@ -27,10 +27,13 @@ UNKNOWN_LOC = Loc("<unknown>", 0, 0)
 class RpegError(Exception):
     """A user error at a source location (bad input, never a bug in rpegc)."""
 
-    def __init__(self, loc: Loc | None, message: str):
+    def __init__(self, loc: Loc | None, message: str, source: str | None = None):
         super().__init__(message)
         self.loc = loc or UNKNOWN_LOC
         self.message = message
+        # The text of the file `loc` points into, when the reader of the error may not have it (e.g. a
+        # hardware profile read by a pass): render() prints its line and caret from it.
+        self.source = source
 
     def __str__(self) -> str:
         return f"{self.loc}: error: {self.message}"
@@ -41,7 +44,7 @@ class RpegErrors(RpegError):
 
     def __init__(self, errors: list[RpegError]):
         assert errors
-        super().__init__(errors[0].loc, errors[0].message)
+        super().__init__(errors[0].loc, errors[0].message, errors[0].source)
         self.errors = errors
 
     def __str__(self) -> str:
@@ -72,7 +75,13 @@ def render(error: RpegError, source: str | None) -> str:
     lines: list[str] | None = None  # split once, however many errors point into the source
     for err in getattr(error, "errors", [error]):
         text = f"{err.loc}: error: {err.message}"
-        if source is not None and err.loc.line > 0:
+        own = getattr(err, "source", None)
+        if own is not None and err.loc.line > 0:
+            own_lines = own.splitlines()
+            if err.loc.line <= len(own_lines):
+                line, col = excerpt(own_lines[err.loc.line - 1], err.loc.col)
+                text += f"\n{line}\n{' ' * max(0, col - 1)}^"
+        elif source is not None and err.loc.line > 0:
             if lines is None:
                 lines = source.splitlines()
             if err.loc.line <= len(lines):
