@@ -119,3 +119,22 @@ def test_render_splits_the_source_once_for_many_errors():
     errors = RpegErrors([RpegError(Loc("f", 1 + i % 2, 1), f"e{i}") for i in range(500)])
     assert render(errors, source).count("error:") == 500
     assert Source.splits == 1
+
+
+def test_many_unknown_references_get_a_bounded_number_of_hints(monkeypatch):
+    calls = []
+    real = difflib.get_close_matches
+
+    def spy(word, possibilities, *args, **kwargs):
+        calls.append(len(possibilities))
+        return real(word, possibilities, *args, **kwargs)
+
+    monkeypatch.setattr(parser.difflib, "get_close_matches", spy)
+    n = 1000
+    text = with_unused_containers(n).replace("  rpeg.input %X\n", "  rpeg.input %X\n" + "".join(
+        f"  rpeg.output %zz{i}\n" for i in range(n)))
+    with pytest.raises(RpegErrors) as info:
+        parse(text, "refs.rpeg")
+    unknown = [e for e in info.value.errors if "unknown container %zz" in e.message]
+    assert len(unknown) == n
+    assert len(calls) == parser._MAX_HINTS and max(calls) <= parser._MAX_SUGGESTION_CANDIDATES
