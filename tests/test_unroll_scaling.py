@@ -77,10 +77,11 @@ def test_k_beyond_the_step_limit_is_refused():
 
 
 def test_k_times_vertices_beyond_the_op_node_limit_is_refused():
-    wide = dataclasses.replace(PPO8.graph, vertices=PPO8.graph.vertices * 2)  # 12 vertices (names repeat)
+    wide = dataclasses.replace(PPO8.graph, vertices=PPO8.graph.vertices * 4)  # 24 vertices (names repeat)
     p = dataclasses.replace(PPO8, graph=wide, plan=None)
-    k = MAX_OP_NODES // 12 + 1
+    k = MAX_OP_NODES // 24 + 1
+    assert k <= MAX_STEPS
     with pytest.raises(RpegError) as info:
         unroll(p, k)
-    assert (f"unroll{{k={k}}} of graph @ppo (12 vertices) would build {k * 12} op nodes, more than the limit "
-            f"of {MAX_OP_NODES}; use at most k={MAX_OP_NODES // 12}") in info.value.message
+    assert (f"unroll{{k={k}}} of graph @ppo (24 vertices) would build {k * 24} op nodes, more than the limit "
+            f"of {MAX_OP_NODES}; use at most k={MAX_OP_NODES // 24}") in info.value.message

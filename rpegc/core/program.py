@@ -9,10 +9,11 @@ so a module that went through print and parse again compares equal.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Optional
 
 from rpegc.core.errors import UNKNOWN_LOC, Loc, RpegError
-from rpegc.core.expr import Expr, evaluate
+from rpegc.core.expr import Expr, Num, Sym, evaluate
 
 if TYPE_CHECKING:
     from rpegc.core.exec_graph import ExecGraph
@@ -265,26 +266,37 @@ def container_shape(c: Container, workload: Workload) -> tuple[int, ...]:
     cost, memory) calls it too, so a pass run without verification still fails with the same located error."""
     dims = []
     total = 1
-    shape = f"{c.elem}[{', '.join(str(d) for d in c.dims)}]"
+    env = workload.env
     for d in c.dims:
-        try:
-            value = evaluate(d, workload.env)
-        except ZeroDivisionError:
-            raise RpegError(c.loc, f"size {d} of container %{c.name} = {shape} divides by zero under the workload "
-                                   f"({_env_text(workload)}); write sizes that stay positive") from None
-        if value.denominator != 1:
-            raise RpegError(c.loc, f"size {d} of container %{c.name} = {shape} is {float(value):g}, not a whole "
-                                   f"number of elements, under the workload ({_env_text(workload)}); write sizes "
-                                   "that divide evenly")
+        # The common cases (a symbol, a literal) without Fraction arithmetic: verification calls this per container.
+        if isinstance(d, Sym) and d.name in env:
+            value: int | Fraction = env[d.name]
+        elif isinstance(d, Num):
+            value = d.value
+        else:
+            try:
+                value = evaluate(d, env)
+            except ZeroDivisionError:
+                raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} divides by zero under the "
+                                       f"workload ({_env_text(workload)}); write sizes that stay positive") from None
+            if value.denominator != 1:
+                raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} is {float(value):g}, not a "
+                                       f"whole number of elements, under the workload ({_env_text(workload)}); write "
+                                       "sizes that divide evenly")
+            value = int(value)
         if value <= 0:
-            raise RpegError(c.loc, f"size {d} of container %{c.name} = {shape} is {value} under the workload "
+            raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} is {value} under the workload "
                                    f"({_env_text(workload)}); every size must be a positive number of elements")
-        total *= int(value)
+        total *= value
         if total > MAX_ELEMENTS:
-            raise RpegError(c.loc, f"container %{c.name} = {shape} has more than {MAX_ELEMENTS} (2**50) elements "
+            raise RpegError(c.loc, f"container %{c.name} = {_shape(c)} has more than {MAX_ELEMENTS} (2**50) elements "
                                    f"under the workload ({_env_text(workload)}); no cluster holds it")
-        dims.append(int(value))
+        dims.append(value)
     return tuple(dims)
+
+
+def _shape(c: Container) -> str:
+    return f"{c.elem}[{', '.join(str(d) for d in c.dims)}]"
 
 
 def _env_text(workload: Workload) -> str:

@@ -50,11 +50,12 @@ def unroll(p: Program, k: int) -> Program:
 
 
 # The exec graph grows linearly in K (each pass is linear in its size, bench/unroll_scaling.py), but its
-# constant is large: the lowering pipeline takes ~25 ms of one core per step of examples/ppo-8gpu.rpeg (six
-# vertices, 26 exec nodes per step after lowering), so K = 1024 already takes ~30 s. The paper evaluates
-# K_eval = 8 steps and the score converges within a few; these bounds keep a run within about a minute.
-MAX_STEPS = 1024
-MAX_OP_NODES = 8192  # K x |V|: op nodes of the unrolled graph, before quantile phases and communication
+# constant is large: the lowering pipeline takes ~30-40 ms of one core per step of examples/ppo-8gpu.rpeg
+# (six vertices, 26 exec nodes per step after lowering), so K = 256 takes ~10 s and K = 1024 ~30-40 s. The
+# paper evaluates K_eval = 8 steps and the score converges within a few; these bounds keep the lowering of
+# a graph of up to 16 vertices within seconds.
+MAX_STEPS = 256
+MAX_OP_NODES = 4096  # K x |V|: op nodes of the unrolled graph, before quantile phases and communication
 
 
 def _check_unrollable(p: Program, k: int) -> Graph:
