@@ -29,6 +29,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Block, Operation, Region
 
 from rpegc.core.errors import UNKNOWN_LOC, Loc, RpegError
+from rpegc.core.gc_pause import without_gc
 from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.program import (
     Alloc,
@@ -85,6 +86,7 @@ def loc_of(op: Operation) -> Loc:
 # --- Program -> ops ---------------------------------------------------------------------------
 
 
+@without_gc
 def program_to_module(p: Program) -> ModuleOp:
     return ModuleOp(program_ops(p), attributes={FILE_ATTR: StringAttr(p.file)})
 
@@ -347,6 +349,7 @@ class _Builder:
 # --- ops -> Program ---------------------------------------------------------------------------
 
 
+@without_gc
 def module_to_program(m: ModuleOp) -> Program:
     """The Program held by a module built by `program_to_module` (or parsed and verified)."""
     workload: Optional[Workload] = None

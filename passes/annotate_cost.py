@@ -17,7 +17,7 @@ from xdsl.passes import ModulePass
 from rpegc.core.annotate import annotate
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware, load_hardware
+from rpegc.core.hardware import Hardware, cluster_hardware
 from rpegc.core.program import Program
 from rpegc.passes.program_pass import check_hardware, transform
 
@@ -28,7 +28,7 @@ def program_hardware(p: Program, override: str = "") -> Hardware:
     if p.cluster is None:
         loc = p.graph.loc if p.graph is not None else p.workload.loc
         raise RpegError(loc, "annotate-cost needs an rpeg.cluster with a hardware profile")
-    return load_hardware(override or p.cluster.hardware, p.cluster.loc)
+    return cluster_hardware(p.cluster, override)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from xdsl.passes import ModulePass
 
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
-from rpegc.core.hardware import load_hardware
+from rpegc.core.hardware import cluster_hardware
 from rpegc.core.program import Program
 from rpegc.passes.program_pass import check_hardware, transform
 from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, parse_ablations
@@ -82,7 +82,7 @@ class OptimizePass(ModulePass):
             raise RpegError(p.graph.loc if p.graph else err.loc, f"optimize: {err.message}") from None
         if p.cluster is None:
             raise RpegError(p.graph.loc if p.graph else None, "optimize needs an rpeg.cluster; add one to the module")
-        hw = load_hardware(self.hardware or p.cluster.hardware, p.cluster.loc)
+        hw = cluster_hardware(p.cluster, self.hardware)
         if self.progress or sys.stderr.isatty():
             from rpegc.search.report import ProgressBar
 

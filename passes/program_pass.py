@@ -18,6 +18,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import PassFailedException
 
 from rpegc.core.errors import RpegError
+from rpegc.core.gc_pause import without_gc
 from rpegc.core.program import Program
 
 
@@ -36,6 +37,7 @@ def read_program(module: ModuleOp) -> Program:
     return module_to_program(module)
 
 
+@without_gc  # a pass builds the whole module again: see rpegc/core/gc_pause.py
 def transform(pass_name: str, module: ModuleOp, fn: Callable[[Program], Program]) -> Program:
     """Apply `fn` to the module's Program and write the result back; returns the new Program."""
     from rpegc.dialects.convert import replace_module
@@ -48,6 +50,7 @@ def transform(pass_name: str, module: ModuleOp, fn: Callable[[Program], Program]
     return result
 
 
+@without_gc
 def check(pass_name: str, module: ModuleOp, fn: Callable[[Program], None]) -> None:
     """Run a check that does not change the module."""
     try:

@@ -377,6 +377,7 @@ class RpegcMain(xDSLOptMain):
             line = raw[: err.start].count(b"\n") + 1
             col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
             raise RpegError(Loc(self.get_input_name(), line, col), "the file is not valid UTF-8 text") from None
+        text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark; columns count from after it
         self.sources[self.get_input_name()] = text
         return text
 

@@ -173,7 +173,7 @@ class RunPlan:
 def load_program(path: str) -> Program:
     """Read a module from `path`: JSON form when it ends in .json, else the `.rpeg` text form."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is dropped
             text = f.read()
     except OSError as e:
         raise RpegError(Loc(path, 0, 0), f"cannot read the plan file: {e.strerror or e}; check the path") from None

@@ -1,5 +1,6 @@
-"""Hardware profiles: the shipped TOML files load, and bad profiles are located RpegErrors that name
-the file, the key and the TOML line. Also the cost-option parser."""
+"""Hardware profiles: the shipped TOML files load, and bad profiles are located RpegErrors at the key's
+line and column in the profile (with its source line), naming the key, the value, the allowed range and the
+cluster that asked for the profile. Also the cost-option parser."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from rpegc.core.cost_options import CostOptions, cost_options
 from rpegc.core.devices import TIERS
-from rpegc.core.errors import Loc, RpegError
+from rpegc.core.errors import Loc, RpegError, render
 from rpegc.core.hardware import PROFILE_DIR, Hardware, load_hardware, profile_names
 
 CLUSTER_LOC = Loc("ppo.rpeg", 12, 1)
@@ -19,7 +20,8 @@ GOOD = (PROFILE_DIR / "gh200.toml").read_text()
 def test_shipped_profiles():
     assert profile_names() == ["a100-40g", "cpu", "gh200", "h100-80g", "h200"]
     # cpu: calibrated by rpeg-calibrate on this project's 2-core machines (bench/validation/cpu.toml).
-    per_node = {"gh200": 4, "a100-40g": 8, "h100-80g": 8, "h200": 8, "cpu": 2}
+    # cpu states no gpus_per_node: CPU worker processes, any number per node (examples/ppo-tiny.rpeg runs 4).
+    per_node = {"gh200": 4, "a100-40g": 8, "h100-80g": 8, "h200": 8, "cpu": None}
     for name in profile_names():
         hw = load_hardware(name)
         assert hw.name == name and hw.gpus_per_node == per_node[name]
@@ -66,35 +68,81 @@ def write(tmp_path: Path, text: str) -> str:
 
 
 def error_of(path: str) -> RpegError:
+    """The error of loading `path`: located in the profile, naming the cluster that asked for it."""
     with pytest.raises(RpegError) as info:
         load_hardware(path, CLUSTER_LOC)
-    assert info.value.loc == CLUSTER_LOC
-    assert "bad.toml" in info.value.message
+    assert info.value.loc.file.endswith("bad.toml")
+    assert "(the profile of the cluster at ppo.rpeg:12:1)" in info.value.message
     return info.value
 
 
-def test_missing_key_is_named_with_its_table_line(tmp_path):
+def line_of(text: str, start: str) -> int:
+    return next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith(start))
+
+
+def test_missing_key_is_located_at_its_table(tmp_path):
     text = GOOD.replace("BW_mem = 3.4e12", "")
     err = error_of(write(tmp_path, text))
     assert "missing key 'compute.BW_mem'" in err.message
-    assert f"line {text.splitlines().index('[compute]') + 1}" in err.message
+    assert (err.loc.line, err.loc.col) == (text.splitlines().index('[compute]') + 1, 1)
 
 
-def test_wrong_type_is_named_with_its_line(tmp_path):
+def test_wrong_type_is_located_at_the_key(tmp_path):
     text = GOOD.replace("F_peak = 6.0e14", 'F_peak = "fast"')
     err = error_of(write(tmp_path, text))
     assert "key 'compute.F_peak' must be a number" in err.message
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("F_peak"))
-    assert f"line {line}" in err.message
+    assert err.loc.line == line_of(text, "F_peak")
+    assert render(err, None).splitlines()[1].startswith('F_peak = "fast"')  # the profile's own line
 
 
 def test_non_positive_value(tmp_path):
     err = error_of(write(tmp_path, GOOD.replace("beta = 6.25e-12", "beta = 0")))
-    assert "'p2p.intra_node.beta' must be a finite positive number" in err.message
+    assert "key 'p2p.intra_node.beta' = 0.0 is outside the allowed range [1e-16, 0.001]" in err.message
     err = error_of(write(tmp_path, GOOD.replace("M_GPU = 102e9", "M_GPU = -1")))
-    assert "'memory.M_GPU'" in err.message
+    assert "key 'memory.M_GPU' = -1.0 is outside the allowed range (0, 1e+14]" in err.message
     err = error_of(write(tmp_path, GOOD.replace("eps_rt = 0.10", "eps_rt = 1.5")))
-    assert "'memory.eps_rt' must be below 1" in err.message
+    assert "key 'memory.eps_rt' = 1.5 is outside the allowed range [0, 1)" in err.message
+
+
+@pytest.mark.parametrize("old,new,key", [
+    ("F_peak = 6.0e14", "F_peak = 1e300", "compute.F_peak"),
+    ("F_peak = 6.0e14", "F_peak = 0", "compute.F_peak"),
+    ("BW_mem = 3.4e12", "BW_mem = inf", "compute.BW_mem"),
+    ("BW_mem = 3.4e12", "BW_mem = nan", "compute.BW_mem"),
+    ("M_GPU = 102e9", "M_GPU = 1e300", "memory.M_GPU"),
+    ("gamma_M = 256.0", "gamma_M = -1", "compute.gamma_M"),
+    ("c_ng = 1.0e-3", "c_ng = 1e9", "compute.c_ng"),
+    ("alpha = 1.0e-5", "alpha = 1e300", "collective.intra_node.alpha"),
+    ("beta = 5.0e-12", "beta = 1e-300", "collective.intra_node.beta"),
+])
+def test_absurd_values_are_refused_with_the_allowed_range(tmp_path, old, new, key):
+    text = GOOD.replace(old, new, 1)
+    err = error_of(write(tmp_path, text))
+    assert f"key '{key}' = " in err.message and "is outside the allowed range" in err.message
+    assert "check the value and its unit" in err.message
+    assert err.loc.line == line_of(text, new)
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "100000", "2.5", '"four"'])
+def test_gpus_per_node_out_of_range(tmp_path, value):
+    text = GOOD.replace("gpus_per_node = 4 ", f"gpus_per_node = {value} ")
+    err = error_of(write(tmp_path, text))
+    assert "key 'gpus_per_node' = " in err.message and "must be an integer in [1, 1024]" in err.message
+    assert err.loc.line == line_of(text, "gpus_per_node")
+
+
+def test_cluster_with_more_gpus_per_node_than_its_profile(tmp_path):
+    from rpegc.core.hardware import cluster_hardware
+    from rpegc.core.program import Cluster
+
+    path = write(tmp_path, GOOD.replace("gpus_per_node = 4 ", "gpus_per_node = 3 "))
+    cluster = Cluster("c", 1, 2, 4, path, loc=CLUSTER_LOC)
+    with pytest.raises(RpegError) as info:
+        cluster_hardware(cluster)
+    assert info.value.loc == CLUSTER_LOC
+    assert "cluster @c has gpus = 4 per node, but its hardware profile" in info.value.message
+    assert "gpus_per_node = 3; use at most 3 GPUs per node (gpus in [1, 3])" in info.value.message
+    assert cluster_hardware(Cluster("c", 1, 2, 2, "gh200")).name == "gh200"  # a partial node is fine
 
 
 def test_boolean_is_not_a_number(tmp_path):
@@ -102,17 +150,32 @@ def test_boolean_is_not_a_number(tmp_path):
     assert "'compute.B_cal' must be a number" in err.message
 
 
-def test_malformed_toml_reports_the_line(tmp_path):
+def test_malformed_toml_is_located_at_the_line_and_column(tmp_path):
     text = GOOD.replace("[memory]", "[memory")
     err = error_of(write(tmp_path, text))
-    assert "not valid TOML" in err.message
-    assert f"line {text.splitlines().index('[memory') + 1}" in err.message
+    assert "not valid TOML" in err.message and "(at line" not in err.message
+    assert err.loc.line == text.splitlines().index('[memory') + 1
+
+
+def test_profile_that_is_not_utf8_is_located_at_the_byte(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(GOOD.replace("estimate (NCCL", "estimate \xe9 (NCCL").encode("latin-1"))
+    err = error_of(str(path))
+    assert "not valid UTF-8" in err.message
+    assert err.loc.line == line_of(GOOD, "alpha = 1.0e-5")
+
+
+def test_profile_with_a_byte_order_mark_loads(tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_hardware(str(path)).name == "gh200"
 
 
 def test_missing_tier_and_unknown_keys(tmp_path):
     start = GOOD.index("[p2p.inter_rack]")
-    err = error_of(write(tmp_path, GOOD[:start]))
-    assert "missing table [p2p.inter_rack]" in err.message
+    with pytest.raises(RpegError) as info:  # nothing in the profile to point at: the cluster is the location
+        load_hardware(write(tmp_path, GOOD[:start]), CLUSTER_LOC)
+    assert info.value.loc == CLUSTER_LOC and "bad.toml': missing table [p2p.inter_rack]" in info.value.message
     err = error_of(write(tmp_path, GOOD.replace("gamma_M = 256.0", "gamma_m = 256.0\ngamma_M = 256.0")))
     assert "unknown key 'compute.gamma_m'" in err.message
 

@@ -26,6 +26,7 @@ from rpegc.core.plan_rules import (
     microbatch_choices,
     p8_ok,
 )
+from rpegc.core.errors import RpegError
 from rpegc.core.program import Alloc, Cluster, Model, Strategy, Workload
 
 
@@ -63,6 +64,46 @@ def aligned_origins(extent: tuple[int, int, int], cluster: Cluster) -> list[tupl
 def allocations(extent: tuple[int, int, int], cluster: Cluster) -> list[Alloc]:
     """Every aligned allocation of one extent (the origin choices of a strategy)."""
     return [Alloc(origin=o, extent=extent) for o in aligned_origins(extent, cluster)]
+
+
+# Bounds on one directory, checked (from counts, in microseconds) before anything is built. The optimizer
+# keeps, per candidate, an Alloc, a device bitmask and a row of a candidates x devices boolean table
+# (search/batched.py), so the table grows as candidates x devices, i.e. quadratically in the cluster size:
+# 27k candidates x 1,024 GPUs = 28M cells for the paper's largest case (examples/ppo-1024.rpeg), 108k x
+# 4,096 = 450M. A cluster of 20,000 nodes (80,000 GPUs) would need 2.2M candidates x 80,000 = 1.7e11 cells,
+# which ended in a MemoryError after half a minute. 2**30 cells (1 GiB) admits 4,096 GPUs and refuses 8,192.
+MAX_CANDIDATES = 1_000_000
+MAX_DIRECTORY_CELLS = 2**30
+
+
+def candidate_count(model: Model, workload: Workload, cluster: Cluster) -> int:
+    """|X_cand(v)| of `enumerate_candidates`, counted without building it (one product per strategy)."""
+    count = 0
+    origins: dict[tuple[int, int, int], int] = {}
+    for s in legal_strategies(model, workload, cluster):
+        extent = layout_extent(s.dp, s.pp, s.tp, cluster)
+        assert extent is not None
+        if extent not in origins:
+            e_r, e_n, e_g = extent
+            origins[extent] = (cluster.racks // e_r) * (cluster.nodes // e_n) * (cluster.gpus // e_g)
+        count += origins[extent]
+    return count
+
+
+def check_directory_size(model: Model, workload: Workload, cluster: Cluster, vertex: str) -> int:
+    """The candidate count of a vertex invoking `model`; a located error (at the cluster) beyond the bounds."""
+    count = candidate_count(model, workload, cluster)
+    cells = count * cluster.num_devices
+    if count > MAX_CANDIDATES or cells > MAX_DIRECTORY_CELLS:
+        raise RpegError(
+            cluster.loc,
+            f"cluster @{cluster.name} ({cluster.num_devices} GPUs) is too large to optimize: the candidate "
+            f"directory of @{vertex} would hold {count} placements x {cluster.num_devices} devices = {cells:.3g} "
+            f"cells, more than the limit of {MAX_CANDIDATES} placements and {MAX_DIRECTORY_CELLS:.3g} cells "
+            "(clusters up to ~4,096 GPUs fit); optimize a smaller cluster (fewer racks or nodes) or write the "
+            "plan by hand",
+        )
+    return count
 
 
 def enumerate_candidates(model: Model, workload: Workload, cluster: Cluster) -> list[tuple[Alloc, Strategy]]:

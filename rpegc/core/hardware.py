@@ -29,32 +29,44 @@ from rpegc.core.errors import Loc, RpegError
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware"
 
-# (key, meaning, lower bound, bound is strict). Bounds follow the quantity: a latency or a
-# saturation constant may be 0, a throughput, bandwidth or capacity may not.
+# (key, meaning, lower bound, lower bound is strict, upper bound). Lower bounds follow the quantity: a
+# latency or a saturation constant may be 0, a throughput, bandwidth or capacity may not. Upper bounds are
+# physical plausibility, with wide headroom over today's hardware, so that a typo (1e300, a value in the
+# wrong unit) is refused instead of silently giving absurd costs or float overflow:
+#   F_peak <= 1e17 FLOP/s: ~50x the ~2e15 dense low-precision peak of the fastest 2025 GPU;
+#   BW_mem <= 1e14 B/s: ~12x the 8 TB/s of HBM3e;
+#   gamma_M, gamma_K <= 1e7 rows/columns: beyond any model width or token batch;
+#   c_ng, t_layer <= 10 s per layer call: a layer call is micro- to milliseconds;
+#   B_cal <= 1e7 sequences;
+#   M_GPU <= 1e14 B (100 TB): ~500x the largest GPU memory today (192 GB);
+#   alpha <= 10 s: a message latency is microseconds; beta >= 1e-16 s/B (at most 10 PB/s per link, ~5000x
+#   NVLink 5) and <= 1e-3 s/B (at least 1 kB/s).
 _COMPUTE_KEYS = (
-    ("F_peak", "calibrated compute ceiling per GPU, FLOP/s", 0.0, True),
-    ("BW_mem", "calibrated HBM bandwidth per GPU, B/s", 0.0, True),
-    ("gamma_M", "GEMM row-saturation constant, rows", 0.0, False),
-    ("gamma_K", "GEMM width-saturation constant, columns", 0.0, False),
-    ("c_ng", "per-layer non-GEMM residual at B_cal, s", 0.0, False),
-    ("B_cal", "per-device batch used to fit c_ng, sequences", 0.0, True),
+    ("F_peak", "calibrated compute ceiling per GPU, FLOP/s", 0.0, True, 1e17),
+    ("BW_mem", "calibrated HBM bandwidth per GPU, B/s", 0.0, True, 1e14),
+    ("gamma_M", "GEMM row-saturation constant, rows", 0.0, False, 1e7),
+    ("gamma_K", "GEMM width-saturation constant, columns", 0.0, False, 1e7),
+    ("c_ng", "per-layer non-GEMM residual at B_cal, s", 0.0, False, 10.0),
+    ("B_cal", "per-device batch used to fit c_ng, sequences", 0.0, True, 1e7),
 )
-# Optional compute keys (key, meaning, lower bound, strict, default). Not in the source: t_layer is
-# the shape-independent time of one layer's forward call (kernel dispatch and launch), which the
+# Optional compute keys (key, meaning, lower bound, strict, upper bound, default). Not in the source:
+# t_layer is the shape-independent time of one layer's forward call (kernel dispatch and launch), which the
 # eta roofline cannot express (it scales with the GEMM width). Negligible next to the GEMMs of large
 # models on GPUs (shipped GPU profiles leave it 0, the spec's model); it dominates small models on
 # CPU workers, where rpeg-calibrate fits it (bench/validation/README.md).
 _OPTIONAL_COMPUTE_KEYS = (
-    ("t_layer", "fixed time of one layer's forward call, s", 0.0, False, 0.0),
+    ("t_layer", "fixed time of one layer's forward call, s", 0.0, False, 10.0, 0.0),
 )
 _MEMORY_KEYS = (
-    ("M_GPU", "HBM capacity per GPU, B", 0.0, True),
-    ("eps_rt", "reserved runtime fraction of HBM, in [0, 1)", 0.0, False),
+    ("M_GPU", "HBM capacity per GPU, B", 0.0, True, 1e14),
+    ("eps_rt", "reserved runtime fraction of HBM, in [0, 1)", 0.0, False, 1.0),
 )
 _LINK_KEYS = (
-    ("alpha", "latency, s", 0.0, False),
-    ("beta", "inverse bandwidth, s/B", 0.0, True),
+    ("alpha", "latency, s", 0.0, False, 10.0),
+    ("beta", "inverse bandwidth, s/B", 1e-16, False, 1e-3),
 )
+# gpus_per_node: 1..1024 (the largest single-node systems today hold 72 GPUs in one NVLink domain).
+MAX_GPUS_PER_NODE = 1024
 _TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "meta")
 
 
@@ -114,21 +126,50 @@ def load_hardware(name_or_path: str, loc: Loc | None = None) -> Hardware:
     """A shipped profile by name, or a TOML file by path.
 
     A relative path is tried against the directory of the file `loc` points into (the `.rpeg`
-    module naming it) first, then against the working directory.
+    module naming it) first, then against the working directory. Errors inside the profile are located
+    in the profile (line and column of the key, with its source line) and name the cluster at `loc`.
     """
     path = _resolve(name_or_path, loc)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as err:
         raise RpegError(loc, f"cannot read hardware profile '{path}': {err.strerror}; check the path") from None
+    try:
+        text = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise RpegError(Loc(str(path), line, col), f"the hardware profile is not valid UTF-8 text{_for(loc)}; "
+                                                   "save it as UTF-8") from None
     where = _Where(str(path), loc, text)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        line = _decode_error_line(err)
-        at = f" at line {line}" if line else ""
-        raise RpegError(loc, f"hardware profile '{path}' is not valid TOML{at}: {err}; fix the syntax there") from None
+        line, col = _decode_error_position(err)
+        message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(err))
+        if line:
+            raise RpegError(Loc(str(path), line, col or 1), f"the hardware profile is not valid TOML: {message}"
+                                                            f"{_for(loc)}; fix the syntax there", source=text) from None
+        raise RpegError(loc, f"hardware profile '{path}' is not valid TOML: {message}; fix the syntax there") from None
     return _from_mapping(data, where)
+
+
+def cluster_hardware(cluster, override: str = "") -> Hardware:
+    """The profile of `cluster` (or `override`, a name or path), checked against the cluster's shape.
+
+    The one place a pass or the optimizer gets its Hardware: a profile that states gpus_per_node cannot
+    describe a cluster with more GPUs per node (fewer is a partial node and fine)."""
+    hw = load_hardware(override or cluster.hardware, cluster.loc)
+    if hw.gpus_per_node is not None and cluster.gpus > hw.gpus_per_node:
+        raise RpegError(cluster.loc, f"cluster @{cluster.name} has gpus = {cluster.gpus} per node, but its hardware "
+                                     f"profile '{hw.source}' has gpus_per_node = {hw.gpus_per_node}; use at most "
+                                     f"{hw.gpus_per_node} GPUs per node (gpus in [1, {hw.gpus_per_node}]) or a "
+                                     "profile of the node you run on")
+    return hw
+
+
+def _for(loc: Loc | None) -> str:
+    return f" (the profile of the cluster at {loc})" if loc is not None and loc.line > 0 else ""
 
 
 def _resolve(name_or_path: str, loc: Loc | None) -> Path:
@@ -150,12 +191,12 @@ def _resolve(name_or_path: str, loc: Loc | None) -> Path:
     return path
 
 
-def _decode_error_line(err: tomllib.TOMLDecodeError) -> int | None:
+def _decode_error_position(err: tomllib.TOMLDecodeError) -> tuple[int | None, int | None]:
     line = getattr(err, "lineno", None)  # Python >= 3.14
     if line:
-        return int(line)
-    match = re.search(r"\(at line (\d+)", str(err))
-    return int(match.group(1)) if match else None
+        return int(line), getattr(err, "colno", None)
+    match = re.search(r"\(at line (\d+), column (\d+)", str(err))
+    return (int(match.group(1)), int(match.group(2))) if match else (None, None)
 
 
 @dataclass(frozen=True)
@@ -165,29 +206,35 @@ class _Where:
     text: str | None
 
     def error(self, key: str, what: str) -> RpegError:
-        line = _key_line(self.text, key) if self.text else None
-        at = f", line {line}" if line else ""
-        return RpegError(self.loc, f"hardware profile '{self.source}'{at}: {what}")
+        """At the key's line and column in the profile when it can be found, else at the cluster."""
+        line, col = _key_position(self.text, key) if self.text else (None, None)
+        if line:
+            return RpegError(Loc(self.source, line, col or 1), f"{what}{_for(self.loc)}", source=self.text)
+        return RpegError(self.loc, f"hardware profile '{self.source}': {what}")
 
 
-def _key_line(text: str, dotted: str) -> int | None:
-    """1-based line defining `dotted` (e.g. 'collective.intra_node.beta'), else of its table header."""
+def _key_position(text: str, dotted: str) -> tuple[int | None, int | None]:
+    """1-based (line, column) defining `dotted` (e.g. 'collective.intra_node.beta'), else of its table header."""
     table, _, leaf = dotted.rpartition(".")
     current = ""
-    header_line = None
+    header: tuple[int | None, int | None] = (None, None)
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        header = re.fullmatch(r"\[\s*([^\[\]]+?)\s*\]", line)
-        if header:
-            current = re.sub(r"\s*\.\s*", ".", header.group(1))
-            if current == dotted or current == table:
-                header_line = header_line or number
+        line = raw.split("#", 1)[0]
+        indent = len(line) - len(line.lstrip())
+        line = line.strip()
+        found = re.fullmatch(r"\[\s*([^\[\]]+?)\s*\]", line)
+        if found:
+            current = re.sub(r"\s*\.\s*", ".", found.group(1))
+            if (current == dotted or current == table) and header[0] is None:
+                header = (number, indent + 1)
             continue
         if current == table and re.match(rf"{re.escape(leaf)}\s*=", line):
-            return number
+            return number, indent + 1
         if current == "" and table and re.match(rf"{re.escape(dotted)}\s*=", line):
-            return number
-    return header_line
+            return number, indent + 1
+        if current == "" and not table and re.match(rf"{re.escape(dotted)}\s*=", line):
+            return number, indent + 1
+    return header
 
 
 def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
@@ -200,13 +247,11 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
     optional = [k for k, *_ in _OPTIONAL_COMPUTE_KEYS]
     for table_name, table, keys in (("compute", compute, _COMPUTE_KEYS), ("memory", memory, _MEMORY_KEYS)):
         _reject_unknown(table, table_name, [k for k, *_ in keys] + (optional if table_name == "compute" else []), where)
-        for key, meaning, bound, strict in keys:
-            values[key] = _number(table, f"{table_name}.{key}", key, meaning, bound, strict, where)
-    for key, meaning, bound, strict, default in _OPTIONAL_COMPUTE_KEYS:
-        values[key] = (_number(compute, f"compute.{key}", key, meaning, bound, strict, where)
+        for key, meaning, bound, strict, upper in keys:
+            values[key] = _number(table, f"{table_name}.{key}", key, meaning, bound, strict, upper, where)
+    for key, meaning, bound, strict, upper, default in _OPTIONAL_COMPUTE_KEYS:
+        values[key] = (_number(compute, f"compute.{key}", key, meaning, bound, strict, upper, where)
                        if key in compute else default)
-    if values["eps_rt"] >= 1.0:
-        raise where.error("memory.eps_rt", f"key 'memory.eps_rt' must be below 1 ({_MEMORY_KEYS[1][1]}), got {values['eps_rt']}")
     links: dict[str, tuple[float, float, float]] = {}
     for family in ("collective", "p2p"):
         fam = _table(d, family, where)
@@ -216,13 +261,14 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
             link = _table(fam, tier, where, prefix=f"{family}.")
             _reject_unknown(link, f"{family}.{tier}", [k for k, *_ in _LINK_KEYS], where)
             per_tier.append(
-                tuple(_number(link, f"{family}.{tier}.{k}", k, m, b, s, where) for k, m, b, s in _LINK_KEYS)
+                tuple(_number(link, f"{family}.{tier}.{k}", k, m, b, s, u, where) for k, m, b, s, u in _LINK_KEYS)
             )
         links[f"alpha_{family}"] = tuple(a for a, _ in per_tier)
         links[f"beta_{family}"] = tuple(b for _, b in per_tier)
     gpus_per_node = d.get("gpus_per_node")
-    if gpus_per_node is not None and (not _is_int(gpus_per_node) or gpus_per_node < 1):
-        raise where.error("gpus_per_node", f"key 'gpus_per_node' must be a positive integer, got {gpus_per_node!r}")
+    if gpus_per_node is not None and (not _is_int(gpus_per_node) or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE):
+        raise where.error("gpus_per_node", f"key 'gpus_per_node' = {gpus_per_node!r} must be an integer in "
+                                           f"[1, {MAX_GPUS_PER_NODE}] (GPUs in one node)")
     for key in ("name", "description"):
         if key in d and not isinstance(d[key], str):
             raise where.error(key, f"key '{key}' must be a string, got {d[key]!r}")
@@ -259,7 +305,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(table: Mapping[str, Any], full: str, key: str, meaning: str, bound: float, strict: bool, where: _Where) -> float:
+def _number(table: Mapping[str, Any], full: str, key: str, meaning: str, bound: float, strict: bool, upper: float,
+            where: _Where) -> float:
     if key not in table:
         raise where.error(full, f"missing key '{full}' ({meaning}); add it")
     value = table[key]
@@ -267,7 +314,10 @@ def _number(table: Mapping[str, Any], full: str, key: str, meaning: str, bound: 
         raise where.error(full, f"key '{full}' must be a number ({meaning}), got {value!r}")
     value = float(value)
     too_small = value <= bound if strict else value < bound
-    if too_small or value != value or value == float("inf"):
-        need = "positive" if strict else "non-negative"
-        raise where.error(full, f"key '{full}' must be a finite {need} number ({meaning}), got {value}")
+    too_large = value >= upper if key == "eps_rt" else value > upper
+    if too_small or too_large or value != value:
+        low = f"({bound:g}" if strict else f"[{bound:g}"
+        high = f"{upper:g})" if key == "eps_rt" else f"{upper:g}]"
+        raise where.error(full, f"key '{full}' = {value} is outside the allowed range {low}, {high} ({meaning}); "
+                                "check the value and its unit")
     return value

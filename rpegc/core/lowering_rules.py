@@ -116,10 +116,13 @@ def published_weights(p: Program, container: Optional[str], publisher: ExecNode)
     The model is the weights container's model (mu(u) if the container is not a declared weights
     container); the version is the publisher's version_out, k' + 1."""
     model = publisher.model
-    if p.graph is not None:
-        for c in p.graph.containers:
-            if c.name == container and c.is_weights and c.model is not None:
-                model = c.model
+    if p.graph is not None and container is not None:
+        try:
+            c = p.graph.container(container)
+        except KeyError:
+            c = None
+        if c is not None and c.is_weights and c.model is not None:
+            model = c.model
     return model, dict(publisher.version_out).get(model, publisher.step + 1)
 
 
@@ -145,9 +148,12 @@ def container_payload(p: Program, container: Optional[str], loc: Optional[Loc] =
     """|a| s(a) of a container of the program's graph."""
     if p.graph is None:
         raise RpegError(loc, "the module has no rpeg.graph, so container sizes are unknown; keep the graph in the module")
-    for c in p.graph.containers:
-        if c.name == container:
-            return container_bytes(c, p.workload, lambda name: _params(p, name, c.loc))
+    try:
+        c = p.graph.container(container) if container is not None else None
+    except KeyError:
+        c = None
+    if c is not None:
+        return container_bytes(c, p.workload, lambda name: _params(p, name, c.loc))
     raise RpegError(loc, f"edge carries unknown container '%{container}'; declare it in graph @{p.graph.name}")
 
 
@@ -157,9 +163,11 @@ def _params(p: Program, name: Optional[str], loc: Optional[Loc]) -> int:
 
 
 def _model(p: Program, name: Optional[str], loc: Optional[Loc]) -> Model:
-    for m in p.models:
-        if m.name == name:
-            return m
+    if name is not None:
+        try:
+            return p.model(name)
+        except KeyError:
+            pass
     raise RpegError(loc, f"unknown model '@{name}'; declare it with rpeg.model")
 
 

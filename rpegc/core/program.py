@@ -9,10 +9,11 @@ so a module that went through print and parse again compares equal.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Optional
 
-from rpegc.core.errors import UNKNOWN_LOC, Loc
-from rpegc.core.expr import Expr, evaluate
+from rpegc.core.errors import UNKNOWN_LOC, Loc, RpegError
+from rpegc.core.expr import Expr, Num, Sym, evaluate
 
 if TYPE_CHECKING:
     from rpegc.core.exec_graph import ExecGraph
@@ -134,19 +135,15 @@ class Graph:
     quantiles_loc: Loc = _loc()
 
     def vertex(self, name: str) -> Vertex:
-        for v in self.vertices:
-            if v.name == name:
-                return v
-        raise KeyError(name)
+        return _first_by_name(self, "vertices", self.vertices, lambda v: v.name)[name]
 
     def container(self, name: str) -> Container:
-        for c in self.containers:
-            if c.name == name:
-                return c
-        raise KeyError(name)
+        return _first_by_name(self, "containers", self.containers, lambda c: c.name)[name]
 
     def tau(self, model: str) -> int:
-        return dict(self.staleness).get(model, 0)
+        # The last entry of a repeated model counts, as in dict(staleness) (verify-wellformed reports repeats).
+        last = _first_by_name(self, "staleness", self.staleness[::-1], lambda e: e[0])
+        return last.get(model, (model, 0))[1]
 
 
 @dataclass(frozen=True)
@@ -218,10 +215,7 @@ class Plan:
     loc: Loc = _loc()
 
     def placement(self, vertex: str) -> Placement:
-        for p in self.placements:
-            if p.vertex == vertex:
-                return p
-        raise KeyError(vertex)
+        return _first_by_name(self, "placements", self.placements, lambda p: p.vertex)[vertex]
 
 
 @dataclass(frozen=True)
@@ -237,10 +231,76 @@ class Program:
     file: str = field(default="<input>", compare=False)
 
     def model(self, name: str) -> Model:
-        for m in self.models:
-            if m.name == name:
-                return m
-        raise KeyError(name)
+        return _first_by_name(self, "models", self.models, lambda m: m.name)[name]
+
+
+def _first_by_name(owner, field_name: str, items: tuple, key) -> dict:
+    """An index name -> first of `items` (derived from the field `field_name` of the frozen `owner`), built
+    once per object.
+
+    Lookups by name used to scan the tuple, which made passes over a graph of n vertices or containers
+    O(n^2). The index lives in the instance's __dict__ beside the fields (which never change): equality,
+    repr and dataclasses.replace see only the fields, and a replaced object builds its own index."""
+    cache = owner.__dict__.get("_index")
+    if cache is None:
+        cache = {}
+        object.__setattr__(owner, "_index", cache)
+    index = cache.get(field_name)
+    if index is None:
+        index = {}
+        for item in items:
+            index.setdefault(key(item), item)
+        cache[field_name] = index
+    return index
+
+
+# The largest element count a data container may have: 2**50 elements (a PiB of bf16) exceeds the memory of
+# any cluster the cost model describes, and keeps every byte count exact in a float64 (< 2**53).
+MAX_ELEMENTS = 2**50
+
+
+def container_shape(c: Container, workload: Workload) -> tuple[int, ...]:
+    """The dimensions of a data container under the workload, each a positive integer.
+
+    The one check of container sizes: verify-wellformed reports its error, and every later consumer (lowering,
+    cost, memory) calls it too, so a pass run without verification still fails with the same located error."""
+    dims = []
+    total = 1
+    env = workload.env
+    for d in c.dims:
+        # The common cases (a symbol, a literal) without Fraction arithmetic: verification calls this per container.
+        if isinstance(d, Sym) and d.name in env:
+            value: int | Fraction = env[d.name]
+        elif isinstance(d, Num):
+            value = d.value
+        else:
+            try:
+                value = evaluate(d, env)
+            except ZeroDivisionError:
+                raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} divides by zero under the "
+                                       f"workload ({_env_text(workload)}); write sizes that stay positive") from None
+            if value.denominator != 1:
+                raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} is {float(value):g}, not a "
+                                       f"whole number of elements, under the workload ({_env_text(workload)}); write "
+                                       "sizes that divide evenly")
+            value = int(value)
+        if value <= 0:
+            raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} is {value} under the workload "
+                                   f"({_env_text(workload)}); every size must be a positive number of elements")
+        total *= value
+        if total > MAX_ELEMENTS:
+            raise RpegError(c.loc, f"container %{c.name} = {_shape(c)} has more than {MAX_ELEMENTS} (2**50) elements "
+                                   f"under the workload ({_env_text(workload)}); no cluster holds it")
+        dims.append(value)
+    return tuple(dims)
+
+
+def _shape(c: Container) -> str:
+    return f"{c.elem}[{', '.join(str(d) for d in c.dims)}]"
+
+
+def _env_text(workload: Workload) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in workload.env.items())
 
 
 def container_elements(c: Container, workload: Workload, param_count) -> int:
@@ -248,9 +308,9 @@ def container_elements(c: Container, workload: Workload, param_count) -> int:
     if c.is_weights:
         return int(param_count(c.model))
     n = 1
-    for d in c.dims:
-        n *= evaluate(d, workload.env)
-    return int(n)
+    for d in container_shape(c, workload):
+        n *= d
+    return n
 
 
 def container_bytes(c: Container, workload: Workload, param_count) -> int:

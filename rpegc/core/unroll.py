@@ -49,8 +49,13 @@ def unroll(p: Program, k: int) -> Program:
     return replace(p, exec=exec_graph)
 
 
-# The exec graph grows linearly in K; beyond this it no longer fits in memory or time for any real graph.
-MAX_STEPS = 10_000
+# The exec graph grows linearly in K (each pass is linear in its size, bench/unroll_scaling.py), but its
+# constant is large: the lowering pipeline takes ~30-40 ms of one core per step of examples/ppo-8gpu.rpeg
+# (six vertices, 26 exec nodes per step after lowering), so K = 256 takes ~10 s and K = 1024 ~30-40 s. The
+# paper evaluates K_eval = 8 steps and the score converges within a few; these bounds keep the lowering of
+# a graph of up to 16 vertices within seconds.
+MAX_STEPS = 256
+MAX_OP_NODES = 4096  # K x |V|: op nodes of the unrolled graph, before quantile phases and communication
 
 
 def _check_unrollable(p: Program, k: int) -> Graph:
@@ -67,6 +72,11 @@ def _check_unrollable(p: Program, k: int) -> Graph:
     if k > MAX_STEPS:
         raise RpegError(p.graph.loc, f"unroll{{k={k}}} asks for more than {MAX_STEPS} steps; the score converges "
                                      "within a few steps (the paper uses K_eval = 8), use e.g. unroll{k=8}")
+    ops = k * len(p.graph.vertices)
+    if ops > MAX_OP_NODES:
+        raise RpegError(p.graph.loc, f"unroll{{k={k}}} of graph @{p.graph.name} ({len(p.graph.vertices)} vertices) "
+                                     f"would build {ops} op nodes, more than the limit of {MAX_OP_NODES}; use at most "
+                                     f"k={MAX_OP_NODES // len(p.graph.vertices)} (the paper uses K_eval = 8)")
     for model, tau in p.graph.staleness:
         if tau < 0:
             raise RpegError(
@@ -112,9 +122,10 @@ def _op_node(
 
 
 def _placement(plan: Plan, v: Vertex):
-    for placement in plan.placements:
-        if placement.vertex == v.name:
-            return placement
+    try:
+        return plan.placement(v.name)  # indexed: K x |V| lookups stay linear
+    except KeyError:
+        pass
     raise RpegError(
         plan.loc,
         f"plan @{plan.name} has no placement for vertex @{v.name}; add "

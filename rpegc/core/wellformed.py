@@ -22,7 +22,7 @@ from typing import Optional
 
 from rpegc.core.errors import Loc, RpegError
 from rpegc.core.expr import evaluate
-from rpegc.core.program import ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program, Vertex
+from rpegc.core.program import ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program, Vertex, container_shape
 
 GENERATIVE_KINDS = ("policy", "actor_critic")  # kinds with an LM head (spec 2.3)
 _EPS = 1e-9
@@ -45,6 +45,7 @@ def check_graph(p: Program) -> list[RpegError]:
         _check_acyclic,
         _check_staleness,
         _check_quantiles,
+        _check_sizes,
     ):
         errors += check(ctx)
     # A stable sort keeps checks in the order above for declarations without a source position.
@@ -130,6 +131,8 @@ class _Context:
         for c in self.containers.values():
             if c.is_weights and c.model is not None:
                 self.weights_of.setdefault(c.model, c)
+        self._sets: dict[tuple[str, str], frozenset[str]] = {}
+        self.invoked: set[str] = {v.model for v in g.vertices}  # models some vertex invokes
         self.writers: dict[str, list[Vertex]] = {}
         self.readers: dict[str, list[Vertex]] = {}
         for v in self.vertices.values():
@@ -137,6 +140,19 @@ class _Context:
                 self.writers.setdefault(a, []).append(v)
             for a in v.reads:
                 self.readers.setdefault(a, []).append(v)
+
+    def writes_of(self, vertex: str) -> frozenset[str]:
+        """O(v) as a set, built once: an edge check is then O(1) however many containers v touches."""
+        return self._set("w", vertex, self.vertices[vertex].writes)
+
+    def reads_of(self, vertex: str) -> frozenset[str]:
+        return self._set("r", vertex, self.vertices[vertex].reads)
+
+    def _set(self, kind: str, vertex: str, names: tuple[str, ...]) -> frozenset[str]:
+        key = (kind, vertex)
+        if key not in self._sets:
+            self._sets[key] = frozenset(names)
+        return self._sets[key]
 
     def is_weights_of(self, container: str, model: str) -> bool:
         c = self.containers.get(container)
@@ -254,7 +270,7 @@ def _check_model_usage(ctx: _Context) -> list[RpegError]:
 
 def _is_used(ctx: _Context, model: str) -> bool:
     """A model the graph mentions (a vertex invokes it or a container holds its weights)."""
-    return any(v.model == model for v in ctx.g.vertices) or model in ctx.weights_of
+    return model in ctx.invoked or model in ctx.weights_of
 
 
 def _check_own_weights(ctx: _Context, v: Vertex, m: Model) -> list[RpegError]:
@@ -329,11 +345,11 @@ def _resolve_edge(ctx: _Context, kind: str, e: Edge) -> list[RpegError]:
 def _interface(ctx: _Context, kind: str, e: Edge) -> list[RpegError]:
     """Def. A.2 (1): a in O(u) and a in I(v)."""
     errors = []
-    if e.container not in ctx.vertices[e.src].writes:
+    if e.container not in ctx.writes_of(e.src):
         errors.append(RpegError(e.loc, f"{kind} edge @{e.src} -> @{e.dst} carries %{e.container}, but @{e.src} "
                                        f"does not write it (Def. A.2 (1)); add %{e.container} to the writes of "
                                        f"@{e.src} or carry a container that @{e.src} writes"))
-    if e.container not in ctx.vertices[e.dst].reads:
+    if e.container not in ctx.reads_of(e.dst):
         errors.append(RpegError(e.loc, f"{kind} edge @{e.src} -> @{e.dst} carries %{e.container}, but @{e.dst} "
                                        f"does not read it (Def. A.2 (1)); add %{e.container} to the reads of "
                                        f"@{e.dst} or remove the edge"))
@@ -536,6 +552,19 @@ def _check_quantiles(ctx: _Context) -> list[RpegError]:
     if not isinstance(t_last, RpegError) and t_last != lr:
         errors.append(RpegError(last.loc, f"the last quantile length is {last.tokens} = {_num(t_last)} tokens, but "
                                           f"responses end by Lr = {lr}; end the list with length Lr"))
+    return errors
+
+
+def _check_sizes(ctx: _Context) -> list[RpegError]:
+    """Every data container's dimensions evaluate, once, to positive whole numbers (container_shape)."""
+    errors = []
+    for c in ctx.g.containers:
+        if c.is_weights:
+            continue
+        try:
+            container_shape(c, ctx.p.workload)
+        except RpegError as err:
+            errors.append(err)
     return errors
 
 

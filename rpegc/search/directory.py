@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from rpegc.core.annotate import placement_time
-from rpegc.core.candidates import enumerate_candidates
+from rpegc.core.candidates import check_directory_size, enumerate_candidates
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import Hardware
@@ -97,6 +97,7 @@ def build_directory(
     if p.cluster is None:
         raise RpegError(p.graph.loc if p.graph else None, "the optimizer needs an rpeg.cluster to place vertices on")
     model = p.model(v.model)
+    check_directory_size(model, p.workload, p.cluster, v.name)  # before building anything
     raw = enumerate_candidates(model, p.workload, p.cluster)
     if mb_rule == MB_FIXED:
         raw = [(a, s) for a, s in raw if s.mb == fixed_microbatch(v.role, s.pp)]
