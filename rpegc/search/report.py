@@ -63,10 +63,12 @@ def summary_text(result: OptimizeResult) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def print_summary(result: OptimizeResult, file: TextIO = sys.stderr) -> None:
+def print_summary(result: OptimizeResult, file: Optional[TextIO] = None) -> None:
+    """The summary table on `file` (default: the stderr of the moment, not of import time)."""
     from rich.console import Console
     from rich.table import Table
 
+    file = file or sys.stderr
     table = Table(title="rpegc optimize", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -78,7 +80,7 @@ def print_summary(result: OptimizeResult, file: TextIO = sys.stderr) -> None:
 class ProgressBar:
     """A rich progress bar over the search budget (seconds or evaluations), on stderr."""
 
-    def __init__(self, budget_s: float, evals: int, file: TextIO = sys.stderr, force: bool = False):
+    def __init__(self, budget_s: float, evals: int, file: Optional[TextIO] = None, force: bool = False):
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -87,7 +89,7 @@ class ProgressBar:
         self.progress = Progress(
             TextColumn("optimize"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-            console=Console(file=file, force_terminal=force or None), transient=True,
+            console=Console(file=file or sys.stderr, force_terminal=force or None), transient=True,
         )
         self.task = self.progress.add_task("optimize", total=1.0, info="")
 
