@@ -182,3 +182,12 @@ def test_alloc_reconstruction_covers_multi_rack_boxes():
     n["devices"] = [6, 7, 14, 15]
     q = program_from_json(d, "p.json")
     assert q.exec.nodes[0].alloc == Alloc((0, 1, 2), (2, 1, 2))
+
+
+def test_a_cluster_too_large_to_model_is_a_located_error():
+    doc = program_to_json(disaggregated_plan())
+    doc["cluster"]["gpus"] = 4_000_000_000
+    text = json.dumps(doc, indent=1)
+    with pytest.raises(RpegError, match=r"at cluster: cluster @\w+ has [\d,]+ devices .* at most 1,048,576") as err:
+        program_from_json(json.loads(text), "plan.json", text=text)
+    assert err.value.loc.line > 1

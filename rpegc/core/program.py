@@ -146,6 +146,10 @@ class Graph:
         return last.get(model, (model, 0))[1]
 
 
+# The largest GPU clusters built are ~10^5 devices; per-device tables (memory, schedule) stay small below this.
+MAX_DEVICES = 2**20
+
+
 @dataclass(frozen=True)
 class Cluster:
     name: str
@@ -158,6 +162,13 @@ class Cluster:
     @property
     def num_devices(self) -> int:
         return self.racks * self.nodes * self.gpus
+
+    def size_problem(self) -> Optional[str]:
+        """Why the cluster is too large to model, or None. Both readers (text and JSON) ask."""
+        if self.num_devices <= MAX_DEVICES:
+            return None
+        return (f"cluster @{self.name} has {self.num_devices:,} devices ({self.racks} x {self.nodes} x {self.gpus}); "
+                f"rpegc models clusters of at most {MAX_DEVICES:,} devices; shrink racks, nodes or gpus")
 
 
 @dataclass(frozen=True)

@@ -537,7 +537,7 @@ def _read_graph(r: _Reader, v: Any, path: str) -> Graph:
 
 def _read_cluster(r: _Reader, v: Any, path: str) -> Cluster:
     o = r.obj(v, path, ("name", "racks", "nodes", "gpus", "hardware"))
-    return Cluster(
+    cluster = Cluster(
         name=r.str_(o["name"], _join(path, "name")),
         racks=r.int_(o["racks"], _join(path, "racks"), 1),
         nodes=r.int_(o["nodes"], _join(path, "nodes"), 1),
@@ -545,6 +545,10 @@ def _read_cluster(r: _Reader, v: Any, path: str) -> Cluster:
         hardware=r.str_(o["hardware"], _join(path, "hardware")),
         loc=r.loc,
     )
+    problem = cluster.size_problem()
+    if problem:
+        raise r.error(path, problem)
+    return cluster
 
 
 def _read_strategy(r: _Reader, o: dict, path: str, required: bool) -> Optional[Strategy]:

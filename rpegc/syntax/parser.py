@@ -577,7 +577,11 @@ class _Builder:
             for k in ("racks", "nodes", "gpus")
         }
         hardware = self.attr_text_value(self.need(attrs, "hardware", what, loc, example), what)
-        return Cluster(name, sizes["racks"], sizes["nodes"], sizes["gpus"], hardware, loc=loc)
+        cluster = Cluster(name, sizes["racks"], sizes["nodes"], sizes["gpus"], hardware, loc=loc)
+        problem = cluster.size_problem()
+        if problem:
+            self.report(loc, problem)
+        return cluster
 
     # -- the graph ------------------------------------------------------------------------------
 
