@@ -3,6 +3,8 @@ input is a located RpegError, and a calibration becomes a complete profile that 
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +116,10 @@ def test_profile_round_trips_through_load_hardware(tmp_path: Path):
     path = tmp_path / "cpu.toml"
     path.write_text(profile_text(cal))
     hw = load_hardware(str(path))
-    assert hw.name == "unit" and hw.gpus_per_node == 2
+    assert hw.name == "unit" and hw.gpus_per_node is None  # CPU workers: any number per node
+    gpu = dataclasses.replace(cal, backend="nccl")
+    path.write_text(profile_text(gpu))
+    assert load_hardware(str(path)).gpus_per_node == 2  # a GPU host bounds the GPUs of a node
     assert (hw.F_peak, hw.BW_mem, hw.gamma_M, hw.gamma_K, hw.c_ng, hw.B_cal) == (
         pytest.approx(5.6e10), pytest.approx(2.5e10), pytest.approx(9.0), pytest.approx(25.0),
         pytest.approx(1.6e-4), 8.0)
@@ -160,7 +165,7 @@ def test_tiny_campaign_on_two_workers_writes_a_loadable_profile(tmp_path: Path):
     assert {kind for kind, *_ in cal.raw} == {"copy", "forward", "non_gemm", "allreduce", "p2p"}
     path = tmp_path / "smoke.toml"
     path.write_text(profile_text(cal))
-    assert load_hardware(str(path)).gpus_per_node == 2
+    assert load_hardware(str(path)).gpus_per_node is None
 
 
 def test_points_keep_the_median_of_their_pooled_repeats_by_default():

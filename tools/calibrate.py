@@ -821,16 +821,25 @@ def _device_memory(backend: str, devices: int) -> tuple[float, str]:
 # The profile file
 
 
+def _per_node_lines(cal: Calibration) -> list[str]:
+    """A GPU host bounds the GPUs of a node; CPU workers are processes, any number of them per node."""
+    if cal.backend == "nccl":
+        return [f"gpus_per_node = {cal.devices}               # the GPUs of this host form one node"]
+    return [f"# gpus_per_node is left out: calibrated with {cal.devices} worker processes, but a cluster may run any",
+            "# number of CPU worker processes per node; a profile that states it refuses clusters with more."]
+
+
 def profile_mapping(cal: Calibration) -> dict:
     """The nested mapping the TOML profile holds (the schema of rpegc.core.hardware)."""
     if cal.eta_fit is None or cal.f_peak_fit is None or cal.coll_fit is None or cal.p2p_fit is None:
         raise RpegError(None, "the calibration is incomplete; run every measurement before writing a profile")
     coll = {"alpha": cal.coll_fit.alpha, "beta": cal.coll_fit.beta}
     p2p = {"alpha": cal.p2p_fit.alpha, "beta": cal.p2p_fit.beta}
+    per_node = {"gpus_per_node": cal.devices} if cal.backend == "nccl" else {}
     return {
         "name": cal.name,
         "description": _description(cal),
-        "gpus_per_node": cal.devices,
+        **per_node,
         "compute": {"F_peak": cal.f_peak_fit.value, "BW_mem": cal.BW_mem, "gamma_M": cal.eta_fit.gamma_M,
                     "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng, "B_cal": float(cal.plan.B_cal),
                     "t_layer": cal.eta_fit.t_layer},
@@ -887,7 +896,7 @@ def profile_text(cal: Calibration) -> str:
         "# beta is an inverse bandwidth (s/B): beta = 1 / bandwidth.",
         f'name = "{m["name"]}"',
         f'description = "{m["description"]}"',
-        f"gpus_per_node = {cal.devices}               # the devices of this host form one node",
+        *_per_node_lines(cal),
         "",
         "[compute]",
     ] + _compute_lines(cal, c) + [
