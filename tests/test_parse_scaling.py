@@ -7,7 +7,6 @@ one-line input yields a short error."""
 
 from __future__ import annotations
 
-import difflib
 import gc
 
 import pytest
@@ -17,6 +16,7 @@ from rpegc.core.errors import EXCERPT_WIDTH, Loc, RpegError, RpegErrors, excerpt
 from rpegc.core.program import Container, Graph
 from rpegc.syntax import parser
 from rpegc.syntax.parser import parse
+from spies import CountingTuple, spy_close_matches
 
 
 def with_unused_containers(n: int) -> str:
@@ -50,14 +50,6 @@ def test_parse_does_not_run_the_cycle_collector():
     assert gc.isenabled()
 
 
-class CountingTuple(tuple):
-    iterations = 0
-
-    def __iter__(self):
-        CountingTuple.iterations += 1
-        return super().__iter__()
-
-
 def test_graph_lookups_by_name_are_indexed():
     containers = CountingTuple(Container(f"c{i}", "tokens") for i in range(1000))
     g = Graph("g", containers, (), (), (), (), ())
@@ -70,14 +62,7 @@ def test_graph_lookups_by_name_are_indexed():
 
 
 def test_did_you_mean_compares_with_a_bounded_number_of_names(monkeypatch):
-    seen = []
-    real = difflib.get_close_matches
-
-    def spy(word, possibilities, *args, **kwargs):
-        seen.append(len(possibilities))
-        return real(word, possibilities, *args, **kwargs)
-
-    monkeypatch.setattr(parser.difflib, "get_close_matches", spy)
+    seen = spy_close_matches(monkeypatch, parser)
     names = [f"u{i}" for i in range(20000)]
     assert parser._close("u1999x", names, "%") == " (did you mean %u1999?)"
     assert parser._close("a_very_long_name_nobody_declared", names) == ""
@@ -122,14 +107,7 @@ def test_render_splits_the_source_once_for_many_errors():
 
 
 def test_many_unknown_references_get_a_bounded_number_of_hints(monkeypatch):
-    calls = []
-    real = difflib.get_close_matches
-
-    def spy(word, possibilities, *args, **kwargs):
-        calls.append(len(possibilities))
-        return real(word, possibilities, *args, **kwargs)
-
-    monkeypatch.setattr(parser.difflib, "get_close_matches", spy)
+    calls = spy_close_matches(monkeypatch, parser)
     n = 1000
     text = with_unused_containers(n).replace("  rpeg.input %X\n", "  rpeg.input %X\n" + "".join(
         f"  rpeg.output %zz{i}\n" for i in range(n)))

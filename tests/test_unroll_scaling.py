@@ -16,6 +16,7 @@ from rpegc.core.errors import RpegError
 from rpegc.core.lowering import lower
 from rpegc.core.unroll import MAX_OP_NODES, MAX_STEPS, unroll
 from rpegc.syntax.parser import parse
+from spies import CountingTuple
 
 PPO8 = parse((Path(__file__).parent.parent / "examples" / "ppo-8gpu.rpeg").read_text(), "ppo-8gpu.rpeg")
 
@@ -31,14 +32,6 @@ def test_lowered_graph_grows_linearly_in_k():
     n40, e40 = sizes(40)
     # Every step adds the same nodes and edges: the size is affine in K.
     assert n40 - n32 == (n32 - n8) // 3 and e40 - e32 == (e32 - e8) // 3
-
-
-class CountingTuple(tuple):
-    iterations = 0
-
-    def __iter__(self):
-        CountingTuple.iterations += 1
-        return super().__iter__()
 
 
 def test_unroll_looks_placements_up_by_index():
