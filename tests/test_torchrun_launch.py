@@ -105,3 +105,17 @@ def test_rpeg_run_rejects_a_malformed_store_address(tmp_path, address, capsys):
     assert "is not HOST:PORT" in err and "Traceback" not in err
     assert rpeg_run([out, "--backend", "sim", "--store", "127.0.0.1:5000"]) == 1
     assert "apply to the torch backend only" in capsys.readouterr().err
+
+
+def test_rpeg_run_secret_file_needs_store(tmp_path, capsys):
+    from rpegc.runtime.cli import main as rpeg_run
+
+    out = str(tmp_path / "grpo.exec.rpeg")
+    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    capsys.readouterr()
+    assert rpeg_run([out, "--backend", "torch", "--secret-file", str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--secret-file is where an external launch (--store) writes" in err
+    assert rpeg_run([out, "--backend", "sim", "--secret-file", str(tmp_path / "s")]) == 1
+    assert "apply to the torch backend only" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
