@@ -125,3 +125,17 @@ def test_an_external_worker_without_the_secret_stops_with_one_line():
     assert proc.stderr.strip().splitlines() == [
         "rpeg-torch-worker 0: error: no control secret: give --secret-file PATH or set RPEG_RUN_SECRET_FILE=PATH "
         "(rpeg-run --store writes the file and prints its path)"]
+
+
+def test_an_external_worker_with_another_runs_secret_stops_with_one_line(tmp_path):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    messages.Endpoint(store, messages.new_secret(), "controller", print).put("setup", {"type": "setup", "setup": None})
+    stale = str(tmp_path / "control-secret")
+    messages.write_secret(stale, messages.new_secret())  # an earlier run's file
+    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store",
+                           f"127.0.0.1:{store.port}", "--secret-file", stale, "--rank", "0", "--world", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"rpeg-torch-worker 0: error: the run setup in the store at 127.0.0.1:{store.port} is not authenticated "
+        "(no valid tag for this run's secret); is the secret that of this run?"]
