@@ -2,11 +2,11 @@
 authenticated message schema over the TCPStore (issue 14, item 2).
 
 Messages. Every command, report and the run setup is a dict with a `type` from a closed registry
-(`SCHEMA`: per channel, the known types and the fields each must and may have). Values are plain JSON
-(None, bool, int, float, str, list, dict with str keys) plus three tagged forms that JSON lacks: tuples
-{"$tuple": [...]}, dicts with other keys {"$dict": [[k, v], ...]} and the dataclasses of `classes()`
-{"$class": NAME, "args": [...]} (their init fields in order: layouts, routes, the run config); decoding rebuilds them through their
-constructors, so a Layout is checked again where it lands. Nothing else is encodable: a tensor, a
+(`COMMANDS`, `REPORTS`, `SETUP`: per channel, the known types and the fields each must and may have).
+Values are plain JSON (None, bool, int, float, str, list, dict with str keys) plus three tagged forms that
+JSON lacks: tuples {"$tuple": [...]}, dicts with other keys {"$dict": [[k, v], ...]} and the dataclasses
+of `classes()` {"$class": NAME, "args": [...]} (their init fields in order: layouts, routes, the run
+config); decoding rebuilds them through their constructors, so a Layout is checked again where it lands. Nothing else is encodable: a tensor, a
 pickle or an unknown class makes `seal` fail with a one-line error, and decoding never unpickles.
 Exception, marked LEGACY: the `payload` bytes of an export report (torch.save of this rank's shards,
 until exports go to files, see backend.py `_on_message`) follow the JSON body as they are, authenticated
