@@ -78,7 +78,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="launch no workers: serve the control store at HOST:PORT and wait for one worker per "
                         "device, started by torchrun or Slurm on any node as `python -m "
                         "rpegc.runtime.torch_backend.worker --store HOST:PORT` (RANK and WORLD_SIZE from the "
-                        "environment)")
+                        "environment) and --secret-file PATH")
+    t.add_argument("--secret-file", metavar="PATH", default=None,
+                   help="with --store: where to write the run's control secret (mode 0600; default "
+                        "RUN_DIR/control-secret, else a private temporary file); every worker must read it, "
+                        "through --secret-file PATH or RPEG_RUN_SECRET_FILE=PATH; it is removed when the run ends")
     t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
     t.add_argument("--reward", choices=("rule", "model"), default="rule",
                    help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")
@@ -147,8 +151,9 @@ def make_backend(args: argparse.Namespace):
     if args.backend == "sim":
         from rpegc.runtime.backends.sim import SimBackend
 
-        if args.resume or args.run_dir or args.checkpoint_every is not None or args.store:
-            raise RpegError(None, "--run-dir, --checkpoint-every, --resume and --store apply to the torch backend only")
+        if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file:
+            raise RpegError(None, "--run-dir, --checkpoint-every, --resume, --store and --secret-file apply to the "
+                                  "torch backend only")
 
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:

@@ -155,15 +155,17 @@ def test_rpeg_run_auto_picks_gloo_without_gpus_and_nccl_with_one_per_worker(plan
         assert backend._resolve_dist_backend(plan) == expected
 
 
-def test_an_external_nccl_worker_without_a_gpu_says_so_and_the_run_stops(plan_file):
+def test_an_external_nccl_worker_without_a_gpu_says_so_and_the_run_stops(plan_file, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
-    env = dict(os.environ, RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", CUDA_VISIBLE_DEVICES="")
+    secret = str(tmp_path / "secret")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", CUDA_VISIBLE_DEVICES="", RPEG_RUN_SECRET_FILE=secret)
     worker = subprocess.Popen([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store", address], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        backend = TorchBackend(seed=0, tp_impl="torch", launcher="external", store=address, dist_backend="nccl")
+        backend = TorchBackend(seed=0, tp_impl="torch", launcher="external", store=address, dist_backend="nccl",
+                               secret_file=secret)
         with pytest.raises(BackendError, match="worker 0 .*failed in setup: the nccl backend needs a CUDA device, but "
                                                "torch sees none on this node"):
             run(load_plan(plan_file), backend)
@@ -218,7 +220,7 @@ def _worker(device) -> Worker:
               "ref": ModelSpec("ref", "reference", ARCH, model_seed(0, "reference"))}
     setup = WorkerSetup(world=1, seed=0, run=_run_config(), models=models, layouts=(), tp_impl="torch",
                         t0=time.time(), timeout_s=60.0)
-    worker = Worker(setup, 0, store=None, device=device)
+    worker = Worker(setup, 0, device=device)
     for m in models:
         worker.cmd_install({"model": m, "layout": SINGLE, "version": 0, "label": f"W:{m}"})
     return worker

@@ -65,7 +65,7 @@ def _setup(ctx, gate_path: str) -> None:
     models = {n: ModelSpec(n, k, ARCH, model_seed(0, k)) for k, n in names.items()}
     setup = WorkerSetup(world=ctx.world, seed=0, run=_run_config(), models=models,
                         layouts=tuple(_layouts().values()), tp_impl="torch", t0=time.time(), timeout_s=60.0)
-    ctx.state["worker"] = Worker(setup, ctx.rank, store=None)
+    ctx.state["worker"] = Worker(setup, ctx.rank)
     ctx.state["gate"] = torch.distributed.FileStore(gate_path, ctx.world)
 
 

@@ -7,6 +7,12 @@ Alg. 2; DESIGN.md Section 7; issue 8).
   persistent worker per device of the plan (`worker.py`, through a TCPStore that is also the control
   channel; locally forked processes, on a cluster the same module under torchrun/Slurm), sends them the
   run setup and waits until every worker has created the process groups of every vertex layout;
+- the control channel (`messages.py`) carries plain, bounded messages sealed with a per-run secret:
+  forked workers inherit it, external ones read it from the file `start` writes (mode 0600; the path is
+  printed and given by --secret-file). Commands go to the store queue `cmd/R` of worker R; reports come
+  back on the queue `res`, where a thread (`_Inbox`) blocks until the next one arrives and hands it to
+  the main thread, which waits on a Python queue and checks the workers' health in between: no short
+  store timeouts, so a normal run prints no c10d warning;
 - `run_op` / `transfer` / `reshard` turn a Dispatch into commands for the node's workers, with every
   route precomputed here (`layout.route_rows`, `layout.route_weights`) from where each artifact's
   shards are held; `wait` collects the workers' reports into Completions (start/finish on the wall
@@ -30,10 +36,11 @@ import atexit
 import dataclasses
 import io
 import os
-import pickle
+import queue
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -51,6 +58,7 @@ from rpegc.runtime.torch_backend import checkpoint as ckpt
 from rpegc.runtime.torch_backend.device import DIST_BACKEND_CHOICES, choose_dist_backend
 from rpegc.runtime.torch_backend.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                 route_weights)
+from rpegc.runtime.torch_backend.messages import Endpoint, new_secret, write_secret
 from rpegc.runtime.torch_backend.models import derive_seed
 from rpegc.runtime.torch_backend.parallel import TP_IMPLS, param_shapes
 from rpegc.runtime.torch_backend.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
@@ -122,7 +130,62 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
     check_run_config(cfg)
     return cfg
 
-POLL_S = 0.05  # longest wait for a worker report before the controller checks the workers' health
+POLL_S = 0.1  # longest (Python-level) wait for a worker report before the controller checks the workers' health
+INBOX_WAIT = timedelta(days=1)  # the inbox thread's blocking wait; it ends by the controller's eof message
+SECRET_FILE = "control-secret"  # in the run directory, for externally launched workers
+
+
+def _warn(line: str) -> None:
+    print(f"rpeg-run: warning: {line}", file=sys.stderr, flush=True)
+
+
+class _Inbox:
+    """Worker reports: a thread blocks in the store's `res` queue (on its own client connection, so the
+    main thread's sends never wait behind it), checks each report (`Endpoint.receive`: the unauthentic
+    are dropped and logged) and hands it to the main thread through a queue.Queue."""
+
+    def __init__(self, host: str, port: int, secret: bytes):
+        client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=60))
+        self.endpoint = Endpoint(client, secret, "controller-inbox", _warn)
+        self.reports: queue.Queue = queue.Queue()
+        self.failure: Optional[str] = None
+        self.thread = threading.Thread(target=self._run, name="rpeg-inbox", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                env = self.endpoint.receive("res", INBOX_WAIT)
+            except (RuntimeError, TimeoutError) as e:
+                try:
+                    self.endpoint.store.check(["res"])  # only timed out: keep waiting
+                    continue
+                except Exception:
+                    self.failure = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    return
+            if env.msg["type"] == "eof":
+                if env.sender == "controller":
+                    return
+                continue
+            self.reports.put(env.msg)
+
+    def get(self, timeout: float) -> Optional[dict]:
+        """The next report, or None after `timeout` seconds without one."""
+        try:
+            return self.reports.get(timeout=timeout)
+        except queue.Empty:
+            if self.failure is not None:
+                raise BackendError(None, f"the control channel failed: {self.failure}") from None
+            return None
+
+    def close(self, sender: Endpoint) -> None:
+        """End the thread: `sender` (the controller's endpoint) pushes the eof message it waits for."""
+        if self.thread.is_alive() and self.failure is None:
+            try:
+                sender.push("res", {"type": "eof"})
+            except Exception:
+                pass
+            self.thread.join(timeout=5.0)
 
 
 def _split_address(addr: str) -> tuple[str, int]:
@@ -175,7 +238,7 @@ class TorchBackend(Backend):
                  resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
                  dist_backend: str = "gloo", rl: Optional[dict] = None, launcher: str = "local",
-                 store: Optional[str] = None):
+                 store: Optional[str] = None, secret_file: Optional[str] = None):
         if tp_impl not in ("auto",) + TP_IMPLS:
             raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
         if checkpoint_every < 0:
@@ -194,6 +257,10 @@ class TorchBackend(Backend):
         if dist_backend not in DIST_BACKEND_CHOICES:
             raise RpegError(None, f"unknown distributed backend '{dist_backend}'; use {', '.join(DIST_BACKEND_CHOICES)}")
         self.dist_backend, self.launcher, self.store_addr = dist_backend, launcher, store
+        if secret_file and launcher != "external":
+            raise RpegError(None, "--secret-file is where an external launch (--store) writes the control secret; "
+                                  "locally launched workers get it from rpeg-run")
+        self.secret_file = secret_file
         self.rl_overrides = dict(rl or {})
         self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
         self.metrics: dict[int, dict[str, float]] = {}
@@ -201,6 +268,10 @@ class TorchBackend(Backend):
         self.warnings: list[str] = []
         self._procs: list = []  # multiprocessing.Process, one per worker rank
         self._store: Optional[dist.TCPStore] = None
+        self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
+        self._inbox: Optional[_Inbox] = None
+        self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
+        self._secret_tmpdir: Optional[str] = None
         self._resume_file: Optional[str] = None
         self._resume_data: Optional[dict] = None
         self._failed = False
@@ -217,7 +288,8 @@ class TorchBackend(Backend):
                    lr=getattr(args, "lr", None), tp_impl=getattr(args, "tp_impl", "auto") or "auto",
                    reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern",
                    dist_backend=getattr(args, "dist_backend", "auto") or "auto",
-                   launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None))
+                   launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None),
+                   secret_file=getattr(args, "secret_file", None))
 
     # -- plan ------------------------------------------------------------------------------------
 
@@ -329,7 +401,6 @@ class TorchBackend(Backend):
         self._ready: list[Completion] = []
         self._exports: dict[int, _Export] = {}
         self._cmd_seq = [0] * len(plan.devices)
-        self._res_next = 0
         self._tag = 0
         self._export_id = 0
         self._mem: dict[int, float] = {}
@@ -346,26 +417,57 @@ class TorchBackend(Backend):
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
                             dist_backend=dist_backend, resume_file=self._resume_file, fault=self.fault)
         host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
+        secret = new_secret()
+        if self.launcher == "external":
+            self._write_secret(secret)  # before the store serves: a worker that reaches it finds the file
         try:
             self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                                         timeout=timedelta(seconds=self.timeout_s))
         except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError: port taken, bad host
+            self._remove_secret()
             raise RpegError(None, f"cannot serve the control store at {host}:{port}: {str(err).splitlines()[0]}; "
                                   "choose a free port on this host (--store HOST:PORT)") from None
-        self._store.set("setup", pickle.dumps(setup))
-        self._log_dir, self._temp_logs = "", False
         self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway
+        self._chan = Endpoint(self._store, secret, "controller", _warn)
+        self._chan.put("setup", {"type": "setup", "setup": setup})
+        self._inbox = _Inbox("127.0.0.1" if host == "0.0.0.0" else host, self._store.port, secret)
+        self._log_dir, self._temp_logs = "", False
         if self.launcher == "local":
-            self._launch(len(plan.devices), self._store.port, tp_impl)
+            self._launch(len(plan.devices), self._store.port, tp_impl, secret)
         else:
             print(f"rpeg-run: waiting for {len(plan.devices)} workers; start rank r of them with "
-                  f"`python -m rpegc.runtime.torch_backend.worker --store {self.store_addr} --rank r "
-                  f"--world {len(plan.devices)}` (torchrun/Slurm: RANK and WORLD_SIZE from the environment)",
-                  file=sys.stderr, flush=True)
+                  f"`python -m rpegc.runtime.torch_backend.worker --store {self.store_addr} --secret-file "
+                  f"{self._secret_written} --rank r --world {len(plan.devices)}` (torchrun/Slurm: RANK and "
+                  f"WORLD_SIZE from the environment; every worker must be able to read {self._secret_written}, "
+                  "mode 0600, or find it through RPEG_RUN_SECRET_FILE)", file=sys.stderr, flush=True)
         for w in self.warnings:
             print(f"rpeg-run: warning: {w}", file=sys.stderr)
         self._await_ready(len(plan.devices))
         return dict(self.rank_of)
+
+    def _write_secret(self, secret: bytes) -> None:
+        """The run's secret for externally launched workers: --secret-file, else RUN_DIR/control-secret,
+        else a file in a private temporary directory; removed when the run ends."""
+        path = self.secret_file
+        if not path and self.run_dir:
+            os.makedirs(self.run_dir, exist_ok=True)
+            path = os.path.join(self.run_dir, SECRET_FILE)
+        if not path:
+            self._secret_tmpdir = tempfile.mkdtemp(prefix="rpeg-run-")
+            path = os.path.join(self._secret_tmpdir, SECRET_FILE)
+        write_secret(path, secret)
+        self._secret_written = path
+
+    def _remove_secret(self) -> None:
+        if self._secret_written:
+            try:
+                os.remove(self._secret_written)
+            except OSError:
+                pass
+            self._secret_written = None
+        if self._secret_tmpdir:
+            shutil.rmtree(self._secret_tmpdir, ignore_errors=True)
+            self._secret_tmpdir = None
 
     def _resolve_dist_backend(self, plan: RunPlan) -> str:
         """gloo or nccl. Locally launched workers all run on this host, one GPU each under NCCL; externally
@@ -391,8 +493,9 @@ class TorchBackend(Backend):
             return "torch"
         return "megatron"
 
-    def _launch(self, world: int, port: int, tp_impl: str) -> None:
+    def _launch(self, world: int, port: int, tp_impl: str, secret: bytes) -> None:
         """One process per device, forked from a server that imported torch once (fast repeated launches).
+        Each gets the run's secret through the fork server's pipe (never the network or the command line).
 
         On a cluster the same workers start under torchrun/Slurm instead:
         `python -m rpegc.runtime.torch_backend.worker --store HOST:PORT` with RANK/WORLD_SIZE set.
@@ -414,7 +517,7 @@ class TorchBackend(Backend):
         atexit.register(self._kill_workers)
         for r in range(world):
             log = os.path.join(self._log_dir, f"worker-{r}.log")
-            proc = ctx.Process(target=spawn_main, args=("127.0.0.1", port, r, world, log), daemon=True,
+            proc = ctx.Process(target=spawn_main, args=("127.0.0.1", port, r, world, log, secret), daemon=True,
                                name=f"rpeg-worker-{r}")
             proc.start()
             self._procs.append(proc)
@@ -427,8 +530,9 @@ class TorchBackend(Backend):
             if msg is None:
                 self._check_workers()
                 if time.time() > deadline:
-                    self._fail(f"only {len(ready)} of {world} workers started within {self.timeout_s:.0f} s; "
-                               f"see the worker logs in {self._log_dir}")
+                    where = (f"see the worker logs in {self._log_dir}" if self._log_dir else
+                             "see the workers' own output (a worker without this run's secret file stops at once)")
+                    self._fail(f"only {len(ready)} of {world} workers started within {self.timeout_s:.0f} s; {where}")
                 continue
             if msg["type"] == "ready":
                 ready.add(msg["rank"])
@@ -441,25 +545,17 @@ class TorchBackend(Backend):
     # -- control channel -------------------------------------------------------------------------------
 
     def _send(self, rank: int, cmd: dict) -> None:
-        assert self._store is not None
-        self._store.set(f"cmd/{rank}/{self._cmd_seq[rank]}", pickle.dumps(cmd))
+        assert self._chan is not None
+        self._chan.push(f"cmd/{rank}", cmd)
         self._cmd_seq[rank] += 1
 
     def _poll(self) -> Optional[dict]:
         """The next worker report, or None after POLL_S without one.
 
-        The store's wait returns as soon as the key is set (sleep-polling added up to 30 ms to every
-        node); the bounded wait lets the caller check for dead workers and timeouts in between."""
-        assert self._store is not None
-        key = f"res/{self._res_next}"
-        try:
-            self._store.wait([key], timedelta(seconds=POLL_S))
-        except (RuntimeError, TimeoutError):  # DistStoreError: not set within POLL_S
-            return None
-        data = self._store.get(key)
-        self._store.delete_key(key)
-        self._res_next += 1
-        return pickle.loads(data)
+        The inbox thread hands a report over as soon as the store has it; the bounded (Python-level,
+        silent) wait lets the caller check for dead workers and timeouts in between."""
+        assert self._inbox is not None
+        return self._inbox.get(POLL_S)
 
     def _fail(self, message: str, loc=None) -> None:
         self._failed = True
@@ -502,7 +598,9 @@ class TorchBackend(Backend):
         self._peak[d] = max(self._peak.get(d, 0.0), self._mem[d])
         if "export" in msg:
             job = self._exports[msg["export"]]
-            job.parts[r] = torch.load(io.BytesIO(msg["payload"]), weights_only=False)
+            # LEGACY (until exports go to files): the report carries this rank's shards as torch.save bytes,
+            # authenticated like every message and loaded without unpickling objects (weights_only)
+            job.parts[r] = torch.load(io.BytesIO(msg["payload"]), weights_only=True)
             job.ranks.discard(r)
             if not job.ranks:
                 del self._exports[msg["export"]]
@@ -850,7 +948,10 @@ class TorchBackend(Backend):
                 p.join(timeout=max(0.0, deadline - time.time()))
         self._kill_workers()
         atexit.unregister(self._kill_workers)
-        self._store = None
+        if self._inbox is not None and self._chan is not None:
+            self._inbox.close(self._chan)
+        self._inbox, self._chan, self._store = None, None, None
+        self._remove_secret()
         if self._temp_logs and not self._failed:
             shutil.rmtree(self._log_dir, ignore_errors=True)  # kept after a failure: the message points there
 

@@ -19,8 +19,13 @@ full weights, of which a worker moves only its own shards to its GPU). Exports t
 (checkpoints, final weights) are copied to the CPU, and a command reports completion only after the GPU
 has finished its work. The CUDA path is written but has not been run on a GPU here.
 
-Control channel (all through the store, so it works across nodes): the controller writes command i of
-rank r under `cmd/r/i`; a worker appends each result under `res/<n>`, n from the atomic counter `res/n`.
+Control channel (all through the store, so it works across nodes; `messages.py`): the controller pushes
+the commands of rank r onto the store queue `cmd/r`, the worker pushes its reports onto `res`; both are
+plain, bounded messages sealed with the run's secret (a message that is not authentic is dropped and
+logged to the worker log, never executed). A locally forked worker gets the secret from its parent; an
+external one reads it from --secret-file PATH or $RPEG_RUN_SECRET_FILE (mode 0600, written by `rpeg-run
+--store`). The worker blocks in the store until its next command comes (`WAIT`: an idle hour at most
+before it checks that the controller is still there), so a normal run logs no c10d timeout.
 Commands run strictly in order, so every rank meets the collectives of concurrent nodes in the same
 order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, export, stop).
 
@@ -44,14 +49,13 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import pickle
 import signal
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -62,6 +66,7 @@ from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, to_cpu, worker_device
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
+from rpegc.runtime.torch_backend.messages import SECRET_ENV, Endpoint, MessageError, read_secret
 from rpegc.runtime.torch_backend.models import build_model, cast_weights, export_weights
 from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
                                                   shard_of, train_step)
@@ -71,6 +76,8 @@ from rpegc.runtime.torch_backend.rl import (Experience, actor_loss, compute_adva
 from rpegc.runtime.torch_backend.tasks import make_task
 
 FAULT_ENV = "RPEG_TORCH_FAULT"  # "kill:NODE[:RANK]" or "raise:NODE[:RANK]": a test hook
+WAIT = timedelta(hours=1)  # longest blocking wait for a command before checking on the controller
+MAX_ERROR_CHARS = 8000  # an error report keeps the tail of a longer traceback
 
 
 @dataclass(frozen=True)
@@ -159,8 +166,9 @@ def _bytes_of(tensors) -> int:
 
 
 class Worker:
-    def __init__(self, setup: WorkerSetup, rank: int, store: dist.Store, device: Optional[torch.device] = None):
-        self.setup, self.rank, self.store = setup, rank, store
+    def __init__(self, setup: WorkerSetup, rank: int, channel: Optional[Endpoint] = None,
+                 device: Optional[torch.device] = None):
+        self.setup, self.rank, self.channel = setup, rank, channel
         # Without a device: the one a locally launched worker of this backend gets (the CPU for gloo).
         self.device = device if device is not None else worker_device(setup.dist_backend, rank, {})
         self.run = setup.run
@@ -185,33 +193,31 @@ class Worker:
     # -- channel ----------------------------------------------------------------------------------
 
     def report(self, msg: dict) -> None:
-        n = self.store.add("res/n", 1)
-        self.store.set(f"res/{n - 1}", pickle.dumps(msg))
+        """Push a report to the controller; one that cannot be sent (too large, not plain) becomes an error report."""
+        assert self.channel is not None
+        try:
+            self.channel.push("res", msg)
+        except MessageError as e:
+            self.channel.push("res", {"type": "error", "node": msg.get("node"), "what": msg.get("type", "report"),
+                                      "rank": self.rank, "message": f"cannot report: {e.message}"})
 
-    def next_command(self, i: int) -> dict:
-        key = f"cmd/{self.rank}/{i}"
-        parent = os.getppid()
+    def next_command(self) -> dict:
+        """The next authentic command, blocking until it comes; exits (code 3) once the controller is gone."""
+        assert self.channel is not None
+        key = f"cmd/{self.rank}"
         while True:
             try:
-                self.store.wait([key], timedelta(seconds=60))
-                break
-            except Exception:  # a timeout, or the controller is gone (its store with it)
-                if os.getppid() != parent:
-                    raise SystemExit(3)
+                return self.channel.receive(key, WAIT).msg
+            except (RuntimeError, TimeoutError):  # an idle hour, or the controller is gone (its store with it)
                 try:
-                    self.store.check([key])
+                    self.channel.store.check([key])
                 except Exception:
                     raise SystemExit(3)
-        data = self.store.get(key)
-        self.store.delete_key(key)
-        return pickle.loads(data)
 
     def loop(self) -> None:
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
-        i = 0
         while True:
-            cmd = self.next_command(i)
-            i += 1
+            cmd = self.next_command()
             if cmd["type"] == "stop":
                 self.report({"type": "bye", "rank": self.rank})  # the controller keeps its store until all said bye
                 return
@@ -226,6 +232,7 @@ class Worker:
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
         except Exception as e:
             detail = str(e) if isinstance(e, (RpegError, CommandError)) else traceback.format_exc(limit=8)
+            detail = detail if len(detail) <= MAX_ERROR_CHARS else "..." + detail[-MAX_ERROR_CHARS:]
             self.report({"type": "error", "node": node, "what": cmd["type"], "rank": self.rank, "message": detail})
             return
         if self.debug:
@@ -635,10 +642,9 @@ class Worker:
                 "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
 
 
-def _setup_failed(store: dist.Store, rank: int, message: str) -> int:
-    n = store.add("res/n", 1)
-    store.set(f"res/{n - 1}", pickle.dumps({"type": "error", "node": None, "what": "setup", "rank": rank,
-                                             "message": message}))
+def _setup_failed(channel: Endpoint, rank: int, message: str) -> int:
+    channel.push("res", {"type": "error", "node": None, "what": "setup", "rank": rank,
+                         "message": message[-MAX_ERROR_CHARS:]})
     return 1
 
 
@@ -649,34 +655,54 @@ def standalone_worker(run: RunConfig, models: dict[str, ModelSpec], *, rank: int
     joined torch.distributed and set `worker.groups`."""
     setup = WorkerSetup(world=world, seed=seed, run=run, models=models, layouts=(), tp_impl=tp_impl,
                         t0=time.time(), timeout_s=300.0)
-    return Worker(setup, rank, store=None, device=device)
+    return Worker(setup, rank, channel=None, device=device)
 
 
-def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str]) -> int:
+def _log(rank: int) -> Callable[[str], None]:
+    def log(line: str) -> None:
+        print(f"rpeg-torch-worker {rank}: {line}", file=sys.stderr, flush=True)
+    return log
+
+
+def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str], *, secret: Optional[bytes] = None,
+               secret_file: Optional[str] = None) -> int:
     """Join the controller's store and process group, then serve commands until told to stop. `env` holds
-    the launcher's variables (LOCAL_RANK, SLURM_LOCALID); a locally launched worker passes none."""
+    the launcher's variables (LOCAL_RANK, SLURM_LOCALID); a locally launched worker passes none. The run's
+    secret is `secret` (a forked worker) or read from `secret_file` once the store is up."""
     torch.set_num_threads(1)
-    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=120))
-    setup: WorkerSetup = pickle.loads(store.get("setup"))
+    if secret is None and not secret_file:
+        read_secret(None)  # the one-line error, before waiting for a store
+    try:
+        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=120))
+    except RuntimeError as e:  # DistNetworkError: nothing serves the address within the timeout
+        raise RpegError(None, f"cannot reach the control store at {host}:{port}: {str(e).splitlines()[0]}") from None
+    channel = Endpoint(store, secret if secret is not None else read_secret(secret_file), f"worker-{rank}", _log(rank))
+    try:
+        setup = channel.get("setup")["setup"]
+    except MessageError as e:
+        raise MessageError(f"the run setup in the store at {host}:{port} is {e.message}; "
+                           "is the secret that of this run?") from None
+    if not isinstance(setup, WorkerSetup):
+        raise MessageError("the run setup in the store is not a worker setup")
     if world and world != setup.world:
         raise SystemExit(f"worker {rank}: launched for {world} ranks, the plan needs {setup.world}")
     try:
         device = worker_device(setup.dist_backend, rank, env)
     except RpegError as e:
-        return _setup_failed(store, rank, e.message)
+        return _setup_failed(channel, rank, e.message)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL starts: its communicators bind to the current device
     dist.init_process_group(setup.dist_backend, store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=setup.world, timeout=timedelta(seconds=setup.timeout_s))
     try:
-        worker = Worker(setup, rank, store, device)
+        worker = Worker(setup, rank, channel, device)
     except Exception:
-        return _setup_failed(store, rank, traceback.format_exc(limit=8))
+        return _setup_failed(channel, rank, traceback.format_exc(limit=8))
     worker.loop()
     return 0
 
 
-def spawn_main(host: str, port: int, rank: int, world: int, log_path: str) -> None:
+def spawn_main(host: str, port: int, rank: int, world: int, log_path: str, secret: bytes) -> None:
     """Entry of a locally launched worker: output to its log file, then `run_worker`; exits hard at the end
     (tearing down the interpreter and gloo politely costs seconds and holds nothing we need)."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -684,7 +710,9 @@ def spawn_main(host: str, port: int, rank: int, world: int, log_path: str) -> No
     os.dup2(fd, 2)
     code = 1
     try:
-        code = run_worker(host, port, rank, world, {})  # the local launcher: GPU = rank modulo the GPUs
+        code = run_worker(host, port, rank, world, {}, secret=secret)  # the local launcher: GPU = rank modulo the GPUs
+    except RpegError as e:
+        print(f"rpeg-torch-worker {rank}: error: {e.message}", flush=True)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -699,12 +727,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     rank, world = rank_and_world(os.environ)
     ap.add_argument("--rank", type=int, default=rank, help="default: RANK or SLURM_PROCID")
     ap.add_argument("--world", type=int, default=world, help="default: WORLD_SIZE or SLURM_NTASKS")
+    ap.add_argument("--secret-file", default=os.environ.get(SECRET_ENV) or None, metavar="PATH",
+                    help=f"the run's control secret, as rpeg-run --store wrote it (default: ${SECRET_ENV})")
     args = ap.parse_args(argv)
-    host, port = args.store.rsplit(":", 1)
-    code = run_worker(host, int(port), args.rank, args.world, dict(os.environ))
+    host, _, port = args.store.rpartition(":")
+    if not port.isdigit():
+        ap.error(f"--store {args.store} is not HOST:PORT")
+    try:
+        code = run_worker(host, int(port), args.rank, args.world, dict(os.environ), secret_file=args.secret_file)
+    except RpegError as e:
+        print(f"rpeg-torch-worker {args.rank}: error: {e.message}", file=sys.stderr)
+        code = 2
     sys.stdout.flush()
     os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the module's own main, not this __main__ copy: messages rebuild the module's classes (WorkerSetup)
+    from rpegc.runtime.torch_backend.worker import main as _main
+
+    sys.exit(_main())
