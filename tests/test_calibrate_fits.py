@@ -209,3 +209,16 @@ def test_fit_eta_overhead_recovers_roofline_and_layer_call_time():
     assert pure.t_layer < 1e-3 * t_layer and pure.scale == pytest.approx(F, rel=0.02)
     with pytest.raises(RpegError):
         fit_eta_overhead(r[:3], k[:3], work[:3], layers[:3], seconds[:3])
+
+
+def test_fit_eta_overhead_never_gives_a_negative_peak():
+    """Per-layer time only, with noise that makes the larger forwards faster (a loaded machine): the
+    unconstrained solve puts 1/F below 0; the fit falls back to a positive roofline instead."""
+    from rpegc.tools.calibrate import fit_eta_overhead
+
+    r, k = _grid()
+    work = 2.0 * r * k * 1000.0
+    layers = np.full(r.shape, 2.0)
+    seconds = layers * 3e-4 * (1.0 - 0.3 * work / work.max())
+    fit = fit_eta_overhead(r, k, work, layers, seconds)
+    assert fit.scale > 0 and fit.t_layer >= 0 and np.isfinite(fit.mape)

@@ -170,7 +170,9 @@ def _overhead_objective(work, layers, seconds, rows, widths, gm, gk):
     with np.errstate(divide="ignore", invalid="ignore"):
         u = np.where(det > 0, (sa * sbb - sb * sab) / det, 0.0)
         t0 = np.where(det > 0, (saa * sb - sab * sa) / det, -1.0)
-        clamp = t0 < 0  # no overhead visible: the pure roofline
+        # No overhead visible (t0 < 0), or timing noise that makes more work look faster (u <= 0, a
+        # negative F_peak): the pure roofline, whose u = sa/saa is positive for positive data.
+        clamp = (t0 < 0) | (u <= 0)
         u = np.where(clamp, sa / saa, u)
         t0 = np.where(clamp, 0.0, t0)
     sse = ((u[..., None] * a + t0[..., None] * b - 1.0) ** 2).sum(-1)
