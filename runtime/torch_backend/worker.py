@@ -42,7 +42,6 @@ What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import pickle
 import signal
@@ -51,7 +50,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -59,7 +58,8 @@ from torch import Tensor
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
-from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, to_cpu, worker_device
+from rpegc.runtime.torch_backend import checkpoint as ckpt
+from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, worker_device
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.models import build_model, cast_weights, export_weights
@@ -96,7 +96,7 @@ class WorkerSetup:
     t0: float  # controller wall clock (time.time()) at start; reported times are relative to it
     timeout_s: float
     dist_backend: str = "gloo"
-    resume_file: Optional[str] = None
+    resume_file: Optional[str] = None  # a checkpoint directory (checkpoint.py) to resume from
     fault: Optional[str] = None
 
 
@@ -171,13 +171,16 @@ class Worker:
         self.training: dict[tuple[str, Layout], TrainState] = {}
         self.shapes = {m: param_shapes(s.arch, s.kind, self.run.net) for m, s in setup.models.items()}
         self.initial: dict[str, dict[str, Tensor]] = {}
-        self.resume = (torch.load(setup.resume_file, map_location="cpu", weights_only=False)
-                       if setup.resume_file else None)
+        # On resume: the checkpoint's shard files, of which this worker reads only the boxes it needs
+        self.resume = ckpt.Reader(setup.resume_file) if setup.resume_file else None
+        # Versions a checkpoint must still save once the live copies moved on (staleness tau > 0):
+        # (model, version) -> (layout, this rank's float32 pieces), on the CPU
+        self.window: dict[tuple[str, int], tuple[Layout, dict[str, Tensor]]] = {}
         w = self.run.workload
         self.task = make_task(self.run.task, self.run.actor.vocab, w.Lp, w.Lr)
         self.groups = ProcessGroups(setup.layouts)
-        if self.resume is not None and self.rank in self.resume.get("rng", {}):
-            torch.set_rng_state(self.resume["rng"][self.rank])
+        if self.resume is not None and ckpt.rng_key(self.rank) in self.resume:
+            torch.set_rng_state(self.resume.read(ckpt.rng_key(self.rank)))
 
     def now(self) -> float:
         return time.time() - self.setup.t0
@@ -260,45 +263,99 @@ class Worker:
 
     # -- bookkeeping commands -----------------------------------------------------------------------
 
-    def full_weights(self, model: str, version: int) -> dict[str, Tensor]:
-        """Full tensors of a version this worker installs: from the resume checkpoint, or version 0 by seed."""
-        if self.resume is not None and version in self.resume["versions"].get(model, {}):
-            return self.resume["versions"][model][version]
+    def version_shards(self, model: str, version: int, layout: Layout) -> dict[str, Tensor]:
+        """This rank's float32 pieces under `layout` of a version it installs: read from the resume
+        checkpoint's shard files (only the boxes it needs, from whichever files hold them), or version 0
+        built from its seed."""
+        layers = self.setup.models[model].arch.layers
+        if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
+            return self.resume.pieces(ckpt.weights_key(model, version, ""), self.shapes[model], layout, self.rank,
+                                      layers)
         if version != 0:
             raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
         if model not in self.initial:
             spec = self.setup.models[model]
             self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.run.net))
-        return self.initial[model]
+        return shard_of(self.initial[model], self.shapes[model], layout, self.rank, layers)
 
     def cmd_install(self, cmd: dict) -> None:
         m, layout = cmd["model"], cmd["layout"]
-        full = self.full_weights(m, cmd["version"])
-        shards = shard_of(full, self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
-        shards = {n: t.to(self.device, self.serving_dtype) for n, t in shards.items()}
+        master = self.version_shards(m, cmd["version"], layout)
+        if cmd.get("keep"):  # a resumed version the next checkpoint saves again (tau > 0)
+            self._keep(m, cmd["version"], layout, master, cmd["tau"])
+        shards = {n: t.to(self.device, self.serving_dtype) for n, t in master.items()}
         self.entries[cmd["label"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
+
+    def _keep(self, model: str, version: int, layout: Layout, shards: dict[str, Tensor], tau: int) -> None:
+        self.window[(model, version)] = (layout, {n: t.detach().to("cpu", copy=True) for n, t in shards.items()})
+        for key in [k for k in self.window if k[0] == model and k[1] < version - tau]:
+            del self.window[key]
+
+    def cmd_keep(self, cmd: dict) -> None:
+        """Keep a copy of this rank's float32 pieces of a new version for later checkpoints (tau > 0: nodes
+        after the next checkpoint still read it), dropping the versions older than version - tau."""
+        e = self.entries.get(cmd["label"])
+        if e is None or e.layout is None or e.model is None:
+            raise CommandError(f"keep of {cmd['label']}, which this worker does not hold")
+        self._keep(e.model, e.version, e.layout, self.saved_shards(e), cmd["tau"])
 
     def cmd_release(self, cmd: dict) -> None:
         self.entries.pop(cmd["label"], None)
 
     def cmd_export(self, cmd: dict) -> dict:
-        """This rank's shards of weights versions and of a model's optimizer state, serialised (on the CPU:
-        the controller may have no GPU)."""
-        out: dict[str, Any] = {"weights": {}, "optimizer": {}, "rng": torch.get_rng_state()}
-        for label in cmd.get("weights", ()):
+        """Write this rank's shards (weights versions, the optimizer state of trained models, the RNG state)
+        as one safetensors file into the checkpoint or final-weights directory `cmd["dir"]`, and report
+        what it holds: file name, size, SHA-256 and the box of every tensor (plain values; no tensor goes
+        through the control channel).
+
+        cmd: "weights" [[label, key prefix]], "window" [[model, version, key prefix]] (kept versions),
+        "optimizer" [[model, layout]], "rng" (bool). Of a piece replicated over TP only t = 0 writes, so
+        the files tile every tensor exactly once."""
+        tensors: dict[str, tuple[Tensor, ckpt.Box, tuple[int, ...]]] = {}
+
+        def add(prefix: str, model: str, layout: Layout, shards: dict[str, Tensor]) -> None:
+            t_coord = layout.coord(self.rank)[2]
+            pieces = rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
+            for n, t in shards.items():
+                shape = self.shapes[model][n]
+                if pieces[n].dim is None and t_coord:
+                    continue
+                tensors[prefix + n] = (t, ckpt.piece_box(pieces[n], shape), shape)
+
+        for label, prefix in cmd.get("weights", ()):
             e = self.entries.get(label)
-            if e is None:
+            if e is None or e.layout is None or e.model is None:
                 raise CommandError(f"export of {label}, which this worker does not hold")
-            out["weights"][label] = {"version": e.version, "shards": self.saved_shards(e)}
+            add(prefix, e.model, e.layout, self.saved_shards(e))
+        for m, v, prefix in cmd.get("window", ()):
+            kept = self.window.get((m, v))
+            if kept is None:
+                raise CommandError(f"checkpoint of version {v} of @{m}, which this worker did not keep")
+            add(prefix, m, kept[0], kept[1])
         for m, layout in cmd.get("optimizer", ()):
             st = self.training.get((m, layout))
             if st is None:
                 continue
-            params = st.pm.params()
-            out["optimizer"][m] = {n: dict(st.optimizer.state[p]) for n, p in params.items() if p in st.optimizer.state}
-        buf = io.BytesIO()
-        torch.save(to_cpu(out), buf)
-        return {"export": cmd["export"], "payload": buf.getvalue()}
+            t_coord = layout.coord(self.rank)[2]
+            pieces = rank_pieces(self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
+            for n, p in st.pm.params().items():
+                shape = self.shapes[m][n]
+                for k, v in st.optimizer.state.get(p, {}).items():
+                    if not isinstance(v, Tensor):
+                        raise CommandError(f"Adam state {k} of {n} is not a tensor; cannot checkpoint it")
+                    if v.dim() > 0 and (pieces[n].dim is not None or not t_coord):
+                        tensors[ckpt.adam_key(m, n, k)] = (v, ckpt.piece_box(pieces[n], shape), shape)
+                    elif v.dim() == 0 and not t_coord:
+                        tensors[ckpt.adam_key(m, n, k)] = (v, ((), ()), ())
+        if cmd.get("rng"):
+            state = torch.get_rng_state()
+            tensors[ckpt.rng_key(self.rank)] = (state, ((0,), tuple(state.shape)), tuple(state.shape))
+        try:
+            report = ckpt.write_shard_file(os.path.join(cmd["dir"], ckpt.shard_file(self.rank)), tensors)
+        except OSError as e:
+            raise CommandError(f"cannot write {os.path.join(cmd['dir'], ckpt.shard_file(self.rank))}: "
+                               f"{e.strerror or e}") from None
+        return {"export": cmd["export"], **report}
 
     def saved_shards(self, e: Entry) -> dict[str, Tensor]:
         """What an export saves of a weights entry: the entry, unless it is a reduced-precision serving copy
@@ -462,9 +519,8 @@ class Worker:
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
             params = pm.params()
             opt = make_adam(params.values(), lr, self.run.rl)
-            saved = self.resume["optimizer"].get(model) if self.resume is not None else None
-            if saved:
-                self._load_optimizer(opt, params, saved, layout, model)
+            if self.resume is not None and model in self.resume.index.get("optimizer", ()):
+                self._load_optimizer(opt, params, layout, model)
             st = self.training[key] = TrainState(pm, opt)
         return st
 
@@ -475,29 +531,27 @@ class Worker:
         if e.full_precision():
             return e.shards
         try:
-            full = self.full_weights(model, e.version)
+            return self.version_shards(model, e.version, layout)
         except CommandError as err:
             raise CommandError(f"training @{model} cannot start from the {self.serving_dtype} serving copy of "
                                f"version {e.version}: {err}") from None
-        return shard_of(full, self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
 
-    def _load_optimizer(self, opt, params, saved: dict, layout: Layout, model: str) -> None:
+    def _load_optimizer(self, opt, params, layout: Layout, model: str) -> None:
+        """This rank's pieces of the checkpointed Adam state under `layout` (reshard on load)."""
+        assert self.resume is not None
         layers = self.setup.models[model].arch.layers
         pieces = rank_pieces(self.shapes[model], layout, self.rank, layers)
         for name, p in params.items():
-            state = saved.get(name)
-            if state is None:
-                continue
-            piece = pieces[name]
+            prefix = ckpt.adam_key(model, name, "")
             local = {}
-            for k, v in state.items():
-                if isinstance(v, Tensor) and v.dim() > 0:
-                    if piece.dim is not None:
-                        v = v.narrow(piece.dim, piece.lo, piece.hi - piece.lo)
-                    v = v.to(p.device)
-                # 0-dim state (Adam's step count) stays on the CPU, where a non-capturable Adam keeps it
-                local[k] = v.clone() if isinstance(v, Tensor) else v
-            opt.state[p] = local
+            for key in self.resume.keys(prefix):
+                k = key[len(prefix):]
+                if self.resume.shape(key):
+                    local[k] = self.resume.read_piece(key, pieces[name]).to(p.device)
+                else:  # 0-dim state (Adam's step count) stays on the CPU, where a non-capturable Adam keeps it
+                    local[k] = self.resume.read(key)
+            if local:
+                opt.state[p] = local
 
     def prep(self, cmd: dict) -> None:
         """Move inputs into the invocation's layout first (rows to replicas, weights to shards)."""
