@@ -609,7 +609,7 @@ class TorchBackend(Backend):
         if keep:
             self._kept[m][v] = layout
         for r in layout.ranks:
-            self._send(r, {**cmd, "keep": True, "tau": tau} if keep and r in layout.replica(0) else cmd)
+            self._send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
         self._holdings[artifact] = _Holding(layout=layout)
 
     def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
@@ -761,8 +761,8 @@ class TorchBackend(Backend):
         boundary = self._train_done[k] >= self._trained and self.checkpoint_every and \
             (k + 1) % self.checkpoint_every == 0 and k + 1 < self.plan.steps
         if self.checkpoint_every and tau > 0:
-            # nodes after a later checkpoint may still read this version: replica 0 keeps its pieces
-            for r in layout.replica(0):
+            # nodes after a later checkpoint may still read this version: each rank keeps what it writes
+            for r in layout.ranks:
                 self._send(r, {"type": "keep", "label": out.label, "tau": tau})
             kept = self._kept.setdefault(m, {})
             kept[out.index] = layout
@@ -794,7 +794,7 @@ class TorchBackend(Backend):
         for m, (a, layout) in trained.items():
             tau = self.plan.tau.get(m, 0)
             versions[m] = [step]
-            for r in layout.replica(0):
+            for r in layout.ranks:  # each writes its share (`Worker._writes`)
                 requests[r]["weights"].append([a.label, ckpt.weights_key(m, step, "")])
                 requests[r]["optimizer"].append([m, layout])
             for v in ckpt.kept_versions(step, tau):
@@ -802,7 +802,7 @@ class TorchBackend(Backend):
                 if v == step or kept is None:
                     continue
                 versions[m].append(v)
-                for r in kept.replica(0):
+                for r in kept.ranks:
                     requests[r]["window"].append([m, v, ckpt.weights_key(m, v, "")])
         target = ckpt.checkpoint_path(self.run_dir, step)
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -847,7 +847,7 @@ class TorchBackend(Backend):
             return
         requests: dict[int, dict] = {}
         for m, (a, layout) in finals.items():
-            for r in layout.replica(0):
+            for r in layout.ranks:
                 requests.setdefault(r, {"weights": []})["weights"].append([a.label, ckpt.weights_key(m, None, "")])
         scratch = None if self.run_dir else tempfile.mkdtemp(prefix="rpeg-final-")
         target = ckpt.final_path(self.run_dir or scratch or "")

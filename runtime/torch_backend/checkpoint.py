@@ -159,7 +159,8 @@ def prune_checkpoints(run_dir: str, keep: int) -> list[str]:
 def _plain(obj):
     """JSON values of a config: dataclasses as dicts, tuples as lists, dtypes as names."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        # not "loc": where a value was written in the source does not change the run
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "loc"}
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -185,21 +186,29 @@ def identity_difference(saved: dict, current: dict) -> Optional[str]:
     """The first thing that differs between two run identities, in words; None if they are the same."""
     if saved == current:
         return None
-    labels = {"seed": "--seed", "run": "RL configuration", "models": "models", "staleness": "staleness"}
-    for key in ("seed", "staleness", "models", "run"):
-        a, b = saved.get(key), current.get(key)
-        if a == b:
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b)):
-                if a.get(k) != b.get(k):
-                    if key == "models" and isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
-                        sub = next(f for f in ("kind", "arch", "init_seed", "params") if a[k].get(f) != b[k].get(f))
-                        return f"@{k} has {sub} {_short(a[k].get(sub))} in the checkpoint, {_short(b[k].get(sub))} here"
-                    where = f"@{k}" if key in ("models", "staleness") else k
-                    return f"{labels[key]} {where} is {_short(a.get(k))} in the checkpoint, {_short(b.get(k))} here"
-        return f"{labels[key]} is {_short(a)} in the checkpoint, {_short(b)} here"
-    return "the run identity differs"
+    path = _first_difference(saved, current, [])
+    names = {"seed": "--seed", "run": "the run configuration", "models": "model", "staleness": "staleness"}
+    head = names.get(path[0], path[0]) if path else "the run identity"
+    rest = path[1:]
+    if path and path[0] in ("models", "staleness") and rest:
+        head, rest = f"{head} @{rest[0]}", rest[1:]
+    what = " ".join([head] + ([".".join(rest)] if rest else []))
+    a, b = _at(saved, path), _at(current, path)
+    return f"{what} is {_short(a)} in the checkpoint, {_short(b)} here"
+
+
+def _first_difference(a, b, path: list[str]) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), path + [k])
+    return path
+
+
+def _at(obj, path: list[str]):
+    for k in path:
+        obj = obj.get(k) if isinstance(obj, dict) else None
+    return obj
 
 
 def _short(v) -> str:
@@ -219,6 +228,25 @@ def piece_box(piece: Piece, shape: tuple[int, ...]) -> Box:
         offsets[piece.dim] = piece.lo
         extent[piece.dim] = piece.hi - piece.lo
     return tuple(offsets), tuple(extent)
+
+
+def replica_owner(shapes: dict[str, tuple[int, ...]], dp: int) -> dict[str, int]:
+    """Which data-parallel replica writes each parameter (all replicas hold it): largest first, each to the
+    replica with the fewest elements so far, so the replicas write about equal bytes in parallel."""
+    load = [0] * dp
+    owner: dict[str, int] = {}
+    for name in sorted(shapes, key=lambda n: (-_numel(shapes[n]), n)):
+        d = min(range(dp), key=lambda i: (load[i], i))
+        owner[name] = d
+        load[d] += _numel(shapes[name])
+    return owner
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def write_shard_file(path: str, tensors: dict[str, tuple[torch.Tensor, Box, tuple[int, ...]]]) -> dict:
@@ -538,4 +566,4 @@ __all__ = ["FORMAT", "FINAL_FORMAT", "FINAL", "INDEX", "CheckpointError", "Reade
            "checkpoint_path", "final_path", "latest_checkpoint", "complete_checkpoints", "prune_checkpoints",
            "remove_partials", "load_checkpoint", "load_final", "find_resume_checkpoint", "resume_plan",
            "kept_versions", "assemble", "run_identity", "identity_difference", "write_shard_file", "build_index",
-           "write_index", "read_index", "verify_files", "piece_box", "tiling_error"]
+           "write_index", "read_index", "verify_files", "piece_box", "tiling_error", "replica_owner"]

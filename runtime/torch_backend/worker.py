@@ -286,8 +286,18 @@ class Worker:
         shards = {n: t.to(self.device, self.serving_dtype) for n, t in master.items()}
         self.entries[cmd["label"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
 
+    def _writes(self, model: str, layout: Layout) -> set[str]:
+        """The parameters of `model` whose pieces this rank writes under `layout`: those its data-parallel
+        replica owns (`checkpoint.replica_owner`), and of a piece replicated over TP only t = 0's."""
+        d, _, t = layout.coord(self.rank)
+        owner = ckpt.replica_owner(self.shapes[model], layout.dp)
+        pieces = rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
+        return {n for n, piece in pieces.items() if owner[n] == d and (piece.dim is not None or t == 0)}
+
     def _keep(self, model: str, version: int, layout: Layout, shards: dict[str, Tensor], tau: int) -> None:
-        self.window[(model, version)] = (layout, {n: t.detach().to("cpu", copy=True) for n, t in shards.items()})
+        mine = self._writes(model, layout)
+        self.window[(model, version)] = (layout, {n: t.detach().to("cpu", copy=True) for n, t in shards.items()
+                                                  if n in mine})
         for key in [k for k in self.window if k[0] == model and k[1] < version - tau]:
             del self.window[key]
 
@@ -309,18 +319,18 @@ class Worker:
         through the control channel).
 
         cmd: "weights" [[label, key prefix]], "window" [[model, version, key prefix]] (kept versions),
-        "optimizer" [[model, layout]], "rng" (bool). Of a piece replicated over TP only t = 0 writes, so
-        the files tile every tensor exactly once."""
+        "optimizer" [[model, layout]], "rng" (bool). Every rank of a layout is asked; it writes only the
+        pieces `_writes` gives it, so the files of all ranks tile every tensor exactly once and the
+        data-parallel replicas share the writing."""
         tensors: dict[str, tuple[Tensor, ckpt.Box, tuple[int, ...]]] = {}
 
         def add(prefix: str, model: str, layout: Layout, shards: dict[str, Tensor]) -> None:
-            t_coord = layout.coord(self.rank)[2]
+            mine = self._writes(model, layout)
             pieces = rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
             for n, t in shards.items():
-                shape = self.shapes[model][n]
-                if pieces[n].dim is None and t_coord:
-                    continue
-                tensors[prefix + n] = (t, ckpt.piece_box(pieces[n], shape), shape)
+                if n in mine:
+                    shape = self.shapes[model][n]
+                    tensors[prefix + n] = (t, ckpt.piece_box(pieces[n], shape), shape)
 
         for label, prefix in cmd.get("weights", ()):
             e = self.entries.get(label)
@@ -336,17 +346,15 @@ class Worker:
             st = self.training.get((m, layout))
             if st is None:
                 continue
-            t_coord = layout.coord(self.rank)[2]
+            mine = self._writes(m, layout)
             pieces = rank_pieces(self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
             for n, p in st.pm.params().items():
                 shape = self.shapes[m][n]
-                for k, v in st.optimizer.state.get(p, {}).items():
+                for k, v in st.optimizer.state.get(p, {}).items() if n in mine else ():
                     if not isinstance(v, Tensor):
                         raise CommandError(f"Adam state {k} of {n} is not a tensor; cannot checkpoint it")
-                    if v.dim() > 0 and (pieces[n].dim is not None or not t_coord):
-                        tensors[ckpt.adam_key(m, n, k)] = (v, ckpt.piece_box(pieces[n], shape), shape)
-                    elif v.dim() == 0 and not t_coord:
-                        tensors[ckpt.adam_key(m, n, k)] = (v, ((), ()), ())
+                    box = ckpt.piece_box(pieces[n], shape) if v.dim() else ((), ())
+                    tensors[ckpt.adam_key(m, n, k)] = (v, box, shape if v.dim() else ())
         if cmd.get("rng"):
             state = torch.get_rng_state()
             tensors[ckpt.rng_key(self.rank)] = (state, ((0,), tuple(state.shape)), tuple(state.shape))
