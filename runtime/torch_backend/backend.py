@@ -227,7 +227,7 @@ class TorchBackend(Backend):
                    reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern",
                    dist_backend=getattr(args, "dist_backend", "auto") or "auto",
                    launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None),
-                   keep_checkpoints=getattr(args, "keep_checkpoints", 2) or 2)
+                   keep_checkpoints=2 if getattr(args, "keep_checkpoints", None) is None else args.keep_checkpoints)
 
     # -- plan ------------------------------------------------------------------------------------
 

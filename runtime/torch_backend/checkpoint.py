@@ -186,7 +186,9 @@ def identity_difference(saved: dict, current: dict) -> Optional[str]:
     """The first thing that differs between two run identities, in words; None if they are the same."""
     if saved == current:
         return None
-    path = _first_difference(saved, current, [])
+    order = ["seed", "staleness", "models", "run"]  # the seed first: it also changes the models' init seeds
+    top = next((k for k in order + sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)), None)
+    path = _first_difference(saved.get(top), current.get(top), [top]) if top is not None else []
     names = {"seed": "--seed", "run": "the run configuration", "models": "model", "staleness": "staleness"}
     head = names.get(path[0], path[0]) if path else "the run identity"
     rest = path[1:]
