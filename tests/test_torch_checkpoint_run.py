@@ -128,3 +128,36 @@ def test_a_damaged_or_foreign_checkpoint_is_a_one_line_error_naming_the_file(pla
     one_line_error(torch_run(plan_file, "--resume", run_dir), shard, "corrupted")
     shutil.rmtree(os.path.join(run_dir, "checkpoints"))
     one_line_error(torch_run(plan_file, "--resume", run_dir), "no checkpoint to resume from")
+
+
+def test_a_checkpoint_written_under_tp_and_pp_resumes_under_dp_within_fp32_rounding(tmp_path):
+    """The other direction of tests/test_torch_checkpoint_resume.py: the checkpoint is written by a
+    tp = 2 x pp = 2 training layout on 4 workers (each TP rank writes its slices, a scalar Adam step
+    count once) and resumed by a dp = 2 plan on 2. Tolerance as derived there, with n = ffn = 256."""
+    from test_torch_checkpoint_resume import LR, RL, U
+    from rpegc.runtime.backend import BackendError
+    from rpegc.runtime.controller import run
+    from rpegc.runtime.plan import load_plan
+    from rpegc.runtime.torch_backend.backend import TorchBackend
+
+    src = open(os.path.join(ROOT, "examples/grpo-tiny.rpeg")).read()  # training pp 2 x tp 2 on 4 devices
+    dp = src[:src.index("rpeg.cluster")] + PLAN
+    paths = {}
+    for name, text in (("tp", src), ("dp", dp)):
+        (tmp_path / f"{name}.rpeg").write_text(text)
+        paths[name] = str(tmp_path / f"{name}.exec.rpeg")
+        assert rpegc_main([str(tmp_path / f"{name}.rpeg"), "-p", PIPELINE.replace("k=4", "k=3"), "-o", paths[name]]) == 0
+    tp, dp = load_plan(paths["tp"]), load_plan(paths["dp"])
+    full = TorchBackend(seed=0, tp_impl="torch", run_dir=str(tmp_path / "full"), checkpoint_every=1, rl=RL)
+    run(tp, full)
+    run_dir = str(tmp_path / "run")
+    failed = TorchBackend(seed=0, tp_impl="torch", run_dir=run_dir, checkpoint_every=1, rl=RL,
+                          fault="kill:train_actor#2")
+    with pytest.raises(BackendError):
+        run(tp, failed)
+    saved = load_checkpoint(os.path.join(run_dir, "checkpoints", "step-000002"))
+    assert all(int(s["step"]) == 2 for s in saved["optimizer"]["actor"].values())
+    resumed = TorchBackend(seed=0, tp_impl="torch", run_dir=run_dir, checkpoint_every=1, rl=RL, resume=True)
+    run(resumed.prepare(dp), resumed)
+    for name, w in full.final_weights["actor"].items():
+        torch.testing.assert_close(resumed.final_weights["actor"][name], w, rtol=2 * U, atol=LR * 2 * 2 * 256 * U)

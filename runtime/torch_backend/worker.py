@@ -347,14 +347,17 @@ class Worker:
             if st is None:
                 continue
             mine = self._writes(m, layout)
+            t_coord = layout.coord(self.rank)[2]
             pieces = rank_pieces(self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
             for n, p in st.pm.params().items():
                 shape = self.shapes[m][n]
                 for k, v in st.optimizer.state.get(p, {}).items() if n in mine else ():
                     if not isinstance(v, Tensor):
                         raise CommandError(f"Adam state {k} of {n} is not a tensor; cannot checkpoint it")
-                    box = ckpt.piece_box(pieces[n], shape) if v.dim() else ((), ())
-                    tensors[ckpt.adam_key(m, n, k)] = (v, box, shape if v.dim() else ())
+                    if v.dim():
+                        tensors[ckpt.adam_key(m, n, k)] = (v, ckpt.piece_box(pieces[n], shape), shape)
+                    elif t_coord == 0:  # a scalar (the step count) is the same on every TP rank: one copy
+                        tensors[ckpt.adam_key(m, n, k)] = (v, ((), ()), ())
         if cmd.get("rng"):
             state = torch.get_rng_state()
             tensors[ckpt.rng_key(self.rank)] = (state, ((0,), tuple(state.shape)), tuple(state.shape))
