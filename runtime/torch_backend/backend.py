@@ -245,6 +245,8 @@ class TorchBackend(Backend):
     def identity(self, plan: RunPlan) -> dict:
         """What a checkpoint of this run records and a resume must match (`checkpoint.run_identity`)."""
         p = plan.program
+        if getattr(self, "program", None) is p:  # started: from what `_analyse` computed once
+            return ckpt.run_identity(self.seed, self.cfg, self.models, self.shapes, dict(plan.tau))
         cfg = run_config(p, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
         models = {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(self.seed, m.kind)) for m in p.models}
         shapes = {m: param_shapes(s.arch, s.kind, cfg.net) for m, s in models.items()}
@@ -361,7 +363,8 @@ class TorchBackend(Backend):
         layouts = tuple(sorted(set(self.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
         setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
-                            dist_backend=dist_backend, resume_file=self._resume_dir, fault=self.fault)
+                            dist_backend=dist_backend, fault=self.fault,
+                            resume_file=os.path.abspath(self._resume_dir) if self._resume_dir else None)
         host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
         try:
             self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
@@ -749,7 +752,7 @@ class TorchBackend(Backend):
         job = _Export(set(requests), on_done=on_done)
         self._exports[self._export_id] = job
         for r, req in sorted(requests.items()):
-            self._send(r, {"type": "export", "export": self._export_id, "dir": directory, **req})
+            self._send(r, {"type": "export", "export": self._export_id, "dir": os.path.abspath(directory), **req})
 
     def _after_training(self, d: Dispatch) -> None:
         k, m = d.node.step, d.node.node.model
