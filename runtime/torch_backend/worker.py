@@ -14,15 +14,17 @@ Devices (`device.worker_device`): with gloo everything is on the CPU. With NCCL 
 launched worker takes rank modulo the node's GPUs) and keeps on that GPU every model, parameter, Adam
 state, KV cache, data piece it receives and communication buffer; only the per-sequence sampling
 generators and their draws stay on the CPU (`generation.sample_tokens`). Version 0 is built on the CPU
-from its seed and checkpoints are read to the CPU (map_location="cpu": a checkpoint holds every model's
-full weights, of which a worker moves only its own shards to its GPU). Exports to the controller
-(checkpoints, final weights) are copied to the CPU, and a command reports completion only after the GPU
-has finished its work. The CUDA path is written but has not been run on a GPU here.
+from its seed, and on resume a worker reads from the checkpoint's shard files only the boxes of its own
+pieces, to the CPU, then moves them to its GPU. Checkpoints and final weights are written by every worker
+itself, its own shards, as one safetensors file into the run directory (`cmd_export`, checkpoint.py;
+copied to the CPU first); only the file's name, size, SHA-256 and tensor boxes go back to the controller.
+A command reports completion only after the GPU has finished its work. The CUDA path is written but has
+not been run on a GPU here.
 
 Control channel (all through the store, so it works across nodes): the controller writes command i of
 rank r under `cmd/r/i`; a worker appends each result under `res/<n>`, n from the atomic counter `res/n`.
 Commands run strictly in order, so every rank meets the collectives of concurrent nodes in the same
-order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, export, stop).
+order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, keep, export, stop).
 
 What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
 - published parameter copies: `weights` entries, one per (model, version, allocation), each this rank's
@@ -263,6 +265,18 @@ class Worker:
 
     # -- bookkeeping commands -----------------------------------------------------------------------
 
+    def full_weights(self, model: str, version: int) -> dict[str, Tensor]:
+        """Full float32 tensors of a version: read whole from the resume checkpoint, or version 0 by seed
+        (what tests and tools compare against; the workers themselves read only their pieces)."""
+        if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
+            return {n: self.resume.read(ckpt.weights_key(model, version, n)) for n in self.shapes[model]}
+        if version != 0:
+            raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
+        if model not in self.initial:
+            spec = self.setup.models[model]
+            self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.run.net))
+        return self.initial[model]
+
     def version_shards(self, model: str, version: int, layout: Layout) -> dict[str, Tensor]:
         """This rank's float32 pieces under `layout` of a version it installs: read from the resume
         checkpoint's shard files (only the boxes it needs, from whichever files hold them), or version 0
@@ -271,12 +285,7 @@ class Worker:
         if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
             return self.resume.pieces(ckpt.weights_key(model, version, ""), self.shapes[model], layout, self.rank,
                                       layers)
-        if version != 0:
-            raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
-        if model not in self.initial:
-            spec = self.setup.models[model]
-            self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.run.net))
-        return shard_of(self.initial[model], self.shapes[model], layout, self.rank, layers)
+        return shard_of(self.full_weights(model, version), self.shapes[model], layout, self.rank, layers)
 
     def cmd_install(self, cmd: dict) -> None:
         m, layout = cmd["model"], cmd["layout"]
