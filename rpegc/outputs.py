@@ -275,6 +275,69 @@ class Outputs:
             raise self._pending[-1].error(exc.strerror or str(exc)) from None
 
 
+class PendingDirectory:
+    """A directory output written by several processes: they fill `path` (TARGET.partial, created empty
+    here), `commit()` makes it TARGET, `discard()` drops it.
+
+    The writers fsync their own files; `commit` fsyncs the directory, renames it over TARGET (an older
+    TARGET is moved aside first and removed after) and fsyncs the parent, so a crash at any point leaves
+    either the old TARGET or the new one complete, and at most a `.partial` the next run removes.
+    """
+
+    SUFFIX = ".partial"
+
+    def __init__(self, target: str, what: str = "the output"):
+        self.target, self.what = target, what
+        self.path = target + self.SUFFIX
+        try:
+            if os.path.lexists(self.path):
+                _remove_tree(self.path)
+            os.makedirs(self.path)
+        except OSError as e:
+            raise self.error(e.strerror or str(e)) from None
+
+    def error(self, reason: str) -> OutputError:
+        return OutputError(self.target, f"cannot write {self.what}: {reason}")
+
+    def commit(self) -> None:
+        parent = os.path.dirname(os.path.abspath(self.target))
+        old = os.path.join(parent, f".{os.path.basename(self.target)}{TEMP_MARK}old")
+        try:
+            fsync_path(self.path)
+            if os.path.lexists(self.target):
+                if os.path.lexists(old):
+                    _remove_tree(old)
+                os.replace(self.target, old)
+            os.replace(self.path, self.target)
+            fsync_path(parent)
+            if os.path.lexists(old):
+                _remove_tree(old)
+        except OSError as e:
+            raise self.error(e.strerror or str(e)) from None
+
+    def discard(self) -> None:
+        if os.path.lexists(self.path):
+            _remove_tree(self.path)
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or directory by path (a directory's fsync makes the names in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
 def write_text(target: str, text: str, what: str = "the output") -> None:
     with PendingOutput(target, what) as path, open(path, "w", encoding="utf-8") as f:
         f.write(text)
@@ -307,5 +370,5 @@ def current_umask() -> int:
     return mask
 
 
-__all__ = ["OutputError", "Output", "check_outputs", "same_file", "PendingOutput", "Outputs", "write_text",
+__all__ = ["OutputError", "Output", "check_outputs", "same_file", "PendingOutput", "PendingDirectory", "fsync_path", "Outputs", "write_text",
            "current_umask", "shown", "TEMP_MARK"]

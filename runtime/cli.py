@@ -3,7 +3,8 @@
     rpeg-run PLAN [--backend sim|torch] [--steps K] [--trace out.jsonl] [--jitter X] [--seed S]
                   [--jitter-dist uniform|lognormal] [--policy auto|plan|alg2]
                   [--reserve destination|endpoints] [--gantt out.png] [--quiet]
-                  [--run-dir DIR] [--checkpoint-every N] [--resume DIR] [--tp-impl auto|megatron|torch]
+                  [--run-dir DIR] [--checkpoint-every N] [--keep-checkpoints N] [--resume DIR]
+                  [--tp-impl auto|megatron|torch]
                   [--dist-backend auto|gloo|nccl]
     rpeg-run verify PLAN TRACE
 
@@ -68,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", metavar="DIR", help="checkpoints, worker logs and final weights go here")
     t.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="checkpoint every N RL steps (default 1 with --run-dir, else none)")
+    t.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
+                   help="keep the newest N complete checkpoints in the run directory (default 2, N >= 1)")
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     t.add_argument("--tp-impl", choices=("auto", "megatron", "torch"), default="auto",
                    help="tensor parallelism: megatron-core layers (auto: when importable) or plain torch.distributed")
@@ -151,9 +154,10 @@ def make_backend(args: argparse.Namespace):
     if args.backend == "sim":
         from rpegc.runtime.backends.sim import SimBackend
 
-        if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file:
-            raise RpegError(None, "--run-dir, --checkpoint-every, --resume, --store and --secret-file apply to the "
-                                  "torch backend only")
+        if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file or \
+                args.keep_checkpoints is not None:
+            raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store and "
+                                  "--secret-file apply to the torch backend only")
 
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:
@@ -237,8 +241,9 @@ def check_run_outputs(args: argparse.Namespace) -> None:
         try:
             from rpegc.runtime.torch_backend.checkpoint import CHECKPOINT_DIR, FINAL
         except ImportError:  # no torch: make_backend says so
-            CHECKPOINT_DIR, FINAL = "checkpoints", "final.pt"
-        wanted += [Output(os.path.join(run_dir, FINAL), "the run directory's final weights", make_parents=True),
+            CHECKPOINT_DIR, FINAL = "checkpoints", "final"
+        wanted += [Output(os.path.join(run_dir, FINAL), "the run directory's final weights", directory=True,
+                          make_parents=True),
                    Output(os.path.join(run_dir, CHECKPOINT_DIR), "the run directory's checkpoints",
                           directory=True, make_parents=True),
                    Output(os.path.join(run_dir, "workers"), "the run directory's worker logs",

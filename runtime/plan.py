@@ -154,7 +154,8 @@ class RunPlan:
         initial: dict[Artifact, None] = {}
         for n in nodes:
             for a in n.inputs:
-                if a not in producers:
+                # a Reshard in place (reads and writes the same copy) re-lays it out, it does not make it
+                if not [i for i in producers.get(a, ()) if a not in nodes[i].inputs]:
                     if a.kind != "weights":
                         raise RpegError(n.node.loc, f"{n.id} reads {a.label}, made before step {step}; data never "
                                         "crosses a step, so this plan cannot be resumed at this step")

@@ -299,7 +299,7 @@ def test_rpeg_run_gantt_onto_the_trace_or_the_plan(ws, capsys):
 
 def test_rpeg_run_dir_files_against_the_plan_and_the_trace(ws, capsys):
     os.makedirs("run/checkpoints")
-    cases = [(["--run-dir", "run", "--trace", "run/final.pt"], "cannot write the trace: it is the same file as the run directory's final weights"),
+    cases = [(["--run-dir", "run", "--trace", "run/final"], "cannot write the trace: it is the same file as the run directory's final weights"),
              (["--resume", "run", "--trace", "run/checkpoints/t.jsonl"], "cannot write the trace: it lies in the run directory's checkpoints (run/checkpoints)"),
              (["--run-dir", "plan.json"], "plan.json is not a directory"),
              (["--run-dir", "file"], "file is not a directory")]

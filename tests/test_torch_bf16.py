@@ -36,7 +36,6 @@ avx2, avx512, ONEDNN_MAX_CPU_ISA=AVX2, AMX; tests/test_numerics_isa.py re-runs t
 
 from __future__ import annotations
 
-import io
 import os
 
 import pytest
@@ -49,7 +48,8 @@ from rpegc.core.program import Workload  # noqa: E402
 from rpegc.runtime.backend import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.torch_backend.backend import TorchBackend, model_seed, run_config  # noqa: E402
-from rpegc.runtime.torch_backend.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint  # noqa: E402
+from rpegc.runtime.torch_backend.checkpoint import (FORMAT, Reader, build_index, checkpoint_path,  # noqa: E402
+                                                    latest_checkpoint, load_checkpoint)
 from rpegc.runtime.torch_backend.generation import generate  # noqa: E402
 from rpegc.runtime.torch_backend.layout import Layout, replica_rows  # noqa: E402
 from rpegc.runtime.torch_backend.models import (NetOptions, build_model, cast_weights,  # noqa: E402
@@ -178,7 +178,7 @@ def test_serving_copies_are_bf16_and_serving_ops_return_float32():
     assert (rollouts["old_logprobs"] - ref_logprobs).abs().max().item() <= bound
 
 
-def test_training_keeps_float32_master_and_adam_state_and_publishes_a_bf16_copy():
+def test_training_keeps_float32_master_and_adam_state_and_publishes_a_bf16_copy(tmp_path):
     worker = _worker()
     net = NetOptions(max_seq=LP + LR, positions="learned")
     initial = export_weights(build_model(ARCH, "policy", model_seed(0, "policy"), net))
@@ -208,9 +208,12 @@ def test_training_keeps_float32_master_and_adam_state_and_publishes_a_bf16_copy(
     assert any(not torch.equal(published.shards[n].float(), p.detach()) for n, p in master.items())
 
     # checkpoints and final weights save the master, not its bf16 copy
-    reply = worker.cmd_export({"export": 1, "weights": ["W:actor v1"], "optimizer": [("actor", SINGLE)]})
-    saved = torch.load(io.BytesIO(reply["payload"]), weights_only=False)["weights"]["W:actor v1"]["shards"]
-    assert all(torch.equal(saved[n], p.detach()) for n, p in master.items())
+    reply = worker.cmd_export({"export": 1, "dir": str(tmp_path), "weights": [["W:actor v1", "weights/actor/v1/"]],
+                               "optimizer": [["actor", SINGLE]]})
+    assert reply["file"] == "rank-00000.safetensors" and "payload" not in reply  # a file, not bytes in a message
+    reader = Reader(str(tmp_path), index=build_index(FORMAT, [reply]))
+    assert all(torch.equal(reader.read(f"weights/actor/v1/{n}"), p.detach()) for n, p in master.items())
+    assert all(reader.read(f"weights/actor/v1/{n}").dtype == torch.float32 for n in master)
 
 
 # ---------------------------------------------------------------------------------------------------

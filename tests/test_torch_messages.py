@@ -47,7 +47,11 @@ COMMANDS = [
      "fields": ["sequences"]},
     {"type": "move_weights", **NODE, "model": "actor", "version": 1, "source": "actor@1", "target": "actor@1'",
      "layout": L, "moves": [WeightMove(1, 2, "embed.weight", None, 0, 0)], "src_ranks": (0, 1)},
-    {"type": "export", "export": 3, "weights": ["actor@1"], "optimizer": [("actor", L)]},
+    {"type": "export", "export": 3, "dir": "/run/checkpoints/step-000003.partial",
+     "weights": [["actor@1", "weights/actor/v3/"]], "window": [["actor", 2, "weights/actor/v2/"]],
+     "optimizer": [["actor", L]], "rng": True},
+    {"type": "keep", "label": "actor@3", "tau": 1},
+    {"type": "install", "label": "actor@2", "model": "actor", "version": 2, "layout": L, "keep": True, "tau": 1},
 ]
 REPORTS = [
     {"type": "ready", "rank": 2, "groups": 5},
@@ -57,7 +61,9 @@ REPORTS = [
      "versions_in": {"actor": 0}, "versions_out": {"actor": 1},
      "metrics": {"reward": 0.25, "kl": float("inf"), "policy_loss": -0.0}},
     {"type": "done", "node": None, "rank": 0, "start": 0.5, "finish": 0.75, "mem": 0, "export": 3,
-     "payload": b"\x80\x02legacy torch.save bytes\n\x00"},
+     "file": "rank-00000.safetensors", "bytes": 1 << 27, "sha256": "ab" * 32, "write_s": 0.5,
+     "tensors": {"weights/actor/v3/embed.weight": {"offsets": [0, 0], "shape": [64, 32], "global": [128, 32],
+                                                   "dtype": "F32"}}},
     {"type": "eof"},
 ]
 
@@ -179,15 +185,19 @@ def test_oversized_raw_values_are_refused_before_the_tag_is_computed():
         m.unseal(SECRET, "cmd/0", b"0" * (m.COMMAND_BYTES + 1))
 
 
-def test_a_legacy_export_payload_must_match_its_attachment():
-    sealed = m.seal(SECRET, "res", "worker-0", 0, REPORTS[4])
-    body = sealed[m.TAG_CHARS:]
-    cut = body[:-1]
-    with pytest.raises(m.MessageError, match="attached bytes do not match"):
-        m.unseal(SECRET, "res", m._tag(SECRET, cut) + cut)
-    # bytes attached to a message that is not an export report are refused
+def test_an_export_report_may_be_larger_than_a_report_but_is_bounded():
+    boxes = {f"weights/actor/v3/layers.{i}.w": {"offsets": [0, 0], "shape": [64, 32], "global": [128, 32],
+                                                 "dtype": "F32"} for i in range(2000)}
+    report = {**REPORTS[4], "tensors": boxes}
+    sealed = m.seal(SECRET, "res", "worker-0", 0, report)
+    assert m.REPORT_BYTES < len(sealed) < m.EXPORT_REPORT_BYTES
+    assert m.unseal(SECRET, "res", sealed).msg == report
+    # the same size is refused for any other report
+    with pytest.raises(m.MessageError, match="exceeds the control channel's limit"):
+        m.seal(SECRET, "res", "worker-0", 0, {**REPORTS[3], "metrics": {k: 0.0 for k in boxes}})
+    # text after the JSON body is not a message
     text = json.dumps({"ch": "res", "from": "w", "seq": 0, "msg": REPORTS[1]}).encode() + b"\nextra"
-    with pytest.raises(m.MessageError, match="attached bytes do not match"):
+    with pytest.raises(m.MessageError, match="not JSON"):
         m.unseal(SECRET, "res", m._tag(SECRET, text) + text)
 
 

@@ -16,7 +16,7 @@ from rpegc.runtime.backend import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
-from rpegc.runtime.torch_backend.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from rpegc.runtime.torch_backend.checkpoint import latest_checkpoint, load_checkpoint, load_final  # noqa: E402
 from rpegc.runtime.torch_backend.worker import FAULT_ENV  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
 
@@ -103,5 +103,5 @@ def test_rpeg_run_exits_nonzero_on_a_dead_worker_and_resume_finishes_the_run(pla
     # The resumed trace says where it started, so it verifies against the whole plan file.
     check = rpeg_run("verify", plan_file, trace)
     assert check.returncode == 0 and "OK" in check.stdout, check.stdout + check.stderr
-    final = torch.load(os.path.join(run_dir, "final.pt"), weights_only=False)["weights"]["actor"]
+    final = load_final(run_dir)["actor"]
     assert all(torch.equal(final[n], w) for n, w in uninterrupted["actor"].items())

@@ -141,6 +141,29 @@ def test_resume_plan_keeps_later_steps_and_installs_what_they_read(grpo_plan):
     assert list(kept_versions(3, 1)) == [2, 3] and list(kept_versions(1, 4)) == [0, 1]
 
 
+def test_resume_plan_installs_a_version_that_an_in_place_reshard_re_lays_out(tmp_path):
+    # generation (dp 2) and training (tp 2) share devices 0-1: a Reshard reads and writes the same copy
+    # of version 1 at the start of step 1; it re-lays the copy out, it does not make it, so a run resumed
+    # at step 1 must install version 1 from the checkpoint
+    src = open("examples/grpo-tiny.rpeg").read()
+    src = src[:src.index("rpeg.cluster")] + """rpeg.cluster @cpu2 {racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}
+rpeg.plan @p for @grpo on @cpu2 {
+  @gen         at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
+  @ref_inf     at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
+  @reward_inf  at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
+  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1
+}
+"""
+    (tmp_path / "g.rpeg").write_text(src)
+    out = tmp_path / "g.exec.rpeg"
+    assert rpegc_main([str(tmp_path / "g.rpeg"), "-p", PIPELINE, "-o", str(out)]) == 0
+    full = load_plan(str(out))
+    v1 = "weights @actor v1 @(0,0,0)+(1,1,2)"
+    assert any(n.kind == "reshard" and [a.label for a in n.inputs] == [v1] == [a.label for a in n.outputs]
+               for n in full.nodes)
+    assert v1 in {a.label for a in resume_plan(full, 1).initial}
+
+
 def test_backend_run_config_is_the_toy_run_of_the_program(grpo_plan):
     cfg = run_config(grpo_plan.program, rl={"adam_eps": 1e-5})
     assert cfg.algorithm == "grpo" and cfg.rl.lr_actor == 5e-3 and cfg.rl.adam_eps == 1e-5

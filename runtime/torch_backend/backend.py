@@ -20,9 +20,13 @@ Alg. 2; DESIGN.md Section 7; issue 8).
   BackendError naming the node, the device and the worker;
 - `install` loads version 0 (or, on resume, a checkpointed version) in the layout its readers use;
   `release` frees an artifact on its workers;
-- checkpoints every N steps (weights, Adam state, step, RNG) go to RUN_DIR/checkpoints; `prepare`
-  restricts the plan to the steps after the last checkpoint when resuming; at the end the final
-  weights of every trained model are gathered (`final_weights`) and saved to RUN_DIR/final.pt.
+- checkpoints every N steps (weights, Adam state, step, RNG) are written by the workers, each its own
+  shards, straight into RUN_DIR/checkpoints/step-NNNNNN/ (checkpoint.py: safetensors shards + an index
+  the controller writes last; only file names, sizes and boxes travel through the control channel);
+  `prepare` restricts the plan to the steps after the last checkpoint when resuming, under this plan or
+  any other of the same run (workers reshard on load); at the end the workers write the final weights of
+  every trained model to RUN_DIR/final/ the same way (`checkpoint.load_final`), which the controller then
+  reads into `final_weights` (without a run directory, from a temporary directory it removes).
 
 What the RL vertices compute is fixed by role and model kind (`container_fields`): generation writes
 sequences + mask and the sampling log-probs; inference with the reference model writes reference
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import io
 import os
 import queue
 import shutil
@@ -50,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from rpegc.core.errors import RpegError
-from rpegc.outputs import PendingOutput
+from rpegc.outputs import PendingDirectory
 from rpegc.core.program import Program, Strategy
 from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
@@ -238,14 +241,17 @@ class TorchBackend(Backend):
                  resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
                  dist_backend: str = "gloo", rl: Optional[dict] = None, launcher: str = "local",
-                 store: Optional[str] = None, secret_file: Optional[str] = None):
+                 store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2):
         if tp_impl not in ("auto",) + TP_IMPLS:
             raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
         if checkpoint_every < 0:
             raise RpegError(None, f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+        if keep_checkpoints < 1:
+            raise RpegError(None, f"--keep-checkpoints must be >= 1, got {keep_checkpoints}")
         if (checkpoint_every or resume) and not run_dir:
             raise RpegError(None, "checkpoints and --resume need a run directory; give --run-dir DIR")
         self.seed, self.run_dir, self.checkpoint_every, self.resume = seed, run_dir, checkpoint_every, resume
+        self.keep_checkpoints = keep_checkpoints
         self.task, self.reward, self.lr, self.tp_impl, self.timeout_s = task, reward, lr, tp_impl, timeout_s
         self.fault = fault if fault is not None else os.environ.get(FAULT_ENV) or None
         if launcher not in LAUNCHERS:
@@ -265,6 +271,9 @@ class TorchBackend(Backend):
         self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
         self.metrics: dict[int, dict[str, float]] = {}
         self.checkpoints: list[str] = []
+        # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}
+        # (write_s: the slowest worker's serialise + write + fsync of its file)
+        self.io_stats: list[dict] = []
         self.warnings: list[str] = []
         self._procs: list = []  # multiprocessing.Process, one per worker rank
         self._store: Optional[dist.TCPStore] = None
@@ -272,8 +281,8 @@ class TorchBackend(Backend):
         self._inbox: Optional[_Inbox] = None
         self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
         self._secret_tmpdir: Optional[str] = None
-        self._resume_file: Optional[str] = None
-        self._resume_data: Optional[dict] = None
+        self._resume_dir: Optional[str] = None
+        self._resume_index: Optional[dict] = None
         self._failed = False
         self._stopped = True
 
@@ -289,23 +298,35 @@ class TorchBackend(Backend):
                    reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern",
                    dist_backend=getattr(args, "dist_backend", "auto") or "auto",
                    launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None),
-                   secret_file=getattr(args, "secret_file", None))
+                   secret_file=getattr(args, "secret_file", None),
+                   keep_checkpoints=2 if getattr(args, "keep_checkpoints", None) is None else args.keep_checkpoints)
 
     # -- plan ------------------------------------------------------------------------------------
 
     def prepare(self, plan: RunPlan) -> RunPlan:
-        """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself."""
+        """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The
+        checkpoint may come from another plan of the same run (same identity: program, seed, options)."""
         if not self.resume:
             return plan
         assert self.run_dir is not None
-        path, data = ckpt.find_resume_checkpoint(self.run_dir, plan, self.seed)
-        self._resume_file, self._resume_data = path, data
-        self.metrics.update(data.get("metrics", {}))
-        return ckpt.resume_plan(plan, data["step"])
+        path, index = ckpt.find_resume_checkpoint(self.run_dir, self.identity(plan), plan)
+        self._resume_dir, self._resume_index = path, index
+        self.metrics.update({int(k): v for k, v in index.get("metrics", {}).items()})
+        return ckpt.resume_plan(plan, index["step"])
+
+    def identity(self, plan: RunPlan) -> dict:
+        """What a checkpoint of this run records and a resume must match (`checkpoint.run_identity`)."""
+        p = plan.program
+        if getattr(self, "program", None) is p:  # started: from what `_analyse` computed once
+            return ckpt.run_identity(self.seed, self.cfg, self.models, self.shapes, dict(plan.tau))
+        cfg = run_config(p, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
+        models = {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(self.seed, m.kind)) for m in p.models}
+        shapes = {m: param_shapes(s.arch, s.kind, cfg.net) for m, s in models.items()}
+        return ckpt.run_identity(self.seed, cfg, models, shapes, dict(plan.tau))
 
     @property
     def resume_step(self) -> int:
-        return self._resume_data["step"] if self._resume_data else 0
+        return self._resume_index["step"] if self._resume_index else 0
 
     def _analyse(self, plan: RunPlan) -> None:
         p = plan.program
@@ -408,14 +429,13 @@ class TorchBackend(Backend):
         self._completed = 0
         self._trained = {n.node.model for n in plan.nodes if n.kind == "op" and n.node.role == "training"}
         self._train_done: dict[int, set[str]] = {}
-        self._window: dict[str, dict[int, dict[str, torch.Tensor]]] = {m: {} for m in self._trained}
-        if self._resume_data is not None:
-            for m, versions in self._resume_data["versions"].items():
-                self._window.setdefault(m, {}).update(versions)
+        # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
+        self._kept: dict[str, dict[int, Layout]] = {m: {} for m in self._trained}
         layouts = tuple(sorted(set(self.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
         setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
-                            dist_backend=dist_backend, resume_file=self._resume_file, fault=self.fault)
+                            dist_backend=dist_backend, fault=self.fault,
+                            resume_file=os.path.abspath(self._resume_dir) if self._resume_dir else None)
         host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
         secret = new_secret()
         if self.launcher == "external":
@@ -598,9 +618,7 @@ class TorchBackend(Backend):
         self._peak[d] = max(self._peak.get(d, 0.0), self._mem[d])
         if "export" in msg:
             job = self._exports[msg["export"]]
-            # LEGACY (until exports go to files): the report carries this rank's shards as torch.save bytes,
-            # authenticated like every message and loaded without unpickling objects (weights_only)
-            job.parts[r] = torch.load(io.BytesIO(msg["payload"]), weights_only=True)
+            job.parts[r] = msg  # the file a worker wrote: name, size, SHA-256, boxes (no tensors)
             job.ranks.discard(r)
             if not job.ranks:
                 del self._exports[msg["export"]]
@@ -683,8 +701,14 @@ class TorchBackend(Backend):
         layout = self._reader_layout(artifact)
         cmd = {"type": "install", "label": artifact.label, "model": artifact.name, "version": artifact.index,
                "layout": layout}
+        m, v, tau = artifact.name, artifact.index, self.plan.tau.get(artifact.name, 0)
+        # A resumed run's next checkpoint saves the older versions it reads again: the workers keep them
+        keep = (self._resume_index is not None and self.checkpoint_every and tau > 0 and m in self._trained
+                and v in ckpt.kept_versions(self.resume_step, tau) and v not in self._kept[m])
+        if keep:
+            self._kept[m][v] = layout
         for r in layout.ranks:
-            self._send(r, cmd)
+            self._send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
         self._holdings[artifact] = _Holding(layout=layout)
 
     def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
@@ -818,20 +842,13 @@ class TorchBackend(Backend):
 
     # -- checkpoints and final weights -------------------------------------------------------------------
 
-    def _export(self, requests: dict[int, dict], on_done: Callable[[_Export], None]) -> None:
+    def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[_Export], None]) -> None:
+        """Ask each rank of `requests` to write its shard file into `directory`; `on_done` gets the reports."""
         self._export_id += 1
         job = _Export(set(requests), on_done=on_done)
         self._exports[self._export_id] = job
         for r, req in sorted(requests.items()):
-            self._send(r, {"type": "export", "export": self._export_id, **req})
-
-    def _assemble(self, model: str, layout: Layout, parts: dict[int, dict]) -> dict[str, torch.Tensor]:
-        shards = {r: next(iter(parts[r]["weights"].values()))["shards"] for r in layout.replica(0)}
-        return ckpt.assemble(self.shapes[model], self.models[model].arch.layers, layout, shards)
-
-    def _assemble_optimizer(self, model: str, layout: Layout, parts: dict[int, dict]) -> dict[str, dict]:
-        states = {r: parts[r]["optimizer"].get(model, {}) for r in layout.replica(0)}
-        return ckpt.assemble_optimizer(self.shapes[model], self.models[model].arch.layers, layout, states)
+            self._send(r, {"type": "export", "export": self._export_id, "dir": os.path.abspath(directory), **req})
 
     def _after_training(self, d: Dispatch) -> None:
         k, m = d.node.step, d.node.node.model
@@ -843,49 +860,65 @@ class TorchBackend(Backend):
         boundary = self._train_done[k] >= self._trained and self.checkpoint_every and \
             (k + 1) % self.checkpoint_every == 0 and k + 1 < self.plan.steps
         if self.checkpoint_every and tau > 0:
-            req = {r: {"weights": [out.label]} for r in layout.replica(0)}
-            self._export(req, lambda job, m=m, v=out.index, L=layout: self._keep_version(m, v, L, job))
+            # nodes after a later checkpoint may still read this version: each rank keeps what it writes
+            for r in layout.ranks:
+                self._send(r, {"type": "keep", "label": out.label, "tau": tau})
+            kept = self._kept.setdefault(m, {})
+            kept[out.index] = layout
+            for v in [v for v in kept if v < out.index - tau]:
+                del kept[v]
         if boundary:
             self._checkpoint(k + 1)
 
-    def _keep_version(self, model: str, version: int, layout: Layout, job: _Export) -> None:
-        window = self._window.setdefault(model, {})
-        window[version] = self._assemble(model, layout, job.parts)
-        tau = self.plan.tau.get(model, 0)
-        for v in [v for v in window if v < version - tau]:
-            del window[v]
+    def _io_stat(self, what: str, step: int, job: _Export) -> None:
+        reports = list(job.parts.values())
+        self.io_stats.append({"what": what, "step": step, "files": len(reports),
+                              "bytes": sum(int(p["bytes"]) for p in reports),
+                              "write_s": max((float(p.get("write_s", 0.0)) for p in reports), default=0.0)})
 
     def _checkpoint(self, step: int) -> None:
-        """Gather weights, Adam state and RNG of step boundary `step` and write the checkpoint."""
-        requests: dict[int, dict] = {r: {"weights": [], "optimizer": []} for r in range(len(self._cmd_seq))}
+        """Checkpoint step boundary `step`: every worker writes its shards of the weights (every version
+        later nodes may read), Adam state and RNG into step-NNNNNN.partial; once all reported, the
+        controller writes the index and renames the directory, then prunes to --keep-checkpoints."""
+        assert self.run_dir is not None
+        requests: dict[int, dict] = {r: {"weights": [], "window": [], "optimizer": [], "rng": True}
+                                     for r in range(len(self._cmd_seq))}
         trained: dict[str, tuple[Artifact, Layout]] = {}
         for a, h in self._holdings.items():
             if a.kind == "weights" and a.name in self._trained and a.index == step and h.layout is not None:
                 if a.name not in trained or any(self.plan.nodes[i].node.role == "training"
                                                 for i in self.plan.producers.get(a, ())):
                     trained[a.name] = (a, h.layout)
+        versions: dict[str, list[int]] = {}
         for m, (a, layout) in trained.items():
-            for r in layout.replica(0):
-                requests[r]["weights"].append(a.label)
-                requests[r]["optimizer"].append((m, layout))
+            tau = self.plan.tau.get(m, 0)
+            versions[m] = [step]
+            for r in layout.ranks:  # each writes its share (`Worker._writes`)
+                requests[r]["weights"].append([a.label, ckpt.weights_key(m, step, "")])
+                requests[r]["optimizer"].append([m, layout])
+            for v in ckpt.kept_versions(step, tau):
+                kept = self._kept.get(m, {}).get(v)
+                if v == step or kept is None:
+                    continue
+                versions[m].append(v)
+                for r in kept.ranks:
+                    requests[r]["window"].append([m, v, ckpt.weights_key(m, v, "")])
+        target = ckpt.checkpoint_path(self.run_dir, step)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pending = PendingDirectory(target, "the checkpoint")
+        fields = {"step": step, "identity": self.identity(self.plan), "plan_hash": self.plan.hash,
+                  "versions": {m: sorted(vs) for m, vs in versions.items()}, "optimizer": sorted(trained),
+                  "metrics": {str(k): v for k, v in self.metrics.items() if k < step}}
 
         def write(job: _Export) -> None:
-            versions: dict[str, dict[int, dict]] = {}
-            optimizer = {}
-            for m, (a, layout) in trained.items():
-                parts = {r: {"weights": {a.label: job.parts[r]["weights"][a.label]}} for r in layout.replica(0)}
-                full = self._assemble(m, layout, parts)
-                tau = self.plan.tau.get(m, 0)
-                versions[m] = {v: w for v, w in self._window.get(m, {}).items() if v in ckpt.kept_versions(step, tau)}
-                versions[m][step] = full
-                optimizer[m] = self._assemble_optimizer(m, layout, job.parts)
-            data = {"step": step, "plan_hash": self.plan.hash, "seed": self.seed, "versions": versions,
-                    "optimizer": optimizer, "rng": {r: p["rng"] for r, p in job.parts.items()},
-                    "metrics": {k: v for k, v in self.metrics.items() if k < step}}
-            assert self.run_dir is not None
-            self.checkpoints.append(ckpt.save_checkpoint(self.run_dir, data))
+            index = ckpt.build_index(ckpt.FORMAT, job.parts.values(), **fields)
+            ckpt.write_index(pending.path, index)
+            pending.commit()
+            self.checkpoints.append(target)
+            self._io_stat("checkpoint", step, job)
+            ckpt.prune_checkpoints(self.run_dir or "", self.keep_checkpoints)
 
-        self._export(requests, write)
+        self._export(requests, pending.path, write)
 
     def _drain_exports(self) -> None:
         deadline = time.time() + self.timeout_s
@@ -899,7 +932,9 @@ class TorchBackend(Backend):
             self._on_message(msg)
 
     def _collect_final(self) -> None:
-        """Gather the final version of every trained model (the retained weights) into `final_weights`."""
+        """The workers write the final version of every trained model (the retained weights) to
+        RUN_DIR/final/ (or a temporary directory without a run directory); the controller reads it into
+        `final_weights`."""
         finals: dict[str, tuple[Artifact, Layout]] = {}
         for a in self.plan.retained:
             h = self._holdings.get(a)
@@ -907,14 +942,31 @@ class TorchBackend(Backend):
                 continue
             if a.name not in finals or a.index > finals[a.name][0].index:
                 finals[a.name] = (a, h.layout)
+        if not finals:
+            return
+        requests: dict[int, dict] = {}
         for m, (a, layout) in finals.items():
-            req = {r: {"weights": [a.label]} for r in layout.replica(0)}
-            self._export(req, lambda job, m=m, L=layout: self.final_weights.__setitem__(m, self._assemble(m, L, job.parts)))
-        self._drain_exports()
-        if self.run_dir and self.final_weights:
-            with PendingOutput(os.path.join(self.run_dir, ckpt.FINAL), "the final weights") as tmp:
-                torch.save({"format": "rpeg-torch-final/1", "plan_hash": self.plan.hash, "seed": self.seed,
-                            "weights": self.final_weights, "metrics": self.metrics}, tmp)
+            for r in layout.ranks:
+                requests.setdefault(r, {"weights": []})["weights"].append([a.label, ckpt.weights_key(m, None, "")])
+        scratch = None if self.run_dir else tempfile.mkdtemp(prefix="rpeg-final-")
+        target = ckpt.final_path(self.run_dir or scratch or "")
+        try:
+            pending = PendingDirectory(target, "the final weights")
+            fields = {"identity": self.identity(self.plan), "plan_hash": self.plan.hash,
+                      "versions": {m: a.index for m, (a, _) in finals.items()},
+                      "metrics": {str(k): v for k, v in self.metrics.items()}}
+
+            def write(job: _Export) -> None:
+                ckpt.write_index(pending.path, ckpt.build_index(ckpt.FINAL_FORMAT, job.parts.values(), **fields))
+                pending.commit()
+                self._io_stat("final", self.plan.steps, job)
+
+            self._export(requests, pending.path, write)
+            self._drain_exports()
+            self.final_weights = ckpt.load_final(target)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def shutdown(self) -> None:
         if self._stopped:

@@ -8,13 +8,12 @@ JSON lacks: tuples {"$tuple": [...]}, dicts with other keys {"$dict": [[k, v], .
 of `classes()` {"$class": NAME, "args": [...]} (their init fields in order: layouts, routes, the run
 config); decoding rebuilds them through their constructors, so a Layout is checked again where it lands. Nothing else is encodable: a tensor, a
 pickle or an unknown class makes `seal` fail with a one-line error, and decoding never unpickles.
-Exception, marked LEGACY: the `payload` bytes of an export report (torch.save of this rank's shards,
-until exports go to files, see backend.py `_on_message`) follow the JSON body as they are, authenticated
-like everything else, and the controller loads them with weights_only=True (no objects unpickled).
+Checkpoints and final weights never travel here: each worker writes its shards to the run directory and
+reports the file's name, size, SHA-256 and per-tensor boxes (checkpoint.py).
 
-Bounds. A message has at most `limit(channel, type)` bytes (setup 1 MiB, command 2 MiB, report 64 KiB,
-the legacy export report 7 MiB, under the store's 8 MiB), lists at most MAX_ITEMS items, nesting at most
-MAX_DEPTH levels.
+Bounds. A message has at most `limit(channel, msg)` bytes (setup 1 MiB, command 2 MiB, report 64 KiB,
+an export report 1 MiB: its per-tensor boxes grow with the model's parameter count, ~100 bytes each),
+lists at most MAX_ITEMS items, nesting at most MAX_DEPTH levels.
 
 Authentication. Each run draws a 32-byte secret (`new_secret`). A sealed message is the hex
 HMAC-SHA256 tag of its body followed by the body, a JSON object {"ch": channel, "from": sender, "seq":
@@ -53,7 +52,7 @@ MAX_LOGGED = 20  # drops logged one line each; later ones are only counted
 SETUP_BYTES = 1 << 20
 COMMAND_BYTES = 2 << 20
 REPORT_BYTES = 64 << 10
-LEGACY_EXPORT_BYTES = 7 << 20
+EXPORT_REPORT_BYTES = 1 << 20
 
 
 class MessageError(RpegError):
@@ -72,20 +71,22 @@ class MessageType:
 _NODE = ("node", "tag", "ranks")
 COMMANDS = {
     "stop": MessageType(()),
-    "install": MessageType(("label", "model", "version", "layout")),
+    "install": MessageType(("label", "model", "version", "layout"), ("keep", "tau")),
     "release": MessageType(("label",)),
     "op": MessageType(_NODE + ("step", "role", "model", "layout", "mb", "rows", "weights", "inputs", "outputs",
                                "fields", "prep", "output", "version_out")),
     "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields")),
     "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks")),
-    "export": MessageType(("export",), ("weights", "optimizer")),
+    "export": MessageType(("export", "dir"), ("weights", "window", "optimizer", "rng")),
+    "keep": MessageType(("label", "tau")),
 }
 REPORTS = {
     "ready": MessageType(("rank", "groups")),
     "bye": MessageType(("rank",)),
     "error": MessageType(("node", "what", "rank", "message")),
     "done": MessageType(("node", "rank", "start", "finish", "mem"),
-                        ("bytes", "versions_in", "versions_out", "metrics", "export", "payload")),
+                        ("bytes", "versions_in", "versions_out", "metrics",
+                         "export", "file", "sha256", "write_s", "tensors")),
     "eof": MessageType(()),  # the controller's own, to end its receiving thread
 }
 SETUP = {"setup": MessageType(("setup",))}
@@ -103,14 +104,14 @@ def schema(channel: str) -> dict[str, MessageType]:
     return {"setup": SETUP, "cmd": COMMANDS, "res": REPORTS}[channel_kind(channel)]
 
 
-def limit(channel: str, msg_type: Optional[str] = None, legacy: bool = False) -> int:
-    """Most bytes a sealed message of `msg_type` on `channel` may have (None: any type there)."""
+def limit(channel: str, msg: Optional[dict] = None) -> int:
+    """Most bytes a sealed `msg` on `channel` may have (None: any message there)."""
     kind = channel_kind(channel)
     if kind == "setup":
         return SETUP_BYTES
     if kind == "cmd":
         return COMMAND_BYTES
-    return LEGACY_EXPORT_BYTES if legacy or msg_type is None else REPORT_BYTES
+    return EXPORT_REPORT_BYTES if msg is None or _is_export_report(msg) else REPORT_BYTES
 
 
 @functools.cache
@@ -240,8 +241,8 @@ def _tag(secret: bytes, body: bytes) -> bytes:
     return hmac.new(secret, body, hashlib.sha256).hexdigest().encode("ascii")
 
 
-def _is_legacy_export(msg: dict) -> bool:
-    return msg.get("type") == "done" and "payload" in msg
+def _is_export_report(msg: dict) -> bool:
+    return msg.get("type") == "done" and "export" in msg
 
 
 @dataclass(frozen=True)
@@ -252,22 +253,12 @@ class Envelope:
 
 
 def seal(secret: bytes, channel: str, sender: str, seq: int, msg: dict) -> bytes:
-    """`msg` as the tagged bytes the store holds; a MessageError if it is not a valid, small message.
-
-    The sealed form is TAG BODY, or TAG BODY "\n" PAYLOAD for a legacy export report, whose payload bytes
-    follow the JSON body as they are (the body holds {"$attached": length} in their place)."""
+    """`msg` as the tagged bytes the store holds (TAG BODY); a MessageError if it is not a valid, small message."""
     check_schema(channel, msg)
-    legacy = _is_legacy_export(msg)
-    plain = to_plain({k: v for k, v in msg.items() if not (legacy and k == "payload")})
-    attached = b""
-    if legacy:
-        if type(msg["payload"]) is not bytes:
-            raise MessageError("the payload of an export report must be bytes")
-        plain["payload"] = {"$attached": len(msg["payload"])}
-        attached = b"\n" + msg["payload"]
+    plain = to_plain(msg)
     body = json.dumps({"ch": channel, "from": sender, "seq": seq, "msg": plain}, separators=(",", ":"),
-                      ensure_ascii=True).encode("ascii") + attached
-    most = limit(channel, msg["type"], legacy)
+                      ensure_ascii=True).encode("ascii")
+    most = limit(channel, msg)
     if TAG_CHARS + len(body) > most:
         raise MessageError(f"a {msg['type']} message of {TAG_CHARS + len(body)} bytes exceeds the control "
                            f"channel's limit of {most} bytes on {channel}")
@@ -284,9 +275,8 @@ def unseal(secret: bytes, channel: str, raw: bytes) -> Envelope:
     tag, body = raw[:TAG_CHARS], raw[TAG_CHARS:]
     if len(tag) < TAG_CHARS or not hmac.compare_digest(tag, _tag(secret, body)):
         raise MessageError("not authenticated (no valid tag for this run's secret)")
-    text, newline, attached = body.partition(b"\n")
     try:
-        data = json.loads(text)
+        data = json.loads(body)
     except (ValueError, RecursionError):
         raise MessageError("authenticated but not JSON") from None
     if not isinstance(data, dict) or set(data) != {"ch", "from", "seq", "msg"}:
@@ -295,17 +285,10 @@ def unseal(secret: bytes, channel: str, raw: bytes) -> Envelope:
         raise MessageError(f"sealed for channel {data['ch']!r}, read from {channel!r} (a replay)")
     if not isinstance(data["from"], str) or type(data["seq"]) is not int or not isinstance(data["msg"], dict):
         raise MessageError("authenticated but its sender, sequence number or message is malformed")
-    plain = data["msg"]
-    legacy = _is_legacy_export(plain)
-    if legacy != bool(newline) or (legacy and plain["payload"] != {"$attached": len(attached)}):
-        raise MessageError("authenticated but its attached bytes do not match it")
-    msg = from_plain({k: v for k, v in plain.items() if not (legacy and k == "payload")})
-    if legacy:
-        msg["payload"] = attached
+    msg = from_plain(data["msg"])
     check_schema(channel, msg)
-    if len(raw) > limit(channel, msg["type"], legacy):
-        raise MessageError(f"a {msg['type']} message of {len(raw)} bytes, over its limit of "
-                           f"{limit(channel, msg['type'], legacy)}")
+    if len(raw) > limit(channel, msg):
+        raise MessageError(f"a {msg['type']} message of {len(raw)} bytes, over its limit of {limit(channel, msg)}")
     return Envelope(data["from"], data["seq"], msg)
 
 

@@ -14,10 +14,12 @@ Devices (`device.worker_device`): with gloo everything is on the CPU. With NCCL 
 launched worker takes rank modulo the node's GPUs) and keeps on that GPU every model, parameter, Adam
 state, KV cache, data piece it receives and communication buffer; only the per-sequence sampling
 generators and their draws stay on the CPU (`generation.sample_tokens`). Version 0 is built on the CPU
-from its seed and checkpoints are read to the CPU (map_location="cpu": a checkpoint holds every model's
-full weights, of which a worker moves only its own shards to its GPU). Exports to the controller
-(checkpoints, final weights) are copied to the CPU, and a command reports completion only after the GPU
-has finished its work. The CUDA path is written but has not been run on a GPU here.
+from its seed, and on resume a worker reads from the checkpoint's shard files only the boxes of its own
+pieces, to the CPU, then moves them to its GPU. Checkpoints and final weights are written by every worker
+itself, its own shards, as one safetensors file into the run directory (`cmd_export`, checkpoint.py;
+copied to the CPU first); only the file's name, size, SHA-256 and tensor boxes go back to the controller.
+A command reports completion only after the GPU has finished its work. The CUDA path is written but has
+not been run on a GPU here.
 
 Control channel (all through the store, so it works across nodes; `messages.py`): the controller pushes
 the commands of rank r onto the store queue `cmd/r`, the worker pushes its reports onto `res`; both are
@@ -27,7 +29,7 @@ external one reads it from --secret-file PATH or $RPEG_RUN_SECRET_FILE (mode 060
 --store`). The worker blocks in the store until its next command comes (`WAIT`: an idle hour at most
 before it checks that the controller is still there), so a normal run logs no c10d timeout.
 Commands run strictly in order, so every rank meets the collectives of concurrent nodes in the same
-order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, export, stop).
+order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, keep, export, stop).
 
 What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
 - published parameter copies: `weights` entries, one per (model, version, allocation), each this rank's
@@ -47,7 +49,6 @@ What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import signal
 import sys
@@ -55,7 +56,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -63,7 +64,8 @@ from torch import Tensor
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
-from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, to_cpu, worker_device
+from rpegc.runtime.torch_backend import checkpoint as ckpt
+from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, worker_device
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.messages import SECRET_ENV, Endpoint, MessageError, read_secret
@@ -103,7 +105,7 @@ class WorkerSetup:
     t0: float  # controller wall clock (time.time()) at start; reported times are relative to it
     timeout_s: float
     dist_backend: str = "gloo"
-    resume_file: Optional[str] = None
+    resume_file: Optional[str] = None  # a checkpoint directory (checkpoint.py) to resume from
     fault: Optional[str] = None
 
 
@@ -179,13 +181,16 @@ class Worker:
         self.training: dict[tuple[str, Layout], TrainState] = {}
         self.shapes = {m: param_shapes(s.arch, s.kind, self.run.net) for m, s in setup.models.items()}
         self.initial: dict[str, dict[str, Tensor]] = {}
-        self.resume = (torch.load(setup.resume_file, map_location="cpu", weights_only=False)
-                       if setup.resume_file else None)
+        # On resume: the checkpoint's shard files, of which this worker reads only the boxes it needs
+        self.resume = ckpt.Reader(setup.resume_file) if setup.resume_file else None
+        # Versions a checkpoint must still save once the live copies moved on (staleness tau > 0):
+        # (model, version) -> (layout, this rank's float32 pieces), on the CPU
+        self.window: dict[tuple[str, int], tuple[Layout, dict[str, Tensor]]] = {}
         w = self.run.workload
         self.task = make_task(self.run.task, self.run.actor.vocab, w.Lp, w.Lr)
         self.groups = ProcessGroups(setup.layouts)
-        if self.resume is not None and self.rank in self.resume.get("rng", {}):
-            torch.set_rng_state(self.resume["rng"][self.rank])
+        if self.resume is not None and ckpt.rng_key(self.rank) in self.resume:
+            torch.set_rng_state(self.resume.read(ckpt.rng_key(self.rank)))
 
     def now(self) -> float:
         return time.time() - self.setup.t0
@@ -268,9 +273,10 @@ class Worker:
     # -- bookkeeping commands -----------------------------------------------------------------------
 
     def full_weights(self, model: str, version: int) -> dict[str, Tensor]:
-        """Full tensors of a version this worker installs: from the resume checkpoint, or version 0 by seed."""
-        if self.resume is not None and version in self.resume["versions"].get(model, {}):
-            return self.resume["versions"][model][version]
+        """Full float32 tensors of a version: read whole from the resume checkpoint, or version 0 by seed
+        (what tests and tools compare against; the workers themselves read only their pieces)."""
+        if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
+            return {n: self.resume.read(ckpt.weights_key(model, version, n)) for n in self.shapes[model]}
         if version != 0:
             raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
         if model not in self.initial:
@@ -278,34 +284,105 @@ class Worker:
             self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.run.net))
         return self.initial[model]
 
+    def version_shards(self, model: str, version: int, layout: Layout) -> dict[str, Tensor]:
+        """This rank's float32 pieces under `layout` of a version it installs: read from the resume
+        checkpoint's shard files (only the boxes it needs, from whichever files hold them), or version 0
+        built from its seed."""
+        layers = self.setup.models[model].arch.layers
+        if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
+            return self.resume.pieces(ckpt.weights_key(model, version, ""), self.shapes[model], layout, self.rank,
+                                      layers)
+        return shard_of(self.full_weights(model, version), self.shapes[model], layout, self.rank, layers)
+
     def cmd_install(self, cmd: dict) -> None:
         m, layout = cmd["model"], cmd["layout"]
-        full = self.full_weights(m, cmd["version"])
-        shards = shard_of(full, self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
-        shards = {n: t.to(self.device, self.serving_dtype) for n, t in shards.items()}
+        master = self.version_shards(m, cmd["version"], layout)
+        if cmd.get("keep"):  # a resumed version the next checkpoint saves again (tau > 0)
+            self._keep(m, cmd["version"], layout, master, cmd["tau"])
+        shards = {n: t.to(self.device, self.serving_dtype) for n, t in master.items()}
         self.entries[cmd["label"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
+
+    def _writes(self, model: str, layout: Layout) -> set[str]:
+        """The parameters of `model` whose pieces this rank writes under `layout`: those its data-parallel
+        replica owns (`checkpoint.replica_owner`), and of a piece replicated over TP only t = 0's."""
+        d, _, t = layout.coord(self.rank)
+        owner = ckpt.replica_owner(self.shapes[model], layout.dp)
+        pieces = rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
+        return {n for n, piece in pieces.items() if owner[n] == d and (piece.dim is not None or t == 0)}
+
+    def _keep(self, model: str, version: int, layout: Layout, shards: dict[str, Tensor], tau: int) -> None:
+        mine = self._writes(model, layout)
+        self.window[(model, version)] = (layout, {n: t.detach().to("cpu", copy=True) for n, t in shards.items()
+                                                  if n in mine})
+        for key in [k for k in self.window if k[0] == model and k[1] < version - tau]:
+            del self.window[key]
+
+    def cmd_keep(self, cmd: dict) -> None:
+        """Keep a copy of this rank's float32 pieces of a new version for later checkpoints (tau > 0: nodes
+        after the next checkpoint still read it), dropping the versions older than version - tau."""
+        e = self.entries.get(cmd["label"])
+        if e is None or e.layout is None or e.model is None:
+            raise CommandError(f"keep of {cmd['label']}, which this worker does not hold")
+        self._keep(e.model, e.version, e.layout, self.saved_shards(e), cmd["tau"])
 
     def cmd_release(self, cmd: dict) -> None:
         self.entries.pop(cmd["label"], None)
 
     def cmd_export(self, cmd: dict) -> dict:
-        """This rank's shards of weights versions and of a model's optimizer state, serialised (on the CPU:
-        the controller may have no GPU)."""
-        out: dict[str, Any] = {"weights": {}, "optimizer": {}, "rng": torch.get_rng_state()}
-        for label in cmd.get("weights", ()):
+        """Write this rank's shards (weights versions, the optimizer state of trained models, the RNG state)
+        as one safetensors file into the checkpoint or final-weights directory `cmd["dir"]`, and report
+        what it holds: file name, size, SHA-256 and the box of every tensor (plain values; no tensor goes
+        through the control channel).
+
+        cmd: "weights" [[label, key prefix]], "window" [[model, version, key prefix]] (kept versions),
+        "optimizer" [[model, layout]], "rng" (bool). Every rank of a layout is asked; it writes only the
+        pieces `_writes` gives it, so the files of all ranks tile every tensor exactly once and the
+        data-parallel replicas share the writing."""
+        tensors: dict[str, tuple[Tensor, ckpt.Box, tuple[int, ...]]] = {}
+
+        def add(prefix: str, model: str, layout: Layout, shards: dict[str, Tensor]) -> None:
+            mine = self._writes(model, layout)
+            pieces = rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
+            for n, t in shards.items():
+                if n in mine:
+                    shape = self.shapes[model][n]
+                    tensors[prefix + n] = (t, ckpt.piece_box(pieces[n], shape), shape)
+
+        for label, prefix in cmd.get("weights", ()):
             e = self.entries.get(label)
-            if e is None:
+            if e is None or e.layout is None or e.model is None:
                 raise CommandError(f"export of {label}, which this worker does not hold")
-            out["weights"][label] = {"version": e.version, "shards": self.saved_shards(e)}
+            add(prefix, e.model, e.layout, self.saved_shards(e))
+        for m, v, prefix in cmd.get("window", ()):
+            kept = self.window.get((m, v))
+            if kept is None:
+                raise CommandError(f"checkpoint of version {v} of @{m}, which this worker did not keep")
+            add(prefix, m, kept[0], kept[1])
         for m, layout in cmd.get("optimizer", ()):
             st = self.training.get((m, layout))
             if st is None:
                 continue
-            params = st.pm.params()
-            out["optimizer"][m] = {n: dict(st.optimizer.state[p]) for n, p in params.items() if p in st.optimizer.state}
-        buf = io.BytesIO()
-        torch.save(to_cpu(out), buf)
-        return {"export": cmd["export"], "payload": buf.getvalue()}
+            mine = self._writes(m, layout)
+            t_coord = layout.coord(self.rank)[2]
+            pieces = rank_pieces(self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
+            for n, p in st.pm.params().items():
+                shape = self.shapes[m][n]
+                for k, v in st.optimizer.state.get(p, {}).items() if n in mine else ():
+                    if not isinstance(v, Tensor):
+                        raise CommandError(f"Adam state {k} of {n} is not a tensor; cannot checkpoint it")
+                    if v.dim():
+                        tensors[ckpt.adam_key(m, n, k)] = (v, ckpt.piece_box(pieces[n], shape), shape)
+                    elif t_coord == 0:  # a scalar (the step count) is the same on every TP rank: one copy
+                        tensors[ckpt.adam_key(m, n, k)] = (v, ((), ()), ())
+        if cmd.get("rng"):
+            state = torch.get_rng_state()
+            tensors[ckpt.rng_key(self.rank)] = (state, ((0,), tuple(state.shape)), tuple(state.shape))
+        try:
+            report = ckpt.write_shard_file(os.path.join(cmd["dir"], ckpt.shard_file(self.rank)), tensors)
+        except OSError as e:
+            raise CommandError(f"cannot write {os.path.join(cmd['dir'], ckpt.shard_file(self.rank))}: "
+                               f"{e.strerror or e}") from None
+        return {"export": cmd["export"], **report}
 
     def saved_shards(self, e: Entry) -> dict[str, Tensor]:
         """What an export saves of a weights entry: the entry, unless it is a reduced-precision serving copy
@@ -469,9 +546,8 @@ class Worker:
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
             params = pm.params()
             opt = make_adam(params.values(), lr, self.run.rl)
-            saved = self.resume["optimizer"].get(model) if self.resume is not None else None
-            if saved:
-                self._load_optimizer(opt, params, saved, layout, model)
+            if self.resume is not None and model in self.resume.index.get("optimizer", ()):
+                self._load_optimizer(opt, params, layout, model)
             st = self.training[key] = TrainState(pm, opt)
         return st
 
@@ -482,29 +558,27 @@ class Worker:
         if e.full_precision():
             return e.shards
         try:
-            full = self.full_weights(model, e.version)
+            return self.version_shards(model, e.version, layout)
         except CommandError as err:
             raise CommandError(f"training @{model} cannot start from the {self.serving_dtype} serving copy of "
                                f"version {e.version}: {err}") from None
-        return shard_of(full, self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
 
-    def _load_optimizer(self, opt, params, saved: dict, layout: Layout, model: str) -> None:
+    def _load_optimizer(self, opt, params, layout: Layout, model: str) -> None:
+        """This rank's pieces of the checkpointed Adam state under `layout` (reshard on load)."""
+        assert self.resume is not None
         layers = self.setup.models[model].arch.layers
         pieces = rank_pieces(self.shapes[model], layout, self.rank, layers)
         for name, p in params.items():
-            state = saved.get(name)
-            if state is None:
-                continue
-            piece = pieces[name]
+            prefix = ckpt.adam_key(model, name, "")
             local = {}
-            for k, v in state.items():
-                if isinstance(v, Tensor) and v.dim() > 0:
-                    if piece.dim is not None:
-                        v = v.narrow(piece.dim, piece.lo, piece.hi - piece.lo)
-                    v = v.to(p.device)
-                # 0-dim state (Adam's step count) stays on the CPU, where a non-capturable Adam keeps it
-                local[k] = v.clone() if isinstance(v, Tensor) else v
-            opt.state[p] = local
+            for key in self.resume.keys(prefix):
+                k = key[len(prefix):]
+                if self.resume.shape(key):
+                    local[k] = self.resume.read_piece(key, pieces[name]).to(p.device)
+                else:  # 0-dim state (Adam's step count) stays on the CPU, where a non-capturable Adam keeps it
+                    local[k] = self.resume.read(key)
+            if local:
+                opt.state[p] = local
 
     def prep(self, cmd: dict) -> None:
         """Move inputs into the invocation's layout first (rows to replicas, weights to shards)."""
