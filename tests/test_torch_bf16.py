@@ -225,7 +225,7 @@ STEP_KEYS = ("reward", "kl", "policy_loss", "kl_loss", "value_loss", "actor_grad
 
 def _restart_from(trainer: ReferenceTrainer, saved: dict, names: dict[str, str], k: int) -> None:
     """Put the reference in the distributed run's state at step boundary k: its bf16 serving copies of
-    version k and, where the checkpoint holds them, its float32 masters and Adam state."""
+    version k, its float32 masters and Adam state."""
     models = {"actor": (trainer.actor, trainer.actor_opt, trainer.actor_versions)}
     if trainer.critic is not None:
         models["critic"] = (trainer.critic, trainer.critic_opt, trainer.critic_versions)
@@ -233,12 +233,9 @@ def _restart_from(trainer: ReferenceTrainer, saved: dict, names: dict[str, str],
         weights, adam = saved["versions"][names[role]][k], saved["optimizer"][names[role]]
         # the cast of the master, or of the serving copy itself (exact): the copy the run served
         store.versions[k] = cast_weights(weights, store.dtype)
-        if not adam:
-            # The checkpoint holds no training state of this model (PPO4's critic: a Reshard moved its
-            # version k to the inference layout, and the export then saves that bf16 copy, without Adam
-            # state). The reference keeps its own master and Adam state: they differ from the run's by
-            # float32 training noise only, which the tolerances cover as in the fp32 tests.
-            continue
+        # every trained model's float32 master and Adam state, also where a Reshard moved its published
+        # copy to another layout (PPO4's critic): the checkpoint reads them from the training state
+        assert adam, f"the checkpoint of step {k} holds no Adam state of {role}"
         model.load_state_dict(weights)
         for n, p in model.named_parameters():
             opt.state[p] = {key: v.clone() if isinstance(v, torch.Tensor) else v for key, v in adam[n].items()}

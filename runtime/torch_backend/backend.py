@@ -429,6 +429,7 @@ class TorchBackend(Backend):
         self._completed = 0
         self._trained = {n.node.model for n in plan.nodes if n.kind == "op" and n.node.role == "training"}
         self._train_done: dict[int, set[str]] = {}
+        self._train_layout: dict[str, Layout] = {}  # where each model's training state (master, Adam) lives
         # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
         self._kept: dict[str, dict[int, Layout]] = {m: {} for m in self._trained}
         layouts = tuple(sorted(set(self.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
@@ -856,6 +857,7 @@ class TorchBackend(Backend):
         layout = self._holdings[out].layout
         assert layout is not None
         tau = self.plan.tau.get(m, 0)
+        self._train_layout[m] = layout
         self._train_done.setdefault(k, set()).add(m)
         boundary = self._train_done[k] >= self._trained and self.checkpoint_every and \
             (k + 1) % self.checkpoint_every == 0 and k + 1 < self.plan.steps
@@ -881,20 +883,17 @@ class TorchBackend(Backend):
         later nodes may read), Adam state and RNG into step-NNNNNN.partial; once all reported, the
         controller writes the index and renames the directory, then prunes to --keep-checkpoints."""
         assert self.run_dir is not None
-        requests: dict[int, dict] = {r: {"weights": [], "window": [], "optimizer": [], "rng": True}
+        requests: dict[int, dict] = {r: {"masters": [], "window": [], "optimizer": [], "rng": True}
                                      for r in range(len(self._cmd_seq))}
-        trained: dict[str, tuple[Artifact, Layout]] = {}
-        for a, h in self._holdings.items():
-            if a.kind == "weights" and a.name in self._trained and a.index == step and h.layout is not None:
-                if a.name not in trained or any(self.plan.nodes[i].node.role == "training"
-                                                for i in self.plan.producers.get(a, ())):
-                    trained[a.name] = (a, h.layout)
+        # The training state of each model holds version `step` as its float32 master with its Adam state,
+        # whatever Comm/Reshard nodes did with the published copy since (a Reshard may have moved it).
+        trained = {m: self._train_layout[m] for m in sorted(self._trained)}
         versions: dict[str, list[int]] = {}
-        for m, (a, layout) in trained.items():
+        for m, layout in trained.items():
             tau = self.plan.tau.get(m, 0)
             versions[m] = [step]
             for r in layout.ranks:  # each writes its share (`Worker._writes`)
-                requests[r]["weights"].append([a.label, ckpt.weights_key(m, step, "")])
+                requests[r]["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
                 requests[r]["optimizer"].append([m, layout])
             for v in ckpt.kept_versions(step, tau):
                 kept = self._kept.get(m, {}).get(v)
@@ -946,8 +945,14 @@ class TorchBackend(Backend):
             return
         requests: dict[int, dict] = {}
         for m, (a, layout) in finals.items():
+            key = ckpt.weights_key(m, None, "")
+            if m in self._train_layout:  # the float32 master, not a serving copy a Reshard may have moved
+                t_layout = self._train_layout[m]
+                for r in t_layout.ranks:
+                    requests.setdefault(r, {"masters": []}).setdefault("masters", []).append([m, t_layout, a.index, key])
+                continue
             for r in layout.ranks:
-                requests.setdefault(r, {"weights": []})["weights"].append([a.label, ckpt.weights_key(m, None, "")])
+                requests.setdefault(r, {"weights": []}).setdefault("weights", []).append([a.label, key])
         scratch = None if self.run_dir else tempfile.mkdtemp(prefix="rpeg-final-")
         target = ckpt.final_path(self.run_dir or scratch or "")
         try:

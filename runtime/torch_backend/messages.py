@@ -77,7 +77,7 @@ COMMANDS = {
                                "fields", "prep", "output", "version_out")),
     "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields")),
     "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks")),
-    "export": MessageType(("export", "dir"), ("weights", "window", "optimizer", "rng")),
+    "export": MessageType(("export", "dir"), ("weights", "masters", "window", "optimizer", "rng")),
     "keep": MessageType(("label", "tau")),
 }
 REPORTS = {

@@ -334,7 +334,8 @@ class Worker:
         what it holds: file name, size, SHA-256 and the box of every tensor (plain values; no tensor goes
         through the control channel).
 
-        cmd: "weights" [[label, key prefix]], "window" [[model, version, key prefix]] (kept versions),
+        cmd: "weights" [[label, key prefix]], "masters" [[model, layout, version, key prefix]] (the float32
+        master a training state holds), "window" [[model, version, key prefix]] (kept versions),
         "optimizer" [[model, layout]], "rng" (bool). Every rank of a layout is asked; it writes only the
         pieces `_writes` gives it, so the files of all ranks tile every tensor exactly once and the
         data-parallel replicas share the writing."""
@@ -353,6 +354,12 @@ class Worker:
             if e is None or e.layout is None or e.model is None:
                 raise CommandError(f"export of {label}, which this worker does not hold")
             add(prefix, e.model, e.layout, self.saved_shards(e))
+        for m, layout, v, prefix in cmd.get("masters", ()):
+            st = self.training.get((m, layout))
+            if st is None or st.pm.loaded != (m, v):
+                raise CommandError(f"checkpoint of the float32 master of version {v} of @{m}, which no training "
+                                   f"state on this worker holds")
+            add(prefix, m, layout, st.pm.export())
         for m, v, prefix in cmd.get("window", ()):
             kept = self.window.get((m, v))
             if kept is None:
