@@ -29,13 +29,16 @@ demo: $(STAMP)
 	$(BIN)/rpeg-run $(OUT)/ppo.exec.rpeg --backend sim --trace $(OUT)/ppo.trace.jsonl
 	$(BIN)/rpeg-run verify $(OUT)/ppo.exec.rpeg $(OUT)/ppo.trace.jsonl
 	@echo "== 3. train tiny PPO and GRPO for real: optimized plans, CPU worker processes (torch + gloo) =="
+	@echo "   (start-up is reported apart; steady state compares step intervals after step 0; a host with fewer"
+	@echo "    cores than workers is labelled oversubscribed and gets measured numbers only)"
 	@for x in ppo-tiny grpo-tiny; do \
 	  $(BIN)/rpegc examples/$$x.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/$$x.exec.rpeg && \
 	  $(BIN)/rpeg-run $(OUT)/$$x.exec.rpeg --backend torch --run-dir $(OUT)/$$x.run --trace $(OUT)/$$x.trace.jsonl \
 	  || exit 1; done
 	@echo "== 4. the hand-written PPO plan on all 8 CPU workers (dp/tp/pp, Comm and Reshard nodes) =="
 	$(BIN)/rpegc examples/ppo-tiny.rpeg -p 'verify-wellformed,$(TINY_LOWER)' -o $(OUT)/ppo-tiny-8.exec.rpeg
-	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --trace $(OUT)/ppo-tiny-8.trace.jsonl
+	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --trace $(OUT)/ppo-tiny-8.trace.jsonl \
+	  --gantt $(OUT)/ppo-tiny-8-gantt.png
 
 test: $(STAMP)
 	@$(BIN)/python tests/run_all.py
