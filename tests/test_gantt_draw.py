@@ -129,7 +129,8 @@ def test_bars_carry_vertex_names():
 
 
 def test_cpu_worker_rows(tmp_path):
-    bars = [Bar((0, 1), 0.0, 1.0, "training", "train#0", "train", "train#0"), Bar((2,), 0.0, 0.5, "comm", "c", "comm", "c")]
+    bars = [Bar((0, 1), 0.0, 1.0, "training", "train#0", "train", "train#0"),
+            Bar((2,), 0.0, 0.5, "comm", "c", "comm", "c")]
     rows = draw_bars([("measured", bars)], str(tmp_path / "w.png"), num_devices=4, unit="worker")
     assert [r.label for r in rows] == [f"worker {d}" for d in range(4)]
     collapsed = device_rows([bars], 4, collapse=True, unit="worker")
