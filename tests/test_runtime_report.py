@@ -130,3 +130,11 @@ def test_host_facts_of_a_local_torch_backend(monkeypatch):
     external = argparse.Namespace(name="torch", launcher="external")
     assert _host_facts(external, Plan())["local_workers"] == 0
     assert _host_facts(argparse.Namespace(name="sim"), Plan()) == {}
+
+
+def test_one_step_summary_keeps_the_node_error_on_the_makespan_line():
+    t = Trace(header(clock="sim", backend="sim"), {"a#0": NODES["a#0"]}, [], STEPS[:1], None)
+    rows = (NodeTiming("a#0", "op", 0, 1.0, None, None, 0.0, 2.0),)
+    lines = _summary_lines(Comparison(rows, 1.0, 3.0), t)
+    assert lines == ["makespan: measured 3 s (sim clock), predicted 1 s (measured/predicted 3.0000); "
+                     "mean |node time error| 100.00 %"]
