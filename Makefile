@@ -21,6 +21,10 @@ DEMO_PIPELINE := verify-wellformed,optimize{budget=15 seed=0},$(LOWER)
 TINY_OPT := verify-wellformed,optimize{budget=5 seed=0 steps=20 summary=false}
 TINY_LOWER := unroll{k=20},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
 
+# grpo-tiny on a 2-device cluster: every vertex on both devices (the optimizer then places it).
+GRPO2_SED := -e 's/gpus = 4, hardware/gpus = 2, hardware/' -e 's/@cpu4/@cpu2/g' \
+  -e 's/^\(  @[a-z_]* *\)at .*/\1at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1/'
+
 demo: $(STAMP)
 	@mkdir -p $(OUT)
 	@echo "== 1. optimize the PPO example (64 GH200 GPUs), lower, cost and schedule it =="
@@ -29,13 +33,21 @@ demo: $(STAMP)
 	$(BIN)/rpeg-run $(OUT)/ppo.exec.rpeg --backend sim --trace $(OUT)/ppo.trace.jsonl
 	$(BIN)/rpeg-run verify $(OUT)/ppo.exec.rpeg $(OUT)/ppo.trace.jsonl
 	@echo "== 3. train tiny PPO and GRPO for real: optimized plans, CPU worker processes (torch + gloo) =="
+	@echo "   (start-up is reported apart; steady state compares step intervals after step 0; a host with fewer"
+	@echo "    cores than workers is labelled oversubscribed and gets measured numbers only)"
 	@for x in ppo-tiny grpo-tiny; do \
 	  $(BIN)/rpegc examples/$$x.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/$$x.exec.rpeg && \
 	  $(BIN)/rpeg-run $(OUT)/$$x.exec.rpeg --backend torch --run-dir $(OUT)/$$x.run --trace $(OUT)/$$x.trace.jsonl \
 	  || exit 1; done
 	@echo "== 4. the hand-written PPO plan on all 8 CPU workers (dp/tp/pp, Comm and Reshard nodes) =="
 	$(BIN)/rpegc examples/ppo-tiny.rpeg -p 'verify-wellformed,$(TINY_LOWER)' -o $(OUT)/ppo-tiny-8.exec.rpeg
-	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --trace $(OUT)/ppo-tiny-8.trace.jsonl
+	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --trace $(OUT)/ppo-tiny-8.trace.jsonl \
+	  --gantt $(OUT)/ppo-tiny-8-gantt.png
+	@echo "== 5. tiny GRPO on 2 CPU workers (a core each on a 2-core host): measured vs predicted steady state =="
+	sed $(GRPO2_SED) examples/grpo-tiny.rpeg > $(OUT)/grpo-tiny-2.rpeg
+	$(BIN)/rpegc $(OUT)/grpo-tiny-2.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/grpo-tiny-2.exec.rpeg
+	$(BIN)/rpeg-run $(OUT)/grpo-tiny-2.exec.rpeg --backend torch --quiet --trace $(OUT)/grpo-tiny-2.trace.jsonl \
+	  --gantt $(OUT)/grpo-tiny-2-gantt.png
 
 test: $(STAMP)
 	@$(BIN)/python tests/run_all.py

@@ -204,7 +204,7 @@ def _run_main(args: argparse.Namespace) -> int:
               f"wall {s.wall_s:.3f} s{extra}", flush=True)
 
     writer = TraceWriter(args.trace) if args.trace else None
-    options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed}
+    options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed, **_host_facts(backend, plan)}
     try:
         result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),
                      sink=writer, on_step=progress, header_options=options)
@@ -218,7 +218,8 @@ def _run_main(args: argparse.Namespace) -> int:
     cmp = compare(plan, result.trace)
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
           f"(dispatch policy {result.policy}, transfers reserve {result.reserve})")
-    print(_makespan_line(result.makespan, result.predicted_makespan, cmp.mean_abs_rel_error, backend.clock))
+    for line in _summary_lines(cmp, result.trace):
+        print(line)
     if args.gantt:
         _gantt(plan, result.trace, args.gantt)
     if args.trace:
@@ -255,7 +256,55 @@ def check_run_outputs(args: argparse.Namespace) -> None:
     check_outputs(wanted, inputs=[args.plan])
 
 
+def _host_facts(backend, plan: RunPlan) -> dict:
+    """What the trace header records about the host (torch backend): worker processes launched here,
+    the cores they share, and the torch.distributed backend (gloo: CPU workers; nccl: a GPU each)."""
+    if backend.name != "torch":
+        return {}
+    from rpegc.runtime.report import host_cores
+
+    local = len(plan.devices) if getattr(backend, "launcher", "local") == "local" else 0
+    facts = {"local_workers": local, "host_cores": host_cores()}
+    resolve = getattr(backend, "_resolve_dist_backend", None)
+    if resolve is not None:
+        facts["dist_backend"] = resolve(plan)
+    return facts
+
+
+def _summary_lines(cmp, trace) -> list[str]:
+    """start-up, oversubscription, steady state and makespan lines of a run (rpegc.runtime.report)."""
+    from rpegc.runtime.report import oversubscription, steady_state
+
+    h = trace.header
+    opts = h.options
+    over = oversubscription(int(opts.get("local_workers", 0)), int(opts.get("host_cores", 1))) \
+        if "local_workers" in opts else None
+    steady = steady_state(trace)
+    lines = []
+    if h.clock == "wall" and steady is not None:
+        lines.append(f"start-up: {steady.startup_s:.3g} s (workers, process groups, installs)")
+    if over is not None:
+        lines.append(over.label)
+    if steady is not None:
+        lines.append(_steady_line(steady, cmp.steady_abs_rel_error, compared=over is None))
+    lines.append(_makespan_line(cmp.measured_makespan, None if over else cmp.predicted_makespan,
+                                None if over or steady is not None else cmp.mean_abs_rel_error, h.clock))
+    return lines
+
+
+def _steady_line(steady, err: Optional[float], compared: bool = True) -> str:
+    text = f"steady state: measured {steady.measured_s:.3g} s/step"
+    if compared and steady.predicted_s:
+        text += f", predicted {steady.predicted_s:.3g} s/step (measured/predicted {steady.ratio:.4g})"
+    steps = f"step {steady.first_step}" if steady.steps == 1 else f"steps {steady.first_step}-{steady.last_step}"
+    text += f" over {steps}"
+    if compared and err is not None:
+        text += f"; mean |node time error| {100 * err:.2f} %"
+    return text
+
+
 def _makespan_line(measured: float, predicted: Optional[float], err: Optional[float], clock: str) -> str:
+    """predicted None: measured only (an oversubscribed host); err: given when there is no steady state."""
     text = f"makespan: measured {measured:.6g} s ({clock} clock)"
     if predicted:
         text += f", predicted {predicted:.6g} s (measured/predicted {measured / predicted:.4f})"
@@ -284,35 +333,47 @@ def _verify_main(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     violations = verify(plan, trace)
     if not any(v.rule in ("plan-hash", "node-set") for v in violations):
-        cmp = compare(plan, trace)
-        print(_makespan_line(cmp.measured_makespan, cmp.predicted_makespan, cmp.mean_abs_rel_error,
-                             trace.header.clock))
+        for line in _summary_lines(compare(plan, trace), trace):
+            print(line)
     return _report(violations, len(trace.nodes))
 
 
-def _gantt(plan: RunPlan, trace, path: str) -> None:
-    try:
-        from rpegc.tools.gantt import Bar, bars_from_program, draw_bars
-    except ImportError as e:
-        print(f"rpeg-run: skipping --gantt: the Gantt tool is not available ({e})", file=sys.stderr)
-        return
+def gantt_panels(plan: RunPlan, trace) -> list:
+    """(name, bars) panels: the predicted schedule, and the measured steady state, its clock shifted so
+    that 0 is the end of start-up (rpegc.runtime.report.startup_time), where the schedule starts."""
+    from rpegc.runtime.report import startup_time
+    from rpegc.tools.gantt import bars_from_program, node_bar
+
     ids = set(plan.index)
     panels = []
     if plan.scheduled:
         panels.append(("predicted", [b for b in bars_from_program(plan.program) if b.node in ids]))
-    measured = []
-    for r in trace.nodes.values():
-        n = plan.node(r.id).node
-        kind = n.role if n.kind == "op" and n.role else n.kind
-        measured.append(Bar(r.devices, r.start, r.finish, kind, r.id, str(r.step), r.id))
-    panels.append(("measured", measured))
+    t0 = startup_time(trace)
+    measured = [node_bar(plan.node(r.id).node, r.devices, r.start - t0, r.finish - t0) for r in trace.nodes.values()]
+    name = "measured" if trace.header.clock == "sim" else f"measured, after start-up ({t0:.3g} s)"
+    panels.append((name, measured))
+    return panels
+
+
+def gantt_unit(trace) -> str:
+    """Row names: `worker N` for the torch backend's CPU workers (gloo), `GPU N` otherwise."""
+    opts = trace.header.options
+    return "worker" if trace.header.backend == "torch" and opts.get("dist_backend", "gloo") != "nccl" else "GPU"
+
+
+def _gantt(plan: RunPlan, trace, path: str) -> None:
+    try:
+        from rpegc.tools.gantt import draw_bars
+    except ImportError as e:
+        print(f"rpeg-run: skipping --gantt: the Gantt tool is not available ({e})", file=sys.stderr)
+        return
     cluster = plan.program.cluster
     assert cluster is not None
     from rpegc.outputs import PendingOutput
 
     with PendingOutput(path, "the Gantt chart") as tmp:
-        draw_bars(panels, tmp, title=f"{os.path.basename(plan.file)}: {plan.steps} step(s)",
-                  num_devices=cluster.num_devices, gpus_per_node=cluster.gpus)
+        draw_bars(gantt_panels(plan, trace), tmp, title=f"{os.path.basename(plan.file)}: {plan.steps} step(s)",
+                  num_devices=cluster.num_devices, gpus_per_node=cluster.gpus, unit=gantt_unit(trace))
     print(f"gantt: {path}")
 
 

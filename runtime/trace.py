@@ -22,6 +22,9 @@ Record types, in file order:
      "predicted_makespan": float | null, "wall_s": float, "peak_memory": float, "warnings": [str]}
 
 Artifact labels are `rpegc.runtime.plan.Artifact.label`. Times are seconds on the backend clock.
+The header's options of a torch run also record the host (`rpeg-run`): "local_workers" (worker
+processes launched on this host), "host_cores" (the cores they share) and "dist_backend" (gloo or
+nccl); `rpegc.runtime.report` labels a run with more local workers than cores oversubscribed.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@
 - order       ("plan" policy only) a node started before the node the plan runs before it on a
               shared device finished
 
-`compare(plan, trace)` sets predicted (node.time/start/finish) beside measured times per node.
+`compare(plan, trace)` sets predicted (node.time/start/finish) beside measured times per node; its
+node-time error is also taken over the steady-state steps (all but the first; see
+rpegc.runtime.report for start-up and steady state).
 """
 
 from __future__ import annotations
@@ -315,14 +317,31 @@ class Comparison:
 
     @property
     def mean_abs_rel_error(self) -> Optional[float]:
-        errs = [abs(e) for e in (t.rel_error for t in self.nodes) if e is not None]
-        return sum(errs) / len(errs) if errs else None
+        """Over every node of the run."""
+        return _mean_abs([t.rel_error for t in self.nodes])
+
+    @property
+    def steady_steps(self) -> tuple[int, ...]:
+        """The steps after the run's first (rpegc.runtime.report); all steps when it ran one."""
+        steps = sorted({t.step for t in self.nodes})
+        return tuple(steps[1:]) or tuple(steps)
+
+    @property
+    def steady_abs_rel_error(self) -> Optional[float]:
+        """Mean |node time error| over the steady-state steps' nodes (the first step's warm-up left out)."""
+        keep = set(self.steady_steps)
+        return _mean_abs([t.rel_error for t in self.nodes if t.step in keep])
 
     @property
     def makespan_ratio(self) -> Optional[float]:
         if not self.predicted_makespan:
             return None
         return self.measured_makespan / self.predicted_makespan
+
+
+def _mean_abs(errors) -> Optional[float]:
+    errs = [abs(e) for e in errors if e is not None]
+    return sum(errs) / len(errs) if errs else None
 
 
 def _as_run(plan: RunPlan, h) -> RunPlan:

@@ -116,3 +116,22 @@ def test_unscheduled_program_and_bad_extension(tmp_path):
         bars_from_program(unscheduled)
     with pytest.raises(RpegError, match=r"\.png"):
         draw_gantt(p, str(tmp_path / "chart.jpeg"))
+
+
+def test_bars_carry_vertex_names():
+    c = Cluster("c", 1, 1, 8, "h100")
+    p = ppo_program(c, Alloc((0, 0, 0), (1, 1, 4)), Alloc((0, 0, 4), (1, 1, 2)), Alloc((0, 0, 0), (1, 1, 4)))
+    by_node = {b.node: b for b in bars_from_program(p)}
+    assert (by_node["gen#1.q2"].label, by_node["gen#1.q2"].short) == ("gen#1.q2", "gen")
+    assert (by_node["train#2"].label, by_node["train#2"].short) == ("train#2", "train")
+    assert (by_node["c0.1"].label, by_node["c0.1"].short) == ("comm c0.1", "comm")
+    assert by_node["w1"].short == "reshard"  # generation and training share their allocation
+
+
+def test_cpu_worker_rows(tmp_path):
+    bars = [Bar((0, 1), 0.0, 1.0, "training", "train#0", "train", "train#0"),
+            Bar((2,), 0.0, 0.5, "comm", "c", "comm", "c")]
+    rows = draw_bars([("measured", bars)], str(tmp_path / "w.png"), num_devices=4, unit="worker")
+    assert [r.label for r in rows] == [f"worker {d}" for d in range(4)]
+    collapsed = device_rows([bars], 4, collapse=True, unit="worker")
+    assert [r.label for r in collapsed] == ["workers 0-1", "worker 2", "worker 3"]

@@ -63,6 +63,10 @@ def test_plan_and_sim_policy_reproduce_predicted_makespan(plan_file, capsys):
     assert main([plan_file, "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "(measured/predicted 1.0000)" in out and "dispatch policy plan" in out
+    steady = [line for line in out.splitlines() if line.startswith("steady state: ")]
+    assert len(steady) == 1 and "(measured/predicted 1) over steps 1-3" in steady[0], out
+    assert "mean |node time error| 0.00 %" in steady[0]
+    assert "start-up" not in out and "oversubscribed" not in out  # the sim clock has neither
 
 
 def test_gantt_is_drawn(plan_file, tmp_path, capsys):
@@ -195,3 +199,31 @@ def test_verify_rejects_a_trace_with_nan_or_negative_values(plan_file, tmp_path,
         assert main(["verify", plan_file, str(tampered)]) == 1
         captured = capsys.readouterr()
         assert captured.err.startswith(f"{tampered}:{at + 1}:") and "verification: OK" not in captured.out
+
+
+def test_gantt_panels_start_after_startup_with_vertex_names_and_worker_rows(plan_file, tmp_path, capsys):
+    from dataclasses import replace
+
+    from rpegc.runtime.cli import gantt_panels, gantt_unit
+    from rpegc.runtime.plan import load_plan
+    from rpegc.runtime.trace import read_trace
+
+    pytest.importorskip("rpegc.tools.gantt")
+    trace_file = tmp_path / "t.jsonl"
+    assert main([plan_file, "--quiet", "--steps", "2", "--trace", str(trace_file)]) == 0
+    plan, trace = load_plan(plan_file, steps=2), read_trace(str(trace_file))
+    (pname, predicted), (mname, measured) = gantt_panels(plan, trace)
+    assert (pname, mname) == ("predicted", "measured") and gantt_unit(trace) == "GPU"
+    vertices = {n.node.vertex for n in plan.nodes if n.kind == "op"}
+    assert {b.short for b in measured if b.kind not in ("comm", "reshard")} == vertices
+    # A wall-clock trace that spent 2 s starting up: the measured panel starts where the schedule does.
+    late = {i: replace(r, start=r.start + 2.0, finish=r.finish + 2.0) for i, r in trace.nodes.items()}
+    torch_trace = replace(trace, nodes=late, header=replace(trace.header, backend="torch", clock="wall",
+                                                            options={"dist_backend": "gloo"}))
+    (_, _), (name, shifted) = gantt_panels(plan, torch_trace)
+    assert name == "measured, after start-up (2 s)"
+    assert [t for b in shifted for t in (b.start, b.finish)] == pytest.approx(
+        [t for b in measured for t in (b.start, b.finish)])
+    assert gantt_unit(torch_trace) == "worker"
+    nccl = replace(torch_trace, header=replace(torch_trace.header, options={"dist_backend": "nccl"}))
+    assert gantt_unit(nccl) == "GPU"

@@ -48,7 +48,7 @@ class Bar:
     finish: float
     kind: str  # generation | inference | training | comm | reshard (anything else: one neutral colour)
     label: str  # drawn on the bar when it fits, e.g. "gen#3.q1"
-    short: str = ""  # drawn instead when `label` does not fit, e.g. the step "3"
+    short: str = ""  # drawn instead when `label` does not fit: the vertex, e.g. "gen" (or "comm", "reshard")
     node: str = ""  # identity across panels (exec node id); rows group devices by the nodes they run
 
 
@@ -70,18 +70,33 @@ def bars_from_program(p: Program) -> list[Bar]:
             )
         if n.alloc is None:
             raise RpegError(n.loc, f"node {n.id} has no allocation, so it has no device row")
-        kind = n.role if n.kind == "op" and n.role else n.kind
-        bars.append(Bar(n.alloc.devices(p.cluster), n.start, n.finish, kind, n.id, str(n.step), n.id))
+        bars.append(node_bar(n, n.alloc.devices(p.cluster), n.start, n.finish))
     return bars
 
 
-def _device_label(devices: Sequence[int]) -> str:
+def node_bar(n, devices: tuple[int, ...], start: float, finish: float) -> Bar:
+    """The bar of exec node `n` (planned or measured times): coloured by role (Op) or kind (transfers),
+    labelled with its id, or its vertex name where the id does not fit."""
+    kind = n.role if n.kind == "op" and n.role else n.kind
+    name = vertex_name(n)
+    label = n.id if n.kind == "op" else f"{name} {n.id}"
+    return Bar(tuple(devices), start, finish, kind, label, name, n.id)
+
+
+def vertex_name(n) -> str:
+    """What a block says it is: the Op node's vertex (`gen`, `train_actor`), else its kind (`comm`)."""
+    if n.kind == "op" and n.vertex:
+        return str(n.vertex)
+    return str(n.kind)
+
+
+def _device_label(devices: Sequence[int], unit: str = "GPU") -> str:
     if len(devices) == 1:
-        return f"GPU {devices[0]}"
+        return f"{unit} {devices[0]}"
     text = id_ranges(devices)
     if len(text) > 16:
         text = text[:14].rsplit(",", 1)[0] + ",…"
-    return f"GPUs {text} ({len(devices)})" if "," in text else f"GPUs {text}"
+    return f"{unit}s {text} ({len(devices)})" if "," in text else f"{unit}s {text}"
 
 
 def _group(keys: dict[int, frozenset], units: Sequence[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
@@ -99,8 +114,10 @@ def device_rows(
     collapse: bool,
     gpus_per_node: Optional[int] = None,
     max_rows: int = 40,
+    unit: str = "GPU",
 ) -> list[Row]:
-    """The chart's rows: one per device, or (collapse) one per group of devices that run the same bars."""
+    """The chart's rows: one per device, or (collapse) one per group of devices that run the same bars.
+    unit names a row's device: "GPU" (default) or "worker" (a CPU worker process of the torch backend)."""
     keys: dict[int, set] = {d: set() for d in range(num_devices)}
     for p, bars in enumerate(panels):
         for i, bar in enumerate(bars):
@@ -110,7 +127,7 @@ def device_rows(
     frozen = {d: frozenset(k) for d, k in keys.items()}
     devices = sorted(frozen)
     if not collapse:
-        return [Row((d,), f"GPU {d}") for d in devices]
+        return [Row((d,), f"{unit} {d}") for d in devices]
     groups = _group(frozen, [(d,) for d in devices])
     if len(groups) > max_rows and gpus_per_node:
         nodes = sorted({d // gpus_per_node for d in devices})
@@ -119,7 +136,7 @@ def device_rows(
     rows = []
     for group in groups:
         devs = tuple(sorted(d for unit in group for d in unit))
-        label = _device_label(devs)
+        label = _device_label(devs, unit)
         if len(group[0]) > 1:  # node-level rows
             node_ids = sorted({d // gpus_per_node for d in devs})
             label = f"node {node_ids[0]}" if len(node_ids) == 1 else f"nodes {id_ranges(node_ids)}"
@@ -192,12 +209,14 @@ def draw_bars(
     gpus_per_node: Optional[int] = None,
     collapse: Optional[bool] = None,
     max_rows: int = 40,
+    unit: str = "GPU",
 ) -> list[Row]:
     """Draw one Gantt panel per (name, bars) into `path` (.png, .svg or .pdf); returns the rows used.
 
     num_devices: device count of the cluster (default: highest device id in any bar + 1), so idle
     devices show. collapse: merge devices that run the same bars into one row (default: when there
     are more than 16 devices). gpus_per_node: lets rows fall back to whole nodes past `max_rows`.
+    unit: what a row's device is called ("GPU", or "worker" for CPU worker processes).
     """
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:
@@ -209,7 +228,7 @@ def draw_bars(
         num_devices = 1 + max((d for b in all_bars for d in b.devices), default=0)
     if collapse is None:
         collapse = num_devices > 16
-    rows = device_rows([bars for _, bars in panels], num_devices, collapse, gpus_per_node, max_rows)
+    rows = device_rows([bars for _, bars in panels], num_devices, collapse, gpus_per_node, max_rows, unit)
     row_of = {d: r for r, row in enumerate(rows) for d in row.devices}
     t_end = max((b.finish for b in all_bars), default=1.0) or 1.0
 

@@ -1,0 +1,103 @@
+"""Honest run reporting: start-up apart from the steady state, and oversubscribed hosts.
+
+Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run verify`):
+
+- start-up: everything on the run's clock before the first node of the run's first step starts
+  (worker launch, process groups, installs of the initial checkpoint). The sim clock has none (0).
+- steady state: the steps after the first. Step k's interval is step k's finish minus step k-1's
+  finish (k > first step), on the measured clock and, from the schedule, on the predicted clock; the
+  summary compares their medians (a median, so one slow checkpoint write does not dominate).
+- steady-state node error: mean |measured - predicted| / predicted node time over the nodes of the
+  steady-state steps (step 0, which warms caches and allocators, is left out). With one step there is
+  no steady state; the error then falls back to all nodes.
+- oversubscribed: the torch backend launched more worker processes on this host than the host has
+  cores; measured times then say more about the host's scheduler than about the plan, so the
+  summary prints measured numbers only.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from rpegc.runtime.trace import Trace
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    startup_s: float  # the run's clock before the first step's first node started
+    first_step: int  # first step of the steady state (the run's first step + 1)
+    last_step: int
+    measured_s: float  # median measured step interval
+    predicted_s: Optional[float]  # median predicted step interval (None: the plan has no schedule)
+
+    @property
+    def ratio(self) -> Optional[float]:
+        if not self.predicted_s:
+            return None
+        return self.measured_s / self.predicted_s
+
+    @property
+    def steps(self) -> int:
+        return self.last_step - self.first_step + 1
+
+
+@dataclass(frozen=True)
+class Oversubscription:
+    workers: int
+    cores: int
+
+    @property
+    def label(self) -> str:
+        return (f"oversubscribed: {self.workers} workers on {self.cores} cores; measured times are not comparable "
+                "with the prediction")
+
+
+def startup_time(trace: Trace) -> float:
+    """Clock time before the first node of the run's first step started (0 for an empty trace)."""
+    first = trace.header.first_step
+    starts = [r.start for r in trace.nodes.values() if r.step == first]
+    if not starts:
+        starts = [r.start for r in trace.nodes.values()]
+    return max(0.0, min(starts, default=0.0))
+
+
+def intervals(finishes: Sequence[tuple[int, float]]) -> list[float]:
+    """Step k's finish minus step k-1's finish, for consecutive (step, finish) pairs in step order."""
+    ordered = sorted(finishes)
+    return [b - a for (ka, a), (kb, b) in zip(ordered, ordered[1:]) if kb == ka + 1]
+
+
+def steady_state(trace: Trace) -> Optional[SteadyState]:
+    """The steady state of a trace's steps (None with fewer than two steps)."""
+    steps = sorted(trace.steps, key=lambda s: s.step)
+    measured = intervals([(s.step, s.finish) for s in steps])
+    if not measured:
+        return None
+    predicted_pairs = [(s.step, s.predicted_finish) for s in steps if s.predicted_finish is not None]
+    predicted = intervals(predicted_pairs) if len(predicted_pairs) == len(steps) else []
+    return SteadyState(
+        startup_s=startup_time(trace),
+        first_step=steps[1].step,
+        last_step=steps[-1].step,
+        measured_s=statistics.median(measured),
+        predicted_s=statistics.median(predicted) if predicted else None,
+    )
+
+
+def host_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def oversubscription(local_workers: int, cores: Optional[int] = None) -> Optional[Oversubscription]:
+    """The label's data when `local_workers` processes share fewer cores, else None."""
+    cores = host_cores() if cores is None else cores
+    if local_workers > cores:
+        return Oversubscription(local_workers, cores)
+    return None

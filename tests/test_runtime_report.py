@@ -1,0 +1,140 @@
+"""Start-up, steady state and oversubscription (rpegc.runtime.report) on hand-computable traces."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from rpegc.runtime import report
+from rpegc.runtime.cli import _host_facts, _summary_lines
+from rpegc.runtime.report import Oversubscription, intervals, oversubscription, startup_time, steady_state
+from rpegc.runtime.trace import NodeRecord, StepRecord, Trace, TraceHeader
+from rpegc.runtime.verify import Comparison, NodeTiming
+
+
+def header(clock: str = "wall", backend: str = "torch", options: dict | None = None, first_step: int = 0):
+    return TraceHeader(plan_hash="h", plan_file="p.rpeg", backend=backend, clock=clock, steps=3, plan_steps=3,
+                       policy="plan", reserve="endpoints", workers={0: 0}, options=options or {},
+                       first_step=first_step)
+
+
+def node(i: str, step: int, start: float, finish: float) -> NodeRecord:
+    return NodeRecord(id=i, kind="op", step=step, dispatch=start, start=start, finish=finish, devices=(0,),
+                      workers=(0,), strategy=(1, 1, 1, 1), consumed=(), produced=(), bytes=0, inputs=(), outputs=())
+
+
+# Start-up 2.0 s; steps finish at 3.0, 3.5, 4.5 (intervals 0.5, 1.0) on the wall clock,
+# and at 0.25, 0.5, 0.75 on the schedule (intervals 0.25, 0.25).
+STEPS = [StepRecord(0, 3.0, 0.25, 1), StepRecord(1, 3.5, 0.5, 1), StepRecord(2, 4.5, 0.75, 1)]
+NODES = {"a#0": node("a#0", 0, 2.0, 3.0), "a#1": node("a#1", 1, 3.0, 3.5), "a#2": node("a#2", 2, 3.5, 4.5)}
+
+
+def synthetic(options: dict | None = None, steps=STEPS, nodes=NODES) -> Trace:
+    return Trace(header(options=options), dict(nodes), [], list(steps), None)
+
+
+def test_startup_is_the_time_before_the_first_steps_first_node():
+    assert startup_time(synthetic()) == 2.0
+    assert startup_time(Trace(header(), {}, [], [], None)) == 0.0
+
+
+def test_intervals_are_consecutive_step_finishes():
+    assert intervals([(2, 4.5), (0, 3.0), (1, 3.5)]) == [0.5, 1.0]
+    assert intervals([(0, 3.0)]) == []
+
+
+def test_steady_state_medians_over_the_steps_after_the_first():
+    s = steady_state(synthetic())
+    assert s is not None
+    assert (s.startup_s, s.first_step, s.last_step, s.steps) == (2.0, 1, 2, 2)
+    assert s.measured_s == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert s.predicted_s == pytest.approx(0.25)
+    assert s.ratio == pytest.approx(3.0)
+
+
+def test_one_step_has_no_steady_state():
+    assert steady_state(synthetic(steps=STEPS[:1])) is None
+
+
+def test_unscheduled_steps_have_no_predicted_interval():
+    steps = [StepRecord(k, s.finish, None, 1) for k, s in enumerate(STEPS)]
+    s = steady_state(synthetic(steps=steps))
+    assert s is not None and s.predicted_s is None and s.ratio is None
+
+
+def comparison() -> Comparison:
+    # predicted 1.0 s per node; errors: step 0 +100 %, step 1 -50 %, step 2 +0 %
+    rows = tuple(NodeTiming(i, "op", r.step, 1.0, None, None, 0.0, t)
+                 for (i, r), t in zip(NODES.items(), (2.0, 0.5, 1.0)))
+    return Comparison(rows, 0.75, 4.5)
+
+
+def test_steady_node_error_leaves_out_the_first_step():
+    c = comparison()
+    assert c.steady_steps == (1, 2)
+    assert c.steady_abs_rel_error == pytest.approx(0.25)  # (50 + 0) / 2
+    assert c.mean_abs_rel_error == pytest.approx(0.5)  # (100 + 50 + 0) / 3
+
+
+def test_oversubscription_label():
+    o = oversubscription(8, cores=2)
+    assert o == Oversubscription(8, 2)
+    assert o.label == "oversubscribed: 8 workers on 2 cores; measured times are not comparable with the prediction"
+    assert oversubscription(2, cores=2) is None
+
+
+def test_host_cores_follow_the_affinity(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert report.host_cores() == 2
+    assert oversubscription(4) == Oversubscription(4, 2)
+
+
+def test_summary_compares_the_steady_state():
+    lines = _summary_lines(comparison(), synthetic({"local_workers": 2, "host_cores": 2}))
+    assert lines == [
+        "start-up: 2 s (workers, process groups, installs)",
+        "steady state: measured 0.75 s/step, predicted 0.25 s/step (measured/predicted 3) over steps 1-2; "
+        "mean |node time error| 25.00 %",
+        "makespan: measured 4.5 s (wall clock), predicted 0.75 s (measured/predicted 6.0000)",
+    ]
+
+
+def test_oversubscribed_summary_prints_measured_numbers_only():
+    lines = _summary_lines(comparison(), synthetic({"local_workers": 8, "host_cores": 2}))
+    assert lines == [
+        "start-up: 2 s (workers, process groups, installs)",
+        "oversubscribed: 8 workers on 2 cores; measured times are not comparable with the prediction",
+        "steady state: measured 0.75 s/step over steps 1-2",
+        "makespan: measured 4.5 s (wall clock)",
+    ]
+    assert not any("predicted" in line for line in lines)
+
+
+def test_sim_summary_has_no_startup_and_is_never_oversubscribed():
+    t = Trace(header(clock="sim", backend="sim"), dict(NODES), [], list(STEPS), None)
+    lines = _summary_lines(comparison(), t)
+    assert lines[0].startswith("steady state: measured 0.75 s/step, predicted 0.25 s/step")
+    assert not any(line.startswith(("start-up", "oversubscribed")) for line in lines)
+
+
+def test_host_facts_of_a_local_torch_backend(monkeypatch):
+    monkeypatch.setattr(report, "host_cores", lambda: 2)
+
+    class Plan:
+        devices = tuple(range(8))
+
+    torch_backend = argparse.Namespace(name="torch", launcher="local", _resolve_dist_backend=lambda plan: "gloo")
+    assert _host_facts(torch_backend, Plan()) == {"local_workers": 8, "host_cores": 2, "dist_backend": "gloo"}
+    external = argparse.Namespace(name="torch", launcher="external")
+    assert _host_facts(external, Plan())["local_workers"] == 0
+    assert _host_facts(argparse.Namespace(name="sim"), Plan()) == {}
+
+
+def test_one_step_summary_keeps_the_node_error_on_the_makespan_line():
+    t = Trace(header(clock="sim", backend="sim"), {"a#0": NODES["a#0"]}, [], STEPS[:1], None)
+    rows = (NodeTiming("a#0", "op", 0, 1.0, None, None, 0.0, 2.0),)
+    lines = _summary_lines(Comparison(rows, 1.0, 3.0), t)
+    assert lines == ["makespan: measured 3 s (sim clock), predicted 1 s (measured/predicted 3.0000); "
+                     "mean |node time error| 100.00 %"]
