@@ -21,10 +21,6 @@ DEMO_PIPELINE := verify-wellformed,optimize{budget=15 seed=0},$(LOWER)
 TINY_OPT := verify-wellformed,optimize{budget=5 seed=0 steps=20 summary=false}
 TINY_LOWER := unroll{k=20},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
 
-# grpo-tiny on a 2-device cluster: every vertex on both devices (the optimizer then places it).
-GRPO2_SED := -e 's/gpus = 4, hardware/gpus = 2, hardware/' -e 's/@cpu4/@cpu2/g' \
-  -e 's/^\(  @[a-z_]* *\)at .*/\1at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1/'
-
 demo: $(STAMP)
 	@mkdir -p $(OUT)
 	@echo "== 1. optimize the PPO example (64 GH200 GPUs), lower, cost and schedule it =="
@@ -44,8 +40,7 @@ demo: $(STAMP)
 	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --trace $(OUT)/ppo-tiny-8.trace.jsonl \
 	  --gantt $(OUT)/ppo-tiny-8-gantt.png
 	@echo "== 5. tiny GRPO on 2 CPU workers (a core each on a 2-core host): measured vs predicted steady state =="
-	sed $(GRPO2_SED) examples/grpo-tiny.rpeg > $(OUT)/grpo-tiny-2.rpeg
-	$(BIN)/rpegc $(OUT)/grpo-tiny-2.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/grpo-tiny-2.exec.rpeg
+	$(BIN)/rpegc examples/grpo-tiny-2.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/grpo-tiny-2.exec.rpeg
 	$(BIN)/rpeg-run $(OUT)/grpo-tiny-2.exec.rpeg --backend torch --quiet --trace $(OUT)/grpo-tiny-2.trace.jsonl \
 	  --gantt $(OUT)/grpo-tiny-2-gantt.png
 
