@@ -191,6 +191,26 @@ class _Inbox:
             self.thread.join(timeout=5.0)
 
 
+def _forkserver_pid() -> Optional[int]:
+    """The pid of this process's multiprocessing fork server, if one runs."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _stop_forkserver() -> None:
+    """End this process's fork server and reap it (its workers are already gone); a later launch in the
+    same process starts a new one."""
+    from multiprocessing import forkserver
+
+    if _forkserver_pid() is None:
+        return
+    try:
+        forkserver._forkserver._stop()
+    except (OSError, ChildProcessError):
+        pass
+
+
 def _split_address(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -284,6 +304,7 @@ class TorchBackend(Backend):
         self._resume_dir: Optional[str] = None
         self._resume_index: Optional[dict] = None
         self._failed = False
+        self._interrupted = False  # SIGINT/SIGTERM: stop fast, write no final weights, reap the fork server
         self._stopped = True
 
     @classmethod
@@ -968,11 +989,28 @@ class TorchBackend(Backend):
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
+    def interrupt(self) -> None:
+        """The run was interrupted (rpeg-run got SIGINT/SIGTERM): shutdown() stops the workers after a short
+        grace instead of letting them finish, writes no final weights, and ends the fork server too."""
+        self._interrupted = True
+
+    def kill_now(self) -> None:
+        """A second signal: SIGKILL every worker and the fork server, without waiting (the process exits)."""
+        import signal
+
+        for pid in [p.pid for p in self._procs if p.exitcode is None] + [_forkserver_pid()]:
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
     def shutdown(self) -> None:
         if self._stopped:
             return
         try:
-            if not self._failed and self._completed == len(self.plan.nodes) and not self._pending:
+            finished = self._completed == len(self.plan.nodes) and not self._pending
+            if finished and not self._failed and not self._interrupted:
                 self._collect_final()
         finally:
             self._stop_workers()
@@ -987,7 +1025,7 @@ class TorchBackend(Backend):
                     self._send(r, {"type": "stop"})
                 except Exception:
                     break
-            deadline = time.time() + (1.0 if self._failed else 10.0)
+            deadline = time.time() + (1.0 if self._failed or self._interrupted else 10.0)
             left = set(range(len(self._cmd_seq)))
             while left and time.time() < deadline:
                 try:
@@ -1000,6 +1038,8 @@ class TorchBackend(Backend):
                 p.join(timeout=max(0.0, deadline - time.time()))
         self._kill_workers()
         atexit.unregister(self._kill_workers)
+        if self._interrupted:
+            _stop_forkserver()
         if self._inbox is not None and self._chan is not None:
             self._inbox.close(self._chan)
         self._inbox, self._chan, self._store = None, None, None
@@ -1012,7 +1052,7 @@ class TorchBackend(Backend):
         for p in self._procs:
             if p.exitcode is None:
                 p.terminate()
-        deadline = time.time() + 3.0
+        deadline = time.time() + (1.0 if self._interrupted else 3.0)
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.time()))
             if p.exitcode is None:
