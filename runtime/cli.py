@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --store: where to write the run's control secret (mode 0600; default "
                         "RUN_DIR/control-secret, else a private temporary file); every worker must read it, "
                         "through --secret-file PATH or RPEG_RUN_SECRET_FILE=PATH; it is removed when the run ends")
+    t.add_argument("--no-memory-check", action="store_true",
+                   help="launch even if the cost model's memory estimate of a worker exceeds its device "
+                        "(its share of host RAM on CPU, its GPU under NCCL)")
     t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
     t.add_argument("--reward", choices=("rule", "model"), default="rule",
                    help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")

@@ -261,7 +261,8 @@ class TorchBackend(Backend):
                  resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
                  dist_backend: str = "gloo", rl: Optional[dict] = None, launcher: str = "local",
-                 store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2):
+                 store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
+                 memory_check: bool = True):
         if tp_impl not in ("auto",) + TP_IMPLS:
             raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
         if checkpoint_every < 0:
@@ -272,6 +273,7 @@ class TorchBackend(Backend):
             raise RpegError(None, "checkpoints and --resume need a run directory; give --run-dir DIR")
         self.seed, self.run_dir, self.checkpoint_every, self.resume = seed, run_dir, checkpoint_every, resume
         self.keep_checkpoints = keep_checkpoints
+        self.memory_check = memory_check  # refuse a plan whose cost-model memory does not fit the workers
         self.task, self.reward, self.lr, self.tp_impl, self.timeout_s = task, reward, lr, tp_impl, timeout_s
         self.fault = fault if fault is not None else os.environ.get(FAULT_ENV) or None
         if launcher not in LAUNCHERS:
@@ -320,7 +322,8 @@ class TorchBackend(Backend):
                    dist_backend=getattr(args, "dist_backend", "auto") or "auto",
                    launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None),
                    secret_file=getattr(args, "secret_file", None),
-                   keep_checkpoints=2 if getattr(args, "keep_checkpoints", None) is None else args.keep_checkpoints)
+                   keep_checkpoints=2 if getattr(args, "keep_checkpoints", None) is None else args.keep_checkpoints,
+                   memory_check=not getattr(args, "no_memory_check", False))
 
     # -- plan ------------------------------------------------------------------------------------
 
@@ -433,6 +436,10 @@ class TorchBackend(Backend):
 
     def start(self, plan: RunPlan) -> dict[int, int]:
         dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
+        if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
+            from rpegc.runtime.torch_backend.memory_check import check_memory
+
+            check_memory(plan.program, plan.devices, dist_backend)
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
