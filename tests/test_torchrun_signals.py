@@ -99,3 +99,23 @@ def test_interrupted_line_before_any_checkpoint():
 def test_resume_command_keeps_the_identity_options_in_both_spellings():
     argv = ["p", "--backend=torch", "--lr=0.01", "--reward", "model", "--run-dir", "d", "--trace", "t.jsonl"]
     assert resume_command("p", argv, "d") == "rpeg-run p --backend torch --resume d --lr 0.01 --reward model"
+
+
+def test_a_second_sigterm_kills_at_once_and_leaves_no_process(plan_file):
+    proc = subprocess.Popen(RPEG_RUN + [plan_file, "--backend", "torch", "--tp-impl", "torch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 1 done"):
+                break
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=STOP_S)
+        _, alive = psutil.wait_procs(descendants, timeout=STOP_S)
+        assert proc.returncode == 143
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1035,6 +1035,8 @@ class TorchBackend(Backend):
             deadline = time.time() + (1.0 if self._failed or self._interrupted else 10.0)
             left = set(range(len(self._cmd_seq)))
             while left and time.time() < deadline:
+                if self._procs and all(p.exitcode is not None for p in self._procs):
+                    break  # every local worker already exited: no bye left to wait for
                 try:
                     msg = self._poll()
                 except Exception:
