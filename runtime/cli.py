@@ -5,7 +5,7 @@
                   [--reserve destination|endpoints] [--gantt out.png] [--quiet]
                   [--run-dir DIR] [--checkpoint-every N] [--keep-checkpoints N] [--resume DIR]
                   [--tp-impl auto|megatron|torch]
-                  [--dist-backend auto|gloo|nccl]
+                  [--dist-backend auto|gloo|nccl] [--no-memory-check]
     rpeg-run verify PLAN TRACE
 
 PLAN is a lowered exec module: `.json` (rpegc --emit=json) or the `.rpeg` text form. The run prints
@@ -162,9 +162,9 @@ def make_backend(args: argparse.Namespace):
         from rpegc.runtime.backends.sim import SimBackend
 
         if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file or \
-                args.keep_checkpoints is not None:
-            raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store and "
-                                  "--secret-file apply to the torch backend only")
+                args.keep_checkpoints is not None or args.no_memory_check:
+            raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store, "
+                                  "--secret-file and --no-memory-check apply to the torch backend only")
 
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:

@@ -98,3 +98,9 @@ def test_no_memory_check_overrides_the_refusal(tiny, tmp_path, monkeypatch, caps
     assert "rpeg-run: error: device " in err and " MiB (" in err and "a 1-byte test capacity" in err
     assert rpeg_run([tiny, "--backend", "torch", "--tp-impl", "torch", "--steps", "1", "--no-memory-check"]) == 0
     assert "verification: OK" in capsys.readouterr().out
+
+
+def test_no_memory_check_is_a_torch_option(tiny, capsys):
+    assert rpeg_run([tiny, "--no-memory-check"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--no-memory-check apply to the torch backend only" in err
