@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -114,6 +115,31 @@ def test_a_second_sigterm_kills_at_once_and_leaves_no_process(plan_file):
         proc.communicate(timeout=STOP_S)
         _, alive = psutil.wait_procs(descendants, timeout=STOP_S)
         assert proc.returncode == 143
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_during_the_launch_leaves_no_process(plan_file, tmp_path):
+    """Signalled while the fork server starts workers: no hang on a half-sent request, no stray worker."""
+    proc = subprocess.Popen(RPEG_RUN + [plan_file, "--backend", "torch", "--tp-impl", "torch", "--run-dir",
+                                        str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        me = psutil.Process(proc.pid)
+        seen = []
+        for _ in range(600):  # until the fork server runs (at most ~60 s)
+            seen = me.children(recursive=True)
+            if any("forkserver" in " ".join(p.cmdline()) for p in seen if p.is_running()):
+                break
+            time.sleep(0.1)
+        seen = me.children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=STOP_S)
+        _, alive = psutil.wait_procs(seen, timeout=STOP_S)
+        assert proc.returncode == 143 and "Traceback" not in err
+        assert "rpeg-run: interrupted by SIGTERM before step 0 completed" in err
         assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
     finally:
         if proc.poll() is None:

@@ -203,12 +203,32 @@ def _stop_forkserver() -> None:
     same process starts a new one."""
     from multiprocessing import forkserver
 
-    if _forkserver_pid() is None:
+    import signal
+
+    pid = _forkserver_pid()
+    if pid is None:
         return
+    # An interruption in the middle of a launch can leave the server reading a half-sent request (it then
+    # never sees its parent's EOF) and a forked worker nobody holds: end them by signal, then reap.
+    for child in _descendants(pid) + [pid]:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
     try:
         forkserver._forkserver._stop()
     except (OSError, ChildProcessError):
         pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every descendant of `pid` (psutil), or none if psutil is missing or `pid` is gone."""
+    try:
+        import psutil
+
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except Exception:
+        return []
 
 
 def _split_address(addr: str) -> tuple[str, int]:
