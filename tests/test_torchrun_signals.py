@@ -124,8 +124,8 @@ def test_a_second_sigterm_kills_at_once_and_leaves_no_process(plan_file):
 
 def test_sigterm_during_the_launch_leaves_no_process(plan_file, tmp_path):
     """Signalled while the fork server starts workers: no hang on a half-sent request, no stray worker."""
-    proc = subprocess.Popen(RPEG_RUN + [plan_file, "--backend", "torch", "--tp-impl", "torch", "--run-dir",
-                                        str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [plan_file, "--backend", "torch", "--tp-impl", "torch", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(RPEG_RUN + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         me = psutil.Process(proc.pid)
         seen = []
