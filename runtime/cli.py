@@ -5,7 +5,7 @@
                   [--reserve destination|endpoints] [--gantt out.png] [--quiet]
                   [--run-dir DIR] [--checkpoint-every N] [--keep-checkpoints N] [--resume DIR]
                   [--tp-impl auto|megatron|torch]
-                  [--dist-backend auto|gloo|nccl]
+                  [--dist-backend auto|gloo|nccl] [--no-memory-check]
     rpeg-run verify PLAN TRACE
 
 PLAN is a lowered exec module: `.json` (rpegc --emit=json) or the `.rpeg` text form. The run prints
@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --store: where to write the run's control secret (mode 0600; default "
                         "RUN_DIR/control-secret, else a private temporary file); every worker must read it, "
                         "through --secret-file PATH or RPEG_RUN_SECRET_FILE=PATH; it is removed when the run ends")
+    t.add_argument("--no-memory-check", action="store_true",
+                   help="launch even if the cost model's memory estimate of a worker exceeds its device "
+                        "(its share of host RAM on CPU, its GPU under NCCL)")
     t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
     t.add_argument("--reward", choices=("rule", "model"), default="rule",
                    help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")
@@ -100,11 +103,15 @@ def _verify_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from rpegc.runtime.interrupt import Interrupted
+
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if args and args[0] == "verify":
             return _verify_main(_verify_parser().parse_args(args[1:]))
-        return _run_main(_parser().parse_args(args))
+        return _run_main(_parser().parse_args(args), args)
+    except Interrupted as e:  # the run already printed its one line
+        return e.exit_code
     except RpegError as e:
         print(format_error(e), file=sys.stderr)
         return 1
@@ -155,9 +162,9 @@ def make_backend(args: argparse.Namespace):
         from rpegc.runtime.backends.sim import SimBackend
 
         if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file or \
-                args.keep_checkpoints is not None:
-            raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store and "
-                                  "--secret-file apply to the torch backend only")
+                args.keep_checkpoints is not None or args.no_memory_check:
+            raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store, "
+                                  "--secret-file and --no-memory-check apply to the torch backend only")
 
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:
@@ -177,7 +184,7 @@ def make_backend(args: argparse.Namespace):
     return TorchBackend.from_args(args)
 
 
-def _run_main(args: argparse.Namespace) -> int:
+def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from rpegc.runtime.controller import RunOptions, StepProgress, run
     from rpegc.runtime.trace import TraceWriter
     from rpegc.runtime.verify import compare, verify
@@ -194,7 +201,10 @@ def _run_main(args: argparse.Namespace) -> int:
     print(f"rpeg-run: {args.plan} (plan {plan.hash[:12]}), {plan.steps} of {plan.plan_steps} step(s), "
           f"{len(plan.nodes)} nodes on {len(plan.devices)} devices, backend {backend.name}")
 
+    done: list[int] = []
+
     def progress(s: StepProgress) -> None:
+        done.append(s.step)
         if args.quiet:
             return
         pred = f" (predicted {s.predicted_finish:.6g} s)" if s.predicted_finish is not None else ""
@@ -206,11 +216,13 @@ def _run_main(args: argparse.Namespace) -> int:
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed, **_host_facts(backend, plan)}
     try:
-        result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),
-                     sink=writer, on_step=progress, header_options=options)
-    except BaseException:
+        with _signals(args, backend):
+            result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),
+                         sink=writer, on_step=progress, header_options=options)
+    except BaseException as e:
         if writer is not None:
             writer.discard()
+        _say_interrupted(e, args, argv, plan, backend, done)
         raise
     if writer is not None:
         writer.close()  # the run completed: its trace stays even if verification fails below
@@ -225,6 +237,32 @@ def _run_main(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"trace: {args.trace}")
     return _report(violations, len(result.trace.nodes))
+
+
+def _signals(args: argparse.Namespace, backend):
+    """SIGINT/SIGTERM stop a torch run cleanly (runtime/interrupt.py); the sim backend keeps Ctrl-C's default."""
+    import contextlib
+
+    from rpegc.runtime.interrupt import stop_on_signals
+
+    return stop_on_signals(backend) if args.backend == "torch" else contextlib.nullcontext()
+
+
+def _say_interrupted(e: BaseException, args, argv, plan: RunPlan, backend, done: list) -> None:
+    """The one line after SIGINT/SIGTERM: the last completed step and the resume command."""
+    from rpegc.runtime.interrupt import Interrupted, RunState, interrupted_line, print_interrupted
+
+    if not isinstance(e, Interrupted):
+        return
+    run_dir = getattr(backend, "run_dir", None)
+    checkpoint = None
+    if run_dir:
+        from rpegc.runtime.torch_backend.checkpoint import complete_checkpoints
+
+        found = complete_checkpoints(run_dir)
+        checkpoint = found[-1][0] if found else None
+    state = RunState(max(done) if done else None, plan.first_step, plan.steps, run_dir, checkpoint)
+    print_interrupted(interrupted_line(e.name, state, args.plan, argv))
 
 
 def check_run_outputs(args: argparse.Namespace) -> None:

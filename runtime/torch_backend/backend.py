@@ -191,6 +191,46 @@ class _Inbox:
             self.thread.join(timeout=5.0)
 
 
+def _forkserver_pid() -> Optional[int]:
+    """The pid of this process's multiprocessing fork server, if one runs."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _stop_forkserver() -> None:
+    """End this process's fork server and reap it (its workers are already gone); a later launch in the
+    same process starts a new one."""
+    from multiprocessing import forkserver
+
+    import signal
+
+    pid = _forkserver_pid()
+    if pid is None:
+        return
+    # An interruption in the middle of a launch can leave the server reading a half-sent request (it then
+    # never sees its parent's EOF) and a forked worker nobody holds: end them by signal, then reap.
+    for child in _descendants(pid) + [pid]:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        forkserver._forkserver._stop()
+    except (OSError, ChildProcessError):
+        pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every descendant of `pid` (psutil), or none if psutil is missing or `pid` is gone."""
+    try:
+        import psutil
+
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except Exception:
+        return []
+
+
 def _split_address(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -241,7 +281,8 @@ class TorchBackend(Backend):
                  resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
                  dist_backend: str = "gloo", rl: Optional[dict] = None, launcher: str = "local",
-                 store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2):
+                 store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
+                 memory_check: bool = True):
         if tp_impl not in ("auto",) + TP_IMPLS:
             raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
         if checkpoint_every < 0:
@@ -252,6 +293,7 @@ class TorchBackend(Backend):
             raise RpegError(None, "checkpoints and --resume need a run directory; give --run-dir DIR")
         self.seed, self.run_dir, self.checkpoint_every, self.resume = seed, run_dir, checkpoint_every, resume
         self.keep_checkpoints = keep_checkpoints
+        self.memory_check = memory_check  # refuse a plan whose cost-model memory does not fit the workers
         self.task, self.reward, self.lr, self.tp_impl, self.timeout_s = task, reward, lr, tp_impl, timeout_s
         self.fault = fault if fault is not None else os.environ.get(FAULT_ENV) or None
         if launcher not in LAUNCHERS:
@@ -284,6 +326,7 @@ class TorchBackend(Backend):
         self._resume_dir: Optional[str] = None
         self._resume_index: Optional[dict] = None
         self._failed = False
+        self._interrupted = False  # SIGINT/SIGTERM: stop fast, write no final weights, reap the fork server
         self._stopped = True
 
     @classmethod
@@ -299,7 +342,8 @@ class TorchBackend(Backend):
                    dist_backend=getattr(args, "dist_backend", "auto") or "auto",
                    launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None),
                    secret_file=getattr(args, "secret_file", None),
-                   keep_checkpoints=2 if getattr(args, "keep_checkpoints", None) is None else args.keep_checkpoints)
+                   keep_checkpoints=2 if getattr(args, "keep_checkpoints", None) is None else args.keep_checkpoints,
+                   memory_check=not getattr(args, "no_memory_check", False))
 
     # -- plan ------------------------------------------------------------------------------------
 
@@ -412,6 +456,10 @@ class TorchBackend(Backend):
 
     def start(self, plan: RunPlan) -> dict[int, int]:
         dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
+        if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
+            from rpegc.runtime.torch_backend.memory_check import check_memory
+
+            check_memory(plan.program, plan.devices, dist_backend)
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
@@ -973,11 +1021,28 @@ class TorchBackend(Backend):
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
+    def interrupt(self) -> None:
+        """The run was interrupted (rpeg-run got SIGINT/SIGTERM): shutdown() stops the workers after a short
+        grace instead of letting them finish, writes no final weights, and ends the fork server too."""
+        self._interrupted = True
+
+    def kill_now(self) -> None:
+        """A second signal: SIGKILL every worker and the fork server, without waiting (the process exits)."""
+        import signal
+
+        for pid in [p.pid for p in self._procs if p.exitcode is None] + [_forkserver_pid()]:
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
     def shutdown(self) -> None:
         if self._stopped:
             return
         try:
-            if not self._failed and self._completed == len(self.plan.nodes) and not self._pending:
+            finished = self._completed == len(self.plan.nodes) and not self._pending
+            if finished and not self._failed and not self._interrupted:
                 self._collect_final()
         finally:
             self._stop_workers()
@@ -992,9 +1057,11 @@ class TorchBackend(Backend):
                     self._send(r, {"type": "stop"})
                 except Exception:
                     break
-            deadline = time.time() + (1.0 if self._failed else 10.0)
+            deadline = time.time() + (1.0 if self._failed or self._interrupted else 10.0)
             left = set(range(len(self._cmd_seq)))
             while left and time.time() < deadline:
+                if self._procs and all(p.exitcode is not None for p in self._procs):
+                    break  # every local worker already exited: no bye left to wait for
                 try:
                     msg = self._poll()
                 except Exception:
@@ -1005,6 +1072,8 @@ class TorchBackend(Backend):
                 p.join(timeout=max(0.0, deadline - time.time()))
         self._kill_workers()
         atexit.unregister(self._kill_workers)
+        if self._interrupted:
+            _stop_forkserver()
         if self._inbox is not None and self._chan is not None:
             self._inbox.close(self._chan)
         self._inbox, self._chan, self._store = None, None, None
@@ -1017,7 +1086,7 @@ class TorchBackend(Backend):
         for p in self._procs:
             if p.exitcode is None:
                 p.terminate()
-        deadline = time.time() + 3.0
+        deadline = time.time() + (1.0 if self._interrupted else 3.0)
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.time()))
             if p.exitcode is None:
