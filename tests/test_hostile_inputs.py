@@ -12,7 +12,6 @@ Never: exit 2 ("internal error"), a traceback, a run longer than HANG_SECONDS, a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
