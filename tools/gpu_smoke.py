@@ -116,7 +116,9 @@ def _rpeg_run(plan: str, run_dir: str, dist_backend: str) -> dict:
     print(f"part 2: {dist_backend}: exit {out.returncode}; {out.stdout.strip().splitlines()[-1:]} {out.stderr[-2000:]}")
     if out.returncode != 0:
         return {}
-    return torch.load(os.path.join(run_dir, "final.pt"), map_location="cpu", weights_only=False)["weights"]
+    from rpegc.runtime.torch_backend.checkpoint import load_final
+
+    return load_final(run_dir)
 
 
 def four_workers() -> list[str]:
