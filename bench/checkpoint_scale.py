@@ -29,50 +29,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = "verify-wellformed,unroll{k=%d},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 
-PROGRAM = """
-rpeg.workload {B = 4, R = 2, Lp = 4, Lr = 8, dtype = fp32}
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the test suite's builder of variants of examples/grpo-tiny-2.rpeg
+from programs import grpo_two_workers  # noqa: E402
 
-rpeg.model @actor  {layers = LAYERS, hidden = HIDDEN, ffn = FFN, vocab = 64, heads = 12, kind = policy, trainable}
-rpeg.model @ref    {layers = LAYERS, hidden = HIDDEN, ffn = FFN, vocab = 64, heads = 12, kind = reference}
-rpeg.model @reward {arch = "tiny", kind = reward}
-
-rpeg.graph @grpo {
-  %X        = rpeg.container tokens[B, Lp]
-  %Y        = rpeg.container tokens[B*R, Lp + Lr]
-  %logp     = rpeg.container logprobs[B*R, Lr]
-  %logp_ref = rpeg.container logprobs[B*R, Lr]
-  %r        = rpeg.container rewards[B*R]
-  %W_actor  = rpeg.weights @actor
-  %W_ref    = rpeg.weights @ref
-  %W_reward = rpeg.weights @reward
-  rpeg.input %X, %W_ref, %W_reward
-
-  rpeg.vertex @gen         generation @actor  reads(%W_actor, %X) writes(%Y, %logp)
-  rpeg.vertex @ref_inf     inference  @ref    reads(%W_ref, %Y) writes(%logp_ref)
-  rpeg.vertex @reward_inf  inference  @reward reads(%W_reward, %Y) writes(%r)
-  rpeg.vertex @train_actor training   @actor  reads(%W_actor, %Y, %logp, %logp_ref, %r) writes(%W_actor)
-
-  rpeg.data @gen -> @ref_inf (%Y)
-  rpeg.data @gen -> @reward_inf (%Y)
-  rpeg.data @gen -> @train_actor (%Y)
-  rpeg.data @gen -> @train_actor (%logp)
-  rpeg.data @ref_inf -> @train_actor (%logp_ref)
-  rpeg.data @reward_inf -> @train_actor (%r)
-  rpeg.publish @train_actor -> @gen (%W_actor)
-  rpeg.staleness {@actor = 0}
-}
-
-rpeg.cluster @cpu2 {racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}
-
-rpeg.plan @p for @grpo on @cpu2 {
-  @gen         at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @ref_inf     at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @reward_inf  at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  TRAIN
-}
-"""
-TRAIN = {"dp2": "@train_actor at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1",
-         "tp2": "@train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1"}
+WORKLOAD = "rpeg.workload {B = 4, R = 2, Lp = 4, Lr = 8, dtype = fp32}"
+MODEL = "rpeg.model @{name} {{layers = {layers}, hidden = {hidden}, ffn = {ffn}, vocab = 64, heads = 12, kind = {kind}}}"
+TRAIN = {"dp2": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1",
+         "tp2": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1"}
 
 
 def compile_plan(directory: str, name: str, text: str, steps: int):
@@ -119,8 +82,11 @@ def main() -> int:
 
     work = args.work or tempfile.mkdtemp(prefix="rpeg-ckpt-bench-", dir=os.environ.get("TMPDIR"))
     os.makedirs(work, exist_ok=True)
-    text = PROGRAM.replace("LAYERS", str(args.layers)).replace("HIDDEN", str(args.hidden)).replace("FFN", str(args.ffn))
-    plans = {k: compile_plan(work, k, text.replace("TRAIN", line), args.steps) for k, line in TRAIN.items()}
+    shape = {"layers": args.layers, "hidden": args.hidden, "ffn": args.ffn}
+    actor = MODEL.format(name="actor ", kind="policy, trainable", **shape)
+    ref = MODEL.format(name="ref   ", kind="reference", **shape)
+    plans = {k: compile_plan(work, k, grpo_two_workers(WORKLOAD, actor, ref, line, quantiles=False), args.steps)
+             for k, line in TRAIN.items()}
     rows: list[tuple[str, float, str, str]] = []
 
     def record(what: str, value: float, unit: str, note: str = "") -> None:

@@ -1,5 +1,25 @@
 """Small `.rpeg` programs several test modules write to files (not a test module itself)."""
 
+import re
+from pathlib import Path
+
+GRPO_TWO_WORKERS = Path(__file__).resolve().parent.parent / "examples" / "grpo-tiny-2.rpeg"
+
+
+def grpo_two_workers(workload: str, actor: str, ref: str, train: str, quantiles: bool = True) -> str:
+    """examples/grpo-tiny-2.rpeg (GRPO on 2 CPU workers, every vertex on both) with its workload line, the
+    actor's and the reference's model lines and the training vertex's placement line replaced; without its
+    response-length quantiles (one generation node per step) when `quantiles` is false."""
+    text = GRPO_TWO_WORKERS.read_text()
+    if not quantiles:
+        text, n = re.subn(r"^  rpeg\.quantiles .*\n", "", text, count=1, flags=re.M)
+        assert n == 1, f"{GRPO_TWO_WORKERS.name} has no rpeg.quantiles line"
+    for start, line in (("rpeg.workload ", workload), ("rpeg.model @actor ", actor), ("rpeg.model @ref ", ref),
+                        ("  @train_actor ", train)):
+        text, n = re.subn(rf"^{re.escape(start)}.*$", lambda _m, line=line: line, text, count=1, flags=re.M)
+        assert n == 1, f"{GRPO_TWO_WORKERS.name} has no line starting {start!r}"
+    return text
+
 # One trainable actor: generation feeds training, training publishes back (no cluster, no plan).
 ACTOR_GRAPH = """rpeg.workload {B = 64, R = 1, Lp = 128, Lr = 384, dtype = bf16}
 rpeg.model @actor {arch = "tiny", kind = policy, trainable}

@@ -36,6 +36,7 @@ from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.torch_backend.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
                                                     load_final, read_index)
+from programs import grpo_two_workers  # noqa: E402
 from test_torchrun_equivalence import compile_plan  # noqa: E402
 
 U = 2.0 ** -24
@@ -43,51 +44,12 @@ LR = 5e-3  # reference.toy_rl_config
 FFN = 2048
 RL = {"adam_eps": 1.0}
 
-PROGRAM = """
-rpeg.workload {B = 4, R = 4, Lp = 4, Lr = 4, dtype = fp32}
-
-rpeg.model @actor  {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, kind = policy, trainable}
-rpeg.model @ref    {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, kind = reference}
-rpeg.model @reward {arch = "tiny", kind = reward}
-
-rpeg.graph @grpo {
-  %X        = rpeg.container tokens[B, Lp]
-  %Y        = rpeg.container tokens[B*R, Lp + Lr]
-  %logp     = rpeg.container logprobs[B*R, Lr]
-  %logp_ref = rpeg.container logprobs[B*R, Lr]
-  %r        = rpeg.container rewards[B*R]
-  %W_actor  = rpeg.weights @actor
-  %W_ref    = rpeg.weights @ref
-  %W_reward = rpeg.weights @reward
-  rpeg.input %X, %W_ref, %W_reward
-
-  rpeg.vertex @gen         generation @actor  reads(%W_actor, %X) writes(%Y, %logp)
-  rpeg.vertex @ref_inf     inference  @ref    reads(%W_ref, %Y) writes(%logp_ref)
-  rpeg.vertex @reward_inf  inference  @reward reads(%W_reward, %Y) writes(%r)
-  rpeg.vertex @train_actor training   @actor  reads(%W_actor, %Y, %logp, %logp_ref, %r) writes(%W_actor)
-
-  rpeg.data @gen -> @ref_inf (%Y)
-  rpeg.data @gen -> @reward_inf (%Y)
-  rpeg.data @gen -> @train_actor (%Y)
-  rpeg.data @gen -> @train_actor (%logp)
-  rpeg.data @ref_inf -> @train_actor (%logp_ref)
-  rpeg.data @reward_inf -> @train_actor (%r)
-  rpeg.publish @train_actor -> @gen (%W_actor)
-  rpeg.staleness {@actor = 0}
-}
-
-rpeg.cluster @cpu2 {racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}
-
-rpeg.plan @p for @grpo on @cpu2 {
-  @gen         at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @ref_inf     at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @reward_inf  at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  TRAIN
-}
-"""
-TRAIN = {"A": "@train_actor at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1",
-         "B": "@train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1",
-         "C": "@train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 2 tp = 1 mb = 2"}
+WORKLOAD = "rpeg.workload {B = 4, R = 4, Lp = 4, Lr = 4, dtype = fp32}"
+ACTOR = "rpeg.model @actor  {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, kind = policy, trainable}"
+REF = "rpeg.model @ref    {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, kind = reference}"
+TRAIN = {"A": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1",
+         "B": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1",
+         "C": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 2 tp = 1 mb = 2"}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +57,7 @@ def plans(tmp_path_factory):
     out = {}
     for name, line in TRAIN.items():
         d = tmp_path_factory.mktemp(f"plan{name}")
-        out[name] = compile_plan(d, "big.rpeg", steps=2, text=PROGRAM.replace("TRAIN", line))
+        out[name] = compile_plan(d, "big.rpeg", steps=2, text=grpo_two_workers(WORKLOAD, ACTOR, REF, line, quantiles=False))
     return out
 
 
