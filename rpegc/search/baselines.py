@@ -16,6 +16,7 @@ Both only use directory entries, so their plans are legal (P1-P8).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -83,7 +84,7 @@ def _group_options(cv: CompactVariant, members: list[int]) -> list[tuple[float, 
                 sizes[size] = g
         best_by_size.append(sizes)
     size_lists = [sorted(s) for s in best_by_size]
-    while _product(len(x) for x in size_lists) > MAX_SIZE_TUPLES:
+    while math.prod(len(x) for x in size_lists) > MAX_SIZE_TUPLES:
         widest = max(range(len(size_lists)), key=lambda i: len(size_lists[i]))
         by_time = sorted(size_lists[widest], key=lambda s: cv.dirs[members[widest]].t_op[
             cv.dirs[members[widest]].by_strategy[best_by_size[widest][s]][0]])
@@ -168,10 +169,3 @@ def _repair_groups(cv: CompactVariant, choice: list[int], per_group) -> list[int
             break
         current, choice = best
     return choice
-
-
-def _product(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out

@@ -49,6 +49,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -237,18 +238,11 @@ def replica_owner(shapes: dict[str, tuple[int, ...]], dp: int) -> dict[str, int]
     replica with the fewest elements so far, so the replicas write about equal bytes in parallel."""
     load = [0] * dp
     owner: dict[str, int] = {}
-    for name in sorted(shapes, key=lambda n: (-_numel(shapes[n]), n)):
+    for name in sorted(shapes, key=lambda n: (-math.prod(shapes[n]), n)):
         d = min(range(dp), key=lambda i: (load[i], i))
         owner[name] = d
-        load[d] += _numel(shapes[name])
+        load[d] += math.prod(shapes[name])
     return owner
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def write_shard_file(path: str, tensors: dict[str, tuple[torch.Tensor, Box, tuple[int, ...]]]) -> dict:
