@@ -10,6 +10,7 @@ outputs are checked before the run and written as rpegc/outputs.py says (atomica
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import re
@@ -157,7 +158,7 @@ def check_pass_options(spec: str, refs: list[PassRef], available, where: Loc) ->
         if arg.name not in available:
             continue  # xDSL reports unknown passes
         cls = available[arg.name]()
-        fields = {f.name for f in dataclasses_fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)}
         options = arg.normalize_parameter_names().parameters
         singles = {}
         for key, values in options.items():
@@ -201,12 +202,6 @@ def _option_error(instance, where: Loc) -> Optional[RpegError]:
 
 def _pass_message(instance, err: RpegError) -> str:
     return err.message if err.message.startswith(instance.name) else f"{instance.name}: {err.message}"
-
-
-def dataclasses_fields(cls):
-    import dataclasses
-
-    return dataclasses.fields(cls)
 
 
 # Pass order. Stages of a module: its cyclic graph G° only, unrolled (an exec graph), lowered (Comm and
