@@ -230,7 +230,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     cmp = compare(plan, result.trace)
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
           f"(dispatch policy {result.policy}, transfers reserve {result.reserve})")
-    for line in _summary_lines(cmp, result.trace):
+    for line in _summary_lines(cmp, result.trace, plan):
         print(line)
     if args.gantt:
         _gantt(plan, result.trace, args.gantt)
@@ -309,9 +309,10 @@ def _host_facts(backend, plan: RunPlan) -> dict:
     return facts
 
 
-def _summary_lines(cmp, trace) -> list[str]:
-    """start-up, oversubscription, steady state and makespan lines of a run (rpegc.runtime.report)."""
-    from rpegc.runtime.report import oversubscription, steady_state
+def _summary_lines(cmp, trace, plan: RunPlan) -> list[str]:
+    """start-up, oversubscription, steady state, control overhead and makespan lines of a run
+    (rpegc.runtime.report)."""
+    from rpegc.runtime.report import control_overhead, oversubscription, steady_state
 
     h = trace.header
     opts = h.options
@@ -325,6 +326,11 @@ def _summary_lines(cmp, trace) -> list[str]:
         lines.append(over.label)
     if steady is not None:
         lines.append(_steady_line(steady, cmp.steady_abs_rel_error, compared=over is None))
+    control = control_overhead(plan.pred_ids(), trace) if h.clock == "wall" else None
+    if control is not None:
+        lines.append(f"control overhead: {1000 * control.per_node_s:.3g} ms per node (report, reaction, command), "
+                     f"{1000 * control.critical_s:.3g} ms per step on the critical chain "
+                     f"({100 * control.step_share:.3g} % of the step)")
     lines.append(_makespan_line(cmp.measured_makespan, None if over else cmp.predicted_makespan,
                                 None if over or steady is not None else cmp.mean_abs_rel_error, h.clock))
     return lines
@@ -371,7 +377,7 @@ def _verify_main(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     violations = verify(plan, trace)
     if not any(v.rule in ("plan-hash", "node-set") for v in violations):
-        for line in _summary_lines(compare(plan, trace), trace):
+        for line in _summary_lines(compare(plan, trace), trace, plan):
             print(line)
     return _report(violations, len(trace.nodes))
 

@@ -130,6 +130,10 @@ class RunPlan:
             return None
         return max(n.node.finish for n in self.nodes)  # type: ignore[type-var]
 
+    def pred_ids(self) -> dict[str, tuple[str, ...]]:
+        """Each node's predecessors, by node id."""
+        return {n.id: tuple(self.nodes[i].id for i in n.preds) for n in self.nodes}
+
     def restrict(self, steps: int) -> "RunPlan":
         """The same plan run for fewer steps (a prefix of the unrolled horizon)."""
         plan = build_run_plan(self.program, steps=steps, file=self.file)

@@ -101,3 +101,65 @@ def oversubscription(local_workers: int, cores: Optional[int] = None) -> Optiona
     if local_workers > cores:
         return Oversubscription(local_workers, cores)
     return None
+
+
+@dataclass(frozen=True)
+class ControlOverhead:
+    """What the control plane adds to a measured run (wall clock): the time between a node becoming able to
+    start and its start, i.e. a completion's report, the controller's reaction and the command's delivery.
+
+    A node can start once its last predecessor finished and the node that ran before it on any of its
+    devices finished (its enabling finish); its control wait is its start minus that (0 if it started
+    earlier). `critical_s` sums the waits along each steady step's critical chain (from the step's last
+    node back through enabling nodes, inside the step's interval): the part of the step time the control
+    plane accounts for."""
+
+    nodes: int  # steady-state nodes measured
+    per_node_s: float  # mean control wait per node
+    critical_s: float  # median over steady steps of the control waits on the step's critical chain
+    step_share: float  # median over steady steps of critical wait / step interval
+
+
+def control_overhead(preds: dict[str, Sequence[str]], trace: Trace) -> Optional[ControlOverhead]:
+    """The control overhead of a wall-clock trace, from the plan's predecessor lists (node id -> ids);
+    None with fewer than two steps (no steady state)."""
+    steady = steady_state(trace)
+    if steady is None:
+        return None
+    recs = trace.nodes
+    enabling: dict[str, Optional[str]] = {}
+    last_on: dict[int, str] = {}
+    for r in sorted(recs.values(), key=lambda r: (r.start, r.finish, r.id)):
+        before = [p for p in preds.get(r.id, ()) if p in recs]
+        before += [last_on[d] for d in r.devices if d in last_on]
+        enabling[r.id] = max(before, key=lambda p: recs[p].finish, default=None)
+        for d in r.devices:  # nodes sharing a device never overlap: the latest started ran last
+            last_on[d] = r.id
+
+    def wait(node: str, after: float = float("-inf")) -> float:
+        e = enabling[node]
+        ready = max(recs[e].finish if e is not None else recs[node].start, after)
+        return max(0.0, recs[node].start - ready)
+
+    steady_nodes = [r.id for r in recs.values() if steady.first_step <= r.step <= steady.last_step]
+    finish = {s.step: s.finish for s in trace.steps}
+    critical, shares = [], []
+    for k in range(steady.first_step, steady.last_step + 1):
+        if k - 1 not in finish or k not in finish or finish[k] <= finish[k - 1]:
+            continue
+        lo = finish[k - 1]
+        node: Optional[str] = max((r.id for r in recs.values() if r.step == k), key=lambda i: recs[i].finish)
+        total = 0.0
+        while node is not None and recs[node].finish > lo:
+            total += wait(node, after=lo)
+            node = enabling[node]
+        critical.append(total)
+        shares.append(total / (finish[k] - lo))
+    if not steady_nodes or not critical:
+        return None
+    return ControlOverhead(
+        nodes=len(steady_nodes),
+        per_node_s=statistics.fmean(wait(i) for i in steady_nodes),
+        critical_s=statistics.median(critical),
+        step_share=statistics.median(shares),
+    )

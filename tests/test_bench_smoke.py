@@ -56,3 +56,40 @@ def test_workloads_follow_the_paper_tables():
     phases = [(q.f, evaluate(q.tokens, p.workload.env)) for q in p.graph.quantiles]
     assert phases == [(0.5, 128 / 4), (0.85, 128 / 2), (1.0, 128)]  # App. B: (0.50, 0.85, 1.0) at Lr/4, Lr/2, Lr
     assert {m.name: m.preset for m in p.models}["ref"] == {m.name: m.preset for m in p.models}["actor"]
+
+
+def load_whole_run():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import whole_run
+    finally:
+        sys.path.remove(str(BENCH))
+    return whole_run
+
+
+def test_every_whole_run_hand_plan_compiles_and_its_operators_take_50_ms(tmp_path):
+    """bench/whole_run.py's hand plans are legal plans of their workloads, and (issue 14, item 5) every
+    operator is predicted to take at least 50 ms."""
+    from rpegc.runtime.plan import load_plan
+
+    w = load_whole_run()
+    assert {"grpo", "ppo"} <= set(w.PLANS)
+    for workload, specs in w.PLANS.items():
+        for spec in specs:
+            if spec.kind != "hand":
+                continue
+            plan = load_plan(str(w.compile_plan(tmp_path, workload, spec, 2, None)))
+            ops = [n.node.finish - n.node.start for n in plan.nodes if n.kind == "op"]
+            assert min(ops) >= 0.050, (workload, spec.name, min(ops))
+
+
+def test_whole_run_quick_measures_two_plans_on_two_workers(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH / "whole_run.py"), "--quick", "--no-plot", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = list(csv.DictReader(open(tmp_path / "whole_run_quick.csv")))
+    assert [(r["workload"], r["plan"]) for r in rows] == [("grpo", "all-dp2"), ("grpo", "split")]
+    for r in rows:
+        assert float(r["predicted_s"]) > 0 and float(r["measured_s"]) > 0
+        assert float(r["control_ms_per_node"]) >= 0 and 0 <= float(r["control_share"]) < 1
+    assert "whole-run MAPE" in out.stdout

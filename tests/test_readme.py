@@ -42,6 +42,10 @@ NOT_RUN = {
                                   "tests/test_calibrate_fits.py covers the fits)",
     "rpeg-validate --hardware cpu.toml": "about 3.5 minutes of measurements (its arguments are parsed below; "
                                          "tests/test_validate_smoke.py runs a small grid)",
+    "rpeg-calibrate -o bench/results/whole_run_cpu.toml": "about 4 minutes of measurements, and it would replace "
+                                                          "the committed profile (its arguments are parsed below)",
+    ".venv/bin/python bench/whole_run.py --hardware bench/results/whole_run_cpu.toml":
+        "about 9 minutes of measurements; tests/test_bench_smoke.py runs its --quick mode",
 }
 # Commands run in a faster form that produces the same kind of output.
 STAND_INS = {

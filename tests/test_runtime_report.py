@@ -9,7 +9,8 @@ import pytest
 
 from rpegc.runtime import report
 from rpegc.runtime.cli import _host_facts, _summary_lines
-from rpegc.runtime.report import Oversubscription, intervals, oversubscription, startup_time, steady_state
+from rpegc.runtime.report import (ControlOverhead, Oversubscription, control_overhead, intervals, oversubscription,
+                                  startup_time, steady_state)
 from rpegc.runtime.trace import NodeRecord, StepRecord, Trace, TraceHeader
 from rpegc.runtime.verify import Comparison, NodeTiming
 
@@ -20,9 +21,10 @@ def header(clock: str = "wall", backend: str = "torch", options: dict | None = N
                        first_step=first_step)
 
 
-def node(i: str, step: int, start: float, finish: float) -> NodeRecord:
-    return NodeRecord(id=i, kind="op", step=step, dispatch=start, start=start, finish=finish, devices=(0,),
-                      workers=(0,), strategy=(1, 1, 1, 1), consumed=(), produced=(), bytes=0, inputs=(), outputs=())
+def node(i: str, step: int, start: float, finish: float, device: int = 0) -> NodeRecord:
+    return NodeRecord(id=i, kind="op", step=step, dispatch=start, start=start, finish=finish, devices=(device,),
+                      workers=(device,), strategy=(1, 1, 1, 1), consumed=(), produced=(), bytes=0, inputs=(),
+                      outputs=())
 
 
 # Start-up 2.0 s; steps finish at 3.0, 3.5, 4.5 (intervals 0.5, 1.0) on the wall clock,
@@ -33,6 +35,14 @@ NODES = {"a#0": node("a#0", 0, 2.0, 3.0), "a#1": node("a#1", 1, 3.0, 3.5), "a#2"
 
 def synthetic(options: dict | None = None, steps=STEPS, nodes=NODES) -> Trace:
     return Trace(header(options=options), dict(nodes), [], list(steps), None)
+
+
+class ChainPlan:
+    """What the summary needs of a plan: a#k after a#(k-1)."""
+
+    @staticmethod
+    def pred_ids() -> dict[str, tuple[str, ...]]:
+        return {"a#0": (), "a#1": ("a#0",), "a#2": ("a#1",)}
 
 
 def test_startup_is_the_time_before_the_first_steps_first_node():
@@ -92,21 +102,25 @@ def test_host_cores_follow_the_affinity(monkeypatch):
 
 
 def test_summary_compares_the_steady_state():
-    lines = _summary_lines(comparison(), synthetic({"local_workers": 2, "host_cores": 2}))
+    lines = _summary_lines(comparison(), synthetic({"local_workers": 2, "host_cores": 2}), ChainPlan())
     assert lines == [
         "start-up: 2 s (workers, process groups, installs)",
         "steady state: measured 0.75 s/step, predicted 0.25 s/step (measured/predicted 3) over steps 1-2; "
         "mean |node time error| 25.00 %",
+        "control overhead: 0 ms per node (report, reaction, command), 0 ms per step on the critical chain "
+        "(0 % of the step)",
         "makespan: measured 4.5 s (wall clock), predicted 0.75 s (measured/predicted 6.0000)",
     ]
 
 
 def test_oversubscribed_summary_prints_measured_numbers_only():
-    lines = _summary_lines(comparison(), synthetic({"local_workers": 8, "host_cores": 2}))
+    lines = _summary_lines(comparison(), synthetic({"local_workers": 8, "host_cores": 2}), ChainPlan())
     assert lines == [
         "start-up: 2 s (workers, process groups, installs)",
         "oversubscribed: 8 workers on 2 cores; measured times are not comparable with the prediction",
         "steady state: measured 0.75 s/step over steps 1-2",
+        "control overhead: 0 ms per node (report, reaction, command), 0 ms per step on the critical chain "
+        "(0 % of the step)",
         "makespan: measured 4.5 s (wall clock)",
     ]
     assert not any("predicted" in line for line in lines)
@@ -114,9 +128,9 @@ def test_oversubscribed_summary_prints_measured_numbers_only():
 
 def test_sim_summary_has_no_startup_and_is_never_oversubscribed():
     t = Trace(header(clock="sim", backend="sim"), dict(NODES), [], list(STEPS), None)
-    lines = _summary_lines(comparison(), t)
+    lines = _summary_lines(comparison(), t, ChainPlan())
     assert lines[0].startswith("steady state: measured 0.75 s/step, predicted 0.25 s/step")
-    assert not any(line.startswith(("start-up", "oversubscribed")) for line in lines)
+    assert not any(line.startswith(("start-up", "oversubscribed", "control")) for line in lines)
 
 
 def test_host_facts_of_a_local_torch_backend(monkeypatch):
@@ -135,6 +149,37 @@ def test_host_facts_of_a_local_torch_backend(monkeypatch):
 def test_one_step_summary_keeps_the_node_error_on_the_makespan_line():
     t = Trace(header(clock="sim", backend="sim"), {"a#0": NODES["a#0"]}, [], STEPS[:1], None)
     rows = (NodeTiming("a#0", "op", 0, 1.0, None, None, 0.0, 2.0),)
-    lines = _summary_lines(Comparison(rows, 1.0, 3.0), t)
+    lines = _summary_lines(Comparison(rows, 1.0, 3.0), t, ChainPlan())
     assert lines == ["makespan: measured 3 s (sim clock), predicted 1 s (measured/predicted 3.0000); "
                      "mean |node time error| 100.00 %"]
+
+
+# Two devices: per step a on device 0, then b on device 1 (data edge a -> b); b#k publishes to a#(k+1);
+# c#1 on device 0 has no predecessor but runs after a#1 there. Control waits (start - enabling finish):
+# a#1 4 ms, c#1 6 ms, b#1 1 ms, a#2 3 ms, b#2 2 ms. Steps finish at 1.5, 3.0, 4.5.
+GAPS = {
+    "a#0": node("a#0", 0, 0.0, 1.0), "b#0": node("b#0", 0, 1.002, 1.5, device=1),
+    "a#1": node("a#1", 1, 1.504, 2.5), "c#1": node("c#1", 1, 2.506, 2.9), "b#1": node("b#1", 1, 2.501, 3.0, device=1),
+    "a#2": node("a#2", 2, 3.003, 4.0), "b#2": node("b#2", 2, 4.002, 4.5, device=1),
+}
+GAP_PREDS = {"a#0": (), "b#0": ("a#0",), "a#1": ("b#0",), "c#1": (), "b#1": ("a#1",), "a#2": ("b#1",),
+             "b#2": ("a#2",)}
+GAP_STEPS = [StepRecord(0, 1.5, 1.5, 2), StepRecord(1, 3.0, 3.0, 3), StepRecord(2, 4.5, 4.5, 2)]
+
+
+def test_control_overhead_is_the_wait_after_a_node_could_start():
+    c = control_overhead(GAP_PREDS, synthetic(steps=GAP_STEPS, nodes=GAPS))
+    assert c is not None
+    assert c.nodes == 5
+    assert c.per_node_s == pytest.approx((0.004 + 0.006 + 0.001 + 0.003 + 0.002) / 5)
+    # critical chain of step 1: b#1 <- a#1 <- b#0 (finished at the step boundary): 1 + 4 ms; step 2: 2 + 3 ms
+    assert c.critical_s == pytest.approx(0.005)
+    assert c.step_share == pytest.approx(0.005 / 1.5)
+
+
+def test_control_overhead_counts_an_early_start_as_no_wait_and_needs_a_steady_state():
+    early = dict(GAPS, **{"b#2": node("b#2", 2, 3.99, 4.5, device=1)})  # clocks of two hosts a little apart
+    c = control_overhead(GAP_PREDS, synthetic(steps=GAP_STEPS, nodes=early))
+    assert c is not None and c.per_node_s == pytest.approx((0.004 + 0.006 + 0.001 + 0.003) / 5)
+    assert control_overhead(GAP_PREDS, synthetic(steps=GAP_STEPS[:1], nodes=GAPS)) is None
+    assert isinstance(c, ControlOverhead)

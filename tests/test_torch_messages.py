@@ -35,7 +35,7 @@ NODE = {"node": "gen.0", "tag": 2_000_000, "ranks": [0, 1, 2, 3]}
 COMMANDS = [
     {"type": "stop"},
     {"type": "install", "label": "actor@0", "model": "actor", "version": 0, "layout": L},
-    {"type": "release", "label": "actor@0"},
+    {"type": "release", "labels": ["actor@0"]},
     {"type": "op", **NODE, "step": 1, "role": "generation", "model": "actor", "layout": L, "mb": 2,
      "rows": {0: (0, 4), 1: (0, 4), 2: (4, 8), 3: (4, 8)}, "weights": "actor@0", "inputs": [],
      "outputs": {"roll.0": ["sequences", "mask"]}, "fields": ["sequences", "mask"],
@@ -110,7 +110,7 @@ def test_the_wire_form_is_plain_json_without_pickles():
                          ids=["tensor", "object", "set", "bytes", "bytearray"])
 def test_what_is_not_plain_cannot_be_sent(value):
     with pytest.raises(m.MessageError, match="cannot travel over the control channel"):
-        m.seal(SECRET, "cmd/0", "controller", 0, {"type": "release", "label": value})
+        m.seal(SECRET, "cmd/0", "controller", 0, {"type": "release", "labels": [value]})
 
 
 def test_a_tensor_cannot_ride_in_a_node_report():
@@ -133,8 +133,8 @@ def test_messages_too_large_or_too_long_cannot_be_sent():
 @pytest.mark.parametrize("msg,match", [
     ({"type": "exec", "code": "import os"}, "unknown type 'exec'"),
     ({"label": "x"}, "unknown type None"),
-    ({"type": "release"}, "lacks label"),
-    ({"type": "release", "label": "x", "shell": "rm -rf /"}, "unknown fields shell"),
+    ({"type": "release"}, "lacks labels"),
+    ({"type": "release", "labels": ["x"], "shell": "rm -rf /"}, "unknown fields shell"),
     ({"type": "ready", "rank": 0, "groups": 1}, "unknown type 'ready'"),  # a report is no command
 ])
 def test_unknown_types_and_fields_are_refused_both_ways(msg, match):
@@ -160,7 +160,7 @@ def forge(channel: str, envelope: dict, secret: bytes = SECRET) -> bytes:
 ])
 def test_authenticated_but_malformed_values_are_refused(plain, match):
     raw = forge("cmd/0", {"ch": "cmd/0", "from": "controller", "seq": 0,
-                          "msg": {"type": "release", "label": plain}})
+                          "msg": {"type": "release", "labels": [plain]}})
     with pytest.raises(m.MessageError, match=match):
         m.unseal(SECRET, "cmd/0", raw)
 
@@ -264,6 +264,31 @@ def test_an_endpoint_logs_a_bounded_number_of_drops():
     worker.receive("res", timedelta(seconds=1))
     assert worker.dropped == m.MAX_LOGGED + 30 and len(logs) == m.MAX_LOGGED + 1
     assert "counted, not logged" in logs[-1]
+
+
+def test_a_link_carries_sealed_messages_and_checks_them_like_the_store():
+    """A forked worker's pipe (Endpoint.links): the same sealing, dropping and sequence checks; a wait
+    with nothing sent is a TimeoutError, a closed other end an EOFError; the store is not touched."""
+    import multiprocessing
+
+    store = FakeStore()
+    a, b = multiprocessing.Pipe(duplex=True)
+    logs: list[str] = []
+    ctl = m.Endpoint(store, SECRET, "controller", logs.append, links={"cmd/0": a, "res": a})
+    worker = m.Endpoint(store, SECRET, "worker-0", logs.append, links={"cmd/0": b, "res": b})
+    with pytest.raises(TimeoutError):
+        worker.receive("cmd/0", timedelta(seconds=0.01))
+    a.send_bytes(b"\x80\x04\x95 an unauthenticated pickle")
+    a.send_bytes(m.seal(bytes(32), "cmd/0", "controller", 0, COMMANDS[0]))  # wrong secret
+    ctl.push("cmd/0", COMMANDS[2])
+    assert worker.receive("cmd/0", timedelta(seconds=1)).msg == COMMANDS[2]
+    assert worker.dropped == 2 and "not authenticated" in logs[0]
+    worker.push("res", REPORTS[0])
+    assert ctl.receive("res", timedelta(seconds=1)).msg == REPORTS[0]
+    assert store.queues == {}
+    a.close()
+    with pytest.raises(EOFError):
+        worker.receive("cmd/0", timedelta(seconds=1))
 
 
 def test_the_setup_key_is_authenticated_too():

@@ -1,6 +1,7 @@
 """The control channel of a live torch run (backend.py, worker.py, messages.py): messages that whoever
 reaches the store's port injects, without the run's secret, are dropped and logged, never executed, and
-the run completes; a normal run prints no c10d warning."""
+the run completes (the store transport, which externally launched workers use); forked workers' pipes
+are not on the store at all; a normal run prints no c10d warning."""
 
 import glob
 import os
@@ -75,7 +76,8 @@ class InjectingBackend(TorchBackend):
 
 def test_unauthenticated_commands_and_reports_are_dropped_logged_and_the_run_completes(plan_file, tmp_path, capfd):
     plan = load_plan(plan_file)
-    backend = InjectingBackend(seed=0, tp_impl="torch", run_dir=str(tmp_path / "run"), checkpoint_every=0)
+    backend = InjectingBackend(seed=0, tp_impl="torch", run_dir=str(tmp_path / "run"), checkpoint_every=0,
+                               control="store")
     backend.marker = str(tmp_path / "unpickled")
     result = run(plan, backend)
     err = capfd.readouterr().err
@@ -91,6 +93,22 @@ def test_unauthenticated_commands_and_reports_are_dropped_logged_and_the_run_com
             text = f.read()
         assert text.count(f"rpeg-torch-worker {r}: dropped a message on control channel cmd/{r}: "
                           "not authenticated") == 6, text
+
+
+def test_forked_workers_read_commands_from_their_pipes_not_from_the_store(plan_file, tmp_path, capfd):
+    """The default transport of forked workers: what an outsider pushes into the store's queues is never
+    read (no drop logged, nothing executed) and the run completes."""
+    plan = load_plan(plan_file)
+    backend = InjectingBackend(seed=0, tp_impl="torch", run_dir=str(tmp_path / "run"), checkpoint_every=0)
+    backend.marker = str(tmp_path / "unpickled")
+    result = run(plan, backend)
+    assert backend.control == "pipe" and backend.injected == 2
+    assert verify(plan, result.trace) == []
+    assert backend.final_weights and not os.path.exists(backend.marker)
+    assert "dropped a message" not in capfd.readouterr().err
+    for path in glob.glob(str(tmp_path / "run" / "workers" / "worker-*.log")):
+        with open(path) as f:
+            assert "dropped a message" not in f.read()
 
 
 def test_a_normal_torch_run_prints_no_c10d_warning(plan_file, tmp_path):

@@ -37,6 +37,7 @@ default, or the frozen reward model with reward = "model"); training reads them 
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import os
 import queue
@@ -47,7 +48,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -61,7 +62,7 @@ from rpegc.runtime.torch_backend import checkpoint as ckpt
 from rpegc.runtime.torch_backend.device import DIST_BACKEND_CHOICES, choose_dist_backend
 from rpegc.runtime.torch_backend.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                 route_weights)
-from rpegc.runtime.torch_backend.messages import Endpoint, new_secret, write_secret
+from rpegc.runtime.torch_backend.messages import Endpoint, new_secret, read_link, write_secret
 from rpegc.runtime.torch_backend.models import derive_seed
 from rpegc.runtime.torch_backend.parallel import TP_IMPLS, param_shapes
 from rpegc.runtime.torch_backend.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
@@ -133,6 +134,7 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
     check_run_config(cfg)
     return cfg
 
+CONTROL_TRANSPORTS = ("auto", "pipe", "store")
 POLL_S = 0.1  # longest (Python-level) wait for a worker report before the controller checks the workers' health
 INBOX_WAIT = timedelta(days=1)  # the inbox thread's blocking wait; it ends by the controller's eof message
 SECRET_FILE = "control-secret"  # in the run directory, for externally launched workers
@@ -189,6 +191,40 @@ class _Inbox:
             except Exception:
                 pass
             self.thread.join(timeout=5.0)
+
+
+class _PipeInbox:
+    """Reports of forked workers, each over its own pipe (messages.py): the controller's thread waits on all
+    of them at once (`multiprocessing.connection.wait`, no polling thread, no store hop). A pipe that
+    closes (its worker died) is dropped; `_check_workers` then says which worker and how."""
+
+    def __init__(self, links: dict[int, Any], endpoint: Endpoint):
+        self.links = dict(links)
+        self.endpoint = endpoint
+        self.reports: collections.deque = collections.deque()
+
+    def get(self, timeout: float) -> Optional[dict]:
+        """The next report, or None after `timeout` seconds without one."""
+        from multiprocessing.connection import wait as wait_any
+
+        if not self.reports:
+            if not self.links:
+                time.sleep(timeout)
+                return None
+            for link in wait_any(list(self.links.values()), timeout):
+                try:
+                    env = self.endpoint.accept("res", read_link(link, "res"))
+                except EOFError:
+                    self.links = {r: c for r, c in self.links.items() if c is not link}
+                    continue
+                if env is not None:
+                    self.reports.append(env.msg)
+        return self.reports.popleft() if self.reports else None
+
+    def close(self, sender: Endpoint) -> None:
+        for link in self.links.values():
+            link.close()
+        self.links = {}
 
 
 def _forkserver_pid() -> Optional[int]:
@@ -282,7 +318,7 @@ class TorchBackend(Backend):
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
                  dist_backend: str = "gloo", rl: Optional[dict] = None, launcher: str = "local",
                  store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
-                 memory_check: bool = True):
+                 memory_check: bool = True, control: str = "auto"):
         if tp_impl not in ("auto",) + TP_IMPLS:
             raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
         if checkpoint_every < 0:
@@ -309,6 +345,12 @@ class TorchBackend(Backend):
             raise RpegError(None, "--secret-file is where an external launch (--store) writes the control secret; "
                                   "locally launched workers get it from rpeg-run")
         self.secret_file = secret_file
+        if control not in CONTROL_TRANSPORTS:
+            raise RpegError(None, f"unknown control transport '{control}'; use {', '.join(CONTROL_TRANSPORTS)}")
+        if control == "pipe" and launcher == "external":
+            raise RpegError(None, "externally launched workers reach the controller through its store only")
+        # auto: a pipe per forked worker, the store for external ones; "store" forces the store (tests of it)
+        self.control = "store" if launcher == "external" or control == "store" else "pipe"
         self.rl_overrides = dict(rl or {})
         self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
         self.metrics: dict[int, dict[str, float]] = {}
@@ -320,7 +362,7 @@ class TorchBackend(Backend):
         self._procs: list = []  # multiprocessing.Process, one per worker rank
         self._store: Optional[dist.TCPStore] = None
         self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
-        self._inbox: Optional[_Inbox] = None
+        self._inbox: Optional[_Inbox | _PipeInbox] = None
         self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
         self._secret_tmpdir: Optional[str] = None
         self._resume_dir: Optional[str] = None
@@ -470,6 +512,7 @@ class TorchBackend(Backend):
         self._ready: list[Completion] = []
         self._exports: dict[int, _Export] = {}
         self._cmd_seq = [0] * len(plan.devices)
+        self._releases: dict[int, list[str]] = {}  # rank -> labels freed since its last command
         self._tag = 0
         self._export_id = 0
         self._mem: dict[int, float] = {}
@@ -499,10 +542,14 @@ class TorchBackend(Backend):
         self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway
         self._chan = Endpoint(self._store, secret, "controller", _warn)
         self._chan.put("setup", {"type": "setup", "setup": setup})
-        self._inbox = _Inbox("127.0.0.1" if host == "0.0.0.0" else host, self._store.port, secret)
+        if self.control == "store":
+            self._inbox = _Inbox("127.0.0.1" if host == "0.0.0.0" else host, self._store.port, secret)
         self._log_dir, self._temp_logs = "", False
         if self.launcher == "local":
-            self._launch(len(plan.devices), self._store.port, tp_impl, secret)
+            links = self._launch(len(plan.devices), self._store.port, tp_impl, secret)
+            if self.control == "pipe":
+                self._chan.links.update({f"cmd/{r}": link for r, link in links.items()})
+                self._inbox = _PipeInbox(links, self._chan)
         else:
             print(f"rpeg-run: waiting for {len(plan.devices)} workers; start rank r of them with "
                   f"`python -m rpegc.runtime.torch_backend.worker --store {self.store_addr} --secret-file "
@@ -562,9 +609,11 @@ class TorchBackend(Backend):
             return "torch"
         return "megatron"
 
-    def _launch(self, world: int, port: int, tp_impl: str, secret: bytes) -> None:
+    def _launch(self, world: int, port: int, tp_impl: str, secret: bytes) -> dict[int, Any]:
         """One process per device, forked from a server that imported torch once (fast repeated launches).
-        Each gets the run's secret through the fork server's pipe (never the network or the command line).
+        Each gets the run's secret through the fork server's pipe (never the network or the command line),
+        and, under the pipe transport, its own end of a pipe to the controller; returns the controller's
+        ends by rank.
 
         On a cluster the same workers start under torchrun/Slurm instead:
         `python -m rpegc.runtime.torch_backend.worker --store HOST:PORT` with RANK/WORLD_SIZE set.
@@ -584,12 +633,18 @@ class TorchBackend(Backend):
         from rpegc.runtime.torch_backend.worker import spawn_main
 
         atexit.register(self._kill_workers)
+        links: dict[int, Any] = {}
         for r in range(world):
             log = os.path.join(self._log_dir, f"worker-{r}.log")
-            proc = ctx.Process(target=spawn_main, args=("127.0.0.1", port, r, world, log, secret), daemon=True,
-                               name=f"rpeg-worker-{r}")
+            mine, theirs = ctx.Pipe(duplex=True) if self.control == "pipe" else (None, None)
+            proc = ctx.Process(target=spawn_main, args=("127.0.0.1", port, r, world, log, secret, theirs),
+                               daemon=True, name=f"rpeg-worker-{r}")
             proc.start()
             self._procs.append(proc)
+            if theirs is not None:
+                theirs.close()  # the worker holds its end: its death closes the pipe
+                links[r] = mine
+        return links
 
     def _await_ready(self, world: int) -> None:
         ready: set[int] = set()
@@ -614,9 +669,22 @@ class TorchBackend(Backend):
     # -- control channel -------------------------------------------------------------------------------
 
     def _send(self, rank: int, cmd: dict) -> None:
+        """Push `cmd` to `rank`, after one release message with every copy freed there since its last
+        command (a worker runs its commands in order, so it frees them before it runs `cmd`)."""
+        assert self._chan is not None
+        labels = self._releases.pop(rank, None)
+        if labels:
+            self._push(rank, {"type": "release", "labels": labels})
+        self._push(rank, cmd)
+
+    def _push(self, rank: int, cmd: dict) -> None:
         assert self._chan is not None
         self._chan.push(f"cmd/{rank}", cmd)
         self._cmd_seq[rank] += 1
+
+    def _flush_releases(self) -> None:
+        for rank in sorted(self._releases):
+            self._push(rank, {"type": "release", "labels": self._releases.pop(rank)})
 
     def _poll(self) -> Optional[dict]:
         """The next worker report, or None after POLL_S without one.
@@ -765,8 +833,8 @@ class TorchBackend(Backend):
         ranks = set(self._ranks(devices))
         if h is not None:
             ranks |= set(h.layout.ranks) if h.layout else set(h.rows)
-        for r in sorted(ranks):
-            self._send(r, {"type": "release", "label": artifact.label})
+        for r in sorted(ranks):  # sent with the rank's next command, or before the controller waits
+            self._releases.setdefault(r, []).append(artifact.label)
 
     # -- nodes -----------------------------------------------------------------------------------------
 
@@ -871,6 +939,8 @@ class TorchBackend(Backend):
     def wait(self) -> list[Completion]:
         if not self._ready and not self._pending:
             raise BackendError(None, "wait() with nothing running")
+        if not self._ready:
+            self._flush_releases()
         while not self._ready:
             msg = self._poll()
             if msg is None:

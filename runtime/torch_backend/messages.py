@@ -22,9 +22,13 @@ sequence number (a message replayed on its own channel is out of sequence). The 
 size, then the tag (hmac.compare_digest), then the channel, the sequence and the schema; a message that
 fails any check is dropped and logged (`Endpoint.drop`), never executed.
 
-Channels: `setup` (a key, written once by the controller), `cmd/R` (a store queue per worker rank R,
-commands in order) and `res` (one queue of reports from every worker to the controller). Queues let a
-receiver block in the store (`Endpoint.receive`) instead of polling with short timeouts.
+Channels: `setup` (a key, written once by the controller), `cmd/R` (commands to worker rank R, in order)
+and `res` (reports from every worker to the controller). Externally launched workers (torchrun, Slurm)
+reach `cmd/R` and `res` as store queues, in which a receiver blocks (`Endpoint.receive`) instead of polling
+with short timeouts. Workers rpeg-run forks itself carry `cmd/R` and `res` over a private pipe each (an
+`Endpoint` link): the same sealed messages, one hop instead of the store's three (push, wake, pop), which
+is most of the control overhead per node; nobody else can reach a pipe, and its messages are checked all
+the same. The setup and the process groups stay on the store either way.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ _NODE = ("node", "tag", "ranks")
 COMMANDS = {
     "stop": MessageType(()),
     "install": MessageType(("label", "model", "version", "layout"), ("keep", "tau")),
-    "release": MessageType(("label",)),
+    "release": MessageType(("labels",)),  # every copy the controller freed on this rank since its last command
     "op": MessageType(_NODE + ("step", "role", "model", "layout", "mb", "rows", "weights", "inputs", "outputs",
                                "fields", "prep", "output", "version_out")),
     "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields")),
@@ -305,6 +309,8 @@ class Endpoint:
     secret: bytes
     name: str
     log: Callable[[str], None]
+    # channel -> multiprocessing Connection that carries it instead of the store (forked workers)
+    links: dict[str, Any] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)
     seen: dict[tuple[str, str], int] = field(default_factory=dict)
     dropped: int = 0
@@ -316,8 +322,12 @@ class Endpoint:
         return text
 
     def push(self, channel: str, msg: dict) -> None:
-        """Append `msg` to the queue `channel`."""
-        self.store.queue_push(channel, self._seal(channel, msg))
+        """Append `msg` to the queue `channel` (its link, if it has one)."""
+        link = self.links.get(channel)
+        if link is not None:
+            link.send_bytes(self._seal(channel, msg))
+        else:
+            self.store.queue_push(channel, self._seal(channel, msg))
 
     def put(self, key: str, msg: dict) -> None:
         """Set key `key` to `msg` (the setup: written once, read by every worker)."""
@@ -330,10 +340,17 @@ class Endpoint:
 
     def receive(self, channel: str, wait: timedelta) -> Envelope:
         """The next authentic message of queue `channel`, blocking in the store until one comes (a wait of
-        `wait` that ends with none raises the store's timeout error). Others are dropped and logged."""
+        `wait` that ends with none raises the store's timeout error). Others are dropped and logged.
+        Over a link the wait ends with TimeoutError, and EOFError when the other side is gone."""
+        link = self.links.get(channel)
         while True:
-            self.store.wait([channel], wait)
-            env = self.accept(channel, self.store.queue_pop(channel, False))
+            if link is not None:
+                if not link.poll(wait.total_seconds()):
+                    raise TimeoutError(f"no message on {channel} within {wait}")
+                env = self.accept(channel, read_link(link, channel))
+            else:
+                self.store.wait([channel], wait)
+                env = self.accept(channel, self.store.queue_pop(channel, False))
             if env is not None:
                 return env
 
@@ -356,6 +373,14 @@ class Endpoint:
             self.log(f"dropped a message on control channel {channel}: {why}")
         if self.dropped == MAX_LOGGED:
             self.log("further dropped messages are counted, not logged")
+
+
+def read_link(link: Any, channel: str) -> bytes:
+    """The next raw message on a link; EOFError once the other side closed it."""
+    try:
+        return link.recv_bytes(limit(channel))
+    except OSError as e:  # longer than the limit (seal never sends one): the rest of the pipe is unreadable
+        raise MessageError(f"the link of {channel} broke: {e}") from None
 
 
 # -- the secret on disk ------------------------------------------------------------------------------
