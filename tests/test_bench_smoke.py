@@ -15,13 +15,19 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
 
-def load_workloads():
+def load_bench(name: str):
+    """The bench/ module `name` (bench/ is not a package: its scripts import each other as top-level modules)."""
+    import importlib
+
     sys.path.insert(0, str(BENCH))
     try:
-        import workloads
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
-    return workloads
+
+
+def load_workloads():
+    return load_bench("workloads")
 
 
 def test_strong_scaling_quick_writes_results_that_beat_or_match_feasible_baselines(tmp_path):
@@ -58,21 +64,12 @@ def test_workloads_follow_the_paper_tables():
     assert {m.name: m.preset for m in p.models}["ref"] == {m.name: m.preset for m in p.models}["actor"]
 
 
-def load_whole_run():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import whole_run
-    finally:
-        sys.path.remove(str(BENCH))
-    return whole_run
-
-
 def test_every_whole_run_hand_plan_compiles_and_its_operators_take_50_ms(tmp_path):
     """bench/whole_run.py's hand plans are legal plans of their workloads, and (issue 14, item 5) every
     operator is predicted to take at least 50 ms."""
     from rpegc.runtime.plan import load_plan
 
-    w = load_whole_run()
+    w = load_bench("whole_run")
     assert {"grpo", "ppo"} <= set(w.PLANS)
     for workload, specs in w.PLANS.items():
         for spec in specs:
