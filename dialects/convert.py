@@ -208,6 +208,7 @@ class _Builder:
             "arch": ArchAttr.from_arch(m.arch),
             "trainable": UnitAttr() if m.trainable else None,
             "preset": _str(m.preset),
+            "hf": _str(m.hf),
         }
         return self.op(rpeg.ModelOp, m.loc, props)
 
@@ -420,6 +421,7 @@ def _model(op: rpeg.ModelOp) -> Model:
         trainable=op.trainable is not None,
         arch=op.arch.to_arch(),
         preset=_opt_text(op.preset),
+        hf=_opt_text(op.hf),
         loc=op.loc.to_loc(),
     )
 

@@ -77,6 +77,7 @@ class ModelOp(LocatedOp):
     arch = prop_def(ArchAttr)
     trainable = opt_prop_def(UnitAttr)
     preset = opt_prop_def(Text)
+    hf = opt_prop_def(Text)  # the Hugging Face checkpoint directory the arch came from
 
     def verify_(self) -> None:
         check_member(self.name, "kind", self.kind.data, MODEL_KINDS)

@@ -71,6 +71,7 @@ class Model:
     trainable: bool
     arch: Arch
     preset: Optional[str] = None  # the preset name the user wrote, kept so printing reproduces it
+    hf: Optional[str] = None  # a Hugging Face checkpoint directory the arch was read from (core/hf_config.py)
     loc: Loc = _loc()
 
 

@@ -11,8 +11,9 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "format": "rpegc-program", "format_version": 1,
       "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32"},
       "models": [{"name": str, "kind": MODEL_KIND, "trainable": bool, "preset": str | null,
-                  "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int}}],
-                  // reading: "arch" may be left out when "preset" names a known preset
+                  "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int}, "hf"?: str}],
+                  // reading: "arch" may be left out when "preset" names a known preset, or with "hf"
+                  // (a checkpoint directory: the arch is its config.json's; a given "arch" must agree)
       "rpeg_graph": null | {            // the cyclic steady-state graph G°
           "name": str,
           "containers": [{"name": str, "elem": ELEMENT_KIND | "weights", "dims": [EXPR],
@@ -95,6 +96,7 @@ from rpegc.core.exec_graph import (
 )
 from rpegc.core.expr import Expr
 from rpegc.syntax import json_text
+from rpegc.core.hf_config import hf_arch
 from rpegc.core.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
 from rpegc.core.program import (
@@ -155,6 +157,7 @@ def _model_json(m: Model) -> dict:
         "trainable": m.trainable,
         "preset": m.preset,
         "arch": {k: getattr(m.arch, k) for k in _ARCH_KEYS},
+        **({"hf": m.hf} if m.hf is not None else {}),
     }
 
 
@@ -451,11 +454,22 @@ def _read_workload(r: _Reader, v: Any) -> Workload:
 
 
 def _read_model(r: _Reader, v: Any, path: str) -> Model:
-    o = r.obj(v, path, ("name", "kind", "trainable"), ("preset", "arch"))
+    o = r.obj(v, path, ("name", "kind", "trainable"), ("preset", "arch", "hf"))
     preset = r.opt(o.get("preset"), _join(path, "preset"), r.str_)
+    hf = r.opt(o.get("hf"), _join(path, "hf"), r.str_)
+    given = None
     if o.get("arch") is not None:
         a = r.obj(o["arch"], _join(path, "arch"), _ARCH_KEYS)
-        arch = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS})
+        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS})
+    if hf is not None:
+        try:
+            arch = hf_arch(hf)
+        except RpegError as e:
+            raise r.error(_join(path, "hf"), e.message) from None
+        if given is not None and given != arch:
+            raise r.error(_join(path, "arch"), f"differs from the config.json of hf = \"{hf}\" ({arch})")
+    elif given is not None:
+        arch = given
     elif preset is not None and lookup_preset(preset) is not None:
         arch = lookup_preset(preset)
     else:
@@ -466,6 +480,7 @@ def _read_model(r: _Reader, v: Any, path: str) -> Model:
         trainable=r.bool_(o["trainable"], _join(path, "trainable")),
         arch=arch,
         preset=preset,
+        hf=hf,
         loc=r.loc,
     )
 

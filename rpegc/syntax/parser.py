@@ -22,6 +22,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from rpegc.core import presets
+from rpegc.core.hf_config import hf_arch
 from rpegc.core.errors import Loc, RpegError, RpegErrors
 from rpegc.core.gc_pause import without_gc
 from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
@@ -536,12 +537,23 @@ class _Builder:
         name = self.name(sym)
         loc = self.loc(item)
         what = f"model @{name}"
-        attrs = self.attrs(attr_tree, what, ("arch", "kind", "trainable") + ARCH_FIELDS)
+        attrs = self.attrs(attr_tree, what, ("arch", "hf", "kind", "trainable") + ARCH_FIELDS)
         kind_attr = self.need(attrs, "kind", what, loc, f"rpeg.model @{name} {{arch = \"llama2-7b\", kind = policy}}")
         kind = self.attr_word(kind_attr, what, MODEL_KINDS)
         trainable = self.attr_bool(attrs["trainable"], what) if "trainable" in attrs else False
         fields = {k: self.attr_int(attrs[k], what, maximum=MAX_SIZE) for k in ARCH_FIELDS if k in attrs}
         preset = None
+        if "hf" in attrs:
+            directory = self.attr_text_value(attrs["hf"], what)
+            given = [k for k in ("arch",) + ARCH_FIELDS if k in attrs]
+            if given:
+                self.fail(attrs[given[0]].at, f"{what} reads its architecture from hf = \"{directory}\"; "
+                                              f"drop {', '.join(given)}")
+            try:
+                arch = hf_arch(directory, attrs["hf"].at)
+            except RpegError as e:
+                self.fail(attrs["hf"].at, e.message)
+            return Model(name, kind, trainable, arch, hf=directory, loc=loc)
         if "arch" in attrs:
             preset = self.attr_text_value(attrs["arch"], what)
             base = presets.lookup(preset)

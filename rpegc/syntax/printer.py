@@ -141,7 +141,9 @@ def _workload(w: Workload) -> str:
 def _model_attrs(m: Model) -> list[tuple[str, Optional[str]]]:
     base = presets.lookup(m.preset) if m.preset is not None else None
     pairs: list[tuple[str, Optional[str]]] = []
-    if base is not None:
+    if m.hf is not None:
+        pairs.append(("hf", _string(m.hf)))  # the reader takes the architecture from its config.json
+    elif base is not None:
         pairs.append(("arch", _string(m.preset)))
         # A preset with overrides (e.g. a shallower llama) prints only what differs.
         pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_FIELDS if getattr(m.arch, f) != getattr(base, f)]

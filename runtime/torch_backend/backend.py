@@ -144,6 +144,13 @@ def _warn(line: str) -> None:
     print(f"rpeg-run: warning: {line}", file=sys.stderr, flush=True)
 
 
+def model_specs(p: Program, seed: int) -> dict[str, ModelSpec]:
+    """The models of `p` as the workers build them (a checkpoint directory made absolute: workers may run
+    elsewhere, from another directory)."""
+    return {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(seed, m.kind),
+                              hf=os.path.abspath(m.hf) if m.hf is not None else None) for m in p.models}
+
+
 class _Inbox:
     """Worker reports: a thread blocks in the store's `res` queue (on its own client connection, so the
     main thread's sends never wait behind it), checks each report (`Endpoint.receive`: the unauthentic
@@ -406,8 +413,8 @@ class TorchBackend(Backend):
         if getattr(self, "program", None) is p:  # started: from what `_analyse` computed once
             return ckpt.run_identity(self.seed, self.cfg, self.models, self.shapes, dict(plan.tau))
         cfg = run_config(p, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
-        models = {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(self.seed, m.kind)) for m in p.models}
-        shapes = {m: param_shapes(s.arch, s.kind, cfg.net) for m, s in models.items()}
+        models = model_specs(p, self.seed)
+        shapes = {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
         return ckpt.run_identity(self.seed, cfg, models, shapes, dict(plan.tau))
 
     @property
@@ -421,8 +428,8 @@ class TorchBackend(Backend):
         self.cfg = run_config(p, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
         self.rank_of = {d: i for i, d in enumerate(plan.devices)}
         self.device_of = {i: d for d, i in self.rank_of.items()}
-        self.models = {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(self.seed, m.kind)) for m in p.models}
-        self.shapes = {m: param_shapes(s.arch, s.kind, self.cfg.net) for m, s in self.models.items()}
+        self.models = model_specs(p, self.seed)
+        self.shapes = {m: param_shapes(s.arch, s.kind, s.net(self.cfg.net)) for m, s in self.models.items()}
         w = self.cfg.workload
         self.rows_total = w.B * w.R
         self.fields = vertex_fields(p, self.cfg)

@@ -73,6 +73,7 @@ class NetOptions:
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     init_std: float = 0.02
+    hf: Optional[str] = None  # a Hugging Face checkpoint directory: its config's RoPE tables (hf.py)
 
 
 @dataclass
@@ -212,7 +213,12 @@ class TransformerModel(nn.Module):
         self.lm_head = nn.Linear(arch.hidden, arch.vocab, bias=False) if kind in LM_HEAD_KINDS else None
         self.value_head = nn.Linear(arch.hidden, 1) if kind in SCALAR_HEAD_KINDS else None
         if opts.positions == "rope":
-            cos, sin = rope_tables(opts.max_seq, arch.head_dim, opts.rope_theta)
+            if opts.hf is not None:
+                from rpegc.runtime.torch_backend.hf import rope_tables as hf_rope_tables
+
+                cos, sin = hf_rope_tables(opts.hf, opts.max_seq)
+            else:
+                cos, sin = rope_tables(opts.max_seq, arch.head_dim, opts.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         else:
@@ -295,18 +301,23 @@ def check_arch(arch: Arch, kind: str, opts: NetOptions) -> None:
                         "change hidden or heads, or use learned positions")
 
 
+def seeded_parameter(name: str, shape: tuple[int, ...], seed: int, std: float, layers: int) -> Tensor:
+    """The seeded init of parameter `name`: normal(0, std); residual outputs std/sqrt(2L) (GPT-2); norms 1;
+    biases 0. It depends on (seed, name, shape) only, so any rank builds the same values."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    gen = torch.Generator().manual_seed(derive_seed(seed, name))
+    scale = std / math.sqrt(2 * layers) if name.endswith(("wo.weight", "w_down.weight")) else std
+    return torch.randn(shape, generator=gen, dtype=torch.float32) * scale
+
+
 def init_parameters(model: nn.Module, seed: int, std: float, layers: int) -> None:
-    """Seeded per-parameter init: normal(0, std); residual outputs std/sqrt(2L) (GPT-2); norms 1; head bias 0."""
+    """Every parameter of `model` from `seeded_parameter`."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            gen = torch.Generator().manual_seed(derive_seed(seed, name))
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                scale = std / math.sqrt(2 * layers) if name.endswith(("wo.weight", "w_down.weight")) else std
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
+            p.copy_(seeded_parameter(name, tuple(p.shape), seed, std, layers))
 
 
 def build_model(arch: Arch, kind: str, seed: int, opts: NetOptions) -> TransformerModel:

@@ -69,7 +69,7 @@ from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, work
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.messages import SECRET_ENV, Endpoint, MessageError, read_secret
-from rpegc.runtime.torch_backend.models import build_model, cast_weights, export_weights
+from rpegc.runtime.torch_backend.models import NetOptions, build_model, cast_weights, export_weights
 from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
                                                   shard_of, train_step)
 from rpegc.runtime.torch_backend.reference import RunConfig
@@ -90,6 +90,15 @@ class ModelSpec:
     kind: str  # policy | reference | critic | reward | actor_critic
     arch: Arch
     seed: int  # weight-init seed of version 0
+    hf: Optional[str] = None  # absolute path of the Hugging Face checkpoint version 0 is read from
+
+    def net(self, base: NetOptions) -> NetOptions:
+        """This model's network options: the run's, or its checkpoint's (hf.py)."""
+        if self.hf is None:
+            return base
+        from rpegc.runtime.torch_backend.hf import hf_net
+
+        return hf_net(self.hf, base)
 
 
 @dataclass(frozen=True)
@@ -180,7 +189,8 @@ class Worker:
         self.serving: dict[tuple[str, Layout], ParallelModel] = {}
         self.training: dict[tuple[str, Layout], TrainState] = {}
         self._model_bytes: tuple[tuple, int] = ((), 0)  # (counts it was computed at, bytes): see memory()
-        self.shapes = {m: param_shapes(s.arch, s.kind, self.run.net) for m, s in setup.models.items()}
+        self.nets = {m: s.net(self.run.net) for m, s in setup.models.items()}
+        self.shapes = {m: param_shapes(s.arch, s.kind, self.nets[m]) for m, s in setup.models.items()}
         self.initial: dict[str, dict[str, Tensor]] = {}
         # On resume: the checkpoint's shard files, of which this worker reads only the boxes it needs
         self.resume = ckpt.Reader(setup.resume_file) if setup.resume_file else None
@@ -290,8 +300,18 @@ class Worker:
             raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
         if model not in self.initial:
             spec = self.setup.models[model]
-            self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.run.net))
+            if spec.hf is not None:
+                self.initial[model] = self.hf_weights(model).full(self.shapes[model])
+            else:
+                self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.nets[model]))
         return self.initial[model]
+
+    def hf_weights(self, model: str):
+        from rpegc.runtime.torch_backend.hf import HFWeights
+
+        spec = self.setup.models[model]
+        assert spec.hf is not None
+        return HFWeights(spec.hf, spec.kind, spec.seed, self.nets[model])
 
     def version_shards(self, model: str, version: int, layout: Layout) -> dict[str, Tensor]:
         """This rank's float32 pieces under `layout` of a version it installs: read from the resume
@@ -301,6 +321,8 @@ class Worker:
         if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
             return self.resume.pieces(ckpt.weights_key(model, version, ""), self.shapes[model], layout, self.rank,
                                       layers)
+        if version == 0 and self.setup.models[model].hf is not None:  # only this rank's slices of the checkpoint
+            return self.hf_weights(model).pieces(self.shapes[model], layout, self.rank)
         return shard_of(self.full_weights(model, version), self.shapes[model], layout, self.rank, layers)
 
     def cmd_install(self, cmd: dict) -> None:
@@ -542,7 +564,7 @@ class Worker:
         pm = self.serving.get(key)
         if pm is None:
             spec = self.setup.models[model]
-            pm = self.serving[key] = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank,
+            pm = self.serving[key] = ParallelModel(spec.arch, spec.kind, self.nets[model], layout, self.rank,
                                                    self.groups, self.setup.tp_impl, self.device, self.serving_dtype)
         e = self.entries.get(label)
         if e is None:
@@ -558,7 +580,7 @@ class Worker:
         if st is None:
             spec = self.setup.models[model]
             # float32 whatever the serving dtype: master weights, Adam state and the training compute
-            pm = ParallelModel(spec.arch, spec.kind, self.run.net, layout, self.rank, self.groups, self.setup.tp_impl,
+            pm = ParallelModel(spec.arch, spec.kind, self.nets[model], layout, self.rank, self.groups, self.setup.tp_impl,
                                self.device, torch.float32)
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
             params = pm.params()

@@ -1,0 +1,265 @@
+"""Hugging Face checkpoints (rpegc/core/hf_config.py, runtime/torch_backend/hf.py; issue 15, items 1-2):
+`hf = "DIR"` reads the architecture from config.json, the backend's model built from DIR gives the logits
+of `transformers`' own model, greedy decoding with the backend's KV cache gives `generate`'s tokens, each
+rank of every layout reads exactly its slices, and tp/pp ranks reproduce `transformers`' logits.
+
+Tolerances: both sides compute in float32 with different kernels and summation orders (GQA by
+repeat_interleave here, repeat_kv there; the RoPE tables are `transformers`' own). A logit is a dot
+product over `hidden` terms after L blocks of the same; with u = 2^-24 and |terms| = O(1), the rounding
+difference stays near L * sqrt(hidden) * u * max|logit| ~ 4 * 8 * 6e-8 * 3 < 1e-5, so 1e-4 (the issue's
+bound) leaves an order of magnitude; under TP the partial sums are added in another order, same bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rpegc.core.errors import RpegError  # noqa: E402
+from rpegc.core.hf_config import hf_arch  # noqa: E402
+from rpegc.runtime.torch_backend.hf import HFWeights, hf_net  # noqa: E402
+from rpegc.runtime.torch_backend.layout import Layout  # noqa: E402
+from rpegc.runtime.torch_backend.models import NetOptions, TransformerModel, install_weights  # noqa: E402
+from rpegc.runtime.torch_backend.parallel import param_shapes, shard_of  # noqa: E402
+from rpegc.syntax.parser import parse  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOGIT_ATOL = 1e-4
+MAX_SEQ = 24
+
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+             max_position_embeddings=64)
+CONFIGS = {
+    "llama-gqa": ("llama", dict(num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama-tied": ("llama", dict(num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama3-rope-scaling": ("llama", dict(num_key_value_heads=2, tie_word_embeddings=False, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "mistral": ("mistral", dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=None)),
+}
+
+
+def make_checkpoint(directory: str, name: str, seed: int = 0) -> str:
+    model_type, extra = CONFIGS[name]
+    config = transformers.AutoConfig.for_model(model_type, **SHAPE, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # norms away from 1, so a missing norm weight would show
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    path = os.path.join(directory, name)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("hf"))
+    return {name: make_checkpoint(d, name, seed=i) for i, name in enumerate(CONFIGS)}
+
+
+def backend_model(path: str, kind: str = "policy") -> TransformerModel:
+    arch = hf_arch(path)
+    net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
+    model = TransformerModel(arch, kind, net)
+    install_weights(model, HFWeights(path, kind, 0, net).full(param_shapes(arch, kind, net)))
+    return model.eval()
+
+
+def hf_model(path: str):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+
+
+def tokens(vocab: int, b: int = 3, t: int = 11, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+# -- the compiler's view ----------------------------------------------------------------------------
+
+def test_an_hf_model_takes_its_architecture_from_config_json(checkpoints):
+    path = checkpoints["llama-gqa"]
+    text = (f'rpeg.workload {{B = 4, R = 1, Lp = 4, Lr = 4, dtype = fp32}}\n'
+            f'rpeg.model @actor {{hf = "{path}", kind = policy, trainable}}\n')
+    m = parse(text, "hf.rpeg").models[0]
+    assert m.hf == path
+    assert (m.arch.layers, m.arch.hidden, m.arch.ffn, m.arch.vocab, m.arch.heads, m.arch.kv_heads) == (4, 64, 128, 96, 4, 2)
+
+
+def _config_error(tmp_path, **changes) -> str:
+    d = tmp_path / "ckpt"
+    d.mkdir(exist_ok=True)
+    config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+              "vocab_size": 50, "num_attention_heads": 4, "hidden_act": "silu", **changes}
+    (d / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not ...}))
+    with pytest.raises(RpegError) as e:
+        hf_arch(str(d))
+    return e.value.message
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+    ({"hidden_act": "gelu"}, "hidden_act = 'gelu' is not supported"),
+    ({"attention_bias": True}, "attention_bias = True is not supported"),
+    ({"mlp_bias": True}, "mlp_bias = True"),
+    ({"head_dim": 16}, "head_dim = 16 with 4 heads"),
+    ({"hidden_size": ...}, "lacks hidden_size"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers = 0 must be"),
+])
+def test_unsupported_or_malformed_configs_name_the_field(tmp_path, changes, match):
+    assert match in _config_error(tmp_path, **changes)
+
+
+def test_a_missing_directory_and_a_broken_config_are_located_errors(tmp_path):
+    from rpegc.cli import main as rpegc_main
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    for directory, match in (("nowhere", "is not a directory"), (str(tmp_path / "bad"), "cannot read")):
+        src = tmp_path / "m.rpeg"
+        src.write_text(f'rpeg.workload {{B = 4, R = 1, Lp = 4, Lr = 4, dtype = fp32}}\n'
+                       f'rpeg.model @actor {{hf = "{directory}", kind = policy}}\n')
+        proc = subprocess.run([sys.executable, "-m", "rpegc.cli", str(src), "-p", "verify-wellformed"],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 1 and f"m.rpeg:2:" in proc.stderr and match in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_hf_and_an_explicit_architecture_do_not_mix(checkpoints):
+    text = (f'rpeg.workload {{B = 4, R = 1, Lp = 4, Lr = 4, dtype = fp32}}\n'
+            f'rpeg.model @actor {{hf = "{checkpoints["llama-gqa"]}", layers = 2, kind = policy}}\n')
+    with pytest.raises(RpegError, match="drop layers"):
+        parse(text, "hf.rpeg")
+
+
+def test_printing_and_the_json_form_keep_the_checkpoint(checkpoints, tmp_path):
+    from rpegc.syntax.json_form import program_from_json, program_to_json
+    from rpegc.syntax.printer import print_program
+
+    path = checkpoints["llama-tied"]
+    text = (f'rpeg.workload {{B = 4, R = 1, Lp = 4, Lr = 4, dtype = fp32}}\n'
+            f'rpeg.model @actor {{hf = "{path}", kind = policy, trainable}}\n')
+    p = parse(text, "hf.rpeg")
+    printed = print_program(p)
+    assert f'hf = "{path}"' in printed and "layers" not in printed
+    assert parse(printed, "again.rpeg").models == p.models
+    assert program_from_json(program_to_json(p), "p.json").models[0].hf == path
+
+
+# -- numerics against transformers ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_equal_transformers(checkpoints, name):
+    path = checkpoints[name]
+    ours, theirs = backend_model(path), hf_model(path)
+    x = tokens(SHAPE["vocab_size"])
+    with torch.no_grad():
+        mine = ours(x).logits
+        ref = theirs(x).logits
+    assert mine.shape == ref.shape
+    torch.testing.assert_close(mine, ref, rtol=0, atol=LOGIT_ATOL)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama3-rope-scaling"])
+def test_greedy_decoding_with_the_kv_cache_gives_generates_tokens(checkpoints, name):
+    path = checkpoints[name]
+    ours, theirs = backend_model(path), hf_model(path)
+    prompt = tokens(SHAPE["vocab_size"], b=2, t=5, seed=3)
+    new = 12
+    with torch.no_grad():
+        ref = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, do_sample=False,
+                              min_new_tokens=new, pad_token_id=0, eos_token_id=None)[:, prompt.shape[1]:]
+        cache = ours.new_cache(prompt.shape[0], prompt.shape[1] + new)
+        logits = ours(prompt, cache).logits[:, -1]
+        out = []
+        for _ in range(new):
+            tok = logits.argmax(-1)
+            out.append(tok)
+            logits = ours(tok.unsqueeze(-1), cache).logits[:, -1]
+    assert torch.equal(torch.stack(out, dim=1), ref)
+
+
+def test_log_probs_of_given_sequences_equal_transformers(checkpoints):
+    path = checkpoints["mistral"]
+    ours, theirs = backend_model(path), hf_model(path)
+    x = tokens(SHAPE["vocab_size"], b=4, t=16, seed=5)
+    with torch.no_grad():
+        mine = torch.log_softmax(ours(x).logits[:, :-1], -1).gather(-1, x[:, 1:, None]).squeeze(-1)
+        ref = torch.log_softmax(theirs(x).logits[:, :-1].float(), -1).gather(-1, x[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(mine, ref, rtol=0, atol=2 * LOGIT_ATOL)  # log_softmax adds one more rounding
+
+
+# -- each rank reads only its slices, on every layout ----------------------------------------------
+
+LAYOUTS = [Layout((0, 1), 2, 1, 1), Layout((0, 1), 1, 1, 2), Layout((0, 1), 1, 2, 1), Layout((0, 1, 2, 3), 1, 2, 2),
+           Layout((0, 1, 2, 3), 2, 1, 2)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda L: L.short())
+@pytest.mark.parametrize("kind", ["policy", "critic"])
+def test_every_rank_reads_exactly_its_pieces(checkpoints, layout, kind):
+    path = checkpoints["llama-gqa"]
+    arch = hf_arch(path)
+    net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
+    shapes = param_shapes(arch, kind, net)
+    weights = HFWeights(path, kind, 0, net)
+    full = weights.full(shapes)
+    for r in layout.ranks:
+        mine = weights.pieces(shapes, layout, r)
+        expected = shard_of(full, shapes, layout, r, arch.layers)
+        assert mine.keys() == expected.keys()
+        for n in mine:
+            assert torch.equal(mine[n], expected[n]), (layout.short(), r, n)
+
+
+def test_a_critic_takes_its_value_head_from_a_sequence_classification_checkpoint(tmp_path):
+    config = transformers.AutoConfig.for_model("llama", **SHAPE, num_key_value_heads=2, num_labels=1)
+    torch.manual_seed(4)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    path = str(tmp_path / "rm")
+    model.save_pretrained(path)
+    net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
+    w = HFWeights(path, "reward", 0, net).full(param_shapes(hf_arch(path), "reward", net))
+    assert torch.equal(w["value_head.weight"], model.score.weight.detach())
+    assert torch.equal(w["value_head.bias"], torch.zeros(1))
+    assert torch.equal(w["layers.0.attn.wq.weight"], model.model.layers[0].self_attn.q_proj.weight.detach())
+
+
+# -- tp and pp ranks reproduce transformers ---------------------------------------------------------
+
+def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from rpegc.runtime.torch_backend.parallel import ParallelModel, ProcessGroups, infer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    layout = Layout(tuple(range(world)), 1, pp, tp)
+    arch = hf_arch(path)
+    net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
+    pm = ParallelModel(arch, "policy", net, layout, rank, ProcessGroups([layout]), "torch")
+    pm.load(HFWeights(path, "policy", 0, net).pieces(param_shapes(arch, "policy", net), layout, rank))
+    x = tokens(arch.vocab)
+    logits = infer(pm, [lambda view: view(x).logits], [x.shape[0]])
+    if rank == 0:
+        torch.save(logits, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("pp,tp", [(1, 2), (2, 1)], ids=["tp2", "pp2"])
+def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints, tmp_path, pp, tp):
+    import torch.multiprocessing as mp
+
+    path = checkpoints["llama-gqa"]
+    out = str(tmp_path / "logits.pt")
+    mp.spawn(_ranks_forward, args=(2, f"file://{tmp_path / 'init'}", path, pp, tp, out), nprocs=2)
+    with torch.no_grad():
+        ref = hf_model(path)(tokens(SHAPE["vocab_size"])).logits
+    torch.testing.assert_close(torch.load(out), ref, rtol=0, atol=LOGIT_ATOL)
