@@ -7,6 +7,7 @@
                   [--tp-impl auto|megatron|torch]
                   [--dist-backend auto|gloo|nccl] [--no-memory-check]
     rpeg-run verify PLAN TRACE
+    rpeg-run export RUN_DIR OUT [--model NAME] [--step N]
 
 PLAN is a lowered exec module: `.json` (rpegc --emit=json) or the `.rpeg` text form. The run prints
 a line per completed RL step and a summary (steps, wall time, measured vs predicted makespan,
@@ -40,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="rpeg-run",
         description="Execute a compiled RPEG plan completion-driven (Alg. 2) and verify its trace. "
-                    "`rpeg-run verify PLAN TRACE` checks an existing trace.",
+                    "`rpeg-run verify PLAN TRACE` checks an existing trace; `rpeg-run export RUN_DIR OUT` writes a "
+                    "trained model as a Hugging Face directory.",
     )
     p.add_argument("plan", help="lowered exec module (.json or .rpeg text)")
     p.add_argument("--backend", choices=("sim", "torch"), default="sim",
@@ -102,6 +104,26 @@ def _verify_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _export_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="rpeg-run export", description="Write a trained model of a torch run (its final weights, or a "
+                "checkpoint's) as a Hugging Face directory that transformers' from_pretrained loads.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (rpeg-run --run-dir)")
+    p.add_argument("out", metavar="OUT", help="a new (or empty) directory")
+    p.add_argument("--model", default=None, help="the model to export (default: the run's trained policy)")
+    p.add_argument("--step", type=int, default=None, help="export checkpoint step N instead of the final weights")
+    return p
+
+
+def _export_main(args: argparse.Namespace) -> int:
+    from rpegc.runtime.torch_backend.export import export
+
+    if not os.path.isdir(args.run_dir):
+        raise RpegError(None, f"{args.run_dir} is not a run directory")
+    name = export(args.run_dir, args.out, model=args.model, step=args.step)
+    print(f"exported @{name} to {args.out} (load it with transformers.AutoModelForCausalLM.from_pretrained)")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from rpegc.runtime.interrupt import Interrupted
 
@@ -109,6 +131,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args and args[0] == "verify":
             return _verify_main(_verify_parser().parse_args(args[1:]))
+        if args and args[0] == "export":
+            return _export_main(_export_parser().parse_args(args[1:]))
         return _run_main(_parser().parse_args(args), args)
     except Interrupted as e:  # the run already printed its one line
         return e.exit_code

@@ -178,7 +178,8 @@ def run_identity(seed: int, cfg, models: dict, shapes: dict[str, dict[str, tuple
         "seed": seed,
         "run": _plain(cfg),
         "models": {m: {"kind": s.kind, "arch": _plain(s.arch), "init_seed": s.seed,
-                       "params": {n: list(shape) for n, shape in shapes[m].items()}} for m, s in sorted(models.items())},
+                       "params": {n: list(shape) for n, shape in shapes[m].items()},
+                       **({"hf": s.hf} if getattr(s, "hf", None) else {})} for m, s in sorted(models.items())},
         "staleness": {m: int(t) for m, t in sorted(tau.items())},
     }
 
