@@ -131,6 +131,9 @@ class Backend(ABC):
         """What the backend measured in RL step `step` (e.g. the mean reward); empty if nothing."""
         return {}
 
+    def step_done(self, step: int, finish: float) -> None:
+        """RL step `step` completed at `finish` on the backend clock (every node of it finished)."""
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stop the workers. Called once, also when the run failed."""

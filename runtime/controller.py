@@ -309,6 +309,7 @@ class _Run:
         rec = StepRecord(k, self.step_finish[k], predicted, sum(1 for m in self.plan.nodes if m.step == k))
         self.step_records.append(rec)
         self.emit(step_record(rec))
+        self.backend.step_done(k, rec.finish)
         if self.on_step is not None:
             done = sum(1 for left in self.steps_left.values() if left == 0)
             self.on_step(StepProgress(k, rec.finish, predicted, done, len(self.steps_left),

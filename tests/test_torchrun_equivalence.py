@@ -126,7 +126,8 @@ def assert_same_run(plan, backend, rl, weights_atol):
     ref = run_reference(cfg, plan.steps, seed=0)
     for k, want in enumerate(ref.metrics):
         got = backend.metrics[k]
-        for key in ("reward", "kl", "policy_loss", "kl_loss", "value_loss", "actor_grad_norm", "critic_grad_norm"):
+        for key in ("reward", "kl", "policy_loss", "kl_loss", "value_loss", "actor_grad_norm", "critic_grad_norm",
+                    "reward_std", "response_length"):
             if key in want:
                 assert got[key] == pytest.approx(want[key], rel=STAT_REL, abs=STAT_ABS), (k, key)
     initial = ReferenceTrainer(cfg, seed=0).weights()

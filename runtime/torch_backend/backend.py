@@ -57,6 +57,7 @@ from rpegc.core.errors import RpegError
 from rpegc.outputs import PendingDirectory
 from rpegc.core.program import Program, Strategy
 from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
+from rpegc.runtime.metrics_log import MetricsLog
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 from rpegc.runtime.torch_backend import checkpoint as ckpt
 from rpegc.runtime.torch_backend.device import DIST_BACKEND_CHOICES, choose_dist_backend
@@ -367,6 +368,7 @@ class TorchBackend(Backend):
         self.io_stats: list[dict] = []
         self.warnings: list[str] = []
         self._procs: list = []  # multiprocessing.Process, one per worker rank
+        self._metrics_log: Optional[MetricsLog] = None  # RUN_DIR/metrics.jsonl
         self._store: Optional[dist.TCPStore] = None
         self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
         self._inbox: Optional[_Inbox | _PipeInbox] = None
@@ -512,6 +514,8 @@ class TorchBackend(Backend):
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
+        if self.run_dir:
+            self._metrics_log = MetricsLog(self.run_dir, first_step=plan.first_step)
         tp_impl = self._resolve_tp_impl()
         self._t0 = time.time()
         self._holdings: dict[Artifact, _Holding] = {}
@@ -966,6 +970,11 @@ class TorchBackend(Backend):
     def step_metrics(self, step: int) -> dict[str, float]:
         return dict(self.metrics.get(step, {}))
 
+    def step_done(self, step: int, finish: float) -> None:
+        """Append step `step`'s metrics and times to RUN_DIR/metrics.jsonl (and TensorBoard, if installed)."""
+        if self._metrics_log is not None:
+            self._metrics_log.write(step, finish, self.step_metrics(step))
+
     # -- checkpoints and final weights -------------------------------------------------------------------
 
     def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[_Export], None]) -> None:
@@ -1149,6 +1158,8 @@ class TorchBackend(Backend):
                 p.join(timeout=max(0.0, deadline - time.time()))
         self._kill_workers()
         atexit.unregister(self._kill_workers)
+        if self._metrics_log is not None:
+            self._metrics_log.close()
         if self._interrupted:
             _stop_forkserver()
         if self._inbox is not None and self._chan is not None:

@@ -288,7 +288,10 @@ class ReferenceTrainer:
         exp = compute_advantages(exp, self.cfg.rl, self.cfg.workload.R)
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         metrics = {"step": float(step), "reward": float(task_scores.mean()), "score": float(exp.scores.mean()),
-                   "kl": float((kl * exp.mask).sum() / exp.num_tokens)}
+                   "kl": float((kl * exp.mask).sum() / exp.num_tokens),
+                   "reward_std": float(task_scores.double().std(unbiased=False)),
+                   "response_length": float(exp.num_tokens) / task_scores.numel(),
+                   "response_tokens": float(exp.num_tokens)}
         metrics.update(self.train(exp))
         metrics["time_s"] = time.perf_counter() - t0
         return metrics

@@ -741,11 +741,14 @@ class Worker:
         self.entries[cmd["output"]] = Entry("weights", model, version, layout,
                                             shards=cast_weights(pm.export(), self.serving_dtype))
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
-        sums = dp_sum(torch.stack([data["task_scores"].double().sum(), exp.scores.double().sum(),
-                                   (kl * exp.mask).double().sum(),
-                                   torch.tensor(float(hi - lo), dtype=torch.float64, device=self.device)]))
-        metrics = {"reward": float(sums[0] / sums[3]), "score": float(sums[1] / sums[3]),
-                   "kl": float(sums[2] / num_tokens)}
+        task_scores = data["task_scores"].double()
+        sums = dp_sum(torch.stack([task_scores.sum(), exp.scores.double().sum(), (kl * exp.mask).double().sum(),
+                                   torch.tensor(float(hi - lo), dtype=torch.float64, device=self.device),
+                                   task_scores.pow(2).sum()]))
+        mean = float(sums[0] / sums[3])
+        metrics = {"reward": mean, "score": float(sums[1] / sums[3]), "kl": float(sums[2] / num_tokens),
+                   "reward_std": max(0.0, float(sums[4] / sums[3]) - mean * mean) ** 0.5,
+                   "response_length": num_tokens / float(sums[3]), "response_tokens": num_tokens}
         if spec.kind == "critic":
             metrics.update(value_loss=stats["value_loss"], critic_grad_norm=norm)
         else:
