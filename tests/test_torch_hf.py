@@ -43,6 +43,7 @@ CONFIGS = {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
     "mistral": ("mistral", dict(num_key_value_heads=2, tie_word_embeddings=False, sliding_window=None)),
+    "qwen2": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True)),  # q/k/v biases
 }
 
 
@@ -51,10 +52,12 @@ def make_checkpoint(directory: str, name: str, seed: int = 0) -> str:
     config = transformers.AutoConfig.for_model(model_type, **SHAPE, **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # norms away from 1, so a missing norm weight would show
+    with torch.no_grad():  # norms away from 1 and biases away from 0, so a missing one would show
         for n, p in model.named_parameters():
             if n.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
+            elif n.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
     path = os.path.join(directory, name)
     model.save_pretrained(path)
     return path
@@ -203,9 +206,9 @@ LAYOUTS = [Layout((0, 1), 2, 1, 1), Layout((0, 1), 1, 1, 2), Layout((0, 1), 1, 2
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda L: L.short())
-@pytest.mark.parametrize("kind", ["policy", "critic"])
-def test_every_rank_reads_exactly_its_pieces(checkpoints, layout, kind):
-    path = checkpoints["llama-gqa"]
+@pytest.mark.parametrize("kind,name", [("policy", "llama-gqa"), ("critic", "llama-gqa"), ("policy", "qwen2")])
+def test_every_rank_reads_exactly_its_pieces(checkpoints, layout, kind, name):
+    path = checkpoints[name]
     arch = hf_arch(path)
     net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
     shapes = param_shapes(arch, kind, net)
@@ -234,7 +237,7 @@ def test_a_critic_takes_its_value_head_from_a_sequence_classification_checkpoint
 
 # -- tp and pp ranks reproduce transformers ---------------------------------------------------------
 
-def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int, out: str) -> None:
+def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int, out: str, impl: str) -> None:
     import torch.distributed as dist
 
     from rpegc.runtime.torch_backend.parallel import ParallelModel, ProcessGroups, infer
@@ -244,7 +247,7 @@ def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int
     layout = Layout(tuple(range(world)), 1, pp, tp)
     arch = hf_arch(path)
     net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
-    pm = ParallelModel(arch, "policy", net, layout, rank, ProcessGroups([layout]), "torch")
+    pm = ParallelModel(arch, "policy", net, layout, rank, ProcessGroups([layout]), impl)
     pm.load(HFWeights(path, "policy", 0, net).pieces(param_shapes(arch, "policy", net), layout, rank))
     x = tokens(arch.vocab)
     logits = infer(pm, [lambda view: view(x).logits], [x.shape[0]])
@@ -253,13 +256,19 @@ def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("pp,tp", [(1, 2), (2, 1)], ids=["tp2", "pp2"])
-def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints, tmp_path, pp, tp):
+@pytest.mark.parametrize("name,pp,tp,impl", [("llama-gqa", 1, 2, "torch"), ("llama-gqa", 2, 1, "torch"),
+                                             ("qwen2", 1, 2, "torch"), ("qwen2", 1, 2, "megatron")],
+                         ids=["tp2", "pp2", "qwen2-tp2", "qwen2-tp2-megatron"])
+def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints, tmp_path, name, pp, tp, impl):
     import torch.multiprocessing as mp
 
-    path = checkpoints["llama-gqa"]
+    if impl == "megatron":
+        mc = pytest.importorskip("rpegc.runtime.torch_backend.megatron_compat")
+        if mc.load()[0] is None:
+            pytest.skip(mc.load()[1])
+    path = checkpoints[name]
     out = str(tmp_path / "logits.pt")
-    mp.spawn(_ranks_forward, args=(2, f"file://{tmp_path / 'init'}", path, pp, tp, out), nprocs=2)
+    mp.spawn(_ranks_forward, args=(2, f"file://{tmp_path / 'init'}", path, pp, tp, out, impl), nprocs=2)
     with torch.no_grad():
         ref = hf_model(path)(tokens(SHAPE["vocab_size"])).logits
     torch.testing.assert_close(torch.load(out), ref, rtol=0, atol=LOGIT_ATOL)

@@ -7,8 +7,9 @@ rest (RoPE theta and scaling, norm epsilon, tied embeddings) through `transforme
 (runtime/torch_backend/hf.py); the compiler reads plain JSON and needs no `transformers`.
 
 Supported: the Llama family of decoder-only transformers as the backend builds them (RMSNorm, RoPE with
-rotate-half, grouped-query attention, a gated SiLU FFN, no biases): `model_type` llama or mistral (with no
-sliding window shorter than the sequence: checked by the backend). Anything else is an error naming the
+rotate-half, grouped-query attention, a gated SiLU FFN, no biases but Qwen2's on the query, key and value
+projections): `model_type` llama, mistral (no sliding window shorter than the sequence: checked by the
+backend) or qwen2. Anything else is an error naming the
 field. A relative path is taken from the current directory, like any file argument.
 """
 
@@ -22,7 +23,7 @@ from rpegc.core.errors import Loc, RpegError
 from rpegc.core.program import Arch
 
 CONFIG = "config.json"
-SUPPORTED_TYPES = ("llama", "mistral")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 # field -> (what the backend builds, the values it accepts); a config with another value is refused
 FIXED_FIELDS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "hidden_act": ("a gated SiLU FFN", ("silu",)),

@@ -3,8 +3,9 @@
 RoPE tables of its rope type and scaling, tied embeddings) and its version 0 is DIR's weights, of which each
 rank reads only the slices its layout gives it (safetensors `get_slice`).
 
-The backend's blocks are the Llama family's (rpegc/core/hf_config.py says what is supported); this module
-maps the names: `model.layers.i.self_attn.q_proj.weight` is `layers.i.attn.wq.weight`, and so on. Tied
+The backend's blocks are the Llama family's (rpegc/core/hf_config.py says what is supported; Qwen2's query,
+key and value biases included); this module maps the names: `model.layers.i.self_attn.q_proj.weight` is
+`layers.i.attn.wq.weight`, and so on. Tied
 embeddings are read into both the embedding and the LM head, which then train as two parameters (a tied
 pair across pipeline stages would need a gradient all-reduce between the first and the last stage).
 A critic or reward model takes its value head from a sequence-classification checkpoint's `score.weight`
@@ -34,7 +35,8 @@ _BLOCK = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post
           "attn.wq.weight": "self_attn.q_proj.weight", "attn.wk.weight": "self_attn.k_proj.weight",
           "attn.wv.weight": "self_attn.v_proj.weight", "attn.wo.weight": "self_attn.o_proj.weight",
           "mlp.w_gate.weight": "mlp.gate_proj.weight", "mlp.w_up.weight": "mlp.up_proj.weight",
-          "mlp.w_down.weight": "mlp.down_proj.weight"}
+          "mlp.w_down.weight": "mlp.down_proj.weight", "attn.wq.bias": "self_attn.q_proj.bias",
+          "attn.wk.bias": "self_attn.k_proj.bias", "attn.wv.bias": "self_attn.v_proj.bias"}
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
         "lm_head.weight": "lm_head.weight", "value_head.weight": "score.weight"}
 
@@ -75,12 +77,13 @@ def rope_tables(directory: str, max_seq: int) -> tuple[Tensor, Tensor]:
 def hf_net(directory: str, base: NetOptions) -> NetOptions:
     """The network options of checkpoint `directory` (the run's `base` gives max_seq and init_std)."""
     config = read_hf_config(directory)
-    window = config.get("sliding_window")
+    window = config.get("sliding_window") if config.get("model_type") == "mistral" or config.get("use_sliding_window") \
+        else None
     if window is not None and window < base.max_seq:
         raise RpegError(None, f"{directory}: sliding_window = {window} is shorter than Lp + Lr = {base.max_seq}; "
                               "rpegc builds full attention (raise Lp + Lr within the window, or use another model)")
     return dataclasses.replace(base, mlp="swiglu", positions="rope", norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                               hf=os.path.abspath(directory))
+                               hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
 
 
 def tied(directory: str) -> bool:

@@ -25,7 +25,8 @@ from typing import Iterable, Optional
 
 from rpegc.core.errors import RpegError
 
-COLUMN_PARALLEL = ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "mlp.w_gate.weight", "mlp.w_up.weight")
+COLUMN_PARALLEL = ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "mlp.w_gate.weight", "mlp.w_up.weight",
+                   "attn.wq.bias", "attn.wk.bias", "attn.wv.bias")
 ROW_PARALLEL = ("attn.wo.weight", "mlp.w_down.weight")
 FIRST_STAGE = ("embed.", "pos_embed.")
 

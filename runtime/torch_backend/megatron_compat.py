@@ -118,11 +118,12 @@ class MegatronLinear(nn.Module):
         return self.inner(x)[0]
 
 
-def column_linear(in_features: int, out_features: int, tp: int, group, device: torch.device = CPU) -> MegatronLinear:
-    """Column-parallel: this rank holds out_features / tp output rows; the input is replicated."""
+def column_linear(in_features: int, out_features: int, tp: int, group, device: torch.device = CPU,
+                  bias: bool = False) -> MegatronLinear:
+    """Column-parallel: this rank holds out_features / tp output rows (and their biases); the input is replicated."""
     layers = _require(device)
     inner = layers.ColumnParallelLinear(in_features, out_features, config=parallel_config(tp, device=device),
-                                        init_method=_no_init, bias=False, gather_output=False, tp_group=group)
+                                        init_method=_no_init, bias=bias, gather_output=False, tp_group=group)
     return MegatronLinear(inner)
 
 

@@ -74,6 +74,7 @@ class NetOptions:
     rope_theta: float = 10000.0
     init_std: float = 0.02
     hf: Optional[str] = None  # a Hugging Face checkpoint directory: its config's RoPE tables (hf.py)
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
 
 
 @dataclass
@@ -139,13 +140,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: Arch):
+    def __init__(self, arch: Arch, qkv_bias: bool = False):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = arch.heads, arch.kv_heads, arch.head_dim
         d = arch.hidden
-        self.wq = nn.Linear(d, self.heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        self.wq = nn.Linear(d, self.heads * self.head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(d, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(d, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(self.heads * self.head_dim, d, bias=False)
 
     def forward(self, x: Tensor, rope: Optional[tuple[Tensor, Tensor]], start: int,
@@ -191,7 +192,7 @@ class Block(nn.Module):
     def __init__(self, arch: Arch, opts: NetOptions):
         super().__init__()
         self.attn_norm = RMSNorm(arch.hidden, opts.norm_eps)
-        self.attn = Attention(arch)
+        self.attn = Attention(arch, opts.qkv_bias)
         self.mlp_norm = RMSNorm(arch.hidden, opts.norm_eps)
         self.mlp = MLP(arch, opts.mlp)
 

@@ -103,13 +103,14 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class ColumnParallelLinear(nn.Module):
-    def __init__(self, in_features: int, out_local: int, group):
+    def __init__(self, in_features: int, out_local: int, group, bias: bool = False):
         super().__init__()
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_local, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_local)) if bias else None  # sharded with the output rows
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(_CopyToTP.apply(x, self.group), self.weight)
+        return F.linear(_CopyToTP.apply(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -131,10 +132,11 @@ def _tp_linear(kind: str, lin: nn.Linear, tp: int, group, impl: str, device: tor
     if impl == "megatron":
         from rpegc.runtime.torch_backend import megatron_compat as mc
 
-        make = mc.column_linear if kind == "column" else mc.row_linear
-        return make(lin.in_features, lin.out_features, tp, group, device)
+        if kind == "column":
+            return mc.column_linear(lin.in_features, lin.out_features, tp, group, device, bias=lin.bias is not None)
+        return mc.row_linear(lin.in_features, lin.out_features, tp, group, device)
     if kind == "column":
-        return ColumnParallelLinear(lin.in_features, lin.out_features // tp, group)
+        return ColumnParallelLinear(lin.in_features, lin.out_features // tp, group, bias=lin.bias is not None)
     return RowParallelLinear(lin.in_features // tp, lin.out_features, group)
 
 
