@@ -92,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="launch even if the cost model's memory estimate of a worker exceeds its device "
                         "(its share of host RAM on CPU, its GPU under NCCL)")
     t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
+    t.add_argument("--rl-config", metavar="TOML", default=None,
+                   help="RL hyper-parameters: a flat TOML table of RLConfig fields (clip_eps, kl_coef, ppo_epochs, "
+                        "temperature, adam_eps, ...; runtime/torch_backend/rl_options.py)")
+    t.add_argument("--rl", metavar="NAME=VALUE", action="append", default=None,
+                   help="set one RL hyper-parameter (repeatable; overrides --rl-config; --lr overrides both)")
     t.add_argument("--reward", choices=("rule", "model"), default="rule",
                    help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")
     return p
@@ -186,9 +191,9 @@ def make_backend(args: argparse.Namespace):
         from rpegc.runtime.backends.sim import SimBackend
 
         if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file or \
-                args.keep_checkpoints is not None or args.no_memory_check:
+                args.keep_checkpoints is not None or args.no_memory_check or args.rl_config or args.rl:
             raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store, "
-                                  "--secret-file and --no-memory-check apply to the torch backend only")
+                                  "--secret-file, --no-memory-check, --rl-config and --rl apply to the torch backend only")
 
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:
@@ -239,6 +244,9 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed, **_host_facts(backend, plan)}
+    rl_config = getattr(backend, "rl_config", None)
+    if rl_config is not None:
+        options["rl"] = rl_config(plan)  # the effective RL hyper-parameters of this run
     try:
         with _signals(args, backend):
             result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),

@@ -26,6 +26,7 @@ import numpy as np
 
 from rpegc.core.devices import TIERS
 from rpegc.core.errors import Loc, RpegError
+from rpegc.core.toml_text import decode_error_position, key_position
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware"
 
@@ -145,7 +146,7 @@ def load_hardware(name_or_path: str, loc: Loc | None = None) -> Hardware:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        line, col = _decode_error_position(err)
+        line, col = decode_error_position(err)
         message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(err))
         if line:
             raise RpegError(Loc(str(path), line, col or 1), f"the hardware profile is not valid TOML: {message}"
@@ -191,14 +192,6 @@ def _resolve(name_or_path: str, loc: Loc | None) -> Path:
     return path
 
 
-def _decode_error_position(err: tomllib.TOMLDecodeError) -> tuple[int | None, int | None]:
-    line = getattr(err, "lineno", None)  # Python >= 3.14
-    if line:
-        return int(line), getattr(err, "colno", None)
-    match = re.search(r"\(at line (\d+), column (\d+)", str(err))
-    return (int(match.group(1)), int(match.group(2))) if match else (None, None)
-
-
 @dataclass(frozen=True)
 class _Where:
     source: str
@@ -207,34 +200,10 @@ class _Where:
 
     def error(self, key: str, what: str) -> RpegError:
         """At the key's line and column in the profile when it can be found, else at the cluster."""
-        line, col = _key_position(self.text, key) if self.text else (None, None)
+        line, col = key_position(self.text, key) if self.text else (None, None)
         if line:
             return RpegError(Loc(self.source, line, col or 1), f"{what}{_for(self.loc)}", source=self.text)
         return RpegError(self.loc, f"hardware profile '{self.source}': {what}")
-
-
-def _key_position(text: str, dotted: str) -> tuple[int | None, int | None]:
-    """1-based (line, column) defining `dotted` (e.g. 'collective.intra_node.beta'), else of its table header."""
-    table, _, leaf = dotted.rpartition(".")
-    current = ""
-    header: tuple[int | None, int | None] = (None, None)
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0]
-        indent = len(line) - len(line.lstrip())
-        line = line.strip()
-        found = re.fullmatch(r"\[\s*([^\[\]]+?)\s*\]", line)
-        if found:
-            current = re.sub(r"\s*\.\s*", ".", found.group(1))
-            if (current == dotted or current == table) and header[0] is None:
-                header = (number, indent + 1)
-            continue
-        if current == table and re.match(rf"{re.escape(leaf)}\s*=", line):
-            return number, indent + 1
-        if current == "" and table and re.match(rf"{re.escape(dotted)}\s*=", line):
-            return number, indent + 1
-        if current == "" and not table and re.match(rf"{re.escape(dotted)}\s*=", line):
-            return number, indent + 1
-    return header
 
 
 def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:

@@ -387,7 +387,10 @@ class TorchBackend(Backend):
         every = getattr(args, "checkpoint_every", None)
         if every is None:
             every = 1 if run_dir else 0
-        return cls(seed=args.seed, run_dir=run_dir, checkpoint_every=every, resume=bool(getattr(args, "resume", None)),
+        from rpegc.runtime.torch_backend.rl_options import rl_settings
+
+        rl = rl_settings(getattr(args, "rl_config", None), getattr(args, "rl", None) or (), None)
+        return cls(seed=args.seed, rl=rl, run_dir=run_dir, checkpoint_every=every, resume=bool(getattr(args, "resume", None)),
                    lr=getattr(args, "lr", None), tp_impl=getattr(args, "tp_impl", "auto") or "auto",
                    reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern",
                    dist_backend=getattr(args, "dist_backend", "auto") or "auto",
@@ -397,6 +400,11 @@ class TorchBackend(Backend):
                    memory_check=not getattr(args, "no_memory_check", False))
 
     # -- plan ------------------------------------------------------------------------------------
+
+    def rl_config(self, plan: RunPlan) -> dict:
+        """The effective RL hyper-parameters of a run of `plan` (what the trace header records)."""
+        cfg = run_config(plan.program, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
+        return dataclasses.asdict(cfg.rl)
 
     def prepare(self, plan: RunPlan) -> RunPlan:
         """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The

@@ -1,0 +1,94 @@
+"""RL hyper-parameters from a TOML file and `--rl NAME=VALUE` (runtime/torch_backend/rl_options.py; issue 15,
+item 6): names, types and ranges checked with located errors, precedence file < --rl < --lr, and the
+effective config recorded in the trace header and the checkpoint identity."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rpegc.core.errors import RpegError
+from rpegc.runtime.interrupt import resume_command
+from rpegc.runtime.torch_backend.rl_options import coerce, parse_overrides, read_rl_file, rl_settings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_values_take_their_fields_types():
+    assert parse_overrides(["clip_eps=0.1", "ppo_epochs=2", "kl_in_reward=false", "kl_estimator=k3",
+                            "adam_betas=0.9,0.95", "value_clip=none"]) == {
+        "clip_eps": 0.1, "ppo_epochs": 2, "kl_in_reward": False, "kl_estimator": "k3", "adam_betas": (0.9, 0.95),
+        "value_clip": None}
+
+
+@pytest.mark.parametrize("pair,match", [
+    ("clip_eps", "give NAME=VALUE"),
+    ("clip_epss=0.1", "did you mean clip_eps"),
+    ("algorithm=ppo", "the algorithm is the program's"),
+    ("ppo_epochs=1.5", "ppo_epochs must be an integer"),
+    ("kl_in_reward=yes", "must be true or false"),
+    ("lr_actor=0", "lr_actor must be > 0.0"),
+    ("lr_actor=nan", "lr_actor must be a number"),
+    ("gamma=1.5", "gamma must be <= 1.0"),
+    ("adam_betas=0.9,1.0", "adam_betas must lie in [0, 1)"),
+    ("adam_betas=0.9", "a list of 2 numbers"),
+])
+def test_bad_settings_say_what_to_change(pair, match):
+    with pytest.raises(RpegError) as e:
+        parse_overrides([pair])
+    assert match in e.value.message
+
+
+def test_a_file_is_checked_at_the_keys_line_and_options_override_it(tmp_path):
+    good = tmp_path / "rl.toml"
+    good.write_text("# PPO settings\nclip_eps = 0.1\nppo_epochs = 2\nadam_betas = [0.9, 0.95]\n")
+    assert read_rl_file(str(good)) == {"clip_eps": 0.1, "ppo_epochs": 2, "adam_betas": (0.9, 0.95)}
+    assert rl_settings(str(good), ["clip_eps=0.3"], 1e-4) == {"clip_eps": 0.3, "ppo_epochs": 2,
+                                                            "adam_betas": (0.9, 0.95), "lr_actor": 1e-4,
+                                                            "lr_critic": 1e-4}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("clip_eps = 0.1\n\n  temperature = -1\n")
+    with pytest.raises(RpegError) as e:
+        read_rl_file(str(bad))
+    assert (e.value.loc.line, e.value.loc.col) == (3, 3) and "temperature must be > 0.0" in e.value.message
+    broken = tmp_path / "broken.toml"
+    broken.write_text("clip_eps = \n")
+    with pytest.raises(RpegError, match="not valid TOML"):
+        read_rl_file(str(broken))
+    table = tmp_path / "table.toml"
+    table.write_text("[ppo]\nclip_eps = 0.1\n")
+    with pytest.raises(RpegError, match="one flat table"):
+        read_rl_file(str(table))
+
+
+def test_a_null_only_field_accepts_none_and_numbers():
+    assert coerce("value_clip", 0.3, "x") == 0.3 and coerce("value_clip", "none", "x") is None
+
+
+def test_the_resume_command_keeps_the_rl_options():
+    cmd = resume_command("p.rpeg", ["p.rpeg", "--rl-config", "rl.toml", "--rl", "clip_eps=0.1", "--quiet"], "run")
+    assert "--rl-config rl.toml" in cmd and "--rl clip_eps=0.1" in cmd and "--quiet" not in cmd
+
+
+def test_a_torch_run_records_the_effective_settings_and_checks_them_first(tmp_path):
+    pytest.importorskip("torch")
+    pipeline = "verify-wellformed,unroll{k=1},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+    subprocess.run([sys.executable, "-m", "rpegc.cli", os.path.join(ROOT, "examples", "grpo-tiny-2.rpeg"), "-p",
+                    pipeline, "-o", "g.exec.rpeg"], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "rl.toml").write_text("clip_eps = 0.1\nkl_coef = 0.05\n")
+    run = [sys.executable, "-m", "rpegc.runtime.cli", "g.exec.rpeg", "--backend", "torch", "--quiet"]
+    proc = subprocess.run(run + ["--rl-config", "rl.toml", "--rl", "kl_coef=0.02", "--trace", "t.jsonl", "--run-dir",
+                                 "run"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "t.jsonl") as f:
+        rl = json.loads(f.readline())["options"]["rl"]
+    assert (rl["algorithm"], rl["clip_eps"], rl["kl_coef"]) == ("grpo", 0.1, 0.02)
+    with open(tmp_path / "run" / "final" / "index.json") as f:
+        assert json.load(f)["identity"]["run"]["rl"]["kl_coef"] == 0.02
+    proc = subprocess.run(run + ["--rl", "clip_eps=-1", "--trace", "t2.jsonl"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and "clip_eps must be > 0.0" in proc.stderr and not (tmp_path / "t2.jsonl").exists()
