@@ -71,8 +71,8 @@ class Model:
     trainable: bool
     arch: Arch
     preset: Optional[str] = None  # the preset name the user wrote, kept so printing reproduces it
-    hf: Optional[str] = None  # a Hugging Face checkpoint directory the arch was read from (core/hf_config.py)
     loc: Loc = _loc()
+    hf: Optional[str] = None  # a Hugging Face checkpoint directory the arch was read from (core/hf_config.py)
 
 
 @dataclass(frozen=True)

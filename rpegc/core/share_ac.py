@@ -55,7 +55,7 @@ def share_actor_critic(p: Program) -> Program:
     actor = _single(list(p.models), "policy", p)
     critic = _single(list(p.models), "critic", p)
     shared = Model(name=actor.name + SHARED_SUFFIX, kind="actor_critic", trainable=True, arch=actor.arch,
-                   preset=actor.preset, loc=actor.loc)
+                   preset=actor.preset, loc=actor.loc, hf=actor.hf)
     t_actor, t_critic = _training_vertex(g, actor.name, p), _training_vertex(g, critic.name, p)
     weights = {c.name for c in g.containers if c.is_weights and c.model in (actor.name, critic.name)}
     w_shared = "W_" + shared.name
