@@ -6,6 +6,7 @@
                   [--run-dir DIR] [--checkpoint-every N] [--keep-checkpoints N] [--resume DIR]
                   [--tp-impl auto|megatron|torch]
                   [--dist-backend auto|gloo|nccl] [--no-memory-check]
+                  [--rl-config RL.toml] [--rl NAME=VALUE ...] [--lr LR] [--reward rule|model]
     rpeg-run verify PLAN TRACE
     rpeg-run export RUN_DIR OUT [--model NAME] [--step N]
 
