@@ -172,6 +172,9 @@ def test_logits_equal_transformers(checkpoints, name):
 
 @pytest.mark.parametrize("name", ["llama-gqa", "llama3-rope-scaling"])
 def test_greedy_decoding_with_the_kv_cache_gives_generates_tokens(checkpoints, name):
+    """Decoding `generate`'s own tokens through the backend's KV cache, each step's argmax is the token
+    `generate` chose, unless the two best logits lie within the logit tolerance (a near-tie either side
+    may break differently on another CPU's kernels)."""
     path = checkpoints[name]
     ours, theirs = backend_model(path), hf_model(path)
     prompt = tokens(SHAPE["vocab_size"], b=2, t=5, seed=3)
@@ -181,12 +184,11 @@ def test_greedy_decoding_with_the_kv_cache_gives_generates_tokens(checkpoints, n
                               min_new_tokens=new, pad_token_id=0, eos_token_id=None)[:, prompt.shape[1]:]
         cache = ours.new_cache(prompt.shape[0], prompt.shape[1] + new)
         logits = ours(prompt, cache).logits[:, -1]
-        out = []
-        for _ in range(new):
-            tok = logits.argmax(-1)
-            out.append(tok)
-            logits = ours(tok.unsqueeze(-1), cache).logits[:, -1]
-    assert torch.equal(torch.stack(out, dim=1), ref)
+        for t in range(new):
+            chosen = ref[:, t]
+            gap = logits.max(-1).values - logits.gather(-1, chosen[:, None]).squeeze(-1)
+            assert torch.all((logits.argmax(-1) == chosen) | (gap < 2 * LOGIT_ATOL)), (t, gap)
+            logits = ours(chosen.unsqueeze(-1), cache).logits[:, -1]
 
 
 def test_log_probs_of_given_sequences_equal_transformers(checkpoints):
