@@ -52,12 +52,14 @@ def make_checkpoint(directory: str, name: str, seed: int = 0) -> str:
     config = transformers.AutoConfig.for_model(model_type, **SHAPE, **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # norms away from 1 and biases away from 0, so a missing one would show
-        for n, p in model.named_parameters():
+    with torch.no_grad():  # norms away from 1, biases away from 0 and sharp attention, so that a missing
+        for n, p in model.named_parameters():  # weight, a wrong position or a wrong mask shows in the logits
             if n.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
             elif n.endswith(".bias"):
                 p.uniform_(-0.5, 0.5)
+            elif n.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8.0)
     path = os.path.join(directory, name)
     model.save_pretrained(path)
     return path
@@ -172,9 +174,10 @@ def test_logits_equal_transformers(checkpoints, name):
 
 @pytest.mark.parametrize("name", ["llama-gqa", "llama3-rope-scaling"])
 def test_greedy_decoding_with_the_kv_cache_gives_generates_tokens(checkpoints, name):
-    """Decoding `generate`'s own tokens through the backend's KV cache, each step's argmax is the token
-    `generate` chose, unless the two best logits lie within the logit tolerance (a near-tie either side
-    may break differently on another CPU's kernels)."""
+    """Decoding `generate`'s own tokens through the backend's KV cache: each step's logits equal
+    `transformers`' logits at that position (so cache and positions are right), and each step's argmax is
+    the token `generate` chose unless the two best logits lie within the logit tolerance (a near-tie may
+    break the other way on another CPU's kernels)."""
     path = checkpoints[name]
     ours, theirs = backend_model(path), hf_model(path)
     prompt = tokens(SHAPE["vocab_size"], b=2, t=5, seed=3)
@@ -182,9 +185,11 @@ def test_greedy_decoding_with_the_kv_cache_gives_generates_tokens(checkpoints, n
     with torch.no_grad():
         ref = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, do_sample=False,
                               min_new_tokens=new, pad_token_id=0, eos_token_id=None)[:, prompt.shape[1]:]
+        expected = theirs(torch.cat([prompt, ref], dim=1)).logits[:, prompt.shape[1] - 1:-1]
         cache = ours.new_cache(prompt.shape[0], prompt.shape[1] + new)
         logits = ours(prompt, cache).logits[:, -1]
         for t in range(new):
+            torch.testing.assert_close(logits, expected[:, t], rtol=0, atol=LOGIT_ATOL)
             chosen = ref[:, t]
             gap = logits.max(-1).values - logits.gather(-1, chosen[:, None]).squeeze(-1)
             assert torch.all((logits.argmax(-1) == chosen) | (gap < 2 * LOGIT_ATOL)), (t, gap)
