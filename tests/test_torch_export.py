@@ -126,9 +126,13 @@ def test_bad_export_requests_are_one_line_errors_that_write_nothing(hf_run, tmp_
         ((run_dir, str(tmp_path / "o2"), "--model", "nobody"), "has no model @nobody"),
         ((run_dir, str(tmp_path / "o3"), "--step", "7"), "no complete checkpoint of step 7"),
         ((str(tmp_path / "none"), str(tmp_path / "o4")), "is not a run directory"),
+        ((run_dir, str(tmp_path / "missing" / "o5")), "parent directory does not exist"),
+        ((run_dir, str(tmp_path / "link")), "exists and is not an empty directory"),
     ]
+    (tmp_path / "empty").mkdir()
+    os.symlink(tmp_path / "empty", tmp_path / "link")
     for args, match in cases:
         proc = cli("rpegc.runtime.cli", "export", *args, cwd=d)
         assert proc.returncode == 1 and match in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert (tmp_path / "taken" / "mine.txt").read_text() == "keep"
-    assert sorted(os.listdir(tmp_path)) == ["taken"]
+    assert sorted(os.listdir(tmp_path)) == ["empty", "link", "taken"] and not os.listdir(tmp_path / "empty")

@@ -89,8 +89,10 @@ def _weights(tensors: dict[str, torch.Tensor], model: str, version: Optional[int
 
 def export(run_dir: str, out: str, model: Optional[str] = None, step: Optional[int] = None) -> str:
     """Write model `model` of the run in `run_dir` to `out` as a Hugging Face directory; returns the model."""
-    if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
+    if os.path.islink(out) or (os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out))):
         raise OutputError(out, "cannot write the export: it exists and is not an empty directory (choose a new one)")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise OutputError(out, "cannot write the export: its parent directory does not exist")
     directory, fmt = source_directory(run_dir, step)
     index, tensors = ckpt.load_full(directory, fmt)
     identity = index.get("identity") or {}
@@ -115,7 +117,10 @@ def export(run_dir: str, out: str, model: Optional[str] = None, step: Optional[i
                               f"unexpected {unexpected[:3]}")
     emptied = os.path.isdir(out)
     if emptied:
-        os.rmdir(out)  # empty: PendingDirectory renames the finished export into its place
+        try:
+            os.rmdir(out)  # empty: PendingDirectory renames the finished export into its place
+        except OSError as e:
+            raise OutputError(out, f"cannot write the export: {e.strerror}") from None
     pending = PendingDirectory(out, "the export")
     try:
         hf.save_pretrained(pending.path)
