@@ -137,6 +137,14 @@ def test_a_missing_directory_and_a_broken_config_are_located_errors(tmp_path):
         assert "Traceback" not in proc.stderr
 
 
+def test_a_config_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path):
+    d = tmp_path / "fifo"
+    d.mkdir()
+    os.mkfifo(d / "config.json")  # reading it would block forever
+    with pytest.raises(RpegError, match="is not a regular file"):
+        hf_arch(str(d))
+
+
 def test_hf_and_an_explicit_architecture_do_not_mix(checkpoints):
     text = (f'rpeg.workload {{B = 4, R = 1, Lp = 4, Lr = 4, dtype = fp32}}\n'
             f'rpeg.model @actor {{hf = "{checkpoints["llama-gqa"]}", layers = 2, kind = policy}}\n')

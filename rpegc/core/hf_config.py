@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any, Optional
 
 from rpegc.core.errors import Loc, RpegError
@@ -32,6 +33,7 @@ FIXED_FIELDS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "use_sliding_window": ("full attention", (False, None)),
     "pretraining_tp": ("unsliced projections", (1, None)),
 }
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; refuse to read a device or a huge file
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "num_attention_heads")
 
 
@@ -46,6 +48,9 @@ def read_hf_config(directory: str, loc: Optional[Loc] = None) -> dict:
         raise RpegError(loc, f"hf = \"{directory}\" is not a directory (a Hugging Face checkpoint directory "
                              f"with {CONFIG} and *.safetensors)")
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CONFIG_BYTES:
+            raise RpegError(loc, f"{path} is not a regular file of at most {MAX_CONFIG_BYTES >> 20} MiB")
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except FileNotFoundError:
