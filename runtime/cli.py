@@ -262,7 +262,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     violations = verify(plan, result.trace)
     cmp = compare(plan, result.trace)
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
-          f"(dispatch policy {result.policy}, transfers reserve {result.reserve})")
+          f"(dispatch policy {result.policy}, transfers reserve {result.reserve}; the controller's own work "
+          f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
     for line in _summary_lines(cmp, result.trace, plan):
         print(line)
     if args.gantt:

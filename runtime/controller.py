@@ -78,6 +78,7 @@ class RunResult:
     wall_s: float
     policy: str
     reserve: str
+    controller_s: float = 0.0  # the dispatch loop's own time: all of it but the waits in backend.wait()
 
 
 def resolve_policy(plan: RunPlan, policy: str) -> str:
@@ -169,6 +170,8 @@ class _Run:
         self.events: list[ArtifactEvent] = []
         self.step_records: list[StepRecord] = []
         self.dispatched_at: dict[int, float] = {}
+        self.waiting_s = 0.0  # time blocked in backend.wait()
+        self.loop_s = 0.0
         self.running: dict[str, int] = {}
         self.workers: dict[int, int] = {}
         self.wall0 = time.perf_counter()
@@ -205,6 +208,13 @@ class _Run:
     # -- C: dispatch loop ------------------------------------------------------------------------
 
     def loop(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._loop()
+        finally:
+            self.loop_s = time.perf_counter() - start
+
+    def _loop(self) -> None:
         nodes = self.plan.nodes
         ready: list[tuple[tuple, int]] = sorted((self.keys[i], i) for i, r in enumerate(self.remaining) if r == 0)
         busy = 0
@@ -223,7 +233,9 @@ class _Run:
             if not self.running:
                 stuck = ", ".join(nodes[i].id for _, i in ready[:6]) or "none ready"
                 raise BackendError(None, f"the run is stuck: nothing runs and nothing can start ({stuck})")
+            waited = time.perf_counter()
             completions = self.backend.wait()
+            self.waiting_s += time.perf_counter() - waited
             if not completions:
                 raise BackendError(None, f"backend '{self.backend.name}' returned from wait() without a completion")
             touched: list[Artifact] = []
@@ -360,4 +372,5 @@ def run(
         wall_s=summary["wall_s"],
         policy=policy,
         reserve=reserve,
+        controller_s=max(0.0, state.loop_s - state.waiting_s),
     )

@@ -44,6 +44,21 @@ def test_plan_policy_replays_the_schedule_exactly(name, make):
     assert verify(plan, result.trace) == []
 
 
+class SlowWait(SimBackend):
+    """A sim backend whose wait() blocks 20 ms, like a backend waiting for its workers."""
+
+    def wait(self):
+        time.sleep(0.02)
+        return super().wait()
+
+
+def test_the_controllers_own_time_leaves_out_the_waits():
+    plan = build_run_plan(PLANS[0][1]())
+    result = run(plan, SlowWait())
+    waits = len({r.finish for r in result.trace.nodes.values()})  # at least one wait per distinct finish time
+    assert 0 < result.controller_s < result.wall_s - 0.02 * waits * 0.9
+
+
 @pytest.mark.parametrize("name,make", PLANS, ids=[n for n, _ in PLANS])
 def test_alg2_policy_is_valid_and_never_waits_on_predicted_times(name, make):
     p = make()
