@@ -3,7 +3,21 @@
 import re
 from pathlib import Path
 
-GRPO_TWO_WORKERS = Path(__file__).resolve().parent.parent / "examples" / "grpo-tiny-2.rpeg"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+GRPO_TWO_WORKERS = EXAMPLES / "grpo-tiny-2.rpeg"
+
+
+def lowering(steps: int) -> str:
+    """The pass pipeline that lowers, costs and schedules a module unrolled for `steps` RL steps."""
+    return f"verify-wellformed,unroll{{k={steps}}},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+
+
+def compile_example(name: str, out: str, steps: int) -> str:
+    """examples/NAME.rpeg lowered for `steps` RL steps into the exec module `out` (returned)."""
+    from rpegc.cli import main as rpegc_main
+
+    assert rpegc_main([str(EXAMPLES / f"{name}.rpeg"), "-p", lowering(steps), "-o", out]) == 0
+    return out
 
 
 def grpo_two_workers(workload: str, actor: str, ref: str, train: str, quantiles: bool = True) -> str:

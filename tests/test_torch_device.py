@@ -21,7 +21,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.core.errors import RpegError  # noqa: E402
 from rpegc.core.presets import lookup  # noqa: E402
 from rpegc.core.program import Workload  # noqa: E402
@@ -41,9 +40,8 @@ from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, 
 from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config  # noqa: E402
 from rpegc.runtime.torch_backend.rl import Experience, response_forward  # noqa: E402
 from rpegc.runtime.torch_backend.worker import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
+from programs import compile_example  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 CPU, META = torch.device("cpu"), torch.device("meta")
 ARCH = lookup("tiny")
 B, LP, LR, MB = 4, 4, 5, 2
@@ -113,7 +111,7 @@ def test_exports_reach_nested_tensors_and_copy_nothing_that_is_on_the_cpu_alread
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("plans") / "grpo.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=2)
     return out
 
 

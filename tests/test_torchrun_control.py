@@ -15,21 +15,18 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.torch_backend import messages  # noqa: E402
 from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+from programs import compile_example  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("plan") / "grpo.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=2)
     return out
 
 

@@ -11,7 +11,6 @@ import pytest
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
-from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.backend import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
@@ -19,15 +18,15 @@ from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.torch_backend.checkpoint import latest_checkpoint, load_checkpoint, load_final  # noqa: E402
 from rpegc.runtime.torch_backend.worker import FAULT_ENV  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
+from programs import compile_example  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = "verify-wellformed,unroll{k=3},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("plans") / "grpo.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=3)
     return out
 
 

@@ -13,16 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.torch_backend.backend import TorchBackend, run_config  # noqa: E402
 from rpegc.runtime.torch_backend.reference import run_reference  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
 from test_torchrun_equivalence import STAT_REL  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+from programs import compile_example  # noqa: E402
 
 
 def free_port() -> int:
@@ -33,7 +30,7 @@ def free_port() -> int:
 
 def test_externally_launched_workers_run_the_plan_and_exit_cleanly(tmp_path):
     out = str(tmp_path / "grpo.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=2)
     plan = load_plan(out)
     address = f"127.0.0.1:{free_port()}"
     secret = str(tmp_path / "secret")  # the workers read it once they reach the store
@@ -62,7 +59,7 @@ def test_rpeg_run_store_option_waits_for_workers_started_elsewhere(tmp_path):
     """`rpeg-run --backend torch --store HOST:PORT` starts no worker; four started as torchrun would
     start them (RANK / WORLD_SIZE) join it, and the run ends verified."""
     out = str(tmp_path / "grpo.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=2)
     address = f"127.0.0.1:{free_port()}"
     run_dir = tmp_path / "run"
     secret = run_dir / "control-secret"
@@ -99,7 +96,7 @@ def test_rpeg_run_rejects_a_malformed_store_address(tmp_path, address, capsys):
     from rpegc.runtime.cli import main as rpeg_run
 
     out = str(tmp_path / "grpo.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=2)
     capsys.readouterr()
     assert rpeg_run([out, "--backend", "torch", "--store", address]) == 1
     err = capsys.readouterr().err
@@ -112,7 +109,7 @@ def test_rpeg_run_secret_file_needs_store(tmp_path, capsys):
     from rpegc.runtime.cli import main as rpeg_run
 
     out = str(tmp_path / "grpo.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=2)
     capsys.readouterr()
     assert rpeg_run([out, "--backend", "torch", "--secret-file", str(tmp_path / "s")]) == 1
     err = capsys.readouterr().err

@@ -2,7 +2,6 @@
 stop within 5 s, rpeg-run prints one line naming the last completed step and the exact resume command
 (exit 143 / 130), and that command then completes the run."""
 
-import os
 import shlex
 import signal
 import subprocess
@@ -14,11 +13,9 @@ import pytest
 pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
-from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.interrupt import RunState, interrupted_line, resume_command  # noqa: E402
+from programs import compile_example  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = "verify-wellformed,unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 RPEG_RUN = [sys.executable, "-m", "rpegc.runtime.cli"]
 STOP_S = 5.0  # the issue's bound, for every process the run started
 
@@ -26,7 +23,7 @@ STOP_S = 5.0  # the issue's bound, for every process the run started
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("plans") / "grpo8.exec.rpeg")
-    assert rpegc_main([os.path.join(ROOT, "examples/grpo-tiny.rpeg"), "-p", PIPELINE, "-o", out]) == 0
+    compile_example("grpo-tiny", out, steps=8)
     return out
 
 
