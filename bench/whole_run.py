@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from rpegc.tools.validate import spearman
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD_DIR = ROOT / "bench" / "whole_run"
 PIPELINE = "verify-wellformed,{optimize}unroll{{k={k}}},split-quantiles,insert-comm,insert-reshard,{annotate},schedule"
@@ -216,12 +218,6 @@ def sim_control(work: Path, ks: tuple[int, ...]) -> list[dict]:
         print(f"sim, 2048 devices, {k} steps: {len(plan.nodes)} nodes in {wall:.3f} s, "
               f"{1000 * wall / len(plan.nodes):.3f} ms per node", flush=True)
     return rows
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    from rpegc.tools.validate import spearman as rho
-
-    return rho(a, b)
 
 
 def twins(compiled: dict[tuple[str, str], tuple[PlanSpec, Path]]) -> dict[tuple[str, str], str]:

@@ -99,8 +99,6 @@ def export(run_dir: str, out: str, model: Optional[str] = None, step: Optional[i
     models = identity.get("models") or {}
     name = pick_model(models, model)
     spec = models[name]
-    if spec["kind"] not in LM_HEAD_KINDS:
-        raise RpegError(None, f"@{name} is a {spec['kind']} model: only models with an LM head are exported")
     weights = _weights(tensors, name, step)  # a checkpoint of step k holds version k as the master
     if not weights:
         raise RpegError(None, f"{directory} holds no weights of @{name}")

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.errors import RpegError
-from rpegc.core.hf_config import hf_arch, read_hf_config
+from rpegc.core.hf_config import arch_of_config, hf_config_path, read_hf_config
 from rpegc.runtime.torch_backend.layout import Layout, Piece, rank_pieces
 from rpegc.runtime.torch_backend.models import NetOptions, seeded_parameter
 
@@ -86,17 +86,14 @@ def hf_net(directory: str, base: NetOptions) -> NetOptions:
                                hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
 
 
-def tied(directory: str) -> bool:
-    return bool(read_hf_config(directory).get("tie_word_embeddings", False))
-
-
 class HFWeights:
     """Reads the tensors of checkpoint `directory` for a model of `kind`: whole, or a rank's pieces."""
 
     def __init__(self, directory: str, kind: str, seed: int, net: NetOptions):
         self.directory, self.kind, self.seed, self.net = directory, kind, seed, net
-        self.layers = hf_arch(directory).layers
-        self.tied = tied(directory)
+        config = read_hf_config(directory)  # once: its shape and whether the LM head is the embedding
+        self.layers = arch_of_config(config, hf_config_path(directory)).layers
+        self.tied = bool(config.get("tie_word_embeddings", False))
         self.files = self._weight_map()
         self._open: dict[str, object] = {}
 

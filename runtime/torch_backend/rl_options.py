@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import math
 import tomllib
+import types
 import typing
 from typing import Any, Optional, Sequence
 
@@ -63,8 +64,7 @@ def coerce(name: str, value: Any, where: str) -> Any:
             hint = ": the algorithm is the program's (its graph), not a hyper-parameter"
         raise RpegError(None, f"{where}: unknown RL setting '{name}'{hint}")
     t = fields[name]
-    optional = typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and \
-        type(None) in typing.get_args(t)
+    optional = typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in typing.get_args(t)
     base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
     if optional and (value is None or (isinstance(value, str) and value.lower() == "none")):
         return None
