@@ -6,7 +6,8 @@
                   [--run-dir DIR] [--checkpoint-every N] [--keep-checkpoints N] [--resume DIR]
                   [--tp-impl auto|megatron|torch]
                   [--dist-backend auto|gloo|nccl] [--no-memory-check]
-                  [--rl-config RL.toml] [--rl NAME=VALUE ...] [--lr LR] [--reward rule|model]
+                  [--rl-config RL.toml] [--rl NAME=VALUE ...] [--lr LR]
+                  [--data FILE] [--task pattern|reverse] [--reward rule|model|FUNCTION]
     rpeg-run verify PLAN TRACE
     rpeg-run export RUN_DIR OUT [--model NAME] [--step N]
 
@@ -98,8 +99,16 @@ def _parser() -> argparse.ArgumentParser:
                         "temperature, adam_eps, ...; runtime/torch_backend/rl_options.py)")
     t.add_argument("--rl", metavar="NAME=VALUE", action="append", default=None,
                    help="set one RL hyper-parameter (repeatable; overrides --rl-config; --lr overrides both)")
-    t.add_argument("--reward", choices=("rule", "model"), default="rule",
-                   help="the reward vertex scores with the verifiable rule (default) or runs the frozen reward model")
+    t.add_argument("--reward", metavar="SPEC", default=None,
+                   help="what the reward vertex scores with: rule (the toy task's rule; the default without --data), "
+                        "model (the frozen reward model), or a function of the response text: exact_match, math, "
+                        "module:function, file.py:function or an entry point of group rpegc.rewards "
+                        "(runtime/torch_backend/rewards.py)")
+    t.add_argument("--data", metavar="FILE", default=None,
+                   help="train on the prompts of a JSONL or Parquet file (its rules: the [data] table of --rl-config "
+                        "or --rl data.NAME=VALUE; runtime/torch_backend/datasets.py); default: the toy --task")
+    t.add_argument("--task", choices=("pattern", "reverse"), default="pattern",
+                   help="the built-in toy task without --data (default pattern)")
     return p
 
 
@@ -192,9 +201,11 @@ def make_backend(args: argparse.Namespace):
         from rpegc.runtime.backends.sim import SimBackend
 
         if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file or \
-                args.keep_checkpoints is not None or args.no_memory_check or args.rl_config or args.rl:
+                args.keep_checkpoints is not None or args.no_memory_check or args.rl_config or args.rl or args.data or \
+                args.reward:
             raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store, "
-                                  "--secret-file, --no-memory-check, --rl-config and --rl apply to the torch backend only")
+                                  "--secret-file, --no-memory-check, --rl-config, --rl, --data and --reward apply to "
+                                  "the torch backend only")
 
         return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
     if args.jitter:
@@ -245,9 +256,9 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed, **_host_facts(backend, plan)}
-    rl_config = getattr(backend, "rl_config", None)
-    if rl_config is not None:
-        options["rl"] = rl_config(plan)  # the effective RL hyper-parameters of this run
+    header_options = getattr(backend, "header_options", None)
+    if header_options is not None:
+        options.update(header_options(plan))  # the effective RL hyper-parameters, prompts and reward
     try:
         with _signals(args, backend):
             result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),
@@ -266,6 +277,9 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
     for line in _summary_lines(cmp, result.trace, plan):
         print(line)
+    reward_summary = getattr(backend, "reward_summary", None)
+    if reward_summary is not None and reward_summary():
+        print(reward_summary())
     if args.gantt:
         _gantt(plan, result.trace, args.gantt)
     if args.trace:
@@ -325,7 +339,8 @@ def check_run_outputs(args: argparse.Namespace) -> None:
         wanted.append(Output(args.trace, "the trace"))
     if args.gantt is not None:
         wanted.append(Output(args.gantt, "the Gantt chart", suffixes=tuple(FORMATS)))
-    check_outputs(wanted, inputs=[args.plan])
+    inputs = [args.plan] + [f for f in (getattr(args, "data", None), getattr(args, "rl_config", None)) if f]
+    check_outputs(wanted, inputs=inputs)
 
 
 def _host_facts(backend, plan: RunPlan) -> dict:

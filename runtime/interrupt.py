@@ -80,9 +80,9 @@ class RunState:
 
 def resume_command(plan: str, argv: Sequence[str], run_dir: str) -> str:
     """`rpeg-run PLAN --backend torch --resume RUN_DIR` plus the options of `argv` that the run's identity
-    depends on (seed, RL settings, reward, steps, checkpointing, parallel implementation)."""
-    keep = ("--seed", "--lr", "--rl-config", "--rl", "--reward", "--steps", "--checkpoint-every", "--keep-checkpoints",
-            "--tp-impl", "--dist-backend", "--policy", "--reserve")
+    depends on (seed, RL settings, prompts, reward, steps, checkpointing, parallel implementation)."""
+    keep = ("--seed", "--lr", "--rl-config", "--rl", "--reward", "--data", "--task", "--steps", "--checkpoint-every",
+            "--keep-checkpoints", "--tp-impl", "--dist-backend", "--policy", "--reserve")
     words = ["rpeg-run", plan, "--backend", "torch", "--resume", run_dir]
     args = list(argv)
     for i, a in enumerate(args):

@@ -277,7 +277,7 @@ def test_an_explicit_cpu_device_gives_the_single_process_results():
     worker.cmd_op(_op("generation", "actor", ["sequences", "mask", "old_logprobs"]))
     got = worker.entries["out"].pieces[0].fields
     model = build_model(ARCH, "policy", model_seed(0, "policy"), cfg.net)
-    prompts = expand_rollouts(worker.task.prompts(B, 0, 0), 2)
+    prompts = expand_rollouts(worker.prompts.prompts(B, 0, 0), 2)
     rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
                       temperature=cfg.rl.temperature) for a, b in ((0, B), (B, 2 * B))]
     assert torch.equal(got["sequences"], torch.cat([r.sequences for r in rolls]))

@@ -214,6 +214,57 @@ def test_log_probs_of_given_sequences_equal_transformers(checkpoints):
     torch.testing.assert_close(mine, ref, rtol=0, atol=2 * LOGIT_ATOL)  # log_softmax adds one more rounding
 
 
+
+def _left_padded(vocab: int, lengths: list[int], width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of `lengths` real tokens left-padded to `width` with a token the model may well attend to
+    (not 0), and their pad counts."""
+    x = tokens(vocab, b=len(lengths), t=width, seed=seed)
+    pads = torch.tensor([width - n for n in lengths])
+    for i, p in enumerate(pads.tolist()):
+        x[i, :p] = 7
+    return x, pads
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2"])
+def test_left_padded_prompts_give_the_logits_transformers_gives_with_its_attention_mask(checkpoints, name):
+    """A batch of prompts of different lengths, left-padded (as verl and `generate` batch them): at every
+    real position the logits equal `transformers`' with the attention mask and the positions it derives
+    from it (cumsum - 1); and each row's logits equal the same prompt run alone without padding."""
+    path = checkpoints[name]
+    ours, theirs = backend_model(path), hf_model(path)
+    x, pads = _left_padded(SHAPE["vocab_size"], [11, 4, 8, 1], 11, seed=7)
+    attn = (torch.arange(11).unsqueeze(0) >= pads.unsqueeze(1)).long()
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        mine = ours(x, pads=pads).logits
+        ref = theirs(x, attention_mask=attn, position_ids=positions).logits
+        for i, p in enumerate(pads.tolist()):
+            torch.testing.assert_close(mine[i, p:], ref[i, p:], rtol=0, atol=LOGIT_ATOL)
+            alone = ours(x[i:i + 1, p:]).logits[0]
+            torch.testing.assert_close(mine[i, p:], alone, rtol=0, atol=LOGIT_ATOL)
+    assert torch.isfinite(mine).all()  # pad queries see themselves: no NaN from an empty softmax
+
+
+def test_greedy_decoding_of_left_padded_prompts_follows_generate(checkpoints):
+    """`generate` with a left-padded batch and its attention mask; the backend's KV cache with `pads`
+    decodes the same tokens (each step's logits within the tolerance, argmax equal unless a near-tie)."""
+    path = checkpoints["llama-gqa"]
+    ours, theirs = backend_model(path), hf_model(path)
+    x, pads = _left_padded(SHAPE["vocab_size"], [6, 2, 4], 6, seed=9)
+    attn = (torch.arange(6).unsqueeze(0) >= pads.unsqueeze(1)).long()
+    new = 8
+    with torch.no_grad():
+        ref = theirs.generate(x, attention_mask=attn, max_new_tokens=new, do_sample=False, min_new_tokens=new,
+                              pad_token_id=7, eos_token_id=None)[:, x.shape[1]:]
+        cache = ours.new_cache(x.shape[0], x.shape[1] + new)
+        logits = ours(x, cache, pads).logits[:, -1]
+        for t in range(new):
+            chosen = ref[:, t]
+            gap = logits.max(-1).values - logits.gather(-1, chosen[:, None]).squeeze(-1)
+            assert torch.all((logits.argmax(-1) == chosen) | (gap < 2 * LOGIT_ATOL)), (t, gap)
+            logits = ours(chosen.unsqueeze(-1), cache, pads).logits[:, -1]
+
+
 # -- each rank reads only its slices, on every layout ----------------------------------------------
 
 LAYOUTS = [Layout((0, 1), 2, 1, 1), Layout((0, 1), 1, 1, 2), Layout((0, 1), 1, 2, 1), Layout((0, 1, 2, 3), 1, 2, 2),

@@ -13,16 +13,16 @@ import pytest
 
 from rpegc.core.errors import RpegError
 from rpegc.runtime.interrupt import resume_command
-from rpegc.runtime.torch_backend.rl_options import coerce, parse_overrides, read_rl_file, rl_settings
+from rpegc.runtime.torch_backend.rl_options import Settings, coerce, parse_overrides, read_rl_file, rl_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_values_take_their_fields_types():
     assert parse_overrides(["clip_eps=0.1", "ppo_epochs=2", "kl_in_reward=false", "kl_estimator=k3",
-                            "adam_betas=0.9,0.95", "value_clip=none"]) == {
+                            "adam_betas=0.9,0.95", "value_clip=none", "data.shuffle=false"]) == Settings(rl={
         "clip_eps": 0.1, "ppo_epochs": 2, "kl_in_reward": False, "kl_estimator": "k3", "adam_betas": (0.9, 0.95),
-        "value_clip": None}
+        "value_clip": None}, data={"shuffle": False})
 
 
 @pytest.mark.parametrize("pair,match", [
@@ -36,6 +36,8 @@ def test_values_take_their_fields_types():
     ("gamma=1.5", "gamma must be <= 1.0"),
     ("adam_betas=0.9,1.0", "adam_betas must lie in [0, 1)"),
     ("adam_betas=0.9", "a list of 2 numbers"),
+    ("data.promt_key=q", "unknown data setting 'promt_key'; did you mean prompt_key"),
+    ("data.shuffle=2", "shuffle must be true or false"),
 ])
 def test_bad_settings_say_what_to_change(pair, match):
     with pytest.raises(RpegError) as e:
@@ -45,11 +47,13 @@ def test_bad_settings_say_what_to_change(pair, match):
 
 def test_a_file_is_checked_at_the_keys_line_and_options_override_it(tmp_path):
     good = tmp_path / "rl.toml"
-    good.write_text("# PPO settings\nclip_eps = 0.1\nppo_epochs = 2\nadam_betas = [0.9, 0.95]\n")
-    assert read_rl_file(str(good)) == {"clip_eps": 0.1, "ppo_epochs": 2, "adam_betas": (0.9, 0.95)}
-    assert rl_settings(str(good), ["clip_eps=0.3"], 1e-4) == {"clip_eps": 0.3, "ppo_epochs": 2,
-                                                            "adam_betas": (0.9, 0.95), "lr_actor": 1e-4,
-                                                            "lr_critic": 1e-4}
+    good.write_text("# PPO settings\nclip_eps = 0.1\nppo_epochs = 2\nadam_betas = [0.9, 0.95]\n"
+                    "[data]\nprompt_key = \"question\"\npath = \"a.jsonl\"\n")
+    assert read_rl_file(str(good)) == Settings(rl={"clip_eps": 0.1, "ppo_epochs": 2, "adam_betas": (0.9, 0.95)},
+                                               data={"prompt_key": "question", "path": "a.jsonl"})
+    assert rl_settings(str(good), ["clip_eps=0.3", "data.truncation=left"], 1e-4, "b.jsonl") == Settings(
+        rl={"clip_eps": 0.3, "ppo_epochs": 2, "adam_betas": (0.9, 0.95), "lr_actor": 1e-4, "lr_critic": 1e-4},
+        data={"prompt_key": "question", "path": "b.jsonl", "truncation": "left"})
     bad = tmp_path / "bad.toml"
     bad.write_text("clip_eps = 0.1\n\n  temperature = -1\n")
     with pytest.raises(RpegError) as e:
@@ -61,8 +65,12 @@ def test_a_file_is_checked_at_the_keys_line_and_options_override_it(tmp_path):
         read_rl_file(str(broken))
     table = tmp_path / "table.toml"
     table.write_text("[ppo]\nclip_eps = 0.1\n")
-    with pytest.raises(RpegError, match="one flat table"):
+    with pytest.raises(RpegError, match=r"\[ppo\] is not a table the RL config has"):
         read_rl_file(str(table))
+    data = tmp_path / "data.toml"
+    data.write_text("[data]\n\nchat_templat = \"never\"\n")
+    with pytest.raises(RpegError, match="did you mean chat_template") as e:
+        read_rl_file(str(data))
 
 
 def test_a_null_only_field_accepts_none_and_numbers():

@@ -121,13 +121,13 @@ STAT_REL = 1e-5
 STAT_ABS = STAT_REL * 1.0  # unit per-token term scale
 
 
-def assert_same_run(plan, backend, rl, weights_atol):
-    cfg = run_config(plan.program, rl=rl)
+def assert_same_run(plan, backend, rl, weights_atol, **config):
+    cfg = run_config(plan.program, rl=rl, **config)
     ref = run_reference(cfg, plan.steps, seed=0)
     for k, want in enumerate(ref.metrics):
         got = backend.metrics[k]
         for key in ("reward", "kl", "policy_loss", "kl_loss", "value_loss", "actor_grad_norm", "critic_grad_norm",
-                    "reward_std", "response_length"):
+                    "reward_std", "response_length", "accuracy"):
             if key in want:
                 assert got[key] == pytest.approx(want[key], rel=STAT_REL, abs=STAT_ABS), (k, key)
     initial = ReferenceTrainer(cfg, seed=0).weights()
@@ -186,3 +186,34 @@ def test_a_frozen_reward_model_scores_instead_of_the_rule(tmp_path):
     assert got["reward"] == pytest.approx(want["reward"])  # the rule is still measured and reported
     for n, w in ref.weights["actor"].items():
         torch.testing.assert_close(backend.final_weights["actor"][n], w, rtol=0, atol=5e-5)
+
+
+DIGITS_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    digits = [c for c in solution_str if c.isdigit()]
+    return {"score": len(digits) / 4, "acc": float("".join(digits) == ground_truth)}
+"""
+
+
+def test_a_dataset_of_left_padded_prompts_with_a_plugin_reward_matches_the_reference(tmp_path):
+    """Prompts of different lengths from a JSONL file (left-padded, masked, positions from the first real
+    token), responses ended by the tokenizer's EOS and scored by a file.py:function plugin, through
+    generation dp 2, reference tp 2, reward dp 2 and training pp 2 x tp 2 with microbatches."""
+    pytest.importorskip("transformers")
+    from rpegc.runtime.torch_backend import arith
+
+    arith.write_tokenizer(str(tmp_path / "tok"))
+    arith.write_dataset(str(tmp_path / "train.jsonl"), 24, seed=5, max_operand=99)
+    (tmp_path / "digits.py").write_text(DIGITS_REWARD)
+    text = open("examples/grpo-tiny.rpeg").read().replace("Lp = 4, Lr = 6", "Lp = 12, Lr = 5")
+    plan = compile_plan(tmp_path, "grpo-data.rpeg", steps=2, text=text)
+    config = {"data": {"path": str(tmp_path / "train.jsonl"), "tokenizer": str(tmp_path / "tok")},
+              "reward": f"{tmp_path / 'digits.py'}:compute_score"}
+    backend, _ = run_torch(plan, **config)
+    assert_same_run(plan, backend, rl={}, weights_atol=5e-5, **config)
+    cfg = run_config(plan.program, **config)
+    ref = ReferenceTrainer(cfg, seed=0)
+    pads = ref.prompts.batch(16, 0, 0).pads
+    assert pads.min() < pads.max()  # the prompts really differ in length
+    assert all(m["response_length"] < 5 for m in backend.metrics.values())  # some responses ended at EOS
+    assert "accuracy" in backend.metrics[0] and backend.metrics[0]["reward_failures"] == 0

@@ -157,7 +157,7 @@ def _single_process(ctx, role: str) -> dict | None:
     model = build_model(ARCH, kind, model_seed(0, kind), cfg.net)
     chunks = [(j * B // MB, (j + 1) * B // MB) for j in range(MB)]
     if role == "generation":
-        prompts = expand_rollouts(worker.task.prompts(B, 0, 0), 1)
+        prompts = expand_rollouts(worker.prompts.prompts(B, 0, 0), 1)
         rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
                           temperature=cfg.rl.temperature) for a, b in chunks]
         return {"sequences": torch.cat([r.sequences for r in rolls]), "mask": torch.cat([r.mask for r in rolls]),

@@ -66,6 +66,7 @@ from rpegc.runtime.torch_backend.layout import (Layout, check_tp, intersect, rep
 from rpegc.runtime.torch_backend.messages import Endpoint, new_secret, read_link, write_secret
 from rpegc.runtime.torch_backend.models import derive_seed
 from rpegc.runtime.torch_backend.parallel import TP_IMPLS, param_shapes
+from rpegc.runtime.torch_backend.datasets import DataConfig, open_prompts
 from rpegc.runtime.torch_backend.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
 from rpegc.runtime.torch_backend.worker import FAULT_ENV, ModelSpec, WorkerSetup
 
@@ -121,19 +122,32 @@ def vertex_fields(program: Program, cfg: RunConfig) -> dict[str, tuple[str, ...]
 
 
 def run_config(program: Program, *, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
-               positions: str = "learned", rl: Optional[dict] = None) -> RunConfig:
+               positions: str = "learned", rl: Optional[dict] = None, data: Optional[dict] = None) -> RunConfig:
     """The RL run the torch backend executes for `program` (and the reference oracle must run).
 
     The tiny models learn with the toy learning rate (`reference.toy_rl_config`) and learned positions;
-    `rl` overrides fields of the RL config (e.g. {"adam_eps": 1e-6}).
+    `rl` overrides fields of the RL config (e.g. {"adam_eps": 1e-6}), `data` fields of the DataConfig (e.g.
+    {"path": "train.jsonl"}). Paths (dataset, tokenizer, a reward's file) are made absolute: workers may
+    run elsewhere, from another directory.
     """
-    cfg = config_from_program(program, task=task, reward=reward, positions=positions)
+    cfg = config_from_program(program, task=task, reward=_absolute_reward(reward), positions=positions,
+                              data=_absolute_paths(DataConfig(**(data or {}))))
     overrides = dict(rl or {})
     if lr is not None:
         overrides.update(lr_actor=lr, lr_critic=lr)
     cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, **overrides))
     check_run_config(cfg)
     return cfg
+
+def _absolute_paths(data: DataConfig) -> DataConfig:
+    return dataclasses.replace(data, **{k: os.path.abspath(getattr(data, k)) for k in ("path", "tokenizer")
+                                        if getattr(data, k) is not None})
+
+
+def _absolute_reward(spec: str) -> str:
+    target, sep, name = spec.rpartition(":")
+    return f"{os.path.abspath(target)}:{name}" if sep and target.endswith(".py") else spec
+
 
 CONTROL_TRANSPORTS = ("auto", "pipe", "store")
 POLL_S = 0.1  # longest (Python-level) wait for a worker report before the controller checks the workers' health
@@ -324,7 +338,8 @@ class TorchBackend(Backend):
     def __init__(self, seed: int = 0, *, run_dir: Optional[str] = None, checkpoint_every: int = 0,
                  resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
-                 dist_backend: str = "gloo", rl: Optional[dict] = None, launcher: str = "local",
+                 dist_backend: str = "gloo", rl: Optional[dict] = None, data: Optional[dict] = None,
+                 launcher: str = "local",
                  store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
                  memory_check: bool = True, control: str = "auto"):
         if tp_impl not in ("auto",) + TP_IMPLS:
@@ -360,6 +375,9 @@ class TorchBackend(Backend):
         # auto: a pipe per forked worker, the store for external ones; "store" forces the store (tests of it)
         self.control = "store" if launcher == "external" or control == "store" else "pipe"
         self.rl_overrides = dict(rl or {})
+        self.data_settings = dict(data or {})
+        self.reward_stats: dict[int, dict] = {}  # step -> a reward function's accuracy sums and failures
+        self.first_reward_failure: Optional[str] = None
         self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
         self.metrics: dict[int, dict[str, float]] = {}
         self.checkpoints: list[str] = []
@@ -368,6 +386,7 @@ class TorchBackend(Backend):
         self.io_stats: list[dict] = []
         self.warnings: list[str] = []
         self._procs: list = []  # multiprocessing.Process, one per worker rank
+        self._log_dir, self._temp_logs = "", False  # the workers' log directory; a temporary one is removed
         self._metrics_log: Optional[MetricsLog] = None  # RUN_DIR/metrics.jsonl
         self._store: Optional[dist.TCPStore] = None
         self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
@@ -389,10 +408,11 @@ class TorchBackend(Backend):
             every = 1 if run_dir else 0
         from rpegc.runtime.torch_backend.rl_options import rl_settings
 
-        rl = rl_settings(getattr(args, "rl_config", None), getattr(args, "rl", None) or (), None)
-        return cls(seed=args.seed, rl=rl, run_dir=run_dir, checkpoint_every=every, resume=bool(getattr(args, "resume", None)),
+        settings = rl_settings(getattr(args, "rl_config", None), getattr(args, "rl", None) or (), None,
+                               getattr(args, "data", None))
+        return cls(seed=args.seed, rl=settings.rl, data=settings.data, run_dir=run_dir, checkpoint_every=every, resume=bool(getattr(args, "resume", None)),
                    lr=getattr(args, "lr", None), tp_impl=getattr(args, "tp_impl", "auto") or "auto",
-                   reward=getattr(args, "reward", "rule") or "rule", task=getattr(args, "task", "pattern") or "pattern",
+                   reward=getattr(args, "reward", None) or "rule", task=getattr(args, "task", None) or "pattern",
                    dist_backend=getattr(args, "dist_backend", "auto") or "auto",
                    launcher="external" if getattr(args, "store", None) else "local", store=getattr(args, "store", None),
                    secret_file=getattr(args, "secret_file", None),
@@ -401,10 +421,16 @@ class TorchBackend(Backend):
 
     # -- plan ------------------------------------------------------------------------------------
 
-    def rl_config(self, plan: RunPlan) -> dict:
-        """The effective RL hyper-parameters of a run of `plan` (what the trace header records)."""
-        cfg = run_config(plan.program, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
-        return dataclasses.asdict(cfg.rl)
+    def _run_config(self, program: Program) -> RunConfig:
+        return run_config(program, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides,
+                          data=self.data_settings)
+
+    def header_options(self, plan: RunPlan) -> dict:
+        """The effective RL hyper-parameters, prompts and reward of a run of `plan` (the trace header's)."""
+        cfg = self._run_config(plan.program)
+        out = {"rl": dataclasses.asdict(cfg.rl), "reward": cfg.reward}
+        out["data"] = dataclasses.asdict(cfg.data) if cfg.data.path is not None else {"task": cfg.task}
+        return out
 
     def prepare(self, plan: RunPlan) -> RunPlan:
         """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The
@@ -422,7 +448,7 @@ class TorchBackend(Backend):
         p = plan.program
         if getattr(self, "program", None) is p:  # started: from what `_analyse` computed once
             return ckpt.run_identity(self.seed, self.cfg, self.models, self.shapes, dict(plan.tau))
-        cfg = run_config(p, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
+        cfg = self._run_config(p)
         models = model_specs(p, self.seed)
         shapes = {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
         return ckpt.run_identity(self.seed, cfg, models, shapes, dict(plan.tau))
@@ -435,13 +461,16 @@ class TorchBackend(Backend):
         p = plan.program
         assert p.graph is not None and p.cluster is not None
         self.plan, self.program = plan, p
-        self.cfg = run_config(p, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides)
+        self.cfg = self._run_config(p)
         self.rank_of = {d: i for i, d in enumerate(plan.devices)}
         self.device_of = {i: d for d, i in self.rank_of.items()}
         self.models = model_specs(p, self.seed)
         self.shapes = {m: param_shapes(s.arch, s.kind, s.net(self.cfg.net)) for m, s in self.models.items()}
         w = self.cfg.workload
         self.rows_total = w.B * w.R
+        if self.cfg.data.path is not None:  # a dataset's errors (a row, B, the tokenizer) before any worker starts
+            prompts = open_prompts(self.cfg.data, self.cfg.task, self.cfg.actor.vocab, w.Lp, w.Lr)
+            prompts.step_examples(w.B, self.seed, 0)
         self.fields = vertex_fields(p, self.cfg)
         self.layouts: dict[int, Layout] = {}
         self.reshard_layouts: dict[int, tuple[Layout, Layout]] = {}
@@ -563,7 +592,6 @@ class TorchBackend(Backend):
         self._chan.put("setup", {"type": "setup", "setup": setup})
         if self.control == "store":
             self._inbox = _Inbox("127.0.0.1" if host == "0.0.0.0" else host, self._store.port, secret)
-        self._log_dir, self._temp_logs = "", False
         if self.launcher == "local":
             links = self._launch(len(plan.devices), self._store.port, tp_impl, secret)
             if self.control == "pipe":
@@ -771,8 +799,34 @@ class TorchBackend(Backend):
             d0 = pend.dispatch
             assert d0 is not None
             self.metrics.setdefault(d0.node.step, {}).update(msg["metrics"])
+        if msg.get("reward_stats"):
+            d0 = pend.dispatch
+            assert d0 is not None
+            self._reward_report(d0.node.step, msg["reward_stats"])
         if not pend.ranks:
             self._complete(msg["node"], pend)
+
+    def _reward_report(self, step: int, stats: dict) -> None:
+        """Sum one replica's reward-function report into step `step`'s accuracy and failure count; the first
+        failure of the run becomes a warning (the run goes on: a failed call scored 0)."""
+        acc = self.reward_stats.setdefault(step, {"acc_sum": 0.0, "acc_n": 0, "failures": 0})
+        for k in acc:
+            acc[k] += stats[k]
+        metrics = self.metrics.setdefault(step, {})
+        if acc["acc_n"]:
+            metrics["accuracy"] = acc["acc_sum"] / acc["acc_n"]
+        metrics["reward_failures"] = float(acc["failures"])
+        if stats.get("first_failure") and self.first_reward_failure is None:
+            self.first_reward_failure = f"step {step}, {stats['first_failure']}"
+            _warn(f"the reward function failed at {self.first_reward_failure}; such calls score 0 and the run goes "
+                  "on (their count: reward_failures in metrics.jsonl and the summary)")
+
+    def reward_summary(self) -> Optional[str]:
+        """One line on the reward function's failed calls, None if there were none."""
+        failed = int(sum(s["failures"] for s in self.reward_stats.values()))
+        if not failed:
+            return None
+        return f"reward function: {failed} call(s) failed and scored 0; the first at {self.first_reward_failure}"
 
     def _complete(self, node: str, pend: _Pending) -> None:
         del self._pending[node]

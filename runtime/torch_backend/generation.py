@@ -82,8 +82,9 @@ def check_generation(has_lm_head: bool, kind: str, temperature: float, max_new_t
 @torch.no_grad()
 def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *, seed: int, step: int,
              max_new_tokens: int, temperature: float = 1.0, eos_id: Optional[int] = None,
-             pad_id: int = 0) -> Rollout:
-    """Sample `max_new_tokens` tokens after each prompt row; `indices[i]` is row i's global sequence index.
+             pad_id: int = 0, pads: Optional[Tensor] = None) -> Rollout:
+    """Sample `max_new_tokens` tokens after each prompt row; `indices[i]` is row i's global sequence index;
+    `pads` [b] the left padding of each prompt row (None: none).
 
     After a sequence emits `eos_id` its remaining positions hold `pad_id` with mask 0 and log-prob 0.
     """
@@ -96,7 +97,7 @@ def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *
     model.eval()
     generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
     cache = model.new_cache(b, lp + max_new_tokens)
-    logits = model(prompts, cache).logits[:, -1]
+    logits = model(prompts, cache, pads).logits[:, -1]
     tokens, logps, masks = [], [], []
     alive = torch.ones(b, dtype=torch.bool, device=prompts.device)
     for t in range(max_new_tokens):
@@ -109,7 +110,7 @@ def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *
         if eos_id is not None:
             alive = alive & (tok != eos_id)
         if t + 1 < max_new_tokens:
-            logits = model(tokens[-1].unsqueeze(-1), cache).logits[:, -1]
+            logits = model(tokens[-1].unsqueeze(-1), cache, pads).logits[:, -1]
     model.train(was_training)
     responses = torch.stack(tokens, dim=1)
     return Rollout(sequences=torch.cat([prompts, responses], dim=1), responses=responses,

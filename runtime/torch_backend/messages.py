@@ -89,7 +89,7 @@ REPORTS = {
     "bye": MessageType(("rank",)),
     "error": MessageType(("node", "what", "rank", "message")),
     "done": MessageType(("node", "rank", "start", "finish", "mem"),
-                        ("bytes", "versions_in", "versions_out", "metrics",
+                        ("bytes", "versions_in", "versions_out", "metrics", "reward_stats",
                          "export", "file", "sha256", "write_s", "tensors")),
     "eof": MessageType(()),  # the controller's own, to end its receiving thread
 }
@@ -123,13 +123,14 @@ def classes() -> dict[str, type]:
     """The dataclasses a message may carry, by name (imported here: the worker imports this module)."""
     from rpegc.core.errors import Loc
     from rpegc.core.program import Arch, Workload
+    from rpegc.runtime.torch_backend.datasets import DataConfig
     from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove
     from rpegc.runtime.torch_backend.reference import RunConfig
     from rpegc.runtime.torch_backend.rl import RLConfig
     from rpegc.runtime.torch_backend.worker import ModelSpec, WorkerSetup
 
     return {c.__name__: c for c in (Loc, Arch, Workload, Layout, RowMove, WeightMove, RunConfig, RLConfig,
-                                    ModelSpec, WorkerSetup)}
+                                    DataConfig, ModelSpec, WorkerSetup)}
 
 
 @functools.cache

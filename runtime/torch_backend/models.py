@@ -133,10 +133,41 @@ def rope_tables(max_seq: int, head_dim: int, theta: float) -> tuple[Tensor, Tens
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate-half RoPE; x is [b, heads, t, hd], cos/sin are [t, hd]."""
+    """Rotate-half RoPE; x is [b, heads, t, hd], cos/sin are [t, hd] or [b, 1, t, hd]."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def position_ids(pads: Optional[Tensor], start: int, t: int, device: torch.device) -> Tensor:
+    """The positions of the `t` inputs after `start` cached ones: [t] absolute positions, or with left
+    padding (`pads` [b], the pad count of each row) [b, t] positions counted from each row's first real
+    token, 0 on pads (as `transformers` numbers a left-padded batch: cumsum of its attention mask)."""
+    pos = start + torch.arange(t, device=device)
+    if pads is None:
+        return pos
+    return (pos.unsqueeze(0) - pads.to(device).unsqueeze(1)).clamp(min=0)
+
+
+def attention_mask(pads: Optional[Tensor], start: int, t: int, device: torch.device) -> Tensor:
+    """Which keys each of the `t` queries after `start` cached positions may see: [t, start+t] causal, or
+    with left padding [b, 1, t, start+t], causal and from the row's first real token on. A pad query sees
+    itself only: its output is never read, and a query with no key would make softmax NaN."""
+    keys = torch.arange(start + t, device=device)
+    queries = start + torch.arange(t, device=device)
+    causal = keys.unsqueeze(0) <= queries.unsqueeze(1)
+    if pads is None:
+        return causal
+    real = keys.view(1, 1, -1) >= pads.to(device).view(-1, 1, 1)
+    itself = keys.unsqueeze(0) == queries.unsqueeze(1)
+    return ((causal & real) | itself).unsqueeze(1)
+
+
+def positioned_rope(cos: Tensor, sin: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """The RoPE tables at `positions` ([t] -> [t, hd]; per-row [b, t] -> [b, 1, t, hd] for apply_rope)."""
+    if positions.dim() == 1:
+        return cos[positions], sin[positions]
+    return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
 
 class Attention(nn.Module):
@@ -149,8 +180,10 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(self.heads * self.head_dim, d, bias=False)
 
-    def forward(self, x: Tensor, rope: Optional[tuple[Tensor, Tensor]], start: int,
+    def forward(self, x: Tensor, rope: Optional[tuple[Tensor, Tensor]], mask: Tensor,
                 cache: Optional[KVCache], layer: int) -> Tensor:
+        """`rope`: cos/sin at the positions of x (`positioned_rope`); `mask`: which keys each query sees
+        (`attention_mask`)."""
         b, t, _ = x.shape
         # Head counts come from the projections' widths, so a tensor-parallel shard that holds a
         # subset of the heads (column-sharded wq/wk/wv, row-sharded wo) runs this code unchanged.
@@ -158,17 +191,12 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
-            cos, sin = rope[0][start:start + t], rope[1][start:start + t]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.store(layer, k, v)
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        # Query i sits at absolute position start+i and may see keys 0..start+i.
-        total = k.shape[2]
-        keys_at = torch.arange(total, device=q.device)
-        mask = keys_at.unsqueeze(0) <= (start + torch.arange(t, device=q.device)).unsqueeze(1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -196,8 +224,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(arch.hidden, opts.norm_eps)
         self.mlp = MLP(arch, opts.mlp)
 
-    def forward(self, x: Tensor, rope, start: int, cache: Optional[KVCache], layer: int) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, start, cache, layer)
+    def forward(self, x: Tensor, rope, mask: Tensor, cache: Optional[KVCache], layer: int) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -238,27 +266,29 @@ class TransformerModel(nn.Module):
         return KVCache(a.layers, batch, a.kv_heads, a.head_dim, capacity or self.opts.max_seq,
                        self.embed.weight.dtype, self.embed.weight.device)
 
-    def _rope(self):
-        return None if self.rope_cos is None else (self.rope_cos, self.rope_sin)
-
-    def embed_tokens(self, tokens: Tensor, start: int = 0) -> Tensor:
-        """First pipeline stage: token (+ learned position) embeddings of positions start.."""
+    def embed_tokens(self, tokens: Tensor, start: int = 0, pads: Optional[Tensor] = None) -> Tensor:
+        """First pipeline stage: token (+ learned position) embeddings of positions start..; `pads` [b]
+        is the number of left-pad positions of each row (None: no padding)."""
         t = tokens.shape[1]
         if start + t > self.opts.max_seq:
             raise RpegError(None, f"sequence of {start + t} positions exceeds the model's max_seq "
                             f"{self.opts.max_seq}; build the model with max_seq >= Lp + Lr")
         h = self.embed(tokens)
         if self.pos_embed is not None:
-            h = h + self.pos_embed(torch.arange(start, start + t, device=tokens.device))
+            h = h + self.pos_embed(position_ids(pads, start, t, tokens.device))
         return h
 
     def forward_layers(self, h: Tensor, start: int = 0, cache: Optional[KVCache] = None,
-                       first: int = 0, last: Optional[int] = None) -> Tensor:
+                       first: int = 0, last: Optional[int] = None, pads: Optional[Tensor] = None) -> Tensor:
         """Blocks first..last-1 (a pipeline stage); does not advance the cache."""
         last = len(self.layers) if last is None else last
-        rope = self._rope()
+        t = h.shape[1]
+        rope = None
+        if self.rope_cos is not None:
+            rope = positioned_rope(self.rope_cos, self.rope_sin, position_ids(pads, start, t, h.device))
+        mask = attention_mask(pads, start, t, h.device)
         for i in range(first, last):
-            h = self.layers[i](h, rope, start, cache, i)
+            h = self.layers[i](h, rope, mask, cache, i)
         return h
 
     def heads(self, h: Tensor) -> ModelOutput:
@@ -272,10 +302,11 @@ class TransformerModel(nn.Module):
         values = self.value_head(h).squeeze(-1).float() if self.value_head is not None else None
         return ModelOutput(logits=logits, values=values)
 
-    def forward(self, tokens: Tensor, cache: Optional[KVCache] = None) -> ModelOutput:
-        """Tokens [b, t]; with a cache they continue the cached positions and the cache advances."""
+    def forward(self, tokens: Tensor, cache: Optional[KVCache] = None, pads: Optional[Tensor] = None) -> ModelOutput:
+        """Tokens [b, t]; with a cache they continue the cached positions and the cache advances. `pads`
+        [b]: left-pad positions per row (their keys are masked and positions start after them)."""
         start = cache.length if cache is not None else 0
-        out = self.heads(self.forward_layers(self.embed_tokens(tokens, start), start, cache))
+        out = self.heads(self.forward_layers(self.embed_tokens(tokens, start, pads), start, cache, pads=pads))
         if cache is not None:
             cache.length += tokens.shape[1]
         return out

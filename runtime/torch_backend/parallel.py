@@ -251,10 +251,11 @@ class ParallelModel:
 
     def stage_forward(self, link: StageLink, key: tuple[int, ...], shape: tuple[int, int],
                       tokens: Optional[Tensor] = None, cache: Optional[KVCache] = None,
-                      grad: bool = False) -> tuple[Optional[Tensor], Tensor]:
+                      grad: bool = False, pads: Optional[Tensor] = None) -> tuple[Optional[Tensor], Tensor]:
         """This stage's blocks on the `shape` = [b, t] positions of microbatch `key`: (received input or
         None on stage 0, output). Stage 0 embeds `tokens`; the others receive the previous stage's
-        output; the output goes on to the next stage without waiting. Advances `cache`."""
+        output; the output goes on to the next stage without waiting. Advances `cache`. `pads` (the rows'
+        left padding) is known to every stage: each reads it from the prompts, not from the pipeline."""
         b, t = shape
         start = cache.length if cache is not None else 0
         inp: Optional[Tensor] = None
@@ -263,8 +264,8 @@ class ParallelModel:
             if grad:
                 inp.requires_grad_(True)
         with self.event("forward", key):
-            h = self.module.embed_tokens(tokens, start) if self.is_first else inp
-            out = self.module.forward_layers(h, start, cache, self.first_layer, self.last_layer)
+            h = self.module.embed_tokens(tokens, start, pads) if self.is_first else inp
+            out = self.module.forward_layers(h, start, cache, self.first_layer, self.last_layer, pads)
         if not self.is_last:
             link.send(out, self.next, ACTIVATION, key)
         if cache is not None:
@@ -425,14 +426,14 @@ class StageView:
         self.pm.module.train(mode)
         return self
 
-    def __call__(self, tokens: Tensor) -> ModelOutput:
+    def __call__(self, tokens: Tensor, pads: Optional[Tensor] = None) -> ModelOutput:
         # one pass per microbatch: its messages are tagged by the microbatch alone
         assert not self.records, "a StageView runs one forward pass"
         pm = self.pm
         b, t = tokens.shape
         for i in range(self.j, len(self.rows)):  # every pass of the invocation has this length
             pm.expect_input(self.link, (i,), (self.rows[i], t))
-        inp, out = pm.stage_forward(self.link, (self.j,), (b, t), tokens, grad=torch.is_grad_enabled())
+        inp, out = pm.stage_forward(self.link, (self.j,), (b, t), tokens, grad=torch.is_grad_enabled(), pads=pads)
         self.records.append((inp, out))
         if pm.is_last:
             return pm.module.heads(out)
@@ -485,10 +486,10 @@ class _Sampler:
 @torch.no_grad()
 def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int]], *, seed: int, step: int,
              max_new_tokens: int, temperature: float = 1.0, eos_id: Optional[int] = None,
-             pad_id: int = 0) -> Rollout:
+             pad_id: int = 0, pads: Optional[Tensor] = None) -> Rollout:
     """`generation.generate` of the prompt rows [lo, hi) in microbatches `chunks` (global sequence
-    indices, contiguous from lo; `prompts` holds rows lo..hi), pipelined over the stages; the rollouts
-    on every stage.
+    indices, contiguous from lo; `prompts` holds rows lo..hi, left-padded by `pads`), pipelined over the
+    stages; the rollouts on every stage.
 
     Every stage runs forward f (f = 0: the prompts; f > 0: the tokens sampled at step f-1) of
     microbatch 0, 1, ..., mb-1, then forward f+1, so while stage s works on microbatch j the next stage
@@ -526,7 +527,8 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
                     tokens = fed[j]
                 else:
                     tokens = link.recv((b - a, 1), torch.int64, pm.last_rank, TOKENS, (f - 1, j))
-            _, out = pm.stage_forward(link, (f, j), (b - a, lp if f == 0 else 1), tokens, caches[j])
+            rows_pads = None if pads is None else pads[a - lo:b - lo]
+            _, out = pm.stage_forward(link, (f, j), (b - a, lp if f == 0 else 1), tokens, caches[j], pads=rows_pads)
             if not pm.is_last:
                 continue
             with pm.event("sample", (f, j)):

@@ -7,7 +7,8 @@ on the whole batch; a distributed worker calls the same functions on its shard w
 count, so at tau = 0 any legal plan must reproduce `run_reference` within float tolerance.
 
 Seeds: model weights from `derive_seed(seed, role)` (the reference model shares the actor's seed, so
-it is the initial actor), prompts from `task.prompts(B, seed, k)`, sampling from
+it is the initial actor), prompts from the prompt source's `batch(B, seed, k)` (a toy task's random
+prompts or a dataset's seeded epochs, runtime/torch_backend/datasets.py), sampling from
 `sequence_seed(seed, k, g)` for global sequence g.
 
 Precision (`workload.dtype`, through `models.serving_dtype`): trained models keep float32 weights and
@@ -26,7 +27,7 @@ independently trained reference may serve copies one bf16 ulp apart in a few ent
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -41,7 +42,8 @@ from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, bu
 from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
                                             critic_loss, default_rl_config, kl_estimate, last_token_scores,
                                             make_adam, optimizer_step, response_forward)
-from rpegc.runtime.torch_backend.tasks import Task, make_task
+from rpegc.runtime.torch_backend.datasets import DataConfig, check_data_config, open_prompts
+from rpegc.runtime.torch_backend.rewards import NOT_FUNCTIONS, accuracy_sums, load_reward, score_responses
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,10 @@ class RunConfig:
     """What one RL run needs, independent of the execution plan.
 
     `critic` is the separate critic's arch (PPO); `shared_actor_critic` makes the actor one
-    actor_critic model with both heads instead. `reward` is "rule" (the verifiable `task`) or "model"
-    (a frozen reward model of `reward_arch`; its score is still logged next to the task's).
+    actor_critic model with both heads instead. `reward` is "rule" (the verifiable toy `task`), "model"
+    (a frozen reward model of `reward_arch`; its score is still logged next to the rule's), or a reward
+    function of the response text (rewards.py: a built-in, module:function, file.py:function) scoring the
+    prompts of the dataset `data` names (`data.path` None: the toy `task`'s random prompts).
     `workload.dtype` sets `serving_dtype`: published copies and generation/inference forwards; training
     is float32 whatever it says.
     """
@@ -68,6 +72,17 @@ class RunConfig:
     positions: str = "rope"
     tau_actor: int = 0
     tau_critic: int = 0
+    data: DataConfig = DataConfig()
+
+    @property
+    def reward_function(self) -> bool:
+        return self.reward not in NOT_FUNCTIONS
+
+    @property
+    def has_rule(self) -> bool:
+        """Whether a verifier (the toy rule or a reward function) scores responses; with a dataset and a
+        reward model there is none, and the model's score is also the logged reward."""
+        return self.reward_function or self.data.path is None
 
     @property
     def net(self) -> NetOptions:
@@ -94,8 +109,17 @@ def check_run_config(cfg: RunConfig) -> None:
         raise RpegError(None, "a shared actor_critic model replaces the separate critic; keep only one of them")
     if cfg.algorithm == "grpo" and cfg.has_critic:
         raise RpegError(None, "GRPO uses group-relative advantages and no critic; remove the critic model")
-    if cfg.reward not in ("rule", "model"):
-        raise RpegError(None, f"unknown reward source '{cfg.reward}'; use 'rule' or 'model'")
+    check_data_config(cfg.data)
+    if cfg.reward == "rule" and cfg.data.path is not None:
+        raise RpegError(None, "--reward rule is the toy tasks' token rule; score a dataset's responses with a reward "
+                        "function: --reward math, exact_match, module:function or file.py:function")
+    if cfg.reward_function and cfg.data.path is None:
+        raise RpegError(None, f"--reward {cfg.reward} scores response text; give it a dataset of prompts (--data FILE)")
+    if cfg.reward_function:
+        load_reward(cfg.reward)  # an unknown or broken function fails here, before any worker starts
+    if cfg.data.path is not None and cfg.data.tokenizer is None:
+        raise RpegError(None, f"dataset {cfg.data.path} needs a tokenizer: give the actor an hf checkpoint "
+                        "directory (its tokenizer is used) or set data.tokenizer")
     if cfg.reward == "model" and cfg.reward_arch is None:
         raise RpegError(None, "reward = 'model' needs a reward model architecture")
     if min(cfg.tau_actor, cfg.tau_critic) < 0:
@@ -107,8 +131,10 @@ def check_run_config(cfg: RunConfig) -> None:
 
 
 def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task: str = "pattern",
-                        reward: str = "rule", mlp: str = "swiglu", positions: str = "rope") -> RunConfig:
-    """The run a `.rpeg` program describes: PPO if it has a critic or actor_critic model, else GRPO."""
+                        reward: str = "rule", mlp: str = "swiglu", positions: str = "rope",
+                        data: DataConfig = DataConfig()) -> RunConfig:
+    """The run a `.rpeg` program describes: PPO if it has a critic or actor_critic model, else GRPO. A
+    dataset without its own tokenizer directory takes the actor's `hf` checkpoint's."""
     by_kind: dict[str, list] = {}
     for m in program.models:
         by_kind.setdefault(m.kind, []).append(m)
@@ -135,11 +161,13 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     graph = program.graph
     tau_actor = graph.tau(actor[0].name) if graph else 0
     tau_critic = graph.tau(critic[0].name) if graph and critic else tau_actor if shared else 0
+    if data.path is not None and data.tokenizer is None and actor[0].hf is not None:
+        data = replace(data, tokenizer=actor[0].hf)
     cfg = RunConfig(algorithm=algorithm, actor=actor[0].arch, workload=program.workload,
                     rl=rl or default_rl_config(algorithm), critic=critic[0].arch if critic else None,
                     shared_actor_critic=shared, reward=reward,
                     reward_arch=reward_model[0].arch if reward_model else None, task=task, mlp=mlp,
-                    positions=positions, tau_actor=tau_actor, tau_critic=tau_critic)
+                    positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data)
     check_run_config(cfg)
     return cfg
 
@@ -205,7 +233,8 @@ class ReferenceTrainer:
         self.cfg, self.seed = cfg, seed
         w = cfg.workload
         net = cfg.net
-        self.task: Task = make_task(cfg.task, cfg.actor.vocab, w.Lp, w.Lr)
+        self.prompts = open_prompts(cfg.data, cfg.task, cfg.actor.vocab, w.Lp, w.Lr)
+        self.reward_fn = load_reward(cfg.reward) if cfg.reward_function else None
         serving = cfg.serving_dtype
 
         def serving_model(arch: Arch, kind: str, model_seed: int) -> TransformerModel:
@@ -237,27 +266,37 @@ class ReferenceTrainer:
         return model
 
     @torch.no_grad()
-    def collect(self, step: int) -> tuple[Experience, Tensor, Tensor]:
-        """Generation and inference vertices of step k: (experience, task scores, prompts per sequence)."""
+    def collect(self, step: int) -> tuple[Experience, Tensor, tuple[float, int]]:
+        """Generation and inference vertices of step k: (experience, the verifier's scores, the (sum, count)
+        of the accuracies the reward function gave)."""
         cfg, w = self.cfg, self.cfg.workload
-        prompts = expand_rollouts(self.task.prompts(w.B, self.seed, step), w.R)
+        batch = self.prompts.batch(w.B, self.seed, step)
+        prompts = expand_rollouts(batch.tokens, w.R)
+        pads = None if batch.pads is None else expand_rollouts(batch.pads, w.R)
         gen_model = self._at_version(self.stale_actor, self.actor_versions, step, cfg.tau_actor)
         rollout = generate(gen_model, prompts, range(w.B * w.R), seed=self.seed, step=step, max_new_tokens=w.Lr,
-                           temperature=cfg.rl.temperature)
-        ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature).logprobs
-        task_scores = self.task.score(prompts, rollout.responses, rollout.mask)
-        scores = task_scores
+                           temperature=cfg.rl.temperature, eos_id=self.prompts.eos_id, pad_id=self.prompts.pad_id,
+                           pads=pads)
+        ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature, pads=pads).logprobs
+        scored = None
         if self.reward_model is not None:
-            scores = last_token_scores(self.reward_model, rollout.sequences, w.Lp, rollout.mask)
+            scores = last_token_scores(self.reward_model, rollout.sequences, w.Lp, rollout.mask, pads)
+        if cfg.has_rule:
+            task_scores, scored = score_responses(self.prompts, self.reward_fn, batch, rollout.sequences,
+                                                  rollout.mask, range(w.B * w.R), w.R)
+        else:
+            task_scores = scores
+        if self.reward_model is None:
+            scores = task_scores
         values = None
         if self.critic is not None:
             critic = self._at_version(self.stale_critic, self.critic_versions, step, cfg.tau_critic)
-            values = response_forward(critic, rollout.sequences, w.Lp).values
+            values = response_forward(critic, rollout.sequences, w.Lp, pads=pads).values
         elif cfg.shared_actor_critic:
-            values = response_forward(gen_model, rollout.sequences, w.Lp).values
+            values = response_forward(gen_model, rollout.sequences, w.Lp, pads=pads).values
         exp = Experience(sequences=rollout.sequences, mask=rollout.mask, old_logprobs=rollout.logprobs,
-                         ref_logprobs=ref_logp, scores=scores, values=values)
-        return exp, task_scores, prompts
+                         ref_logprobs=ref_logp, scores=scores, values=values, pads=pads)
+        return exp, task_scores, accuracy_sums(scored)
 
     def train(self, exp: Experience) -> dict[str, float]:
         """Actor (or shared actor-critic) and critic training vertices on the whole batch."""
@@ -284,7 +323,7 @@ class ReferenceTrainer:
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        exp, task_scores, _ = self.collect(step)
+        exp, task_scores, (acc_sum, acc_n) = self.collect(step)
         exp = compute_advantages(exp, self.cfg.rl, self.cfg.workload.R)
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         metrics = {"step": float(step), "reward": float(task_scores.mean()), "score": float(exp.scores.mean()),
@@ -292,6 +331,8 @@ class ReferenceTrainer:
                    "reward_std": float(task_scores.double().std(unbiased=False)),
                    "response_length": float(exp.num_tokens) / task_scores.numel(),
                    "response_tokens": float(exp.num_tokens)}
+        if acc_n:
+            metrics["accuracy"] = acc_sum / acc_n
         metrics.update(self.train(exp))
         metrics["time_s"] = time.perf_counter() - t0
         return metrics

@@ -123,9 +123,10 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
 
 
 def response_forward(model: TransformerModel, sequences: Tensor, prompt_len: int, temperature: float = 1.0,
-                     with_entropy: bool = False) -> ResponseForward:
-    """One teacher-forced pass over `sequences` [b, Lp+Lr], read at the Lr positions that predict responses."""
-    out = model(sequences[:, :-1])
+                     with_entropy: bool = False, pads: Optional[Tensor] = None) -> ResponseForward:
+    """One teacher-forced pass over `sequences` [b, Lp+Lr] (prompts left-padded by `pads`), read at the Lr
+    positions that predict responses."""
+    out = model(sequences[:, :-1], pads=pads)
     logprobs = entropy = values = None
     if out.logits is not None:
         logits = out.logits[:, prompt_len - 1:]
@@ -137,11 +138,12 @@ def response_forward(model: TransformerModel, sequences: Tensor, prompt_len: int
     return ResponseForward(logprobs=logprobs, values=values, entropy=entropy)
 
 
-def last_token_scores(model: TransformerModel, sequences: Tensor, prompt_len: int, mask: Tensor) -> Tensor:
+def last_token_scores(model: TransformerModel, sequences: Tensor, prompt_len: int, mask: Tensor,
+                      pads: Optional[Tensor] = None) -> Tensor:
     """A reward model's scalar at the last real token of each sequence [b]."""
     if not model.has_value_head:
         raise RpegError(None, f"a reward model needs a scalar head, got kind '{model.kind}'")
-    values = model(sequences).values
+    values = model(sequences, pads=pads).values
     last = prompt_len + mask.sum(-1).long() - 1
     return values.gather(-1, last.unsqueeze(-1)).squeeze(-1)
 
@@ -260,7 +262,8 @@ class Experience:
     """One batch (or shard) of rollouts with everything training needs. Rows are global sequences in order.
 
     values are the critic's V(s_t) at inference (PPO only); advantages/returns are filled by
-    `compute_advantages` (returns only with a critic).
+    `compute_advantages` (returns only with a critic). `pads` [b] is each prompt's left padding (None: none;
+    it comes from the prompts, so it is not a data field the containers carry).
     """
 
     sequences: Tensor
@@ -271,6 +274,7 @@ class Experience:
     values: Optional[Tensor] = None
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
+    pads: Optional[Tensor] = None
 
     @property
     def prompt_len(self) -> int:
@@ -286,7 +290,7 @@ class Experience:
             return None if t is None else t[index]
         return Experience(*(pick(getattr(self, f)) for f in
                             ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "values",
-                             "advantages", "returns")))
+                             "advantages", "returns", "pads")))
 
 
 def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce = _identity) -> Experience:
@@ -314,7 +318,7 @@ def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
     + value_coef * value loss when the model also has a value head (shared actor-critic).
     """
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature,
-                           with_entropy=cfg.entropy_coef != 0)
+                           with_entropy=cfg.entropy_coef != 0, pads=exp.pads)
     loss, stats = policy_loss(fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg.clip_eps, num_tokens)
     stats["policy_loss"] = loss.item()
     if not cfg.kl_in_reward:
@@ -334,7 +338,7 @@ def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
 
 def critic_loss(model: TransformerModel, exp: Experience, cfg: RLConfig, num_tokens: float) -> Tensor:
     """The loss of a critic training vertex on `exp`, over `num_tokens` global tokens."""
-    fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature)
+    fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature, pads=exp.pads)
     return value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens)
 
 

@@ -1,12 +1,14 @@
-"""RL hyper-parameters from a TOML file and the command line (issue 15, item 6).
+"""RL hyper-parameters and the dataset's rules from a TOML file and the command line (issue 15, items 4, 6).
 
 `rpeg-run PLAN --backend torch --rl-config rl.toml --rl clip_eps=0.1 --rl ppo_epochs=2` sets fields of the
 run's `RLConfig` (runtime/torch_backend/rl.py: learning rates, clip ranges, KL coefficient and estimator,
 entropy bonus, gamma/lambda, PPO epochs, Adam betas and eps, gradient clipping, sampling temperature). The
-file is a flat TOML table of those names; `--rl NAME=VALUE` (repeatable) overrides it, and `--lr` overrides
-both learning rates last. Names, types and ranges are checked before anything runs, with errors at the key's
-line in the file or at the option. The effective config is recorded in the trace header (`options.rl`) and,
-as part of the run identity, in every checkpoint.
+file's top-level keys are those names; its `[data]` table sets the `DataConfig` of the prompt dataset
+(runtime/torch_backend/datasets.py: path, column keys, tokenizer, chat template, truncation, shuffle), and
+`--rl data.NAME=VALUE` one of them. `--rl NAME=VALUE` (repeatable) overrides the file, `--data FILE` the
+dataset's path, and `--lr` both learning rates last. Names, types and ranges are checked before anything
+runs, with errors at the key's line in the file or at the option. The effective configs are recorded in the
+trace header (`options.rl`, `options.data`) and, as part of the run identity, in every checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Optional, Sequence
 
 from rpegc.core.errors import Loc, RpegError
 from rpegc.core.toml_text import decode_error_position, key_position
+from rpegc.runtime.torch_backend.datasets import DataConfig
 from rpegc.runtime.torch_backend.rl import RLConfig
 
 # what the plan and the program fix, not a hyper-parameter
@@ -33,10 +36,21 @@ LOWER = {"lr_actor": (0.0, False), "lr_critic": (0.0, False), "weight_decay": (0
 UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000}
 
 
-def settable() -> dict[str, Any]:
-    """name -> type of every RLConfig field a user may set."""
-    hints = typing.get_type_hints(RLConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(RLConfig) if f.name not in NOT_SETTABLE}
+DATA_PREFIX = "data."
+
+
+@dataclasses.dataclass
+class Settings:
+    """What the user set: RLConfig fields and DataConfig fields, by name."""
+
+    rl: dict[str, Any] = dataclasses.field(default_factory=dict)
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def settable(cls: type = RLConfig) -> dict[str, Any]:
+    """name -> type of every field of `cls` (RLConfig or DataConfig) a user may set."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in NOT_SETTABLE}
 
 
 def _type_name(t: Any) -> str:
@@ -54,15 +68,16 @@ def _type_name(t: Any) -> str:
     return f"{_type_name(args[0])} (or none)"
 
 
-def coerce(name: str, value: Any, where: str) -> Any:
-    """`value` as the type of field `name`, range-checked; a RpegError (located by the caller) if not."""
-    fields = settable()
+def coerce(name: str, value: Any, where: str, cls: type = RLConfig) -> Any:
+    """`value` as the type of field `name` of `cls`, range-checked; a RpegError (located by the caller) if not."""
+    fields = settable(cls)
     if name not in fields:
         close = difflib.get_close_matches(name, fields, n=1)
         hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(fields))}"
         if name in NOT_SETTABLE:
             hint = ": the algorithm is the program's (its graph), not a hyper-parameter"
-        raise RpegError(None, f"{where}: unknown RL setting '{name}'{hint}")
+        what = "RL setting" if cls is RLConfig else "data setting"
+        raise RpegError(None, f"{where}: unknown {what} '{name}'{hint}")
     t = fields[name]
     optional = typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in typing.get_args(t)
     base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
@@ -117,7 +132,7 @@ def _check_range(name: str, value: Any, where: str) -> None:
         raise RpegError(None, f"{where}: adam_betas must lie in [0, 1), got {list(value)}")
 
 
-def read_rl_file(path: str) -> dict[str, Any]:
+def read_rl_file(path: str) -> Settings:
     """The settings of a TOML file, checked; errors at the key's line."""
     try:
         with open(path, "rb") as f:
@@ -133,33 +148,49 @@ def read_rl_file(path: str) -> dict[str, Any]:
         line, col = decode_error_position(e)
         raise RpegError(Loc(path, line or 1, col or 1), f"the RL config is not valid TOML: {str(e).split(' (at')[0]}",
                         source=text) from None
-    out = {}
+    out = Settings()
     for name, value in data.items():
         line, col = key_position(text, name)
         try:
-            if isinstance(value, dict):
-                raise RpegError(None, f"{path}: [{name}] is a table; the RL config is one flat table of settings")
-            out[name] = coerce(name, value, path)
+            if isinstance(value, dict) and name == "data":
+                out.data = {k: coerce(k, v, f"{path}: [data]", DataConfig) for k, v in value.items()}
+            elif isinstance(value, dict):
+                raise RpegError(None, f"{path}: [{name}] is not a table the RL config has; it holds RL settings "
+                                "at the top and the dataset's in [data]")
+            else:
+                out.rl[name] = coerce(name, value, path)
         except RpegError as e:
             raise RpegError(Loc(path, line or 1, col or 1), e.message.removeprefix(f"{path}: "), source=text) from None
     return out
 
 
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`--rl NAME=VALUE` options, checked (VALUE: a number, true/false, none, a string, or a,b for a pair)."""
-    out = {}
+def parse_overrides(pairs: Sequence[str]) -> Settings:
+    """`--rl NAME=VALUE` options, checked (VALUE: a number, true/false, none, a string, or a,b for a pair);
+    `data.NAME=VALUE` sets the dataset's NAME."""
+    out = Settings()
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        if not sep or not name.strip():
+        name = name.strip()
+        if not sep or not name:
             raise RpegError(None, f"--rl {pair}: give NAME=VALUE, e.g. --rl clip_eps=0.1")
-        out[name.strip()] = coerce(name.strip(), value.strip(), f"--rl {pair}")
+        if name.startswith(DATA_PREFIX):
+            key = name[len(DATA_PREFIX):]
+            out.data[key] = coerce(key, value.strip(), f"--rl {pair}", DataConfig)
+        else:
+            out.rl[name] = coerce(name, value.strip(), f"--rl {pair}")
     return out
 
 
-def rl_settings(config_file: Optional[str], pairs: Sequence[str], lr: Optional[float]) -> dict[str, Any]:
-    """The overrides of the run's RL config: the file's, then the --rl options', then --lr."""
-    settings = read_rl_file(config_file) if config_file else {}
-    settings.update(parse_overrides(pairs))
+def rl_settings(config_file: Optional[str], pairs: Sequence[str], lr: Optional[float],
+                data_path: Optional[str] = None) -> Settings:
+    """The overrides of the run's RL and data configs: the file's, then the --rl options', then --lr and
+    --data."""
+    settings = read_rl_file(config_file) if config_file else Settings()
+    overrides = parse_overrides(pairs)
+    settings.rl.update(overrides.rl)
+    settings.data.update(overrides.data)
     if lr is not None:
-        settings.update(lr_actor=lr, lr_critic=lr)
+        settings.rl.update(lr_actor=lr, lr_critic=lr)
+    if data_path is not None:
+        settings.data["path"] = data_path
     return settings

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.errors import RpegError
+from rpegc.runtime.torch_backend.datasets import PromptBatch
 from rpegc.runtime.torch_backend.models import derive_seed
 
 TASK_NAMES = ("pattern", "reverse")
@@ -38,6 +39,18 @@ class Task:
         gen = torch.Generator().manual_seed(derive_seed("prompts", seed, step))
         low = max(self.pattern) + 1 if self.name == "pattern" else 0
         return torch.randint(low, self.vocab, (batch, self.prompt_len), generator=gen)
+
+    @property
+    def eos_id(self) -> None:
+        return None  # responses run to Lr tokens
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    def batch(self, batch: int, seed: int, step: int) -> PromptBatch:
+        """Step `step`'s prompts as a dataset gives them (every prompt has Lp tokens: no padding)."""
+        return PromptBatch(tokens=self.prompts(batch, seed, step))
 
     def targets(self, prompts: Tensor) -> Tensor:
         """The correct response [b, Lr] for each prompt row."""

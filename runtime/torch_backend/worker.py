@@ -75,7 +75,8 @@ from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, 
 from rpegc.runtime.torch_backend.reference import RunConfig
 from rpegc.runtime.torch_backend.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
                                             last_token_scores, make_adam, response_forward)
-from rpegc.runtime.torch_backend.tasks import make_task
+from rpegc.runtime.torch_backend.datasets import PromptBatch, open_prompts
+from rpegc.runtime.torch_backend.rewards import accuracy_sums, load_reward, score_responses
 
 FAULT_ENV = "RPEG_TORCH_FAULT"  # "kill:NODE[:RANK]" or "raise:NODE[:RANK]": a test hook
 WAIT = timedelta(hours=1)  # longest blocking wait for a command before checking on the controller
@@ -198,7 +199,9 @@ class Worker:
         # (model, version) -> (layout, this rank's float32 pieces), on the CPU
         self.window: dict[tuple[str, int], tuple[Layout, dict[str, Tensor]]] = {}
         w = self.run.workload
-        self.task = make_task(self.run.task, self.run.actor.vocab, w.Lp, w.Lr)
+        self.prompts = open_prompts(self.run.data, self.run.task, self.run.actor.vocab, w.Lp, w.Lr)
+        self.reward_fn = load_reward(self.run.reward) if self.run.reward_function else None
+        self._batches: dict[int, PromptBatch] = {}  # the prompts of the steps in flight
         self.groups = ProcessGroups(setup.layouts)
         if self.resume is not None and ckpt.rng_key(self.rank) in self.resume:
             torch.set_rng_state(self.resume.read(ckpt.rng_key(self.rank)))
@@ -638,40 +641,77 @@ class Worker:
         if role == "training":
             return self.op_training(cmd, lo, hi)
         pm, version = self.serving_model(cmd["model"], cmd["layout"], cmd["weights"])
+        report: dict = {}
         if role == "generation":
             fields = self.op_generation(cmd, pm, lo, hi)
         else:
-            fields = self.op_inference(cmd, pm, lo, hi)
+            fields, report = self.op_inference(cmd, pm, lo, hi)
         for label, names in cmd["outputs"].items():
             self.entries[label] = Entry("data", pieces=[Piece(lo, hi, {f: fields[f] for f in names})])
-        return {"bytes": 0, "versions_in": {cmd["model"]: version}}
+        out = {"bytes": 0, "versions_in": {cmd["model"]: version}}
+        if "reward_stats" in report:
+            out["reward_stats"] = report["reward_stats"]
+        return out
 
     def chunks(self, cmd: dict, lo: int, hi: int) -> list[tuple[int, int]]:
         n = hi - lo
         return [c for c in split_rows(lo, hi, max(1, min(cmd["mb"], n))) if c[1] > c[0]] if n else []
 
+    def step_batch(self, step: int) -> PromptBatch:
+        """Step `step`'s prompts, as every process draws them; a few recent steps are kept (staleness lets
+        a step's vertices run while the next step's generation has started)."""
+        if step not in self._batches:
+            w = self.run.workload
+            self._batches[step] = self.prompts.batch(w.B, self.setup.seed, step)
+            for old in [k for k in self._batches if k < step - 8]:
+                del self._batches[old]
+        return self._batches[step]
+
+    def row_pads(self, step: int, lo: int, hi: int) -> Optional[Tensor]:
+        """The left padding of sequences lo..hi-1 of `step` (None: the prompts are not padded)."""
+        pads = self.step_batch(step).pads
+        return None if pads is None else expand_rollouts(pads, self.run.workload.R)[lo:hi].to(self.device)
+
     def op_generation(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
         w, rl = self.run.workload, self.run.rl
-        prompts = expand_rollouts(self.task.prompts(w.B, self.setup.seed, cmd["step"]), w.R).to(self.device)
+        prompts = expand_rollouts(self.step_batch(cmd["step"]).tokens, w.R).to(self.device)
         roll = generate(pm, prompts[lo:hi], self.chunks(cmd, lo, hi), seed=self.setup.seed, step=cmd["step"],
-                        max_new_tokens=w.Lr, temperature=rl.temperature)
+                        max_new_tokens=w.Lr, temperature=rl.temperature, eos_id=self.prompts.eos_id,
+                        pad_id=self.prompts.pad_id, pads=self.row_pads(cmd["step"], lo, hi))
         out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
         if "values" in cmd["fields"]:
             out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi)
         return out
 
-    def op_inference(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
-        w = self.run.workload
+    def op_inference(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> tuple[dict[str, Tensor], dict]:
+        """The fields of an inference vertex, and what a reward function's calls report (accuracy sums,
+        failures) from one rank of each replica."""
         data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
         out: dict[str, Tensor] = {}
+        report: dict = {}
         for f in cmd["fields"]:
-            if f == "task_scores" or (f == "scores" and self.run.reward == "rule"):
-                # the verifiable rule: the prompt is the first Lp tokens of every sequence
-                seqs = data["sequences"]
-                out[f] = self.task.score(seqs[:, :w.Lp], seqs[:, w.Lp:], data["mask"])
+            if f in ("scores", "task_scores") and self.run.reward == "model" and (f == "scores" or not self.run.has_rule):
+                if "model_scores" not in report:  # a dataset has no rule: the model's score is also the reward
+                    report["model_scores"] = self._forward_field(cmd, pm, data, "scores", lo, hi)
+                out[f] = report["model_scores"]
+            elif f in ("scores", "task_scores"):
+                out[f] = self.verifier_scores(cmd, pm, data, lo, hi, report)
             else:
                 out[f] = self._forward_field(cmd, pm, data, f, lo, hi)
-        return out
+        return out, report
+
+    def verifier_scores(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
+                        report: dict) -> Tensor:
+        """The toy rule's or the reward function's scores of the rows (computed once per vertex)."""
+        if "verifier" not in report:
+            scores, scored = score_responses(self.prompts, self.reward_fn, self.step_batch(cmd["step"]),
+                                             data["sequences"], data["mask"], range(lo, hi), self.run.workload.R)
+            report["verifier"] = scores
+            if scored is not None and pm.is_last and pm.t == 0:  # the rows' one reporter in its replica
+                acc_sum, acc_n = accuracy_sums(scored)
+                report["reward_stats"] = {"acc_sum": acc_sum, "acc_n": acc_n, "failures": scored.failures.count,
+                                          "first_failure": scored.failures.first}
+        return report["verifier"]
 
     def _forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
                        hi: int) -> Tensor:
@@ -679,16 +719,18 @@ class Worker:
         lp, temp = self.run.workload.Lp, self.run.rl.temperature
         if f not in ("old_logprobs", "ref_logprobs", "values", "scores"):
             raise CommandError(f"the torch backend cannot compute field '{f}'")
+        pads = self.row_pads(cmd["step"], lo, hi)
         fns, rows = [], []
         for a, b in self.chunks(cmd, lo, hi):
             rows.append(b - a)
             seqs, mask = data["sequences"][a - lo:b - lo], data["mask"][a - lo:b - lo]
+            p = None if pads is None else pads[a - lo:b - lo]
             if f == "values":
-                fns.append(lambda v, s=seqs: response_forward(v, s, lp).values)
+                fns.append(lambda v, s=seqs, p=p: response_forward(v, s, lp, pads=p).values)
             elif f == "scores":
-                fns.append(lambda v, s=seqs, m=mask: last_token_scores(v, s, lp, m))
+                fns.append(lambda v, s=seqs, m=mask, p=p: last_token_scores(v, s, lp, m, p))
             else:
-                fns.append(lambda v, s=seqs: response_forward(v, s, lp, temp).logprobs)
+                fns.append(lambda v, s=seqs, p=p: response_forward(v, s, lp, temp, pads=p).logprobs)
         return infer(pm, fns, rows) if fns else self.empty(f, 0)
 
     def _dp_sum(self, pm: ParallelModel):
@@ -716,7 +758,8 @@ class Worker:
             names.append("values")
         data = self.rows_of(cmd["inputs"], lo, hi, names)
         exp = Experience(sequences=data["sequences"], mask=data["mask"], old_logprobs=data["old_logprobs"],
-                         ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"))
+                         ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"),
+                         pads=self.row_pads(cmd["step"], lo, hi))
         dp_sum = self._dp_sum(pm)
         num_tokens = float(dp_sum(exp.mask.double().sum()))
         exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)

@@ -1,0 +1,158 @@
+"""Prompt datasets (runtime/torch_backend/datasets.py; issue 15, item 4): JSONL and Parquet rows tokenized with
+the checkpoint's tokenizer, chat templates, explicit truncation, left padding, seeded epochs, and located
+errors for every malformed input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rpegc.core.errors import RpegError  # noqa: E402
+from rpegc.runtime.torch_backend import arith  # noqa: E402
+from rpegc.runtime.torch_backend.datasets import DataConfig, PromptDataset, load_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    arith.write_tokenizer(str(d))
+    return load_tokenizer(str(d))
+
+
+def rows_file(tmp_path, rows, name="d.jsonl") -> str:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def dataset(tok, path, Lp=12, vocab=64, **cfg) -> PromptDataset:
+    return PromptDataset(DataConfig(path=path, **cfg), tok, Lp, vocab)
+
+
+def test_prompts_are_left_padded_to_lp_with_their_pad_counts(tok, tmp_path):
+    path = rows_file(tmp_path, [{"prompt": "1+2=", "answer": "3"}, {"prompt": "12+34=", "answer": "46"}])
+    ds = dataset(tok, path, chat_template="never", shuffle=False)
+    b = ds.batch(2, seed=0, step=0)
+    lengths = [len(tok("1+2=")["input_ids"]), len(tok("12+34=")["input_ids"])]
+    assert lengths[0] < lengths[1]
+    assert b.pads.tolist() == [12 - n for n in lengths]
+    for row, n in zip(b.tokens.tolist(), lengths):
+        assert row[:12 - n] == [tok.pad_token_id] * (12 - n)
+    assert tok.decode(b.tokens[1, int(b.pads[1]):]).replace(" ", "") == "12+34="
+    assert [e.answer for e in b.examples] == ["3", "46"] and b.examples[1].row == 2
+
+
+def test_the_chat_template_wraps_text_and_messages_alike(tok, tmp_path):
+    text = dataset(tok, rows_file(tmp_path, [{"prompt": "2+2=", "answer": "4"}]))
+    chat = dataset(tok, rows_file(tmp_path, [{"prompt": [{"role": "user", "content": "2+2="}], "answer": "4"}],
+                                  "c.jsonl"))
+    assert text.examples[0].ids == chat.examples[0].ids
+    assert tok.decode(list(chat.examples[0].ids)).strip().startswith("Q: 2+2=")
+    with pytest.raises(RpegError, match="needs a tokenizer with a chat template"):
+        dataset(tok, rows_file(tmp_path, [{"prompt": [{"role": "user", "content": "1"}], "answer": "1"}], "n.jsonl"),
+                chat_template="never")
+
+
+def test_nested_keys_reach_verl_columns_and_extra_info_is_kept(tok, tmp_path):
+    row = {"question": "3+4=", "reward_model": {"ground_truth": 7}, "data_source": "gsm8k", "extra_info": {"i": 3}}
+    ds = dataset(tok, rows_file(tmp_path, [row]), prompt_key="question", answer_key="reward_model.ground_truth")
+    ex = ds.examples[0]
+    assert (ex.answer, ex.source, ex.extra) == ("7", "gsm8k", {"i": 3})
+
+
+@pytest.mark.parametrize("truncation,kept", [("left", "last"), ("right", "first"), ("drop", None)])
+def test_truncation_is_explicit(tok, tmp_path, truncation, kept):
+    long = "11+22+33+44="
+    path = rows_file(tmp_path, [{"prompt": long, "answer": "x"}, {"prompt": "1+1=", "answer": "2"}])
+    ids = tok(long)["input_ids"]
+    ds = dataset(tok, path, Lp=6, chat_template="never", truncation=truncation)
+    if kept is None:
+        assert len(ds) == 1 and ds.dropped == 1
+    else:
+        assert list(ds.examples[0].ids) == (ids[-6:] if kept == "last" else ids[:6])
+
+
+def test_an_overlong_prompt_is_an_error_at_its_row_by_default(tok, tmp_path):
+    path = rows_file(tmp_path, [{"prompt": "1+1=", "answer": "2"}, {"prompt": "11+22+33+44=", "answer": "x"}])
+    with pytest.raises(RpegError) as e:
+        dataset(tok, path, Lp=6, chat_template="never")
+    assert e.value.loc.line == 2 and "more than Lp = 6" in e.value.message and "data.truncation" in e.value.message
+
+
+def test_epochs_are_seeded_permutations_and_steps_continue_across_them(tok, tmp_path):
+    path = arith.write_dataset(str(tmp_path / "a.jsonl"), 10, seed=3)
+    ds = dataset(tok, path)
+    seen = [ex.row for k in range(5) for ex in ds.step_examples(4, seed=1, step=k)]  # 20 = two epochs
+    assert sorted(seen[:10]) == list(range(1, 11)) and sorted(seen[10:]) == list(range(1, 11))
+    assert seen[:10] != seen[10:] and seen[:10] != list(range(1, 11))
+    again = dataset(tok, path)
+    assert [ex.row for ex in again.step_examples(4, seed=1, step=3)] == seen[12:16]
+    assert [ex.row for ex in again.step_examples(4, seed=2, step=0)] != seen[:4]
+    plain = dataset(tok, path, shuffle=False)
+    assert [ex.row for ex in plain.step_examples(4, seed=1, step=2)] == [9, 10, 1, 2]
+    with pytest.raises(RpegError, match="B = 11 prompts per step but dataset .* has only 10"):
+        ds.step_examples(11, seed=0, step=0)
+
+
+def test_parquet_rows_read_as_jsonl_rows_do(tok, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow
+
+    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "5+5=", "answer": "10"}]
+    pq.write_table(pyarrow.Table.from_pylist(rows), str(tmp_path / "d.parquet"))
+    a = dataset(tok, str(tmp_path / "d.parquet"))
+    b = dataset(tok, rows_file(tmp_path, rows))
+    assert a.examples == b.examples
+
+
+@pytest.mark.parametrize("content,match,line", [
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', "not a JSON object", 2),
+    ('["a list"]\n', "must be a JSON object", 1),
+    ('{"answer": "2"}\n', "has no 'prompt'", 1),
+    ('{"prompt": "1+1="}\n', "has no 'answer'", 1),
+    ('{"prompt": 5, "answer": "5"}\n', "must be text or a list of chat messages", 1),
+    ('{"prompt": [{"role": "user"}], "answer": "5"}\n', "must be text or a list of chat messages", 1),
+])
+def test_malformed_rows_are_located_errors(tok, tmp_path, content, match, line):
+    (tmp_path / "bad.jsonl").write_text(content)
+    with pytest.raises(RpegError) as e:
+        dataset(tok, str(tmp_path / "bad.jsonl"))
+    assert match in e.value.message and e.value.loc.line == line
+
+
+def test_files_that_cannot_be_datasets_are_refused(tok, tmp_path):
+    with pytest.raises(RpegError, match="unknown format"):
+        dataset(tok, str(tmp_path / "d.csv"))
+    with pytest.raises(RpegError, match="cannot read it"):
+        dataset(tok, str(tmp_path / "missing.jsonl"))
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(RpegError, match="not a regular file"):
+        dataset(tok, str(tmp_path / "dir.jsonl"))
+    (tmp_path / "x.parquet").write_bytes(b"not parquet")
+    pytest.importorskip("pyarrow")
+    with pytest.raises(RpegError, match="not a readable Parquet file"):
+        dataset(tok, str(tmp_path / "x.parquet"))
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(RpegError, match="has no usable prompts"):
+        dataset(tok, str(tmp_path / "empty.jsonl"))
+
+
+def test_the_tokenizer_must_fit_the_model(tok, tmp_path):
+    path = rows_file(tmp_path, [{"prompt": "1+1=", "answer": "2"}])
+    with pytest.raises(RpegError, match=f"has {len(tok)} tokens but the model's vocabulary is 16"):
+        dataset(tok, path, vocab=16)
+    with pytest.raises(RpegError, match="does not exist"):
+        load_tokenizer(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RpegError, match="no tokenizer could be loaded"):
+        load_tokenizer(str(tmp_path / "empty"))
+
+
+def test_a_response_decodes_to_its_text_without_the_eos(tok, tmp_path):
+    ds = dataset(tok, rows_file(tmp_path, [{"prompt": "1+1=", "answer": "2"}]))
+    assert ds.response_text(tok("12")["input_ids"] + [tok.eos_token_id]).strip() == "12"
+    assert (ds.eos_id, ds.pad_id) == (tok.eos_token_id, tok.pad_token_id)

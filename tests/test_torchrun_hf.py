@@ -1,0 +1,135 @@
+"""Real models end to end (issue 15): a Llama checkpoint and tokenizer the test makes with `transformers` and
+`tokenizers`, a JSONL dataset of chat prompts, a plugin reward from a file, GRPO and PPO on 2 workers through
+`rpegc` and `rpeg-run` as a user runs them; then `rpeg-run export` writes a directory that `transformers`
+loads with the backend's logits (float32; tests/test_torch_hf.py's bound)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rpegc.core.hf_config import hf_arch  # noqa: E402
+from rpegc.runtime.torch_backend import arith  # noqa: E402
+from rpegc.runtime.torch_backend import checkpoint as ckpt  # noqa: E402
+from rpegc.runtime.torch_backend.hf import hf_net  # noqa: E402
+from rpegc.runtime.torch_backend.models import NetOptions  # noqa: E402
+from test_torch_export import logits_of  # noqa: E402
+from test_torch_hf import LOGIT_ATOL  # noqa: E402
+from programs import EXAMPLES, lowering  # noqa: E402
+
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):
+    assert data_source == "arith" and ground_truth.isdigit()
+    digits = [c for c in solution_str if c.isdigit()]
+    return {"score": min(len(digits), 2) / 2, "acc": float("".join(digits) == ground_truth)}
+
+
+def flaky(data_source, solution_str, ground_truth, extra_info):
+    if int(ground_truth) % 3 == 0:
+        raise ZeroDivisionError("a bug in the user's verifier")
+    return compute_score(data_source, solution_str, ground_truth, extra_info)
+"""
+WORKLOAD = "rpeg.workload {B = 8, R = 2, Lp = 16, Lr = 4, dtype = fp32}"
+TWO = 'rpeg.cluster @cpu2 {racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}'
+
+
+def grpo_text() -> str:
+    text = (EXAMPLES / "grpo-tiny-2.rpeg").read_text()
+    text = re.sub(r"^rpeg\.workload .*$", WORKLOAD, text, count=1, flags=re.M)
+    return re.sub(r'arch = "tiny", kind = (policy|reference)', r'hf = "ckpt", kind = \1', text)
+
+
+def ppo_text() -> str:
+    text = (EXAMPLES / "ppo-tiny.rpeg").read_text()
+    text = re.sub(r"^rpeg\.workload .*$", WORKLOAD, text, count=1, flags=re.M)
+    text = re.sub(r'arch = "tiny", kind = (policy|reference|critic)', r'hf = "ckpt", kind = \1', text)
+    text = re.sub(r"^rpeg\.cluster .*$", TWO, text, count=1, flags=re.M)
+    plan = """rpeg.plan @p for @ppo on @cpu2 {
+  @gen          at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
+  @ref_inf      at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1
+  @reward_inf   at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
+  @critic_inf   at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 2 tp = 1 mb = 2
+  @train_actor  at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1
+  @train_critic at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
+}
+"""
+    return re.sub(r"^rpeg\.plan @p .*?^}\n", lambda _m: plan, text, count=1, flags=re.M | re.S)
+
+
+def cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("real")
+    arith.write_checkpoint(str(d / "ckpt"), hidden=32, layers=2, max_positions=32)
+    arith.write_dataset(str(d / "train.jsonl"), 32, seed=2, chat=True, max_operand=20)
+    (d / "reward.py").write_text(REWARD)
+    return d
+
+
+@pytest.mark.parametrize("name,text,function", [("grpo", grpo_text, "flaky"), ("ppo", ppo_text, "compute_score")])
+def test_a_checkpoint_trains_on_a_dataset_with_a_plugin_reward_and_exports(workdir, tmp_path, name, text, function):
+    """GRPO's verifier raises on every third ground truth: those calls score 0, are counted per step and
+    summed in the summary, and the run goes on."""
+    d = workdir
+    (d / f"{name}.rpeg").write_text(text())
+    proc = cli("rpegc.cli", f"{name}.rpeg", "-p", lowering(2), "-o", f"{name}.exec.rpeg", cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = f"run-{name}"
+    proc = cli("rpegc.runtime.cli", f"{name}.exec.rpeg", "--backend", "torch", "--data", "train.jsonl",
+               "--reward", f"reward.py:{function}", "--run-dir", run_dir, "--trace", f"{name}.jsonl",
+               "--rl", "lr_actor=1e-3", "--rl", "lr_critic=1e-3", cwd=d)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verification: OK" in proc.stdout and "Traceback" not in proc.stderr
+    with open(d / f"{name}.jsonl") as f:
+        header = json.loads(f.readline())["options"]
+    assert header["data"]["path"] == str(d / "train.jsonl") and header["reward"].endswith(f"reward.py:{function}")
+    metrics = [json.loads(line) for line in open(d / run_dir / "metrics.jsonl")]
+    assert [m["step"] for m in metrics] == [0, 1]
+    assert all(0 <= m["accuracy"] <= 1 for m in metrics)
+    assert any(m["reward"] > 0 for m in metrics)  # the plugin scored something
+    failed = sum(m["reward_failures"] for m in metrics)
+    if function == "flaky":
+        assert failed > 0 and f"reward function: {failed:.0f} call(s) failed and scored 0" in proc.stdout
+        assert "ZeroDivisionError: a bug in the user's verifier" in proc.stderr
+    else:
+        assert failed == 0 and "reward function:" not in proc.stdout
+
+    out = tmp_path / "export"
+    proc = cli("rpegc.runtime.cli", "export", run_dir, str(out), cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.exists(out / "tokenizer.json") and os.path.exists(out / "tokenizer_config.json")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    path = str(d / "ckpt")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "3+4="}], tokenize=False, add_generation_prompt=True)
+    x = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+    final = ckpt.load_final(str(d / run_dir))["actor"]
+    with torch.no_grad():
+        theirs = exported(x).logits
+    ours = logits_of(final, hf_arch(path), hf_net(path, NetOptions(max_seq=x.shape[1])), x)
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=LOGIT_ATOL)
+
+
+def test_a_reward_model_from_the_checkpoint_scores_a_dataset(workdir):
+    """--reward model with a dataset: the frozen reward model (the checkpoint's backbone, a seeded value head)
+    gives the training score, and with no verifier it is also the logged reward."""
+    d = workdir
+    text = grpo_text().replace('arch = "tiny", kind = reward', 'hf = "ckpt", kind = reward')
+    (d / "rm.rpeg").write_text(text)
+    assert cli("rpegc.cli", "rm.rpeg", "-p", lowering(1), "-o", "rm.exec.rpeg", cwd=d).returncode == 0
+    proc = cli("rpegc.runtime.cli", "rm.exec.rpeg", "--backend", "torch", "--data", "train.jsonl", "--reward", "model",
+               "--run-dir", "run-rm", cwd=d)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (m,) = [json.loads(line) for line in open(d / "run-rm" / "metrics.jsonl")]
+    assert m["score"] == m["reward"] != 0 and "accuracy" not in m
