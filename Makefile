@@ -20,6 +20,8 @@ DEMO_PIPELINE := verify-wellformed,optimize{budget=15 seed=0},$(LOWER)
 
 TINY_OPT := verify-wellformed,optimize{budget=5 seed=0 steps=20 summary=false}
 TINY_LOWER := unroll{k=20},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
+ARITH_OPT := verify-wellformed,optimize{budget=5 seed=0 steps=60 summary=false}
+ARITH_LOWER := unroll{k=60},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
 
 demo: $(STAMP)
 	@mkdir -p $(OUT)
@@ -43,6 +45,17 @@ demo: $(STAMP)
 	$(BIN)/rpegc examples/grpo-tiny-2.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/grpo-tiny-2.exec.rpeg
 	$(BIN)/rpeg-run $(OUT)/grpo-tiny-2.exec.rpeg --backend torch --quiet --trace $(OUT)/grpo-tiny-2.trace.jsonl \
 	  --gantt $(OUT)/grpo-tiny-2-gantt.png
+
+	@echo "== 6. a real model: a Llama checkpoint, tokenizer and arithmetic prompts made here (nothing can be"
+	@echo "   downloaded), a short supervised warm-up, then the optimized GRPO plan with the math verifier on 2 workers =="
+	@rm -rf $(OUT)/arith $(OUT)/arith.run $(OUT)/arith-out
+	$(BIN)/python -m rpegc.runtime.torch_backend.arith make $(OUT)/arith --warm-up 100
+	$(BIN)/rpegc $(OUT)/arith/grpo.rpeg -p '$(ARITH_OPT),$(ARITH_LOWER)' -o $(OUT)/arith.exec.rpeg
+	$(BIN)/rpeg-run $(OUT)/arith.exec.rpeg --backend torch --quiet --data $(OUT)/arith/train.jsonl --reward math \
+	  --rl-config examples/arith-rl.toml --run-dir $(OUT)/arith.run --trace $(OUT)/arith.trace.jsonl
+	$(BIN)/rpeg-run export $(OUT)/arith.run $(OUT)/arith-out
+	$(BIN)/python -m rpegc.runtime.torch_backend.arith check $(OUT)/arith-out --test $(OUT)/arith/test.jsonl \
+	  --before $(OUT)/arith/ckpt --metrics $(OUT)/arith.run/metrics.jsonl
 
 test: $(STAMP)
 	@$(BIN)/python tests/run_all.py

@@ -175,28 +175,87 @@ def warm_up(directory: str, steps: int = 100, batch: int = 64, lr: float = 3e-3,
     return float(loss.detach())
 
 
+def greedy_accuracy(directory: str, test_path: str) -> tuple[float, list[tuple[str, str, str]]]:
+    """The fraction of the test file's prompts a `transformers` model from `directory` answers right with greedy
+    decoding (the math verifier's judgement), and (prompt, answer, truth) of each."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rpegc.runtime.torch_backend.rewards import math_answer
+
+    tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
+    rows = [json.loads(line) for line in open(test_path, encoding="utf-8") if line.strip()]
+    out, right = [], 0
+    for row in rows:
+        messages = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        answer = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        right += math_answer("arith", answer, row["answer"])["score"] == 1.0
+        out.append((messages[-1]["content"], answer, row["answer"]))
+    return right / max(1, len(rows)), out
+
+
+def _check(args) -> int:
+    """Held-out greedy accuracy before and after RL, the RL run's accuracy by tens of steps, one answer."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    if args.metrics:
+        accuracy = [json.loads(line)["accuracy"] for line in open(args.metrics, encoding="utf-8") if line.strip()]
+        tens = [sum(accuracy[i:i + 10]) / len(accuracy[i:i + 10]) for i in range(0, len(accuracy), 10)]
+        print("RL accuracy of sampled responses, mean per 10 steps: " + " ".join(f"{a:.2f}" for a in tens))
+    before, _ = greedy_accuracy(args.before, args.test) if args.before else (None, [])
+    after, answers = greedy_accuracy(args.model, args.test)
+    print(f"held-out greedy accuracy ({len(answers)} prompts): {after:.2f}"
+          + (f" (before RL: {before:.2f})" if before is not None else ""))
+    prompt, answer, truth = answers[0]
+    print(f"{args.model} (transformers) answers {prompt!r} with {answer!r} (right: {truth!r})")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m rpegc.runtime.torch_backend.arith DIR`: DIR/ckpt (checkpoint and tokenizer), DIR/train.jsonl and
-    DIR/test.jsonl; DIR must be new or empty (nothing of the user's is overwritten)."""
+    """`arith make DIR`: DIR/ckpt (checkpoint and tokenizer), DIR/train.jsonl, DIR/test.jsonl and DIR/grpo.rpeg; DIR
+    must be new or empty (nothing of the user's is overwritten). `arith check MODEL --test FILE`: how well a
+    Hugging Face directory (an export) answers, against --before and with the run's --metrics."""
     import argparse
     import sys
 
     from transformers.utils import logging as hf_logging
 
     p = argparse.ArgumentParser(prog="python -m rpegc.runtime.torch_backend.arith", description=main.__doc__)
-    p.add_argument("dir")
-    p.add_argument("--rows", type=int, default=256, help="training prompts (default 256)")
-    p.add_argument("--chat", action="store_true", help="prompts as chat messages (the tokenizer's template applies)")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--warm-up", type=int, default=0, metavar="STEPS",
-                   help="supervised warm-up steps (batch 64) so that an RL run's reward can move (default 0: random)")
+    sub = p.add_subparsers(dest="command", required=True)
+    make = sub.add_parser("make", help="write a checkpoint, its tokenizer, datasets and a GRPO program")
+    make.add_argument("dir")
+    make.add_argument("--rows", type=int, default=256, help="training prompts (default 256)")
+    make.add_argument("--chat", action="store_true", help="prompts as chat messages (the template applies either way)")
+    make.add_argument("--hidden", type=int, default=64)
+    make.add_argument("--layers", type=int, default=2)
+    make.add_argument("--warm-up", type=int, default=0, metavar="STEPS",
+                      help="supervised warm-up steps (batch 64) so that an RL run's reward can move (default 0)")
+    check = sub.add_parser("check", help="greedy accuracy of a Hugging Face directory on a test file")
+    check.add_argument("model")
+    check.add_argument("--test", required=True)
+    check.add_argument("--before", help="the checkpoint before RL, for comparison")
+    check.add_argument("--metrics", help="the run's metrics.jsonl: its accuracy by tens of steps")
     args = p.parse_args(argv)
+    if args.command == "check":
+        try:
+            return _check(args)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"arith: error: {e}", file=sys.stderr)
+            return 1
     if os.path.exists(args.dir) and (not os.path.isdir(args.dir) or os.listdir(args.dir)):
         print(f"arith: error: {args.dir} exists and is not an empty directory", file=sys.stderr)
         return 1
     if args.rows < 1 or args.warm_up < 0 or args.hidden < 4 or args.hidden % 4 or args.layers < 1:
-        print("arith: error: --rows >= 1, --warm-up >= 0, --layers >= 1 and --hidden a multiple of 4 (>= 4) are needed", file=sys.stderr)
+        print("arith: error: --rows >= 1, --warm-up >= 0, --layers >= 1 and --hidden a multiple of 4 (>= 4) are "
+              "needed", file=sys.stderr)
         return 1
     hf_logging.disable_progress_bar()
     os.makedirs(args.dir, exist_ok=True)
@@ -207,7 +266,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     write_dataset(os.path.join(args.dir, "train.jsonl"), args.rows, seed=0, chat=args.chat)
     write_dataset(os.path.join(args.dir, "test.jsonl"), 64, seed=1, chat=args.chat)
     with open(os.path.join(args.dir, "grpo.rpeg"), "w", encoding="utf-8") as f:
-        f.write(GRPO_PROGRAM.format(B=16, R=4, Lp=12, Lr=4, ckpt=os.path.join(args.dir, "ckpt")))
+        f.write(GRPO_PROGRAM.format(B=8, R=8, Lp=12, Lr=4, ckpt=os.path.join(args.dir, "ckpt")))
     print(f"wrote {args.dir}/ckpt (Llama, hidden {args.hidden}, {args.layers} layers, tokenizer), "
           f"{args.dir}/train.jsonl ({args.rows} prompts), {args.dir}/test.jsonl (64) and {args.dir}/grpo.rpeg "
           "(GRPO on 2 workers)")

@@ -23,10 +23,12 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
+import logging
 import math
 import os
 import re
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -35,6 +37,7 @@ from rpegc.core.errors import RpegError
 ENTRY_POINT_GROUP = "rpegc.rewards"
 NOT_FUNCTIONS = ("rule", "model")  # reward sources the backend handles itself
 ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+MATH_TIMEOUT_S = 5  # per parse and per comparison, as math-verify's own default
 
 RewardFn = Callable[..., Any]
 
@@ -66,9 +69,18 @@ def math_answer(data_source: str, solution_str: str, ground_truth: Optional[str]
         from math_verify import parse, verify
     except ImportError:
         raise RpegError(None, "--reward math needs math-verify (pip install math-verify)") from None
-    gold = parse(_final_answer(str(ground_truth)), parsing_timeout=None)
-    answer = parse(_final_answer(solution_str), parsing_timeout=None)
-    score = float(bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=None))
+    # math-verify bounds its sympy work with SIGALRM, which only the main thread may set; elsewhere unbounded
+    # (its warning about that is silenced: a bounded response length keeps the inputs small)
+    limit = MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    quiet = logging.getLogger("math_verify")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        gold = parse(_final_answer(str(ground_truth)), parsing_timeout=limit)
+        answer = parse(_final_answer(solution_str), parsing_timeout=limit)
+        score = float(bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=limit))
+    finally:
+        quiet.setLevel(level)
     return {"score": score, "acc": score}
 
 
