@@ -243,23 +243,26 @@ class StrategyAttr(ParametrizedAttribute):
 
 @irdl_attr_definition
 class ArchAttr(ParametrizedAttribute):
-    """A model architecture: `#rpeg.arch<layers = 32, hidden = 4096, ..., kv_heads = 32>`."""
+    """A model architecture: `#rpeg.arch<layers = 32, hidden = 4096, ..., kv_heads = 32, gated = 1>` (gated: 1
+    for a gated FFN, 0 for the spec's two-projection one)."""
 
     name = "rpeg.arch"
-    KEYS: ClassVar[tuple[str, ...]] = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
+    KEYS: ClassVar[tuple[str, ...]] = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads", "gated")
     layers: IntAttr
     hidden: IntAttr
     ffn: IntAttr
     vocab: IntAttr
     heads: IntAttr
     kv_heads: IntAttr
+    gated: IntAttr
 
     @staticmethod
     def from_arch(a: Arch) -> ArchAttr:
         return ArchAttr(*(IntAttr(int(getattr(a, k))) for k in ArchAttr.KEYS))
 
     def to_arch(self) -> Arch:
-        return Arch(*(p.data for p in self.parameters))
+        *sizes, gated = (p.data for p in self.parameters)
+        return Arch(*sizes, gated=bool(gated))
 
     def print_parameters(self, printer: Printer) -> None:
         _print_keyed_ints(printer, self.KEYS, tuple(p.data for p in self.parameters))

@@ -112,7 +112,7 @@ def archs(draw, exotic: bool = False) -> tuple[Arch, Optional[str]]:
         preset = draw(st.sampled_from(SMALL_PRESETS))
         arch = presets.lookup(preset)
         if choice == "override":
-            arch = replace(arch, layers=draw(st.sampled_from([1, 2, 6, 12, 48])))
+            arch = replace(arch, layers=draw(st.sampled_from([1, 2, 6, 12, 48])), gated=draw(st.booleans()))
         return arch, preset
     heads = draw(st.sampled_from([1, 2, 4, 8]))
     kv = draw(st.sampled_from([h for h in (1, 2, 4, 8) if h <= heads]))
@@ -123,6 +123,7 @@ def archs(draw, exotic: bool = False) -> tuple[Arch, Optional[str]]:
         vocab=draw(st.sampled_from([64, 256, 32000])),
         heads=heads,
         kv_heads=kv,
+        gated=draw(st.booleans()),
     )
     return arch, None
 

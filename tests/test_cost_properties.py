@@ -43,6 +43,7 @@ def archs(draw):
         vocab=draw(st.integers(64, 130_000)),
         heads=heads,
         kv_heads=draw(st.sampled_from([h for h in (1, 2, 4, 8, 16, 32) if heads % h == 0])),
+        gated=draw(st.booleans()),
     )
 
 

@@ -109,7 +109,7 @@ def test_beats_or_equals_the_baselines_on_the_8gpu_ppo_example(ppo):
 
 
 def test_finds_a_feasible_plan_where_both_baselines_run_out_of_memory(ppo):
-    hw = replace(load_hardware("gh200"), M_GPU=40e9)
+    hw = replace(load_hardware("gh200"), M_GPU=44e9)
     r = optimize(ppo, OptimizeOptions(seed=0, **SMALL), hw)
     assert not r.greedy.evaluation.feasible and not r.concurrent.evaluation.feasible
     assert r.evaluation.feasible

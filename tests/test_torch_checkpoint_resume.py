@@ -45,8 +45,8 @@ FFN = 2048
 RL = {"adam_eps": 1.0}
 
 WORKLOAD = "rpeg.workload {B = 4, R = 4, Lp = 4, Lr = 4, dtype = fp32}"
-ACTOR = "rpeg.model @actor  {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, kind = policy, trainable}"
-REF = "rpeg.model @ref    {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, kind = reference}"
+ACTOR = "rpeg.model @actor  {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, gated = true, kind = policy, trainable}"
+REF = "rpeg.model @ref    {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, gated = true, kind = reference}"
 TRAIN = {"A": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1",
          "B": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1",
          "C": "  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 2 tp = 1 mb = 2"}

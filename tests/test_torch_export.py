@@ -99,8 +99,8 @@ def test_a_rope_model_built_from_the_rpeg_shape_exports_as_llama():
     net = NetOptions(max_seq=12)
     weights = export_weights(build_model(arch, "policy", 5, net))
     spec = {"kind": "policy", "arch": {k: getattr(arch, k) for k in ("layers", "hidden", "ffn", "vocab", "heads",
-                                                                    "kv_heads")}}
-    config = hf_config(spec, {"mlp": "swiglu", "positions": "rope", "workload": {"Lp": 4, "Lr": 8}})
+                                                                    "kv_heads", "gated")}}
+    config = hf_config(spec, {"positions": "rope", "workload": {"Lp": 4, "Lr": 8}})
     hf = transformers.AutoModelForCausalLM.from_config(config).eval()
     hf.load_state_dict({hf_name(n): t for n, t in weights.items()}, strict=False)
     x = torch.randint(0, arch.vocab, (2, 12), generator=torch.Generator().manual_seed(3))

@@ -55,7 +55,7 @@ BAND = 0.25  # the +-25% band of Fig. 4
 VALIDATION_ARCHS: dict[str, Arch] = {
     "tiny": lookup("tiny"),
     "tiny-4l": lookup("tiny-4l"),
-    "small-256": Arch(layers=4, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8),
+    "small-256": Arch(layers=4, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8, gated=True),
 }
 # (B, R, Lp, Lr): a short and a longer workload; R = 1 (PPO-style), sequences = B.
 VALIDATION_WORKLOADS: tuple[tuple[int, int, int, int], ...] = ((16, 1, 16, 16), (32, 1, 32, 32))
@@ -464,7 +464,7 @@ def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, 
 # ---------------------------------------------------------------------------------------------------
 # CSV
 
-CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads",
+CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads", "gated",
                "B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s", "measured_min_s",
                "measured_max_s", "predicted_s", "predicted_default_s", "rel_error", "T_gemm", "T_bubble", "T_tp",
                "T_pp", "T_dp", "T_non_gemm", "T_opt", "predicted_peak_bytes", "measured_peak_bytes", "samples_s")
@@ -477,7 +477,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         for r in rows:
             c, a, p = r.case, r.case.arch, r.pred
             out.writerow([c.id, c.role, c.kind, c.model, a.layers, a.hidden, a.ffn, a.vocab, a.heads, a.kv_heads,
-                          c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb, c.devices, len(r.measured),
+                          int(a.gated), c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb, c.devices, len(r.measured),
                           f"{r.measured_s:.6g}", f"{min(r.measured):.6g}", f"{max(r.measured):.6g}",
                           f"{p.T_op:.6g}", f"{r.pred_default.T_op:.6g}", f"{p.T_op / r.measured_s - 1:.4f}",
                           f"{p.T_gemm:.6g}", f"{p.T_bubble:.6g}", f"{p.T_tp:.6g}", f"{p.T_pp:.6g}", f"{p.T_dp:.6g}",
@@ -499,7 +499,9 @@ def read_csv(path: Path) -> list[tuple[Case, tuple[float, ...], Optional[float]]
     out = []
     for line, rec in enumerate(reader, start=2):
         try:
-            arch = Arch(*(int(rec[k]) for k in ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")))
+            # CSVs from before the column ran every model with a gated (SwiGLU) FFN
+            arch = Arch(*(int(rec[k]) for k in ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")),
+                        gated=bool(int(rec.get("gated") or 1)))
             case = Case(rec["role"], rec["kind"], rec["model"], arch,
                         *(int(rec[k]) for k in ("B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb")))
             samples = tuple(float(s) for s in rec["samples_s"].split())

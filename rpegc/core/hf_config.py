@@ -93,7 +93,7 @@ def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
         raise RpegError(loc, f"{path}: {', '.join(bad)} must be positive integers")
     return Arch(layers=values["num_hidden_layers"], hidden=values["hidden_size"], ffn=values["intermediate_size"],
                 vocab=values["vocab_size"], heads=values["num_attention_heads"],
-                kv_heads=values["num_key_value_heads"])
+                kv_heads=values["num_key_value_heads"], gated=True)
 
 
 def hf_arch(directory: str, loc: Optional[Loc] = None) -> Arch:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rpegc.core.cost_options import CostOptions
-from rpegc.core.params import SCALAR_HEAD_KINDS, layer_params
+from rpegc.core.params import SCALAR_HEAD_KINDS, ffn_matrices, layer_params
 from rpegc.core.program import Arch, Workload
 from rpegc.core.work import LM_HEAD_KINDS
 
@@ -44,11 +44,13 @@ def checkpoint_interval(layers_local, opts: CostOptions = _DEFAULT):
 
 
 def buffer_width(arch: Arch, tp, opts: CostOptions = _DEFAULT):
-    """Per-token scalars of the widest recompute buffer: attention vs FFN ([A12])."""
+    """Per-token scalars of the widest recompute buffer: attention vs FFN ([A12]); a gated FFN holds three d_ff
+    wide tensors (gate, up and their product) where the spec's holds two."""
     d = arch.hidden
-    width = np.maximum(2 * d + 6 * d / tp, 2 * d + 2 * arch.ffn / tp)
+    f = ffn_matrices(arch)
+    width = np.maximum(2 * d + 6 * d / tp, 2 * d + f * arch.ffn / tp)
     if opts.recompute_buffer_third_term:
-        width = np.maximum(width, 2 * d + 2 * arch.ffn)
+        width = np.maximum(width, 2 * d + f * arch.ffn)
     return width
 
 

@@ -7,10 +7,16 @@ from rpegc.core.program import Arch
 SCALAR_HEAD_KINDS = ("critic", "reward", "actor_critic")
 
 
+def ffn_matrices(arch: Arch) -> int:
+    """d x d_ff matrices of one FFN: 3 for a gated FFN (gate, up, down), the spec's 2 otherwise."""
+    return 3 if arch.gated else 2
+
+
 def layer_params(arch: Arch) -> int:
-    """W_layer = 4 d^2 + 2 d d_ff (four attention projections, two FFN projections)."""
+    """W_layer = 4 d^2 + 2 d d_ff (four attention projections, two FFN projections; spec 2.5), or 4 d^2 + 3 d d_ff
+    for a gated FFN. Work and memory count the layers through this, so FLOPs follow the same form."""
     d = arch.hidden
-    return 4 * d * d + 2 * d * arch.ffn
+    return 4 * d * d + ffn_matrices(arch) * d * arch.ffn
 
 
 def param_count(arch: Arch, kind: str) -> int:

@@ -52,12 +52,16 @@ class Workload:
 
 @dataclass(frozen=True)
 class Arch:
+    """A decoder-only transformer's shape. `gated`: the FFN has a gate projection (SwiGLU: gate, up and down,
+    three d x d_ff matrices, as the Llama family); False is the spec's two-projection FFN (up, down)."""
+
     layers: int
     hidden: int
     ffn: int
     vocab: int
     heads: int
     kv_heads: int
+    gated: bool = False
 
     @property
     def head_dim(self) -> int:

@@ -16,7 +16,8 @@ _DEFAULT = CostOptions()
 
 
 def backbone_flops_per_token(arch: Arch, ell):
-    """C_bb(ell) = 2 L (4 d^2 + 2 d d_ff + ell d): projections plus causal attention averaged per token."""
+    """C_bb(ell) = 2 L (W_layer + ell d) (spec: W_layer = 4 d^2 + 2 d d_ff; 3 d d_ff gated): projections plus causal
+    attention averaged per token."""
     return 2 * arch.layers * (layer_params(arch) + ell * arch.hidden)
 
 

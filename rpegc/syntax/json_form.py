@@ -11,7 +11,8 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "format": "rpegc-program", "format_version": 1,
       "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32"},
       "models": [{"name": str, "kind": MODEL_KIND, "trainable": bool, "preset": str | null,
-                  "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int}, "hf"?: str}],
+                  "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int, "gated": bool},
+                  "hf"?: str}],
                   // reading: "arch" may be left out when "preset" names a known preset, or with "hf"
                   // (a checkpoint directory: the arch is its config.json's; a given "arch" must agree)
       "rpeg_graph": null | {            // the cyclic steady-state graph G°
@@ -156,7 +157,7 @@ def _model_json(m: Model) -> dict:
         "kind": m.kind,
         "trainable": m.trainable,
         "preset": m.preset,
-        "arch": {k: getattr(m.arch, k) for k in _ARCH_KEYS},
+        "arch": {**{k: getattr(m.arch, k) for k in _ARCH_KEYS}, "gated": m.arch.gated},
         **({"hf": m.hf} if m.hf is not None else {}),
     }
 
@@ -459,8 +460,9 @@ def _read_model(r: _Reader, v: Any, path: str) -> Model:
     hf = r.opt(o.get("hf"), _join(path, "hf"), r.str_)
     given = None
     if o.get("arch") is not None:
-        a = r.obj(o["arch"], _join(path, "arch"), _ARCH_KEYS)
-        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS})
+        a = r.obj(o["arch"], _join(path, "arch"), _ARCH_KEYS, ("gated",))
+        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS},
+                     gated=r.bool_(a.get("gated", False), f"{path}.arch.gated"))
     if hf is not None:
         try:
             arch = hf_arch(hf)

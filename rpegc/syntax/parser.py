@@ -537,15 +537,17 @@ class _Builder:
         name = self.name(sym)
         loc = self.loc(item)
         what = f"model @{name}"
-        attrs = self.attrs(attr_tree, what, ("arch", "hf", "kind", "trainable") + ARCH_FIELDS)
+        attrs = self.attrs(attr_tree, what, ("arch", "hf", "kind", "trainable", "gated") + ARCH_FIELDS)
         kind_attr = self.need(attrs, "kind", what, loc, f"rpeg.model @{name} {{arch = \"llama2-7b\", kind = policy}}")
         kind = self.attr_word(kind_attr, what, MODEL_KINDS)
         trainable = self.attr_bool(attrs["trainable"], what) if "trainable" in attrs else False
-        fields = {k: self.attr_int(attrs[k], what, maximum=MAX_SIZE) for k in ARCH_FIELDS if k in attrs}
+        fields: dict = {k: self.attr_int(attrs[k], what, maximum=MAX_SIZE) for k in ARCH_FIELDS if k in attrs}
+        if "gated" in attrs:  # a gated FFN (SwiGLU: three d x d_ff matrices); without it, the spec's two
+            fields["gated"] = self.attr_bool(attrs["gated"], what)
         preset = None
         if "hf" in attrs:
             directory = self.attr_text_value(attrs["hf"], what)
-            given = [k for k in ("arch",) + ARCH_FIELDS if k in attrs]
+            given = [k for k in ("arch",) + ARCH_FIELDS + ("gated",) if k in attrs]
             if given:
                 self.fail(attrs[given[0]].at, f"{what} reads its architecture from hf = \"{directory}\"; "
                                               f"drop {', '.join(given)}")
@@ -563,7 +565,7 @@ class _Builder:
                     f"unknown arch preset '{preset}'{_close(preset, presets.names())}; "
                     f"known presets: {', '.join(presets.names())} (or give layers, hidden, ffn, vocab, heads)",
                 )
-            values = {k: getattr(base, k) for k in ARCH_FIELDS}
+            values = {k: getattr(base, k) for k in ARCH_FIELDS + ("gated",)}
             values.update(fields)
         else:
             missing = [k for k in ARCH_FIELDS[:-1] if k not in fields]

@@ -147,8 +147,12 @@ def _model_attrs(m: Model) -> list[tuple[str, Optional[str]]]:
         pairs.append(("arch", _string(m.preset)))
         # A preset with overrides (e.g. a shallower llama) prints only what differs.
         pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_FIELDS if getattr(m.arch, f) != getattr(base, f)]
+        if m.arch.gated != base.gated:
+            pairs.append(("gated", str(m.arch.gated).lower()))
     else:
         pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_FIELDS]
+        if m.arch.gated:
+            pairs.append(("gated", "true"))
     pairs.append(("kind", _word(m.kind)))
     if m.trainable:
         pairs.append(("trainable", None))

@@ -72,9 +72,10 @@ def hf_config(spec: dict, run: dict):
         config = AutoConfig.from_pretrained(spec["hf"], local_files_only=True)
         config.tie_word_embeddings = False
         return config
-    if run.get("mlp", "swiglu") != "swiglu" or run.get("positions", "rope") != "rope":
-        raise RpegError(None, f"a model with mlp = {run.get('mlp')!r} and positions = {run.get('positions')!r} has no "
-                              "Llama equivalent; only swiglu + rope models are exported")
+    if not spec["arch"].get("gated") or run.get("positions", "rope") != "rope":
+        raise RpegError(None, f"a model with {'a gated' if spec['arch'].get('gated') else 'an ungated (GELU)'} FFN and "
+                              f"positions = {run.get('positions')!r} has no Llama equivalent; only gated (SwiGLU) "
+                              "models with RoPE are exported")
     a, w, net = spec["arch"], run["workload"], NetOptions(max_seq=1)
     return LlamaConfig(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["ffn"],
                        num_hidden_layers=a["layers"], num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],

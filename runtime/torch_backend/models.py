@@ -20,6 +20,7 @@ returns float32 logits and values, so log-probs, sampling and the RL math always
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ def cast_weights(weights: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Te
 
 @dataclass(frozen=True)
 class NetOptions:
-    """Choices the `.rpeg` arch does not fix. `max_seq` bounds positions (Lp + Lr)."""
+    """Choices the `.rpeg` arch does not fix (`mlp` it does: `arch_net`). `max_seq` bounds positions (Lp + Lr)."""
 
     max_seq: int
     mlp: str = "swiglu"
@@ -310,6 +311,12 @@ class TransformerModel(nn.Module):
         if cache is not None:
             cache.length += tokens.shape[1]
         return out
+
+
+def arch_net(arch: Arch, opts: NetOptions) -> NetOptions:
+    """`opts` with the MLP `arch` has: SwiGLU for a gated FFN, GELU for the spec's two-projection one (so the
+    backend runs what the cost model prices)."""
+    return dataclasses.replace(opts, mlp="swiglu" if arch.gated else "gelu")
 
 
 def check_arch(arch: Arch, kind: str, opts: NetOptions) -> None:

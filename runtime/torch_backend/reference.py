@@ -37,8 +37,8 @@ from rpegc.core.errors import RpegError
 from rpegc.core.presets import lookup
 from rpegc.core.program import Arch, Program, Workload
 from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
-from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, build_model, cast_weights, derive_seed,
-                                                export_weights, install_weights, serving_dtype)
+from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, arch_net, build_model, cast_weights,
+                                                derive_seed, export_weights, install_weights, serving_dtype)
 from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
                                             critic_loss, default_rl_config, kl_estimate, last_token_scores,
                                             make_adam, optimizer_step, response_forward)
@@ -68,7 +68,6 @@ class RunConfig:
     reward: str = "rule"
     reward_arch: Optional[Arch] = None
     task: str = "pattern"
-    mlp: str = "swiglu"
     positions: str = "rope"
     tau_actor: int = 0
     tau_critic: int = 0
@@ -86,7 +85,8 @@ class RunConfig:
 
     @property
     def net(self) -> NetOptions:
-        return NetOptions(max_seq=self.workload.Lp + self.workload.Lr, mlp=self.mlp, positions=self.positions)
+        """The options every model of the run shares; each model's MLP is its arch's (`models.arch_net`)."""
+        return NetOptions(max_seq=self.workload.Lp + self.workload.Lr, positions=self.positions)
 
     @property
     def has_critic(self) -> bool:
@@ -131,7 +131,7 @@ def check_run_config(cfg: RunConfig) -> None:
 
 
 def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task: str = "pattern",
-                        reward: str = "rule", mlp: str = "swiglu", positions: str = "rope",
+                        reward: str = "rule", positions: str = "rope",
                         data: DataConfig = DataConfig()) -> RunConfig:
     """The run a `.rpeg` program describes: PPO if it has a critic or actor_critic model, else GRPO. A
     dataset without its own tokenizer directory takes the actor's `hf` checkpoint's."""
@@ -166,7 +166,7 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     cfg = RunConfig(algorithm=algorithm, actor=actor[0].arch, workload=program.workload,
                     rl=rl or default_rl_config(algorithm), critic=critic[0].arch if critic else None,
                     shared_actor_critic=shared, reward=reward,
-                    reward_arch=reward_model[0].arch if reward_model else None, task=task, mlp=mlp,
+                    reward_arch=reward_model[0].arch if reward_model else None, task=task,
                     positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data)
     check_run_config(cfg)
     return cfg
@@ -239,12 +239,12 @@ class ReferenceTrainer:
 
         def serving_model(arch: Arch, kind: str, model_seed: int) -> TransformerModel:
             # built in float32 from the seed, then cast: the values a worker's version-0 copy holds
-            return build_model(arch, kind, model_seed, net).to(serving).requires_grad_(False)
+            return build_model(arch, kind, model_seed, arch_net(arch, net)).to(serving).requires_grad_(False)
 
         actor_kind = "actor_critic" if cfg.shared_actor_critic else "policy"
         actor_seed = derive_seed(seed, "actor")
         # trained models (actor, critic) stay float32: the master weights Adam updates
-        self.actor = build_model(cfg.actor, actor_kind, actor_seed, net)
+        self.actor = build_model(cfg.actor, actor_kind, actor_seed, arch_net(cfg.actor, net))
         self.reference = serving_model(cfg.actor, "reference", actor_seed)
         self.actor_opt = make_adam(self.actor.parameters(), cfg.rl.lr_actor, cfg.rl)
         self.actor_versions = VersionStore(export_weights(self.actor), serving)
@@ -252,7 +252,7 @@ class ReferenceTrainer:
         self.critic: Optional[TransformerModel] = None
         if cfg.critic is not None:
             critic_seed = derive_seed(seed, "critic")
-            self.critic = build_model(cfg.critic, "critic", critic_seed, net)
+            self.critic = build_model(cfg.critic, "critic", critic_seed, arch_net(cfg.critic, net))
             self.critic_opt = make_adam(self.critic.parameters(), cfg.rl.lr_critic, cfg.rl)
             self.critic_versions = VersionStore(export_weights(self.critic), serving)
             self.stale_critic = serving_model(cfg.critic, "critic", critic_seed)

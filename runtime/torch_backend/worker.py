@@ -69,7 +69,7 @@ from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, work
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.messages import SECRET_ENV, Endpoint, MessageError, read_secret
-from rpegc.runtime.torch_backend.models import NetOptions, build_model, cast_weights, export_weights
+from rpegc.runtime.torch_backend.models import NetOptions, arch_net, build_model, cast_weights, export_weights
 from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
                                                   shard_of, train_step)
 from rpegc.runtime.torch_backend.reference import RunConfig
@@ -94,9 +94,9 @@ class ModelSpec:
     hf: Optional[str] = None  # absolute path of the Hugging Face checkpoint version 0 is read from
 
     def net(self, base: NetOptions) -> NetOptions:
-        """This model's network options: the run's, or its checkpoint's (hf.py)."""
+        """This model's network options: the run's with the MLP of its arch, or its checkpoint's (hf.py)."""
         if self.hf is None:
-            return base
+            return arch_net(self.arch, base)
         from rpegc.runtime.torch_backend.hf import hf_net
 
         return hf_net(self.hf, base)
