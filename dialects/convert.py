@@ -228,6 +228,8 @@ class _Builder:
         if g.quantiles or g.quantiles_loc != UNKNOWN_LOC:
             entries = ArrayAttr(tuple(self.quantile_attr(q) for q in g.quantiles))
             body.append(self.op(rpeg.QuantilesOp, g.quantiles_loc, {"entries": entries}))
+        if g.algorithm is not None:
+            body.append(self.op(rpeg.AlgorithmOp, g.algorithm_loc, {"algorithm": StringAttr(g.algorithm)}))
         return self.op(rpeg.GraphOp, g.loc, {"ident": StringAttr(g.name)}, [_region(body)])
 
     def container_op(self, c: Container) -> Operation:
@@ -435,7 +437,8 @@ def _graph(op: rpeg.GraphOp) -> Graph:
     pub_edges: list[Edge] = []
     staleness: tuple[tuple[str, int], ...] = ()
     quantiles: tuple[Quantile, ...] = ()
-    staleness_loc = quantiles_loc = UNKNOWN_LOC
+    staleness_loc = quantiles_loc = algorithm_loc = UNKNOWN_LOC
+    algorithm = None
     for child in op.body.block.ops:
         if isinstance(child, (rpeg.ContainerOp, rpeg.WeightsOp)):
             containers.append(_container(child))
@@ -455,6 +458,8 @@ def _graph(op: rpeg.GraphOp) -> Graph:
         elif isinstance(child, rpeg.QuantilesOp):
             quantiles += tuple(_quantile(q) for q in child.entries.data)
             quantiles_loc = child.loc.to_loc()
+        elif isinstance(child, rpeg.AlgorithmOp):
+            algorithm, algorithm_loc = child.algorithm.data, child.loc.to_loc()
         else:
             raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.graph; move it out")
     return Graph(
@@ -470,6 +475,8 @@ def _graph(op: rpeg.GraphOp) -> Graph:
         loc=op.loc.to_loc(),
         staleness_loc=staleness_loc,
         quantiles_loc=quantiles_loc,
+        algorithm=algorithm,
+        algorithm_loc=algorithm_loc,
     )
 
 

@@ -38,7 +38,7 @@ from rpegc.dialects.attrs import (
     SymAttr,
     Text,
 )
-from rpegc.core.program import DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
+from rpegc.core.program import ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
 
 
 def check_member(op_name: str, field: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -191,6 +191,18 @@ class StalenessOp(LocatedOp):
 
 
 @irdl_op_definition
+class AlgorithmOp(LocatedOp):
+    """`rpeg.algorithm`: the RL algorithm the graph runs (ppo, grpo, dpo)."""
+
+    name = "rpeg.algorithm"
+    algorithm = prop_def(StringAttr)
+    traits = traits_def(HasParent(GraphOp))
+
+    def verify_(self) -> None:
+        check_member(self.name, "algorithm", self.algorithm.data, ALGORITHMS)
+
+
+@irdl_op_definition
 class QuantilesOp(LocatedOp):
     """`rpeg.quantiles`: the response-length quantiles (f, tokens) of Def. A.9."""
 
@@ -244,6 +256,7 @@ GRAPH_BODY_OPS = (
     PublishOp,
     StalenessOp,
     QuantilesOp,
+    AlgorithmOp,
 )
 
 RPEG = Dialect(

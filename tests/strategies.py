@@ -48,6 +48,7 @@ from rpegc.core.program import (
     Vertex,
     Workload,
 )
+from rpegc.core.wellformed import fitting_algorithms
 
 # Bare identifiers as a user writes them; `exotic` adds names that need quoting.
 BARE_NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True)
@@ -244,7 +245,9 @@ def _graph_program(draw, quantiles: Optional[bool], exotic: bool) -> Program:
         staleness=staleness,
         quantiles=draw(_quantiles(exotic)) if want_quantiles else (),
     )
-    return Program(workload=workload, models=tuple(model_list), graph=graph)
+    program = Program(workload=workload, models=tuple(model_list), graph=graph)
+    algorithm = draw(st.sampled_from((None,) + fitting_algorithms(program, graph)))
+    return replace(program, graph=replace(graph, algorithm=algorithm))
 
 
 @st.composite

@@ -87,7 +87,7 @@ def test_gated_must_be_a_boolean_and_does_not_mix_with_a_checkpoint(tmp_path):
 
 
 def test_the_backend_builds_the_priced_ffn():
-    torch = pytest.importorskip("torch")  # noqa: F841
+    pytest.importorskip("torch")
     from rpegc.runtime.torch_backend.models import NetOptions, TransformerModel, arch_net
 
     for gated in (True, False):

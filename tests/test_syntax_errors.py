@@ -51,6 +51,11 @@ CASES = [
     ("unknown kind", HEAD + MODEL.replace("kind = policy", "kind = polcy"), "polcy",
      ["unknown kind 'polcy'", "policy, reference, critic, reward, actor_critic"]),
     ("unknown dtype", HEAD.replace("}", ", dtype = bf8}"), "bf8", ["unknown dtype 'bf8'", "bf16"]),
+    ("unknown algorithm", PPO.replace("rpeg.data @gen -> @ref_inf", "rpeg.algorithm ppoo\n  rpeg.data @gen -> @ref_inf"),
+     "ppoo", ["unknown algorithm 'ppoo'", "did you mean ppo?", "ppo, grpo, dpo"]),
+    ("algorithm twice", PPO.replace("rpeg.data @gen -> @ref_inf",
+                                    "rpeg.algorithm ppo\n  rpeg.algorithm grpo\n  rpeg.data @gen -> @ref_inf"),
+     "rpeg.algorithm grpo", ["rpeg.algorithm is given twice", "keep one"]),
     ("unknown role", PPO.replace("inference  @ref", "infer @ref"), "infer @ref", ["unknown role 'infer'", "inference"]),
     ("unknown element kind", PPO.replace("rewards[B*R]", "reward[B*R]"), "reward[", ["unknown element kind 'reward'", "rewards"]),
     ("unknown size symbol", PPO.replace("tokens[B, Lp]", "tokens[B, L]"), "L]", ["unknown symbol 'L'", "B, R, Lp, Lr"]),
@@ -95,8 +100,8 @@ def test_located_error(case):
 def test_end_of_input_points_after_the_last_token():
     text = PPO[: PPO.index("rpeg.cluster")].rstrip().rstrip("}")  # the graph's closing brace is missing
     err = error_of(text)
-    line, col = position(text, "(1.0, Lr)]")
-    assert (err.loc.line, err.loc.col) == (line, col + len("(1.0, Lr)]"))
+    line, col = position(text, "rpeg.algorithm ppo")
+    assert (err.loc.line, err.loc.col) == (line, col + len("rpeg.algorithm ppo"))
     assert "unexpected end of input" in err.message and "'}'" in err.message and "'rpeg.vertex'" in err.message
 
 

@@ -156,3 +156,28 @@ def test_a_response_decodes_to_its_text_without_the_eos(tok, tmp_path):
     ds = dataset(tok, rows_file(tmp_path, [{"prompt": "1+1=", "answer": "2"}]))
     assert ds.response_text(tok("12")["input_ids"] + [tok.eos_token_id]).strip() == "12"
     assert (ds.eos_id, ds.pad_id) == (tok.eos_token_id, tok.pad_token_id)
+
+
+def test_a_preference_dataset_gives_both_sides_right_padded_and_masked(tok, tmp_path):
+    path = rows_file(tmp_path, [{"prompt": "1+2=", "chosen": "3", "rejected": "12"},
+                                {"prompt": "11+22=", "chosen": "33", "rejected": "4"}])
+    ds = PromptDataset(DataConfig(path=path, answer_key="", shuffle=False), tok, 12, 64, pair_len=4)
+    pairs = ds.pairs(2, seed=0, step=0)
+    assert pairs.chosen.shape == pairs.rejected.shape == (2, 16)
+    for side in ("chosen", "rejected"):
+        seqs, mask = pairs.side(side)
+        for i, row in enumerate(({"chosen": "3", "rejected": "12"}, {"chosen": "33", "rejected": "4"})):
+            ids = tok(row[side], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            assert seqs[i, 12:12 + len(ids)].tolist() == ids and mask[i].tolist() == [1.0] * len(ids) + [0.0] * (4 - len(ids))
+    assert torch.equal(pairs.chosen[:, :12], pairs.rejected[:, :12]) and pairs.pads.tolist()[0] > pairs.pads.tolist()[1]
+
+
+def test_preference_rows_need_both_responses_within_lr(tok, tmp_path):
+    with pytest.raises(RpegError, match="row 1 has no text under 'rejected'"):
+        PromptDataset(DataConfig(path=rows_file(tmp_path, [{"prompt": "1+2=", "chosen": "3"}]), answer_key=""),
+                      tok, 12, 64, pair_len=4)
+    long = rows_file(tmp_path, [{"prompt": "1+2=", "chosen": "3", "rejected": "123456"}], "l.jsonl")
+    with pytest.raises(RpegError, match="the 'rejected' response of row 1 has 8 tokens with its EOS, more than Lr = 4"):
+        PromptDataset(DataConfig(path=long, answer_key=""), tok, 12, 64, pair_len=4)
+    cut = PromptDataset(DataConfig(path=long, answer_key="", truncation="right"), tok, 12, 64, pair_len=4)
+    assert len(cut.examples[0].rejected) == 4

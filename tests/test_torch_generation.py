@@ -84,7 +84,7 @@ def test_bad_generation_requests_are_user_errors():
     ((True, "policy", 1.0, 0, 4, 16), "max_new_tokens \\(Lr\\) must be >= 1"),
     ((True, "policy", 1.0, 13, 4, 16), "Lp \\+ Lr = 4 \\+ 13 exceeds the model's max_seq 16"),
 ])
-def test_bad_generation_requests_are_user_errors(args, message):
+def test_each_generation_check_names_what_to_change(args, message):
     from rpegc.runtime.torch_backend.generation import check_generation
 
     with pytest.raises(RpegError, match=message):

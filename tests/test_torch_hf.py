@@ -123,8 +123,6 @@ def test_unsupported_or_malformed_configs_name_the_field(tmp_path, changes, matc
 
 
 def test_a_missing_directory_and_a_broken_config_are_located_errors(tmp_path):
-    from rpegc.cli import main as rpegc_main
-
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text("{not json")
     for directory, match in (("nowhere", "is not a directory"), (str(tmp_path / "bad"), "cannot read")):
@@ -133,7 +131,7 @@ def test_a_missing_directory_and_a_broken_config_are_located_errors(tmp_path):
                        f'rpeg.model @actor {{hf = "{directory}", kind = policy}}\n')
         proc = subprocess.run([sys.executable, "-m", "rpegc.cli", str(src), "-p", "verify-wellformed"],
                               capture_output=True, text=True, cwd=tmp_path)
-        assert proc.returncode == 1 and f"m.rpeg:2:" in proc.stderr and match in proc.stderr, proc.stderr
+        assert proc.returncode == 1 and "m.rpeg:2:" in proc.stderr and match in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
 
 

@@ -100,6 +100,17 @@ def test_run_config_follows_the_program():
     assert metrics[0]["score"] != metrics[0]["reward"]
 
 
+def test_a_named_algorithm_is_the_runs_and_an_unnamed_one_is_inferred():
+    p = program("policy", "reference", "reward")
+    assert config_from_program(p).algorithm_inferred
+    named = dataclasses.replace(p, graph=dataclasses.replace(p.graph, algorithm="grpo"))
+    cfg = config_from_program(named)
+    assert cfg.algorithm == "grpo" and not cfg.algorithm_inferred
+    wrong = dataclasses.replace(p, graph=dataclasses.replace(p.graph, algorithm="ppo"))
+    with pytest.raises(RpegError, match="PPO needs a critic"):
+        config_from_program(wrong)
+
+
 def test_programs_the_backend_cannot_run_are_user_errors():
     with pytest.raises(RpegError, match="no policy"):
         config_from_program(program("critic", "reward"))

@@ -166,5 +166,7 @@ def test_ppo_without_a_critic_and_grpo_with_kl_in_reward_are_user_errors():
         compute_advantages(exp, default_rl_config("ppo"), group_size=2)
     with pytest.raises(RpegError, match="kl_in_reward"):
         default_rl_config("grpo", kl_in_reward=True)
-    with pytest.raises(RpegError, match="ppo, grpo"):
-        default_rl_config("dpo")
+    with pytest.raises(RpegError, match="ppo, grpo, dpo"):
+        default_rl_config("reinforce")
+    with pytest.raises(RpegError, match="dpo_beta must be > 0"):
+        default_rl_config("dpo", dpo_beta=0.0)

@@ -162,6 +162,7 @@ def test_ppo_with_reshards_pipelined_inference_and_whitening_over_replicas_match
     rl = {"adam_eps": 1e-5}
     backend, result = run_torch(plan, rl=rl)
     assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
+    assert any("names no algorithm; running PPO" in w for w in backend.warnings)  # PPO4 names none
     moved = {r.id: r.bytes for r in result.trace.nodes.values() if r.kind == "reshard"}
     # into a replicated layout every rank fetches the shards it lacks; into a sharded one it slices locally
     assert any(b > 0 for b in moved.values()) and any(b == 0 for b in moved.values())

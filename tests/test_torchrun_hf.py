@@ -153,3 +153,31 @@ def test_the_demos_arithmetic_grpo_raises_the_held_out_accuracy(tmp_path):
     assert after >= before + 0.05, (before, after)
     proc = cli(*arith_cli, "make", "arith", cwd=tmp_path)  # a second make never overwrites the first
     assert proc.returncode == 1 and "exists and is not an empty directory" in proc.stderr
+
+
+def test_dpo_trains_a_checkpoint_on_a_preference_dataset_and_exports(workdir, tmp_path):
+    """DPO through the CLI: the checkpoint as policy and reference, a JSONL file of (prompt, chosen, rejected)
+    chat rows, 2 workers; each step sees the same 8 pairs (B = the rows), on which the loss falls; the export
+    loads in transformers with the backend's logits."""
+    from test_torchrun_dpo import GRAPH, TWO, preference_rows
+
+    d = workdir
+    (d / "pairs.jsonl").write_text(preference_rows(8, seed=6))
+    (d / "dpo.rpeg").write_text(GRAPH.format(B=8, Lp=16, Lr=4, model='hf = "ckpt"') + TWO)
+    assert cli("rpegc.cli", "dpo.rpeg", "-p", lowering(3), "-o", "dpo.exec.rpeg", cwd=d).returncode == 0
+    proc = cli("rpegc.runtime.cli", "dpo.exec.rpeg", "--backend", "torch", "--data", "pairs.jsonl", "--rl",
+               "data.answer_key=", "--rl", "lr_actor=1e-3", "--run-dir", "run-dpo", cwd=d)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = [json.loads(line) for line in open(d / "run-dpo" / "metrics.jsonl")]
+    losses = [m["dpo_loss"] for m in metrics]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0], losses
+    out = tmp_path / "export"
+    assert cli("rpegc.runtime.cli", "export", "run-dpo", str(out), cwd=d).returncode == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    path = str(d / "ckpt")
+    x = torch.randint(3, 20, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = exported(x).logits
+    final = ckpt.load_final(str(d / "run-dpo"))["policy"]
+    ours = logits_of(final, hf_arch(path), hf_net(path, NetOptions(max_seq=x.shape[1])), x)
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=LOGIT_ATOL)

@@ -1,5 +1,5 @@
 """Shard placement and routing of the torch backend (runtime/torch_backend/layout.py), checkpoint plan
-restriction (checkpoint.py) and what vertices compute (backend.container_fields): no worker processes."""
+restriction (checkpoint.py): no worker processes."""
 
 import itertools
 
@@ -11,7 +11,7 @@ from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.core.errors import RpegError  # noqa: E402
 from rpegc.core.presets import lookup  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend.backend import container_fields, run_config  # noqa: E402
+from rpegc.runtime.torch_backend.backend import run_config  # noqa: E402
 from rpegc.runtime.torch_backend.checkpoint import kept_versions, resume_plan  # noqa: E402
 from rpegc.runtime.torch_backend.layout import (Layout, param_stage, rank_pieces, replica_rows, route_rows,  # noqa: E402
                                                 route_weights, shard_dim, split_rows, stage_bounds)
@@ -111,14 +111,6 @@ def test_rows_split_by_whole_groups_and_routes_prefer_local_copies():
     assert sorted((m.src, m.dst, m.lo, m.hi) for m in moves) == [(0, 0, 0, 4), (1, 0, 4, 8)]
     with pytest.raises(RpegError, match="held by no worker"):
         route_rows(held, {2: (0, 9)})
-
-
-def test_vertex_roles_fix_what_each_container_holds():
-    assert container_fields("generation", "policy", "tokens") == ("sequences", "mask")
-    assert container_fields("inference", "reference", "logprobs") == ("ref_logprobs",)
-    assert container_fields("inference", "reward", "rewards") == ("scores", "task_scores")
-    assert container_fields("inference", "critic", "values") == ("values",)
-    assert container_fields("inference", "reward", "logprobs") is None
 
 
 @pytest.fixture(scope="module")

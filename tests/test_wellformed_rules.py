@@ -317,3 +317,16 @@ def test_topological_order_is_the_declaration_ordered_kahn_order(case):
               vertices=tuple(Vertex(f"v{i}", "inference", "m", (), ()) for i in range(n)),
               data_edges=tuple(Edge(f"v{a}", f"v{b}", "x") for a, b in pairs), pub_edges=())
     assert topological_order(g) == [f"v{i}" for i in _reference_order(n, pairs)]
+
+
+@pytest.mark.parametrize("name,fits", [("ppo", True), ("grpo", False), ("dpo", False)])
+def test_a_named_algorithm_must_fit_the_graph(name, fits):
+    """The PPO program has a generation vertex and a critic: it is PPO, and naming it GRPO or DPO is an error at
+    the rpeg.algorithm line."""
+    p = ppo_program()
+    p = with_graph(p, algorithm=name, algorithm_loc=loc(95))
+    if fits:
+        assert check_graph(p) == []
+        return
+    err = only_error(p)
+    assert err.loc == loc(95) and f"names algorithm {name}, but" in err.message

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ROLES = ("generation", "inference", "training")
 MODEL_KINDS = ("policy", "reference", "critic", "reward", "actor_critic")
+# The RL algorithms a graph may name (`rpeg.algorithm NAME`); the torch backend runs each (its algorithms/).
+ALGORITHMS = ("ppo", "grpo", "dpo")
 # Element kinds of data containers. They only name what the runtime finds inside; the byte size is
 # s_b per element unless a container says otherwise (spec 5.1: token ids count s_b bytes too).
 ELEMENT_KINDS = ("tokens", "logprobs", "values", "rewards", "advantages", "scalars")
@@ -138,6 +140,8 @@ class Graph:
     loc: Loc = _loc()
     staleness_loc: Loc = _loc()
     quantiles_loc: Loc = _loc()
+    algorithm: Optional[str] = None  # ALGORITHMS; None: the runtime infers it from the graph (and warns)
+    algorithm_loc: Loc = _loc()
 
     def vertex(self, name: str) -> Vertex:
         return _first_by_name(self, "vertices", self.vertices, lambda v: v.name)[name]

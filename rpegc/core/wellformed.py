@@ -46,6 +46,7 @@ def check_graph(p: Program) -> list[RpegError]:
         _check_staleness,
         _check_quantiles,
         _check_sizes,
+        _check_algorithm,
     ):
         errors += check(ctx)
     # A stable sort keeps checks in the order above for declarations without a source position.
@@ -519,6 +520,27 @@ def _check_staleness(ctx: _Context) -> list[RpegError]:
             errors.append(RpegError(loc, f"staleness budget of @{model} is {tau}; it must be an integer >= 0 "
                                          "(0 = synchronous)"))
     return errors
+
+
+def fitting_algorithms(p: Program, g: Graph) -> tuple[str, ...]:
+    """The algorithms whose shape the graph has: PPO samples and has a critic (or a shared actor-critic), GRPO
+    samples without one, DPO samples nothing (it trains on given pairs)."""
+    kinds = {m.name: m.kind for m in p.models}
+    generates = any(v.role == "generation" for v in g.vertices)
+    critic = any(kinds.get(v.model) in ("critic", "actor_critic") for v in g.vertices)
+    return tuple(a for a, fits in (("ppo", generates and critic), ("grpo", generates and not critic),
+                                   ("dpo", not generates)) if fits)
+
+
+def _check_algorithm(ctx: _Context) -> list[RpegError]:
+    name = ctx.g.algorithm
+    if name is None or name in fitting_algorithms(ctx.p, ctx.g):
+        return []
+    why = {"ppo": "PPO samples rollouts and trains a critic: it needs a generation vertex and a critic or "
+                  "actor_critic model's vertex",
+           "grpo": "GRPO samples rollouts and has no critic: it needs a generation vertex and no critic vertex",
+           "dpo": "DPO trains on given preference pairs: it has no generation vertex"}[name]
+    return [RpegError(ctx.g.algorithm_loc, f"graph @{ctx.g.name} names algorithm {name}, but {why}")]
 
 
 def _check_quantiles(ctx: _Context) -> list[RpegError]:

@@ -24,7 +24,7 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
           "data_edges": [{"src": str, "dst": str, "container": str}],
           "pub_edges":  [{"src": str, "dst": str, "container": str}],
           "staleness": {model: int},          // tau(m); models not listed have tau = 0
-          "quantiles": [{"f": float, "tokens": EXPR}]},
+          "quantiles": [{"f": float, "tokens": EXPR}], "algorithm"?: "ppo" | "grpo" | "dpo"},
       "cluster": null | {"name": str, "racks": int, "nodes": int, "gpus": int, "hardware": str},
       "plan": null | {"name": str, "graph": str, "cluster": str,
                       "placements": [{"vertex": str, "origin": [r, n, g], "extent": [r, n, g],
@@ -101,6 +101,7 @@ from rpegc.core.hf_config import hf_arch
 from rpegc.core.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
 from rpegc.core.program import (
+    ALGORITHMS,
     DTYPE_BYTES,
     ELEMENT_KINDS,
     MODEL_KINDS,
@@ -180,6 +181,7 @@ def _graph_json(g: Graph) -> dict:
         "pub_edges": [{"src": e.src, "dst": e.dst, "container": e.container} for e in g.pub_edges],
         "staleness": {m: tau for m, tau in g.staleness},
         "quantiles": [{"f": q.f, "tokens": str(q.tokens)} for q in g.quantiles],
+        **({"algorithm": g.algorithm} if g.algorithm is not None else {}),
     }
 
 
@@ -530,7 +532,7 @@ def _read_quantile(r: _Reader, v: Any, path: str) -> Quantile:
 def _read_graph(r: _Reader, v: Any, path: str) -> Graph:
     o = r.obj(
         v, path, ("name", "containers", "vertices"),
-        ("inputs", "outputs", "data_edges", "pub_edges", "staleness", "quantiles"),
+        ("inputs", "outputs", "data_edges", "pub_edges", "staleness", "quantiles", "algorithm"),
     )
     staleness = o.get("staleness", {})
     if not isinstance(staleness, dict):
@@ -549,6 +551,8 @@ def _read_graph(r: _Reader, v: Any, path: str) -> Graph:
         loc=r.loc,
         staleness_loc=r.loc,
         quantiles_loc=r.loc,
+        algorithm=r.opt(o.get("algorithm"), _join(path, "algorithm"), lambda x, p: r.str_(x, p, ALGORITHMS)),
+        algorithm_loc=r.loc,
     )
 
 

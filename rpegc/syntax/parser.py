@@ -28,6 +28,7 @@ from rpegc.core.gc_pause import without_gc
 from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.expr import SYMBOLS, BinOp, Expr, Num, Sym
 from rpegc.core.program import (
+    ALGORITHMS,
     DTYPE_BYTES,
     ELEMENT_KINDS,
     MODEL_KINDS,
@@ -245,6 +246,7 @@ class _GraphParts:
     pub_edges: list[Edge] = field(default_factory=list)
     staleness: Optional[tuple[tuple[tuple[str, int], ...], Loc]] = None
     quantiles: Optional[tuple[tuple[Quantile, ...], Loc]] = None
+    algorithm: Optional[tuple[str, Loc]] = None
     # Every container / vertex / model reference with where it was written, resolved at the end.
     container_refs: list[tuple[str, Loc]] = field(default_factory=list)
     vertex_refs: list[tuple[str, Loc]] = field(default_factory=list)
@@ -679,6 +681,15 @@ class _Builder:
             entries, locs = self.sym_dict(stmt.children[0], "staleness budget", "rpeg.staleness")
             parts.model_refs.extend((m, l) for (m, _), l in zip(entries, locs))
             parts.staleness = (tuple(entries), loc)
+        elif kind == "algorithm":
+            if parts.algorithm is not None:
+                self.fail(loc, f"rpeg.algorithm is given twice in graph @{parts.name} (first at {parts.algorithm[1]}); "
+                          "keep one")
+            name = str(stmt.children[0])
+            if name not in ALGORITHMS:
+                self.fail(self.loc(stmt.children[0]), f"unknown algorithm '{name}'{_close(name, ALGORITHMS)}; "
+                          f"use one of {', '.join(ALGORITHMS)}")
+            parts.algorithm = (name, loc)
         elif kind == "quantiles":
             if parts.quantiles is not None:
                 self.fail(loc, f"rpeg.quantiles is given twice in graph @{parts.name} (first at {parts.quantiles[1]}); merge them")
@@ -750,6 +761,8 @@ class _Builder:
             extra["staleness_loc"] = staleness_loc
         if quantiles_loc is not None:
             extra["quantiles_loc"] = quantiles_loc
+        if parts.algorithm is not None:
+            extra["algorithm"], extra["algorithm_loc"] = parts.algorithm
         return Graph(
             name=parts.name,
             containers=tuple(parts.containers),

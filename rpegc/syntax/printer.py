@@ -205,6 +205,8 @@ def _graph(g: Graph) -> list[str]:
     if g.quantiles:
         qs = ", ".join(f"({fmt_float(q.f)}, {_expr(q.tokens)})" for q in g.quantiles)
         out.append(f"{INDENT}rpeg.quantiles [{qs}]")
+    if g.algorithm is not None:
+        out.append(f"{INDENT}rpeg.algorithm {g.algorithm}")
     out.append("}")
     return out
 

@@ -55,6 +55,7 @@ rpeg.graph @grpo {{
   rpeg.data @reward_inf -> @train_actor (%r)
   rpeg.publish @train_actor -> @gen (%W_actor)
   rpeg.staleness {{@actor = 0}}
+  rpeg.algorithm grpo
 }}
 
 rpeg.cluster @cpu2 {{racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}}

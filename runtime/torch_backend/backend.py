@@ -28,10 +28,11 @@ Alg. 2; DESIGN.md Section 7; issue 8).
   every trained model to RUN_DIR/final/ the same way (`checkpoint.load_final`), which the controller then
   reads into `final_weights` (without a run directory, from a temporary directory it removes).
 
-What the RL vertices compute is fixed by role and model kind (`container_fields`): generation writes
-sequences + mask and the sampling log-probs; inference with the reference model writes reference
-log-probs, with a critic values, with the reward model scores (the verifiable rule of `tasks.py` by
-default, or the frozen reward model with reward = "model"); training reads them all.
+What the RL vertices compute is the run's algorithm's (algorithms/: by role, model kind and container):
+under PPO and GRPO generation writes sequences + mask and the sampling log-probs; inference with the reference
+model writes reference log-probs, with a critic values, with the reward model scores (the verifier by default,
+or the frozen reward model with reward = "model"); training reads them all. Under DPO the reference scores
+each side of the given preference pairs and training reads both.
 """
 
 from __future__ import annotations
@@ -66,59 +67,12 @@ from rpegc.runtime.torch_backend.layout import (Layout, check_tp, intersect, rep
 from rpegc.runtime.torch_backend.messages import Endpoint, new_secret, read_link, write_secret
 from rpegc.runtime.torch_backend.models import derive_seed
 from rpegc.runtime.torch_backend.parallel import TP_IMPLS, param_shapes
+from rpegc.runtime.torch_backend.algorithms import algorithm
 from rpegc.runtime.torch_backend.datasets import DataConfig, open_prompts
 from rpegc.runtime.torch_backend.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
 from rpegc.runtime.torch_backend.worker import FAULT_ENV, ModelSpec, WorkerSetup
 
 LAUNCHERS = ("local", "external")
-TRAINING_FIELDS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores")
-
-
-def container_fields(role: str, kind: str, elem: str) -> Optional[tuple[str, ...]]:
-    """The fields a vertex of `role` invoking a model of `kind` writes into a container of `elem`."""
-    if role == "generation":
-        return {"tokens": ("sequences", "mask"), "logprobs": ("old_logprobs",), "values": ("values",)}.get(elem)
-    if role != "inference":
-        return None
-    table = {
-        "reference": {"logprobs": ("ref_logprobs",)},
-        "policy": {"logprobs": ("old_logprobs",)},
-        "critic": {"values": ("values",)},
-        "actor_critic": {"values": ("values",), "logprobs": ("old_logprobs",)},
-        "reward": {"rewards": ("scores", "task_scores"), "scalars": ("scores", "task_scores")},
-    }
-    return table.get(kind, {}).get(elem)
-
-
-def vertex_fields(program: Program, cfg: RunConfig) -> dict[str, tuple[str, ...]]:
-    """The fields of every data container, from the role and model kind of the vertex writing it; checks
-    that every training vertex reads all the fields its loss needs."""
-    assert program.graph is not None
-    fields: dict[str, tuple[str, ...]] = {}
-    for v in program.graph.vertices:
-        kind = program.model(v.model).kind
-        for c in v.writes:
-            cont = program.graph.container(c)
-            if cont.is_weights:
-                continue
-            got = container_fields(v.role, kind, cont.elem)
-            if got is None:
-                raise RpegError(v.loc, f"the torch backend does not know what the {v.role} vertex @{v.name} "
-                                f"(model kind {kind}) writes into %{c} ({cont.elem}); generation writes tokens and "
-                                "log-probs, inference writes log-probs (reference), values (critic) or rewards")
-            fields[c] = got
-    made = {f for fs in fields.values() for f in fs}
-    need = set(TRAINING_FIELDS) | ({"values"} if cfg.has_critic else set())
-    for v in program.graph.vertices:
-        if v.role != "training":
-            continue
-        missing = sorted(need - {f for c in v.reads if c in fields for f in fields[c]})
-        if missing:
-            unmade = sorted(need - made)
-            hint = (f"no vertex writes {', '.join(unmade)}" if unmade else
-                    "let it read the containers that hold them")
-            raise RpegError(v.loc, f"training vertex @{v.name} must read {', '.join(missing)}; {hint}")
-    return fields
 
 
 def run_config(program: Program, *, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
@@ -469,9 +423,13 @@ class TorchBackend(Backend):
         w = self.cfg.workload
         self.rows_total = w.B * w.R
         if self.cfg.data.path is not None:  # a dataset's errors (a row, B, the tokenizer) before any worker starts
-            prompts = open_prompts(self.cfg.data, self.cfg.task, self.cfg.actor.vocab, w.Lp, w.Lr)
+            prompts = open_prompts(self.cfg.data, self.cfg.task, self.cfg.actor.vocab, w.Lp, w.Lr,
+                                   pairs=self.cfg.algorithm == "dpo")
             prompts.step_examples(w.B, self.seed, 0)
-        self.fields = vertex_fields(p, self.cfg)
+        self.fields = algorithm(self.cfg.algorithm).vertex_fields(p, self.cfg)
+        if self.cfg.algorithm_inferred and not any(w.startswith("graph @") for w in self.warnings):
+            self.warnings.append(f"graph @{p.graph.name} names no algorithm; running {self.cfg.algorithm.upper()}, "
+                                 f"which its shape implies (add `rpeg.algorithm {self.cfg.algorithm}` to the graph)")
         self.layouts: dict[int, Layout] = {}
         self.reshard_layouts: dict[int, tuple[Layout, Layout]] = {}
         for n in plan.nodes:

@@ -49,6 +49,8 @@ class DataConfig:
     path: Optional[str] = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"  # "" : the rows carry no ground truth
+    chosen_key: str = "chosen"  # DPO: the preferred response's text
+    rejected_key: str = "rejected"  # DPO: the other response's text
     source_key: str = "data_source"
     extra_key: str = "extra_info"
     tokenizer: Optional[str] = None  # a directory; default: the actor's `hf` checkpoint
@@ -75,6 +77,8 @@ class Example:
     source: str = ""
     extra: dict = field(default_factory=dict)
     row: int = 0  # 1-based line or row of the file
+    chosen: tuple[int, ...] = ()  # DPO: the preferred response's token ids (EOS last), at most Lr
+    rejected: tuple[int, ...] = ()
 
 
 @dataclass
@@ -85,6 +89,22 @@ class PromptBatch:
     tokens: Tensor
     pads: Optional[Tensor] = None
     examples: Optional[list[Example]] = None
+
+
+@dataclass
+class PairBatch:
+    """The B preference pairs of one DPO step: prompt + chosen and prompt + rejected sequences [B, Lp+Lr]
+    (prompts left-padded, responses right-padded), their response masks [B, Lr], the prompts' pads [B]."""
+
+    chosen: Tensor
+    rejected: Tensor
+    chosen_mask: Tensor
+    rejected_mask: Tensor
+    pads: Optional[Tensor] = None
+
+    def side(self, name: str) -> tuple[Tensor, Tensor]:
+        """(sequences, mask) of "chosen" or "rejected"."""
+        return (self.chosen, self.chosen_mask) if name == "chosen" else (self.rejected, self.rejected_mask)
 
 
 def _regular_file(path: str, what: str) -> None:
@@ -185,10 +205,12 @@ def special_ids(tokenizer, where: str) -> tuple[int, int]:
 class PromptDataset:
     """The tokenized examples of a dataset file and the batch of every step."""
 
-    def __init__(self, cfg: DataConfig, tokenizer, prompt_len: int, vocab: int):
+    def __init__(self, cfg: DataConfig, tokenizer, prompt_len: int, vocab: int, pair_len: Optional[int] = None):
+        """`pair_len`: a preference dataset (DPO) whose chosen and rejected responses hold at most this many
+        tokens (Lr), EOS included."""
         check_data_config(cfg)
         assert cfg.path is not None
-        self.cfg, self.tokenizer, self.prompt_len = cfg, tokenizer, prompt_len
+        self.cfg, self.tokenizer, self.prompt_len, self.pair_len = cfg, tokenizer, prompt_len, pair_len
         where = cfg.tokenizer or cfg.path
         if len(tokenizer) > vocab:
             raise RpegError(None, f"the tokenizer of {where} has {len(tokenizer)} tokens but the model's vocabulary "
@@ -235,8 +257,33 @@ class PromptDataset:
             answer = value if isinstance(value, str) else json.dumps(value)
         _, source = _lookup(obj, cfg.source_key)
         _, extra = _lookup(obj, cfg.extra_key)
+        pair: dict[str, tuple[int, ...]] = {}
+        if self.pair_len is not None:
+            for side, key in (("chosen", cfg.chosen_key), ("rejected", cfg.rejected_key)):
+                response = self._response(obj, key, row, loc)
+                if response is None:
+                    self.dropped += 1
+                    return None
+                pair[side] = response
         return Example(ids=tuple(ids), answer=answer, source=str(source or ""),
-                       extra=extra if isinstance(extra, dict) else {}, row=row)
+                       extra=extra if isinstance(extra, dict) else {}, row=row, **pair)
+
+    def _response(self, obj: dict, key: str, row: int, loc: Loc) -> Optional[tuple[int, ...]]:
+        """A preference response's ids with EOS; longer than Lr: an error, or cut to Lr (left/right), or None (drop)."""
+        found, text = _lookup(obj, key)
+        if not found or not isinstance(text, str):
+            raise RpegError(loc, f"row {row} has no text under '{key}' (data.{key.split('.')[-1]}_key names the "
+                            "preference pair's responses)")
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.eos_id]
+        assert self.pair_len is not None
+        if len(ids) > self.pair_len:
+            if self.cfg.truncation == "error":
+                raise RpegError(loc, f"the '{key}' response of row {row} has {len(ids)} tokens with its EOS, more "
+                                f"than Lr = {self.pair_len}; raise Lr or set data.truncation = right (cut it) or drop")
+            if self.cfg.truncation == "drop":
+                return None
+            ids = ids[:self.pair_len]  # a response is cut at its end whichever side prompts are cut at
+        return tuple(ids)
 
     def encode(self, prompt: str | list[dict], loc: Loc) -> list[int]:
         tok = self.tokenizer
@@ -282,20 +329,38 @@ class PromptDataset:
             tokens[i, int(pads[i]):] = torch.tensor(ex.ids, dtype=torch.int64)
         return PromptBatch(tokens=tokens, pads=pads, examples=examples)
 
+    def pairs(self, batch: int, seed: int, step: int) -> PairBatch:
+        """Step `step`'s preference pairs (the examples `batch` would give, with their two responses)."""
+        assert self.pair_len is not None, "a preference dataset is opened with pair_len"
+        prompts = self.batch(batch, seed, step)
+        assert prompts.examples is not None
+        out = {}
+        for side in ("chosen", "rejected"):
+            responses = torch.full((batch, self.pair_len), self.pad_id, dtype=torch.int64)
+            mask = torch.zeros(batch, self.pair_len)
+            for i, ex in enumerate(prompts.examples):
+                ids = getattr(ex, side)
+                responses[i, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
+                mask[i, :len(ids)] = 1.0
+            out[side] = torch.cat([prompts.tokens, responses], dim=1)
+            out[side + "_mask"] = mask
+        return PairBatch(pads=prompts.pads, **out)
+
     def response_text(self, response: Sequence[int]) -> str:
         """A response's text: its tokens up to the mask's end, special tokens (the EOS) left out."""
         return self.tokenizer.decode(list(response), skip_special_tokens=True)
 
 
-def open_prompts(cfg: DataConfig, task: str, vocab: int, prompt_len: int, response_len: int):
+def open_prompts(cfg: DataConfig, task: str, vocab: int, prompt_len: int, response_len: int, pairs: bool = False):
     """The run's prompt source: the dataset file of `cfg`, or the built-in toy `task` (tasks.py). Both give
-    `batch(B, seed, step)` and the `eos_id` / `pad_id` generation uses."""
+    `batch(B, seed, step)` and the `eos_id` / `pad_id` generation uses; with `pairs` (DPO) also
+    `pairs(B, seed, step)`, the preference pairs of a step."""
     from rpegc.runtime.torch_backend.tasks import make_task
 
     if cfg.path is None:
         return make_task(task, vocab, prompt_len, response_len)
     assert cfg.tokenizer is not None, "config_from_program resolves the tokenizer directory"
-    return PromptDataset(cfg, load_tokenizer(cfg.tokenizer), prompt_len, vocab)
+    return PromptDataset(cfg, load_tokenizer(cfg.tokenizer), prompt_len, vocab, response_len if pairs else None)
 
 
 def data_dict(cfg: DataConfig) -> dict:

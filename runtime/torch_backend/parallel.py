@@ -553,17 +553,19 @@ LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
 def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: LossFn, exp: Experience,
                microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...]) -> tuple[dict[str, float], float]:
     """One optimizer step on this replica's rows `exp` in `microbatches` microbatches (GPipe schedule:
-    all forwards, then all backwards in reverse, both phases pipelined over the stages).
+    all forwards, then all backwards in reverse, both phases pipelined over the stages). `exp` is any batch
+    with `len`, `rows(slice)` and `forward_rows` (rows of the forward pass per batch row: an Experience 1, DPO's
+    PairRows 2, both sides of a pair).
 
     Returns (statistics summed over microbatches and replicas, valid on the last stage; pre-clip norm).
     """
-    n = exp.sequences.shape[0]
+    n = len(exp)
     chunks = [c for c in split_rows(0, n, max(1, min(microbatches, n))) if c[1] > c[0]] if n else []
     pm.module.train()
     link = StageLink(pm, len(chunks))
     pending: list[tuple[Optional[Tensor], Optional[Tensor], Tensor]] = []
     sums = torch.zeros(len(stat_keys), dtype=torch.float64, device=pm.device)
-    rows = [hi - lo for lo, hi in chunks]
+    rows = [exp.forward_rows * (hi - lo) for lo, hi in chunks]  # what each microbatch's forward pass carries
     for j, (lo, hi) in enumerate(chunks):
         view = StageView(pm, link, j, rows)
         loss, stats = loss_fn(view, exp.rows(slice(lo, hi)))

@@ -42,6 +42,8 @@ from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, ar
 from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
                                             critic_loss, default_rl_config, kl_estimate, last_token_scores,
                                             make_adam, optimizer_step, response_forward)
+from rpegc.runtime.torch_backend.algorithms import algorithm
+from rpegc.runtime.torch_backend.algorithms.dpo import DPOTrainer
 from rpegc.runtime.torch_backend.datasets import DataConfig, check_data_config, open_prompts
 from rpegc.runtime.torch_backend.rewards import NOT_FUNCTIONS, accuracy_sums, load_reward, score_responses
 
@@ -72,6 +74,7 @@ class RunConfig:
     tau_actor: int = 0
     tau_critic: int = 0
     data: DataConfig = DataConfig()
+    algorithm_inferred: bool = False  # the graph names no algorithm (rpeg.algorithm): the runtime warns
 
     @property
     def reward_function(self) -> bool:
@@ -102,26 +105,15 @@ def check_run_config(cfg: RunConfig) -> None:
     if cfg.rl.algorithm != cfg.algorithm:
         raise RpegError(None, f"run algorithm '{cfg.algorithm}' but RL config for '{cfg.rl.algorithm}'; "
                         "build the RL config with default_rl_config(algorithm)")
-    if cfg.algorithm == "ppo" and not cfg.has_critic:
-        raise RpegError(None, "PPO needs a critic: add a critic model or use a shared actor_critic model "
-                        "(or choose GRPO)")
     if cfg.shared_actor_critic and cfg.critic is not None:
         raise RpegError(None, "a shared actor_critic model replaces the separate critic; keep only one of them")
-    if cfg.algorithm == "grpo" and cfg.has_critic:
-        raise RpegError(None, "GRPO uses group-relative advantages and no critic; remove the critic model")
+    algorithm(cfg.algorithm).check(cfg)
     check_data_config(cfg.data)
-    if cfg.reward == "rule" and cfg.data.path is not None:
-        raise RpegError(None, "--reward rule is the toy tasks' token rule; score a dataset's responses with a reward "
-                        "function: --reward math, exact_match, module:function or file.py:function")
-    if cfg.reward_function and cfg.data.path is None:
-        raise RpegError(None, f"--reward {cfg.reward} scores response text; give it a dataset of prompts (--data FILE)")
-    if cfg.reward_function:
-        load_reward(cfg.reward)  # an unknown or broken function fails here, before any worker starts
     if cfg.data.path is not None and cfg.data.tokenizer is None:
         raise RpegError(None, f"dataset {cfg.data.path} needs a tokenizer: give the actor an hf checkpoint "
                         "directory (its tokenizer is used) or set data.tokenizer")
-    if cfg.reward == "model" and cfg.reward_arch is None:
-        raise RpegError(None, "reward = 'model' needs a reward model architecture")
+    if algorithm(cfg.algorithm).generates:
+        check_reward(cfg)
     if min(cfg.tau_actor, cfg.tau_critic) < 0:
         raise RpegError(None, "staleness bounds must be >= 0")
     w = cfg.workload
@@ -130,11 +122,26 @@ def check_run_config(cfg: RunConfig) -> None:
     serving_dtype(w)  # an unsupported dtype fails here, before any worker starts
 
 
+def check_reward(cfg: RunConfig) -> None:
+    """The reward source of a rollout algorithm against its prompts."""
+    if cfg.reward == "rule" and cfg.data.path is not None:
+        raise RpegError(None, "--reward rule is the toy tasks' token rule; score a dataset's responses with a reward "
+                        "function: --reward math, exact_match, module:function or file.py:function")
+    if cfg.reward_function and cfg.data.path is None:
+        raise RpegError(None, f"--reward {cfg.reward} scores response text; give it a dataset of prompts (--data FILE)")
+    if cfg.reward_function:
+        load_reward(cfg.reward)  # an unknown or broken function fails here, before any worker starts
+    if cfg.reward == "model" and cfg.reward_arch is None:
+        raise RpegError(None, "reward = 'model' needs a reward model architecture")
+
+
 def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task: str = "pattern",
                         reward: str = "rule", positions: str = "rope",
                         data: DataConfig = DataConfig()) -> RunConfig:
-    """The run a `.rpeg` program describes: PPO if it has a critic or actor_critic model, else GRPO. A
-    dataset without its own tokenizer directory takes the actor's `hf` checkpoint's."""
+    """The run a `.rpeg` program describes, under the algorithm its graph names (`rpeg.algorithm`), else the one
+    its shape implies: PPO if it has a critic or actor_critic model, DPO if it generates nothing (it trains on
+    given pairs), else GRPO. A dataset without its own tokenizer directory takes the actor's `hf`
+    checkpoint's."""
     by_kind: dict[str, list] = {}
     for m in program.models:
         by_kind.setdefault(m.kind, []).append(m)
@@ -154,7 +161,10 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
             raise RpegError(ref.loc, f"reference model '{ref.name}' must have the architecture of "
                             f"'{actor[0].name}': it is the initial actor (the KL anchor); give both the same arch")
     critic = by_kind.get("critic")
-    algorithm = "ppo" if shared or critic else "grpo"
+    generates = (program.graph is None or not program.graph.vertices
+                 or any(v.role == "generation" for v in program.graph.vertices))
+    named = program.graph.algorithm if program.graph is not None else None
+    name = named or ("ppo" if shared or critic else "grpo" if generates else "dpo")
     reward_model = by_kind.get("reward")
     if reward == "model" and not reward_model:
         raise RpegError(None, "reward = 'model' needs a model of kind reward in the program")
@@ -163,11 +173,12 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     tau_critic = graph.tau(critic[0].name) if graph and critic else tau_actor if shared else 0
     if data.path is not None and data.tokenizer is None and actor[0].hf is not None:
         data = replace(data, tokenizer=actor[0].hf)
-    cfg = RunConfig(algorithm=algorithm, actor=actor[0].arch, workload=program.workload,
-                    rl=rl or default_rl_config(algorithm), critic=critic[0].arch if critic else None,
+    cfg = RunConfig(algorithm=name, actor=actor[0].arch, workload=program.workload,
+                    rl=rl or default_rl_config(name), critic=critic[0].arch if critic else None,
                     shared_actor_critic=shared, reward=reward,
                     reward_arch=reward_model[0].arch if reward_model else None, task=task,
-                    positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data)
+                    positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data,
+                    algorithm_inferred=named is None)
     check_run_config(cfg)
     return cfg
 
@@ -347,6 +358,6 @@ class ReferenceTrainer:
 
 def run_reference(cfg: RunConfig, steps: int, seed: int) -> ReferenceResult:
     """Run `steps` RL steps from scratch; per-step metrics and the final weights."""
-    trainer = ReferenceTrainer(cfg, seed)
+    trainer = DPOTrainer(cfg, seed) if cfg.algorithm == "dpo" else ReferenceTrainer(cfg, seed)
     metrics = [trainer.step(k) for k in range(steps)]
     return ReferenceResult(metrics=metrics, weights=trainer.weights())

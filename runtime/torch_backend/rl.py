@@ -24,7 +24,7 @@ from torch import Tensor
 from rpegc.core.errors import RpegError
 from rpegc.runtime.torch_backend.models import TransformerModel
 
-ALGORITHMS = ("ppo", "grpo")
+ALGORITHMS = ("ppo", "grpo", "dpo")
 KL_ESTIMATORS = ("k1", "k3")
 
 # A sum over data-parallel replicas (all-reduce SUM); the identity in a single process.
@@ -67,12 +67,15 @@ class RLConfig:
     adam_betas: tuple[float, float] = field(default=(0.9, 0.999))
     adam_eps: float = 1e-8
     grpo_eps: float = 1e-6
+    dpo_beta: float = 0.1  # DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)
 
 
 def default_rl_config(algorithm: str, **overrides) -> RLConfig:
     """App. B defaults for `algorithm`; GRPO moves the KL into the loss (k3) and needs no whitening."""
     if algorithm == "grpo":
         base = RLConfig(algorithm="grpo", kl_estimator="k3", kl_in_reward=False, whiten_advantages=False)
+    elif algorithm == "dpo":  # no rollouts, rewards or advantages: the KL anchor is in the loss itself
+        base = RLConfig(algorithm="dpo", kl_in_reward=False, whiten_advantages=False)
     else:
         base = RLConfig(algorithm=algorithm)
     cfg = replace(base, **overrides)
@@ -85,9 +88,11 @@ def check_rl_config(cfg: RLConfig) -> None:
         raise RpegError(None, f"unknown RL algorithm '{cfg.algorithm}'; use one of {', '.join(ALGORITHMS)}")
     if cfg.kl_estimator not in KL_ESTIMATORS:
         raise RpegError(None, f"unknown KL estimator '{cfg.kl_estimator}'; use one of {', '.join(KL_ESTIMATORS)}")
-    if cfg.algorithm == "grpo" and cfg.kl_in_reward:
-        raise RpegError(None, "GRPO has no per-token reward to put the KL penalty into; "
-                        "set kl_in_reward = false (the KL becomes a loss term)")
+    if cfg.algorithm in ("grpo", "dpo") and cfg.kl_in_reward:
+        raise RpegError(None, f"{cfg.algorithm.upper()} has no per-token reward to put the KL penalty into; "
+                        "set kl_in_reward = false")
+    if cfg.dpo_beta <= 0:
+        raise RpegError(None, f"dpo_beta must be > 0, got {cfg.dpo_beta}")
     if cfg.temperature <= 0:
         raise RpegError(None, f"temperature must be > 0, got {cfg.temperature}")
     if cfg.ppo_epochs < 1:
@@ -275,6 +280,7 @@ class Experience:
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
     pads: Optional[Tensor] = None
+    forward_rows = 1  # a loss's forward pass runs one row per sequence (parallel.train_step)
 
     @property
     def prompt_len(self) -> int:
@@ -283,6 +289,9 @@ class Experience:
     @property
     def num_tokens(self) -> float:
         return float(self.mask.sum().item())
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
 
     def rows(self, index: slice | Tensor) -> "Experience":
         """The shard of sequences `index` (a slice or index tensor)."""

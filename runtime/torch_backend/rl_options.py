@@ -32,7 +32,8 @@ NOT_SETTABLE = ("algorithm",)
 LOWER = {"lr_actor": (0.0, False), "lr_critic": (0.0, False), "weight_decay": (0.0, True), "grad_clip": (0.0, False),
          "clip_eps": (0.0, False), "gamma": (0.0, True), "lam": (0.0, True), "kl_coef": (0.0, True),
          "value_clip": (0.0, False), "value_coef": (0.0, True), "entropy_coef": (0.0, True), "ppo_epochs": (1, True),
-         "temperature": (0.0, False), "adam_eps": (0.0, False), "grpo_eps": (0.0, False)}
+         "temperature": (0.0, False), "adam_eps": (0.0, False), "grpo_eps": (0.0, False),
+         "dpo_beta": (0.0, False)}
 UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000}
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.errors import RpegError
-from rpegc.runtime.torch_backend.datasets import PromptBatch
+from rpegc.runtime.torch_backend.datasets import PairBatch, PromptBatch
 from rpegc.runtime.torch_backend.models import derive_seed
 
 TASK_NAMES = ("pattern", "reverse")
@@ -51,6 +51,15 @@ class Task:
     def batch(self, batch: int, seed: int, step: int) -> PromptBatch:
         """Step `step`'s prompts as a dataset gives them (every prompt has Lp tokens: no padding)."""
         return PromptBatch(tokens=self.prompts(batch, seed, step))
+
+    def pairs(self, batch: int, seed: int, step: int) -> PairBatch:
+        """DPO's preference pairs of the task: the correct response chosen over a seeded random one."""
+        prompts = self.prompts(batch, seed, step)
+        gen = torch.Generator().manual_seed(derive_seed("rejected", seed, step))
+        rejected = torch.randint(0, self.vocab, (batch, self.response_len), generator=gen)
+        mask = torch.ones(batch, self.response_len)
+        return PairBatch(chosen=torch.cat([prompts, self.targets(prompts)], dim=1),
+                         rejected=torch.cat([prompts, rejected], dim=1), chosen_mask=mask, rejected_mask=mask.clone())
 
     def targets(self, prompts: Tensor) -> Tensor:
         """The correct response [b, Lr] for each prompt row."""

@@ -75,7 +75,9 @@ from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, 
 from rpegc.runtime.torch_backend.reference import RunConfig
 from rpegc.runtime.torch_backend.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
                                             last_token_scores, make_adam, response_forward)
-from rpegc.runtime.torch_backend.datasets import PromptBatch, open_prompts
+from rpegc.runtime.torch_backend.algorithms import algorithm
+from rpegc.runtime.torch_backend.algorithms.dpo import PairRows, pair_loss, pair_metrics
+from rpegc.runtime.torch_backend.datasets import PairBatch, PromptBatch, open_prompts
 from rpegc.runtime.torch_backend.rewards import accuracy_sums, load_reward, score_responses
 
 FAULT_ENV = "RPEG_TORCH_FAULT"  # "kill:NODE[:RANK]" or "raise:NODE[:RANK]": a test hook
@@ -130,6 +132,8 @@ def field_spec(name: str, run: RunConfig) -> tuple[tuple[int, ...], torch.dtype]
         "values": ((w.Lr,), torch.float32),
         "scores": ((), torch.float32),
         "task_scores": ((), torch.float32),
+        "chosen_ref_logprobs": ((w.Lr,), torch.float32),  # DPO: the reference's log-probs of each side
+        "rejected_ref_logprobs": ((w.Lr,), torch.float32),
     }
     return specs[name]
 
@@ -199,9 +203,11 @@ class Worker:
         # (model, version) -> (layout, this rank's float32 pieces), on the CPU
         self.window: dict[tuple[str, int], tuple[Layout, dict[str, Tensor]]] = {}
         w = self.run.workload
-        self.prompts = open_prompts(self.run.data, self.run.task, self.run.actor.vocab, w.Lp, w.Lr)
+        self.dpo = self.run.algorithm == "dpo"
+        self.prompts = open_prompts(self.run.data, self.run.task, self.run.actor.vocab, w.Lp, w.Lr, pairs=self.dpo)
         self.reward_fn = load_reward(self.run.reward) if self.run.reward_function else None
         self._batches: dict[int, PromptBatch] = {}  # the prompts of the steps in flight
+        self._pairs: dict[int, PairBatch] = {}  # DPO: the preference pairs of the steps in flight
         self.groups = ProcessGroups(setup.layouts)
         if self.resume is not None and ckpt.rng_key(self.rank) in self.resume:
             torch.set_rng_state(self.resume.read(ckpt.rng_key(self.rank)))
@@ -667,6 +673,21 @@ class Worker:
                 del self._batches[old]
         return self._batches[step]
 
+    def step_pairs(self, step: int) -> PairBatch:
+        """DPO: step `step`'s preference pairs, as every process draws them."""
+        if step not in self._pairs:
+            self._pairs[step] = self.prompts.pairs(self.run.workload.B, self.setup.seed, step)
+            for old in [k for k in self._pairs if k < step - 8]:
+                del self._pairs[old]
+        return self._pairs[step]
+
+    def pair_rows(self, step: int, side: str, lo: int, hi: int) -> tuple[dict[str, Tensor], Optional[Tensor]]:
+        """DPO: ({"sequences", "mask"} of pairs lo..hi-1 on `side`, their pads)."""
+        batch = self.step_pairs(step)
+        seqs, mask = batch.side(side)
+        pads = None if batch.pads is None else batch.pads[lo:hi].to(self.device)
+        return {"sequences": seqs[lo:hi].to(self.device), "mask": mask[lo:hi].to(self.device)}, pads
+
     def row_pads(self, step: int, lo: int, hi: int) -> Optional[Tensor]:
         """The left padding of sequences lo..hi-1 of `step` (None: the prompts are not padded)."""
         pads = self.step_batch(step).pads
@@ -680,24 +701,31 @@ class Worker:
                         pad_id=self.prompts.pad_id, pads=self.row_pads(cmd["step"], lo, hi))
         out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
         if "values" in cmd["fields"]:
-            out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi)
+            out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi, self.row_pads(cmd["step"], lo, hi))
         return out
 
     def op_inference(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> tuple[dict[str, Tensor], dict]:
         """The fields of an inference vertex, and what a reward function's calls report (accuracy sums,
         failures) from one rank of each replica."""
-        data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
         out: dict[str, Tensor] = {}
         report: dict = {}
+        if self.dpo:  # the reference scores one side of the step's preference pairs (its field names it)
+            for f in cmd["fields"]:
+                side, base = f.split("_", 1)
+                data, pads = self.pair_rows(cmd["step"], side, lo, hi)
+                out[f] = self._forward_field(cmd, pm, data, base, lo, hi, pads, temperature=1.0)
+            return out, report
+        data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
         for f in cmd["fields"]:
             if f in ("scores", "task_scores") and self.run.reward == "model" and (f == "scores" or not self.run.has_rule):
                 if "model_scores" not in report:  # a dataset has no rule: the model's score is also the reward
-                    report["model_scores"] = self._forward_field(cmd, pm, data, "scores", lo, hi)
+                    report["model_scores"] = self._forward_field(cmd, pm, data, "scores", lo, hi,
+                                                                 self.row_pads(cmd["step"], lo, hi))
                 out[f] = report["model_scores"]
             elif f in ("scores", "task_scores"):
                 out[f] = self.verifier_scores(cmd, pm, data, lo, hi, report)
             else:
-                out[f] = self._forward_field(cmd, pm, data, f, lo, hi)
+                out[f] = self._forward_field(cmd, pm, data, f, lo, hi, self.row_pads(cmd["step"], lo, hi))
         return out, report
 
     def verifier_scores(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
@@ -714,12 +742,13 @@ class Worker:
         return report["verifier"]
 
     def _forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
-                       hi: int) -> Tensor:
-        """A teacher-forced field (log-probs, values, reward-model scores) for the rows, in pipelined microbatches."""
-        lp, temp = self.run.workload.Lp, self.run.rl.temperature
+                       hi: int, pads: Optional[Tensor], temperature: Optional[float] = None) -> Tensor:
+        """A teacher-forced field (log-probs, values, reward-model scores) for the rows, in pipelined microbatches;
+        log-probs at the sampling temperature unless `temperature` is given."""
+        lp = self.run.workload.Lp
+        temp = self.run.rl.temperature if temperature is None else temperature
         if f not in ("old_logprobs", "ref_logprobs", "values", "scores"):
             raise CommandError(f"the torch backend cannot compute field '{f}'")
-        pads = self.row_pads(cmd["step"], lo, hi)
         fns, rows = [], []
         for a, b in self.chunks(cmd, lo, hi):
             rows.append(b - a)
@@ -741,18 +770,59 @@ class Worker:
             return t
         return reduce
 
-    def op_training(self, cmd: dict, lo: int, hi: int) -> dict:
+    def loaded_state(self, cmd: dict) -> tuple[TrainState, Entry]:
+        """The training state of the command's model and layout, holding the version it trains."""
         model, layout = cmd["model"], cmd["layout"]
-        spec = self.setup.models[model]
-        rl = self.run.rl
         st = self.train_state(model, layout)
-        pm = st.pm
         e = self.entries.get(cmd["weights"])
         if e is None:
             raise CommandError(f"{cmd['weights']} is not held on worker {self.rank}")
-        if pm.loaded != (model, e.version):
-            pm.load(self.master_shards(model, layout, e))
-            pm.loaded = (model, e.version)
+        if st.pm.loaded != (model, e.version):
+            st.pm.load(self.master_shards(model, layout, e))
+            st.pm.loaded = (model, e.version)
+        return st, e
+
+    def publish(self, cmd: dict, pm: ParallelModel) -> int:
+        """The trained version as a serving copy (the float32 master stays in the training state)."""
+        model, version = cmd["model"], cmd["version_out"]
+        pm.loaded = (model, version)
+        self.entries[cmd["output"]] = Entry("weights", model, version, cmd["layout"],
+                                            shards=cast_weights(pm.export(), self.serving_dtype))
+        return version
+
+    def op_dpo_training(self, cmd: dict, lo: int, hi: int) -> dict:
+        """DPO's policy update on pairs lo..hi-1 of the step, with the reference log-probs the inference
+        vertices wrote."""
+        st, e = self.loaded_state(cmd)
+        pm, rl = st.pm, self.run.rl
+        ref = self.rows_of(cmd["inputs"], lo, hi, ["chosen_ref_logprobs", "rejected_ref_logprobs"])
+        batch = self.step_pairs(cmd["step"])
+        rows = PairRows(batch.chosen[lo:hi], batch.rejected[lo:hi], batch.chosen_mask[lo:hi],
+                        batch.rejected_mask[lo:hi], ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"],
+                        None if batch.pads is None else batch.pads[lo:hi])
+        rows = PairRows(*(None if t is None else t.to(self.device) for t in (
+            rows.chosen, rows.rejected, rows.chosen_mask, rows.rejected_mask, rows.ref_chosen, rows.ref_rejected,
+            rows.pads)))
+        dp_sum = self._dp_sum(pm)
+        num_pairs = float(dp_sum(torch.tensor(float(hi - lo), dtype=torch.float64, device=self.device)))
+        lp, beta = self.run.workload.Lp, rl.dpo_beta
+        keys = algorithm("dpo").stat_keys["policy"]
+        for _ in range(rl.ppo_epochs):
+            stats, norm = train_step(pm, st.optimizer, lambda view, r: pair_loss(view, r, lp, beta, num_pairs), rows,
+                                     cmd["mb"], rl, keys)
+        version = self.publish(cmd, pm)
+        metrics = pair_metrics(stats, num_pairs, norm)
+        return {"bytes": 0, "versions_in": {cmd["model"]: e.version}, "versions_out": {cmd["model"]: version},
+                "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+
+    def op_training(self, cmd: dict, lo: int, hi: int) -> dict:
+        if self.dpo:
+            return self.op_dpo_training(cmd, lo, hi)
+        model = cmd["model"]
+        spec = self.setup.models[model]
+        rl = self.run.rl
+        st, e = self.loaded_state(cmd)
+        pm = st.pm
         names = ["sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores"]
         if self.run.has_critic:
             names.append("values")
@@ -763,26 +833,19 @@ class Worker:
         dp_sum = self._dp_sum(pm)
         num_tokens = float(dp_sum(exp.mask.double().sum()))
         exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
+        keys = algorithm(self.run.algorithm).stat_keys[spec.kind]
         if spec.kind == "critic":
-            keys: tuple[str, ...] = ("value_loss",)
-
             def loss_fn(view, e):
                 loss = critic_loss(view, e, rl, num_tokens)
                 return loss, {"value_loss": loss.item()}
         else:
-            keys = ("policy_loss", "clipped_tokens")
             keys += (() if rl.kl_in_reward else ("kl_loss",)) + (("entropy",) if rl.entropy_coef else ())
-            keys += ("value_loss",) if spec.kind == "actor_critic" else ()
 
             def loss_fn(view, e):
                 return actor_loss(view, e, rl, num_tokens)
         for _ in range(rl.ppo_epochs):
             stats, norm = train_step(pm, st.optimizer, loss_fn, exp, cmd["mb"], rl, keys)
-        version = cmd["version_out"]
-        pm.loaded = (model, version)
-        # publish: the new version as a serving copy (the float32 master stays in the training state)
-        self.entries[cmd["output"]] = Entry("weights", model, version, layout,
-                                            shards=cast_weights(pm.export(), self.serving_dtype))
+        version = self.publish(cmd, pm)
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         task_scores = data["task_scores"].double()
         sums = dp_sum(torch.stack([task_scores.sum(), exp.scores.double().sum(), (kl * exp.mask).double().sum(),
