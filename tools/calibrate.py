@@ -372,14 +372,15 @@ def slowest_rank(per_rank: Sequence[Optional[Sequence[float]]]) -> list[float]:
     """Per repeat, the slowest busy rank (idle ranks return None): what a collective operation takes."""
     return [max(xs) for xs in zip(*[r for r in per_rank if r is not None])]
 
-# Two-layer models of the torch backend's family (hidden 64 and 128 like its tiny presets, 256, 512),
-# timed on prefill-shaped forwards and on decode steps with the KV cache: the shapes generation,
-# inference and training run.
+# Two-layer models of the torch backend's family (hidden 64 and 128 like its tiny presets, 256, 512; gated
+# SwiGLU FFNs like them, so the fit's work W counts the gate projection the forwards compute), timed on
+# prefill-shaped forwards and on decode steps with the KV cache: the shapes generation, inference and
+# training run.
 CPU_LAYER_ARCHS = {
-    "d64": Arch(layers=2, hidden=64, ffn=256, vocab=64, heads=4, kv_heads=4),
-    "d128": Arch(layers=2, hidden=128, ffn=512, vocab=64, heads=4, kv_heads=4),
-    "d256": Arch(layers=2, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8),
-    "d512": Arch(layers=2, hidden=512, ffn=2048, vocab=256, heads=8, kv_heads=8),
+    "d64": Arch(layers=2, hidden=64, ffn=256, vocab=64, heads=4, kv_heads=4, gated=True),
+    "d128": Arch(layers=2, hidden=128, ffn=512, vocab=64, heads=4, kv_heads=4, gated=True),
+    "d256": Arch(layers=2, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8, gated=True),
+    "d512": Arch(layers=2, hidden=512, ffn=2048, vocab=256, heads=8, kv_heads=8, gated=True),
 }
 CPU_PREFILL_SHAPES = ((1, 32), (4, 32), (16, 32), (8, 128))  # (batch, seq)
 CPU_DECODE_BATCHES = (1, 4, 16, 64)
@@ -427,8 +428,8 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
 
 
 def gpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
-    big = Arch(layers=2, hidden=4096, ffn=11008, vocab=32000, heads=32, kv_heads=32)
-    mid = Arch(layers=2, hidden=2048, ffn=5632, vocab=32000, heads=16, kv_heads=16)
+    big = Arch(layers=2, hidden=4096, ffn=11008, vocab=32000, heads=32, kv_heads=32, gated=True)
+    mid = Arch(layers=2, hidden=2048, ffn=5632, vocab=32000, heads=16, kv_heads=16, gated=True)
     if quick:
         return SweepPlan("bf16", eta_from, (1 << 28,), (16, 1024, 8192), (256, 4096), 4096,
                          _layer_forwards({"4k": big}, ((4, 512),), (8,), 512), 8, 512, 4096,
@@ -489,14 +490,14 @@ def _measure_forward(ctx, case: ForwardCase, dtype: str, min_time: float, repeat
         return None
     import torch
 
-    from rpegc.runtime.torch_backend.models import NetOptions, build_model
+    from rpegc.runtime.torch_backend.models import NetOptions, arch_net, build_model
 
     # Learned positions, as the torch backend builds its models (backend.run_config). The model code
     # creates some tensors (the attention mask) without a device: the default-device context puts them
     # on the worker's device.
     net = NetOptions(max_seq=case.context + case.seq, positions=BACKEND_POSITIONS)
     with torch.device(ctx.device), torch.no_grad():
-        model = build_model(case.arch, "policy", seed=0, opts=net).to(ctx.device, _dtype(dtype))
+        model = build_model(case.arch, "policy", seed=0, opts=arch_net(case.arch, net)).to(ctx.device, _dtype(dtype))
         model.eval()
         tokens = torch.randint(0, case.arch.vocab, (case.batch, case.seq), device=ctx.device)
         cache = model.new_cache(case.batch, case.context + case.seq) if case.context else None
