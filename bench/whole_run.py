@@ -5,7 +5,7 @@ Item 5 (whole-run fidelity): every plan below is compiled with the calibrated CP
 `rpeg-run`'s controller on the torch backend with 2 worker processes (one per core of a 2-core host: never
 more workers than cores) and compared on the steady state (rpegc.runtime.report): the median interval
 between step completions after the first step, measured against the schedule's. The workloads are
-bench/whole_run/*.rpeg (GRPO and PPO, 4-block models of hidden 256 whose operators take 60-650 ms; reward
+bench/whole_run/*.rpeg (GRPO and PPO, 4-block models of hidden 256 whose operators are predicted at 39-650 ms; reward
 inference runs the reward model, `--reward model`, as the plan prices it). Reported: MAPE and Spearman rho
 over the plans, the steady-state node error, and the control overhead (report, reaction and command
 between a node becoming able to start and its start, per node and on each step's critical chain).
