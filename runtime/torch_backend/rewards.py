@@ -19,6 +19,7 @@ frozen reward model) are not functions of text and are handled by the backend.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -130,8 +131,10 @@ def _entry_point(name: str) -> Optional[RewardFn]:
     return None
 
 
+@functools.cache
 def load_reward(spec: str) -> RewardFn:
-    """The reward function `spec` names (see the module docstring), its signature checked."""
+    """The reward function `spec` names (see the module docstring), its signature checked; loaded once per
+    process (every run_config of a run checks it, and a file's module would run again each time)."""
     if spec in NOT_FUNCTIONS:
         raise RpegError(None, f"--reward {spec} is not a function of the response text")
     if spec in BUILTINS:

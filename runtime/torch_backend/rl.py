@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from rpegc.core.errors import RpegError
+from rpegc.core.program import ALGORITHMS
 from rpegc.runtime.torch_backend.models import TransformerModel
 
-ALGORITHMS = ("ppo", "grpo", "dpo")
 KL_ESTIMATORS = ("k1", "k3")
 
 # A sum over data-parallel replicas (all-reduce SUM); the identity in a single process.

@@ -663,23 +663,23 @@ class Worker:
         n = hi - lo
         return [c for c in split_rows(lo, hi, max(1, min(cmd["mb"], n))) if c[1] > c[0]] if n else []
 
+    @staticmethod
+    def _recent(cache: dict, step: int, draw: Callable[[], object]):
+        """cache[step], drawn on first use; a few recent steps are kept (staleness lets a step's vertices run
+        while the next step's generation has started)."""
+        if step not in cache:
+            cache[step] = draw()
+            for old in [k for k in cache if k < step - 8]:
+                del cache[old]
+        return cache[step]
+
     def step_batch(self, step: int) -> PromptBatch:
-        """Step `step`'s prompts, as every process draws them; a few recent steps are kept (staleness lets
-        a step's vertices run while the next step's generation has started)."""
-        if step not in self._batches:
-            w = self.run.workload
-            self._batches[step] = self.prompts.batch(w.B, self.setup.seed, step)
-            for old in [k for k in self._batches if k < step - 8]:
-                del self._batches[old]
-        return self._batches[step]
+        """Step `step`'s prompts, as every process draws them."""
+        return self._recent(self._batches, step, lambda: self.prompts.batch(self.run.workload.B, self.setup.seed, step))
 
     def step_pairs(self, step: int) -> PairBatch:
         """DPO: step `step`'s preference pairs, as every process draws them."""
-        if step not in self._pairs:
-            self._pairs[step] = self.prompts.pairs(self.run.workload.B, self.setup.seed, step)
-            for old in [k for k in self._pairs if k < step - 8]:
-                del self._pairs[old]
-        return self._pairs[step]
+        return self._recent(self._pairs, step, lambda: self.prompts.pairs(self.run.workload.B, self.setup.seed, step))
 
     def pair_rows(self, step: int, side: str, lo: int, hi: int) -> tuple[dict[str, Tensor], Optional[Tensor]]:
         """DPO: ({"sequences", "mask"} of pairs lo..hi-1 on `side`, their pads)."""
@@ -696,12 +696,13 @@ class Worker:
     def op_generation(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
         w, rl = self.run.workload, self.run.rl
         prompts = expand_rollouts(self.step_batch(cmd["step"]).tokens, w.R).to(self.device)
+        pads = self.row_pads(cmd["step"], lo, hi)
         roll = generate(pm, prompts[lo:hi], self.chunks(cmd, lo, hi), seed=self.setup.seed, step=cmd["step"],
                         max_new_tokens=w.Lr, temperature=rl.temperature, eos_id=self.prompts.eos_id,
-                        pad_id=self.prompts.pad_id, pads=self.row_pads(cmd["step"], lo, hi))
+                        pad_id=self.prompts.pad_id, pads=pads)
         out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
         if "values" in cmd["fields"]:
-            out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi, self.row_pads(cmd["step"], lo, hi))
+            out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi, pads)
         return out
 
     def op_inference(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> tuple[dict[str, Tensor], dict]:
@@ -716,16 +717,16 @@ class Worker:
                 out[f] = self._forward_field(cmd, pm, data, base, lo, hi, pads, temperature=1.0)
             return out, report
         data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
+        pads = self.row_pads(cmd["step"], lo, hi)
         for f in cmd["fields"]:
             if f in ("scores", "task_scores") and self.run.reward == "model" and (f == "scores" or not self.run.has_rule):
                 if "model_scores" not in report:  # a dataset has no rule: the model's score is also the reward
-                    report["model_scores"] = self._forward_field(cmd, pm, data, "scores", lo, hi,
-                                                                 self.row_pads(cmd["step"], lo, hi))
+                    report["model_scores"] = self._forward_field(cmd, pm, data, "scores", lo, hi, pads)
                 out[f] = report["model_scores"]
             elif f in ("scores", "task_scores"):
                 out[f] = self.verifier_scores(cmd, pm, data, lo, hi, report)
             else:
-                out[f] = self._forward_field(cmd, pm, data, f, lo, hi, self.row_pads(cmd["step"], lo, hi))
+                out[f] = self._forward_field(cmd, pm, data, f, lo, hi, pads)
         return out, report
 
     def verifier_scores(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
@@ -796,13 +797,8 @@ class Worker:
         st, e = self.loaded_state(cmd)
         pm, rl = st.pm, self.run.rl
         ref = self.rows_of(cmd["inputs"], lo, hi, ["chosen_ref_logprobs", "rejected_ref_logprobs"])
-        batch = self.step_pairs(cmd["step"])
-        rows = PairRows(batch.chosen[lo:hi], batch.rejected[lo:hi], batch.chosen_mask[lo:hi],
-                        batch.rejected_mask[lo:hi], ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"],
-                        None if batch.pads is None else batch.pads[lo:hi])
-        rows = PairRows(*(None if t is None else t.to(self.device) for t in (
-            rows.chosen, rows.rejected, rows.chosen_mask, rows.rejected_mask, rows.ref_chosen, rows.ref_rejected,
-            rows.pads)))
+        rows = PairRows.of(self.step_pairs(cmd["step"]), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"], lo,
+                           hi, self.device)
         dp_sum = self._dp_sum(pm)
         num_pairs = float(dp_sum(torch.tensor(float(hi - lo), dtype=torch.float64, device=self.device)))
         lp, beta = self.run.workload.Lp, rl.dpo_beta
@@ -823,9 +819,7 @@ class Worker:
         rl = self.run.rl
         st, e = self.loaded_state(cmd)
         pm = st.pm
-        names = ["sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores"]
-        if self.run.has_critic:
-            names.append("values")
+        names = list(algorithm(self.run.algorithm).training_fields(self.run.has_critic))
         data = self.rows_of(cmd["inputs"], lo, hi, names)
         exp = Experience(sequences=data["sequences"], mask=data["mask"], old_logprobs=data["old_logprobs"],
                          ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"),

@@ -24,6 +24,9 @@ from torch import Tensor
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Container, Program, Vertex
 from rpegc.runtime.torch_backend.algorithms.base import Algorithm
+from rpegc.runtime.torch_backend.datasets import PairBatch, open_prompts
+from rpegc.runtime.torch_backend.models import arch_net, build_model, derive_seed, export_weights
+from rpegc.runtime.torch_backend.rl import make_adam, optimizer_step, response_forward
 
 SIDES = ("chosen", "rejected")
 
@@ -92,6 +95,16 @@ class PairRows:
     def __len__(self) -> int:
         return self.chosen.shape[0]
 
+    @staticmethod
+    def of(batch: PairBatch, ref_chosen: Tensor, ref_rejected: Tensor, lo: int, hi: int,
+           device: Optional[torch.device] = None) -> "PairRows":
+        """Pairs lo..hi-1 of a step's `batch` with their reference log-probs, on `device`."""
+        def on(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t.to(device)
+        return PairRows(on(batch.chosen[lo:hi]), on(batch.rejected[lo:hi]), on(batch.chosen_mask[lo:hi]),
+                        on(batch.rejected_mask[lo:hi]), on(ref_chosen), on(ref_rejected),
+                        None if batch.pads is None else on(batch.pads[lo:hi]))
+
     def rows(self, index: slice) -> "PairRows":
         return PairRows(self.chosen[index], self.rejected[index], self.chosen_mask[index], self.rejected_mask[index],
                         self.ref_chosen[index], self.ref_rejected[index],
@@ -119,8 +132,6 @@ def dpo_loss(policy_c: Tensor, policy_r: Tensor, ref_c: Tensor, ref_r: Tensor, b
 def pair_loss(model, rows: PairRows, prompt_len: int, beta: float, num_pairs: float) -> tuple[Tensor, dict]:
     """The DPO loss of `rows` under `model` (a TransformerModel or a pipeline StageView): both sides in one
     forward pass of 2b rows (a pipelined microbatch runs one pass)."""
-    from rpegc.runtime.torch_backend.rl import response_forward
-
     b = len(rows)
     pads = None if rows.pads is None else torch.cat([rows.pads, rows.pads])
     logprobs = response_forward(model, torch.cat([rows.chosen, rows.rejected]), prompt_len, 1.0, pads=pads).logprobs
@@ -145,10 +156,6 @@ class DPOTrainer:
     of the policy on the whole batch."""
 
     def __init__(self, cfg, seed: int):
-        from rpegc.runtime.torch_backend.datasets import open_prompts
-        from rpegc.runtime.torch_backend.models import arch_net, build_model, derive_seed
-        from rpegc.runtime.torch_backend.rl import make_adam
-
         self.cfg, self.seed = cfg, seed
         w = cfg.workload
         net = arch_net(cfg.actor, cfg.net)
@@ -160,16 +167,13 @@ class DPOTrainer:
         self.pairs = open_prompts(cfg.data, cfg.task, cfg.actor.vocab, w.Lp, w.Lr, pairs=True)
 
     def step(self, step: int) -> dict[str, float]:
-        from rpegc.runtime.torch_backend.rl import optimizer_step, response_forward
-
         t0 = time.perf_counter()
         w = self.cfg.workload
         batch = self.pairs.pairs(w.B, self.seed, step)
         with torch.no_grad():
             ref = {s: response_forward(self.reference, batch.side(s)[0], w.Lp, 1.0, pads=batch.pads).logprobs
                    for s in SIDES}
-        rows = PairRows(batch.chosen, batch.rejected, batch.chosen_mask, batch.rejected_mask, ref["chosen"],
-                        ref["rejected"], batch.pads)
+        rows = PairRows.of(batch, ref["chosen"], ref["rejected"], 0, w.B)
         norm = 0.0
         for _ in range(self.cfg.rl.ppo_epochs):
             loss, stats = pair_loss(self.actor, rows, w.Lp, self.cfg.rl.dpo_beta, float(w.B))
@@ -180,6 +184,4 @@ class DPOTrainer:
         return metrics
 
     def weights(self) -> dict[str, dict[str, Tensor]]:
-        from rpegc.runtime.torch_backend.models import export_weights
-
         return {"actor": export_weights(self.actor)}
