@@ -279,7 +279,7 @@ def test_an_explicit_cpu_device_gives_the_single_process_results():
     model = build_model(ARCH, "policy", model_seed(0, "policy"), cfg.net)
     prompts = expand_rollouts(worker.prompts.prompts(B, 0, 0), 2)
     rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
-                      temperature=cfg.rl.temperature) for a, b in ((0, B), (B, 2 * B))]
+                      sampling=cfg.rl.sampling) for a, b in ((0, B), (B, 2 * B))]
     assert torch.equal(got["sequences"], torch.cat([r.sequences for r in rolls]))
     assert torch.equal(got["mask"], torch.cat([r.mask for r in rolls]))
     assert torch.equal(got["old_logprobs"], torch.cat([r.logprobs for r in rolls]))

@@ -24,9 +24,9 @@ transformers = pytest.importorskip("transformers")
 
 from rpegc.core.errors import RpegError  # noqa: E402
 from rpegc.core.hf_config import hf_arch  # noqa: E402
-from rpegc.runtime.torch_backend.hf import HFWeights, hf_net  # noqa: E402
+from rpegc.runtime.torch_backend.hf import HFWeights, hf_net, initial_model  # noqa: E402
 from rpegc.runtime.torch_backend.layout import Layout  # noqa: E402
-from rpegc.runtime.torch_backend.models import NetOptions, TransformerModel, install_weights  # noqa: E402
+from rpegc.runtime.torch_backend.models import NetOptions, TransformerModel, export_weights  # noqa: E402
 from rpegc.runtime.torch_backend.parallel import param_shapes, shard_of  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
 
@@ -72,11 +72,8 @@ def checkpoints(tmp_path_factory):
 
 
 def backend_model(path: str, kind: str = "policy") -> TransformerModel:
-    arch = hf_arch(path)
-    net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
-    model = TransformerModel(arch, kind, net)
-    install_weights(model, HFWeights(path, kind, 0, net).full(param_shapes(arch, kind, net)))
-    return model.eval()
+    """Version 0 as the single-process reference builds it (a worker's pieces are compared with it below)."""
+    return initial_model(hf_arch(path), kind, 0, path, NetOptions(max_seq=MAX_SEQ)).eval()
 
 
 def hf_model(path: str):
@@ -277,7 +274,7 @@ def test_every_rank_reads_exactly_its_pieces(checkpoints, layout, kind, name):
     net = hf_net(path, NetOptions(max_seq=MAX_SEQ))
     shapes = param_shapes(arch, kind, net)
     weights = HFWeights(path, kind, 0, net)
-    full = weights.full(shapes)
+    full = export_weights(backend_model(path, kind))  # the reference's version 0, value head included
     for r in layout.ranks:
         mine = weights.pieces(shapes, layout, r)
         expected = shard_of(full, shapes, layout, r, arch.layers)

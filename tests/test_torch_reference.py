@@ -11,6 +11,7 @@ from rpegc.core.presets import lookup  # noqa: E402
 from rpegc.core.program import Graph, Model, Program, Workload  # noqa: E402
 from rpegc.runtime.torch_backend.reference import (ReferenceTrainer, config_from_program, run_reference,  # noqa: E402
                                                    toy_config)
+from rpegc.runtime.torch_backend.rl import default_rl_config  # noqa: E402
 from rpegc.runtime.torch_backend.tasks import make_task  # noqa: E402
 
 torch.set_num_threads(1)
@@ -120,6 +121,10 @@ def test_programs_the_backend_cannot_run_are_user_errors():
         config_from_program(program("policy"), reward="model")
     with pytest.raises(RpegError, match="replaces the policy"):
         config_from_program(program("policy", "actor_critic"))
+    p = program("policy", "reference")
+    rows = p.workload.B * p.workload.R
+    with pytest.raises(RpegError, match=f"ppo_minibatches = {rows + 1} exceeds the {rows} sequences"):
+        config_from_program(p, rl=default_rl_config("grpo", ppo_minibatches=rows + 1))
     other = dataclasses.replace(program("policy", "reference"), models=(
         Model("actor", "policy", True, lookup("tiny")), Model("ref", "reference", False, lookup("tiny-4l"))))
     with pytest.raises(RpegError, match="initial actor"):

@@ -12,8 +12,9 @@ from rpegc.runtime.torch_backend.generation import expand_rollouts, generate  # 
 from rpegc.runtime.torch_backend.models import NetOptions, build_model  # noqa: E402
 from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, clip_grad_norm,  # noqa: E402
                                             compute_advantages, critic_loss, default_rl_config, gae,
-                                            grpo_advantages, kl_estimate, masked_moments, policy_loss,
-                                            response_forward, token_rewards, value_loss, whiten)
+                                            epoch_stats, grpo_advantages, kl_estimate, masked_moments,
+                                            minibatch_rows, minibatch_steps, policy_loss, response_forward,
+                                            token_rewards, value_loss, whiten)
 
 torch.set_num_threads(1)
 
@@ -158,6 +159,33 @@ def test_sharded_losses_sum_to_the_whole_batch_gradient(algorithm, kind):
     for shards in (2, 4):
         for k, g in grads(model, loss_fn, exp, shards).items():
             torch.testing.assert_close(g, whole[k], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, replicas, count", [(16, 2, 2), (12, 3, 4), (10, 2, 3), (6, 3, 6)])
+def test_minibatches_are_the_batchs_whatever_the_replicas_hold(rows, replicas, count):
+    """Minibatch k is the rows g with g % count == k: the replicas' parts (contiguous shards) make exactly it."""
+    bounds = [rows * r // replicas for r in range(replicas + 1)]
+    for k in range(count):
+        parts = [minibatch_rows(lo, hi, count, k) + lo for lo, hi in zip(bounds, bounds[1:])]
+        assert torch.cat(parts).tolist() == list(range(k, rows, count))
+        for p, lo, hi in zip(parts, bounds, bounds[1:]):  # each replica holds its even share
+            assert (hi - lo) // count <= len(p) <= -(-(hi - lo) // count)
+
+
+def test_minibatch_statistics_are_the_whole_batchs_and_each_minibatch_is_one_step():
+    exp = experience("grpo")
+    cfg = default_rl_config("grpo", ppo_epochs=3, ppo_minibatches=2)
+    seen: list[tuple[int, float]] = []
+
+    def step(sub, n):
+        seen.append((len(sub), n))
+        return {"loss": float(sub.mask.sum()) / n, "count": 1.0}, float(len(seen))
+
+    stats, norm = minibatch_steps(cfg, exp, 0, len(exp), lambda e: e.mask.sum(), step, counts=("count",))
+    sizes = [float(exp.mask[k::2].sum()) for k in range(2)]
+    assert seen == [(len(exp) // 2, sizes[0]), (len(exp) // 2, sizes[1])] * 3  # 3 epochs x 2 optimizer steps
+    assert stats == pytest.approx({"loss": 1.0, "count": 2.0}) and norm == 5.5  # the last epoch's
+    assert epoch_stats([({"a": 2.0, "n": 1.0}, 0.25), ({"a": 4.0, "n": 3.0}, 0.75)], ("n",)) == {"a": 3.5, "n": 4.0}
 
 
 def test_ppo_without_a_critic_and_grpo_with_kl_in_reward_are_user_errors():

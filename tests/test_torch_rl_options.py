@@ -38,6 +38,11 @@ def test_values_take_their_fields_types():
     ("adam_betas=0.9", "a list of 2 numbers"),
     ("data.promt_key=q", "unknown data setting 'promt_key'; did you mean prompt_key"),
     ("data.shuffle=2", "shuffle must be true or false"),
+    ("top_p=0", "top_p must be > 0.0"),
+    ("top_p=1.2", "top_p must be <= 1.0"),
+    ("top_k=-3", "top_k must be >= 0"),
+    ("top_k=0.5", "top_k must be an integer"),
+    ("ppo_minibatches=0", "ppo_minibatches must be >= 1"),
 ])
 def test_bad_settings_say_what_to_change(pair, match):
     with pytest.raises(RpegError) as e:

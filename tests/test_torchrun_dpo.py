@@ -62,8 +62,8 @@ TINY = GRAPH.format(B=16, Lp=4, Lr=6, model='arch = "tiny"')
 RL = {"adam_eps": 1e-5}
 
 
-def assert_matches_the_oracle(plan, backend, **config):
-    cfg = run_config(plan.program, rl=RL, **config)
+def assert_matches_the_oracle(plan, backend, rl=RL, **config):
+    cfg = run_config(plan.program, rl=rl, **config)
     assert cfg.algorithm == "dpo"
     ref = run_reference(cfg, plan.steps, seed=0)
     for k, want in enumerate(ref.metrics):
@@ -127,18 +127,22 @@ def preference_rows(n: int, seed: int) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def test_a_preference_dataset_of_left_padded_prompts_matches_the_oracle(tmp_path):
-    """(prompt, chosen, rejected) chat rows tokenized with a tokenizer made here: prompts of different lengths
-    left-padded, responses of different lengths right-padded and masked; reference dp 2, training tp 2."""
+def test_a_checkpoint_on_a_preference_dataset_with_minibatches_matches_the_oracle(tmp_path):
+    """(prompt, chosen, rejected) chat rows tokenized with the tokenizer of a Hugging Face checkpoint made here
+    (policy and reference read from it): prompts of different lengths left-padded, responses of different
+    lengths right-padded and masked; reference dp 2, training dp 2 in two minibatches of pairs."""
     pytest.importorskip("transformers")
     from rpegc.runtime.torch_backend import arith
 
-    arith.write_tokenizer(str(tmp_path / "tok"))
+    ckpt = tmp_path / "ckpt"
+    arith.write_checkpoint(str(ckpt), hidden=32, layers=2, max_positions=32)
     (tmp_path / "pairs.jsonl").write_text(preference_rows(24, seed=4))
-    model = "layers = 2, hidden = 32, ffn = 64, vocab = 32, heads = 4, kv_heads = 2, gated = true"
-    plan = compile_plan(tmp_path, "dpo2.rpeg", steps=2, text=GRAPH.format(B=8, Lp=12, Lr=4, model=model) + TWO)
-    config = {"data": {"path": str(tmp_path / "pairs.jsonl"), "tokenizer": str(tmp_path / "tok"), "answer_key": ""}}
-    backend, _ = run_torch(plan, rl=RL, **config)
-    assert_matches_the_oracle(plan, backend, **config)
+    two = TWO.replace("extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1", "extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1")
+    assert two != TWO
+    plan = compile_plan(tmp_path, "dpo2.rpeg", steps=2, text=GRAPH.format(B=8, Lp=12, Lr=4, model=f'hf = "{ckpt}"') + two)
+    config = {"data": {"path": str(tmp_path / "pairs.jsonl"), "answer_key": ""}}
+    rl = dict(RL, ppo_minibatches=2)
+    backend, _ = run_torch(plan, rl=rl, **config)
+    assert_matches_the_oracle(plan, backend, rl=rl, **config)
     pairs = DPOTrainer(run_config(plan.program, **config), seed=0).pairs.pairs(8, 0, 0)
     assert pairs.pads.min() < pairs.pads.max() and pairs.chosen_mask.sum(-1).min() < pairs.chosen_mask.sum(-1).max()

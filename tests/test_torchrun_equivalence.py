@@ -196,24 +196,35 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
 """
 
 
-def test_a_dataset_of_left_padded_prompts_with_a_plugin_reward_matches_the_reference(tmp_path):
-    """Prompts of different lengths from a JSONL file (left-padded, masked, positions from the first real
-    token), responses ended by the tokenizer's EOS and scored by a file.py:function plugin, through
-    generation dp 2, reference tp 2, reward dp 2 and training pp 2 x tp 2 with microbatches."""
+def test_a_checkpoint_on_a_dataset_with_truncated_sampling_and_minibatches_matches_the_reference(tmp_path):
+    """A Hugging Face checkpoint (actor and reference read from it by the workers' slices and whole by the
+    reference), prompts of different lengths from a JSONL file (left-padded, masked, positions from the first
+    real token), top-k/top-p sampling, responses ended by the tokenizer's EOS and scored by a file.py:function
+    plugin, two PPO epochs of two minibatches, through generation dp 2, reference tp 2, reward dp 2 and
+    training dp 2 x pp 2 with microbatches."""
     pytest.importorskip("transformers")
     from rpegc.runtime.torch_backend import arith
 
-    arith.write_tokenizer(str(tmp_path / "tok"))
+    ckpt = tmp_path / "ckpt"
+    arith.write_checkpoint(str(ckpt), hidden=32, layers=2, max_positions=32)
     arith.write_dataset(str(tmp_path / "train.jsonl"), 24, seed=5, max_operand=99)
     (tmp_path / "digits.py").write_text(DIGITS_REWARD)
     text = open("examples/grpo-tiny.rpeg").read().replace("Lp = 4, Lr = 6", "Lp = 12, Lr = 5")
+    text = text.replace('arch = "tiny", kind = policy', f'hf = "{ckpt}", kind = policy')
+    text = text.replace('arch = "tiny", kind = reference', f'hf = "{ckpt}", kind = reference')
+    text = text.replace("extent (1, 1, 4) dp = 1 pp = 2 tp = 2 mb = 2", "extent (1, 1, 4) dp = 2 pp = 2 tp = 1 mb = 2")
     plan = compile_plan(tmp_path, "grpo-data.rpeg", steps=2, text=text)
-    config = {"data": {"path": str(tmp_path / "train.jsonl"), "tokenizer": str(tmp_path / "tok")},
-              "reward": f"{tmp_path / 'digits.py'}:compute_score"}
-    backend, _ = run_torch(plan, **config)
-    assert_same_run(plan, backend, rl={}, weights_atol=5e-5, **config)
-    cfg = run_config(plan.program, **config)
+    rl = {"top_k": 12, "top_p": 0.9, "ppo_epochs": 2, "ppo_minibatches": 2, "lr_actor": 1e-3}
+    config = {"data": {"path": str(tmp_path / "train.jsonl")}, "reward": f"{tmp_path / 'digits.py'}:compute_score"}
+    backend, _ = run_torch(plan, rl=rl, **config)
+    assert_same_run(plan, backend, rl=rl, weights_atol=5e-5, **config)
+    cfg = run_config(plan.program, rl=rl, **config)
+    assert cfg.actor_hf == str(ckpt) and cfg.data.tokenizer == str(ckpt)
     ref = ReferenceTrainer(cfg, seed=0)
+    from safetensors.torch import load_file
+
+    embed = load_file(str(ckpt / "model.safetensors"))["model.embed_tokens.weight"]
+    assert torch.equal(ref.weights()["actor"]["embed.weight"], embed.float())  # version 0 is the checkpoint
     pads = ref.prompts.batch(16, 0, 0).pads
     assert pads.min() < pads.max()  # the prompts really differ in length
     assert all(m["response_length"] < 5 for m in backend.metrics.values())  # some responses ended at EOS

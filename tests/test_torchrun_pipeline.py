@@ -159,7 +159,7 @@ def _single_process(ctx, role: str) -> dict | None:
     if role == "generation":
         prompts = expand_rollouts(worker.prompts.prompts(B, 0, 0), 1)
         rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
-                          temperature=cfg.rl.temperature) for a, b in chunks]
+                          sampling=cfg.rl.sampling) for a, b in chunks]
         return {"sequences": torch.cat([r.sequences for r in rolls]), "mask": torch.cat([r.mask for r in rolls]),
                 "old_logprobs": torch.cat([r.logprobs for r in rolls])}
     seqs = _batch()["sequences"]

@@ -26,8 +26,10 @@ from torch import Tensor
 
 from rpegc.core.errors import RpegError
 from rpegc.core.hf_config import arch_of_config, hf_config_path, read_hf_config
+from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend.layout import Layout, Piece, rank_pieces
-from rpegc.runtime.torch_backend.models import NetOptions, seeded_parameter
+from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, arch_net, build_model, check_arch,
+                                                install_weights, seeded_parameter)
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -151,3 +153,21 @@ class HFWeights:
     def pieces(self, shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int) -> dict[str, Tensor]:
         """This rank's pieces under `layout`: only the slices it holds are read."""
         return {n: self.read(n, shapes[n], p) for n, p in rank_pieces(shapes, layout, rank, self.layers).items()}
+
+
+def model_net(arch: Arch, hf: Optional[str], base: NetOptions) -> NetOptions:
+    """A model's network options: its checkpoint's (`hf_net`), or the run's `base` with its arch's MLP."""
+    return arch_net(arch, base) if hf is None else hf_net(hf, base)
+
+
+def initial_model(arch: Arch, kind: str, seed: int, hf: Optional[str], base: NetOptions) -> TransformerModel:
+    """Version 0 of a model, whole and in float32: built from `seed`, or read from checkpoint `hf` (what the
+    single-process reference starts from; a worker reads only its pieces)."""
+    net = model_net(arch, hf, base)
+    if hf is None:
+        return build_model(arch, kind, seed, net)
+    check_arch(arch, kind, net)
+    model = TransformerModel(arch, kind, net)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    install_weights(model, HFWeights(hf, kind, seed, net).full(shapes))
+    return model

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend.device import CPU
-from rpegc.runtime.torch_backend.generation import Rollout, check_generation, sample_tokens, sequence_seed
+from rpegc.runtime.torch_backend.generation import Rollout, Sampling, check_generation, sample_tokens, sequence_seed
 from rpegc.runtime.torch_backend.layout import Layout, param_piece, rank_pieces, shard_dim, split_rows, stage_bounds
 from rpegc.runtime.torch_backend.models import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, KVCache, ModelOutput, NetOptions,
                                                 TransformerModel)
@@ -460,10 +460,10 @@ class _Sampler:
     The log-probabilities are computed on `device`; the generators are CPU ones and the draw happens
     on the CPU (`generation.sample_tokens`: the tokens must not depend on the device)."""
 
-    def __init__(self, indices: Sequence[int], seed: int, step: int, temperature: float,
+    def __init__(self, indices: Sequence[int], seed: int, step: int, sampling: Sampling,
                  eos_id: Optional[int], pad_id: int, device: torch.device = CPU):
         self.generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
-        self.temperature, self.eos_id, self.pad_id = temperature, eos_id, pad_id
+        self.sampling, self.eos_id, self.pad_id = sampling, eos_id, pad_id
         self.alive = torch.ones(len(indices), dtype=torch.bool, device=device)
         self.tokens: list[Tensor] = []
         self.logps: list[Tensor] = []
@@ -472,8 +472,8 @@ class _Sampler:
     def sample(self, logits: Tensor) -> Tensor:
         """Draw the next token of every row from the last position's `logits` [b, V]; returns the tokens
         to feed back (pad after end-of-sequence)."""
-        logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-        tok = sample_tokens(logp, self.generators)
+        logp = torch.log_softmax(logits.float() / self.sampling.temperature, dim=-1)
+        tok = sample_tokens(logp, self.generators, self.sampling)
         tok_logp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         self.tokens.append(torch.where(self.alive, tok, torch.full_like(tok, self.pad_id)))
         self.logps.append(torch.where(self.alive, tok_logp, torch.zeros_like(tok_logp)))
@@ -485,7 +485,7 @@ class _Sampler:
 
 @torch.no_grad()
 def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int]], *, seed: int, step: int,
-             max_new_tokens: int, temperature: float = 1.0, eos_id: Optional[int] = None,
+             max_new_tokens: int, sampling: Sampling = Sampling(), eos_id: Optional[int] = None,
              pad_id: int = 0, pads: Optional[Tensor] = None) -> Rollout:
     """`generation.generate` of the prompt rows [lo, hi) in microbatches `chunks` (global sequence
     indices, contiguous from lo; `prompts` holds rows lo..hi, left-padded by `pads`), pipelined over the
@@ -499,12 +499,12 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
     receives of forward f+1 when it starts forward f.
     """
     n, lp = prompts.shape
-    check_generation(pm.kind in LM_HEAD_KINDS, pm.kind, temperature, max_new_tokens, lp, pm.net.max_seq)
+    check_generation(pm.kind in LM_HEAD_KINDS, pm.kind, sampling, max_new_tokens, lp, pm.net.max_seq)
     lo = chunks[0][0] if chunks else 0
     pm.module.eval()
     link = StageLink(pm, len(chunks))
     caches = [pm.new_cache(b - a, lp + max_new_tokens) for a, b in chunks]
-    samplers = ([_Sampler(range(a, b), seed, step, temperature, eos_id, pad_id, pm.device) for a, b in chunks]
+    samplers = ([_Sampler(range(a, b), seed, step, sampling, eos_id, pad_id, pm.device) for a, b in chunks]
                 if pm.is_last else [])
     fed: list[Optional[Tensor]] = [None] * len(chunks)  # the last sampled tokens, where stage 0 is also the last
 

@@ -7,7 +7,7 @@ on the whole batch; a distributed worker calls the same functions on its shard w
 count, so at tau = 0 any legal plan must reproduce `run_reference` within float tolerance.
 
 Seeds: model weights from `derive_seed(seed, role)` (the reference model shares the actor's seed, so
-it is the initial actor), prompts from the prompt source's `batch(B, seed, k)` (a toy task's random
+it is the initial actor), or version 0 read from a model's Hugging Face checkpoint (`hf.initial_model`), prompts from the prompt source's `batch(B, seed, k)` (a toy task's random
 prompts or a dataset's seeded epochs, runtime/torch_backend/datasets.py), sampling from
 `sequence_seed(seed, k, g)` for global sequence g.
 
@@ -26,6 +26,7 @@ independently trained reference may serve copies one bf16 ulp apart in a few ent
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -37,11 +38,12 @@ from rpegc.core.errors import RpegError
 from rpegc.core.presets import lookup
 from rpegc.core.program import Arch, Program, Workload
 from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
-from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, arch_net, build_model, cast_weights,
-                                                derive_seed, export_weights, install_weights, serving_dtype)
+from rpegc.runtime.torch_backend.hf import initial_model
+from rpegc.runtime.torch_backend.models import (NetOptions, TransformerModel, cast_weights, derive_seed,
+                                                export_weights, install_weights, serving_dtype)
 from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
                                             critic_loss, default_rl_config, kl_estimate, last_token_scores,
-                                            make_adam, optimizer_step, response_forward)
+                                            make_adam, minibatch_steps, optimizer_step, response_forward)
 from rpegc.runtime.torch_backend.algorithms import algorithm
 from rpegc.runtime.torch_backend.algorithms.dpo import DPOTrainer
 from rpegc.runtime.torch_backend.datasets import DataConfig, check_data_config, open_prompts
@@ -58,7 +60,7 @@ class RunConfig:
     function of the response text (rewards.py: a built-in, module:function, file.py:function) scoring the
     prompts of the dataset `data` names (`data.path` None: the toy `task`'s random prompts).
     `workload.dtype` sets `serving_dtype`: published copies and generation/inference forwards; training
-    is float32 whatever it says.
+    is float32 whatever it says. `*_hf` name the checkpoints of models given as `hf = "DIR"`.
     """
 
     algorithm: str
@@ -75,6 +77,11 @@ class RunConfig:
     tau_critic: int = 0
     data: DataConfig = DataConfig()
     algorithm_inferred: bool = False  # the graph names no algorithm (rpeg.algorithm): the runtime warns
+    # Hugging Face checkpoint directories version 0 of each model is read from (None: built from the seed)
+    actor_hf: Optional[str] = None
+    reference_hf: Optional[str] = None
+    critic_hf: Optional[str] = None
+    reward_hf: Optional[str] = None
 
     @property
     def reward_function(self) -> bool:
@@ -119,6 +126,10 @@ def check_run_config(cfg: RunConfig) -> None:
     w = cfg.workload
     if min(w.B, w.R, w.Lp, w.Lr) < 1:
         raise RpegError(w.loc, f"workload needs B, R, Lp, Lr >= 1, got {w.B}, {w.R}, {w.Lp}, {w.Lr}")
+    rows = w.B if cfg.algorithm == "dpo" else w.B * w.R
+    if cfg.rl.ppo_minibatches > rows:
+        raise RpegError(None, f"ppo_minibatches = {cfg.rl.ppo_minibatches} exceeds the {rows} "
+                        f"{'pairs' if cfg.algorithm == 'dpo' else 'sequences'} of a step; use at most {rows}")
     serving_dtype(w)  # an unsupported dtype fails here, before any worker starts
 
 
@@ -173,12 +184,17 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     tau_critic = graph.tau(critic[0].name) if graph and critic else tau_actor if shared else 0
     if data.path is not None and data.tokenizer is None and actor[0].hf is not None:
         data = replace(data, tokenizer=actor[0].hf)
+    def hf(models) -> Optional[str]:
+        return os.path.abspath(models[0].hf) if models and models[0].hf is not None else None
+
     cfg = RunConfig(algorithm=name, actor=actor[0].arch, workload=program.workload,
                     rl=rl or default_rl_config(name), critic=critic[0].arch if critic else None,
                     shared_actor_critic=shared, reward=reward,
                     reward_arch=reward_model[0].arch if reward_model else None, task=task,
                     positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data,
-                    algorithm_inferred=named is None)
+                    algorithm_inferred=named is None, actor_hf=hf(actor),
+                    reference_hf=hf(by_kind.get("reference")) if "reference" in by_kind else hf(actor),
+                    critic_hf=hf(critic), reward_hf=hf(reward_model))
     check_run_config(cfg)
     return cfg
 
@@ -248,28 +264,28 @@ class ReferenceTrainer:
         self.reward_fn = load_reward(cfg.reward) if cfg.reward_function else None
         serving = cfg.serving_dtype
 
-        def serving_model(arch: Arch, kind: str, model_seed: int) -> TransformerModel:
-            # built in float32 from the seed, then cast: the values a worker's version-0 copy holds
-            return build_model(arch, kind, model_seed, arch_net(arch, net)).to(serving).requires_grad_(False)
+        def serving_model(arch: Arch, kind: str, model_seed: int, hf: Optional[str]) -> TransformerModel:
+            # built in float32 (from the seed or the checkpoint), then cast: the values a worker's version-0 copy holds
+            return initial_model(arch, kind, model_seed, hf, net).to(serving).requires_grad_(False)
 
         actor_kind = "actor_critic" if cfg.shared_actor_critic else "policy"
         actor_seed = derive_seed(seed, "actor")
         # trained models (actor, critic) stay float32: the master weights Adam updates
-        self.actor = build_model(cfg.actor, actor_kind, actor_seed, arch_net(cfg.actor, net))
-        self.reference = serving_model(cfg.actor, "reference", actor_seed)
+        self.actor = initial_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf, net)
+        self.reference = serving_model(cfg.actor, "reference", actor_seed, cfg.reference_hf)
         self.actor_opt = make_adam(self.actor.parameters(), cfg.rl.lr_actor, cfg.rl)
         self.actor_versions = VersionStore(export_weights(self.actor), serving)
-        self.stale_actor = serving_model(cfg.actor, actor_kind, actor_seed)
+        self.stale_actor = serving_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf)
         self.critic: Optional[TransformerModel] = None
         if cfg.critic is not None:
             critic_seed = derive_seed(seed, "critic")
-            self.critic = build_model(cfg.critic, "critic", critic_seed, arch_net(cfg.critic, net))
+            self.critic = initial_model(cfg.critic, "critic", critic_seed, cfg.critic_hf, net)
             self.critic_opt = make_adam(self.critic.parameters(), cfg.rl.lr_critic, cfg.rl)
             self.critic_versions = VersionStore(export_weights(self.critic), serving)
-            self.stale_critic = serving_model(cfg.critic, "critic", critic_seed)
+            self.stale_critic = serving_model(cfg.critic, "critic", critic_seed, cfg.critic_hf)
         self.reward_model = None
         if cfg.reward == "model":
-            self.reward_model = serving_model(cfg.reward_arch, "reward", derive_seed(seed, "reward"))
+            self.reward_model = serving_model(cfg.reward_arch, "reward", derive_seed(seed, "reward"), cfg.reward_hf)
 
     def _at_version(self, model: TransformerModel, store: VersionStore, step: int, tau: int) -> TransformerModel:
         _, weights = store.for_step(step, tau)
@@ -286,7 +302,7 @@ class ReferenceTrainer:
         pads = None if batch.pads is None else expand_rollouts(batch.pads, w.R)
         gen_model = self._at_version(self.stale_actor, self.actor_versions, step, cfg.tau_actor)
         rollout = generate(gen_model, prompts, range(w.B * w.R), seed=self.seed, step=step, max_new_tokens=w.Lr,
-                           temperature=cfg.rl.temperature, eos_id=self.prompts.eos_id, pad_id=self.prompts.pad_id,
+                           sampling=cfg.rl.sampling, eos_id=self.prompts.eos_id, pad_id=self.prompts.pad_id,
                            pads=pads)
         ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature, pads=pads).logprobs
         scored = None
@@ -312,20 +328,25 @@ class ReferenceTrainer:
     def train(self, exp: Experience) -> dict[str, float]:
         """Actor (or shared actor-critic) and critic training vertices on the whole batch."""
         cfg = self.cfg
-        metrics: dict[str, float] = {}
-        n = exp.num_tokens
-        for _ in range(cfg.rl.ppo_epochs):
-            loss, stats = actor_loss(self.actor, exp, cfg.rl, n)
+
+        def tokens(e: Experience) -> Tensor:
+            return e.mask.sum()
+
+        def actor_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
+            loss, stats = actor_loss(self.actor, e, cfg.rl, n)
             loss.backward()
-            metrics["actor_grad_norm"] = optimizer_step(self.actor, self.actor_opt, cfg.rl)
-            metrics.update(stats)
-            metrics["clip_frac"] = stats["clipped_tokens"] / n
+            return stats, optimizer_step(self.actor, self.actor_opt, cfg.rl)
+
+        stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), tokens, actor_step, counts=("clipped_tokens",))
+        metrics = dict(stats, actor_grad_norm=norm, clip_frac=stats["clipped_tokens"] / exp.num_tokens)
         if self.critic is not None:
-            for _ in range(cfg.rl.ppo_epochs):
-                vl = critic_loss(self.critic, exp, cfg.rl, n)
+            def critic_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
+                vl = critic_loss(self.critic, e, cfg.rl, n)
                 vl.backward()
-                metrics["critic_grad_norm"] = optimizer_step(self.critic, self.critic_opt, cfg.rl)
-                metrics["value_loss"] = vl.item()
+                return {"value_loss": vl.item()}, optimizer_step(self.critic, self.critic_opt, cfg.rl)
+
+            stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), tokens, critic_step)
+            metrics.update(value_loss=stats["value_loss"], critic_grad_norm=norm)
         keep = max(cfg.tau_actor, cfg.tau_critic)
         self.actor_versions.publish(export_weights(self.actor), keep)
         if self.critic is not None:

@@ -16,13 +16,14 @@ position. Masks are float tensors, 1 for real response tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Optional
+from typing import Callable, Collection, Iterable, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
 from rpegc.core.errors import RpegError
 from rpegc.core.program import ALGORITHMS
+from rpegc.runtime.torch_backend.generation import Sampling
 from rpegc.runtime.torch_backend.models import TransformerModel
 
 KL_ESTIMATORS = ("k1", "k3")
@@ -63,11 +64,18 @@ class RLConfig:
     entropy_coef: float = 0.0
     whiten_advantages: bool = True
     ppo_epochs: int = 1
+    ppo_minibatches: int = 1  # optimizer steps per epoch, each on the rows g with g % ppo_minibatches == k
     temperature: float = 1.0
+    top_p: float = 1.0  # nucleus sampling at generation (1: off); log-probs stay the tempered ones
+    top_k: int = 0  # top-k sampling at generation (0: off)
     adam_betas: tuple[float, float] = field(default=(0.9, 0.999))
     adam_eps: float = 1e-8
     grpo_eps: float = 1e-6
     dpo_beta: float = 0.1  # DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.top_k)
 
 
 def default_rl_config(algorithm: str, **overrides) -> RLConfig:
@@ -93,10 +101,10 @@ def check_rl_config(cfg: RLConfig) -> None:
                         "set kl_in_reward = false")
     if cfg.dpo_beta <= 0:
         raise RpegError(None, f"dpo_beta must be > 0, got {cfg.dpo_beta}")
-    if cfg.temperature <= 0:
-        raise RpegError(None, f"temperature must be > 0, got {cfg.temperature}")
-    if cfg.ppo_epochs < 1:
-        raise RpegError(None, f"ppo_epochs must be >= 1, got {cfg.ppo_epochs}")
+    cfg.sampling.check()
+    if cfg.ppo_epochs < 1 or cfg.ppo_minibatches < 1:
+        raise RpegError(None, f"ppo_epochs and ppo_minibatches must be >= 1, got {cfg.ppo_epochs}, "
+                        f"{cfg.ppo_minibatches}")
     if not (0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1):
         raise RpegError(None, f"gamma and lambda must lie in [0, 1], got {cfg.gamma}, {cfg.lam}")
     if cfg.clip_eps <= 0 or cfg.grad_clip <= 0:
@@ -349,6 +357,51 @@ def critic_loss(model: TransformerModel, exp: Experience, cfg: RLConfig, num_tok
     """The loss of a critic training vertex on `exp`, over `num_tokens` global tokens."""
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature, pads=exp.pads)
     return value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Epochs and minibatches
+
+
+class Rows(Protocol):
+    """A batch a training vertex steps on (an Experience, DPO's PairRows)."""
+
+    def rows(self, index: slice | Tensor) -> "Rows": ...
+
+
+def minibatch_rows(lo: int, hi: int, count: int, k: int) -> Tensor:
+    """Positions among global rows lo..hi-1 of minibatch k of `count`: the rows g with g % count == k.
+
+    The split is the batch's, not the layout's: every plan takes the single-process optimizer steps, and
+    each data-parallel replica (contiguous rows) holds an equal share of every minibatch."""
+    g = torch.arange(lo, hi)
+    return g[g % count == k] - lo
+
+
+def epoch_stats(parts: Sequence[tuple[dict[str, float], float]], counts: Collection[str]) -> dict[str, float]:
+    """An epoch's statistics from its minibatch steps' (statistics, share of the batch): a minibatch's means
+    (over its own tokens or pairs) weighted by its share, so they are the whole batch's; `counts` summed."""
+    out: dict[str, float] = {}
+    for stats, share in parts:
+        for key, value in stats.items():
+            out[key] = out.get(key, 0.0) + (value if key in counts else value * share)
+    return out
+
+
+def minibatch_steps(cfg: RLConfig, batch: Rows, lo: int, hi: int, measure: Callable[[Rows], Tensor],
+                    step: Callable[[Rows, float], tuple[dict[str, float], float]], counts: Collection[str] = (),
+                    reduce: Reduce = _identity) -> tuple[dict[str, float], float]:
+    """`cfg.ppo_epochs` passes over `batch` (global rows lo..hi-1), each `cfg.ppo_minibatches` optimizer
+    steps `step(minibatch, size)`, where size is the minibatch's normaliser over the whole batch
+    (`measure`: its local tokens or pairs, summed over replicas by `reduce`) and `step` returns (statistics,
+    pre-clip gradient norm). Returns the last epoch's statistics (`epoch_stats`) and its mean norm."""
+    subs = [batch.rows(minibatch_rows(lo, hi, cfg.ppo_minibatches, k)) for k in range(cfg.ppo_minibatches)]
+    sizes = reduce(torch.stack([measure(sub).double() for sub in subs])).tolist()
+    results: list[tuple[dict[str, float], float]] = []
+    for _ in range(cfg.ppo_epochs):
+        results = [step(sub, size) for sub, size in zip(subs, sizes)]
+    stats = epoch_stats([(st, size / sum(sizes)) for (st, _), size in zip(results, sizes)], counts)
+    return stats, sum(norm for _, norm in results) / len(results)
 
 
 # ---------------------------------------------------------------------------------------------------

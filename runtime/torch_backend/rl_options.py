@@ -2,8 +2,9 @@
 
 `rpeg-run PLAN --backend torch --rl-config rl.toml --rl clip_eps=0.1 --rl ppo_epochs=2` sets fields of the
 run's `RLConfig` (runtime/torch_backend/rl.py: learning rates, clip ranges, KL coefficient and estimator,
-entropy bonus, gamma/lambda, PPO epochs, Adam betas and eps, gradient clipping, sampling temperature). The
-file's top-level keys are those names; its `[data]` table sets the `DataConfig` of the prompt dataset
+entropy bonus, gamma/lambda, PPO epochs and minibatches, Adam betas and eps, gradient clipping, sampling
+temperature, top-p and top-k). The file's top-level keys are those names; its `[data]` table sets the
+`DataConfig` of the prompt dataset
 (runtime/torch_backend/datasets.py: path, column keys, tokenizer, chat template, truncation, shuffle), and
 `--rl data.NAME=VALUE` one of them. `--rl NAME=VALUE` (repeatable) overrides the file, `--data FILE` the
 dataset's path, and `--lr` both learning rates last. Names, types and ranges are checked before anything
@@ -32,9 +33,9 @@ NOT_SETTABLE = ("algorithm",)
 LOWER = {"lr_actor": (0.0, False), "lr_critic": (0.0, False), "weight_decay": (0.0, True), "grad_clip": (0.0, False),
          "clip_eps": (0.0, False), "gamma": (0.0, True), "lam": (0.0, True), "kl_coef": (0.0, True),
          "value_clip": (0.0, False), "value_coef": (0.0, True), "entropy_coef": (0.0, True), "ppo_epochs": (1, True),
-         "temperature": (0.0, False), "adam_eps": (0.0, False), "grpo_eps": (0.0, False),
-         "dpo_beta": (0.0, False)}
-UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000}
+         "ppo_minibatches": (1, True), "temperature": (0.0, False), "top_p": (0.0, False), "top_k": (0, True),
+         "adam_eps": (0.0, False), "grpo_eps": (0.0, False), "dpo_beta": (0.0, False)}
+UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000, "ppo_minibatches": 100000, "top_p": 1.0}
 
 
 DATA_PREFIX = "data."

@@ -69,14 +69,15 @@ from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, work
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.messages import SECRET_ENV, Endpoint, MessageError, read_secret
-from rpegc.runtime.torch_backend.models import NetOptions, arch_net, build_model, cast_weights, export_weights
+from rpegc.runtime.torch_backend.hf import HFWeights, model_net
+from rpegc.runtime.torch_backend.models import NetOptions, build_model, cast_weights, export_weights
 from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
                                                   shard_of, train_step)
 from rpegc.runtime.torch_backend.reference import RunConfig
 from rpegc.runtime.torch_backend.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
-                                            last_token_scores, make_adam, response_forward)
+                                            last_token_scores, make_adam, minibatch_steps, response_forward)
 from rpegc.runtime.torch_backend.algorithms import algorithm
-from rpegc.runtime.torch_backend.algorithms.dpo import PairRows, pair_loss, pair_metrics
+from rpegc.runtime.torch_backend.algorithms.dpo import PAIR_SUMS, PairRows, pair_loss, pair_metrics
 from rpegc.runtime.torch_backend.datasets import PairBatch, PromptBatch, open_prompts
 from rpegc.runtime.torch_backend.rewards import accuracy_sums, load_reward, score_responses
 
@@ -97,11 +98,7 @@ class ModelSpec:
 
     def net(self, base: NetOptions) -> NetOptions:
         """This model's network options: the run's with the MLP of its arch, or its checkpoint's (hf.py)."""
-        if self.hf is None:
-            return arch_net(self.arch, base)
-        from rpegc.runtime.torch_backend.hf import hf_net
-
-        return hf_net(self.hf, base)
+        return model_net(self.arch, self.hf, base)
 
 
 @dataclass(frozen=True)
@@ -315,9 +312,7 @@ class Worker:
                 self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.nets[model]))
         return self.initial[model]
 
-    def hf_weights(self, model: str):
-        from rpegc.runtime.torch_backend.hf import HFWeights
-
+    def hf_weights(self, model: str) -> HFWeights:
         spec = self.setup.models[model]
         assert spec.hf is not None
         return HFWeights(spec.hf, spec.kind, spec.seed, self.nets[model])
@@ -698,7 +693,7 @@ class Worker:
         prompts = expand_rollouts(self.step_batch(cmd["step"]).tokens, w.R).to(self.device)
         pads = self.row_pads(cmd["step"], lo, hi)
         roll = generate(pm, prompts[lo:hi], self.chunks(cmd, lo, hi), seed=self.setup.seed, step=cmd["step"],
-                        max_new_tokens=w.Lr, temperature=rl.temperature, eos_id=self.prompts.eos_id,
+                        max_new_tokens=w.Lr, sampling=rl.sampling, eos_id=self.prompts.eos_id,
                         pad_id=self.prompts.pad_id, pads=pads)
         out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
         if "values" in cmd["fields"]:
@@ -800,12 +795,16 @@ class Worker:
         rows = PairRows.of(self.step_pairs(cmd["step"]), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"], lo,
                            hi, self.device)
         dp_sum = self._dp_sum(pm)
-        num_pairs = float(dp_sum(torch.tensor(float(hi - lo), dtype=torch.float64, device=self.device)))
         lp, beta = self.run.workload.Lp, rl.dpo_beta
         keys = algorithm("dpo").stat_keys["policy"]
-        for _ in range(rl.ppo_epochs):
-            stats, norm = train_step(pm, st.optimizer, lambda view, r: pair_loss(view, r, lp, beta, num_pairs), rows,
-                                     cmd["mb"], rl, keys)
+
+        def step(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
+            return train_step(pm, st.optimizer, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
+                              keys)
+
+        stats, norm = minibatch_steps(rl, rows, lo, hi, lambda r: torch.tensor(float(len(r)), device=self.device),
+                                      step, counts=PAIR_SUMS, reduce=dp_sum)
+        num_pairs = float(self.run.workload.B)
         version = self.publish(cmd, pm)
         metrics = pair_metrics(stats, num_pairs, norm)
         return {"bytes": 0, "versions_in": {cmd["model"]: e.version}, "versions_out": {cmd["model"]: version},
@@ -829,16 +828,22 @@ class Worker:
         exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
         keys = algorithm(self.run.algorithm).stat_keys[spec.kind]
         if spec.kind == "critic":
-            def loss_fn(view, e):
-                loss = critic_loss(view, e, rl, num_tokens)
-                return loss, {"value_loss": loss.item()}
+            def loss_fn(n: float):
+                def fn(view, e):
+                    loss = critic_loss(view, e, rl, n)
+                    return loss, {"value_loss": loss.item()}
+                return fn
         else:
             keys += (() if rl.kl_in_reward else ("kl_loss",)) + (("entropy",) if rl.entropy_coef else ())
 
-            def loss_fn(view, e):
-                return actor_loss(view, e, rl, num_tokens)
-        for _ in range(rl.ppo_epochs):
-            stats, norm = train_step(pm, st.optimizer, loss_fn, exp, cmd["mb"], rl, keys)
+            def loss_fn(n: float):
+                return lambda view, e: actor_loss(view, e, rl, n)
+
+        def step(sub: Experience, n: float) -> tuple[dict[str, float], float]:
+            return train_step(pm, st.optimizer, loss_fn(n), sub, cmd["mb"], rl, keys)
+
+        stats, norm = minibatch_steps(rl, exp, lo, hi, lambda e: e.mask.sum(), step, counts=("clipped_tokens",),
+                                      reduce=dp_sum)
         version = self.publish(cmd, pm)
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         task_scores = data["task_scores"].double()

@@ -25,10 +25,13 @@ from rpegc.core.errors import RpegError
 from rpegc.core.program import Container, Program, Vertex
 from rpegc.runtime.torch_backend.algorithms.base import Algorithm
 from rpegc.runtime.torch_backend.datasets import PairBatch, open_prompts
-from rpegc.runtime.torch_backend.models import arch_net, build_model, derive_seed, export_weights
-from rpegc.runtime.torch_backend.rl import make_adam, optimizer_step, response_forward
+from rpegc.runtime.torch_backend.hf import initial_model
+from rpegc.runtime.torch_backend.models import derive_seed, export_weights
+from rpegc.runtime.torch_backend.rl import make_adam, minibatch_steps, optimizer_step, response_forward
 
 SIDES = ("chosen", "rejected")
+# `dpo_loss`'s statistics that are sums over pairs (the loss itself is a mean)
+PAIR_SUMS = ("reward_correct", "reward_margin", "chosen_reward", "rejected_reward")
 
 
 def sides(program: Program) -> dict[str, str]:
@@ -49,7 +52,7 @@ def sides(program: Program) -> dict[str, str]:
 class DPO(Algorithm):
     name = "dpo"
     generates = False
-    stat_keys = {"policy": ("dpo_loss", "reward_correct", "reward_margin", "chosen_reward", "rejected_reward")}
+    stat_keys = {"policy": ("dpo_loss",) + PAIR_SUMS}
 
     def container_fields(self, program: Program, vertex: Vertex, container: Container) -> Optional[tuple[str, ...]]:
         kind = program.model(vertex.model).kind
@@ -105,7 +108,7 @@ class PairRows:
                         on(batch.rejected_mask[lo:hi]), on(ref_chosen), on(ref_rejected),
                         None if batch.pads is None else on(batch.pads[lo:hi]))
 
-    def rows(self, index: slice) -> "PairRows":
+    def rows(self, index: slice | Tensor) -> "PairRows":
         return PairRows(self.chosen[index], self.rejected[index], self.chosen_mask[index], self.rejected_mask[index],
                         self.ref_chosen[index], self.ref_rejected[index],
                         None if self.pads is None else self.pads[index])
@@ -158,10 +161,10 @@ class DPOTrainer:
     def __init__(self, cfg, seed: int):
         self.cfg, self.seed = cfg, seed
         w = cfg.workload
-        net = arch_net(cfg.actor, cfg.net)
         actor_seed = derive_seed(seed, "actor")
-        self.actor = build_model(cfg.actor, "policy", actor_seed, net)
-        self.reference = build_model(cfg.actor, "reference", actor_seed, net).to(cfg.serving_dtype)
+        self.actor = initial_model(cfg.actor, "policy", actor_seed, cfg.actor_hf, cfg.net)
+        self.reference = initial_model(cfg.actor, "reference", actor_seed, cfg.reference_hf,
+                                       cfg.net).to(cfg.serving_dtype)
         self.reference.requires_grad_(False)
         self.actor_opt = make_adam(self.actor.parameters(), cfg.rl.lr_actor, cfg.rl)
         self.pairs = open_prompts(cfg.data, cfg.task, cfg.actor.vocab, w.Lp, w.Lr, pairs=True)
@@ -174,11 +177,14 @@ class DPOTrainer:
             ref = {s: response_forward(self.reference, batch.side(s)[0], w.Lp, 1.0, pads=batch.pads).logprobs
                    for s in SIDES}
         rows = PairRows.of(batch, ref["chosen"], ref["rejected"], 0, w.B)
-        norm = 0.0
-        for _ in range(self.cfg.rl.ppo_epochs):
-            loss, stats = pair_loss(self.actor, rows, w.Lp, self.cfg.rl.dpo_beta, float(w.B))
+
+        def step_on(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
+            loss, stats = pair_loss(self.actor, sub, w.Lp, self.cfg.rl.dpo_beta, n)
             loss.backward()
-            norm = optimizer_step(self.actor, self.actor_opt, self.cfg.rl)
+            return stats, optimizer_step(self.actor, self.actor_opt, self.cfg.rl)
+
+        stats, norm = minibatch_steps(self.cfg.rl, rows, 0, w.B, lambda r: torch.tensor(float(len(r))), step_on,
+                                      counts=PAIR_SUMS)
         metrics = {"step": float(step), **pair_metrics(stats, float(w.B), norm)}
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
