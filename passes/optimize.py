@@ -15,6 +15,8 @@ the pipeline lowers it. Options:
   ablate=""        comma list of Table IV ablations A1..A9 (e.g. ablate="A4,A7")
   baseline=none | greedy | concurrent   write that baseline plan instead of searching
   hardware=""      hardware profile override (default: the cluster's)
+  and every cost option of annotate-cost (rpegc.core.cost_options.CostOptions, e.g. decode_rows=local_batch):
+                   the search scores plans under the model annotate-cost then reports them with
   progress=false   show the progress bar even when stderr is not a terminal
   summary=true     print the summary table on stderr at the end
 
@@ -28,18 +30,15 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
 
-from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
-from rpegc.core.hardware import cluster_hardware
 from rpegc.core.program import Program
-from rpegc.passes.program_pass import check_hardware, transform
+from rpegc.passes.program_pass import CostModelPass, transform
 from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, parse_ablations
 
 
 @dataclass(frozen=True)
-class OptimizePass(ModulePass):
+class OptimizePass(CostModelPass):
     name = "optimize"
 
     budget: int | float = 60
@@ -52,7 +51,6 @@ class OptimizePass(ModulePass):
     steps: int = 8
     ablate: str = ""
     baseline: str = "none"
-    hardware: str = ""
     progress: bool = False
     summary: bool = True
 
@@ -72,24 +70,23 @@ class OptimizePass(ModulePass):
 
     def check_options(self, where=None) -> None:
         check_options(self.options())
-        check_hardware(self.hardware, where)
+        super().check_options(where)
 
     def run(self, p: Program) -> Program:
         try:
             options = self.options()
             check_options(options)
+            cost = self.cost_options()
         except RpegError as err:  # option errors have no source location: point at the graph
             raise RpegError(p.graph.loc if p.graph else err.loc, f"optimize: {err.message}") from None
-        if p.cluster is None:
-            raise RpegError(p.graph.loc if p.graph else None, "optimize needs an rpeg.cluster; add one to the module")
-        hw = cluster_hardware(p.cluster, self.hardware)
+        hw = self.program_hardware(p)
         if self.progress or sys.stderr.isatty():
             from rpegc.search.report import ProgressBar
 
             with ProgressBar(options.budget_s, options.evals, force=self.progress) as bar:
-                result = optimize(p, options, hw, CostOptions(), on_round=bar.update)
+                result = optimize(p, options, hw, cost, on_round=bar.update)
         else:
-            result = optimize(p, options, hw, CostOptions())
+            result = optimize(p, options, hw, cost)
         if self.summary:
             from rpegc.search.report import print_summary
 

@@ -12,12 +12,16 @@ calls it once per option given on its own, so the error points at that option's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
+from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
+from rpegc.core.hardware import Hardware, program_hardware
 from rpegc.core.gc_pause import without_gc
 from rpegc.core.program import Program
 
@@ -65,6 +69,28 @@ def check_hardware(name_or_path: str, where) -> None:
         from rpegc.core.hardware import load_hardware
 
         load_hardware(name_or_path, where)
+
+
+@dataclass(frozen=True)
+class CostModelPass(ModulePass, CostOptions):
+    """A pass that prices plans (annotate-cost, optimize): its options are the fields of `CostOptions`,
+    inherited, so both passes take the same ones under the same names and defaults, plus `hardware`, a
+    profile that overrides the cluster's."""
+
+    hardware: str = ""
+
+    def __post_init__(self) -> None:
+        """Nothing at construction: `check_options` checks the values, so the driver can locate a bad one."""
+
+    def cost_options(self) -> CostOptions:
+        return CostOptions(**{f.name: getattr(self, f.name) for f in fields(CostOptions)})
+
+    def program_hardware(self, p: Program) -> Hardware:
+        return program_hardware(p, self.hardware, self.name)
+
+    def check_options(self, where=None) -> None:
+        self.cost_options()
+        check_hardware(self.hardware, where)
 
 
 def require(cond: bool, loc, message: str) -> None:

@@ -487,7 +487,7 @@ class RpegcMain(xDSLOptMain):
             sys.stderr.write(summary(program))
         if self.args.explain:
             from rpegc.core.explain import explain
-            from rpegc.passes.annotate_cost import program_hardware
+            from rpegc.core.hardware import program_hardware
 
             sys.stderr.write(explain(program, program_hardware(program)))
 

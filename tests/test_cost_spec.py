@@ -35,10 +35,10 @@ from rpegc.core.program import (
     Vertex,
     Workload,
 )
+from rpegc.core.lowering_rules import publication_bytes
 from rpegc.core.transfer import (
     comm_node_time,
     data_payload,
-    publication_payload,
     reshard_node_time,
 )
 from rpegc.core.work import (
@@ -259,10 +259,10 @@ def test_comm_and_reshard_nodes():
         assert data_payload(y, fraction) == approx(payload)
         assert comm_node_time(data_payload(y, fraction), LOW4, HIGH4, HW) == approx(time)
     n_m = param_count(ARCH, "policy")
-    overlap = publication_payload(n_m, 2, ALL8, HIGH4)
+    overlap = publication_bytes(n_m * 2, ALL8, HIGH4)
     assert overlap == approx(5_164_236_800)
     assert comm_node_time(overlap, ALL8, HIGH4, HW) == approx(8.612061e-3)
-    disjoint = publication_payload(n_m, 2, LOW4, HIGH4)
+    disjoint = publication_bytes(n_m * 2, LOW4, HIGH4)
     assert disjoint == approx(10_328_473_600)
     assert comm_node_time(disjoint, LOW4, HIGH4, HW) == approx(1.721912e-2)
     assert n_m * 2 / 8 == 1_291_059_200
@@ -453,7 +453,7 @@ def lowered_graph_with_transfers():
     nodes.append(ExecNode("train#0", "op", 0, 2, vertex="train", role="training", model="actor", alloc=ALL8, strategy=STRAT))
     n_m = param_count(ARCH, "policy")
     nodes.append(ExecNode("pub", "comm", 0, 0, model="actor", alloc=HIGH4, src_alloc=ALL8,
-                          bytes=int(publication_payload(n_m, 2, ALL8, HIGH4))))
+                          bytes=publication_bytes(n_m * 2, ALL8, HIGH4)))
     return toy_program(quantiles=QUANTILES, nodes=tuple(nodes))
 
 

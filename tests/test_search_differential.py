@@ -31,6 +31,12 @@ from strategies import programs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 OPTS = CostOptions()
+# every option away from the spec's choice (the ones the torch backend is priced with among them)
+OTHER = CostOptions(train_forward_equivalents=3, decode_attention_factor=1, actor_critic_inference_heads="value",
+                    decode_rows="local_batch", bubble_on_generation=False, generation_pp="wavefront",
+                    pp_inter_tier="replica", checkpoint_interval="ceil", recompute_buffer_third_term=True,
+                    serving_weights_in_transient=False, alltoall_family="p2p", tp_decode="per_microbatch",
+                    scalar_head_act_width="one", dp_scalar_allreduces=4)
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -46,13 +52,13 @@ PROGRAMS = {
 }
 
 
-def compiled(p, variant_index: int, steps: int, split: bool = True) -> CompactVariant:
+def compiled(p, variant_index: int, steps: int, split: bool = True, opts: CostOptions = OPTS) -> CompactVariant:
     variants = structural_candidates(p, (0, 1), True)
     variant = variants[variant_index % len(variants)]
     hw = load_hardware(p.cluster.hardware)
     vertices = ordered_vertices(variant.program)
-    dirs = tuple(build_directory(variant.program, v, hw, OPTS, memory_filter=False) for v in vertices)
-    return CompactVariant(variant, dirs, hw, OPTS, steps, split)
+    dirs = tuple(build_directory(variant.program, v, hw, opts, memory_filter=False) for v in vertices)
+    return CompactVariant(variant, dirs, hw, opts, steps, split)
 
 
 @st.composite
@@ -98,10 +104,11 @@ def check_identical(cv: CompactVariant, plans) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("opts", [OPTS, OTHER], ids=["spec", "other"])
 @SETTINGS
 @given(data=st.data(), variant=st.integers(0, 5), steps=st.integers(1, 3), split=st.booleans())
-def test_examples_pipeline_equals_compact_paths(name, data, variant, steps, split):
-    cv = compiled(PROGRAMS[name], variant, steps, split)
+def test_examples_pipeline_equals_compact_paths(name, data, variant, steps, split, opts):
+    cv = compiled(PROGRAMS[name], variant, steps, split, opts)
     plans = data.draw(st.lists(choices(cv), min_size=1, max_size=6))
     check_identical(cv, plans)
 

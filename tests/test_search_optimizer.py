@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from rpegc.core.annotate import annotate
+from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import load_hardware
+from rpegc.core.lowering import lower
+from rpegc.core.schedule_program import schedule_program
+from rpegc.core.unroll import unroll
 from rpegc.core.plan_rules import check_plan
 from rpegc.core.program import Cluster
 from rpegc.search import anneal, optimizer
@@ -133,6 +138,34 @@ def test_utilization_objective_scores_throughput_times_utilization(ppo):
 def test_baseline_option_returns_that_plan_without_searching(ppo):
     r = optimize(ppo, OptimizeOptions(baseline="concurrent", budget_s=0, evals=0, steps=2))
     assert r.source == "concurrent" and r.choice == r.concurrent.choice and r.rounds == 0
+
+
+def test_the_optimizers_score_is_the_pipelines_under_non_default_cost_options(ppo):
+    """optimize searches under the cost options annotate-cost reports with (issue 16, item 3)."""
+    hw = load_hardware(ppo.cluster.hardware)
+    cost = CostOptions(train_forward_equivalents=3, decode_rows="local_batch", generation_pp="wavefront",
+                       tp_decode="per_microbatch", dp_scalar_allreduces=4, pp_inter_tier="replica")
+    result = optimize(ppo, OptimizeOptions(**SMALL), hw, cost)
+
+    def pipeline(opts: CostOptions) -> float:
+        return schedule_program(annotate(lower(unroll(result.program, SMALL["steps"])), hw, opts)).exec.schedule.score
+
+    assert pipeline(cost) == pytest.approx(result.evaluation.score, rel=1e-12)
+    assert pipeline(CostOptions()) != pytest.approx(result.evaluation.score, rel=1e-3)  # the options matter here
+
+
+def test_the_pass_takes_every_cost_option_of_annotate_cost():
+    from dataclasses import fields
+
+    from rpegc.passes.annotate_cost import AnnotateCostPass
+    from rpegc.passes.optimize import OptimizePass
+
+    names = {f.name for f in fields(CostOptions)} | {"hardware"}
+    assert names <= {f.name for f in fields(OptimizePass)} and names == {f.name for f in fields(AnnotateCostPass)}
+    assert OptimizePass(decode_rows="local_batch", tp_decode="per_microbatch").cost_options() == CostOptions(
+        decode_rows="local_batch", tp_decode="per_microbatch")
+    with pytest.raises(RpegError, match="decode_rows"):
+        OptimizePass(decode_rows="rows").check_options()
 
 
 @pytest.mark.parametrize("options, words", [

@@ -37,19 +37,20 @@ def p2p(M, alpha, beta):
     return alpha + M * beta
 
 
-def span_tier(*allocs: Alloc) -> str:
-    """Slowest tier spanned by the union of allocations (spec 4, rule 3).
+def span_tier_index(o_u, e_u, o_v, e_v):
+    """Index in TIERS of the slowest tier spanned by the union of two box allocations (spec 4, rule 3), from
+    their origins and extents: (rack, node, gpu) triples, or arrays of shape (3, B) for B pairs at once."""
+    racks = (o_u[0] != o_v[0]) | (e_u[0] > 1) | (e_v[0] > 1)
+    nodes = (o_u[1] != o_v[1]) | (e_u[1] > 1) | (e_v[1] > 1)
+    # inter_rack (2) when racks, else inter_node (1) when nodes, else intra_node: arithmetic, so that
+    # booleans and boolean arrays take the same expression
+    return 2 * racks + nodes - nodes * racks
 
-    Allocations are boxes in (rack, node, gpu) coordinates, so the span follows from their
-    origins and extents without listing devices.
-    """
-    racks = {a.origin[0] for a in allocs}
-    if len(racks) > 1 or any(a.extent[0] > 1 for a in allocs):
-        return "inter_rack"
-    nodes = {a.origin[1] for a in allocs}
-    if len(nodes) > 1 or any(a.extent[1] > 1 for a in allocs):
-        return "inter_node"
-    return "intra_node"
+
+def span_tier(a: Alloc, b: Alloc | None = None) -> str:
+    """Slowest tier spanned by allocation `a`, or by the union of `a` and `b` (spec 4, rule 3)."""
+    b = a if b is None else b
+    return TIERS[span_tier_index(a.origin, a.extent, b.origin, b.extent)]
 
 
 def replica_tier(alloc: Alloc, strategy: Strategy) -> str:

@@ -169,6 +169,15 @@ def cluster_hardware(cluster, override: str = "") -> Hardware:
     return hw
 
 
+def program_hardware(p, override: str = "", what: str = "the cost model") -> Hardware:
+    """The profile a program is priced with: its cluster's, or `override` (a name or path). Every pass, the
+    optimizer and the runtime's memory check resolve it here."""
+    if p.cluster is None:
+        loc = p.graph.loc if p.graph is not None else p.workload.loc
+        raise RpegError(loc, f"{what} needs an rpeg.cluster with a hardware profile; add one to the module")
+    return cluster_hardware(p.cluster, override)
+
+
 def _for(loc: Loc | None) -> str:
     return f" (the profile of the cluster at {loc})" if loc is not None and loc.line > 0 else ""
 

@@ -9,8 +9,9 @@ and the optimizer's compact evaluator take identical decisions by calling these 
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Collection, Optional, Sequence
+
+import numpy as np
 
 from rpegc.core.errors import Loc, RpegError
 from rpegc.core.exec_graph import ExecNode
@@ -22,6 +23,7 @@ NONE = "none"  # nothing is added
 DEP = "dep"  # a bare precedence edge
 COMM = "comm"  # a Comm node (data or weight transfer)
 RESHARD = "reshard"  # a Reshard node (weight layout change on the same devices)
+ACTIONS = (NONE, DEP, COMM, RESHARD)  # the codes of the array forms: ACTIONS[code]
 
 
 def overlap(a: Alloc, b: Alloc) -> int:
@@ -30,6 +32,19 @@ def overlap(a: Alloc, b: Alloc) -> int:
     for oa, ea, ob, eb in zip(a.origin, a.extent, b.origin, b.extent):
         n *= max(0, min(oa + ea, ob + eb) - max(oa, ob))
     return n
+
+
+def pairwise_overlaps(origins: np.ndarray, extents: np.ndarray) -> np.ndarray:
+    """`overlap` of every pair of V box allocations in each of B configurations: [B, V, 3] -> [B, V, V]."""
+    lo = np.maximum(origins[:, :, None, :], origins[:, None, :, :])
+    hi = np.minimum((origins + extents)[:, :, None, :], (origins + extents)[:, None, :, :])
+    return np.prod(np.maximum(0, hi - lo), axis=3)
+
+
+def pairwise_same(coordinates: np.ndarray) -> np.ndarray:
+    """Which pairs of V entries agree in every coordinate, per configuration: [B, V, k] -> [B, V, V]. Of
+    origins and extents: `same_devices`; of (dp, pp, tp) layouts: `same_layout`."""
+    return np.all(coordinates[:, :, None, :] == coordinates[:, None, :, :], axis=3)
 
 
 def disjoint(a: Alloc, b: Alloc) -> bool:
@@ -46,9 +61,14 @@ def same_layout(a: Strategy, b: Strategy) -> bool:
     return a.layout() == b.layout()
 
 
+def is_shadow(tau, n_overlap):
+    """Def. A.10 from the overlap count: tau(m) > 0 and disjoint allocations (numbers or arrays)."""
+    return (tau > 0) & (n_overlap == 0)
+
+
 def is_shadow_pair(tau: int, u: Alloc, v: Alloc) -> bool:
     """Def. A.10: tau(m) > 0 and disjoint allocations."""
-    return tau > 0 and disjoint(u, v)
+    return bool(is_shadow(tau, overlap(u, v)))
 
 
 def data_action(src: Alloc, dst: Alloc) -> str:
@@ -56,20 +76,47 @@ def data_action(src: Alloc, dst: Alloc) -> str:
     return DEP if same_devices(src, dst) else COMM
 
 
-def publication_action(src: Alloc, src_strategy: Strategy, dst: Alloc, dst_strategy: Strategy) -> str:
+def publication_rule(same: bool, same_lay: bool) -> str:
     """Stage 4: Comm across allocations, Reshard on the same devices in another layout, else precedence."""
-    if not same_devices(src, dst):
+    if not same:
         return COMM
-    return DEP if same_layout(src_strategy, dst_strategy) else RESHARD
+    return DEP if same_lay else RESHARD
+
+
+def pair_rule(shadow: bool, same: bool, same_lay: bool) -> str:
+    """Stage 3 for a consecutive within-step pair of one trainable model: nothing for a shadow pair or the same
+    layout on the same devices, Reshard for another layout there, else precedence."""
+    if shadow:
+        return NONE
+    if same:
+        return NONE if same_lay else RESHARD
+    return DEP
+
+
+def publication_action(src: Alloc, src_strategy: Strategy, dst: Alloc, dst_strategy: Strategy) -> str:
+    """`publication_rule` of a publication edge's two placements."""
+    return publication_rule(same_devices(src, dst), same_layout(src_strategy, dst_strategy))
 
 
 def pair_action(tau: int, u: Alloc, u_strategy: Strategy, v: Alloc, v_strategy: Strategy) -> str:
-    """Stage 3 for a consecutive within-step pair (u, v) of one trainable model."""
-    if is_shadow_pair(tau, u, v):
-        return NONE
-    if same_devices(u, v):
-        return NONE if same_layout(u_strategy, v_strategy) else RESHARD
-    return DEP
+    """`pair_rule` of a within-step pair's two placements."""
+    return pair_rule(is_shadow_pair(tau, u, v), same_devices(u, v), same_layout(u_strategy, v_strategy))
+
+
+# The array forms: each rule tabulated over its boolean inputs, then indexed by boolean arrays.
+_PUBLICATION = np.array([[ACTIONS.index(publication_rule(a, b)) for b in (False, True)] for a in (False, True)])
+_PAIR = np.array([[[ACTIONS.index(pair_rule(s, a, b)) for b in (False, True)] for a in (False, True)]
+                  for s in (False, True)])
+
+
+def publication_codes(same: np.ndarray, same_lay: np.ndarray) -> np.ndarray:
+    """`publication_rule` of boolean arrays, as ACTIONS codes."""
+    return _PUBLICATION[same.astype(np.intp), same_lay.astype(np.intp)]
+
+
+def pair_codes(shadow: np.ndarray, same: np.ndarray, same_lay: np.ndarray) -> np.ndarray:
+    """`pair_rule` of boolean arrays, as ACTIONS codes."""
+    return _PAIR[shadow.astype(np.intp), same.astype(np.intp), same_lay.astype(np.intp)]
 
 
 def is_phase_pair(src_role: str, src: Alloc, dst_role: str, dst: Alloc) -> bool:
@@ -133,9 +180,15 @@ def data_bytes(full_bytes: int, share: Optional[float]) -> int:
 
 def publication_bytes(weight_bytes: int, src: Alloc, dst: Alloc) -> int:
     """N_m s_b (n_max - n_overlap) / n_max: devices in the intersection produce their shard locally."""
-    n_max = max(src.size, dst.size)
-    n_overlap = overlap(src, dst)
-    return round(Fraction(weight_bytes * (n_max - n_overlap), n_max))
+    return int(publication_bytes_of(weight_bytes, max(src.size, dst.size), overlap(src, dst)))
+
+
+def publication_bytes_of(weight_bytes, n_max, n_overlap):
+    """`publication_bytes` from the larger allocation's size and the overlap count (integers or integer
+    arrays), rounded to the nearest byte, half to even (Python's round of the exact fraction)."""
+    q, r = divmod(weight_bytes * (n_max - n_overlap), n_max)
+    up = (2 * r > n_max) | ((2 * r == n_max) & (q % 2 == 1))
+    return q + up
 
 
 def weight_bytes(p: Program, model: Optional[str], loc: Optional[Loc] = None) -> int:

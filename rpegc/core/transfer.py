@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rpegc.core.collectives import alltoall, span_tier
+from rpegc.core.collectives import alltoall, span_tier, span_tier_index
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.hardware import Hardware
 from rpegc.core.program import Alloc
@@ -32,24 +32,17 @@ def data_payload(container_bytes, fraction=None):
     return container_bytes if fraction is None else container_bytes * fraction
 
 
-def overlap_count(a: Alloc, b: Alloc) -> int:
-    """#(sigma(u) ∩ sigma(v)) of two box allocations."""
-    n = 1
-    for o_a, e_a, o_b, e_b in zip(a.origin, a.extent, b.origin, b.extent):
-        n *= max(0, min(o_a + e_a, o_b + e_b) - max(o_a, o_b))
-    return n
-
-
-def publication_payload(n_params, s_b, src: Alloc, dst: Alloc):
-    """N_m s_b (n_max - n_overlap) / n_max: GPUs in both allocations produce their shard locally."""
-    n_max = max(src.size, dst.size)
-    return n_params * s_b * (n_max - overlap_count(src, dst)) / n_max
-
-
 def comm_node_time(payload, src: Alloc, dst: Alloc, hw: Hardware) -> float:
     """T_xfer of a Comm node between two allocations, at tier(sigma(u) ∪ sigma(v))."""
-    alpha, beta = hw.p2p(span_tier(src, dst))
-    return comm_time(payload, src.size, dst.size, alpha, beta)
+    tier = span_tier_index(src.origin, src.extent, dst.origin, dst.extent)
+    return comm_node_time_at(payload, tier, src.size, dst.size, hw)
+
+
+def comm_node_time_at(payload, tier, n_src, n_dst, hw: Hardware):
+    """T_xfer of Comm nodes at TIERS index `tier` between allocations of n_src and n_dst GPUs (numbers, or
+    arrays for many configurations: the batched evaluator's form)."""
+    alpha, beta = hw.p2p(tier)
+    return comm_time(payload, n_src, n_dst, alpha, beta)
 
 
 def reshard_node_time(n_params, s_b, alloc: Alloc, hw: Hardware, opts: CostOptions = _DEFAULT) -> float:

@@ -6,9 +6,9 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
 - Plans are grouped by pattern (see `compact`); each group shares one superset graph, so all of its
   configurations have the same nodes and edges and differ only in node times, reserved devices, relays and
   tie-break keys. Groups are padded to one node count and scheduled together.
-- Node times are table look-ups and vectorised copies of the core formulas (`transfer.comm_time` with the
-  tier of `collectives.span_tier`, `lowering_rules.publication_bytes` as exact integer rounding), written
-  to give bit-identical results.
+- Node times are table look-ups and the core's array forms (`transfer.comm_node_time_at` at the tier of
+  `collectives.span_tier_index`; the lowering decisions `lowering_rules.publication_codes` and `pair_codes`;
+  the payload `lowering_rules.publication_bytes_of`), bit-identical to the scalar path.
 - Alg. 5 runs on all configurations at once. Each step selects one node per configuration, so every
   configuration finishes after exactly N steps. The ready set is kept as one slot per chain of a chain
   cover of the superset DAG: a node can be ready only when it heads its chain, so each step inspects
@@ -17,7 +17,7 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
   availability of a class is the maximum over its atoms, updated with the overlap relation of the plans.
   Selection uses the core tie-breakers: smallest EST, then transfers first, larger downstream rank
   (generation chains share the head's rank), lower order key.
-- Device memory is `residency.device_memory` vectorised over configurations.
+- Device memory is `residency.device_memory_arrays`, the core's form for many configurations.
 """
 
 from __future__ import annotations
@@ -26,21 +26,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rpegc.core.memory import (
-    FROZEN,
-    NONE,
-    SHADOW,
-    TRAINING,
-    copy_bytes,
-    op_memory,
-    training_state_bytes,
-    transient_bytes,
-)
+from rpegc.core.collectives import span_tier_index
+from rpegc.core.lowering_rules import (ACTIONS, COMM, DEP, RESHARD, is_shadow, pair_codes, pairwise_overlaps,
+                                      pairwise_same, publication_bytes_of, publication_codes)
+from rpegc.core.memory import op_memory
+from rpegc.core.residency import OpTerms, device_memory_arrays
 from rpegc.core.schedule import topological_order
 from rpegc.core.score import p_eff, score, score_pen, utilization
+from rpegc.core.transfer import comm_node_time_at
 from rpegc.search.compact import DC, OP, PC, CompactVariant, Superset
 
 _INF = np.inf
+_TERMS = ("train_state", "copy", "transient", "transient_with_copy")
+_COMM, _DEP, _RESHARD = (ACTIONS.index(a) for a in (COMM, DEP, RESHARD))
 _BIG = np.iinfo(np.int64).max // 4
 
 
@@ -109,20 +107,15 @@ class BatchEvaluator:
         return rows
 
     def _memory_tables(self) -> None:
-        """Per candidate the scalars of `residency.device_memory`, computed by the same core calls."""
+        """Per vertex, the memory terms of every directory entry (`residency.OpTerms`, by the core's calls)."""
         cv = self.cv
         wl = cv.program.workload
         self.mem = []
         for v, d in zip(cv.vertices, cv.dirs):
             m = cv.models[v.model]
-            ts, cp, a_no, a_copy = (np.empty(len(d)) for _ in range(4))
-            for i, s in enumerate(d.strategies):
-                mem = op_memory(v.role, m.arch, m.kind, wl, dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb, opts=cv.opts)
-                ts[i] = training_state_bytes(mem.W_shard, s.dp)
-                cp[i] = copy_bytes(mem.W_shard, wl.s_b)
-                both = transient_bytes(mem, np.array([False, True]), cv.opts)
-                a_no[i], a_copy[i] = both[0], both[1]
-            self.mem.append((ts, cp, a_no, a_copy))
+            entries = [OpTerms.of(op_memory(v.role, m.arch, m.kind, wl, dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb,
+                                            opts=cv.opts), s, wl.s_b, cv.opts) for s in d.strategies]
+            self.mem.append(OpTerms(*(np.concatenate([getattr(e, f) for e in entries]) for f in _TERMS)))
 
     def _reshard_table(self, model: str, v: int) -> np.ndarray:
         key = (model, v)
@@ -158,7 +151,7 @@ class BatchEvaluator:
                 sub.append((np.arange(k, k + len(r)), G, T, cls, prio))
                 k += len(r)
             makespan[rows] = _run(_stack(sub, len(rows), self.V), overlap[rows], self.V)
-        peak = self._memory(ch, A)
+        peak = self._memory(ch)
         cv = self.cv
         m_eff = cv.hw.M_eff
         r_peak = peak.max(axis=1) / m_eff
@@ -183,13 +176,9 @@ class BatchEvaluator:
             "size": np.stack([self.size[v][ch[:, v]] for v in range(V)], axis=1),  # B x V
             "lay": np.stack([self.layout[v][ch[:, v]] for v in range(V)], axis=1),
         }
-        org, ext = A["org"], A["ext"]
-        lo = np.maximum(org[:, :, None, :], org[:, None, :, :])
-        hi = np.minimum((org + ext)[:, :, None, :], (org + ext)[:, None, :, :])
-        A["ovl"] = np.prod(np.maximum(0, hi - lo), axis=3)  # B x V x V device overlap counts
-        A["same"] = np.all(org[:, :, None, :] == org[:, None, :, :], axis=3) & np.all(
-            ext[:, :, None, :] == ext[:, None, :, :], axis=3)
-        A["lay_eq"] = np.all(A["lay"][:, :, None, :] == A["lay"][:, None, :, :], axis=3)
+        A["ovl"] = pairwise_overlaps(A["org"], A["ext"])  # B x V x V device overlap counts
+        A["same"] = pairwise_same(np.concatenate([A["org"], A["ext"]], axis=2))
+        A["lay_eq"] = pairwise_same(A["lay"])
         return A
 
     # --- patterns ------------------------------------------------------------------------------------
@@ -215,19 +204,6 @@ class BatchEvaluator:
                 keys.append(key)
         return keys, group[inverse.reshape(-1)]
 
-    @staticmethod
-    def _pub_action(A: dict, u: int, v: int) -> np.ndarray:
-        """publication_action: 0 COMM (other devices), 1 DEP (same layout), 2 RESHARD."""
-        same = A["same"][:, u, v]
-        return np.where(~same, 0, np.where(A["lay_eq"][:, u, v], 1, 2))
-
-    @staticmethod
-    def _pair_action(A: dict, tau: int, u: int, v: int) -> np.ndarray:
-        """pair_action: 0 NONE, 1 DEP, 2 RESHARD."""
-        same = A["same"][:, u, v]
-        shadow = (tau > 0) & (A["ovl"][:, u, v] == 0)
-        return np.where(shadow, 0, np.where(same, np.where(A["lay_eq"][:, u, v], 0, 2), 1))
-
     # --- node times ----------------------------------------------------------------------------------
 
     def _graph(self, s: Superset) -> _Graph:
@@ -236,20 +212,11 @@ class BatchEvaluator:
             g = self._graphs[s.pattern] = prepare_graph(s)
         return g
 
-    def _span_tier(self, A: dict, u: int, v: int) -> np.ndarray:
-        """collectives.span_tier of sigma(u) ∪ sigma(v) as TIERS indices."""
-        org, ext = A["org"], A["ext"]
-        rack = (org[:, u, 0] != org[:, v, 0]) | (ext[:, u, 0] > 1) | (ext[:, v, 0] > 1)
-        node = (org[:, u, 1] != org[:, v, 1]) | (ext[:, u, 1] > 1) | (ext[:, v, 1] > 1)
-        return np.where(rack, 2, np.where(node, 1, 0))
-
     def _comm_time(self, A: dict, payload, u: int, v: int) -> np.ndarray:
-        """transfer.comm_node_time, elementwise: alpha + payload / min(n_u, n_v) * beta."""
-        tier = self._span_tier(A, u, v)
-        alpha = np.asarray(self.cv.hw.alpha_p2p)[tier]
-        beta = np.asarray(self.cv.hw.beta_p2p)[tier]
-        n = np.minimum(A["size"][:, u], A["size"][:, v])
-        return alpha + payload / n * beta
+        """`transfer.comm_node_time` of every configuration's allocations of u and v."""
+        org, ext = A["org"], A["ext"]
+        tier = span_tier_index(org[:, u].T, ext[:, u].T, org[:, v].T, ext[:, v].T)
+        return comm_node_time_at(payload, tier, A["size"][:, u], A["size"][:, v], self.cv.hw)
 
     def _transfer(self, A: dict, ch: np.ndarray, spec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(time, relay, as_reshard) of one kind of Comm/Reshard superset node, per configuration."""
@@ -259,20 +226,21 @@ class BatchEvaluator:
         if kind == DC:
             relay = A["same"][:, u, v]
             return np.where(relay, 0.0, self._comm_time(A, nbytes, u, v)), relay, no
+        same, same_lay = A["same"][:, u, v], A["lay_eq"][:, u, v]
         if kind == PC:
-            act = self._pub_action(A, u, v)
+            act = publication_codes(same, same_lay)
             wb = self.cv.weight_bytes(model)
             n_max = np.maximum(A["size"][:, u], A["size"][:, v])
-            payload = _round_ratio(wb * (n_max - A["ovl"][:, u, v]), n_max)
+            payload = publication_bytes_of(wb, n_max, A["ovl"][:, u, v])
             comm = self._comm_time(A, payload, u, v)
             trainable = model in self.cv.trainable
             resh = self._reshard_table(model, v)[ch[:, v]] if trainable else np.zeros(B)
-            is_resh = (act == 2) & trainable
-            relay = (act == 1) | ((act == 2) & (not trainable))
-            return np.where(act == 0, comm, np.where(is_resh, resh, 0.0)), relay, is_resh
-        act = self._pair_action(A, self.cv.tau.get(model, 0), u, v)
+            is_resh = (act == _RESHARD) & trainable
+            relay = (act == _DEP) | ((act == _RESHARD) & (not trainable))
+            return np.where(act == _COMM, comm, np.where(is_resh, resh, 0.0)), relay, is_resh
+        act = pair_codes(is_shadow(self.cv.tau.get(model, 0), A["ovl"][:, u, v]), same, same_lay)
         resh = self._reshard_table(model, v)[ch[:, v]]
-        is_resh = act == 2
+        is_resh = act == _RESHARD
         return np.where(is_resh, resh, 0.0), ~is_resh, is_resh
 
     # --- the vectorised list scheduler ---------------------------------------------------------------
@@ -321,57 +289,13 @@ class BatchEvaluator:
 
     # --- device memory -------------------------------------------------------------------------------
 
-    def _memory(self, ch: np.ndarray, A: dict) -> np.ndarray:
-        """`residency.device_memory` for every configuration: peak per device (B x devices)."""
+    def _memory(self, ch: np.ndarray) -> np.ndarray:
+        """`residency.device_memory_arrays` of every configuration: peak per device (B x devices)."""
         cv = self.cv
-        B, n = len(ch), self.ndev
-        masks = [self.devmask[v][ch[:, v]] for v in range(self.V)]
-        terms = [tuple(t[ch[:, v]] for t in self.mem[v]) for v in range(self.V)]
-        residency: dict[str, np.ndarray] = {}
-        persistent = np.zeros((B, n))
-        for name in dict.fromkeys(v.model for v in cv.vertices):
-            model = cv.models[name]
-            tau = cv.tau.get(name, 0)
-            train_state = np.zeros((B, n))
-            copy_state = np.zeros((B, n))
-            in_training = np.zeros((B, n), dtype=bool)
-            for i, v in enumerate(cv.vertices):
-                if v.model == name and v.role == "training":
-                    in_training |= masks[i]
-                    train_state = np.where(masks[i], np.maximum(train_state, terms[i][0][:, None]), train_state)
-            res = np.where(in_training, TRAINING, NONE)
-            for i, v in enumerate(cv.vertices):
-                if v.model != name or v.role not in ("generation", "inference"):
-                    continue
-                copy_state = np.where(masks[i], np.maximum(copy_state, terms[i][1][:, None]), copy_state)
-                if model.trainable:
-                    if tau <= 0:
-                        continue
-                    allowed = ~np.any(in_training & masks[i], axis=1)
-                    code = SHADOW
-                else:
-                    allowed = np.ones(B, dtype=bool)
-                    code = FROZEN
-                res = np.where(masks[i] & (res == NONE) & allowed[:, None], code, res)
-            state = np.where(res == TRAINING, train_state,
-                             np.where((res == SHADOW) | (res == FROZEN), copy_state, 0.0))
-            residency[name] = res
-            persistent = persistent + state
-        transient = np.zeros((B, n))
-        for i, v in enumerate(cv.vertices):
-            res = residency[v.model]
-            holds = (res == SHADOW) | (res == FROZEN)
-            a = np.where(holds, terms[i][3][:, None], terms[i][2][:, None])
-            transient = np.where(masks[i] & (a > transient), a, transient)
-        return persistent + transient
-
-
-def _round_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """round(Fraction(num, den)) elementwise on integers: half to even, as Python's round."""
-    q, r = np.divmod(num, den)
-    twice = 2 * r
-    up = (twice > den) | ((twice == den) & (q % 2 == 1))
-    return q + up
+        masks = tuple(self.devmask[v][ch[:, v]] for v in range(self.V))
+        terms = tuple(OpTerms(*(getattr(self.mem[v], f)[ch[:, v]] for f in _TERMS)) for v in range(self.V))
+        return device_memory_arrays(tuple(v.role for v in cv.vertices), tuple(v.model for v in cv.vertices), masks,
+                                    terms, cv.models, cv.tau).peak
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware, cluster_hardware
+from rpegc.core.hardware import Hardware, program_hardware
 from rpegc.core.program import Program
 from rpegc.search.anneal import Budget, SearchConfig, SearchState, polish, search_variant
 from rpegc.search.baselines import BaselinePlan, concurrent_plan, greedy_plan
@@ -152,7 +152,7 @@ def optimize(
     start = time.perf_counter()
     structure = base_structure(p)
     if hw is None:
-        hw = cluster_hardware(structure.cluster)
+        hw = program_hardware(structure, what="optimize")
     ablate = options.ablate
     taus = (0,) if "A2" in ablate else options.taus
     evaluator = Evaluator(hw, cost, options.steps, split="A1" not in ablate,

@@ -62,7 +62,7 @@ def gpu_capacity(workers: int) -> tuple[list[float], str]:
 def device_needs(program, devices: tuple[int, ...], capacities: list[float], where: str) -> list[DeviceNeed]:
     """The cost model's peak of every device of the plan, with its largest shares, against its capacity."""
     from rpegc.core.annotate import program_memory
-    from rpegc.passes.annotate_cost import program_hardware
+    from rpegc.core.hardware import program_hardware
 
     mem = program_memory(program, program_hardware(program))
     out = []
