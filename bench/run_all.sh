@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
-for script in eval_throughput strong_scaling weak_scaling ablations stability convergence; do
+for script in eval_throughput strong_scaling weak_scaling ablations stability convergence enumeration; do
   echo "== bench/${script}.py $*"
   start=$(date +%s)
   "$PY" "bench/${script}.py" "$@"

@@ -46,6 +46,14 @@ def test_strong_scaling_quick_writes_results_that_beat_or_match_feasible_baselin
                 assert r[f"gain_vs_{base}"] == "OOM"
 
 
+def test_enumeration_quick_compares_the_optimizer_with_the_exact_optimum(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH / "enumeration.py"), "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    [row] = list(csv.DictReader(open(tmp_path / "enumeration_quick.csv")))
+    assert row["instance"] == "ppo-7b-2gpu" and int(row["plans"]) == 5120 and row["exact_optimum"] == "2/2"
+
+
 def test_workloads_follow_the_paper_tables():
     w = load_workloads()
     x = w.table_x()

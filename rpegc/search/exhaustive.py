@@ -1,0 +1,81 @@
+"""The exact optimum of a small instance: every plan of every structural variant, scored by the batched evaluator.
+
+Issue 16, item 5 (an optimality check): for an instance whose plan space is small enough to enumerate, the best
+memory-feasible configuration is known exactly, so the annealing's result can be compared with it. The
+space is the optimizer's own (the same structural candidates, directories and objective, Sec. VI-A and
+App. A-J), so "optimal" means optimal for `optimize` itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.errors import RpegError
+from rpegc.core.hardware import Hardware
+from rpegc.core.program import Program
+from rpegc.search.compact import Choice
+from rpegc.search.evaluator import Evaluator
+from rpegc.search.space import Variant, base_structure, structural_candidates
+
+CHUNK = 20_000  # plans per batched call: large enough to amortise the call, small enough for its arrays
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """The best feasible configuration of an enumerated space (raw throughput score, as `optimize` reports)."""
+
+    score: float
+    variant: Optional[Variant]
+    choice: Optional[Choice]
+    plans: int  # configurations enumerated over all variants
+    feasible: int  # how many of them fit in memory
+
+
+def plan_count(p: Program, hw: Hardware, cost: CostOptions = CostOptions(), taus: tuple[int, ...] = (0, 1),
+               ac: bool = True, steps: int = 8) -> int:
+    """How many configurations `exhaustive_optimum` would evaluate (the product of directory sizes, summed)."""
+    evaluator = Evaluator(hw, cost, steps)
+    total = 0
+    for variant in structural_candidates(base_structure(p), taus, ac):
+        try:
+            total += math.prod(len(d) for d in evaluator.compile(variant).dirs)
+        except RpegError:  # a vertex of this structure fits nowhere: it has no plans
+            continue
+    return total
+
+
+def exhaustive_optimum(p: Program, hw: Hardware, cost: CostOptions = CostOptions(), taus: tuple[int, ...] = (0, 1),
+                       ac: bool = True, steps: int = 8, max_plans: int = 5_000_000) -> Optimum:
+    """The highest-scoring memory-feasible configuration over the whole space (ties: the first in variant
+    order and lexicographic directory order). Refuses a space of more than `max_plans` configurations."""
+    count = plan_count(p, hw, cost, taus, ac, steps)
+    if count > max_plans:
+        raise RpegError(None, f"the plan space has {count:,} configurations, more than max_plans = {max_plans:,}; "
+                              "enumerate a smaller instance (fewer GPUs or vertices)")
+    evaluator = Evaluator(hw, cost, steps)
+    best = Optimum(-math.inf, None, None, 0, 0)
+    plans = feasible = 0
+    for variant in structural_candidates(base_structure(p), taus, ac):
+        try:
+            batched = evaluator.batched(variant)
+        except RpegError:
+            continue
+        grid = itertools.product(*(range(len(d)) for d in batched.cv.dirs))
+        while True:
+            chunk = np.array(list(itertools.islice(grid, CHUNK)), dtype=np.int64)
+            if not len(chunk):
+                break
+            r = batched.evaluate(chunk)
+            plans += len(chunk)
+            feasible += int(r.feasible.sum())
+            scores = np.where(r.feasible, r.score, -math.inf)
+            i = int(np.argmax(scores))
+            if scores[i] > best.score:
+                best = Optimum(float(scores[i]), variant, tuple(int(x) for x in chunk[i]), 0, 0)
+    return Optimum(best.score, best.variant, best.choice, plans, feasible)
