@@ -255,6 +255,26 @@ def test_an_endpoint_drops_a_replayed_message_of_its_own_channel():
     assert worker.dropped == 1 and "out of sequence" in logs[0]
 
 
+def test_a_lost_message_is_a_gap_accepted_only_after_an_interrupt_and_replays_stay_dropped():
+    store = FakeStore()
+    ctl, worker, logs = endpoints(store)
+    for cmd in COMMANDS[:3]:
+        ctl.push("cmd/0", cmd)
+    first = store.queue_pop("cmd/0", False)  # read, then lost: the signal unwound its reader before accept
+    store.queue_pop("cmd/0", False)
+    ctl.push("cmd/0", COMMANDS[0])
+    with pytest.raises(RuntimeError):
+        worker.receive("cmd/0", timedelta(seconds=0.1))  # numbers 2 and 3 while 0 is expected: both dropped
+    assert worker.dropped == 2 and "an earlier one is missing" in logs[0]
+    worker.allow_gaps = True  # what TorchBackend.interrupt() sets on the controller's endpoint
+    ctl.push("cmd/0", COMMANDS[1])
+    store.queue_push("cmd/0", first)  # a replay (number 0 < 5) is still refused
+    assert worker.receive("cmd/0", timedelta(seconds=1)).msg == COMMANDS[1]
+    with pytest.raises(RuntimeError):
+        worker.receive("cmd/0", timedelta(seconds=0.1))
+    assert worker.dropped == 3 and "a replay" in logs[-1]
+
+
 def test_an_endpoint_logs_a_bounded_number_of_drops():
     store = FakeStore()
     ctl, worker, logs = endpoints(store)

@@ -1129,8 +1129,11 @@ class TorchBackend(Backend):
 
     def interrupt(self) -> None:
         """The run was interrupted (rpeg-run got SIGINT/SIGTERM): shutdown() stops the workers after a short
-        grace instead of letting them finish, writes no final weights, and ends the fork server too."""
+        grace instead of letting them finish, writes no final weights, and ends the fork server too. The signal
+        may have cut the main thread's read of a report short (`Endpoint.allow_gaps`)."""
         self._interrupted = True
+        if self._chan is not None:
+            self._chan.allow_gaps = True
 
     def kill_now(self) -> None:
         """A second signal: SIGKILL every worker and the fork server, without waiting (the process exits)."""
