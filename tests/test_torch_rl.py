@@ -181,7 +181,7 @@ def test_minibatch_statistics_are_the_whole_batchs_and_each_minibatch_is_one_ste
         seen.append((len(sub), n))
         return {"loss": float(sub.mask.sum()) / n, "count": 1.0}, float(len(seen))
 
-    stats, norm = minibatch_steps(cfg, exp, 0, len(exp), lambda e: e.mask.sum(), step, counts=("count",))
+    stats, norm = minibatch_steps(cfg, exp, 0, len(exp), step, counts=("count",))
     sizes = [float(exp.mask[k::2].sum()) for k in range(2)]
     assert seen == [(len(exp) // 2, sizes[0]), (len(exp) // 2, sizes[1])] * 3  # 3 epochs x 2 optimizer steps
     assert stats == pytest.approx({"loss": 1.0, "count": 2.0}) and norm == 5.5  # the last epoch's

@@ -19,7 +19,7 @@ from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import Hardware
 from rpegc.core.program import Program
-from rpegc.search.compact import Choice
+from rpegc.search.compact import Choice, CompactVariant
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.space import Variant, base_structure, structural_candidates
 
@@ -37,45 +37,46 @@ class Optimum:
     feasible: int  # how many of them fit in memory
 
 
+def _compiled(evaluator: Evaluator, p: Program, taus: tuple[int, ...], ac: bool) -> list[CompactVariant]:
+    """The optimizer's structural variants of `p` that have plans (a vertex that fits nowhere leaves none)."""
+    out = []
+    for variant in structural_candidates(base_structure(p), taus, ac):
+        try:
+            out.append(evaluator.compile(variant))
+        except RpegError:
+            continue
+    return out
+
+
 def plan_count(p: Program, hw: Hardware, cost: CostOptions = CostOptions(), taus: tuple[int, ...] = (0, 1),
                ac: bool = True, steps: int = 8) -> int:
     """How many configurations `exhaustive_optimum` would evaluate (the product of directory sizes, summed)."""
-    evaluator = Evaluator(hw, cost, steps)
-    total = 0
-    for variant in structural_candidates(base_structure(p), taus, ac):
-        try:
-            total += math.prod(len(d) for d in evaluator.compile(variant).dirs)
-        except RpegError:  # a vertex of this structure fits nowhere: it has no plans
-            continue
-    return total
+    return sum(math.prod(len(d) for d in cv.dirs) for cv in _compiled(Evaluator(hw, cost, steps), p, taus, ac))
 
 
 def exhaustive_optimum(p: Program, hw: Hardware, cost: CostOptions = CostOptions(), taus: tuple[int, ...] = (0, 1),
                        ac: bool = True, steps: int = 8, max_plans: int = 5_000_000) -> Optimum:
     """The highest-scoring memory-feasible configuration over the whole space (ties: the first in variant
     order and lexicographic directory order). Refuses a space of more than `max_plans` configurations."""
-    count = plan_count(p, hw, cost, taus, ac, steps)
+    evaluator = Evaluator(hw, cost, steps)
+    compiled = _compiled(evaluator, p, taus, ac)
+    count = sum(math.prod(len(d) for d in cv.dirs) for cv in compiled)
     if count > max_plans:
         raise RpegError(None, f"the plan space has {count:,} configurations, more than max_plans = {max_plans:,}; "
                               "enumerate a smaller instance (fewer GPUs or vertices)")
-    evaluator = Evaluator(hw, cost, steps)
-    best = Optimum(-math.inf, None, None, 0, 0)
-    plans = feasible = 0
-    for variant in structural_candidates(base_structure(p), taus, ac):
-        try:
-            batched = evaluator.batched(variant)
-        except RpegError:
-            continue
-        grid = itertools.product(*(range(len(d)) for d in batched.cv.dirs))
+    best_score, best_variant, best_choice = -math.inf, None, None
+    feasible = 0
+    for cv in compiled:
+        batched = evaluator.batched(cv.variant)
+        grid = itertools.product(*(range(len(d)) for d in cv.dirs))
         while True:
             chunk = np.array(list(itertools.islice(grid, CHUNK)), dtype=np.int64)
             if not len(chunk):
                 break
             r = batched.evaluate(chunk)
-            plans += len(chunk)
             feasible += int(r.feasible.sum())
             scores = np.where(r.feasible, r.score, -math.inf)
             i = int(np.argmax(scores))
-            if scores[i] > best.score:
-                best = Optimum(float(scores[i]), variant, tuple(int(x) for x in chunk[i]), 0, 0)
-    return Optimum(best.score, best.variant, best.choice, plans, feasible)
+            if scores[i] > best_score:
+                best_score, best_variant, best_choice = float(scores[i]), cv.variant, tuple(int(x) for x in chunk[i])
+    return Optimum(best_score, best_variant, best_choice, count, feasible)

@@ -119,6 +119,39 @@ def check_generation(has_lm_head: bool, kind: str, sampling: Sampling, max_new_t
                         "build the model with max_seq >= Lp + Lr")
 
 
+class Sampler:
+    """The sampling state of a batch of sequences, step by step: each row's generator, which rows are still
+    alive, and the tokens, log-probs and mask so far. The log-probabilities are computed on `device`; the
+    draw happens on the CPU (`sample_tokens`: the tokens must not depend on the device). Both the
+    single-process `generate` and the pipelined one (parallel.py, on the last stage) sample with it."""
+
+    def __init__(self, indices: Sequence[int], seed: int, step: int, sampling: Sampling,
+                 eos_id: Optional[int], pad_id: int, device: torch.device):
+        self.generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
+        self.sampling, self.eos_id, self.pad_id = sampling, eos_id, pad_id
+        self.alive = torch.ones(len(indices), dtype=torch.bool, device=device)
+        self.tokens: list[Tensor] = []
+        self.logps: list[Tensor] = []
+        self.masks: list[Tensor] = []
+
+    def sample(self, logits: Tensor) -> Tensor:
+        """Draw the next token of every row from the last position's `logits` [b, V]; returns the tokens
+        to feed back (pad after end-of-sequence)."""
+        logp = torch.log_softmax(logits.float() / self.sampling.temperature, dim=-1)
+        tok = sample_tokens(logp, self.generators, self.sampling)
+        tok_logp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        self.tokens.append(torch.where(self.alive, tok, torch.full_like(tok, self.pad_id)))
+        self.logps.append(torch.where(self.alive, tok_logp, torch.zeros_like(tok_logp)))
+        self.masks.append(self.alive.float())
+        if self.eos_id is not None:
+            self.alive = self.alive & (tok != self.eos_id)
+        return self.tokens[-1]
+
+    def result(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(responses, log-probs, mask), each [b, steps so far]."""
+        return torch.stack(self.tokens, dim=1), torch.stack(self.logps, dim=1), torch.stack(self.masks, dim=1)
+
+
 @torch.no_grad()
 def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *, seed: int, step: int,
              max_new_tokens: int, sampling: Sampling = Sampling(), eos_id: Optional[int] = None,
@@ -135,23 +168,14 @@ def generate(model: TransformerModel, prompts: Tensor, indices: Sequence[int], *
     b, lp = prompts.shape
     was_training = model.training
     model.eval()
-    generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
+    sampler = Sampler(indices, seed, step, sampling, eos_id, pad_id, prompts.device)
     cache = model.new_cache(b, lp + max_new_tokens)
     logits = model(prompts, cache, pads).logits[:, -1]
-    tokens, logps, masks = [], [], []
-    alive = torch.ones(b, dtype=torch.bool, device=prompts.device)
     for t in range(max_new_tokens):
-        logp = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
-        tok = sample_tokens(logp, generators, sampling)
-        tok_logp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        tokens.append(torch.where(alive, tok, torch.full_like(tok, pad_id)))
-        logps.append(torch.where(alive, tok_logp, torch.zeros_like(tok_logp)))
-        masks.append(alive.float())
-        if eos_id is not None:
-            alive = alive & (tok != eos_id)
+        fed = sampler.sample(logits)
         if t + 1 < max_new_tokens:
-            logits = model(tokens[-1].unsqueeze(-1), cache, pads).logits[:, -1]
+            logits = model(fed.unsqueeze(-1), cache, pads).logits[:, -1]
     model.train(was_training)
-    responses = torch.stack(tokens, dim=1)
-    return Rollout(sequences=torch.cat([prompts, responses], dim=1), responses=responses,
-                   logprobs=torch.stack(logps, dim=1), mask=torch.stack(masks, dim=1))
+    responses, logprobs, mask = sampler.result()
+    return Rollout(sequences=torch.cat([prompts, responses], dim=1), responses=responses, logprobs=logprobs,
+                   mask=mask)

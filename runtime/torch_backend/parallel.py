@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend.device import CPU
-from rpegc.runtime.torch_backend.generation import Rollout, Sampling, check_generation, sample_tokens, sequence_seed
+from rpegc.runtime.torch_backend.generation import Rollout, Sampler, Sampling, check_generation
 from rpegc.runtime.torch_backend.layout import Layout, param_piece, rank_pieces, shard_dim, split_rows, stage_bounds
 from rpegc.runtime.torch_backend.models import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, KVCache, ModelOutput, NetOptions,
                                                 TransformerModel)
@@ -454,35 +454,6 @@ def infer(pm: ParallelModel, microbatches: Sequence[Microbatch], rows: Sequence[
         return pm.from_last_stage(torch.cat(results))
 
 
-class _Sampler:
-    """The last stage's sampling state of one microbatch, step by step as `generation.generate` keeps it.
-
-    The log-probabilities are computed on `device`; the generators are CPU ones and the draw happens
-    on the CPU (`generation.sample_tokens`: the tokens must not depend on the device)."""
-
-    def __init__(self, indices: Sequence[int], seed: int, step: int, sampling: Sampling,
-                 eos_id: Optional[int], pad_id: int, device: torch.device = CPU):
-        self.generators = [torch.Generator().manual_seed(sequence_seed(seed, step, int(i))) for i in indices]
-        self.sampling, self.eos_id, self.pad_id = sampling, eos_id, pad_id
-        self.alive = torch.ones(len(indices), dtype=torch.bool, device=device)
-        self.tokens: list[Tensor] = []
-        self.logps: list[Tensor] = []
-        self.masks: list[Tensor] = []
-
-    def sample(self, logits: Tensor) -> Tensor:
-        """Draw the next token of every row from the last position's `logits` [b, V]; returns the tokens
-        to feed back (pad after end-of-sequence)."""
-        logp = torch.log_softmax(logits.float() / self.sampling.temperature, dim=-1)
-        tok = sample_tokens(logp, self.generators, self.sampling)
-        tok_logp = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        self.tokens.append(torch.where(self.alive, tok, torch.full_like(tok, self.pad_id)))
-        self.logps.append(torch.where(self.alive, tok_logp, torch.zeros_like(tok_logp)))
-        self.masks.append(self.alive.float())
-        if self.eos_id is not None:
-            self.alive = self.alive & (tok != self.eos_id)
-        return self.tokens[-1]
-
-
 @torch.no_grad()
 def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int]], *, seed: int, step: int,
              max_new_tokens: int, sampling: Sampling = Sampling(), eos_id: Optional[int] = None,
@@ -504,7 +475,7 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
     pm.module.eval()
     link = StageLink(pm, len(chunks))
     caches = [pm.new_cache(b - a, lp + max_new_tokens) for a, b in chunks]
-    samplers = ([_Sampler(range(a, b), seed, step, sampling, eos_id, pad_id, pm.device) for a, b in chunks]
+    samplers = ([Sampler(range(a, b), seed, step, sampling, eos_id, pad_id, pm.device) for a, b in chunks]
                 if pm.is_last else [])
     fed: list[Optional[Tensor]] = [None] * len(chunks)  # the last sampled tokens, where stage 0 is also the last
 
@@ -540,9 +511,7 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
     responses = torch.zeros(shape, dtype=torch.int64, device=pm.device)
     logps, mask = torch.zeros(shape, device=pm.device), torch.zeros(shape, device=pm.device)
     if samplers:
-        responses = torch.cat([torch.stack(s.tokens, dim=1) for s in samplers])
-        logps = torch.cat([torch.stack(s.logps, dim=1) for s in samplers])
-        mask = torch.cat([torch.stack(s.masks, dim=1) for s in samplers])
+        responses, logps, mask = (torch.cat(parts) for parts in zip(*(s.result() for s in samplers)))
     responses, logps, mask = (pm.from_last_stage(x) for x in (responses, logps, mask))
     return Rollout(sequences=torch.cat([prompts, responses], dim=1), responses=responses, logprobs=logps, mask=mask)
 

@@ -7,9 +7,9 @@ on the whole batch; a distributed worker calls the same functions on its shard w
 count, so at tau = 0 any legal plan must reproduce `run_reference` within float tolerance.
 
 Seeds: model weights from `derive_seed(seed, role)` (the reference model shares the actor's seed, so
-it is the initial actor), or version 0 read from a model's Hugging Face checkpoint (`hf.initial_model`), prompts from the prompt source's `batch(B, seed, k)` (a toy task's random
-prompts or a dataset's seeded epochs, runtime/torch_backend/datasets.py), sampling from
-`sequence_seed(seed, k, g)` for global sequence g.
+it is the initial actor), or version 0 read from a model's Hugging Face checkpoint (`hf.initial_model`);
+prompts from the prompt source's `batch(B, seed, k)` (a toy task's random prompts or a dataset's seeded
+epochs, runtime/torch_backend/datasets.py); sampling from `sequence_seed(seed, k, g)` for global sequence g.
 
 Precision (`workload.dtype`, through `models.serving_dtype`): trained models keep float32 weights and
 float32 Adam state and train in float32 (mixed-precision training is out of scope). Every published
@@ -329,15 +329,12 @@ class ReferenceTrainer:
         """Actor (or shared actor-critic) and critic training vertices on the whole batch."""
         cfg = self.cfg
 
-        def tokens(e: Experience) -> Tensor:
-            return e.mask.sum()
-
         def actor_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
             loss, stats = actor_loss(self.actor, e, cfg.rl, n)
             loss.backward()
             return stats, optimizer_step(self.actor, self.actor_opt, cfg.rl)
 
-        stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), tokens, actor_step, counts=("clipped_tokens",))
+        stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), actor_step, counts=("clipped_tokens",))
         metrics = dict(stats, actor_grad_norm=norm, clip_frac=stats["clipped_tokens"] / exp.num_tokens)
         if self.critic is not None:
             def critic_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
@@ -345,7 +342,7 @@ class ReferenceTrainer:
                 vl.backward()
                 return {"value_loss": vl.item()}, optimizer_step(self.critic, self.critic_opt, cfg.rl)
 
-            stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), tokens, critic_step)
+            stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), critic_step)
             metrics.update(value_loss=stats["value_loss"], critic_grad_norm=norm)
         keep = max(cfg.tau_actor, cfg.tau_critic)
         self.actor_versions.publish(export_weights(self.actor), keep)

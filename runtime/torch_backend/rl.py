@@ -298,6 +298,10 @@ class Experience:
     def num_tokens(self) -> float:
         return float(self.mask.sum().item())
 
+    def loss_count(self) -> Tensor:
+        """The response tokens the losses are means over."""
+        return self.mask.sum()
+
     def __len__(self) -> int:
         return self.sequences.shape[0]
 
@@ -368,6 +372,10 @@ class Rows(Protocol):
 
     def rows(self, index: slice | Tensor) -> "Rows": ...
 
+    def loss_count(self) -> Tensor:
+        """What its loss is a mean over, locally (response tokens, or pairs), as a 0-d tensor on its device."""
+        ...
+
 
 def minibatch_rows(lo: int, hi: int, count: int, k: int) -> Tensor:
     """Positions among global rows lo..hi-1 of minibatch k of `count`: the rows g with g % count == k.
@@ -388,19 +396,20 @@ def epoch_stats(parts: Sequence[tuple[dict[str, float], float]], counts: Collect
     return out
 
 
-def minibatch_steps(cfg: RLConfig, batch: Rows, lo: int, hi: int, measure: Callable[[Rows], Tensor],
+def minibatch_steps(cfg: RLConfig, batch: Rows, lo: int, hi: int,
                     step: Callable[[Rows, float], tuple[dict[str, float], float]], counts: Collection[str] = (),
                     reduce: Reduce = _identity) -> tuple[dict[str, float], float]:
     """`cfg.ppo_epochs` passes over `batch` (global rows lo..hi-1), each `cfg.ppo_minibatches` optimizer
-    steps `step(minibatch, size)`, where size is the minibatch's normaliser over the whole batch
-    (`measure`: its local tokens or pairs, summed over replicas by `reduce`) and `step` returns (statistics,
-    pre-clip gradient norm). Returns the last epoch's statistics (`epoch_stats`) and its mean norm."""
+    steps `step(minibatch, size)`, where size is the minibatch's loss normaliser over the whole batch (its
+    `loss_count`, summed over replicas by `reduce`) and `step` returns (statistics, pre-clip gradient norm).
+    Returns the last epoch's statistics (`epoch_stats`) and its mean norm."""
     subs = [batch.rows(minibatch_rows(lo, hi, cfg.ppo_minibatches, k)) for k in range(cfg.ppo_minibatches)]
-    sizes = reduce(torch.stack([measure(sub).double() for sub in subs])).tolist()
+    sizes = reduce(torch.stack([sub.loss_count().double() for sub in subs])).tolist()
+    total = sum(sizes)
     results: list[tuple[dict[str, float], float]] = []
     for _ in range(cfg.ppo_epochs):
         results = [step(sub, size) for sub, size in zip(subs, sizes)]
-    stats = epoch_stats([(st, size / sum(sizes)) for (st, _), size in zip(results, sizes)], counts)
+    stats = epoch_stats([(st, size / total) for (st, _), size in zip(results, sizes)], counts)
     return stats, sum(norm for _, norm in results) / len(results)
 
 

@@ -69,8 +69,8 @@ from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, work
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.messages import SECRET_ENV, Endpoint, MessageError, read_secret
-from rpegc.runtime.torch_backend.hf import HFWeights, model_net
-from rpegc.runtime.torch_backend.models import NetOptions, build_model, cast_weights, export_weights
+from rpegc.runtime.torch_backend.hf import HFWeights, initial_model, model_net
+from rpegc.runtime.torch_backend.models import NetOptions, cast_weights, export_weights
 from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
                                                   shard_of, train_step)
 from rpegc.runtime.torch_backend.reference import RunConfig
@@ -298,18 +298,16 @@ class Worker:
     # -- bookkeeping commands -----------------------------------------------------------------------
 
     def full_weights(self, model: str, version: int) -> dict[str, Tensor]:
-        """Full float32 tensors of a version: read whole from the resume checkpoint, or version 0 by seed
-        (what tests and tools compare against; the workers themselves read only their pieces)."""
+        """Full float32 tensors of a version: read whole from the resume checkpoint, or version 0 as the reference
+        builds it (`hf.initial_model`: from its seed or its checkpoint; what tests and tools compare against;
+        the workers themselves read only their pieces of a checkpoint)."""
         if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
             return {n: self.resume.read(ckpt.weights_key(model, version, n)) for n in self.shapes[model]}
         if version != 0:
             raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
         if model not in self.initial:
             spec = self.setup.models[model]
-            if spec.hf is not None:
-                self.initial[model] = self.hf_weights(model).full(self.shapes[model])
-            else:
-                self.initial[model] = export_weights(build_model(spec.arch, spec.kind, spec.seed, self.nets[model]))
+            self.initial[model] = export_weights(initial_model(spec.arch, spec.kind, spec.seed, spec.hf, self.run.net))
         return self.initial[model]
 
     def hf_weights(self, model: str) -> HFWeights:
@@ -802,8 +800,7 @@ class Worker:
             return train_step(pm, st.optimizer, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
                               keys)
 
-        stats, norm = minibatch_steps(rl, rows, lo, hi, lambda r: torch.tensor(float(len(r)), device=self.device),
-                                      step, counts=PAIR_SUMS, reduce=dp_sum)
+        stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=dp_sum)
         num_pairs = float(self.run.workload.B)
         version = self.publish(cmd, pm)
         metrics = pair_metrics(stats, num_pairs, norm)
@@ -827,23 +824,19 @@ class Worker:
         num_tokens = float(dp_sum(exp.mask.double().sum()))
         exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
         keys = algorithm(self.run.algorithm).stat_keys[spec.kind]
-        if spec.kind == "critic":
-            def loss_fn(n: float):
-                def fn(view, e):
-                    loss = critic_loss(view, e, rl, n)
-                    return loss, {"value_loss": loss.item()}
-                return fn
-        else:
+        if spec.kind != "critic":
             keys += (() if rl.kl_in_reward else ("kl_loss",)) + (("entropy",) if rl.entropy_coef else ())
 
-            def loss_fn(n: float):
-                return lambda view, e: actor_loss(view, e, rl, n)
-
         def step(sub: Experience, n: float) -> tuple[dict[str, float], float]:
-            return train_step(pm, st.optimizer, loss_fn(n), sub, cmd["mb"], rl, keys)
+            def loss_fn(view, e):
+                if spec.kind != "critic":
+                    return actor_loss(view, e, rl, n)
+                loss = critic_loss(view, e, rl, n)
+                return loss, {"value_loss": loss.item()}
 
-        stats, norm = minibatch_steps(rl, exp, lo, hi, lambda e: e.mask.sum(), step, counts=("clipped_tokens",),
-                                      reduce=dp_sum)
+            return train_step(pm, st.optimizer, loss_fn, sub, cmd["mb"], rl, keys)
+
+        stats, norm = minibatch_steps(rl, exp, lo, hi, step, counts=("clipped_tokens",), reduce=dp_sum)
         version = self.publish(cmd, pm)
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         task_scores = data["task_scores"].double()

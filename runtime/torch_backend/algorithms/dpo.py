@@ -108,6 +108,10 @@ class PairRows:
                         on(batch.rejected_mask[lo:hi]), on(ref_chosen), on(ref_rejected),
                         None if batch.pads is None else on(batch.pads[lo:hi]))
 
+    def loss_count(self) -> Tensor:
+        """The pairs the DPO loss is a mean over."""
+        return torch.tensor(float(len(self)), device=self.chosen.device)
+
     def rows(self, index: slice | Tensor) -> "PairRows":
         return PairRows(self.chosen[index], self.rejected[index], self.chosen_mask[index], self.rejected_mask[index],
                         self.ref_chosen[index], self.ref_rejected[index],
@@ -183,8 +187,7 @@ class DPOTrainer:
             loss.backward()
             return stats, optimizer_step(self.actor, self.actor_opt, self.cfg.rl)
 
-        stats, norm = minibatch_steps(self.cfg.rl, rows, 0, w.B, lambda r: torch.tensor(float(len(r))), step_on,
-                                      counts=PAIR_SUMS)
+        stats, norm = minibatch_steps(self.cfg.rl, rows, 0, w.B, step_on, counts=PAIR_SUMS)
         metrics = {"step": float(step), **pair_metrics(stats, float(w.B), norm)}
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
