@@ -4,8 +4,10 @@ Runs on the cyclic graph (before unroll) and replaces any existing plan: it writ
 (actor-critic sharing applied when chosen, tau into rpeg.staleness) and a new rpeg.plan, so the rest of
 the pipeline lowers it. Options:
 
-  budget=60        wall-clock seconds for the search (0: no time limit), split evenly over the variants
-  evals=0          total uncached evaluations (0: no limit); with both set, whichever ends first
+  budget=60        wall-clock seconds for the search, the polish included (0: no time limit)
+  evals=0          total uncached evaluations, the polish included (0: no limit); with both, whichever ends first
+  jobs=0           worker processes (0: every core, once the budget is large enough to pay for starting them;
+                   with an evaluation budget the result does not depend on jobs)
   seed=0           random seed: the same seed and evaluation budget give the same result
   objective=throughput | util     Score_pen (Eq. 5) or the throughput x utilization score (Eq. 6)
   delta=0.1        allowed throughput loss of objective=util
@@ -44,6 +46,7 @@ class OptimizePass(CostModelPass):
     budget: int | float = 60
     evals: int = 0
     seed: int = 0
+    jobs: int = 0
     objective: str = "throughput"
     delta: int | float = 0.1
     taus: tuple[int, ...] = (0, 1)
@@ -59,6 +62,7 @@ class OptimizePass(CostModelPass):
             budget_s=float(self.budget),
             evals=self.evals,
             seed=self.seed,
+            jobs=self.jobs,
             objective=self.objective,
             delta=float(self.delta),
             taus=tuple(self.taus),
@@ -84,7 +88,7 @@ class OptimizePass(CostModelPass):
             from rpegc.search.report import ProgressBar
 
             with ProgressBar(options.budget_s, options.evals, force=self.progress) as bar:
-                result = optimize(p, options, hw, cost, on_round=bar.update)
+                result = optimize(p, options, hw, cost, on_progress=bar.update)
         else:
             result = optimize(p, options, hw, cost)
         if self.summary:

@@ -1,6 +1,7 @@
 """The one-implementation rule (DESIGN.md Sec. 3): for random legal plans, the pass pipeline
 (unroll -> split-quantiles -> insert-comm -> insert-reshard -> annotate-cost -> schedule), the compact
-reference evaluator and the batched numpy evaluator give the same makespan, device peaks and scores.
+reference evaluator and the batched numpy evaluator give the same makespan, device peaks and scores, and the
+two compact paths the same critical-path weights (the search's single-vertex kernel).
 
 Plans are biased toward shared allocations and layouts so that every lowering case occurs: bare edges,
 Comm, Reshard, shadow pairs, reuse of installed weights, quantile splitting on disjoint devices."""
@@ -90,8 +91,10 @@ def close(a: float, b: float) -> bool:
 
 
 def check_identical(cv: CompactVariant, plans) -> None:
-    batch = BatchEvaluator(cv).evaluate(np.array(plans))
+    be = BatchEvaluator(cv)
+    batch = be.evaluate(np.array(plans), keep=True)
     for i, choice in enumerate(plans):
+        assert np.array_equal(be.critical_weights(choice), cv.critical_weights(choice))
         sched, mem = pipeline(cv, choice)
         ref = cv.evaluate(choice)
         peaks = tuple(x for _, x in mem.peak)

@@ -13,7 +13,7 @@ from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import load_hardware
 from rpegc.core.program import Cluster
-from rpegc.search.anneal import SearchConfig
+from rpegc.search.anneal import SearchConfig, polish
 from rpegc.search.exhaustive import exhaustive_optimum, plan_count
 from rpegc.search.optimizer import OptimizeOptions, optimize
 from rpegc.syntax.parser import parse
@@ -69,7 +69,7 @@ def test_a_space_too_large_to_enumerate_is_refused(ppo):
         exhaustive_optimum(p, hw, max_plans=1000)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 7])
+@pytest.mark.parametrize("seed", [2, 7, 14])
 def test_two_vertex_moves_in_the_polish_leave_single_move_optima(ppo, seed):
     """At 300 evaluations these seeds end in optima of single-vertex moves (measured: 0.9996 of the optimum);
     the polish's two-vertex pass takes them to the exact optimum."""
@@ -84,23 +84,23 @@ def test_two_vertex_moves_in_the_polish_leave_single_move_optima(ppo, seed):
 def test_the_polish_carries_the_plan_to_the_other_staleness():
     """The best plan is polished in its own structure and in every structure with the same vertices (tau
     only differs); the better one is returned."""
-    import random
-
-    from rpegc.search import optimizer as opt
-    from rpegc.search.anneal import SearchState, polish
-    from rpegc.search.baselines import concurrent_plan
-    from rpegc.search.evaluator import Evaluator
+    from rpegc.search.halving import Board, polish_best
+    from rpegc.search.directory import MB_TUNED
     from rpegc.search.space import structural_candidates
+    from rpegc.search.workers import LocalPool, Problem
 
     p = replace(parse((EXAMPLES / "grpo-tiny.rpeg").read_text(), "grpo-tiny.rpeg"), plan=None)
     hw = load_hardware(p.cluster.hardware)
-    variants = structural_candidates(p)
-    state = SearchState(Evaluator(hw, CostOptions()), SearchConfig(), random.Random(0))
-    seed = concurrent_plan(state.evaluator.compile(variants[0])).choice
-    variant, choice = opt._polish_structures(state, variants, variants[0], seed)
-    value = state.value(state.evaluator.evaluate_one(variant, choice))
-    for v in variants:
-        alone = polish(state, v, seed)
-        e = state.evaluator.evaluate_one(v, alone)
-        assert not e.feasible or state.value(e) <= value
-    assert variant.label() == "ac=0 tau(actor=1)" != variants[0].label()  # here the other staleness wins
+    variants = tuple(structural_candidates(p))
+    config = SearchConfig()
+    pool = LocalPool(Problem(variants, hw, CostOptions(), 8, True, MB_TUNED, config, 0))
+    board = Board(variants, config)
+    first = pool.worker.search(0)
+    board.records[0].best = (first.seed, first.state.evaluate(variants[0], [first.seed])[0])
+    i, choice, e = polish_best(pool, board, None, None)
+    for j, v in enumerate(variants):
+        s = pool.worker.search(j)
+        alone = polish(s.state, v, first.seed)
+        other = s.state.evaluate(v, [alone])[0]
+        assert not other.feasible or board.value(other) <= board.value(e)
+    assert variants[i].label() == "ac=0 tau(actor=1)" != variants[0].label()  # here the other staleness wins

@@ -18,7 +18,7 @@ from rpegc.core.schedule_program import schedule_program
 from rpegc.core.unroll import unroll
 from rpegc.core.plan_rules import check_plan
 from rpegc.core.program import Cluster
-from rpegc.search import anneal, optimizer
+from rpegc.search import anneal, optimizer, workers
 from rpegc.search.anneal import SearchConfig
 from rpegc.search.baselines import concurrency_groups, concurrent_plan, greedy_plan
 from rpegc.search.compact import CompactVariant
@@ -205,7 +205,7 @@ class Calls:
 @pytest.mark.parametrize("ablation, module, name", [
     ("A4", anneal, "pair_kernel"),
     ("A6", anneal.SearchState, "critical_weights"),
-    ("A7", optimizer, "polish"),
+    ("A7", workers, "polish"),
 ])
 def test_switched_off_mechanisms_are_not_used(ppo, monkeypatch, ablation, module, name):
     on = Calls(monkeypatch, module, name)
@@ -218,14 +218,14 @@ def test_switched_off_mechanisms_are_not_used(ppo, monkeypatch, ablation, module
 
 def test_a1_a2_a3_change_the_search_space(ppo, monkeypatch):
     seen = []
-    original = optimizer.Evaluator
+    original = workers.Evaluator
 
     def spy(*a, **k):
         ev = original(*a, **k)
         seen.append(ev)
         return ev
 
-    monkeypatch.setattr(optimizer, "Evaluator", spy)
+    monkeypatch.setattr(workers, "Evaluator", spy)
     r = optimize(ppo, OptimizeOptions(seed=0, ablate=parse_ablations("A1,A2,A3"), **SMALL))
     ev = seen[-1]
     assert not ev.split and ev.mb_rule == MB_FIXED
@@ -235,13 +235,13 @@ def test_a1_a2_a3_change_the_search_space(ppo, monkeypatch):
 
 
 def test_a5_restarts_from_the_seed_and_a9_cools(ppo, monkeypatch):
-    chains = Calls(monkeypatch, anneal, "run_chain")
+    chains = Calls(monkeypatch, anneal, "Chain")  # Chain(current, evaluation, t)
     optimize(ppo, OptimizeOptions(seed=2, search=SearchConfig(w_stag=2), **SMALL))
-    temps = {a[3] for a in chains.args}
+    temps = {a[2] for a in chains.args}
     assert temps == {SearchConfig().t_init, SearchConfig().t_warm}  # warm restarts happen
-    chains = Calls(monkeypatch, anneal, "run_chain")
+    chains = Calls(monkeypatch, anneal, "Chain")
     optimize(ppo, OptimizeOptions(seed=2, ablate=frozenset({"A5"}), search=SearchConfig(w_stag=2), **SMALL))
-    assert {a[3] for a in chains.args} == {SearchConfig().t_init}
+    assert {a[2] for a in chains.args} == {SearchConfig().t_init}
     accepts = Calls(monkeypatch, anneal, "accept")
     optimize(ppo, OptimizeOptions(seed=2, ablate=frozenset({"A9"}), **SMALL))
     ts = [a[3] for a in accepts.args]

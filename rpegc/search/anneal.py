@@ -30,7 +30,6 @@ from rpegc.search.evaluator import Evaluator
 from rpegc.search.objective import objective_value
 from rpegc.search.space import Variant
 
-IDLE_CHAINS = 3  # chains in a row without one uncached evaluation: the neighbourhood is exhausted
 CRITICAL_CACHE = 4096
 
 
@@ -60,6 +59,10 @@ class SearchConfig:
     soft_memory: bool = True  # A8 off: hard rejection of out-of-memory plans
     constant_temperature: bool = True  # A9 off: geometric cooling within a chain
     max_polish_passes: int = 50
+    chains: int = 64  # most chains a variant's population runs in lockstep (VariantSearch)
+    chain_rounds: int = 40  # rounds a chain should get: one chain per k_x * chain_rounds evaluations of a share
+    polish_share: float = 0.2  # of the budget, kept for the final polish
+    final_variants: int = 2  # structural variants in the last rung of successive halving (halving.py)
     pair_polish: bool = True  # two-vertex moves in the polish once single moves stop improving
     pair_top: int = 8  # per vertex: the best single moves the pair pass combines
 
@@ -73,16 +76,27 @@ class Incumbent:
 
 @dataclass
 class Budget:
-    """A variant's share: a deadline (perf_counter) and/or a number of uncached evaluations."""
+    """A share of the search: a deadline (`time.monotonic`, the same clock in every worker process) and/or a
+    number of uncached evaluations counted from `start_evals`."""
 
     deadline: Optional[float]
     max_evals: Optional[int]
     start_evals: int
 
     def exhausted(self, evaluator: Evaluator) -> bool:
-        if self.deadline is not None and time.perf_counter() >= self.deadline:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
             return True
-        return self.max_evals is not None and evaluator.stats.evaluations - self.start_evals >= self.max_evals
+        left = self.left(evaluator)
+        return left is not None and left <= 0
+
+    def left(self, evaluator: Evaluator) -> Optional[int]:
+        """Uncached evaluations left, None without an evaluation limit."""
+        if self.max_evals is None:
+            return None
+        return self.max_evals - (evaluator.stats.evaluations - self.start_evals)
+
+
+UNLIMITED = Budget(None, None, 0)
 
 
 @dataclass
@@ -138,7 +152,7 @@ class SearchState:
         if w is None:
             if len(self._critical) >= CRITICAL_CACHE:
                 self._critical.clear()
-            w = self._critical[key] = cv.critical_weights(choice)
+            w = self._critical[key] = self.evaluator.critical_weights(cv.variant, choice)
         return w
 
 
@@ -176,23 +190,27 @@ def pair_kernel(state: SearchState, cv: CompactVariant, current: Choice) -> list
     the receiver is resampled among choices touching the freed devices. Empty when the donor cannot shrink."""
     rng, c = state.rng, state.config
     dirs = cv.dirs
+    words = state.evaluator.batched(cv.variant).words  # per vertex, its candidates' device masks
     sizes = [int(d.sizes[x]) for d, x in zip(dirs, current)]
     u = _weighted(rng, np.array(sizes, dtype=float))
     mu = dirs[u].masks[current[u]]
     others = [w for w in range(len(current)) if w != u]
     receivers = [w for w in others if dirs[w].masks[current[w]] & mu] or others
     w = receivers[rng.randrange(len(receivers))]
-    du, dw = dirs[u], dirs[w]
-    smaller = [i for i in range(len(du)) if du.sizes[i] < sizes[u]]
-    donor = [i for i in smaller if not du.masks[i] & ~mu] or smaller
-    if not donor:
+    wu, ww = words[u], words[w]
+    smaller = dirs[u].sizes < sizes[u]
+    inside = ~np.any(wu & ~wu[current[u]], axis=1)
+    donor = np.nonzero(smaller & inside)[0]
+    if not len(donor):
+        donor = np.nonzero(smaller)[0]
+    if not len(donor):
         return []
     out = []
     for _ in range(c.k_x):
-        cu = donor[rng.randrange(len(donor))]
-        freed = mu & ~du.masks[cu]
-        receive = [i for i in range(len(dw)) if dw.masks[i] & freed] or list(range(len(dw)))
-        cw = receive[rng.randrange(len(receive))]
+        cu = int(donor[rng.randrange(len(donor))])
+        freed = wu[current[u]] & ~wu[cu]
+        receive = np.nonzero(np.any(ww & freed, axis=1))[0]
+        cw = int(receive[rng.randrange(len(receive))]) if len(receive) else rng.randrange(len(ww))
         out.append(_replace(_replace(current, u, cu), w, cw))
     return out
 
@@ -222,78 +240,145 @@ def accept(rng: random.Random, s: float, s_new: float, t: float) -> bool:
     return rng.random() < math.exp((s_new - s) / (abs(s) * t))
 
 
-# --- chains ----------------------------------------------------------------------------------------
+# --- chains in lockstep ------------------------------------------------------------------------------
 
 
-def search_variant(state: SearchState, variant: Variant, seed: Choice, budget: Budget) -> None:
-    """Alg. 1 lines 4-31 for one structural candidate."""
-    cv = state.evaluator.compile(variant)
-    cfg = state.config
-    first = True
-    idle = 0
-    while not budget.exhausted(state.evaluator) and idle < IDLE_CHAINS:
-        elite = state.elites.get(variant.vertex_set, [])
+@dataclass
+class Chain:
+    """One annealing chain of a population: its current plan, temperature and stagnation counters."""
+
+    current: Choice
+    e_cur: Evaluation
+    t: float
+    rejected: int = 0  # rounds in a row whose best proposal was rejected
+    cached: int = 0  # rounds in a row whose proposals had all been evaluated before
+
+    def ended(self, cfg: SearchConfig) -> bool:
+        # A chain also ends after w_stag rounds in a row whose proposals were all cached: on a plateau of
+        # equal values every move is accepted (Eq. 9 with Delta = 0), and in a small space whose plans are all
+        # cached an evaluation budget would never run out.
+        return self.rejected >= cfg.w_stag or self.cached >= cfg.w_stag
+
+
+class VariantSearch:
+    """Alg. 1 lines 4-31 for one structural candidate, with the chains run in lockstep.
+
+    Beyond the paper: a population of chains advances together, and every round the K_x proposals of all of
+    them are evaluated in one call, so the misses go to the batched evaluator in batches of hundreds (the
+    reference path does ~800 plans/s on the 64-GPU workload, the batched path ~5,500/s on batches of 384;
+    bench/results/eval_throughput.csv). Each chain follows the paper's rules on its own: the best of its K_x
+    proposals is accepted by Eq. 9 at its temperature, and it ends after w_stag rejections, when it is
+    restarted at once from the elite set (t_warm) so the population stays full. The first chains start from
+    the seed at t_init. The population grows with the budget (`population`): one chain per
+    `k_x * chain_rounds` evaluations of a share, at most `SearchConfig.chains`, so a small budget still runs
+    long chains. The search of a variant ends when its budget is spent or after w_stag rounds in a row in
+    which no chain proposed an unseen plan (the neighbourhood is exhausted)."""
+
+    def __init__(self, state: SearchState, variant: Variant, seed: Choice):
+        self.state = state
+        self.variant = variant
+        self.cv = state.evaluator.compile(variant)
+        self.seed = seed
+        self.chains: list[Chain] = []
+        self.idle_rounds = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.idle_rounds >= self.state.config.w_stag
+
+    def run(self, budget: Budget, expected_evals: float) -> None:
+        """Advance the population until `budget` is spent or the neighbourhood is exhausted."""
+        self._grow(population(self.state.config, expected_evals))
+        while not budget.exhausted(self.state.evaluator) and not self.exhausted:
+            self.round(budget)
+
+    def _grow(self, n: int) -> None:
+        initial = self.state.rounds == 0  # the first population starts from the seed; later growth from elites
+        while len(self.chains) < n:
+            self.chains.append(self._start(first=initial))
+
+    def _start(self, first: bool) -> Chain:
+        st, cfg = self.state, self.state.config
+        elite = st.elites.get(self.variant.vertex_set, [])
         if first or not cfg.warm_restarts or not elite:
-            current, t = seed, cfg.t_init
+            current, t = self.seed, cfg.t_init
         else:
-            current, t = elite[state.rng.randrange(len(elite))][1], cfg.t_warm
-        first = False
-        before = state.evaluator.stats.evaluations
-        run_chain(state, cv, current, t, budget)
-        state.chains += 1
-        idle = idle + 1 if state.evaluator.stats.evaluations == before else 0
+            current, t = elite[st.rng.randrange(len(elite))][1], cfg.t_warm
+        e = st.evaluate(self.variant, [current])[0]
+        st.add_elite(self.variant, current, e)
+        st.chains += 1
+        return Chain(current, e, t)
 
+    def round(self, budget: Budget) -> None:
+        """One round of every chain: propose, evaluate all proposals at once, accept or reject per chain.
+        When the budget cannot pay for all of them, the round keeps a prefix (`affordable`)."""
+        st, variant = self.state, self.variant
+        batch: list[Choice] = []
+        spans: list[tuple[int, int]] = []  # per chain: its proposals batch[a:b]
+        for chain in self.chains:
+            proposals = propose(st, self.cv, chain.current)
+            spans.append((len(batch), len(batch) + len(proposals)))
+            batch.extend(proposals)
+        batch = affordable(st, variant, batch, budget)
+        unseen = [st.evaluator.cached(variant, p) is None for p in batch]
+        evals = st.evaluate(variant, batch)
+        values = [st.value(e) for e in evals]
+        self.idle_rounds = 0 if any(unseen) else self.idle_rounds + 1
+        for j, (a, b) in enumerate(spans):
+            b = min(b, len(batch))
+            if a < b:
+                self._step(j, batch[a:b], evals[a:b], values[a:b], not any(unseen[a:b]))
+        st.rounds += 1
+        if st.on_round is not None:
+            st.on_round(st)
 
-def run_chain(state: SearchState, cv: CompactVariant, current: Choice, t: float, budget: Budget) -> None:
-    variant, cfg = cv.variant, state.config
-    e_cur = state.evaluate(variant, [current])[0]
-    state.add_elite(variant, current, e_cur)
-    rejected = cached = 0
-    # A chain also ends after w_stag rounds in a row whose proposals were all evaluated before: on a plateau
-    # of equal values every move is accepted (Eq. 9 with Delta = 0), and in a small space whose plans are all
-    # cached an evaluation budget would never run out.
-    while not budget.exhausted(state.evaluator) and rejected < cfg.w_stag and cached < cfg.w_stag:
-        proposals = propose(state, cv, current)
-        before = state.evaluator.stats.evaluations
-        evals = state.evaluate(variant, proposals)
-        cached = cached + 1 if state.evaluator.stats.evaluations == before else 0
-        values = [state.value(e) for e in evals]
+    def _step(self, j: int, proposals, evals, values, seen_before: bool) -> None:
+        st, cfg, chain = self.state, self.state.config, self.chains[j]
+        chain.cached = chain.cached + 1 if seen_before else 0
         i = max(range(len(values)), key=lambda k: (values[k], -k))
-        if accept(state.rng, state.value(e_cur), values[i], t):
-            current, e_cur = proposals[i], evals[i]
-            rejected = 0
+        if accept(st.rng, st.value(chain.e_cur), values[i], chain.t):
+            chain.current, chain.e_cur = proposals[i], evals[i]
+            chain.rejected = 0
         else:
-            rejected += 1
-        state.add_elite(variant, current, e_cur)
+            chain.rejected += 1
+        st.add_elite(self.variant, chain.current, chain.e_cur)
         if not cfg.constant_temperature:
-            t = max(cfg.t_min, cfg.gamma * t)
-        state.rounds += 1
-        if state.on_round is not None:
-            state.on_round(state)
+            chain.t = max(cfg.t_min, cfg.gamma * chain.t)
+        if chain.ended(cfg):
+            self.chains[j] = self._start(first=False)
+
+
+def population(cfg: SearchConfig, expected_evals: float) -> int:
+    """Chains of a population that expects `expected_evals` evaluations: enough rounds per chain first."""
+    return max(1, min(cfg.chains, int(expected_evals // (cfg.k_x * cfg.chain_rounds))))
 
 
 # --- polish (App. A-J2j) -----------------------------------------------------------------------------
 
 
-def polish(state: SearchState, variant: Variant, choice: Choice) -> Choice:
+def polish(state: SearchState, variant: Variant, choice: Choice, budget: Budget = UNLIMITED) -> Choice:
     """Greedy coordinate descent: per vertex in fixed order, the best strictly improving feasible choice; when
-    a whole pass changes nothing, a pass of two-vertex moves (`pair_pass`), and again until neither improves."""
+    a whole pass changes nothing, a pass of two-vertex moves (`pair_pass`), and again until neither improves
+    or `budget` is spent (a vertex or pair pass the budget cannot pay for whole is cut to what it can)."""
     cv = state.evaluator.compile(variant)
     current = choice
     for _ in range(state.config.max_polish_passes):
-        current, improved = single_pass(state, cv, current)
+        current, improved = single_pass(state, cv, current, budget)
         if not improved and state.config.pair_polish:
-            current, improved = pair_pass(state, cv, current)
-        if not improved:
+            current, improved = pair_pass(state, cv, current, budget)
+        if not improved or budget.exhausted(state.evaluator):
             break
     return current
 
 
-def single_pass(state: SearchState, cv: CompactVariant, current: Choice) -> tuple[Choice, bool]:
+def single_pass(state: SearchState, cv: CompactVariant, current: Choice,
+                budget: Budget = UNLIMITED) -> tuple[Choice, bool]:
     """One pass over the vertices, each moved to its best strictly improving feasible choice."""
     variant, improved = cv.variant, False
     for v, d in enumerate(cv.dirs):
-        candidates = [_replace(current, v, c) for c in range(len(d))]
+        if budget.exhausted(state.evaluator):
+            break
+        candidates = affordable(state, variant, [_replace(current, v, c) for c in range(len(d))], budget)
         evals = state.evaluate(variant, candidates)
         best = _best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
         if best is not None:
@@ -301,23 +386,39 @@ def single_pass(state: SearchState, cv: CompactVariant, current: Choice) -> tupl
     return current, improved
 
 
-def pair_pass(state: SearchState, cv: CompactVariant, current: Choice) -> tuple[Choice, bool]:
+def pair_pass(state: SearchState, cv: CompactVariant, current: Choice,
+              budget: Budget = UNLIMITED) -> tuple[Choice, bool]:
     """The best strictly improving feasible two-vertex move among every pair of vertices, each moved to one of
     its `pair_top` best single moves by objective value (memory-penalised: a move that overflows alone may fit
     with its partner's). Local optima of single moves are often two moves from better plans (issue 16: a
-    two-vertex change improved 41 of 47 suboptimal results of enumerated instances)."""
+    two-vertex change improved 41 of 47 suboptimal results of enumerated instances). The single moves ranked
+    are those evaluated already (by the single pass before it)."""
     variant, k = cv.variant, state.config.pair_top
     tops = []
     for v, d in enumerate(cv.dirs):
-        others = [c for c in range(len(d)) if c != current[v]]
-        evals = state.evaluate(variant, [_replace(current, v, c) for c in others])  # cached by the single pass
-        ranked = sorted(range(len(others)), key=lambda i: (-state.value(evals[i]), i))
-        tops.append([others[i] for i in ranked[:k]])
+        others = [(c, state.evaluator.cached(variant, _replace(current, v, c))) for c in range(len(d)) if c != current[v]]
+        ranked = sorted((x for x in others if x[1] is not None), key=lambda x: (-state.value(x[1]), x[0]))
+        tops.append([c for c, _ in ranked[:k]])
     candidates = [_replace(_replace(current, u, a), w, b)
                   for u in range(len(tops)) for w in range(u + 1, len(tops)) for a in tops[u] for b in tops[w]]
+    candidates = affordable(state, variant, candidates, budget)
     evals = state.evaluate(variant, candidates)
     best = _best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
     return (current, False) if best is None else (best, True)
+
+
+def affordable(state: SearchState, variant: Variant, candidates: list[Choice], budget: Budget) -> list[Choice]:
+    """The longest prefix of `candidates` whose unseen plans the budget's evaluations left can pay for."""
+    left = budget.left(state.evaluator)
+    if left is None:
+        return candidates
+    fresh: set[Choice] = set()
+    for i, c in enumerate(candidates):
+        if c not in fresh and state.evaluator.cached(variant, c) is None:
+            if len(fresh) >= left:
+                return candidates[:i]
+            fresh.add(c)
+    return candidates
 
 
 def _best_improvement(state: SearchState, e_cur: Evaluation, candidates: list[Choice],

@@ -23,6 +23,7 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -40,6 +41,8 @@ _INF = np.inf
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
 _COMM, _DEP, _RESHARD = (ACTIONS.index(a) for a in (COMM, DEP, RESHARD))
 _BIG = np.iinfo(np.int64).max // 4
+PATTERN_CACHE = 1 << 16
+KEEP_PLANS = 4096  # schedules kept for critical paths: a chain's restart point is usually a recent plan
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,13 @@ class BatchResult:
 
     def __len__(self) -> int:
         return len(self.makespan)
+
+
+def mask_words(masks, ndev: int) -> np.ndarray:
+    """Device bitmasks (Python ints) as rows of little-endian uint64 words, for vectorised set tests."""
+    n = (ndev + 63) // 64
+    data = b"".join(m.to_bytes(8 * n, "little") for m in masks)
+    return np.frombuffer(data, dtype="<u8").reshape(len(masks), n)
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class _Graph:
     op_cols: dict  # (vertex, phase) -> node columns
     transfer_cols: dict  # (kind, src, dst, nbytes, model) -> node columns
     vertex: np.ndarray  # (N,) class (vertex allocation) of each node
+    preds: tuple[tuple[int, ...], ...]  # per node, its predecessors in edge order (the critical-path walk)
 
 
 class BatchEvaluator:
@@ -94,8 +105,11 @@ class BatchEvaluator:
         self.size = [d.sizes for d in cv.dirs]
         self.layout = [np.array([s.layout() for s in d.strategies], dtype=np.int64) for d in cv.dirs]
         self.devmask = [self._device_rows(d) for d in cv.dirs]
+        self.words = [mask_words(d.masks, self.ndev) for d in cv.dirs]  # the masks as uint64 words, per vertex
         self._memory_tables()
         self._reshard_tables: dict = {}
+        self._pattern_of: dict = {}
+        self._kept: dict = {}  # choice -> its schedule, for the last KEEP_PLANS plans evaluated with keep  # relations row (bytes) -> pattern: a pattern is a function of the relations
 
     # --- static tables ---------------------------------------------------------------------------
 
@@ -127,7 +141,8 @@ class BatchEvaluator:
 
     # --- evaluation ----------------------------------------------------------------------------------
 
-    def evaluate(self, choices) -> BatchResult:
+    def evaluate(self, choices, keep: bool = False) -> BatchResult:
+        """With `keep`, the schedules of this batch are kept for `critical_weights` (the last KEEP_PLANS)."""
         ch = np.asarray(choices, dtype=np.int64).reshape(-1, self.V)
         B = len(ch)
         A = self._allocs(ch)
@@ -135,11 +150,11 @@ class BatchEvaluator:
         op_time = np.empty(B)
         keys, inverse = self._patterns(ch, A)
         parts = []
+        memo: dict = {}  # node times by transfer spec / operator, for the whole batch (groups share them)
         for g, key in enumerate(keys):
             rows = np.nonzero(inverse == g)[0]
-            sub = {k: x[rows] for k, x in A.items()}
             G = self._graph(self.cv.superset(key))
-            T, cls, prio, bz, ot = self._node_arrays(G, ch[rows], sub)
+            T, cls, prio, bz, ot = self._node_arrays(G, rows, ch, A, memo)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
         makespan = np.empty(B)
@@ -150,7 +165,10 @@ class BatchEvaluator:
             for r, G, T, cls, prio in bucket:
                 sub.append((np.arange(k, k + len(r)), G, T, cls, prio))
                 k += len(r)
-            makespan[rows] = _run(_stack(sub, len(rows), self.V), overlap[rows], self.V)
+            out = _run(_stack(sub, len(rows), self.V), overlap[rows], self.V, record=keep)
+            makespan[rows] = out[0] if keep else out
+            if keep:
+                self._keep(ch, sub, rows, out[1], out[2], overlap)
         peak = self._memory(ch)
         cv = self.cv
         m_eff = cv.hw.M_eff
@@ -167,6 +185,41 @@ class BatchEvaluator:
             feasible=np.all(peak <= m_eff, axis=1),
             peak=peak,
         )
+
+    def _keep(self, ch, sub, rows, start, finish, overlap) -> None:
+        for local, G, T, cls, _ in sub:
+            for i, k in enumerate(local):
+                r = rows[k]
+                self._kept[tuple(ch[r].tolist())] = (G, T[i], cls[i], start[k], finish[k], overlap[r])
+        while len(self._kept) > KEEP_PLANS:  # the oldest first (dicts keep insertion order)
+            del self._kept[next(iter(self._kept))]
+
+    def critical_weights(self, choice) -> Optional[np.ndarray]:
+        """`CompactVariant.critical_weights` of a plan of a recent batch evaluated with `keep`, from its kept
+        schedule (the same walk on the same superset schedule, so the same weights); None for other plans."""
+        kept = self._kept.get(tuple(choice))
+        if kept is None:
+            return None
+        G, T, cls, start, finish, overlap = kept
+        n = G.n
+        start, finish, cls = start[:n], finish[:n], cls[:n]
+        starts, finishes = start.tolist(), finish.tolist()
+        weights = np.zeros(self.V)
+        x: Optional[int] = int(np.argmax(finish))  # the latest finish, the lowest index among ties
+        seen = set()
+        while x is not None and x not in seen:
+            seen.add(x)
+            if G.is_op[x]:
+                weights[G.vertex[x]] += T[x]
+            s = starts[x]
+            if s <= 0.0:
+                break
+            blocker = next((u for u in G.preds[x] if finishes[u] == s), None)
+            if blocker is None:  # the last node that held one of x's devices and finished at its start
+                held = np.nonzero((finish == s) & overlap[cls[x]][cls] & (start <= s))[0]
+                blocker = int(held[-1]) if len(held) else None
+            x = blocker
+        return weights
 
     def _allocs(self, ch: np.ndarray) -> dict:
         V = self.V
@@ -193,12 +246,17 @@ class BatchEvaluator:
         same = A["same"][:, equal[:, 0], equal[:, 1]]
         relations = np.concatenate(
             [same, same & A["lay_eq"][:, equal[:, 0], equal[:, 1]], A["ovl"][:, apart[:, 0], apart[:, 1]] == 0], axis=1)
-        _, first, inverse = np.unique(relations, axis=0, return_index=True, return_inverse=True)
+        unique, first, inverse = np.unique(relations, axis=0, return_index=True, return_inverse=True)
         keys: list = []
         index: dict = {}
         group = np.empty(len(first), dtype=np.int64)
+        if len(self._pattern_of) > PATTERN_CACHE:
+            self._pattern_of.clear()
         for g, row in enumerate(first):
-            key = self.cv.pattern(*self.cv.placement(tuple(int(x) for x in ch[row])))
+            relation = unique[g].tobytes()
+            key = self._pattern_of.get(relation)
+            if key is None:
+                key = self._pattern_of[relation] = self.cv.pattern(*self.cv.placement(tuple(int(x) for x in ch[row])))
             group[g] = index.setdefault(key, len(keys))
             if group[g] == len(keys):
                 keys.append(key)
@@ -245,18 +303,24 @@ class BatchEvaluator:
 
     # --- the vectorised list scheduler ---------------------------------------------------------------
 
-    def _node_arrays(self, G: _Graph, ch: np.ndarray, A: dict):
-        """Times, reserved classes and tie-break priorities of one pattern group (plus busy and op time)."""
+    def _node_arrays(self, G: _Graph, rows: np.ndarray, ch_all: np.ndarray, A_all: dict, memo: dict):
+        """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
+        and op time). Operator and transfer times are computed once per batch in `memo`."""
         cv = self.cv
-        B, N, V = len(ch), G.n, self.V
+        B, N, V = len(rows), G.n, self.V
         T = np.zeros((B, N + 1))
         relay = np.zeros((B, N), dtype=bool)
         pos = np.broadcast_to(G.pos_comm, (B, N)).copy()
         for (v, q), cols in G.op_cols.items():
-            t = cv.t_whole[v][ch[:, v]] if q == 0 else cv.t_phase[v][ch[:, v], q - 1]
-            T[:, cols] = t[:, None]
+            t = memo.get((v, q))
+            if t is None:
+                t = memo[(v, q)] = cv.t_whole[v][ch_all[:, v]] if q == 0 else cv.t_phase[v][ch_all[:, v], q - 1]
+            T[:, cols] = t[rows][:, None]
         for spec, cols in G.transfer_cols.items():
-            t, r, as_resh = self._transfer(A, ch, spec)
+            times = memo.get(spec)
+            if times is None:
+                times = memo[spec] = self._transfer(A_all, ch_all, spec)
+            t, r, as_resh = (x[rows] for x in times)
             T[:, cols] = t[:, None]
             relay[:, cols] = r[:, None]
             if as_resh.any():
@@ -274,7 +338,7 @@ class BatchEvaluator:
         order = np.lexsort((pos, -rank[:, :N], kind), axis=-1)
         prio = np.empty((B, N), dtype=np.int64)
         np.put_along_axis(prio, order, np.arange(N)[None, :], axis=1)
-        sizes = np.append(A["size"], np.zeros((B, 1), dtype=np.int64), axis=1)
+        sizes = np.append(A_all["size"][rows], np.zeros((B, 1), dtype=np.int64), axis=1)
         busy = (T[:, :N] * np.take_along_axis(sizes, cls[:, :N], axis=1)).sum(axis=1)
         op_time = T[:, :N][:, G.is_op].sum(axis=1)
         return T[:, :N], cls[:, :N], prio, busy, op_time
@@ -316,25 +380,28 @@ class _Rows:
     heads: np.ndarray  # B x C
 
 
-MIN_BUCKET_ROWS = 256
+STEP_ROWS = 100  # a scheduler step costs about as much as 100 rows of work in it (measured, bench/eval_throughput)
 
 
 def _buckets(parts):
-    """Pattern groups by node count, so that short graphs do not run the steps of long ones."""
+    """Pattern groups by node count into runs of `_run`, so that short graphs do not run the steps of long
+    ones more than it pays: a run costs about N_max * (STEP_ROWS + rows), and the split of the groups sorted by
+    node count into consecutive runs that minimises the total is found by dynamic programming."""
     parts = sorted(parts, key=lambda x: x[1].n)
-    buckets, current, rows, lowest = [], [], 0, None
-    for part in parts:
-        n = part[1].n
-        if current and rows >= MIN_BUCKET_ROWS and n > 1.1 * lowest:
-            buckets.append(current)
-            current, rows = [], 0
-        if not current:
-            lowest = n
-        current.append(part)
-        rows += len(part[0])
-    if current:
-        buckets.append(current)
-    return buckets
+    rows = np.cumsum([0] + [len(p[0]) for p in parts])
+    best = [0.0] + [np.inf] * len(parts)  # best[j]: cost of the first j groups
+    cut = [0] * (len(parts) + 1)
+    for j in range(1, len(parts) + 1):
+        n = parts[j - 1][1].n  # the longest graph of a run ending at group j
+        for i in range(j):
+            cost = best[i] + n * (STEP_ROWS + rows[j] - rows[i])
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    buckets, j = [], len(parts)
+    while j > 0:
+        buckets.append(parts[cut[j]:j])
+        j = cut[j]
+    return buckets[::-1]
 
 
 def _stack(parts, B: int, V: int) -> _Rows:
@@ -372,8 +439,9 @@ def _stack(parts, B: int, V: int) -> _Rows:
     return out
 
 
-def _run(R: _Rows, overlap: np.ndarray, V: int) -> np.ndarray:
-    """Alg. 5 on B configurations at once; returns the makespans.
+def _run(R: _Rows, overlap: np.ndarray, V: int, record: bool = False):
+    """Alg. 5 on B configurations at once; returns the makespans (and with `record`, every node's start and
+    finish, B x (N+1), for `critical_weights`).
 
     Chain slots are laid out C x B so the per-step reductions run along contiguous rows. The selected node
     is found through its priority: among the slots with the minimal EST the smallest priority wins, and
@@ -408,6 +476,8 @@ def _run(R: _Rows, overlap: np.ndarray, V: int) -> np.ndarray:
     avail_f = avail.reshape(-1)
     head_rt_f, head_cls_f, head_pr_f = (x.reshape(-1) for x in (head_rt, head_cls, head_pr))
     makespan = np.zeros(B)
+    start_f = np.zeros(B * N1) if record else None
+    finish_f = np.zeros(B * N1) if record else None
     for _ in range(N):
         est = np.maximum(head_rt, avail_f.take(head_cls))
         m = est.min(axis=0)
@@ -416,6 +486,9 @@ def _run(R: _Rows, overlap: np.ndarray, V: int) -> np.ndarray:
         jf = chain_f.take(vf)
         f = m + T_f.take(vf)
         np.maximum(makespan, f, out=makespan)
+        if record:
+            start_f[vf] = m
+            finish_f[vf] = f
         np.maximum(avail, over_f.take(cls_f.take(vf), axis=0) * f[:, None], out=avail)
         Sf = succ_f.take(vf, axis=0)
         ready[Sf] = np.maximum(ready.take(Sf), f[:, None])
@@ -429,6 +502,8 @@ def _run(R: _Rows, overlap: np.ndarray, V: int) -> np.ndarray:
         head_rt_f[jf] = np.where(npred.take(wf) == 0, ready.take(wf), _INF)
         head_cls_f[jf] = cls_f.take(wf)
         head_pr_f[jf] = prio_f.take(wf)
+    if record:
+        return makespan, start_f.reshape(B, N1), finish_f.reshape(B, N1)
     return makespan
 
 
@@ -485,6 +560,7 @@ def prepare_graph(s: Superset) -> _Graph:
         op_cols={k: np.array(v) for k, v in op_cols.items()},
         transfer_cols={k: np.array(v) for k, v in transfer_cols.items()},
         vertex=np.array(s.vertex, dtype=np.int64),
+        preds=tuple(tuple(p) for p in preds),
     )
 
 

@@ -37,6 +37,11 @@ class EvalStats:
         total = self.evaluations + self.hits
         return self.hits / total if total else 0.0
 
+    def add(self, other: "EvalStats") -> None:
+        self.evaluations += other.evaluations
+        self.hits += other.hits
+        self.seconds += other.seconds
+
     @property
     def rate(self) -> float:
         return self.evaluations / self.seconds if self.seconds > 0 else 0.0
@@ -50,6 +55,7 @@ class Evaluator:
     split: bool = True
     mb_rule: str = MB_TUNED
     batch_threshold: int = BATCH_THRESHOLD
+    keep_schedules: bool = False  # keep each batch's schedules for `critical_weights` (the search's kernels)
     stats: EvalStats = field(default_factory=EvalStats)
     _dirs: DirectoryCache = field(init=False)
     _compiled: dict = field(default_factory=dict, repr=False)
@@ -108,12 +114,19 @@ class Evaluator:
         if len(todo) < self.batch_threshold:
             cv = self.compile(variant)
             return [cv.evaluate(c) for c in todo]
-        r = self.batched(variant).evaluate(np.array(todo, dtype=np.int64))
+        r = self.batched(variant).evaluate(np.array(todo, dtype=np.int64), keep=self.keep_schedules)
         return [
             Evaluation(float(r.makespan[i]), float(r.score[i]), float(r.score_pen[i]), float(r.util[i]),
                        float(r.p_eff[i]), float(r.r_peak[i]), bool(r.feasible[i]))
             for i in range(len(todo))
         ]
+
+    def critical_weights(self, variant: Variant, choice: Choice) -> np.ndarray:
+        """Per vertex, its Op time on the critical path: from the last batch's kept schedule when the plan was
+        in it (the same weights, without scheduling it again), else by the reference path."""
+        be = self._batched.get(variant.key)
+        w = be.critical_weights(choice) if be is not None else None
+        return self.compile(variant).critical_weights(choice) if w is None else w
 
     def detailed(self, variant: Variant, choice: Choice) -> Evaluation:
         """The reference evaluation with per-device peaks (for reports), not counted or cached."""

@@ -1,8 +1,9 @@
 """OPTIMIZE (Alg. 1 and Alg. 7): the joint search over structures y = (ac, tau) and execution plans P.
 
-Paper: Sec. VI, App. A-J. The outer loop enumerates Y_cand (S1, S2); each variant gets an equal share of
-the budget (wall-clock: the remaining time split evenly over the remaining variants; evaluations: the
-total split evenly), its first chain starts from the concurrent baseline, later chains from the elite set
+Paper: Sec. VI, App. A-J. The outer loop enumerates Y_cand (S1, S2). Beyond the paper, the budget goes to
+the variants by promise (successive halving, halving.py) instead of evenly, the variants are searched in
+worker processes on every core (workers.py), and the polish is part of the budget (`SearchConfig.
+polish_share`). Each variant's chains start from the concurrent baseline, restarts from the elite set
 (anneal.py). The best memory-feasible configuration over all variants is polished and returned. The
 greedy and concurrent baselines (Sec. VIII-B) are evaluated on the structure as written (ac = 0, the
 module's tau) for the gain figures, and can be returned instead of a search (`baseline=`); both are
@@ -17,7 +18,6 @@ polish, A8 hard memory rejection, A9 geometric cooling.
 from __future__ import annotations
 
 import math
-import random
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
@@ -26,13 +26,15 @@ from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import Hardware, program_hardware
 from rpegc.core.program import Program
-from rpegc.search.anneal import Budget, SearchConfig, SearchState, polish, search_variant
+from rpegc.search.anneal import SearchConfig, SearchState
 from rpegc.search.baselines import BaselinePlan, concurrent_plan, greedy_plan
 from rpegc.search.compact import Choice, Evaluation
 from rpegc.search.directory import MB_FIXED, MB_TUNED
 from rpegc.search.evaluator import EvalStats, Evaluator
-from rpegc.search.objective import check_objective
+from rpegc.search.halving import Board, anneal_variants, polish_best
+from rpegc.search.objective import check_objective, objective_value
 from rpegc.search.space import Variant, base_structure, structural_candidates
+from rpegc.search.workers import LocalPool, ProcessPool, Problem, default_jobs
 
 ABLATIONS = {
     "A1": "response-length splitting off",
@@ -46,12 +48,14 @@ ABLATIONS = {
     "A9": "geometric cooling",
 }
 BASELINES = ("none", "greedy", "concurrent")
+PROCESS_MIN_EVALS = 20_000  # with jobs=0, smaller evaluation budgets are searched in this process
+PROCESS_MIN_SECONDS = 5.0  # and shorter time budgets too
 
 
 @dataclass(frozen=True)
 class OptimizeOptions:
     budget_s: float = 60.0  # wall-clock budget in seconds (0: none)
-    evals: int = 0  # total uncached evaluations (0: none); split evenly over the structural variants
+    evals: int = 0  # total uncached evaluations (0: none), the polish included
     seed: int = 0
     objective: str = "throughput"
     delta: float = 0.1
@@ -61,6 +65,7 @@ class OptimizeOptions:
     ablate: frozenset[str] = frozenset()
     baseline: str = "none"
     search: SearchConfig = SearchConfig()
+    jobs: int = 0  # worker processes (0: every core, when the budget pays for starting them)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,8 @@ class OptimizeResult:
     chains: int = 0
     source: str = "search"  # or "greedy" / "concurrent"
     variant_stats: tuple[VariantStats, ...] = ()
-    polish_evaluations: int = 0  # uncached evaluations of the final polish (on top of the budget)
+    polish_evaluations: int = 0  # uncached evaluations of the final polish (part of the budget)
+    jobs: int = 1  # processes the search ran in
 
 
 def parse_ablations(text: str) -> frozenset[str]:
@@ -136,8 +142,18 @@ def check_options(options: OptimizeOptions) -> None:
         raise RpegError(None, "the search budget must be non-negative; give budget=<seconds> and/or evals=<count>")
     if options.baseline == "none" and options.budget_s <= 0 and options.evals <= 0:
         raise RpegError(None, "the search has no budget; give budget=<seconds> or evals=<count> (or both)")
+    if options.jobs < 0:
+        raise RpegError(None, f"jobs = {options.jobs}: give the number of worker processes (0: every core)")
     if options.steps < 1:
         raise RpegError(None, f"steps = {options.steps}: the evaluation horizon K_eval must be >= 1; e.g. steps=8")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the progress bar shows: uncached evaluations so far and the best feasible plan's evaluation."""
+
+    evaluations: int
+    best: Optional[Evaluation]
 
 
 def optimize(
@@ -145,88 +161,95 @@ def optimize(
     options: OptimizeOptions = OptimizeOptions(),
     hw: Optional[Hardware] = None,
     cost: CostOptions = CostOptions(),
-    on_round: Optional[Callable[[SearchState], None]] = None,
+    on_progress: Optional[Callable[[Progress], None]] = None,
 ) -> OptimizeResult:
     """Search the best memory-feasible C = (G°, P) for `p` (its plan, if any, is replaced)."""
     check_options(options)
-    start = time.perf_counter()
+    start = time.monotonic()
     structure = base_structure(p)
     if hw is None:
         hw = program_hardware(structure, what="optimize")
     ablate = options.ablate
     taus = (0,) if "A2" in ablate else options.taus
-    evaluator = Evaluator(hw, cost, options.steps, split="A1" not in ablate,
-                          mb_rule=MB_FIXED if "A3" in ablate else MB_TUNED)
-    state = SearchState(evaluator, search_config(options), random.Random(options.seed), on_round=on_round)
+    split, mb_rule = "A1" not in ablate, MB_FIXED if "A3" in ablate else MB_TUNED
+    evaluator = Evaluator(hw, cost, options.steps, split=split, mb_rule=mb_rule)  # baselines and the report
+    config = search_config(options)
     reference = _written_variant(structure, 0 if "A2" in ablate else None)
     greedy = _baseline(evaluator, reference, greedy_plan, options.baseline == "greedy")
     concurrent = _baseline(evaluator, reference, concurrent_plan, options.baseline == "concurrent")
     if options.baseline != "none":
         chosen = greedy if options.baseline == "greedy" else concurrent
-        return _result(state, reference, chosen.choice, greedy, concurrent, start, (), options.baseline)
-    variants = structural_candidates(structure, taus, options.ac)
-    per_variant: list[tuple[str, Optional[Evaluation]]] = []
-    spent: list[VariantStats] = []
-    deadline = start + options.budget_s if options.budget_s > 0 else None
-    first_error: Optional[RpegError] = None
-    for i, variant in enumerate(variants):
-        # Equal shares of what is left, so a variant that stops early leaves its rest to the others.
-        left = len(variants) - i
-        share_deadline = None
-        if deadline is not None:
-            share_deadline = time.perf_counter() + max(0.0, deadline - time.perf_counter()) / left
-        max_evals = None
-        if options.evals > 0:
-            max_evals = -(-max(0, options.evals - evaluator.stats.evaluations) // left)
-        try:
-            seed = concurrent_plan(evaluator.compile(variant)).choice
-        except RpegError as err:  # e.g. a vertex of this structure fits nowhere: skip the structure
-            first_error = first_error or err
-            per_variant.append((variant.label(), None))
-            spent.append(VariantStats(variant.label(), None, 0, 0, 0, 0.0, skipped=True))
-            continue
-        budget = Budget(share_deadline, max_evals, evaluator.stats.evaluations)
-        before = (evaluator.stats.evaluations, state.chains, state.rounds, time.perf_counter())
-        # Each variant draws from its own stream, so its search does not depend on how many random numbers
-        # the variants before it used: with an evaluation budget, a larger budget extends each variant's
-        # chains instead of reshuffling them (only the shared elite set carries over).
-        state.rng = random.Random(f"{options.seed}/{variant.label()}")
-        if greedy is not None and variant.key == reference.key:  # C* never falls behind a baseline
-            state.add_elite(variant, greedy.choice, state.evaluate(variant, [greedy.choice])[0])
-        search_variant(state, variant, seed, budget)
-        best = _best_of(state, variant)
-        per_variant.append((variant.label(), best))
-        spent.append(VariantStats(variant.label(), best, evaluator.stats.evaluations - before[0],
-                                  state.chains - before[1], state.rounds - before[2], time.perf_counter() - before[3]))
-    if state.best is None:
-        if first_error is not None and not math.isfinite(state.min_r_peak):
-            raise first_error  # no structure could be placed at all: say which vertex fits nowhere
-        raise _infeasible(structure, state)
-    best = state.best
-    variant, choice = best.variant, best.choice
-    searched = evaluator.stats.evaluations
-    if state.config.polish:
-        variant, choice = _polish_structures(state, variants, variant, choice)
-    result = _result(state, variant, choice, greedy, concurrent, start, tuple(per_variant), "search")
-    return replace(result, variant_stats=tuple(spent), polish_evaluations=evaluator.stats.evaluations - searched)
+        return _result(evaluator, config, reference, chosen.choice, greedy, concurrent, start, options.baseline)
+    variants = tuple(structural_candidates(structure, taus, options.ac))
+    board = Board(variants, config)
+    problem = Problem(variants, hw, cost, options.steps, split, mb_rule, config, options.seed)
+    # C* never falls behind a baseline: the greedy plan is evaluated (and kept as an elite) in its variant.
+    extra = {i: (greedy.choice,) for i, v in enumerate(variants) if greedy is not None and v.key == reference.key}
+    end = start + options.budget_s if options.budget_s > 0 else None
+    total = options.evals if options.evals > 0 else None
+    reserve = config.polish_share if config.polish else 0.0
+    anneal_end = None if end is None else start + (1.0 - reserve) * options.budget_s
+    anneal_evals = None if total is None else total - int(total * reserve)
+    pool = _pool(problem, options, board, on_progress)
+    try:
+        anneal_variants(pool, board, anneal_evals, anneal_end, extra,
+                        on_report=None if on_progress is None else lambda b: on_progress(_progress(b)))
+        polished = polish_best(pool, board, total, end) if config.polish else board.best()
+    finally:
+        pool.close()
+    if polished is None:
+        raise _no_plan(structure, board)
+    i, choice, _ = polished
+    result = _result(evaluator, config, variants[i], choice, greedy, concurrent, start, "search", board)
+    return replace(result, variant_stats=_variant_stats(board), polish_evaluations=board.polish_stats.evaluations,
+                   jobs=pool.jobs)
 
 
-def _polish_structures(state: SearchState, variants: list[Variant], variant: Variant,
-                       choice: Choice) -> tuple[Variant, Choice]:
-    """Polish the best plan in its structure, then carry it to every structure with the same vertices (the
-    same directories: only tau differs) and polish it there too; the best of them. A structure move that
-    keeps the placement: a plan found under tau = 0 may be better under tau = 1 (issue 16: 11.9% in a
-    measured case), and no annealing move crosses structures."""
-    best_variant, best_choice = variant, polish(state, variant, choice)
-    best_value = state.value(state.evaluator.evaluate_one(best_variant, best_choice))
-    for other in variants:
-        if other.key == variant.key or other.vertex_set != variant.vertex_set:
-            continue
-        moved = polish(state, other, best_choice)
-        e = state.evaluator.evaluate_one(other, moved)
-        if e.feasible and state.value(e) > best_value:
-            best_variant, best_choice, best_value = other, moved, state.value(e)
-    return best_variant, best_choice
+def _pool(problem: Problem, options: OptimizeOptions, board: Board, on_progress):
+    """Worker processes for `jobs` (0: every core, when the budget is large enough to pay for starting them)."""
+    jobs = options.jobs or default_jobs()
+    if options.jobs == 0 and not _worth_processes(options):
+        jobs = 1
+    jobs = min(jobs, len(problem.variants))
+    if jobs > 1:
+        return ProcessPool(problem, jobs)
+    return LocalPool(problem, None if on_progress is None else _round_progress(board, on_progress))
+
+
+def _round_progress(board: Board, on_progress: Callable[[Progress], None]) -> Callable[[SearchState], None]:
+    """In this process, progress after every round: the running total and the best of the board and the round."""
+    def on_round(state: SearchState) -> None:
+        best = _progress(board).best
+        if state.best is not None and (best is None or state.best.evaluation.score > best.score):
+            best = state.best.evaluation
+        on_progress(Progress(state.evaluator.stats.evaluations, best))
+    return on_round
+
+
+def _worth_processes(options: OptimizeOptions) -> bool:
+    """Starting the workers takes about a second (spawn and import); budgets below these do not pay for it."""
+    return ((options.evals == 0 or options.evals >= PROCESS_MIN_EVALS)
+            and (options.budget_s == 0 or options.budget_s >= PROCESS_MIN_SECONDS))
+
+
+def _progress(board: Board) -> Progress:
+    found = board.best()
+    return Progress(board.evaluations, None if found is None else found[2])
+
+
+def _variant_stats(board: Board) -> tuple[VariantStats, ...]:
+    return tuple(VariantStats(v.label(), None if r.best is None else r.best[1], r.stats.evaluations, r.chains,
+                              r.rounds, r.seconds, skipped=r.skipped is not None)
+                 for v, r in zip(board.variants, board.records))
+
+
+def _no_plan(structure: Program, board: Board) -> RpegError:
+    """No structure could be placed at all (say which vertex fits nowhere), or none fits in memory."""
+    live = board.live()
+    if not live:
+        loc, message = board.records[0].skipped
+        return RpegError(loc, message)
+    return _infeasible(structure, min(board.records[i].min_r_peak for i in live))
 
 
 def _written_variant(structure: Program, force_tau: Optional[int]) -> Variant:
@@ -247,43 +270,40 @@ def _baseline(evaluator: Evaluator, variant: Variant, make: Callable, required: 
     return BaselineResult(plan.name, plan.choice, evaluator.detailed(variant, plan.choice))
 
 
-def _best_of(state: SearchState, variant: Variant) -> Optional[Evaluation]:
-    """Best feasible evaluation seen for this variant (from the cache)."""
-    best = None
-    for (key, _), e in state.evaluator.known():
-        if key == variant.key and e.feasible and (best is None or state.value(e) > state.value(best)):
-            best = e
-    return best
-
-
-def _result(state: SearchState, variant: Variant, choice: Choice, greedy, concurrent, start: float,
-            per_variant, source: str) -> OptimizeResult:
-    cv = state.evaluator.compile(variant)
-    e = state.evaluator.detailed(variant, choice)
-    plan = cv.to_plan(choice)
-    program = replace(variant.program, plan=plan)
-    value = state.value(e)
+def _result(evaluator: Evaluator, config: SearchConfig, variant: Variant, choice: Choice, greedy, concurrent,
+            start: float, source: str, board: Optional[Board] = None) -> OptimizeResult:
+    e = evaluator.detailed(variant, choice)
+    program = replace(variant.program, plan=evaluator.compile(variant).to_plan(choice))
+    best_raw = max(board.best_raw if board else 0.0, e.score if e.feasible else 0.0)
+    value = objective_value(e.score, e.util, e.r_peak, config.objective, best_raw, config.delta,
+                            hard=not config.soft_memory)
+    stats, per_variant, rounds, chains = EvalStats(), (), 0, 0
+    if board is not None:
+        for r in board.records:
+            stats.add(r.stats)
+        stats.add(board.polish_stats)
+        per_variant = tuple((v.label(), None if r.best is None else r.best[1]) for v, r in zip(board.variants, board.records))
+        rounds, chains = sum(r.rounds for r in board.records), sum(r.chains for r in board.records)
     return OptimizeResult(
         program=program,
         variant=variant,
         choice=choice,
         evaluation=e,
         value=value,
-        objective=state.config.objective,
+        objective=config.objective,
         greedy=greedy,
         concurrent=concurrent,
-        stats=state.evaluator.stats,
-        seconds=time.perf_counter() - start,
+        stats=stats,
+        seconds=time.monotonic() - start,
         variants=per_variant,
-        rounds=state.rounds,
-        chains=state.chains,
+        rounds=rounds,
+        chains=chains,
         source=source,
     )
 
 
-def _infeasible(structure: Program, state: SearchState) -> RpegError:
+def _infeasible(structure: Program, peak: float) -> RpegError:
     c = structure.cluster
-    peak = state.min_r_peak
     if math.isfinite(peak):
         found = f"the lowest peak found needs {peak:.2f}x the usable HBM of a GPU"
     else:

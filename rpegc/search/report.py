@@ -12,8 +12,7 @@ import sys
 import time
 from typing import Optional, TextIO
 
-from rpegc.search.anneal import SearchState
-from rpegc.search.optimizer import BaselineResult, OptimizeResult
+from rpegc.search.optimizer import BaselineResult, OptimizeResult, Progress
 
 GIB = 1024**3
 
@@ -100,12 +99,12 @@ class ProgressBar:
     def __exit__(self, *exc) -> None:
         self.progress.stop()
 
-    def update(self, state: SearchState) -> None:
+    def update(self, progress: Progress) -> None:
         done = 0.0
         if self.budget_s > 0:
             done = max(done, (time.perf_counter() - self.start) / self.budget_s)
         if self.evals > 0:
-            done = max(done, state.evaluator.stats.evaluations / self.evals)
-        best = f"best {state.best.evaluation.score:,.0f} tok/s" if state.best else "no feasible plan yet"
-        info = f"{state.evaluator.stats.evaluations:,} evals, {best}"
+            done = max(done, progress.evaluations / self.evals)
+        best = f"best {progress.best.score:,.0f} tok/s" if progress.best else "no feasible plan yet"
+        info = f"{progress.evaluations:,} evals, {best}"
         self.progress.update(self.task, completed=min(1.0, done), info=info)
