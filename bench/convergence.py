@@ -25,17 +25,17 @@ FRACTIONS = ((1 / 12, "at_1_12"), (0.25, "at_1_4"), (0.5, "at_1_2"), (1.0, "at_e
 
 
 class Trace:
-    """on_round callback: (evaluations, CPU seconds, best feasible makespan) whenever the best changes."""
+    """on_progress callback: (evaluations, CPU seconds, best feasible makespan) whenever the best changes."""
 
     def __init__(self) -> None:
         self.start = time.process_time()
         self.points: list[tuple[int, float, float]] = []
 
-    def __call__(self, state) -> None:
-        if state.best is None:
+    def __call__(self, progress) -> None:
+        if progress.best is None:
             return
-        ms = state.best.evaluation.makespan
-        n = state.evaluator.stats.evaluations
+        ms = progress.best.makespan
+        n = progress.evaluations
         if not self.points or ms < self.points[-1][2]:
             self.points.append((n, time.process_time() - self.start, ms))
 
@@ -57,7 +57,7 @@ def main() -> int:
     samples, summary = [], []
     for c in cases:
         trace = Trace()
-        run = search(c, evals=evals, seed=args.seed, on_round=trace)
+        run = search(c, evals=evals, seed=args.seed, on_progress=trace, jobs=1)  # progress every round
         r = run.result
         initial = r.concurrent.evaluation.makespan
         for n, cpu, ms in trace.points:

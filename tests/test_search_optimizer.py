@@ -253,3 +253,29 @@ def test_a8_rejects_out_of_memory_plans_outright():
     assert objective_value(1000.0, 0.5, 1.01) == pytest.approx(1000.0 * math.exp(-0.4))
     assert objective_value(1000.0, 0.5, 0.9, hard=True) == 1000.0
     assert not anneal.accept(anneal.random.Random(0), 10.0, -math.inf, 1.0)
+
+
+def test_the_double_kernel_moves_two_vertices_that_share_devices(ppo):
+    """Two-vertex moves (issue 16, item 2): every proposal changes at most two vertices, and the second one
+    shares a device with the first when some vertex does."""
+    import random
+
+    ev = Evaluator(load_hardware(ppo.cluster.hardware), CostOptions(), steps=2)
+    cv = ev.compile(structural_candidates(ppo, (0,), False)[0])
+    state = anneal.SearchState(ev, SearchConfig(p_double=1.0), random.Random(5))
+    current = concurrent_plan(cv).choice
+    moved = 0
+    for _ in range(40):
+        for p in anneal.double_kernel(state, cv, current):
+            changed = [v for v in range(len(p)) if p[v] != current[v]]
+            assert len(changed) <= 2
+            if len(changed) == 2:
+                u, w = changed
+                masks = [cv.dirs[v].masks[x] for v, x in enumerate(current)]
+
+                def alone(v):
+                    return not any(masks[x] & masks[v] for x in range(len(masks)) if x != v)
+
+                assert masks[u] & masks[w] or alone(u) or alone(w)  # apart only when the first had no neighbour
+                moved += 1
+    assert moved > 0

@@ -1,16 +1,21 @@
-"""Plan search for one structural variant: multi-start simulated annealing and the final polish.
+"""Plan search for one structural variant: simulated annealing with chains in lockstep, and the polish.
 
 Paper: Sec. VI-C..F, App. A-J2e..A-J2j, Alg. 1 (lines 5-31, 34) and Alg. 7. Per round, K_x = 6 proposals
 come from the donor-receiver pair kernel (probability p_pair = 0.28) or the single-vertex kernel (vertex
 from the critical path with probability 0.6, else uniform; strategy uniform from X_cand(v), then a
 uniform aligned origin). The best proposal is accepted with min(1, exp(Delta / (|S| t))) (Eq. 8-9);
-t is constant within a chain (t_init for a variant's first chain, t_warm for warm restarts from the elite
+t is constant within a chain (t_init for a variant's first chains, t_warm for warm restarts from the elite
 set); a chain ends after w_stag = 10 consecutive rejections. The elite set keeps the top K_elite = 3
 feasible plans per vertex set and is shared by staleness variants. Memory is a soft penalty (Eq. 5) during
 the search; the incumbent C* only ever holds memory-feasible configurations. Polish is deterministic
 greedy coordinate descent over X_cand(v), vertex by vertex, until a full pass changes nothing; then, beyond
 the paper, two-vertex moves (each pair of vertices, each moved to one of its best single moves), and the
-descent again while they improve.
+descent again while they improve, all within its share of the budget.
+
+Beyond the paper, the chains of a variant run as a population in lockstep (`VariantSearch`): every round
+evaluates the proposals of all chains in one batch (the numpy path), and the critical paths the
+single-vertex kernel needs come from the batched schedules. An optional two-vertex kernel
+(`double_kernel`, `p_double`) moves a vertex and one that shares devices with it.
 
 Every mechanism has a switch in `SearchConfig` for the ablations of Table IV (A4-A9).
 """
@@ -38,6 +43,10 @@ class SearchConfig:
     k_x: int = 6  # proposals per round (S_n, K_x)
     p_pair: float = 0.28
     p_cp: float = 0.6
+    # Of the rounds without a pair move, a two-vertex move (`double_kernel`). Off: measured on Table X at 128
+    # GPUs (6 seeds x 300,000 evaluations) 0.2 found the best basin in 1 of 6 seeds, without it 2 of 6
+    # (bench/README.md, "Stability").
+    p_double: float = 0.0
     w_stag: int = 10
     k_elite: int = 3
     # The paper gives no values (only t_warm > t_init). A relative loss of t is accepted with probability 1/e.
@@ -160,29 +169,50 @@ class SearchState:
 
 
 def propose(state: SearchState, cv: CompactVariant, current: Choice) -> list[Choice]:
-    c = state.config
-    if c.pair_moves and len(current) > 1 and state.rng.random() < c.p_pair:
+    c, rng = state.config, state.rng
+    if c.pair_moves and len(current) > 1 and rng.random() < c.p_pair:
         proposals = pair_kernel(state, cv, current)
         if proposals:
             return proposals
+    if c.p_double > 0 and len(current) > 1 and rng.random() < c.p_double:
+        return double_kernel(state, cv, current)
     return single_kernel(state, cv, current)
 
 
 def single_kernel(state: SearchState, cv: CompactVariant, current: Choice) -> list[Choice]:
     rng, c = state.rng, state.config
-    v = None
+    v = _vertex(state, cv, current)
+    return [_replace(current, v, _draw(rng, cv.dirs[v])) for _ in range(c.k_x)]
+
+
+def double_kernel(state: SearchState, cv: CompactVariant, current: Choice) -> list[Choice]:
+    """Beyond the paper: two vertices at once, the first chosen as by the single-vertex kernel, the second
+    among the vertices whose allocations share a device with it (any other if none does), each drawn as the
+    single-vertex kernel draws. Local optima of single moves are often two moves from better plans (issue
+    16: a two-vertex change improved 41 of 47 suboptimal results of enumerated instances)."""
+    rng, c, dirs = state.rng, state.config, cv.dirs
+    v = _vertex(state, cv, current)
+    mv = dirs[v].masks[current[v]]
+    others = [w for w in range(len(current)) if w != v]
+    near = [w for w in others if dirs[w].masks[current[w]] & mv] or others
+    w = near[rng.randrange(len(near))]
+    return [_replace(_replace(current, v, _draw(rng, dirs[v])), w, _draw(rng, dirs[w])) for _ in range(c.k_x)]
+
+
+def _vertex(state: SearchState, cv: CompactVariant, current: Choice) -> int:
+    """A vertex from the critical path with probability p_cp (by its op time there), else uniform."""
+    rng, c = state.rng, state.config
     if c.critical_path and rng.random() < c.p_cp:
         w = state.critical_weights(cv, current)
         if w.sum() > 0:
-            v = _weighted(rng, w)
-    if v is None:
-        v = rng.randrange(len(current))
-    d = cv.dirs[v]
-    out = []
-    for _ in range(c.k_x):
-        group = d.by_strategy[rng.randrange(len(d.by_strategy))]
-        out.append(_replace(current, v, group[rng.randrange(len(group))]))
-    return out
+            return _weighted(rng, w)
+    return rng.randrange(len(current))
+
+
+def _draw(rng: random.Random, d) -> int:
+    """A strategy uniformly from X_cand(v), then one of its aligned origins uniformly."""
+    group = d.by_strategy[rng.randrange(len(d.by_strategy))]
+    return group[rng.randrange(len(group))]
 
 
 def pair_kernel(state: SearchState, cv: CompactVariant, current: Choice) -> list[Choice]:
@@ -295,7 +325,7 @@ class VariantSearch:
     def _grow(self, n: int) -> None:
         initial = self.state.rounds == 0  # the first population starts from the seed; later growth from elites
         while len(self.chains) < n:
-            self.chains.append(self._start(first=initial))
+            self.chains.append(self._start(initial))
 
     def _start(self, first: bool) -> Chain:
         st, cfg = self.state, self.state.config
@@ -345,7 +375,7 @@ class VariantSearch:
         if not cfg.constant_temperature:
             chain.t = max(cfg.t_min, cfg.gamma * chain.t)
         if chain.ended(cfg):
-            self.chains[j] = self._start(first=False)
+            self.chains[j] = self._start(False)
 
 
 def population(cfg: SearchConfig, expected_evals: float) -> int:
