@@ -300,7 +300,7 @@ PIPELINES = ("unroll{k=10000}", "unroll{k=-1}", "unroll{k=0}", "unroll{k=1.5}", 
              "unroll{k=2 k=3}", "unroll{k=2},", "", ",", "unroll{", "unroll{k=2}}", "nosuch-pass",
              "schedule", "annotate-cost", "unroll{k=2},share-actor-critic", "annotate-cost{hardware=nosuch}",
              "annotate-cost{hardware=/some/dir}", "optimize{evals=-5}", "optimize{budget=-1}",
-             "optimize{taus=9}", "split-quantiles{enable=maybe}", "unroll{k=2},unroll{k=2}")
+             "optimize{taus=9 budget=2}", "optimize{jobs=-1}", "split-quantiles{enable=maybe}", "unroll{k=2},unroll{k=2}")
 RUN_OPTIONS = (["--jitter", "800", "--jitter-dist", "lognormal"], ["--jitter", "nan"], ["--jitter", "-1"],
                ["--steps", "-1"], ["--steps", "0"], ["--steps", "100000"], ["--seed", "x"],
                ["--policy", "nosuch"], ["--backend", "nosuch"], ["--checkpoint-every", "0"])

@@ -36,6 +36,7 @@ from rpegc.search.objective import objective_value
 from rpegc.search.space import Variant
 
 CRITICAL_CACHE = 4096
+IDLE_CHAINS = 3  # fewest chain ends in a row without an unseen proposal that exhaust a variant
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,7 @@ class Chain:
     t: float
     rejected: int = 0  # rounds in a row whose best proposal was rejected
     cached: int = 0  # rounds in a row whose proposals had all been evaluated before
+    fresh: bool = False  # some proposal of this chain had not been evaluated before
 
     def ended(self, cfg: SearchConfig) -> bool:
         # A chain also ends after w_stag rounds in a row whose proposals were all cached: on a plateau of
@@ -301,8 +303,10 @@ class VariantSearch:
     restarted at once from the elite set (t_warm) so the population stays full. The first chains start from
     the seed at t_init. The population grows with the budget (`population`): one chain per
     `k_x * chain_rounds` evaluations of a share, at most `SearchConfig.chains`, so a small budget still runs
-    long chains. The search of a variant ends when its budget is spent or after w_stag rounds in a row in
-    which no chain proposed an unseen plan (the neighbourhood is exhausted)."""
+    long chains. The search of a variant ends when its budget is spent or when its neighbourhood is
+    exhausted: w_stag rounds in a row in which all chains together proposed fewer than K_x unseen plans, or a
+    population's worth of
+    chains in a row (at least IDLE_CHAINS) that ended without one."""
 
     def __init__(self, state: SearchState, variant: Variant, seed: Choice):
         self.state = state
@@ -311,10 +315,11 @@ class VariantSearch:
         self.seed = seed
         self.chains: list[Chain] = []
         self.idle_rounds = 0
+        self.idle_ends = 0  # chains in a row that ended without one unseen proposal
 
     @property
     def exhausted(self) -> bool:
-        return self.idle_rounds >= self.state.config.w_stag
+        return self.idle_rounds >= self.state.config.w_stag or self.idle_ends >= max(IDLE_CHAINS, len(self.chains))
 
     def run(self, budget: Budget, expected_evals: float) -> None:
         """Advance the population until `budget` is spent or the neighbourhood is exhausted."""
@@ -353,7 +358,8 @@ class VariantSearch:
         unseen = [st.evaluator.cached(variant, p) is None for p in batch]
         evals = st.evaluate(variant, batch)
         values = [st.value(e) for e in evals]
-        self.idle_rounds = 0 if any(unseen) else self.idle_rounds + 1
+        # A round is idle when its chains together found fewer unseen plans than one chain proposes.
+        self.idle_rounds = 0 if sum(unseen) >= st.config.k_x else self.idle_rounds + 1
         for j, (a, b) in enumerate(spans):
             b = min(b, len(batch))
             if a < b:
@@ -365,6 +371,7 @@ class VariantSearch:
     def _step(self, j: int, proposals, evals, values, seen_before: bool) -> None:
         st, cfg, chain = self.state, self.state.config, self.chains[j]
         chain.cached = chain.cached + 1 if seen_before else 0
+        chain.fresh = chain.fresh or not seen_before
         i = max(range(len(values)), key=lambda k: (values[k], -k))
         if accept(st.rng, st.value(chain.e_cur), values[i], chain.t):
             chain.current, chain.e_cur = proposals[i], evals[i]
@@ -375,6 +382,7 @@ class VariantSearch:
         if not cfg.constant_temperature:
             chain.t = max(cfg.t_min, cfg.gamma * chain.t)
         if chain.ended(cfg):
+            self.idle_ends = 0 if chain.fresh else self.idle_ends + 1
             self.chains[j] = self._start(False)
 
 

@@ -43,7 +43,8 @@ def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
                         f"overall, {s.rate:,.0f}/s inside the evaluator"),
         ("cache hit rate", f"{s.hit_rate:.1%}  ({s.hits:,} hits)"),
         ("search", f"{result.chains} chains, {result.rounds} rounds"
-                   + (f", polish {result.polish_evaluations:,} evaluations" if result.variant_stats else "")),
+                   + (f", polish {result.polish_evaluations:,} evaluations" if result.variant_stats else "")
+                   + f", {result.jobs} process{'es' if result.jobs > 1 else ''}"),
     ]
     if result.variant_stats:
         for v in result.variant_stats:
