@@ -257,7 +257,6 @@ class ProcessPool:
 
 def serve(conn, problem: Problem) -> None:
     """A worker process: run the tasks it is sent until told to stop (or its parent goes away)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     worker = Worker(problem)
     while True:
         try:
