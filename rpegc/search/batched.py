@@ -150,10 +150,9 @@ class BatchEvaluator:
         op_time = np.empty(B)
         keys, inverse = self._patterns(ch, A)
         parts = []
-        memo: dict = {}  # node times by transfer spec / operator, for the whole batch (groups share them)
-        for g, key in enumerate(keys):
-            rows = np.nonzero(inverse == g)[0]
-            G = self._graph(self.cv.superset(key))
+        groups = [(np.nonzero(inverse == g)[0], self._graph(self.cv.superset(key))) for g, key in enumerate(keys)]
+        memo = self._transfer_times(groups, ch, A)
+        for rows, G in groups:
             T, cls, prio, bz, ot = self._node_arrays(G, rows, ch, A, memo)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
@@ -303,6 +302,27 @@ class BatchEvaluator:
 
     # --- the vectorised list scheduler ---------------------------------------------------------------
 
+    def _transfer_times(self, groups, ch: np.ndarray, A: dict) -> dict:
+        """Per transfer spec, its node times on the rows of the groups that have it (batch-length arrays,
+        valid at those rows): a spec is computed once however many groups share it."""
+        users: dict = {}
+        for rows, G in groups:
+            for spec in G.transfer_cols:
+                users.setdefault(spec, []).append(rows)
+        memo: dict = {}
+        B = len(ch)
+        for spec, parts in users.items():
+            sel = np.concatenate(parts)
+            if len(sel) == B:
+                memo[spec] = self._transfer(A, ch, spec)
+                continue
+            out = self._transfer({k: x[sel] for k, x in A.items()}, ch[sel], spec)
+            full = tuple(np.zeros(B, dtype=x.dtype) for x in out)
+            for f, x in zip(full, out):
+                f[sel] = x
+            memo[spec] = full
+        return memo
+
     def _node_arrays(self, G: _Graph, rows: np.ndarray, ch_all: np.ndarray, A_all: dict, memo: dict):
         """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
         and op time). Operator and transfer times are computed once per batch in `memo`."""
@@ -317,10 +337,7 @@ class BatchEvaluator:
                 t = memo[(v, q)] = cv.t_whole[v][ch_all[:, v]] if q == 0 else cv.t_phase[v][ch_all[:, v], q - 1]
             T[:, cols] = t[rows][:, None]
         for spec, cols in G.transfer_cols.items():
-            times = memo.get(spec)
-            if times is None:
-                times = memo[spec] = self._transfer(A_all, ch_all, spec)
-            t, r, as_resh = (x[rows] for x in times)
+            t, r, as_resh = (x[rows] for x in memo[spec])
             T[:, cols] = t[:, None]
             relay[:, cols] = r[:, None]
             if as_resh.any():
