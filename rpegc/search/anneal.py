@@ -76,6 +76,10 @@ class SearchConfig:
     pair_polish: bool = True  # two-vertex moves in the polish once single moves stop improving
     pair_top: int = 8  # per vertex: the best single moves the pair pass combines
 
+    def value(self, e: Evaluation, best_raw: float) -> float:
+        """The search objective of an evaluation, given Score_star (`best_raw`)."""
+        return objective_value(e.score, e.util, e.r_peak, self.objective, best_raw, self.delta, hard=not self.soft_memory)
+
 
 @dataclass
 class Incumbent:
@@ -128,8 +132,7 @@ class SearchState:
     # --- objective and bookkeeping ---------------------------------------------------------------
 
     def value(self, e: Evaluation) -> float:
-        c = self.config
-        return objective_value(e.score, e.util, e.r_peak, c.objective, self.best_raw, c.delta, hard=not c.soft_memory)
+        return self.config.value(e, self.best_raw)
 
     def observe(self, variant: Variant, choices: list[Choice], evals: list[Evaluation]) -> None:
         """Alg. 1 line 24: update Score_star and C* from every evaluated feasible configuration."""

@@ -23,7 +23,6 @@ from typing import Callable, Optional
 from rpegc.search.anneal import SearchConfig
 from rpegc.search.compact import Choice, Evaluation
 from rpegc.search.evaluator import EvalStats
-from rpegc.search.objective import objective_value
 from rpegc.search.workers import AnnealTask, Elites, PolishTask, Report
 from rpegc.search.space import Variant
 
@@ -72,12 +71,19 @@ class Board:
         self.records = [VariantRecord() for _ in self.variants]
 
     def value(self, e: Evaluation) -> float:
-        c = self.config
-        return objective_value(e.score, e.util, e.r_peak, c.objective, self.best_raw, c.delta, hard=not c.soft_memory)
+        return self.config.value(e, self.best_raw)
+
+    def stats(self) -> EvalStats:
+        """Every variant's counters and the polish's, summed."""
+        total = EvalStats()
+        for r in self.records:
+            total.add(r.stats)
+        total.add(self.polish_stats)
+        return total
 
     @property
     def evaluations(self) -> int:
-        return sum(r.stats.evaluations for r in self.records) + self.polish_stats.evaluations
+        return self.stats().evaluations
 
     def absorb(self, reports: list[Report], polish: bool = False) -> None:
         for rep in reports:

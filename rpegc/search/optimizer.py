@@ -32,7 +32,7 @@ from rpegc.search.compact import Choice, Evaluation
 from rpegc.search.directory import MB_FIXED, MB_TUNED
 from rpegc.search.evaluator import EvalStats, Evaluator
 from rpegc.search.halving import Board, anneal_variants, polish_best
-from rpegc.search.objective import check_objective, objective_value
+from rpegc.search.objective import check_objective
 from rpegc.search.space import Variant, base_structure, structural_candidates
 from rpegc.search.workers import LocalPool, ProcessPool, Problem, default_jobs
 
@@ -275,13 +275,10 @@ def _result(evaluator: Evaluator, config: SearchConfig, variant: Variant, choice
     e = evaluator.detailed(variant, choice)
     program = replace(variant.program, plan=evaluator.compile(variant).to_plan(choice))
     best_raw = max(board.best_raw if board else 0.0, e.score if e.feasible else 0.0)
-    value = objective_value(e.score, e.util, e.r_peak, config.objective, best_raw, config.delta,
-                            hard=not config.soft_memory)
+    value = config.value(e, best_raw)
     stats, per_variant, rounds, chains = EvalStats(), (), 0, 0
     if board is not None:
-        for r in board.records:
-            stats.add(r.stats)
-        stats.add(board.polish_stats)
+        stats = board.stats()
         per_variant = tuple((v.label(), None if r.best is None else r.best[1]) for v, r in zip(board.variants, board.records))
         rounds, chains = sum(r.rounds for r in board.records), sum(r.chains for r in board.records)
     return OptimizeResult(

@@ -140,7 +140,7 @@ class Worker:
         start, before = time.monotonic(), self._counters()
         s = self.search(task.index)
         st = s.state
-        st.best_raw = max(st.best_raw, task.best_raw)
+        self._sync(st, s.variant, task.best_raw, ())
         choice = polish(st, s.variant, task.choice, Budget(deadline, task.max_evals, self.evaluator.stats.evaluations))
         e = st.evaluate(s.variant, [choice])[0]
         return replace(self._report(task.index, st, before, start), polished=(choice, e))
