@@ -43,12 +43,17 @@ def test_small_budgets_stay_in_this_process_unless_jobs_is_given(ppo):
     assert r.jobs == 1
 
 
-def test_a_dead_worker_is_a_located_error_and_the_pool_closes(ppo):
+@pytest.mark.parametrize("reaped", [True, False], ids=["send-fails", "send-or-receive-fails"])
+def test_a_dead_worker_is_a_located_error_and_the_pool_closes(ppo, reaped):
+    """Reaped first, the task's send meets a broken pipe; killed just before, either the send or the receive
+    fails, depending on how fast the kernel closes the dead worker's end. Both are the same error."""
     hw = load_hardware(ppo.cluster.hardware)
     variants = tuple(structural_candidates(ppo))
     pool = ProcessPool(Problem(variants, hw, CostOptions(), 2, True, MB_TUNED, SearchConfig(), 0), 2)
     try:
         os.kill(pool.procs[1].pid, signal.SIGKILL)
+        if reaped:
+            pool.procs[1].join()
         with pytest.raises(RpegError, match="search worker 1 died .*jobs=1"):
             pool.anneal([AnnealTask(0, 20, 0.0, ()), AnnealTask(1, 20, 0.0, ())], None)
     finally:

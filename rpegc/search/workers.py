@@ -222,7 +222,10 @@ class ProcessPool:
         for t in tasks:
             mine.setdefault(t.index % self.jobs, []).append(t)
         for k, ts in mine.items():
-            self.conns[k].send((kind, ts, deadline))
+            try:
+                self.conns[k].send((kind, ts, deadline))
+            except OSError:  # the worker died before the send (a broken pipe), or while it ran
+                raise self._died(k) from None
         reports: dict[int, Report] = {}
         for k in mine:
             for r in self._receive(k):
@@ -233,12 +236,15 @@ class ProcessPool:
         try:
             status, payload = self.conns[k].recv()
         except (EOFError, OSError):
-            self.procs[k].join(timeout=5)
-            raise RpegError(None, f"optimize: search worker {k} died (exit code {self.procs[k].exitcode}); "
-                                  "run again with jobs=1 to search in this process") from None
+            raise self._died(k) from None
         if status != "ok":
             raise RpegError(None, f"optimize: search worker {k} failed:\n{payload}")
         return payload
+
+    def _died(self, k: int) -> RpegError:
+        self.procs[k].join(timeout=5)
+        return RpegError(None, f"optimize: search worker {k} died (exit code {self.procs[k].exitcode}); "
+                               "run again with jobs=1 to search in this process")
 
     def close(self) -> None:
         for c in self.conns:
