@@ -16,7 +16,7 @@ Part 3 (`search_temperature.csv`, only with --temperatures, about 15 min): the S
 the measurement behind the defaults in rpegc/search/anneal.py.
 
 Usage: python bench/stability.py [--quick] [--seeds K] [--budget S] [--long F] [--max-gpus G] [--only G,..]
-       [--no-budget-part] [--temperatures]
+       [--no-budget-part] [--no-stability-part] [--temperatures]
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma list of GPU counts to run (default: all up to --max-gpus)")
     ap.add_argument("--budget-seeds", type=int, default=8)
     ap.add_argument("--no-budget-part", action="store_true", help="skip part 2")
+    ap.add_argument("--no-stability-part", action="store_true", help="skip part 1 (keeps stability.csv as it is)")
     ap.add_argument("--temperatures", action="store_true", help="also compare SA temperatures (part 3)")
     args = ap.parse_args()
     if args.quick:
@@ -117,10 +118,13 @@ def main() -> int:
         cases = [c for c in table_x(args.max_gpus) if not only or c.gpus in only]
         seeds, budget, budgets, bseeds = args.seeds, args.budget, [3000, 10000, 30000, 100000], args.budget_seeds
     suffix = "_quick" if args.quick else ""
-    rows = stability_rows(cases, seeds, budget, args.long)
-    path = write_csv(f"stability{suffix}.csv", rows, args.out)
-    print_table(rows, ["case", "A/C/R", "runs", "best_tok_s", "median_tok_s", "cv", "worst_gap_to_best", "runs_within_2pct",
-                       "evals_per_cpu_s", "target_met", "structures"])
+    path = args.out / f"stability{suffix}.csv"
+    rows = []
+    if not args.no_stability_part:
+        rows = stability_rows(cases, seeds, budget, args.long)
+        path = write_csv(f"stability{suffix}.csv", rows, args.out)
+        print_table(rows, ["case", "A/C/R", "runs", "best_tok_s", "median_tok_s", "cv", "worst_gap_to_best",
+                           "runs_within_2pct", "evals_per_cpu_s", "target_met", "structures"])
     brows = []
     if not args.no_budget_part:
         brows = budget_rows(table_x(64)[0], budgets, bseeds)
@@ -129,7 +133,7 @@ def main() -> int:
                             "cpu_s_per_run"])
         print(f"wrote {bpath}")
     if not args.no_plot:
-        plot(rows, brows, path.with_suffix(".png"))
+        plot(rows or read_rows(path), brows or read_rows(args.out / f"budget{suffix}.csv"), path.with_suffix(".png"))
     print(f"wrote {path}")
     if args.temperatures:
         trows = temperature_rows(2 if args.quick else 5, 150 if args.quick else 6000)
@@ -137,6 +141,22 @@ def main() -> int:
         print_table(trows, ["case", "t_init", "t_warm", "mean_tok_s", "worst_tok_s", "best_tok_s", "cv"])
         print(f"wrote {tpath}")
     return 0
+
+
+def read_rows(path) -> list[dict]:
+    """A results CSV written earlier, numbers as numbers (to redraw the figure with one part rerun)."""
+    import csv
+
+    def num(x: str):
+        try:
+            return float(x) if "." in x else int(x)
+        except ValueError:
+            return x
+
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [{k: num(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def plot(rows: list[dict], brows: list[dict], path) -> None:

@@ -21,7 +21,7 @@ PAPER = {8: "8,966 tok/s; both baselines OOM", 16: "+20..49% over greedy", 128: 
 
 def main() -> int:
     ap = common_args(__doc__.splitlines()[0])
-    ap.add_argument("--evals", type=int, default=12000, help="uncached evaluations per search (full mode)")
+    ap.add_argument("--evals", type=int, default=30000, help="uncached evaluations per search (full mode)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     gpus, evals = ((8, 16), 300) if args.quick else (STRONG_GPUS, args.evals)

@@ -1,11 +1,21 @@
 """Successive halving over the structural variants (search/halving.py): the rung sizes, exact shares of an
-evaluation budget, and that the budget follows promise — the variants that found the better plans get more."""
+evaluation budget, and that the budget follows promise — the variants that found the better plans get more,
+and the polish spends on the best plan's own variant first."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from rpegc.search.halving import rung_sizes, shares
+import pytest
+
+from rpegc.core.cost_options import CostOptions
+from rpegc.core.hardware import load_hardware
+from rpegc.search.anneal import SearchConfig, polish_reserve
+from rpegc.search.directory import MB_TUNED
+from rpegc.search.halving import Board, polish_best, rung_sizes, shares
+from rpegc.search.space import structural_candidates
+from rpegc.search.workers import LocalPool, Problem
 from rpegc.search.optimizer import OptimizeOptions, optimize
 from rpegc.syntax.parser import parse
 
@@ -36,3 +46,50 @@ def test_the_budget_follows_promise_and_is_spent_exactly():
     # the two most promising variants reach the last rung: each gets more than any variant dropped first
     assert min(spent[v.label] for v in ranked[:2]) > max(spent[v.label] for v in ranked[3:])
     assert r.variant.label() in {v.label for v in ranked[:2]}
+
+
+def test_the_polish_reserve_pays_for_whole_passes_between_a_floor_and_a_cap():
+    cfg = SearchConfig()  # a fifth at least, up to two passes within half
+    assert polish_reserve(cfg, 1_000, 1_000_000) == cfg.polish_share  # two passes are less than a fifth
+    assert polish_reserve(cfg, 12_000, 60_000) == pytest.approx(0.4)  # two passes
+    assert polish_reserve(cfg, 12_000, 30_000) == pytest.approx(0.4)  # one: two would take 80%
+    assert polish_reserve(cfg, 12_000, 20_000) == cfg.polish_share  # half of it does not pay for a pass
+    assert polish_reserve(cfg, 12_000, float("inf")) == polish_reserve(cfg, 0, 1_000) == cfg.polish_share
+    assert polish_reserve(replace(cfg, polish=False), 12_000, 30_000) == 0.0
+
+
+class RecordingPool:
+    """A pool in this process that records the polish tasks it is given, call by call."""
+
+    def __init__(self, pool):
+        self.pool, self.calls = pool, []
+
+    def polish(self, tasks, deadline):
+        self.calls.append(tasks)
+        return self.pool.polish(tasks, deadline)
+
+
+def test_the_polish_spends_on_the_best_plans_own_variant_first():
+    """Its own variant gets the whole polish budget; the variants with the same vertices (another tau) get what
+    it leaves, and start from its result."""
+    p = replace(parse((EXAMPLES / "grpo-tiny.rpeg").read_text(), "grpo-tiny.rpeg"), plan=None)
+    hw = load_hardware(p.cluster.hardware)
+    variants = tuple(structural_candidates(p))
+    config = SearchConfig()
+    pool = RecordingPool(LocalPool(Problem(variants, hw, CostOptions(), 8, True, MB_TUNED, config, 0)))
+    board = Board(variants, config)
+    first = pool.pool.worker.search(0)
+    board.records[0].best = (first.seed, first.state.evaluate(variants[0], [first.seed])[0])
+    budget = board.evaluations + 40  # less than one pass over the directories
+    polish_best(pool, board, budget, None)
+    assert [[(t.index, t.max_evals, t.choice) for t in call] for call in pool.calls] == [[(0, 40, first.seed)]]
+    assert board.evaluations == budget  # nothing left for the siblings: they are not polished
+
+    pool.calls.clear()
+    board = Board(variants, config)
+    board.records[0].best = (first.seed, first.state.evaluate(variants[0], [first.seed])[0])
+    polish_best(pool, board, 10_000, None)
+    own, siblings = pool.calls
+    assert [t.index for t in siblings] == [j for j, v in enumerate(variants) if j and v.vertex_set == variants[0].vertex_set]
+    assert own[0].max_evals == 10_000 and all(0 < t.max_evals < 10_000 for t in siblings)
+    assert siblings[0].choice != first.seed  # the own variant's polish moved it, and the siblings start there

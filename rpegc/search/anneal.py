@@ -71,9 +71,18 @@ class SearchConfig:
     max_polish_passes: int = 50
     chains: int = 64  # most chains a variant's population runs in lockstep (VariantSearch)
     chain_rounds: int = 40  # rounds a chain should get: one chain per k_x * chain_rounds evaluations of a share
-    polish_share: float = 0.2  # of the budget, kept for the final polish
+    # Of the budget, kept for the final polish: at least polish_share, more to pay for up to `polish_passes` whole
+    # passes over every vertex's directory within polish_share_max (`polish_reserve`). One pass costs the sum of
+    # the directory sizes (~12,000 evaluations at 128 GPUs); at budgets of a few passes the polish gains more
+    # than annealing (13B strong scaling at 128 GPUs, 29,369 evaluations, 3 seeds: median 148.9K tokens/s with a
+    # fifth kept, 158.4K with half), below one pass it does not (Table X at 64 GPUs, 3,000 and 10,000
+    # evaluations, 6 seeds: medians 5% lower with half kept). bench/README.md, "Budget sweep".
+    polish_share: float = 0.2
+    polish_share_max: float = 0.5
+    polish_passes: int = 2
     final_variants: int = 2  # structural variants in the last rung of successive halving (halving.py)
     pair_polish: bool = True  # two-vertex moves in the polish once single moves stop improving
+    carry: bool = True  # from the second rung, each variant gets the best plans of other vertex sets (carry.py)
     pair_top: int = 8  # per vertex: the best single moves the pair pass combines
 
     def value(self, e: Evaluation, best_raw: float) -> float:
@@ -387,6 +396,17 @@ class VariantSearch:
         if chain.ended(cfg):
             self.idle_ends = 0 if chain.fresh else self.idle_ends + 1
             self.chains[j] = self._start(False)
+
+
+def polish_reserve(cfg: SearchConfig, pass_cost: int, expected_evals: float) -> float:
+    """The share of a budget of `expected_evals` evaluations kept for the polish, whose passes cost `pass_cost`:
+    the whole passes (at most polish_passes) that polish_share_max of it pays for, at least polish_share."""
+    if not cfg.polish:
+        return 0.0
+    if pass_cost <= 0 or expected_evals <= 0 or math.isinf(expected_evals):
+        return cfg.polish_share
+    passes = min(cfg.polish_passes, int(cfg.polish_share_max * expected_evals // pass_cost))
+    return max(cfg.polish_share, passes * pass_cost / expected_evals)
 
 
 def population(cfg: SearchConfig, expected_evals: float) -> int:

@@ -6,11 +6,13 @@ The annealing budget is spent in rungs: every variant gets a share in the first 
 peak) continues, halving down to `SearchConfig.final_variants` (two) — for six variants the rungs hold 6,
 3 and 2 of them, each rung an equal part of what is left. A variant keeps its chains between rungs, so a
 later share extends its search. Between rungs the variants exchange Score_star and the elite sets of their
-vertex set (the paper shares the elites by staleness variants); nothing else, so a variant's search is the
-same whichever process runs it. A variant whose neighbourhood is exhausted takes no further share; what it
-leaves goes to the others. Then the polish (`SearchConfig.polish_share` of the budget, plus whatever the
-annealing left) runs on the best plan in its own variant and, in parallel, in the variants with the same
-vertices (the same placement under another tau), with equal shares.
+vertex set (the paper shares the elites by staleness variants), and from the second rung on a variant gets
+the best plan of each other vertex set, carried across actor-critic sharing with its placement (carry.py),
+as candidate elites; nothing else, so a variant's search is the same whichever process runs it. A variant
+whose neighbourhood is exhausted takes no further share; what it leaves goes to the others. Then the
+polish (`anneal.polish_reserve` of the budget, plus whatever the annealing left) runs on the best plan in
+its own variant and, with what that leaves, in the variants with the same vertices (the same placement
+under another tau).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class VariantRecord:
     seconds: float = 0.0
     exhausted: bool = False
     skipped: Optional[tuple] = None  # (loc, message) when the structure could not be seeded
+    placements: tuple = ()  # of `best` (carry.Carried), to carry it to the variants with other vertices
     seeded: bool = False  # its extra plans (the greedy baseline) were sent
 
 
@@ -91,7 +94,7 @@ class Board:
             rec.skipped = rep.skipped
             rec.exhausted = rec.exhausted or rep.exhausted
             if rep.best is not None and (rec.best is None or self.value(rep.best[1]) > self.value(rec.best[1])):
-                rec.best = rep.best
+                rec.best, rec.placements = rep.best, rep.placements
             rec.min_r_peak = min(rec.min_r_peak, rep.min_r_peak)
             (self.polish_stats if polish else rec.stats).add(rep.stats)
             rec.chains += rep.chains
@@ -114,6 +117,17 @@ class Board:
         if rec.best is not None:
             return (0, -self.value(rec.best[1]), i)
         return (1, rec.min_r_peak, i)
+
+    def carried(self, i: int) -> tuple:
+        """For variant i, the placements of the best plan of each other vertex set (a structure move across
+        actor-critic sharing, carry.py)."""
+        best: dict[tuple, int] = {}
+        for j in self.live():
+            vs = self.variants[j].vertex_set
+            if vs != self.variants[i].vertex_set and self.records[j].best is not None:
+                if vs not in best or self.promise(j) < self.promise(best[vs]):
+                    best[vs] = j
+        return tuple(self.records[j].placements for j in best.values())
 
     def live(self) -> list[int]:
         return [i for i, r in enumerate(self.records) if r.skipped is None]
@@ -145,8 +159,9 @@ def anneal_variants(pool, board: Board, max_evals: Optional[int], deadline: Opti
         tasks = []
         for i, n in zip(active, parts):
             rec = board.records[i]
+            carried = board.carried(i) if r and board.config.carry else ()
             tasks.append(AnnealTask(i, n, board.best_raw, board.elites.get(board.variants[i].vertex_set, ()),
-                                    () if rec.seeded else extra.get(i, ())))
+                                    () if rec.seeded else extra.get(i, ()), carried))
             rec.seeded = True
         board.absorb(pool.anneal(tasks, rung_end))
         if on_report is not None:
@@ -154,19 +169,41 @@ def anneal_variants(pool, board: Board, max_evals: Optional[int], deadline: Opti
 
 
 def polish_best(pool, board: Board, max_evals: Optional[int], deadline: Optional[float]) -> Optional[tuple[int, Choice, Evaluation]]:
-    """The polish of the best plan in its variant and, in parallel, in the variants with the same vertex set
-    (a structure move that keeps the placement: a plan found under tau = 0 may be better under tau = 1);
-    the best feasible result, or the unpolished plan."""
+    """The polish of the best plan, first in its own variant with the whole polish budget, then, with what that
+    leaves, its result in the variants with the same vertices (a structure move that keeps the placement: a
+    plan found under tau = 0 may be better under tau = 1), in parallel with equal shares. The best feasible
+    result, or the unpolished plan.
+
+    In this order because one pass of the polish costs the sum of the directory sizes (~12,000 evaluations at
+    128 GPUs): split evenly, a small budget pays for less than a pass in each variant (the 13B strong-scaling
+    plan at 128 GPUs reached 139K tokens/s with 17,600 evaluations of polish split over two variants, 150-158K
+    with them spent on one)."""
     found = board.best()
     if found is None:
         return None
-    i, choice, _ = found
-    targets = [i] + [j for j in board.live() if j != i and board.variants[j].vertex_set == board.variants[i].vertex_set]
+    i = found[0]
+    best = _better(board, found, _polish(pool, board, [i], found[1], max_evals, deadline))
+    siblings = [j for j in board.live() if j != i and board.variants[j].vertex_set == board.variants[i].vertex_set]
+    if siblings:
+        best = _better(board, best, _polish(pool, board, siblings, best[1], max_evals, deadline))
+    return best
+
+
+def _polish(pool, board: Board, targets: list[int], choice: Choice, max_evals: Optional[int],
+            deadline: Optional[float]) -> list[Report]:
+    """`choice` polished in each of `targets` with equal shares of what the budget has left; a target whose
+    share is nothing is left out (evaluating the plan there would already exceed the budget)."""
     left = None if max_evals is None else max(0, max_evals - board.evaluations)
     parts = [None] * len(targets) if left is None else shares(left, len(targets))
-    reports = pool.polish([PolishTask(j, choice, n, board.best_raw) for j, n in zip(targets, parts)], deadline)
+    tasks = [PolishTask(j, choice, n, board.best_raw) for j, n in zip(targets, parts) if n is None or n > 0]
+    if not tasks:
+        return []
+    reports = pool.polish(tasks, deadline)
     board.absorb(reports, polish=True)
-    best = found
+    return reports
+
+
+def _better(board: Board, best: tuple[int, Choice, Evaluation], reports: list[Report]) -> tuple[int, Choice, Evaluation]:
     for rep in reports:
         c, e = rep.polished
         if e.feasible and board.value(e) > board.value(best[2]):

@@ -2,13 +2,14 @@
 
 Paper: Sec. VI, App. A-J. The outer loop enumerates Y_cand (S1, S2). Beyond the paper, the budget goes to
 the variants by promise (successive halving, halving.py) instead of evenly, the variants are searched in
-worker processes on every core (workers.py), and the polish is part of the budget (`SearchConfig.
-polish_share`). Each variant's chains start from the concurrent baseline, restarts from the elite set
-(anneal.py). The best memory-feasible configuration over all variants is polished and returned. The
-greedy and concurrent baselines (Sec. VIII-B) are evaluated on the structure as written (ac = 0, the
-module's tau) for the gain figures, and can be returned instead of a search (`baseline=`); both are
-evaluated in that variant during the search (the concurrent plan as the first seed, the greedy plan as an
-extra evaluation), so the result is never worse than a feasible baseline.
+worker processes on every core (workers.py), and the polish is part of the budget (`anneal.polish_reserve`:
+a fifth, or the whole passes over the directories that half of it pays for). Each variant's chains start
+from the concurrent baseline, restarts from the elite set (anneal.py). The best memory-feasible
+configuration over all variants is polished and returned. The greedy and concurrent baselines
+(Sec. VIII-B) are evaluated on the structure as written (ac = 0, the module's tau) for the gain figures,
+and can be returned instead of a search (`baseline=`); both are evaluated in that variant during the
+search (the concurrent plan as the first seed, the greedy plan as an extra evaluation), so the result is
+never worse than a feasible baseline.
 
 Ablations (Table IV, App. B): A1 no response-length splitting, A2 no bounded asynchrony (tau = 0 only),
 A3 fixed microbatch counts, A4 no pair moves, A5 no warm restarts, A6 uniform vertex selection, A7 no
@@ -26,7 +27,7 @@ from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import Hardware, program_hardware
 from rpegc.core.program import Program
-from rpegc.search.anneal import SearchConfig, SearchState
+from rpegc.search.anneal import SearchConfig, SearchState, polish_reserve
 from rpegc.search.baselines import BaselinePlan, concurrent_plan, greedy_plan
 from rpegc.search.compact import Choice, Evaluation
 from rpegc.search.directory import MB_FIXED, MB_TUNED
@@ -34,7 +35,7 @@ from rpegc.search.evaluator import EvalStats, Evaluator
 from rpegc.search.halving import Board, anneal_variants, polish_best
 from rpegc.search.objective import check_objective
 from rpegc.search.space import Variant, base_structure, structural_candidates
-from rpegc.search.workers import LocalPool, ProcessPool, Problem, default_jobs
+from rpegc.search.workers import NOMINAL_RATE, LocalPool, ProcessPool, Problem, default_jobs
 
 ABLATIONS = {
     "A1": "response-length splitting off",
@@ -187,11 +188,11 @@ def optimize(
     extra = {i: (greedy.choice,) for i, v in enumerate(variants) if greedy is not None and v.key == reference.key}
     end = start + options.budget_s if options.budget_s > 0 else None
     total = options.evals if options.evals > 0 else None
-    reserve = config.polish_share if config.polish else 0.0
-    anneal_end = None if end is None else start + (1.0 - reserve) * options.budget_s
-    anneal_evals = None if total is None else total - int(total * reserve)
     pool = _pool(problem, options, board, on_progress)
     try:
+        reserve = polish_reserve(config, _pass_cost(evaluator, reference), _expected_evals(options, pool.jobs))
+        anneal_end = None if end is None else start + (1.0 - reserve) * options.budget_s
+        anneal_evals = None if total is None else total - int(total * reserve)
         anneal_variants(pool, board, anneal_evals, anneal_end, extra,
                         on_report=None if on_progress is None else lambda b: on_progress(_progress(b)))
         polished = polish_best(pool, board, total, end) if config.polish else board.best()
@@ -214,6 +215,20 @@ def _pool(problem: Problem, options: OptimizeOptions, board: Board, on_progress)
     if jobs > 1:
         return ProcessPool(problem, jobs)
     return LocalPool(problem, None if on_progress is None else _round_progress(board, on_progress))
+
+
+def _pass_cost(evaluator: Evaluator, variant: Variant) -> int:
+    """Evaluations of one polish pass on the structure as written (its directory sizes summed; 0 if it has none)."""
+    try:
+        return sum(len(d) for d in evaluator.compile(variant).dirs)
+    except RpegError:
+        return 0
+
+
+def _expected_evals(options: OptimizeOptions, jobs: int) -> float:
+    """The evaluations a budget will pay for: its count, or its seconds at the nominal rate of each process."""
+    by_time = options.budget_s * NOMINAL_RATE * jobs if options.budget_s > 0 else math.inf
+    return min(by_time, options.evals if options.evals > 0 else math.inf)
 
 
 def _round_progress(board: Board, on_progress: Callable[[Progress], None]) -> Callable[[SearchState], None]:

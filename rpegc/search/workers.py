@@ -25,8 +25,9 @@ from typing import Callable, Optional
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.errors import Loc, RpegError
 from rpegc.core.hardware import Hardware
-from rpegc.search.anneal import Budget, SearchConfig, SearchState, VariantSearch, polish
+from rpegc.search.anneal import Budget, SearchConfig, SearchState, VariantSearch, affordable, polish
 from rpegc.search.baselines import concurrent_plan
+from rpegc.search.carry import Carried, carried_choices, placements_of
 from rpegc.search.compact import Choice, Evaluation
 from rpegc.search.evaluator import EvalStats, Evaluator
 from rpegc.search.space import Variant
@@ -56,6 +57,7 @@ class AnnealTask:
     best_raw: float  # Score_star over every variant so far
     elites: Elites  # the elite set of the variant's vertex set, merged over its variants
     extra: tuple[Choice, ...] = ()  # plans evaluated first and kept as elites (the greedy baseline)
+    carried: tuple[tuple[Carried, ...], ...] = ()  # the same, from other vertex sets' plans (carry.py)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Report:
     seconds: float
     exhausted: bool = False
     polished: Optional[tuple[Choice, Evaluation]] = None  # a polish task's plan
+    placements: tuple[Carried, ...] = ()  # of `best`, for the variants with other vertices
     skipped: Optional[tuple[Optional[Loc], str]] = None  # the variant could not be seeded: why
 
 
@@ -126,9 +129,10 @@ class Worker:
                           exhausted=True, skipped=(err.loc, err.message))
         st = s.state
         self._sync(st, s.variant, task.best_raw, task.elites)
-        for choice in task.extra:
-            st.add_elite(s.variant, choice, st.evaluate(s.variant, [choice])[0])
         budget = Budget(deadline, task.max_evals, self.evaluator.stats.evaluations)
+        carried = [c for plan in task.carried for c in carried_choices(s.cv, plan)]
+        for choice in affordable(st, s.variant, [*task.extra, *carried], budget):  # out of the share
+            st.add_elite(s.variant, choice, st.evaluate(s.variant, [choice])[0])
         s.run(budget, self._expected(task.max_evals, deadline))
         seconds = time.monotonic() - start
         done = self.evaluator.stats.evaluations - before[0]
@@ -163,11 +167,13 @@ class Worker:
         s = self.evaluator.stats
         stats = EvalStats(s.evaluations - before[0], s.hits - before[1], s.seconds - before[2])
         best = (st.best.choice, st.best.evaluation) if st.best is not None else None
+        placements = () if best is None else placements_of(self.searches[i].cv, best[0])
         chains, rounds = self.reported[i]
         self.reported[i] = (st.chains, st.rounds)
         vertex_set = self.problem.variants[i].vertex_set
         return Report(i, best, st.best_raw, st.min_r_peak, tuple(st.elites.get(vertex_set, ())),
-                      stats, st.chains - chains, st.rounds - rounds, time.monotonic() - start, exhausted)
+                      stats, st.chains - chains, st.rounds - rounds, time.monotonic() - start, exhausted,
+                      placements=placements)
 
 
 # --- pools ---------------------------------------------------------------------------------------------------
