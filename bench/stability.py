@@ -134,7 +134,8 @@ def main() -> int:
         print(f"wrote {bpath}")
     if not args.no_plot:
         plot(rows or read_rows(path), brows or read_rows(args.out / f"budget{suffix}.csv"), path.with_suffix(".png"))
-    print(f"wrote {path}")
+    if rows:
+        print(f"wrote {path}")
     if args.temperatures:
         trows = temperature_rows(2 if args.quick else 5, 150 if args.quick else 6000)
         tpath = write_csv(f"search_temperature{suffix}.csv", trows, args.out)

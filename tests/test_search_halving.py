@@ -12,7 +12,9 @@ import pytest
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.hardware import load_hardware
 from rpegc.search.anneal import SearchConfig, polish_reserve
+from rpegc.search.baselines import concurrent_plan
 from rpegc.search.directory import MB_TUNED
+from rpegc.search.evaluator import Evaluator
 from rpegc.search.halving import Board, polish_best, rung_sizes, shares
 from rpegc.search.space import structural_candidates
 from rpegc.search.workers import LocalPool, Problem
@@ -93,3 +95,23 @@ def test_the_polish_spends_on_the_best_plans_own_variant_first():
     assert [t.index for t in siblings] == [j for j, v in enumerate(variants) if j and v.vertex_set == variants[0].vertex_set]
     assert own[0].max_evals == 10_000 and all(0 < t.max_evals < 10_000 for t in siblings)
     assert siblings[0].choice != first.seed  # the own variant's polish moved it, and the siblings start there
+
+
+def test_each_variant_is_carried_the_best_plan_of_every_other_vertex_set():
+    p = replace(parse((EXAMPLES / "ppo-8gpu.rpeg").read_text(), "ppo-8gpu.rpeg"), plan=None)
+    variants = tuple(structural_candidates(p, taus=(0, 1)))
+    board = Board(variants, SearchConfig())
+    e = Evaluator(load_hardware(p.cluster.hardware), CostOptions(), 2)
+    for i, v in enumerate(variants):  # every variant's concurrent plan, under its own label
+        cv = e.compile(v)
+        choice = concurrent_plan(cv).choice
+        board.records[i].best = (choice, e.evaluate_one(v, choice))
+        board.records[i].placements = v.label()  # stands for the placements of its best plan
+    shared = [i for i, v in enumerate(variants) if v.ac]
+    separate = [i for i, v in enumerate(variants) if not v.ac]
+    best_separate = min(separate, key=board.promise)
+    best_shared = min(shared, key=board.promise)
+    assert all(board.carried(i) == (variants[best_separate].label(),) for i in shared)
+    assert all(board.carried(i) == (variants[best_shared].label(),) for i in separate)
+    board.records[best_shared].skipped = (None, "fits nowhere")
+    assert board.carried(separate[0]) == (variants[min(set(shared) - {best_shared}, key=board.promise)].label(),)
