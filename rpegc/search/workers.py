@@ -131,7 +131,7 @@ class Worker:
         self._sync(st, s.variant, task.best_raw, task.elites)
         budget = Budget(deadline, task.max_evals, self.evaluator.stats.evaluations)
         carried = [c for plan in task.carried for c in carried_choices(s.cv, plan)]
-        for choice in affordable(st, s.variant, [*task.extra, *carried], budget):  # out of the share
+        for choice in affordable(st, s.variant, [*task.extra, *carried], budget):  # paid from the share
             st.add_elite(s.variant, choice, st.evaluate(s.variant, [choice])[0])
         s.run(budget, self._expected(task.max_evals, deadline))
         seconds = time.monotonic() - start
