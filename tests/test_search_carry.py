@@ -101,3 +101,12 @@ def test_a_worker_evaluates_carried_plans_within_its_share_and_keeps_the_best_as
     best = max((st.value(e), c) for c, e in zip(carried, evals) if e.feasible)
     elites = st.elites[variants[1].vertex_set]
     assert best in elites or len(elites) == SearchConfig().k_elite and min(elites)[0] >= best[0]
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_a_report_gives_its_best_plans_placements_only_when_plans_are_carried(ppo, carry):
+    p, hw, _, separate, _ = ppo
+    variants = tuple(structural_candidates(p, taus=(0,)))
+    worker = Worker(Problem(variants, hw, CostOptions(), 2, True, MB_TUNED, SearchConfig(carry=carry), 0))
+    (report,) = worker.anneal([AnnealTask(0, 30, 0.0, ())], None)
+    assert report.placements == (placements_of(separate, report.best[0]) if carry else ())

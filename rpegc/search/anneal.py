@@ -82,13 +82,13 @@ class SearchConfig:
     polish_passes: int = 2
     final_variants: int = 2  # structural variants in the last rung of successive halving (halving.py)
     pair_polish: bool = True  # two-vertex moves in the polish once single moves stop improving
+    pair_top: int = 8  # per vertex: the best single moves the pair pass combines
     # From the second rung, each variant gets the best plans of the other vertex sets as candidate elites
     # (carry.py). Off: it helped on Table X at 64 GPUs (6 seeds, medians at 10,000 / 30,000 evaluations
     # 107.6K / 109.1K -> 108.2K / 109.3K, worst seed at 30,000 95.8K -> 106.7K) but on 13B strong scaling at
     # 128 GPUs (30,000 evaluations) 2 of 6 seeds reached the 158K basin with it, 4 of 6 without: a carried plan
     # better than a variant's early elites draws its restarts into the other structure's basin.
     carry: bool = False
-    pair_top: int = 8  # per vertex: the best single moves the pair pass combines
 
     def value(self, e: Evaluation, best_raw: float) -> float:
         """The search objective of an evaluation, given Score_star (`best_raw`)."""

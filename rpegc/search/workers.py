@@ -83,7 +83,7 @@ class Report:
     seconds: float
     exhausted: bool = False
     polished: Optional[tuple[Choice, Evaluation]] = None  # a polish task's plan
-    placements: tuple[Carried, ...] = ()  # of `best`, for the variants with other vertices
+    placements: tuple[Carried, ...] = ()  # of `best`, for the variants with other vertices (only with carry)
     skipped: Optional[tuple[Optional[Loc], str]] = None  # the variant could not be seeded: why
 
 
@@ -167,7 +167,8 @@ class Worker:
         s = self.evaluator.stats
         stats = EvalStats(s.evaluations - before[0], s.hits - before[1], s.seconds - before[2])
         best = (st.best.choice, st.best.evaluation) if st.best is not None else None
-        placements = () if best is None else placements_of(self.searches[i].cv, best[0])
+        carry = best is not None and self.problem.config.carry
+        placements = placements_of(self.searches[i].cv, best[0]) if carry else ()
         chains, rounds = self.reported[i]
         self.reported[i] = (st.chains, st.rounds)
         vertex_set = self.problem.variants[i].vertex_set
