@@ -155,15 +155,15 @@ def placement_summary(plan) -> str:
     return " ".join(parts) + f" tau({taus})"
 
 
-def measure(plan_path: Path, steps: int) -> dict:
-    from rpegc.runtime.controller import run
+def measure(plan_path: Path, steps: int, lookahead: int = 2) -> dict:
+    from rpegc.runtime.controller import RunOptions, run
     from rpegc.runtime.plan import load_plan
     from rpegc.runtime.report import control_overhead, steady_state
     from rpegc.runtime.torch_backend.backend import TorchBackend
     from rpegc.runtime.verify import compare, verify
 
     plan = load_plan(str(plan_path), steps=steps)
-    result = run(plan, TorchBackend(seed=0, reward="model"))
+    result = run(plan, TorchBackend(seed=0, reward="model"), RunOptions(lookahead=lookahead))
     violations = verify(plan, result.trace)
     if violations:
         raise SystemExit(f"{plan_path}: the trace does not verify: {violations[0]}")
@@ -380,6 +380,9 @@ def main() -> int:
                          "this machine first with `rpeg-calibrate -o FILE`")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--lookahead", type=int, default=2,
+                    help="commands a worker may hold queued (rpeg-run --lookahead; 0: the controller hands over one "
+                         "node at a time); other than 2, the files get the suffix _lookaheadN")
     ap.add_argument("--no-sim", action="store_true", help="skip the 2,048-device sim controller measurement")
     args = ap.parse_args()
     workloads = args.workloads.split(",")
@@ -394,7 +397,7 @@ def main() -> int:
         print("warning: fewer than 2 cores; the 2 workers share them and measure the host, not the plan")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suffix = "_quick" if args.quick else ""
+    suffix = ("_quick" if args.quick else "") + (f"_lookahead{args.lookahead}" if args.lookahead != 2 else "")
     with tempfile.TemporaryDirectory(prefix="rpeg-whole-run-") as tmp:
         work = Path(tmp)
         hardware = os.path.abspath(args.hardware) if args.hardware else None
@@ -409,7 +412,7 @@ def main() -> int:
                 if (w, name) in same:
                     continue
                 t0 = time.perf_counter()
-                row = {"workload": w, "plan": name, "kind": spec.kind, "repeat": rep, **measure(path, args.steps)}
+                row = {"workload": w, "plan": name, "kind": spec.kind, "repeat": rep, **measure(path, args.steps, args.lookahead)}
                 rows.append(row)
                 print(f"[{rep}] {w:10s} {name:15s} predicted {row['predicted_s']:.3f} s/step, measured "
                       f"{row['measured_s']:.3f} ({row['ratio']:.3f}), control {row['control_ms_per_node']:.2f} ms/node, "

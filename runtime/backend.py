@@ -13,6 +13,7 @@ Lifecycle, as `rpegc.runtime.controller.run` calls it:
     workers = backend.start(plan)            # launch persistent workers once: {device: worker rank}
     backend.install(artifact, devices)       # the initial checkpoint (version 0) where it is read
     backend.submit(dispatch)                 # -> run_op / transfer / reshard by node kind
+    backend.chain(dispatch, after)           # "plan" policy: start a node behind running predecessors, if it can
     completions = backend.wait()             # >= 1 Completion, in any order
     backend.release(artifact, devices)       # an artifact no remaining node consumes
     backend.memory()                         # bytes held per device now (for the summary)
@@ -38,7 +39,7 @@ class Dispatch:
     reserved: tuple[int, ...]  # R(x): devices held exclusively until completion
     workers: tuple[int, ...]  # worker ranks of `node.devices` (Op: the invocation's worker group)
     src_workers: tuple[int, ...]  # worker ranks of the source allocation of a Comm/Reshard
-    inputs: tuple[Artifact, ...]  # artifacts to bind; all present when the node is dispatched
+    inputs: tuple[Artifact, ...]  # artifacts to bind: present, or left by a predecessor it is chained after
     outputs: tuple[Artifact, ...]  # artifacts the node leaves behind on completion
     versions_in: tuple[tuple[str, int], ...]  # parameter version to read per model
     versions_out: tuple[tuple[str, int], ...]  # parameter version produced per model (training)
@@ -90,6 +91,12 @@ class Backend(ABC):
             self.transfer(d)
         else:
             self.reshard(d)
+
+    def chain(self, d: Dispatch, after: tuple[str, ...]) -> bool:
+        """Start `d` now although its predecessors `after` (node ids, submitted or chained) may not have finished,
+        if this backend guarantees that `d` starts (its last worker begins it) only after each of them finished;
+        False, with nothing started, if it cannot. The default cannot."""
+        return False
 
     @abstractmethod
     def run_op(self, d: Dispatch) -> None:

@@ -2,7 +2,7 @@
 
     rpeg-run PLAN [--backend sim|torch] [--steps K] [--trace out.jsonl] [--jitter X] [--seed S]
                   [--jitter-dist uniform|lognormal] [--policy auto|plan|alg2]
-                  [--reserve destination|endpoints] [--gantt out.png] [--quiet]
+                  [--lookahead N] [--reserve destination|endpoints] [--gantt out.png] [--quiet]
                   [--run-dir DIR] [--checkpoint-every N] [--keep-checkpoints N] [--resume DIR]
                   [--tp-impl auto|megatron|torch]
                   [--dist-backend auto|gloo|nccl] [--no-memory-check]
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="dispatch order: plan = keep the schedule's order per device (reproduces the schedule "
                         "without jitter); alg2 = greedy by step, transfers first, topological order; "
                         "auto = plan if the plan is scheduled")
+    p.add_argument("--lookahead", type=int, default=2, metavar="N",
+                   help="plan policy: commands a worker may hold queued behind its running one, so it starts "
+                        "the next node without waiting for the controller (0: one command at a time)")
     p.add_argument("--reserve", choices=("destination", "endpoints"), default=None,
                    help="resource set of a transfer: its destination (the scheduler's rule, sim default) or "
                         "both endpoints (Table III, torch default)")
@@ -185,6 +188,8 @@ def check_options(args: argparse.Namespace) -> None:
     """Range checks of the numeric options, before anything is loaded or launched."""
     if args.steps is not None and args.steps < 1:
         raise RpegError(None, f"--steps {args.steps}: run at least 1 step (K >= 1)")
+    if args.lookahead < 0:
+        raise RpegError(None, f"--lookahead {args.lookahead}: give N >= 0 queued commands (0: none)")
     if not math.isfinite(args.jitter) or args.jitter < 0:
         raise RpegError(None, f"--jitter {args.jitter}: give a finite jitter >= 0")
     if not 0 <= args.seed <= MAX_SEED:
@@ -261,7 +266,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         options.update(header_options(plan))  # the effective RL hyper-parameters, prompts and reward
     try:
         with _signals(args, backend):
-            result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve),
+            result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve,
+                                                        lookahead=args.lookahead),
                          sink=writer, on_step=progress, header_options=options)
     except BaseException as e:
         if writer is not None:

@@ -25,6 +25,16 @@ Dispatch policies:
   the scheduler's (EST, transfer first, rank, order) and a greedy first-fit can start a node early
   that delays a more critical one.
 - "auto": "plan" when every node has a planned start and finish, else "alg2".
+
+Chained dispatch ("plan" policy, `RunOptions.lookahead` > 0). Waiting for a completion to reach the
+controller and the next command to reach a worker costs a round trip per node (on a CPU host ~1 ms: two
+process wake-ups and the controller's reaction). Workers run their commands in the order they get them,
+so a node whose unfinished predecessors end on its own workers can be handed over early: it waits in its
+workers' queues and starts the moment they finish. The controller offers a node for chaining when every
+predecessor (plan order included) has been handed over and at most `lookahead` nodes would wait ahead of
+it; the backend takes it only if it can guarantee that the node's start (its last worker begins it) comes
+after each unfinished predecessor's finish (`Backend.chain`), else the node waits for its completions as
+usual. So every dependency still holds in the trace, and `verify` checks chained runs like any other.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ POLICIES = ("auto", "plan", "alg2")
 class RunOptions:
     policy: str = "auto"
     reserve: Optional[str] = None  # None: the backend's default_reserve
+    lookahead: int = 2  # "plan" policy: nodes a worker may hold queued behind its running one (0: none)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,12 @@ def resolve_policy(plan: RunPlan, policy: str) -> str:
             "run the schedule pass or use the 'alg2' policy",
         )
     return policy
+
+
+def check_lookahead(lookahead: int) -> int:
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+        raise RpegError(None, f"lookahead {lookahead!r}: give a whole number >= 0 of queued commands (0: none)")
+    return lookahead
 
 
 def resolve_reserve(backend: Backend, reserve: Optional[str]) -> str:
@@ -144,8 +161,10 @@ class _Run:
     """State of one execution (Alg. 2 lines 3-26)."""
 
     def __init__(self, plan: RunPlan, backend: Backend, policy: str, reserve: str,
-                 sink: Optional[Callable[[dict], None]], on_step: Optional[Callable[[StepProgress], None]]):
+                 sink: Optional[Callable[[dict], None]], on_step: Optional[Callable[[StepProgress], None]],
+                 lookahead: int = 0):
         self.plan, self.backend, self.policy, self.reserve = plan, backend, policy, reserve
+        self.lookahead = lookahead if policy == "plan" else 0
         self.sink, self.on_step = sink, on_step
         nodes = plan.nodes
         self.reserved = [reserved_devices(n, reserve) for n in nodes]
@@ -159,6 +178,13 @@ class _Run:
                     self.succs[u].append(v)
                     self.remaining[v] += 1
         self.keys = [dispatch_key(n) for n in nodes]
+        self.preds: list[list[int]] = [[] for _ in nodes]
+        for u, vs in enumerate(self.succs):
+            for v in vs:
+                self.preds[v].append(u)
+        self.issued = [False] * len(nodes)
+        self.unissued = [len(p) for p in self.preds]  # predecessors not yet dispatched
+        self.candidates: list[tuple[tuple, int]] = []  # chaining candidates: all predecessors dispatched
         self.cons_left = {a: len(c) for a, c in plan.consumers.items()}
         self.prod_left = {a: len(p) for a, p in plan.producers.items()}
         self.present: set[Artifact] = set()
@@ -230,6 +256,8 @@ class _Run:
                 busy |= m
                 self.dispatch(nodes[i])
             ready = waiting
+            if self.lookahead:
+                busy |= self.chain()
             if not self.running:
                 stuck = ", ".join(nodes[i].id for _, i in ready[:6]) or "none ready"
                 raise BackendError(None, f"the run is stuck: nothing runs and nothing can start ({stuck})")
@@ -242,23 +270,55 @@ class _Run:
             last: Optional[str] = None
             for c in completions:
                 i = self.complete(c)
-                busy &= ~self.masks[i]
                 done += 1
                 last = c.node
                 for s in self.succs[i]:
                     self.remaining[s] -= 1
-                    if self.remaining[s] == 0:
+                    if self.remaining[s] == 0 and not self.issued[s]:
                         bisect.insort(ready, (self.keys[s], s))
                 touched += nodes[i].outputs
                 touched += nodes[i].inputs
+            busy = 0  # a chained node holds its devices past its predecessor's completion
+            for i in self.running.values():
+                busy |= self.masks[i]
             self.release_unused(touched, after=last)
 
-    def dispatch(self, n: RunNode) -> None:
-        for a in n.inputs:
-            if a not in self.present:
-                raise RuntimeError(f"controller bug: {n.id} dispatched before {a.label} is present")
+    def chain(self) -> int:
+        """Offer the chaining candidates to the backend in dispatch order (those a chained node makes candidates
+        too); returns the devices of the nodes it took."""
+        taken = 0
+        deferred: list[tuple[tuple, int]] = []
+        depth: dict[int, int] = {}
+        while self.candidates:
+            entry = self.candidates.pop(0)
+            i = entry[1]
+            if self.remaining[i] == 0:
+                continue  # every predecessor finished: it is (or becomes) ready the usual way
+            after = [p for p in self.preds[i] if self.plan.nodes[p].id in self.running]
+            if 1 + max((self.queue_depth(p, depth) for p in after), default=0) > self.lookahead:
+                deferred.append(entry)  # too far ahead for now: offered again after the next completions
+                continue
+            n = self.plan.nodes[i]
+            t = self.backend.now()  # before the backend sends: a worker may start it at once
+            if self.backend.chain(self.dispatch_of(n), tuple(self.plan.nodes[p].id for p in after)):
+                self.issue(n, t)
+                taken |= self.masks[i]
+        self.candidates = deferred
+        return taken
+
+    def queue_depth(self, i: int, memo: dict[int, int]) -> int:
+        """How many nodes wait ahead of node i's start in its workers' queues, i included (0: i is not queued:
+        its predecessors all finished)."""
+        d = memo.get(i)
+        if d is None:
+            ahead = [p for p in self.preds[i] if self.plan.nodes[p].id in self.running]
+            d = 0 if self.remaining[i] == 0 else 1 + max((self.queue_depth(p, memo) for p in ahead), default=0)
+            memo[i] = d
+        return d
+
+    def dispatch_of(self, n: RunNode) -> Dispatch:
         versions_in = n.node.version_in
-        d = Dispatch(
+        return Dispatch(
             node=n,
             reserved=self.reserved[n.index],
             workers=tuple(self.workers[x] for x in n.devices),
@@ -268,8 +328,23 @@ class _Run:
             versions_in=versions_in if not n.unbound else (),
             versions_out=n.node.version_out,
         )
-        self.dispatched_at[n.index] = self.backend.now()
+
+    def issue(self, n: RunNode, at: float) -> None:
+        """Book `n` as handed to the backend at `at` (dispatched or chained)."""
+        self.dispatched_at[n.index] = at
         self.running[n.id] = n.index
+        self.issued[n.index] = True
+        for s in self.succs[n.index]:
+            self.unissued[s] -= 1
+            if self.unissued[s] == 0 and self.lookahead and self.remaining[s]:
+                bisect.insort(self.candidates, (self.keys[s], s))
+
+    def dispatch(self, n: RunNode) -> None:
+        for a in n.inputs:
+            if a not in self.present:
+                raise RuntimeError(f"controller bug: {n.id} dispatched before {a.label} is present")
+        d = self.dispatch_of(n)
+        self.issue(n, self.backend.now())
         self.backend.submit(d)
 
     def complete(self, c: Completion) -> int:
@@ -354,7 +429,7 @@ def run(
     """Alg. 2: execute `plan` on `backend`; returns the trace (also streamed record by record to `sink`)."""
     policy = resolve_policy(plan, options.policy)
     reserve = resolve_reserve(backend, options.reserve)
-    state = _Run(plan, backend, policy, reserve, sink, on_step)
+    state = _Run(plan, backend, policy, reserve, sink, on_step, check_lookahead(options.lookahead))
     try:
         state.launch(header_options or {})
         state.loop()

@@ -1,7 +1,8 @@
 """Runtime traces: one JSON object per line (paper Sec. VII, "Execution verification"; Alg. 2 output).
 
 A trace identifies the plan it ran by hash and records, per node, when it was dispatched, when it
-started and finished, the devices R(x) and worker ranks it held, the layout it ran with, the
+started (its last worker began it) and finished (the last worker that ends it finished: every worker
+of an op, the receivers of a transfer), the devices R(x) and worker ranks it held, the layout it ran with, the
 parameter versions it consumed and produced per model, the bytes it moved and the artifacts it bound
 and left; plus every install and release of an artifact, a record per completed RL step and a final
 summary. `rpegc.runtime.verify` checks a trace against its plan.

@@ -129,6 +129,7 @@ def test_torch_backend_is_loaded_lazily(plan_file, capsys):
     (["--seed", "-3"], "--seed -3: give a seed in 0..2^63-1"),
     (["--lr", "inf"], "--lr inf: give a finite learning rate > 0"),
     (["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    (["--lookahead", "-1"], "--lookahead -1: give N >= 0 queued commands"),
 ])
 def test_numeric_options_are_range_checked(plan_file, capsys, args, message):
     assert main([plan_file, *args]) == 1

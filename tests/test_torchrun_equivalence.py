@@ -95,6 +95,12 @@ def run_torch(plan, **options):
     return backend, result
 
 
+def chained(plan, trace) -> list[str]:
+    """Nodes handed to their workers before a predecessor finished (chained dispatch, controller.py)."""
+    preds, recs = plan.pred_ids(), trace.nodes
+    return [r.id for r in recs.values() if any(recs[p].finish > r.dispatch for p in preds.get(r.id, ()) if p in recs)]
+
+
 def model_names(plan):
     kinds = {m.kind: m.name for m in plan.program.models}
     out = {"actor": kinds.get("policy", kinds.get("actor_critic"))}
@@ -148,6 +154,7 @@ def test_grpo_with_phases_comm_dp_tp_and_pipeline_matches_the_reference(tmp_path
     assert kinds == {"op", "comm"} and any(n.node.phase for n in plan.nodes)
     backend, result = run_torch(plan)
     assert_same_run(plan, backend, rl={}, weights_atol=5e-5)
+    assert chained(plan, result.trace)  # the same results with nodes queued behind running ones
     moved = [r for r in result.trace.nodes.values() if r.kind == "comm"]
     assert all(r.bytes > 0 for r in moved)
     assert any(dict(r.consumed) == {"actor": 1} for r in moved)  # the publication Comm moved version 1
@@ -162,6 +169,7 @@ def test_ppo_with_reshards_pipelined_inference_and_whitening_over_replicas_match
     rl = {"adam_eps": 1e-5}
     backend, result = run_torch(plan, rl=rl)
     assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
+    assert any(result.trace.nodes[n].kind == "reshard" for n in chained(plan, result.trace))  # queued too
     assert any("names no algorithm; running PPO" in w for w in backend.warnings)  # PPO4 names none
     moved = {r.id: r.bytes for r in result.trace.nodes.values() if r.kind == "reshard"}
     # into a replicated layout every rank fetches the shards it lacks; into a sharded one it slices locally

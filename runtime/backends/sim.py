@@ -8,6 +8,8 @@ factor is 1 without jitter and otherwise a seeded multiplicative draw per node (
 reproducible whatever the dispatch order. The backend keeps the set of artifacts that exist (installed,
 produced, not yet released) and fails a node whose bound input is missing, so a controller that
 released something early is caught; it also accounts the bytes those artifacts hold per device.
+A chained node (`chain`, "plan" policy) starts at its running predecessors' latest finish: with no
+control delay to save, a chained run has the same starts and finishes as one that is not.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class SimBackend(Backend):
         self._clock = 0.0
         self._events: list[tuple[float, int, Dispatch, float]] = []
         self._seq = 0
+        self._finish: dict[str, float] = {}  # node id -> finish, of the nodes submitted and not yet completed
         self._store: set[Artifact] = set()
         self._plan: RunPlan | None = None
 
@@ -69,6 +72,7 @@ class SimBackend(Backend):
         self._plan = plan
         self._clock = 0.0
         self._events.clear()
+        self._finish.clear()
         self._store.clear()
         size = (max(plan.devices) + 1) if plan.devices else 0
         self._held = np.zeros(size)
@@ -94,21 +98,35 @@ class SimBackend(Backend):
         return math.exp(max(-MAX_EXPONENT, min(MAX_EXPONENT, rng.gauss(0.0, self.jitter))))
 
     def _start(self, d: Dispatch) -> None:
+        self._check_inputs(d, set())
+        self._schedule(d, self._clock)
+
+    def chain(self, d: Dispatch, after: tuple[str, ...]) -> bool:
+        start = max([self._clock] + [self._finish[x] for x in after if x in self._finish])
+        self._check_inputs(d, {a for x in self._events if x[0] <= start for a in x[2].outputs})
+        self._schedule(d, start)
+        return True
+
+    def _check_inputs(self, d: Dispatch, made: set[Artifact]) -> None:
+        """Every input of `d` is present, or `made` by a node that finishes before it starts."""
         for a in d.inputs:
-            if a not in self._store:
+            if a not in self._store and a not in made:
                 raise BackendError(
                     d.node.node.loc, f"node {d.id} needs {a.label}, which is not present (released or never made)"
                 )
+
+    def _schedule(self, d: Dispatch, start: float) -> None:
         t = d.node.node.time
         assert t is not None
         f = self.factor(d.id)
-        finish = self._clock + (t if f == 1.0 else t * f)
+        finish = start + (t if f == 1.0 else t * f)
         if not math.isfinite(finish):
             raise BackendError(
-                d.node.node.loc, f"node {d.id}: the simulated clock overflows ({self._clock:g} s + time {t:g} s x "
+                d.node.node.loc, f"node {d.id}: the simulated clock overflows ({start:g} s + time {t:g} s x "
                                  f"jitter {f:g}); the plan's times are too large to simulate",
             )
-        heapq.heappush(self._events, (finish, self._seq, d, self._clock))
+        heapq.heappush(self._events, (finish, self._seq, d, start))
+        self._finish[d.id] = finish
         self._seq += 1
 
     run_op = transfer = reshard = _start
@@ -121,6 +139,7 @@ class SimBackend(Backend):
         out = []
         while self._events and self._events[0][0] == t:
             _, _, d, start = heapq.heappop(self._events)
+            del self._finish[d.id]
             for a in d.outputs:
                 self._add(a)
             out.append(Completion(

@@ -64,7 +64,7 @@ from rpegc.runtime.torch_backend import checkpoint as ckpt
 from rpegc.runtime.torch_backend.device import DIST_BACKEND_CHOICES, choose_dist_backend
 from rpegc.runtime.torch_backend.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                 route_weights)
-from rpegc.runtime.torch_backend.messages import Endpoint, new_secret, read_link, write_secret
+from rpegc.runtime.torch_backend.messages import NODE_COMMANDS, Endpoint, new_secret, read_link, write_secret
 from rpegc.runtime.torch_backend.models import derive_seed
 from rpegc.runtime.torch_backend.parallel import TP_IMPLS, param_shapes
 from rpegc.runtime.torch_backend.algorithms import algorithm
@@ -266,15 +266,31 @@ class _Holding:
 
 
 @dataclass
+class _Command:
+    """A node's command per rank, built before any is sent; `ends`: the ranks whose finish is the node's
+    finish (an op's every rank, a transfer's receivers: the data is where it goes once they finished);
+    `holdings`: where its inputs and outputs are after it (applied when it is sent)."""
+
+    commands: dict[int, dict] = field(default_factory=dict)
+    ends: frozenset[int] = frozenset()
+    holdings: dict[Artifact, _Holding] = field(default_factory=dict)
+
+
+@dataclass
 class _Pending:
+    """A node its ranks run. It starts when its last rank begins it (before, it cannot have begun on all
+    its devices) and finishes when the last of its `ends` ranks finished."""
+
     dispatch: Optional[Dispatch]
     ranks: set[int]
-    start: float = float("inf")
+    ends: frozenset[int] = frozenset()
+    start: float = float("-inf")
     finish: float = float("-inf")
     bytes: int = 0
     versions_in: dict = field(default_factory=dict)
     versions_out: dict = field(default_factory=dict)
-    since: float = 0.0
+    since: float = 0.0  # when it could start: sent, or the last node it is chained after finished
+    after: tuple[str, ...] = ()  # the nodes it is chained after
 
 
 @dataclass
@@ -674,11 +690,13 @@ class TorchBackend(Backend):
     # -- control channel -------------------------------------------------------------------------------
 
     def _send(self, rank: int, cmd: dict) -> None:
-        """Push `cmd` to `rank`, after one release message with every copy freed there since its last
-        command (a worker runs its commands in order, so it frees them before it runs `cmd`)."""
+        """Push `cmd` to `rank` with every copy freed there since its last command (a worker runs its commands
+        in order, so it frees them before it runs `cmd`): in a node's command, else as a release message first."""
         assert self._chan is not None
         labels = self._releases.pop(rank, None)
-        if labels:
+        if labels and cmd["type"] in NODE_COMMANDS:
+            cmd = {**cmd, "release": labels}
+        elif labels:
             self._push(rank, {"type": "release", "labels": labels})
         self._push(rank, cmd)
 
@@ -708,14 +726,15 @@ class TorchBackend(Backend):
             rc = proc.exitcode
             if rc is None:
                 continue
-            running = [p for p, pend in self._pending.items() if r in pend.ranks]
+            running = [p for p, pend in self._pending.items()
+                       if r in pend.ranks and not any(a in self._pending for a in pend.after)]  # not queued
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
             what = f"while running node {', '.join(running)}" if running else "while idle"
             self._fail(f"worker {r} (device {self.device_of.get(r, r)}) {how} {what}; the run stopped "
                        f"(log: {os.path.join(self._log_dir, f'worker-{r}.log')})")
         now = self.now()
         for node, pend in self._pending.items():
-            if now - pend.since > self.timeout_s:
+            if now - pend.since > self.timeout_s and not any(a in self._pending for a in pend.after):
                 devs = sorted(self.device_of[r] for r in pend.ranks)
                 self._fail(f"node {node} did not finish within {self.timeout_s:.0f} s on device(s) {devs}")
 
@@ -749,7 +768,9 @@ class TorchBackend(Backend):
             return
         pend = self._pending[msg["node"]]
         pend.ranks.discard(r)
-        pend.start, pend.finish = min(pend.start, msg["start"]), max(pend.finish, msg["finish"])
+        pend.start = max(pend.start, msg["start"])
+        if r in pend.ends:
+            pend.finish = max(pend.finish, msg["finish"])
         pend.bytes += int(msg.get("bytes", 0))
         pend.versions_in.update(msg.get("versions_in") or {})
         pend.versions_out.update(msg.get("versions_out") or {})
@@ -788,6 +809,10 @@ class TorchBackend(Backend):
 
     def _complete(self, node: str, pend: _Pending) -> None:
         del self._pending[node]
+        now = self.now()
+        for other in self._pending.values():
+            if node in other.after:
+                other.since = now
         d = pend.dispatch
         assert d is not None
         out = d.versions_out if d.node.kind != "op" else tuple(sorted(pend.versions_out.items()))
@@ -797,14 +822,16 @@ class TorchBackend(Backend):
         if d.node.kind == "op" and d.node.node.role == "training":
             self._after_training(d)
 
-    def _submit(self, d: Dispatch, commands: dict[int, dict]) -> None:
+    def _submit(self, d: Dispatch, commands: dict[int, dict], ends: frozenset[int],
+                after: tuple[str, ...] = ()) -> None:
         if not commands:  # nothing to move (an unbound transfer): done at once
             t = self.now()
             self._ready.append(Completion(node=d.id, start=t, finish=t, bytes=0, versions_in=(),
                                           versions_out=d.versions_out))
             self._completed += 1
             return
-        self._pending[d.id] = _Pending(d, set(commands), since=self.now())
+        self._pending[d.id] = _Pending(d, set(commands), ends or frozenset(commands), since=self.now(),
+                                       after=after)
         for cmd in commands.values():
             cmd["ranks"] = sorted(commands)
         for r, cmd in sorted(commands.items()):
@@ -870,12 +897,58 @@ class TorchBackend(Backend):
     # -- nodes -----------------------------------------------------------------------------------------
 
     def run_op(self, d: Dispatch) -> None:
+        self._issue(d, self._op_command(d))
+
+    def transfer(self, d: Dispatch) -> None:
+        self._issue(d, self._transfer_command(d))
+
+    def reshard(self, d: Dispatch) -> None:
+        self._issue(d, self._reshard_command(d))
+
+    def chain(self, d: Dispatch, after: tuple[str, ...]) -> bool:
+        """Send `d` behind its running predecessors `after` when its start cannot come before their finish:
+        every rank that ends a predecessor (`_Command.ends`) runs `d` too, after it in its queue, and `d`
+        starts when its last rank begins it. Not with checkpoints around a training node: a step boundary's
+        checkpoint is requested when its training completes and must reach the workers before the nodes
+        after it."""
+        if self.checkpoint_every and any(self._is_training(x) for x in (d, *self._dispatches(after))):
+            return False
+        c = self._command(d)
+        if not c.commands:
+            return False  # nothing to send (an unbound transfer): it completes at once when dispatched
+        ranks = set(c.commands)
+        for p in after:
+            pend = self._pending.get(p)
+            if pend is not None and not pend.ends <= ranks:
+                return False
+        self._issue(d, c, after)
+        return True
+
+    @staticmethod
+    def _is_training(d: Dispatch) -> bool:
+        return d.node.kind == "op" and d.node.node.role == "training"
+
+    def _dispatches(self, nodes: tuple[str, ...]) -> list[Dispatch]:
+        return [p.dispatch for x in nodes if (p := self._pending.get(x)) is not None and p.dispatch is not None]
+
+    def _command(self, d: Dispatch) -> "_Command":
+        kind = d.node.kind
+        if kind == "op":
+            return self._op_command(d)
+        return self._transfer_command(d) if kind == "comm" else self._reshard_command(d)
+
+    def _issue(self, d: Dispatch, c: "_Command", after: tuple[str, ...] = ()) -> None:
+        self._holdings.update(c.holdings)
+        self._submit(d, c.commands, c.ends, after)
+
+    def _op_command(self, d: Dispatch) -> "_Command":
         n = d.node
         i = n.index
         layout = self.layouts[i]
         rows = self.op_rows(i)
         tag = self._next_tag()
         prep, data_in, weights = [], [], None
+        holdings: dict[Artifact, _Holding] = {}
         for a in d.inputs:
             h = self._holdings.get(a)
             if h is None:
@@ -886,15 +959,17 @@ class TorchBackend(Backend):
                     prep.append({"kind": "weights", "label": a.label, "model": a.name, "layout": layout,
                                  "moves": route_weights(self.shapes[a.name], self.models[a.name].arch.layers,
                                                         h.layout, layout)})
-                    h.layout = layout
+                    holdings[a] = _Holding(layout=layout)
                 continue
             data_in.append(a.label)
             need = {r: x for r, rr in rows.items() if (x := intersect(rr, self.artifact_rows(a))) is not None}
             moves = route_rows(h.rows, need)
             if moves:
                 prep.append({"kind": "rows", "label": a.label, "fields": list(self.fields[a.name]), "moves": moves})
+                held = {r: list(x) for r, x in h.rows.items()}
                 for m in moves:
-                    h.rows.setdefault(m.dst, []).append((m.lo, m.hi))
+                    held.setdefault(m.dst, []).append((m.lo, m.hi))
+                holdings[a] = _Holding(rows=held)
         if weights is None:
             raise BackendError(n.node.loc, f"node {n.id} binds no parameter copy of @{n.node.model}")
         outputs: dict[str, list[str]] = {}
@@ -903,26 +978,24 @@ class TorchBackend(Backend):
         for a in d.outputs:
             if a.kind == "weights":
                 out_weights = a
-                self._holdings[a] = _Holding(layout=layout)
+                holdings[a] = _Holding(layout=layout)
                 continue
             outputs[a.label] = list(self.fields[a.name])
             fields += [f for f in self.fields[a.name] if f not in fields]
-            self._holdings[a] = _Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
+            holdings[a] = _Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
         cmd = {"type": "op", "node": n.id, "step": n.step, "role": n.node.role, "model": n.node.model,
                "layout": layout, "mb": n.node.strategy.mb, "rows": rows, "weights": weights.label,
                "inputs": data_in, "outputs": outputs, "fields": fields, "prep": prep, "tag": tag,
                "output": out_weights.label if out_weights else None,
                "version_out": out_weights.index if out_weights else None}
-        self._submit(d, {r: cmd for r in layout.ranks})
+        return _Command({r: cmd for r in layout.ranks}, frozenset(layout.ranks), holdings)
 
-    def transfer(self, d: Dispatch) -> None:
+    def _transfer_command(self, d: Dispatch) -> "_Command":
         n = d.node
         if not d.inputs:
-            self._submit(d, {})
-            return
+            return _Command()
         if d.inputs[0].kind == "weights":
-            self._move_weights(d, d.inputs[0], d.outputs[0] if d.outputs else None, None)
-            return
+            return self._weights_command(d, d.inputs[0], d.outputs[0] if d.outputs else None, None)
         out = d.outputs[0]
         held: dict[int, list[tuple[int, int]]] = {}
         for a in d.inputs:
@@ -935,25 +1008,25 @@ class TorchBackend(Backend):
         moves = route_rows(held, need, have={})
         cmd = {"type": "comm_data", "node": n.id, "moves": moves, "sources": [a.label for a in d.inputs],
                "target": out.label, "fields": list(self.fields[out.name]), "tag": self._next_tag()}
-        self._holdings.setdefault(out, _Holding()).rows.update({r: [x] for r, x in need.items()})
+        before = self._holdings.get(out)
+        delivered = _Holding(rows={**(before.rows if before else {}), **{r: [x] for r, x in need.items()}})
         ranks = {m.src for m in moves} | {m.dst for m in moves}
-        self._submit(d, {r: cmd for r in ranks})
+        return _Command({r: cmd for r in ranks}, frozenset(m.dst for m in moves), {out: delivered})
 
-    def reshard(self, d: Dispatch) -> None:
+    def _reshard_command(self, d: Dispatch) -> "_Command":
         if not d.inputs:
-            self._submit(d, {})
-            return
+            return _Command()
         _, target = self.reshard_layouts[d.node.index]
-        self._move_weights(d, d.inputs[0], d.outputs[0] if d.outputs else d.inputs[0], target)
+        return self._weights_command(d, d.inputs[0], d.outputs[0] if d.outputs else d.inputs[0], target)
 
-    def _move_weights(self, d: Dispatch, src: Artifact, dst: Optional[Artifact], target: Optional[Layout]) -> None:
+    def _weights_command(self, d: Dispatch, src: Artifact, dst: Optional[Artifact],
+                         target: Optional[Layout]) -> "_Command":
         n = d.node
         h = self._holdings.get(src)
         if h is None or h.layout is None:
             raise BackendError(n.node.loc, f"node {n.id} moves {src.label}, which no worker holds")
         if dst is None:
-            self._submit(d, {})
-            return
+            return _Command()
         layout = target or self._reader_layout(dst)
         moves = route_weights(self.shapes[src.name], self.models[src.name].arch.layers, h.layout, layout)
         cmd = {"type": "move_weights", "node": n.id, "model": src.name, "version": src.index, "source": src.label,
@@ -962,8 +1035,7 @@ class TorchBackend(Backend):
         ranks = {m.src for m in moves} | set(layout.ranks)
         if src == dst:
             ranks |= set(h.layout.ranks)
-        self._holdings[dst] = _Holding(layout=layout)
-        self._submit(d, {r: cmd for r in ranks})
+        return _Command({r: cmd for r in ranks}, frozenset(layout.ranks), {dst: _Holding(layout=layout)})
 
     # -- waiting -----------------------------------------------------------------------------------------
 

@@ -77,13 +77,16 @@ COMMANDS = {
     "stop": MessageType(()),
     "install": MessageType(("label", "model", "version", "layout"), ("keep", "tau")),
     "release": MessageType(("labels",)),  # every copy the controller freed on this rank since its last command
+    # a node's command also carries the copies freed on its rank since the rank's last command ("release")
     "op": MessageType(_NODE + ("step", "role", "model", "layout", "mb", "rows", "weights", "inputs", "outputs",
-                               "fields", "prep", "output", "version_out")),
-    "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields")),
-    "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks")),
+                               "fields", "prep", "output", "version_out"), ("release",)),
+    "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields"), ("release",)),
+    "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks"),
+                                ("release",)),
     "export": MessageType(("export", "dir"), ("weights", "masters", "window", "optimizer", "rng")),
     "keep": MessageType(("label", "tau")),
 }
+NODE_COMMANDS = ("op", "comm_data", "move_weights")  # the commands that run a node
 REPORTS = {
     "ready": MessageType(("rank", "groups")),
     "bye": MessageType(("rank",)),

@@ -152,10 +152,16 @@ class Entry:
     layout: Optional[Layout] = None
     shards: dict[str, Tensor] = field(default_factory=dict)
     pieces: list[Piece] = field(default_factory=list)
+    # (shard and piece counts it was counted at, bytes): an entry only ever gains pieces, so its bytes change
+    # only when the counts do; summing on every report delayed each node's report by ~0.1 ms
+    _counted: tuple[tuple[int, int], int] = field(default=((-1, -1), 0), repr=False, compare=False)
 
     def nbytes(self) -> int:
-        tensors = list(self.shards.values()) + [t for p in self.pieces for t in p.fields.values()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        key = (len(self.shards), len(self.pieces))
+        if self._counted[0] != key:
+            tensors = list(self.shards.values()) + [t for p in self.pieces for t in p.fields.values()]
+            self._counted = (key, sum(t.numel() * t.element_size() for t in tensors))
+        return self._counted[1]
 
     def full_precision(self) -> bool:
         """Whether the shards are float32 (exact master values), not a reduced-precision serving copy."""
@@ -251,6 +257,8 @@ class Worker:
         start = self.now()
         node = cmd.get("node")
         try:
+            for label in cmd.get("release", ()):  # freed since this rank's last command
+                self.entries.pop(label, None)
             self.maybe_fail(cmd)
             info = getattr(self, "cmd_" + cmd["type"])(cmd) or {}
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
