@@ -34,6 +34,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from rpegc.core.errors import RpegError
+from rpegc.core.options import option
 from rpegc.core.program import Program
 from rpegc.passes.program_pass import CostModelPass, transform
 from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, parse_ablations
@@ -43,19 +44,19 @@ from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, par
 class OptimizePass(CostModelPass):
     name = "optimize"
 
-    budget: int | float = 60
-    evals: int = 0
-    seed: int = 0
-    jobs: int = 0
-    objective: str = "throughput"
-    delta: int | float = 0.1
-    taus: tuple[int, ...] = (0, 1)
-    ac: bool = True
-    steps: int = 8
-    ablate: str = ""
-    baseline: str = "none"
-    progress: bool = False
-    summary: bool = True
+    budget: int | float = option(60, "wall-clock seconds for the search, the polish included (0: no time limit)")
+    evals: int = option(0, "uncached evaluations, the polish included (0: no limit); with budget, whichever ends first")
+    seed: int = option(0, "random seed: the same seed and evaluation budget give the same plan")
+    jobs: int = option(0, "worker processes (0: every core once the budget pays for starting them)")
+    objective: str = option("throughput", "throughput (Score_pen, Eq. 5) or util (throughput x utilization, Eq. 6)")
+    delta: int | float = option(0.1, "throughput loss that objective=util may trade for utilization")
+    taus: tuple[int, ...] = option((0, 1), "staleness candidates per trainable model (S2)")
+    ac: bool = option(True, "consider actor-critic parameter sharing (S1), where an actor and a critic exist")
+    steps: int = option(8, "K_eval, the unrolled horizon plans are scored on (use the same k in unroll)")
+    ablate: str = option("", "comma list of Table IV ablations A1..A9, e.g. ablate=\"A4,A7\"")
+    baseline: str = option("none", "none (search), or write the greedy or concurrent baseline plan instead")
+    progress: bool = option(False, "show the progress bar even when stderr is not a terminal")
+    summary: bool = option(True, "print the summary table on stderr at the end")
 
     def options(self) -> OptimizeOptions:
         return OptimizeOptions(

@@ -20,6 +20,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
 from rpegc.core.cost_options import CostOptions
+from rpegc.core.options import option
 from rpegc.core.errors import RpegError
 from rpegc.core.hardware import Hardware, program_hardware
 from rpegc.core.gc_pause import without_gc
@@ -77,7 +78,7 @@ class CostModelPass(ModulePass, CostOptions):
     inherited, so both passes take the same ones under the same names and defaults, plus `hardware`, a
     profile that overrides the cluster's."""
 
-    hardware: str = ""
+    hardware: str = option("", "hardware profile (a name such as gh200, or a TOML path) instead of the cluster's")
 
     def __post_init__(self) -> None:
         """Nothing at construction: `check_options` checks the values, so the driver can locate a bad one."""

@@ -11,6 +11,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from rpegc.core.options import option
 from rpegc.core.quantiles import split_quantiles
 from rpegc.passes.program_pass import transform
 
@@ -18,7 +19,7 @@ from rpegc.passes.program_pass import transform
 @dataclass(frozen=True)
 class SplitQuantilesPass(ModulePass):
     name = "split-quantiles"
-    enable: bool = True
+    enable: bool = option(True, "split phases where they pay off; false: never (ablation A1)")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         transform(self.name, op, lambda p: split_quantiles(p, self.enable))

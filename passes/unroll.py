@@ -12,6 +12,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from rpegc.core.errors import RpegError
+from rpegc.core.options import option
 from rpegc.core.unroll import MAX_STEPS, unroll
 from rpegc.passes.program_pass import transform
 
@@ -19,7 +20,7 @@ from rpegc.passes.program_pass import transform
 @dataclass(frozen=True)
 class UnrollPass(ModulePass):
     name = "unroll"
-    k: int = 2
+    k: int = option(2, "K_eval: the RL steps to unroll")
 
     def check_options(self, where=None) -> None:
         if self.k < 1:

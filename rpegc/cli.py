@@ -1,8 +1,9 @@
 """The `rpegc` driver: mlir-opt-style pass pipelines over `.rpeg` modules (DESIGN.md Section 5).
 
-Built on xDSL's opt main, so `-p`, `-o`, `--split-input-file`, `--verify-diagnostics`,
-`--print-between-passes` and `--time-passes` behave as in xdsl-opt. rpegc adds the `.rpeg` (and `.json`)
-frontends, `--emit=rpeg|mlir|json|dot`, the `-O` preset pipeline, `--summary`, `--explain` and `--gantt`.
+Built on xDSL's opt main, so `-p`, `-o`, `--split-input-file` and `--verify-diagnostics` behave as in
+xdsl-opt. rpegc adds the `.rpeg` (and `.json`) frontends, `--emit=rpeg|mlir|json|dot`, the `-O` preset pipeline,
+`--summary`, `--explain`, `--gantt`, `--list-passes`, and mlir-opt's `--time-passes` report and
+`--print-ir-after-all|change|failure` dumps.
 Every user error is printed as `file:line:col: error: ...` with the source line and a caret, and exits 1;
 outputs are checked before the run and written as rpegc/outputs.py says (atomically, never over an input).
 """
@@ -316,6 +317,30 @@ class RpegcMain(xDSLOptMain):
         arg_parser.add_argument("--explain", action="store_true",
                                 help="print every operator's time terms and every device's memory to stderr")
         arg_parser.add_argument("--gantt", metavar="PATH", help="draw the schedule (PNG or SVG by extension)")
+        arg_parser.add_argument("--print-ir-after-all", action="store_true",
+                                help="print the module (.rpeg text) to stderr after every pass, with MLIR's header")
+        arg_parser.add_argument("--print-ir-after-change", action="store_true",
+                                help="as --print-ir-after-all, only after the passes that changed the module")
+        arg_parser.add_argument("--print-ir-after-failure", action="store_true",
+                                help="print the module to stderr after a pass that failed")
+        arg_parser.add_argument("--list-passes", action="store_true",
+                                help="list rpegc's passes with their paper sections and options, then exit")
+        arg_parser.add_argument("--all-passes", action="store_true",
+                                help="with --list-passes: also name xDSL's own passes")
+        self._describe_self(arg_parser)
+
+    def _describe_self(self, arg_parser: argparse.ArgumentParser) -> None:
+        """rpegc's version line, and `-p`/`-t` help without xDSL's ~150 passes and targets."""
+        from rpegc.version import version_line
+
+        for action in arg_parser._actions:
+            if action.dest == "passes":
+                action.help = ("comma-separated pass pipeline, e.g. -p 'verify-wellformed,unroll{k=8}'; "
+                               "rpegc --list-passes lists the passes and their options")
+            elif action.dest == "target":
+                action.help = "xDSL printer for --emit=mlir (default mlir)"
+            elif action.dest == "version":
+                action.version_format = version_line("rpegc").replace("{", "{{").replace("}", "}}")
 
     def setup_pipeline(self):
         given = self._pipeline_given()
@@ -331,19 +356,35 @@ class RpegcMain(xDSLOptMain):
                                    Loc(self.args.input_file or "<stdin>", 0, 0))
         self.pipeline = PassPipeline.parse_spec(self.available_passes, self.args.passes, self._between_passes)
         self._pass_started = time.perf_counter()
+        self.timings: list[tuple[str, float]] = []  # --time-passes: (what, wall seconds), in order
+        self._next_pass: ModulePass | None = None  # the pass that runs now (the one a failure names)
+        self._last_ir: Optional[str] = None  # --print-ir-after-change/failure: the module as the last pass left it
 
     def _between_passes(self, previous: ModulePass | None, module: ModuleOp, following: ModulePass | None) -> None:
         """xDSL's pipeline callback, writing to stderr (stdout carries the module) and in .rpeg form."""
-        if self.args.time_passes and previous is not None:
-            sys.stderr.write(f"Pass {previous.name} took {time.perf_counter() - self._pass_started} seconds\n")
+        if previous is not None:
+            self.timings.append((previous.name, time.perf_counter() - self._pass_started))
         if not self.args.disable_verify:
             module.verify()
-        if previous is not None and following is not None and self.args.print_between_passes:
-            from rpegc.dialects.convert import module_to_program
-            from rpegc.syntax.printer import print_program
-
-            sys.stderr.write(f"// ----- IR after {previous.name} -----\n{print_program(module_to_program(module))}\n")
+        a = self.args
+        if a.print_ir_after_all or a.print_ir_after_change or a.print_ir_after_failure or a.print_between_passes:
+            text = _module_text(module)
+            dump = previous is not None and (
+                a.print_ir_after_all or (a.print_between_passes and following is not None)
+                or (a.print_ir_after_change and text != self._last_ir))
+            if dump:
+                sys.stderr.write(ir_dump_header(previous) + "\n" + text + "\n")
+            self._last_ir = text
+        self._next_pass = following
         self._pass_started = time.perf_counter()
+
+    def apply_passes(self, prog: ModuleOp):
+        try:
+            super().apply_passes(prog)
+        except BaseException:
+            if self.args.print_ir_after_failure and self._next_pass is not None and self._last_ir is not None:
+                sys.stderr.write(ir_dump_header(self._next_pass, failed=True) + "\n" + self._last_ir + "\n")
+            raise
 
     # -- input ----------------------------------------------------------------------------------------------
     def register_all_frontends(self):
@@ -391,18 +432,30 @@ class RpegcMain(xDSLOptMain):
 
     # -- main loop ------------------------------------------------------------------------------------------
     def run(self):
+        if self.args.list_passes:
+            from rpegc.pass_catalog import list_passes
+
+            sys.stdout.write(list_passes(self.available_passes, everything=self.args.all_passes))
+            return
+        if self.args.all_passes:
+            raise UsageError("error: --all-passes goes with --list-passes")
         self.check_outputs()  # before anything runs, so a bad output path costs no compile and writes nothing
         chunks, extension = self.prepare_input()
         outputs: list[str] = []
         for i, (chunk, offset) in enumerate(chunks):
             try:
+                started = time.perf_counter()
                 module = self._parse_chunk_at(chunk, extension, offset)
+                self.timings.append(("parse", time.perf_counter() - started))
                 if self.pass_refs:
                     from rpegc.dialects.convert import module_to_program
 
                     check_pass_order(self.args.passes, self.pass_refs, module_to_program(module))
+                self._pass_started = time.perf_counter()
                 self.apply_passes(module)
+                started = time.perf_counter()
                 outputs.append(self.output_resulting_program(module))
+                self.timings.append(("output", time.perf_counter() - started))
             except (RpegError, DiagnosticException, ParseError) as err:
                 text = self.render_error(err)
                 if not self.args.verify_diagnostics:
@@ -414,6 +467,8 @@ class RpegcMain(xDSLOptMain):
             self.write_outputs("// -----\n".join(outputs))
         except OutputError as err:
             raise UsageError(str(err)) from None
+        if self.args.time_passes:
+            sys.stderr.write(timing_report(self.timings))
 
     def _parse_chunk_at(self, chunk: IO[bytes], extension: str, offset: int) -> ModuleOp:
         if extension == "rpeg" and offset:
@@ -464,12 +519,12 @@ class RpegcMain(xDSLOptMain):
         if self.args.gantt and (program is None or program.exec is None or program.exec.schedule is None):
             raise UsageError("error: --gantt needs a scheduled module; run the pipeline through 'schedule'")
         with Outputs() as files:
-            if self.args.output_file is None:
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            else:
+            if self.args.output_file is not None:
                 with open(files.open(self.args.output_file, "the output"), "w", encoding="utf-8") as f:
                     f.write(text)
+            elif not self.args.explain:  # --explain without -o: the explanation only
+                sys.stdout.write(text)
+                sys.stdout.flush()
             self.print_reports(program)
             if self.args.gantt:
                 from rpegc.tools.gantt import draw_gantt
@@ -490,6 +545,34 @@ class RpegcMain(xDSLOptMain):
             from rpegc.core.hardware import program_hardware
 
             sys.stderr.write(explain(program, program_hardware(program)))
+
+
+def _module_text(module: ModuleOp) -> str:
+    from rpegc.dialects.convert import module_to_program
+    from rpegc.syntax.printer import print_program
+
+    return print_program(module_to_program(module))
+
+
+def ir_dump_header(p: ModulePass, failed: bool = False) -> str:
+    """mlir-opt's header of an IR dump (`--mlir-print-ir-after-*`); unlike `// -----`, no split marker."""
+    return f"// -----// IR Dump After {type(p).__name__}{' Failed' if failed else ''} ({p.name}) //----- //"
+
+
+def timing_report(timings: list[tuple[str, float]]) -> str:
+    """MLIR's `--mlir-timing` report: wall time per pass (summed over split-input chunks, in first-run order)
+    with its share of the total, then the total."""
+    per: dict[str, float] = {}
+    for name, seconds in timings:
+        per[name] = per.get(name, 0.0) + seconds
+    total = sum(per.values())
+    rule = "===" + "-" * 73 + "==="
+    lines = [rule, "... Execution time report ...".center(len(rule)).rstrip(), rule,
+             f"  Total Execution Time: {total:.4f} seconds", "", "  ----Wall Time----  ----Name----"]
+    for name, seconds in per.items():
+        lines.append(f"  {seconds:8.4f} ({100 * seconds / total if total else 0.0:5.1f}%)  {name}")
+    lines.append(f"  {total:8.4f} (100.0%)  Total")
+    return "\n".join(lines) + "\n"
 
 
 def emit_program(program, emit: str) -> str:

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 
 from rpegc.core.errors import RpegError, render
 from rpegc.runtime.plan import RunPlan, load_plan
+from rpegc.version import PrintVersion
 
 VERIFY_SHOWN = 30
 MAX_SEED = 2**63 - 1
@@ -47,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                     "trained model as a Hugging Face directory.",
     )
     p.add_argument("plan", help="lowered exec module (.json or .rpeg text)")
+    p.add_argument("--version", action=PrintVersion)
     p.add_argument("--backend", choices=("sim", "torch"), default="sim",
                    help="sim: simulated clock from the annotated node times (default); torch: real workers")
     p.add_argument("--steps", type=int, default=None, metavar="K",

@@ -147,27 +147,113 @@ def test_verify_diagnostics_on_good_input_prints_the_module(tmp_path, capsys):
 # --- pass instrumentation ---------------------------------------------------------------------------------
 
 
-def test_print_between_passes_shows_the_ir_after_each_pass(tmp_path, capsys):
+def test_print_between_passes_shows_the_ir_between_passes(tmp_path, capsys):
     src = write(tmp_path, "in.rpeg", GOOD)
     code, out, err = run(capsys, src, "-p", "verify-wellformed,unroll{k=2}", "--print-between-passes")
     assert code == 0
-    # The dumps go to stderr in .rpeg text (as mlir-opt's do), so stdout stays a clean module.
-    assert "IR after verify-wellformed" in err
-    after_verify = err.split("IR after verify-wellformed")[1]
+    # The dumps go to stderr in .rpeg text (as mlir-opt's do), so stdout stays a clean module; the header is
+    # mlir-opt's, not the `// -----` of split input files.
+    header = "// -----// IR Dump After VerifyWellformedPass (verify-wellformed) //----- //"
+    assert header in err and "IR Dump After UnrollPass" not in err  # between passes: not after the last
+    after_verify = err.split(header)[1]
     assert "rpeg.vertex @gen" in after_verify and "exec.op" not in after_verify  # before unroll
-    assert "IR after" not in out
+    assert "IR Dump" not in out
     assert out.rstrip().endswith("}")
     assert "exec.publish @train#0 -> @gen#1 (%W)" in out  # the final module in rpeg text
 
 
-def test_time_passes_reports_every_pass(tmp_path, capsys):
+def dumps(err: str) -> list[str]:
+    return re.findall(r"^// -----// IR Dump After (.*) //----- //$", err, flags=re.M)
+
+
+def test_print_ir_after_all_and_after_change(tmp_path, capsys):
+    src = write(tmp_path, "in.rpeg", GOOD)
+    code, out, err = run(capsys, src, "-p", "verify-wellformed,unroll{k=2}", "--print-ir-after-all")
+    assert code == 0 and "IR Dump" not in out
+    assert dumps(err) == ["VerifyWellformedPass (verify-wellformed)", "UnrollPass (unroll)"]
+    assert err.split("(unroll) //----- //\n")[1].strip() == out.strip()  # after the last pass: the output
+    code, out, err = run(capsys, src, "-p", "verify-wellformed,unroll{k=2}", "--print-ir-after-change")
+    assert code == 0 and dumps(err) == ["UnrollPass (unroll)"]  # verify-wellformed changes nothing
+
+
+def test_print_ir_after_failure_shows_the_module_the_failing_pass_left(tmp_path, capsys):
+    bad = pathlib.Path(__file__).resolve().parent.parent / "lit_tests" / "verify" / "a2-1-interface.rpeg"
+    code, out, err = run(capsys, str(bad), "-p", "verify-wellformed", "--print-ir-after-failure")
+    assert code == 1 and out == ""
+    assert dumps(err) == ["VerifyWellformedPass Failed (verify-wellformed)"]
+    dumped = err.split("//----- //\n")[1]
+    assert "rpeg.edge @gen -> @train" in dumped or "rpeg.data @gen -> @train" in dumped
+    assert "error: data edge @gen -> @train carries %X" in err
+    code, out, err = run(capsys, str(bad), "-p", "verify-wellformed")
+    assert code == 1 and dumps(err) == []
+
+
+def test_time_passes_prints_mlirs_timing_report(tmp_path, capsys):
     src = write(tmp_path, "in.rpeg", GOOD)
     code, out, err = run(capsys, src, "-p", "verify-wellformed,unroll{k=2}", "--time-passes")
     assert code == 0
-    timings = re.findall(r"Pass ([\w-]+) took ([0-9.e-]+) seconds", err)
-    assert "took" not in out  # stdout carries only the module
-    assert [name for name, _ in timings] == ["verify-wellformed", "unroll"]
-    assert all(float(t) >= 0 for _, t in timings)
+    assert "Execution time report" not in out  # stdout carries only the module
+    total = float(re.search(r"Total Execution Time: ([0-9.]+) seconds", err).group(1))
+    rows = re.findall(r"^ +([0-9.]+) \( *([0-9.]+)%\)  ([\w-]+)$", err, flags=re.M)
+    assert [name for _, _, name in rows] == ["parse", "verify-wellformed", "unroll", "output", "Total"]
+    assert rows[-1][1] == "100.0"
+    assert sum(float(t) for t, _, _ in rows[:-1]) == pytest.approx(total, abs=5e-4 * len(rows))  # 4 decimals each
+    assert sum(float(p) for _, p, _ in rows[:-1]) == pytest.approx(100.0, abs=0.05 * len(rows))
+
+
+def test_list_passes_describes_every_rpegc_pass_and_its_options(capsys):
+    code, out, err = run(capsys, "--list-passes")
+    assert code == 0 and err == ""
+    from rpegc.registry import PASSES
+
+    names = [line for line in out.splitlines() if line and not line.startswith((" ", "(", "rpegc passes"))]
+    assert names == list(PASSES)  # rpegc's passes, in pipeline order; xDSL's are only counted
+    unroll = out.split("\nunroll\n")[1].split("\n\n")[0]
+    assert "Alg. 3" in unroll and "k: int = 2" in unroll and "K_eval" in unroll
+    optimize = out.split("\noptimize\n")[1].split("\n\n")[0]
+    assert optimize.index("budget: int | float = 60") < optimize.index("hardware: str") < optimize.index("decode_rows")
+    assert "taus: tuple[int, ...] = 0,1" in optimize and "staleness candidates" in optimize
+    assert "canonicalize" not in out and "passes of xDSL itself" in out
+
+
+def test_list_passes_names_xdsls_passes_only_when_asked(capsys):
+    assert re.search(r"\bcanonicalize,", run(capsys, "--list-passes", "--all-passes")[1])
+    code, _, err = run(capsys, "--all-passes")
+    assert code == 1 and "--all-passes goes with --list-passes" in err
+
+
+def test_help_does_not_list_xdsls_passes_or_targets(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert "convert-arith-to-riscv" not in out and "arm-asm" not in out and "--list-passes" in out
+
+
+@pytest.mark.parametrize("tool", ["rpegc", "rpeg-run", "rpeg-calibrate", "rpeg-validate"])
+def test_every_tool_prints_its_version_and_what_it_runs_on(tool, capsys):
+    import importlib
+    from importlib.metadata import version
+
+    import rpegc
+
+    entry = {"rpegc": "rpegc.cli", "rpeg-run": "rpegc.runtime.cli", "rpeg-calibrate": "rpegc.tools.calibrate",
+             "rpeg-validate": "rpegc.tools.validate"}[tool]
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(entry).main(["--version"])
+    out = capsys.readouterr().out
+    assert exit_.value.code in (0, None)
+    assert out == f"{tool} {rpegc.__version__} (xdsl {version('xdsl')}, torch {version('torch')}, " \
+                  f"megatron-core {version('megatron-core')}, python {__import__('platform').python_version()})\n"
+
+
+def test_explain_without_output_prints_the_explanation_only(tmp_path, capsys):
+    src = str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "grpo-tiny.rpeg")
+    out_file = tmp_path / "out.rpeg"
+    code, out, err = run(capsys, src, "-p", "verify-wellformed", "--explain")
+    assert code == 0 and out == "" and "Cost model for graph" in err
+    code, out, err = run(capsys, src, "-p", "verify-wellformed", "--explain", "-o", str(out_file))
+    assert code == 0 and out == "" and "Cost model for graph" in err and "rpeg.graph" in out_file.read_text()
 
 
 # --- emitters -----------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from rpegc.core.program import Arch, Workload
 from rpegc.core.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, time_per_call, time_repeats
+from rpegc.version import PrintVersion
 
 DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
 BACKEND_POSITIONS = "learned"  # position embedding of the torch backend's models (its run_config default)
@@ -989,6 +990,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rpeg-calibrate", description=(
         "Measure the cost model's hardware parameters on this machine's devices and write a hardware "
         "profile TOML (paper App. C-A2)."))
+    ap.add_argument("--version", action=PrintVersion)
     ap.add_argument("-o", "--output", default=None,
                     help=f"profile to write (default: {DEFAULT_OUTPUT}, only if no such file exists: the default "
                          "never replaces a profile)")

@@ -45,6 +45,7 @@ from rpegc.core.program import Arch, Workload
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.calibrate import mape
 from rpegc.tools.measure import Progress, WorkerPool, device_count
+from rpegc.version import PrintVersion
 
 ROLES = ("generation", "inference", "training")
 BACKEND_DTYPE = "fp32"  # validation measures the torch backend's float32 path (s_b = 4; bf16 serves in bf16)
@@ -638,6 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Run generation, inference and training operators of the torch backend over a grid of tiny models, "
         "workloads and (dp, pp, tp, mb) strategies, and compare their latency with the cost model "
         "(paper Sec. VIII-A, Fig. 4)."))
+    ap.add_argument("--version", action=PrintVersion)
     ap.add_argument("--hardware", required=True, help="calibrated profile (a path or a shipped name), e.g. cpu.toml")
     ap.add_argument("--devices", type=int, default=None, help="worker processes (default: CPU cores, at most 8)")
     ap.add_argument("--out", default=None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from rpegc.core.errors import Loc, RpegError
+from rpegc.core.options import option
 
 # Allowed values of the string-valued options; the first entry is the spec's baseline.
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -25,40 +26,39 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class CostOptions:
-    # A1: forward-equivalents in a training operator (4 = fwd + recompute + bwd; 3 = no recompute).
-    train_forward_equivalents: int = 4
-    # A3: factor of the decode attention term 2*L*(f*(L_p+t)*d); [PF]'s unexpanded sum has 1.
-    decode_attention_factor: int = 2
-    # A4: heads of a shared actor-critic in inference ("both": 2Vd + 2d, "value": 2d).
-    actor_critic_inference_heads: str = "both"
-    # A5: rows of one decode GEMM ("local_mb": b_loc = BR/(P_d mb); "local_batch": BR/P_d).
-    decode_rows: str = "local_mb"
-    # A6: apply the 1F1B bubble to generation's T_gemm.
-    bubble_on_generation: bool = True
-    # A7: pipeline P2P of generation ("none"; "prefill": the prefill priced like inference at L_p;
-    # "wavefront": the prefill as in "prefill", plus, for every decode step of every microbatch, one
-    # activation transfer per stage boundary and the sampled token back from the last stage to the
-    # first -- what a pipelined decode loop that feeds each token back does, as the torch backend's).
-    generation_pp: str = "none"
-    # A8: tier of node-crossing PP boundaries ("allocation": tier(sigma(v)); "replica": the slowest
-    # tier spanned by one pipeline replica).
-    pp_inter_tier: str = "allocation"
-    # A11: rounding of the checkpoint interval c = max(1, round(sqrt(L/P_p))).
-    checkpoint_interval: str = "floor"
-    # A12: add the unsharded third buffer term 2d + 2d_ff to M_buf and M_act^I.
-    recompute_buffer_third_term: bool = False
-    # A13: serving operators without a persistent BF16 copy load their weights transiently.
-    serving_weights_in_transient: bool = True
-    # A16: alpha-beta family used by AlltoAll (Reshard nodes).
-    alltoall_family: str = "collective"
-    # A20: TP AllReduces of decode ("batched": one step over BR/P_d; "per_microbatch": mb steps).
-    tp_decode: str = "batched"
-    # A23: LM-head width in M_act^I for scalar-head kinds ("vocab": d + V; "one": d + 1).
-    scalar_head_act_width: str = "vocab"
-    # Not in the source: latency-bound AllReduces of a few scalars a training operator makes over its
-    # DP group (token counts for loss normalisation, advantage whitening moments, statistics), each
-    # priced AR(8 B, P_d). The spec prices none; the torch backend makes 4.
-    dp_scalar_allreduces: int = 0
+    train_forward_equivalents: int = option(
+        4, "A1: forward-equivalents in a training operator (4 = fwd + recompute + bwd; 3 = no recompute)")
+    decode_attention_factor: int = option(
+        2, "A3: factor of the decode attention term 2*L*(f*(L_p+t)*d); [PF]'s unexpanded sum has 1")
+    actor_critic_inference_heads: str = option(
+        "both", "A4: heads of a shared actor-critic in inference (both: 2Vd + 2d; value: 2d)")
+    decode_rows: str = option(
+        "local_mb", "A5: rows of one decode GEMM (local_mb: b_loc = BR/(P_d mb); local_batch: BR/P_d)")
+    bubble_on_generation: bool = option(True, "A6: apply the 1F1B bubble to generation's T_gemm")
+    generation_pp: str = option(
+        "none", "A7: pipeline P2P of generation (none; prefill: the prefill priced like inference at L_p; "
+                "wavefront: the prefill, plus, for every decode step of every microbatch, one activation transfer "
+                "per stage boundary and the sampled token back from the last stage to the first, as the torch "
+                "backend's pipelined decode loop does)")
+    pp_inter_tier: str = option(
+        "allocation", "A8: tier of node-crossing PP boundaries (allocation: tier(sigma(v)); replica: the slowest "
+                      "tier one pipeline replica spans)")
+    checkpoint_interval: str = option(
+        "floor", "A11: rounding of the checkpoint interval c = max(1, round(sqrt(L/P_p))) (floor or ceil)")
+    recompute_buffer_third_term: bool = option(
+        False, "A12: add the unsharded third buffer term 2d + 2d_ff to M_buf and M_act^I")
+    serving_weights_in_transient: bool = option(
+        True, "A13: serving operators without a persistent BF16 copy load their weights transiently")
+    alltoall_family: str = option(
+        "collective", "A16: alpha-beta family of the AlltoAll of Reshard nodes (collective or p2p)")
+    tp_decode: str = option(
+        "batched", "A20: TP AllReduces of decode (batched: one step over BR/P_d; per_microbatch: mb steps)")
+    scalar_head_act_width: str = option(
+        "vocab", "A23: LM-head width in M_act^I for scalar-head kinds (vocab: d + V; one: d + 1)")
+    dp_scalar_allreduces: int = option(
+        0, "not in the source: latency-bound AllReduces of a few scalars a training operator makes over its DP "
+           "group (token counts, whitening moments, statistics), each priced AR(8 B, P_d); the spec prices none, "
+           "the torch backend makes 4")
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
