@@ -340,3 +340,13 @@ def test_bad_json_is_a_located_error(tmp_path, capsys):
     code, _, err = run(capsys, path)
     assert code == 1
     assert err.startswith(f"{path}:3:1: error: invalid JSON")
+
+
+def test_every_rpegc_pass_has_a_lit_golden_named_after_it():
+    from rpegc.registry import PASSES
+
+    goldens = pathlib.Path(__file__).resolve().parent.parent / "lit_tests" / "passes"
+    assert sorted(p.stem for p in goldens.glob("*.rpeg")) == sorted(PASSES)
+    for name in PASSES:  # and it runs that pass
+        runs = [line for line in (goldens / f"{name}.rpeg").read_text().splitlines() if "RUN: " in line]
+        assert any(re.search(rf"-p '?[^ ]*\b{name}\b", line) for line in runs), name
