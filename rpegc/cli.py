@@ -366,12 +366,13 @@ class RpegcMain(xDSLOptMain):
             self.timings.append((previous.name, time.perf_counter() - self._pass_started))
         if not self.args.disable_verify:
             module.verify()
-        a = self.args
-        if a.print_ir_after_all or a.print_ir_after_change or a.print_ir_after_failure or a.print_between_passes:
+        args = self.args
+        if args.print_ir_after_all or args.print_ir_after_change or args.print_ir_after_failure or \
+                args.print_between_passes:
             text = _module_text(module)
             dump = previous is not None and (
-                a.print_ir_after_all or (a.print_between_passes and following is not None)
-                or (a.print_ir_after_change and text != self._last_ir))
+                args.print_ir_after_all or (args.print_between_passes and following is not None)
+                or (args.print_ir_after_change and text != self._last_ir))
             if dump:
                 sys.stderr.write(ir_dump_header(previous) + "\n" + text + "\n")
             self._last_ir = text
