@@ -1,9 +1,9 @@
 """The `rpegc` driver: mlir-opt-style pass pipelines over `.rpeg` modules (DESIGN.md Section 5).
 
-Built on xDSL's opt main, so `-p`, `-o`, `--split-input-file` and `--verify-diagnostics` behave as in
-xdsl-opt. rpegc adds the `.rpeg` (and `.json`) frontends, `--emit=rpeg|mlir|json|dot`, the `-O` preset pipeline,
-`--summary`, `--explain`, `--gantt`, `--list-passes`, and mlir-opt's `--time-passes` report and
-`--print-ir-after-all|change|failure` dumps.
+Built on xDSL's opt main, so `-p`, `-o` and `--split-input-file` behave as in xdsl-opt. rpegc adds the `.rpeg`
+(and `.json`) frontends, `--emit=rpeg|mlir|json|dot`, the `-O` preset pipeline, `--summary`, `--explain`,
+`--gantt`, `--list-passes`, and mlir-opt's `--verify-diagnostics` (rpegc/diagnostics.py), `--time-passes` report
+and `--print-ir-after-all|change|failure` dumps.
 Every user error is printed as `file:line:col: error: ...` with the source line and a caret, and exits 1;
 outputs are checked before the run and written as rpegc/outputs.py says (atomically, never over an input).
 """
@@ -337,6 +337,9 @@ class RpegcMain(xDSLOptMain):
             if action.dest == "passes":
                 action.help = ("comma-separated pass pipeline, e.g. -p 'verify-wellformed,unroll{k=8}'; "
                                "rpegc --list-passes lists the passes and their options")
+            elif action.dest == "verify_diagnostics":
+                action.help = ("check the diagnostics against the input's `// expected-error @+N {{text}}` comments "
+                               "(mlir-opt's meaning): exit 0 only if they match exactly")
             elif action.dest == "target":
                 action.help = "xDSL printer for --emit=mlir (default mlir)"
             elif action.dest == "version":
@@ -443,7 +446,9 @@ class RpegcMain(xDSLOptMain):
         self.check_outputs()  # before anything runs, so a bad output path costs no compile and writes nothing
         chunks, extension = self.prepare_input()
         outputs: list[str] = []
+        failures: list[str] = []  # --verify-diagnostics
         for i, (chunk, offset) in enumerate(chunks):
+            found: list = []
             try:
                 started = time.perf_counter()
                 module = self._parse_chunk_at(chunk, extension, offset)
@@ -458,12 +463,18 @@ class RpegcMain(xDSLOptMain):
                 outputs.append(self.output_resulting_program(module))
                 self.timings.append(("output", time.perf_counter() - started))
             except (RpegError, DiagnosticException, ParseError) as err:
-                text = self.render_error(err)
                 if not self.args.verify_diagnostics:
-                    raise UsageError(text) from None
-                outputs.append(text + "\n")
+                    raise UsageError(self.render_error(err)) from None
+                found = self._diagnostics(err)
             finally:
                 chunk.close()
+            if self.args.verify_diagnostics:
+                from rpegc.diagnostics import expectations, verify
+
+                name = self.get_input_name()
+                failures += verify(found, expectations(self.sources.get(name, ""), name), name)
+        if failures:
+            raise UsageError("\n".join(failures))
         try:
             self.write_outputs("// -----\n".join(outputs))
         except OutputError as err:
@@ -489,6 +500,18 @@ class RpegcMain(xDSLOptMain):
         except ValueError as err:
             raise UsageError(f"{self.get_input_name()}: error: {err}; use a .rpeg, .json or .mlir file "
                              "or choose a frontend with -f") from None
+
+    def _diagnostics(self, err: Exception) -> list:
+        """What a failed chunk reported, as diagnostics to verify against its expectations."""
+        from rpegc.diagnostics import Diagnostic, diagnostics
+        from rpegc.passes.program_pass import RpegPassError
+
+        if isinstance(err, RpegPassError):
+            return diagnostics(err.error)
+        if isinstance(err, RpegError):
+            return diagnostics(err)
+        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        return [Diagnostic("error", Loc(self.get_input_name(), 0, 0), message)]
 
     def render_error(self, err: Exception) -> str:
         from rpegc.passes.program_pass import RpegPassError

@@ -116,24 +116,45 @@ def test_split_input_file_reports_lines_of_the_whole_file(tmp_path, capsys):
     assert text.splitlines()[offset + BAD_LINE - 1] == "  %X = rpeg.container tokens[B, Lp]"
 
 
-def test_split_input_file_with_verify_diagnostics_prints_both_chunks(tmp_path, capsys):
-    src = write(tmp_path, "two.rpeg", BAD + "// -----\n" + GOOD)
+# BAD with the diagnostic it must produce stated on the line above %X (mlir-opt's expected-error comments)
+EXPECTING = BAD.replace("  %X = rpeg.container", "  // expected-error @+1 {{is read by @gen but no vertex writes it}}\n"
+                                                 "  %X = rpeg.container")
+
+
+def test_split_input_file_with_verify_diagnostics_prints_the_good_chunks(tmp_path, capsys):
+    src = write(tmp_path, "two.rpeg", EXPECTING + "// -----\n" + GOOD)
     code, out, err = run(capsys, src, "--split-input-file", "--verify-diagnostics", "-p", "verify-wellformed")
     assert (code, err) == (0, "")
-    first, second = out.split("// -----\n")
-    assert first.startswith(f"{src}:{BAD_LINE}:3: error: %X is read by @gen")
-    assert second.startswith("rpeg.workload") and "rpeg.input %X" in second
+    assert out.startswith("rpeg.workload") and "rpeg.input %X" in out and out.count("rpeg.graph") == 1
 
 
-def test_verify_diagnostics_prints_the_error_and_exits_zero(tmp_path, capsys):
+def test_verify_diagnostics_passes_when_every_diagnostic_is_expected(tmp_path, capsys):
+    src = write(tmp_path, "bad.rpeg", EXPECTING)
+    assert run(capsys, src, "--verify-diagnostics", "-p", "verify-wellformed") == (0, "", "")
+    same_line = BAD.replace("  %X = rpeg.container tokens[B, Lp]",
+                            "  %X = rpeg.container tokens[B, Lp]  // expected-error {{no vertex writes it}}")
+    below = BAD.replace("  %X = rpeg.container", "  // expected-error @below {{no vertex writes it}}\n"
+                                                  "  // expected-error @below {{another}}\n  %X = rpeg.container")
+    assert run(capsys, write(tmp_path, "same.rpeg", same_line), "--verify-diagnostics", "-p", "verify-wellformed")[0] == 0
+    code, _, err = run(capsys, write(tmp_path, "below.rpeg", below), "--verify-diagnostics", "-p", "verify-wellformed")
+    assert code == 1 and err.splitlines() == [  # @below skips the other expectation's line; "another" is not produced
+        f"{tmp_path / 'below.rpeg'}:5:6: error: expected error \"another\" was not produced (on line 6)"]
+
+
+def test_verify_diagnostics_fails_on_an_unexpected_or_a_missing_diagnostic(tmp_path, capsys):
     src = write(tmp_path, "bad.rpeg", BAD)
     code, out, err = run(capsys, src, "--verify-diagnostics", "-p", "verify-wellformed")
-    assert (code, err) == (0, "")
-    assert out.splitlines() == [
-        f"{src}:{BAD_LINE}:3: error: %X is read by @gen but no vertex writes it (Def. A.2 (3)); list it in "
-        "rpeg.input or add it to the writes of its producer",
-        "  %X = rpeg.container tokens[B, Lp]",
-        "  ^",
+    assert (code, out) == (1, "")
+    assert err == (f"{src}:{BAD_LINE}:3: error: unexpected error: %X is read by @gen but no vertex writes it "
+                   "(Def. A.2 (3)); list it in rpeg.input or add it to the writes of its producer\n")
+    wrong = write(tmp_path, "wrong.rpeg", EXPECTING.replace("@+1", "@+2"))
+    code, out, err = run(capsys, wrong, "--verify-diagnostics", "-p", "verify-wellformed")
+    assert code == 1 and out == ""
+    assert err.splitlines() == [
+        f"{wrong}:{BAD_LINE + 1}:3: error: unexpected error: %X is read by @gen but no vertex writes it (Def. A.2 (3)); "
+        "list it in rpeg.input or add it to the writes of its producer",
+        f"{wrong}:{BAD_LINE}:6: error: expected error \"is read by @gen but no vertex writes it\" was not produced "
+        f"(on line {BAD_LINE + 2})",
     ]
 
 
@@ -142,6 +163,9 @@ def test_verify_diagnostics_on_good_input_prints_the_module(tmp_path, capsys):
     code, out, err = run(capsys, src, "--verify-diagnostics", "-p", "verify-wellformed")
     assert (code, err) == (0, "")
     assert out == GOOD
+    warned = write(tmp_path, "warned.rpeg", GOOD + "// expected-warning @-1 {{never}}\n")
+    code, out, err = run(capsys, warned, "--verify-diagnostics", "-p", "verify-wellformed")
+    assert code == 1 and "expected warning \"never\" was not produced" in err
 
 
 # --- pass instrumentation ---------------------------------------------------------------------------------
