@@ -2,7 +2,7 @@
 
 Every fenced block carries an info string: `sh` blocks are run command by command in one scratch
 directory (with a copy of examples/ and .venv/bin on PATH), `rpeg` blocks must compile through the whole
-lowering pipeline, `text` blocks are documentation. A command runs exactly as printed, except:
+lowering pipeline, `python` blocks run as a script in such a directory, `text` blocks are documentation. A command runs exactly as printed, except:
 `[--opt ...]` marks optional arguments, which are run too; a command holding the placeholder `'...'` is
 not run; a pipe into a tool this machine lacks (Graphviz's `dot`) runs up to that pipe; and the few
 commands listed in NOT_RUN, STAND_INS and INTERRUPTED below, each with its reason. Every entry of those lists
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 BIN = Path(sys.executable).parent
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
-INFO_STRINGS = ("sh", "rpeg", "text")
+INFO_STRINGS = ("sh", "rpeg", "python", "text")
 LOWERING = "verify-wellformed,unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 COMMAND_SECONDS = 300
 
@@ -181,3 +181,11 @@ def test_sh_block_runs_as_written(block, tmp_path):
             _run(runnable(STAND_INS.get(command, (command,))[0]), tmp_path)
         ran += 1
     assert ran or all(c in NOT_RUN for c in commands(block.body))
+
+
+@pytest.mark.parametrize("block", [b for b in blocks(README.read_text()) if b.info == "python"],
+                         ids=lambda b: f"line{b.line}")
+def test_python_block_runs_as_written(block, tmp_path):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (tmp_path / "readme.py").write_text(block.body)
+    _run(f"{shlex.quote(sys.executable)} readme.py", tmp_path)
