@@ -13,7 +13,7 @@ calls it once per option given on its own, so the error points at that option's 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Callable, Optional
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
@@ -21,7 +21,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from rpegc.core.cost_options import CostOptions
 from rpegc.core.options import option
-from rpegc.core.errors import RpegError
+from rpegc.core.errors import Loc, RpegError
 from rpegc.core.hardware import Hardware, program_hardware
 from rpegc.core.gc_pause import without_gc
 from rpegc.core.program import Program
@@ -62,6 +62,26 @@ def check(pass_name: str, module: ModuleOp, fn: Callable[[Program], None]) -> No
         fn(read_program(module))
     except RpegError as err:
         raise RpegPassError(pass_name, err) from None
+
+
+def option_error(instance, where: Loc) -> Optional[RpegError]:
+    """What the pass's `check_options` says of its options (None: nothing); an error located in a file the options
+    name (e.g. a bad hardware profile) is raised at once."""
+    check = getattr(instance, "check_options", None)
+    if check is None:
+        return None
+    try:
+        check(where)
+    except RpegError as err:
+        if err.loc.line > 0:
+            raise
+        return err
+    return None
+
+
+def pass_message(instance, err: RpegError) -> str:
+    """`err`'s message, prefixed with the pass name unless it starts with it."""
+    return err.message if err.message.startswith(instance.name) else f"{instance.name}: {err.message}"
 
 
 def check_hardware(name_or_path: str, where) -> None:

@@ -59,10 +59,9 @@ def to_text(program: Program) -> str:
 
 def to_json(program: Program) -> str:
     """The JSON form (`rpegc --emit=json`, schema in the README)."""
-    from rpegc.syntax.json_form import program_to_json
-    from rpegc.syntax.json_text import dumps
+    from rpegc.syntax.json_form import program_to_text
 
-    return dumps(program_to_json(program), indent=1) + "\n"
+    return program_to_text(program)
 
 
 def from_json(text: str, filename: str = "<string>") -> Program:
@@ -108,7 +107,7 @@ def run_pipeline(program: ProgramOrText, pipeline: str, filename: str = "<string
     from xdsl.utils.exceptions import ArgSpecParseError
 
     from rpegc.dialects.convert import make_context, module_to_program, program_to_module
-    from rpegc.passes.program_pass import RpegPassError
+    from rpegc.passes.program_pass import RpegPassError, option_error, pass_message
 
     p = parse(program, filename) if isinstance(program, str) else program
     passes = Universe.get_multiverse().all_passes
@@ -117,15 +116,9 @@ def run_pipeline(program: ProgramOrText, pipeline: str, filename: str = "<string
     except (ArgSpecParseError, ValueError) as e:
         raise RpegError(Loc("<pipeline>", 1, 1), f"bad pass pipeline {pipeline!r}: {e}") from None
     for step in steps.passes:
-        check = getattr(step, "check_options", None)
-        try:
-            if check is not None:
-                check(Loc(p.file, 0, 0))
-        except RpegError as e:
-            if e.loc.line > 0:  # located in a file the option names (a hardware profile)
-                raise
-            message = e.message if e.message.startswith(step.name) else f"{step.name}: {e.message}"
-            raise RpegError(Loc("<pipeline>", 1, 1), message) from None
+        err = option_error(step, Loc(p.file, 0, 0))
+        if err is not None:
+            raise RpegError(Loc("<pipeline>", 1, 1), pass_message(step, err))
     module = program_to_module(p)
     try:
         steps.apply(make_context(), module)

@@ -28,6 +28,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from rpegc.core.errors import Loc, RpegError, render
 from rpegc.outputs import Output, OutputError, Outputs, check_outputs
+from rpegc.passes.program_pass import option_error, pass_message
 from rpegc.registry import PASSES as _RPEGC_PASSES
 
 EMITS = ("rpeg", "mlir", "json", "dot")
@@ -177,32 +178,15 @@ def check_pass_options(spec: str, refs: list[PassRef], available, where: Loc) ->
             whole = cls.from_spec(arg)
         except ValueError as err:
             raise pipeline_error(spec, explain_pipeline_error(str(err), []), ref.col) from None
-        failure = _option_error(whole, where)
+        failure = option_error(whole, where)
         if failure is None:
             continue
         # Blame the option that fails the same way on its own; an error of the combination points at the pass.
         for key, one in singles.items():
-            err = _option_error(one, where)
+            err = option_error(one, where)
             if err is not None and err.message == failure.message:
-                raise pipeline_error(spec, _pass_message(one, err), ref.options[key][1])
-        raise pipeline_error(spec, _pass_message(whole, failure), ref.col)
-
-
-def _option_error(instance, where: Loc) -> Optional[RpegError]:
-    check = getattr(instance, "check_options", None)
-    if check is None:
-        return None
-    try:
-        check(where)
-    except RpegError as err:
-        if err.loc.line > 0:  # located in a file the option names (e.g. a bad hardware profile)
-            raise
-        return err
-    return None
-
-
-def _pass_message(instance, err: RpegError) -> str:
-    return err.message if err.message.startswith(instance.name) else f"{instance.name}: {err.message}"
+                raise pipeline_error(spec, pass_message(one, err), ref.options[key][1])
+        raise pipeline_error(spec, pass_message(whole, failure), ref.col)
 
 
 # Pass order. Stages of a module: its cyclic graph G° only, unrolled (an exec graph), lowered (Comm and
@@ -605,14 +589,12 @@ def emit_program(program, emit: str) -> str:
 
         return print_program(program)
     if emit == "json":
-        from rpegc.syntax.json_form import program_to_json
-        from rpegc.syntax.json_text import NonFiniteError, dumps
+        from rpegc.syntax.json_form import program_to_text
 
         try:
-            return dumps(program_to_json(program), indent=1) + "\n"
-        except NonFiniteError as err:
-            raise UsageError(f"error: cannot emit JSON: {err}; the module holds a NaN or infinite value there "
-                             "(check the inputs of the pass that computed it)") from None
+            return program_to_text(program)
+        except RpegError as err:
+            raise UsageError(f"error: {err.message}") from None
     from rpegc.tools.dot import program_to_dot
 
     return program_to_dot(program)

@@ -294,7 +294,7 @@ class _Run:
             i = entry[1]
             if self.remaining[i] == 0:
                 continue  # every predecessor finished: it is (or becomes) ready the usual way
-            after = [p for p in self.preds[i] if self.plan.nodes[p].id in self.running]
+            after = [p for p in self.preds[i] if self.in_flight(p)]
             if 1 + max((self.queue_depth(p, depth) for p in after), default=0) > self.lookahead:
                 deferred.append(entry)  # too far ahead for now: offered again after the next completions
                 continue
@@ -306,12 +306,16 @@ class _Run:
         self.candidates = deferred
         return taken
 
+    def in_flight(self, i: int) -> bool:
+        """Node i was handed to the backend and has not completed."""
+        return self.plan.nodes[i].id in self.running
+
     def queue_depth(self, i: int, memo: dict[int, int]) -> int:
         """How many nodes wait ahead of node i's start in its workers' queues, i included (0: i is not queued:
         its predecessors all finished)."""
         d = memo.get(i)
         if d is None:
-            ahead = [p for p in self.preds[i] if self.plan.nodes[p].id in self.running]
+            ahead = [p for p in self.preds[i] if self.in_flight(p)]
             d = 0 if self.remaining[i] == 0 else 1 + max((self.queue_depth(p, memo) for p in ahead), default=0)
             memo[i] = d
         return d

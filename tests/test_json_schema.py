@@ -168,8 +168,13 @@ def test_nan_is_never_written():
     bad = p.exec.nodes[0].with_(time=math.inf)
     from dataclasses import replace
 
+    broken = replace(p, exec=replace(p.exec, nodes=(bad,) + p.exec.nodes[1:]))
     with pytest.raises(UsageError, match=r"cannot emit JSON: the value at nodes\[0\]\.time is not a finite"):
-        emit_program(replace(p, exec=replace(p.exec, nodes=(bad,) + p.exec.nodes[1:])), "json")
+        emit_program(broken, "json")
+    import rpegc  # the Python API raises the same located error
+
+    with pytest.raises(rpegc.RpegError, match=r"cannot emit JSON: the value at nodes\[0\]\.time is not a finite"):
+        rpegc.to_json(broken)
 
 
 @pytest.mark.parametrize("text", ["[" * 100000, '{"a":' * 100000, "[" * 65 + "]" * 65, '{"k": ' + "[" * 900 + "]" * 900 + "}"])

@@ -403,6 +403,15 @@ def _kind(value: Any) -> str:
     return "an object"
 
 
+def program_to_text(p: Program) -> str:
+    """The JSON form as text (`rpegc --emit=json`); a NaN or an infinity in it is an error naming where."""
+    try:
+        return json_text.dumps(program_to_json(p), indent=1) + "\n"
+    except json_text.NonFiniteError as err:
+        raise RpegError(Loc(p.file, 0, 0), f"cannot emit JSON: {err}; the module holds a NaN or infinite value "
+                                           "there (check the inputs of the pass that computed it)") from None
+
+
 def program_from_text(text: str, file: str) -> Program:
     """Read the JSON form from its text: strict JSON (`json_text.loads`), every error located at its
     key path and its line and column in `text`."""

@@ -726,15 +726,14 @@ class TorchBackend(Backend):
             rc = proc.exitcode
             if rc is None:
                 continue
-            running = [p for p, pend in self._pending.items()
-                       if r in pend.ranks and not any(a in self._pending for a in pend.after)]  # not queued
+            running = [p for p, pend in self._pending.items() if r in pend.ranks and not self._queued(pend)]
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
             what = f"while running node {', '.join(running)}" if running else "while idle"
             self._fail(f"worker {r} (device {self.device_of.get(r, r)}) {how} {what}; the run stopped "
                        f"(log: {os.path.join(self._log_dir, f'worker-{r}.log')})")
         now = self.now()
         for node, pend in self._pending.items():
-            if now - pend.since > self.timeout_s and not any(a in self._pending for a in pend.after):
+            if now - pend.since > self.timeout_s and not self._queued(pend):
                 devs = sorted(self.device_of[r] for r in pend.ranks)
                 self._fail(f"node {node} did not finish within {self.timeout_s:.0f} s on device(s) {devs}")
 
@@ -819,7 +818,7 @@ class TorchBackend(Backend):
         self._ready.append(Completion(node=node, start=pend.start, finish=pend.finish, bytes=pend.bytes,
                                       versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out))
         self._completed += 1
-        if d.node.kind == "op" and d.node.node.role == "training":
+        if self._is_training(d):
             self._after_training(d)
 
     def _submit(self, d: Dispatch, commands: dict[int, dict], ends: frozenset[int],
@@ -923,6 +922,10 @@ class TorchBackend(Backend):
                 return False
         self._issue(d, c, after)
         return True
+
+    def _queued(self, pend: _Pending) -> bool:
+        """Whether a chained node still waits in its workers' queues behind an unfinished predecessor."""
+        return any(a in self._pending for a in pend.after)
 
     @staticmethod
     def _is_training(d: Dispatch) -> bool:

@@ -86,7 +86,7 @@ COMMANDS = {
     "export": MessageType(("export", "dir"), ("weights", "masters", "window", "optimizer", "rng")),
     "keep": MessageType(("label", "tau")),
 }
-NODE_COMMANDS = ("op", "comm_data", "move_weights")  # the commands that run a node
+NODE_COMMANDS = tuple(t for t, m in COMMANDS.items() if "node" in m.required)  # the commands that run a node
 REPORTS = {
     "ready": MessageType(("rank", "groups")),
     "bye": MessageType(("rank",)),

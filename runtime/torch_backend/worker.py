@@ -257,8 +257,7 @@ class Worker:
         start = self.now()
         node = cmd.get("node")
         try:
-            for label in cmd.get("release", ()):  # freed since this rank's last command
-                self.entries.pop(label, None)
+            self.free(cmd.get("release", ()))  # copies freed since this rank's last command
             self.maybe_fail(cmd)
             info = getattr(self, "cmd_" + cmd["type"])(cmd) or {}
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
@@ -367,7 +366,10 @@ class Worker:
         self._keep(e.model, e.version, e.layout, self.saved_shards(e), cmd["tau"])
 
     def cmd_release(self, cmd: dict) -> None:
-        for label in cmd["labels"]:
+        self.free(cmd["labels"])
+
+    def free(self, labels) -> None:
+        for label in labels:
             self.entries.pop(label, None)
 
     def cmd_export(self, cmd: dict) -> dict:
