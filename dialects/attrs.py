@@ -11,14 +11,29 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import BytesAttr, FloatAttr, IntAttr, StringAttr, SymbolRefAttr
-from xdsl.ir import ParametrizedAttribute
+from xdsl.dialects.builtin import (
+    I64,
+    BytesAttr,
+    CallSiteLoc,
+    FileLineColLoc,
+    FloatAttr,
+    FusedLoc,
+    IntAttr,
+    IntegerAttr,
+    LocationAttr,
+    NameLoc,
+    StringAttr,
+    SymbolRefAttr,
+    UnknownLoc,
+    i64,
+)
+from xdsl.ir import Attribute, ParametrizedAttribute
 from xdsl.irdl import irdl_attr_definition
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from rpegc.core.errors import Loc
+from rpegc.core.errors import UNKNOWN_LOC, Loc
 from rpegc.core.expr import SYMBOLS, BinOp, Expr, Num, Sym
 from rpegc.core.program import Alloc, Arch, Strategy
 
@@ -27,6 +42,18 @@ from rpegc.core.program import Alloc, Arch, Strategy
 Text = StringAttr | BytesAttr
 
 BINARY_OPS = ("+", "-", "*", "/")
+
+# An integer an op carries is MLIR's builtin `512 : i64` (xDSL's own `#builtin.int<512>` has no MLIR
+# spelling: mlir-opt rejects it). Integers inside rpeg attributes print in the attribute's own syntax.
+I64Attr = IntegerAttr[I64]
+
+
+def i64_attr(value: int) -> I64Attr:
+    return IntegerAttr(int(value), i64)
+
+
+def int_of(attr: I64Attr) -> int:
+    return attr.value.data
 
 
 def text(attr: StringAttr | BytesAttr) -> str:
@@ -67,36 +94,28 @@ def _parse_keyed_ints(parser: AttrParser, keys: tuple[str, ...]) -> list[IntAttr
     return values
 
 
-@irdl_attr_definition
-class LocAttr(ParametrizedAttribute):
-    """A source position `#rpeg.loc<"file", line, col>`; every rpeg/exec op carries one as `loc`."""
+def location_attr(loc: Loc) -> LocationAttr:
+    """MLIR's native location of a source position: `loc("file":line:col)`, or `loc(unknown)`."""
+    if loc == UNKNOWN_LOC:
+        return UnknownLoc()
+    return FileLineColLoc(StringAttr(loc.file), IntAttr(loc.line), IntAttr(loc.col))
 
-    name = "rpeg.loc"
-    file: StringAttr
-    line: IntAttr
-    col: IntAttr
 
-    @staticmethod
-    def from_loc(loc: Loc) -> LocAttr:
-        return LocAttr(StringAttr(loc.file), IntAttr(loc.line), IntAttr(loc.col))
-
-    def to_loc(self) -> Loc:
-        return Loc(self.file.data, self.line.data, self.col.data)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_string_literal(self.file.data)
-            printer.print_string(f", {self.line.data}, {self.col.data}")
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> tuple[StringAttr, IntAttr, IntAttr]:
-        with parser.in_angle_brackets():
-            file = _parse_text(parser)
-            parser.parse_punctuation(",")
-            line = parser.parse_integer(allow_boolean=False)
-            parser.parse_punctuation(",")
-            col = parser.parse_integer(allow_boolean=False)
-        return StringAttr(file), IntAttr(line), IntAttr(col)
+def loc_from(location: Attribute | None) -> Loc:
+    """The source position of an MLIR location; a name, call-site or fused location gives its first file
+    position (mlir-opt keeps ours as they are, but a user's file may carry any kind)."""
+    if isinstance(location, FileLineColLoc):
+        return Loc(text(location.filename), location.line.data, location.column.data)
+    if isinstance(location, NameLoc):
+        return loc_from(location.location)
+    if isinstance(location, CallSiteLoc):
+        return loc_from(location.callee)
+    if isinstance(location, FusedLoc):
+        for inner in location.locations.data:
+            found = loc_from(inner)
+            if found != UNKNOWN_LOC:
+                return found
+    return UNKNOWN_LOC
 
 
 class ExprAttr(ParametrizedAttribute):
@@ -308,4 +327,4 @@ class QuantileAttr(ParametrizedAttribute):
     name = "rpeg.quantile"
     f: FloatAttr
     tokens: ExprAttr
-    loc: LocAttr
+    loc: LocationAttr

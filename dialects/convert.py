@@ -18,7 +18,6 @@ from xdsl.dialects.builtin import (
     BytesAttr,
     DenseArrayBase,
     FloatAttr,
-    IntAttr,
     ModuleOp,
     StringAttr,
     SymbolRefAttr,
@@ -52,11 +51,15 @@ from rpegc.dialects.attrs import (
     AllocAttr,
     ArchAttr,
     ExprAttr,
-    LocAttr,
+    I64Attr,
     ModelIntAttr,
     QuantileAttr,
     StrategyAttr,
     expr_attr,
+    i64_attr,
+    int_of,
+    loc_from,
+    location_attr,
     text,
 )
 
@@ -76,9 +79,9 @@ def loc_of(op: Operation) -> Loc:
     """The source position of `op`, or of its closest located ancestor."""
     current: Optional[Operation] = op
     while current is not None:
-        attr = current.attributes.get("loc")
-        if isinstance(attr, LocAttr):
-            return attr.to_loc()
+        loc = loc_from(current.location)
+        if loc != UNKNOWN_LOC:
+            return loc
         current = current.parent_op()
     return UNKNOWN_LOC
 
@@ -105,8 +108,8 @@ def program_ops(p: Program) -> list[Operation]:
     return _Builder().program_ops(p)
 
 
-def _int(v: int) -> IntAttr:
-    return IntAttr(int(v))
+def _int(v: int) -> I64Attr:
+    return i64_attr(v)
 
 
 def _float(v: float) -> FloatAttr:
@@ -147,8 +150,8 @@ class _Builder:
         # Keyed by the exact bits: 0.0 == -0.0 and nan != nan would defeat a plain float key.
         return self._shared("float", value.hex(), lambda _: _float(value))  # type: ignore[return-value]
 
-    def loc(self, loc: Loc) -> LocAttr:
-        return self._shared("loc", loc, LocAttr.from_loc)  # type: ignore[return-value]
+    def loc(self, loc: Loc) -> Attribute:
+        return self._shared("loc", loc, location_attr)
 
     def sym(self, name: Optional[str]) -> Optional[SymbolRefAttr]:
         return None if name is None else self._shared("sym", name, SymbolRefAttr)  # type: ignore[return-value]
@@ -178,11 +181,14 @@ class _Builder:
         extra: dict[str, Attribute] | None = None,
     ) -> Operation:
         """Build `cls` directly (Operation.create skips the slower keyword builder); None props are omitted."""
-        attributes: dict[str, Attribute] = {"loc": self.loc(loc)}
-        if extra:
-            attributes.update(extra)
-        properties = {k: v for k, v in props.items() if v is not None}
-        return cls.create(properties=properties, attributes=attributes, regions=list(regions))
+        # In MLIR's order (a sorted dictionary), so a module reads back from mlir-opt identical to the letter.
+        properties = {k: props[k] for k in sorted(props) if props[k] is not None}
+        return cls.create(
+            properties=properties,
+            attributes=dict(sorted(extra.items())) if extra else {},
+            location=self.loc(loc),  # type: ignore[arg-type]
+            regions=list(regions),
+        )
 
     def program_ops(self, p: Program) -> list[Operation]:
         ops: list[Operation] = [self.workload_op(p.workload)]
@@ -400,8 +406,8 @@ def _opt_sym(attr: Optional[SymbolRefAttr]) -> Optional[str]:
     return None if attr is None else attr.string_value()
 
 
-def _opt_int(attr: Optional[IntAttr]) -> Optional[int]:
-    return None if attr is None else attr.data
+def _opt_int(attr: Optional[I64Attr]) -> Optional[int]:
+    return None if attr is None else int_of(attr)
 
 
 def _opt_text(attr) -> Optional[str]:
@@ -413,7 +419,7 @@ def _fl(attr: FloatAttr) -> float:
 
 
 def _workload(op: rpeg.WorkloadOp) -> Workload:
-    return Workload(op.B.data, op.R.data, op.Lp.data, op.Lr.data, op.dtype.data, loc=op.loc.to_loc())
+    return Workload(int_of(op.B), int_of(op.R), int_of(op.Lp), int_of(op.Lr), op.dtype.data, loc=loc_from(op.location))
 
 
 def _model(op: rpeg.ModelOp) -> Model:
@@ -424,7 +430,7 @@ def _model(op: rpeg.ModelOp) -> Model:
         arch=op.arch.to_arch(),
         preset=_opt_text(op.preset),
         hf=_opt_text(op.hf),
-        loc=op.loc.to_loc(),
+        loc=loc_from(op.location),
     )
 
 
@@ -454,12 +460,12 @@ def _graph(op: rpeg.GraphOp) -> Graph:
             pub_edges.append(_edge(child))
         elif isinstance(child, rpeg.StalenessOp):
             staleness += tuple(e.to_pair() for e in child.entries.data)
-            staleness_loc = child.loc.to_loc()
+            staleness_loc = loc_from(child.location)
         elif isinstance(child, rpeg.QuantilesOp):
             quantiles += tuple(_quantile(q) for q in child.entries.data)
-            quantiles_loc = child.loc.to_loc()
+            quantiles_loc = loc_from(child.location)
         elif isinstance(child, rpeg.AlgorithmOp):
-            algorithm, algorithm_loc = child.algorithm.data, child.loc.to_loc()
+            algorithm, algorithm_loc = child.algorithm.data, loc_from(child.location)
         else:
             raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.graph; move it out")
     return Graph(
@@ -472,7 +478,7 @@ def _graph(op: rpeg.GraphOp) -> Graph:
         pub_edges=tuple(pub_edges),
         staleness=staleness,
         quantiles=quantiles,
-        loc=op.loc.to_loc(),
+        loc=loc_from(op.location),
         staleness_loc=staleness_loc,
         quantiles_loc=quantiles_loc,
         algorithm=algorithm,
@@ -488,7 +494,7 @@ def _container(op: rpeg.ContainerFields) -> Container:
         dims=tuple(d.to_expr() for d in dims),
         model=_opt_sym(op.model),
         bytes_per_elem=_opt_int(op.bytes_per_elem),
-        loc=op.loc.to_loc(),
+        loc=loc_from(op.location),
     )
 
 
@@ -499,26 +505,26 @@ def _vertex(op: rpeg.VertexOp) -> Vertex:
         model=op.model.string_value(),
         reads=_names_of(op.reads),
         writes=_names_of(op.writes),
-        loc=op.loc.to_loc(),
+        loc=loc_from(op.location),
     )
 
 
 def _edge(op: rpeg.EdgeFields) -> Edge:
-    return Edge(op.src.string_value(), op.dst.string_value(), text(op.container), loc=op.loc.to_loc())
+    return Edge(op.src.string_value(), op.dst.string_value(), text(op.container), loc=loc_from(op.location))
 
 
 def _quantile(q: QuantileAttr) -> Quantile:
-    return Quantile(_fl(q.f), q.tokens.to_expr(), loc=q.loc.to_loc())
+    return Quantile(_fl(q.f), q.tokens.to_expr(), loc=loc_from(q.loc))
 
 
 def _cluster(op: rpeg.ClusterOp) -> Cluster:
     return Cluster(
         name=text(op.ident),
-        racks=op.racks.data,
-        nodes=op.nodes.data,
-        gpus=op.gpus.data,
+        racks=int_of(op.racks),
+        nodes=int_of(op.nodes),
+        gpus=int_of(op.gpus),
         hardware=text(op.hardware),
-        loc=op.loc.to_loc(),
+        loc=loc_from(op.location),
     )
 
 
@@ -532,7 +538,7 @@ def _plan(op: rpeg.PlanOp) -> Plan:
                 child.vertex.string_value(),
                 child.alloc.to_alloc(),
                 child.strategy.to_strategy(),
-                loc=child.loc.to_loc(),
+                loc=loc_from(child.location),
             )
         )
     return Plan(
@@ -540,7 +546,7 @@ def _plan(op: rpeg.PlanOp) -> Plan:
         graph=op.graph.string_value(),
         cluster=op.cluster.string_value(),
         placements=tuple(placements),
-        loc=op.loc.to_loc(),
+        loc=loc_from(op.location),
     )
 
 
@@ -567,13 +573,13 @@ def _exec_graph(op: ex.ExecGraphOp) -> ExecGraph:
             raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside exec.graph; move it out")
     return ExecGraph(
         graph=op.graph.string_value(),
-        steps=op.steps.data,
+        steps=int_of(op.steps),
         nodes=tuple(nodes),
         edges=tuple(edges),
         lowered=op.lowered is not None,
         memory=memory,
         schedule=schedule,
-        loc=op.loc.to_loc(),
+        loc=loc_from(op.location),
     )
 
 
@@ -596,8 +602,8 @@ def _node(op: ex.NodeFields, kind: str) -> ExecNode:
     return ExecNode(
         id=text(props["ident"]),
         kind=kind,
-        step=props["step"].data,
-        order=props["order"].data,
+        step=int_of(props["step"]),
+        order=int_of(props["order"]),
         vertex=_opt_sym(props.get("vertex")),
         role=None if role is None else role.data,
         model=_opt_sym(props.get("model")),
@@ -608,14 +614,14 @@ def _node(op: ex.NodeFields, kind: str) -> ExecNode:
         strategy=None if strategy is None else strategy.to_strategy(),
         src_alloc=None if src_alloc is None else src_alloc.to_alloc(),
         src_strategy=None if src_strategy is None else src_strategy.to_strategy(),
-        bytes=0 if nbytes is None else nbytes.data,
+        bytes=0 if nbytes is None else int_of(nbytes),
         fraction=_opt_float(props.get("fraction")),
         version_in=_pairs(props.get("version_in")),
         version_out=_pairs(props.get("version_out")),
         time=_opt_float(attrs.get("time")),
         start=_opt_float(attrs.get("start")),
         finish=_opt_float(attrs.get("finish")),
-        loc=attrs["loc"].to_loc(),
+        loc=loc_from(op.location),
     )
 
 
@@ -626,7 +632,7 @@ def _exec_edge(op: ex.EdgeFields, kind: str) -> ExecEdge:
         dst=props["dst"].string_value(),
         kind=kind,
         container=_opt_text(props.get("container")),
-        loc=op.attributes["loc"].to_loc(),
+        loc=loc_from(op.location),
     )
 
 

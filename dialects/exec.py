@@ -16,7 +16,6 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     FloatAttr,
     I64,
-    IntAttr,
     StringAttr,
     SymbolRefAttr,
     UnitAttr,
@@ -27,7 +26,7 @@ from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from rpegc.core.program import ROLES
-from rpegc.dialects.attrs import AllocAttr, ModelIntAttr, StrategyAttr, Text
+from rpegc.dialects.attrs import AllocAttr, I64Attr, ModelIntAttr, StrategyAttr, Text, int_of
 from rpegc.dialects.rpeg import LocatedOp, check_member
 
 # Discardable analysis results written by annotate-cost (time) and schedule (start, finish).
@@ -44,7 +43,7 @@ class ExecGraphOp(LocatedOp):
 
     name = "exec.graph"
     graph = prop_def(SymbolRefAttr)
-    steps = prop_def(IntAttr)
+    steps = prop_def(I64Attr)
     lowered = opt_prop_def(UnitAttr)
     body = region_def("single_block")
     traits = traits_def(NoTerminator())
@@ -54,19 +53,19 @@ class NodeFields(LocatedOp):
     """Every field of `ExecNode` except `kind` (the op name) and the discardable results."""
 
     ident = prop_def(Text)
-    step = prop_def(IntAttr)
-    order = prop_def(IntAttr)
+    step = prop_def(I64Attr)
+    order = prop_def(I64Attr)
     vertex = opt_prop_def(SymbolRefAttr)
     role = opt_prop_def(StringAttr)
     model = opt_prop_def(SymbolRefAttr)
     container = opt_prop_def(Text)
-    phase = opt_prop_def(IntAttr)
-    nphases = opt_prop_def(IntAttr)
+    phase = opt_prop_def(I64Attr)
+    nphases = opt_prop_def(I64Attr)
     alloc = opt_prop_def(AllocAttr)
     strategy = opt_prop_def(StrategyAttr)
     src_alloc = opt_prop_def(AllocAttr)
     src_strategy = opt_prop_def(StrategyAttr)
-    bytes = opt_prop_def(IntAttr)  # omitted when 0
+    bytes = opt_prop_def(I64Attr)  # omitted when 0
     fraction = opt_prop_def(FloatAttr)
     version_in = opt_prop_def(ArrayAttr[ModelIntAttr])  # omitted when empty
     version_out = opt_prop_def(ArrayAttr[ModelIntAttr])
@@ -78,10 +77,9 @@ class NodeFields(LocatedOp):
         if (self.phase is None) != (self.nphases is None):
             raise VerifyException(f"{self.name}: 'phase' and 'nphases' must be given together")
         if self.phase is not None and self.nphases is not None:
-            if not 1 <= self.phase.data <= self.nphases.data:
-                raise VerifyException(
-                    f"{self.name}: phase {self.phase.data} is outside 1..{self.nphases.data}"
-                )
+            phase, nphases = int_of(self.phase), int_of(self.nphases)
+            if not 1 <= phase <= nphases:
+                raise VerifyException(f"{self.name}: phase {phase} is outside 1..{nphases}")
         for key in RESULT_ATTRS:
             value = self.attributes.get(key)
             if value is not None and not isinstance(value, FloatAttr):

@@ -5,17 +5,17 @@ Paper: Sec. IV-A and App. A-A..A-D (Definitions A.1-A.5); one op per concept of
 named by attributes (a declaration's own name is the `ident` StringAttr property, a reference is a
 SymbolRefAttr; container names are StringAttr). `ident` is deliberately not `sym_name`: the module
 is an xDSL SymbolTable, and a model and a graph may legally share a name. Every op carries its
-source position as the discardable attribute `loc = #rpeg.loc<...>`. Verifiers check only local
+source position as MLIR's own op location, `loc("file":line:col)`; integers are builtin `N : i64`
+attributes, so mlir-opt reads the generic form. Verifiers check only local
 structure (enumerations, parents); graph semantics live in `rpegc/core`.
 """
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr, SymbolRefAttr, UnitAttr
+from xdsl.dialects.builtin import ArrayAttr, StringAttr, SymbolRefAttr, UnitAttr
 from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
-    attr_def,
     irdl_op_definition,
     opt_prop_def,
     prop_def,
@@ -30,7 +30,7 @@ from rpegc.dialects.attrs import (
     ArchAttr,
     BinOpAttr,
     ExprAttr,
-    LocAttr,
+    I64Attr,
     ModelIntAttr,
     NumAttr,
     QuantileAttr,
@@ -47,9 +47,7 @@ def check_member(op_name: str, field: str, value: str, allowed: tuple[str, ...])
 
 
 class LocatedOp(IRDLOperation):
-    """Base of every rpeg and exec op: the source position used to locate pass errors."""
-
-    loc = attr_def(LocAttr)
+    """Base of every rpeg and exec op; its `location` is the source position that locates pass errors."""
 
 
 @irdl_op_definition
@@ -57,10 +55,10 @@ class WorkloadOp(LocatedOp):
     """`rpeg.workload`: batch B, samples per prompt R, prompt/response lengths Lp, Lr, dtype."""
 
     name = "rpeg.workload"
-    B = prop_def(IntAttr)
-    R = prop_def(IntAttr)
-    Lp = prop_def(IntAttr)
-    Lr = prop_def(IntAttr)
+    B = prop_def(I64Attr)
+    R = prop_def(I64Attr)
+    Lp = prop_def(I64Attr)
+    Lr = prop_def(I64Attr)
     dtype = prop_def(StringAttr)
 
     def verify_(self) -> None:
@@ -99,7 +97,7 @@ class ContainerFields(LocatedOp):
     ident = prop_def(Text)
     dims = opt_prop_def(ArrayAttr[ExprAttr])
     model = opt_prop_def(SymbolRefAttr)
-    bytes_per_elem = opt_prop_def(IntAttr)
+    bytes_per_elem = opt_prop_def(I64Attr)
     traits = traits_def(HasParent(GraphOp))
 
 
@@ -217,9 +215,9 @@ class ClusterOp(LocatedOp):
 
     name = "rpeg.cluster"
     ident = prop_def(Text)
-    racks = prop_def(IntAttr)
-    nodes = prop_def(IntAttr)
-    gpus = prop_def(IntAttr)
+    racks = prop_def(I64Attr)
+    nodes = prop_def(I64Attr)
+    gpus = prop_def(I64Attr)
     hardware = prop_def(Text)
 
 
@@ -262,5 +260,5 @@ GRAPH_BODY_OPS = (
 RPEG = Dialect(
     "rpeg",
     [WorkloadOp, ModelOp, GraphOp, *GRAPH_BODY_OPS, ClusterOp, PlanOp, PlaceOp],
-    [LocAttr, NumAttr, SymAttr, BinOpAttr, AllocAttr, StrategyAttr, ArchAttr, ModelIntAttr, QuantileAttr],
+    [NumAttr, SymAttr, BinOpAttr, AllocAttr, StrategyAttr, ArchAttr, ModelIntAttr, QuantileAttr],
 )

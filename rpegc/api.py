@@ -37,7 +37,7 @@ def parse(text: str, filename: str = "<string>") -> Program:
 
 
 def load(path: str) -> Program:
-    """A module from a file: `.json` (the JSON form), `.mlir` (xDSL's generic MLIR form), else `.rpeg` text."""
+    """A module from a file: `.json` (the JSON form), `.mlir` (the generic MLIR form), else `.rpeg` text."""
     try:
         with open(path, encoding="utf-8-sig") as f:
             text = f.read()
@@ -71,26 +71,22 @@ def from_json(text: str, filename: str = "<string>") -> Program:
 
 
 def to_mlir(program: Program) -> str:
-    """xDSL's generic MLIR form of the rpeg/exec dialects (`rpegc --emit=mlir`)."""
-    from io import StringIO
-
-    from xdsl.printer import Printer
-
+    """The generic MLIR form of the rpeg/exec dialects (`rpegc --emit=mlir`), which mlir-opt and xdsl-opt read."""
     from rpegc.dialects.convert import program_to_module
+    from rpegc.dialects.mlir_form import print_mlir
 
-    out = StringIO()
-    Printer(stream=out).print_op(program_to_module(program))
-    return out.getvalue() + "\n"
+    return print_mlir(program_to_module(program))
 
 
 def from_mlir(text: str, filename: str = "<string>") -> Program:
-    from xdsl.parser import Parser
+    """A Program from MLIR text: `to_mlir`'s, or what mlir-opt or xdsl-opt printed of it."""
     from xdsl.utils.exceptions import ParseError
 
     from rpegc.dialects.convert import make_context, module_to_program
+    from rpegc.dialects.mlir_form import parse_mlir
 
     try:
-        module = Parser(make_context(), text, filename).parse_module()
+        module = parse_mlir(make_context(), text, filename)
         module.verify()
     except ParseError as e:
         raise RpegError(Loc(filename, 0, 0), f"not an rpegc MLIR module: {str(e).strip().splitlines()[-1]}") from None

@@ -32,6 +32,7 @@ from rpegc.passes.program_pass import option_error, pass_message
 from rpegc.registry import PASSES as _RPEGC_PASSES
 
 EMITS = ("rpeg", "mlir", "json", "dot")
+DOT_DETAILS = ("auto", "summary", "full")  # tools/dot.py DETAILS, without importing it at start-up
 PRESET_PIPELINE = (
     "verify-wellformed,optimize,unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 )
@@ -295,6 +296,9 @@ class RpegcMain(xDSLOptMain):
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser):
         super().register_all_arguments(arg_parser)
         arg_parser.add_argument("--emit", choices=EMITS, default="rpeg", help="output form (default: rpeg text)")
+        arg_parser.add_argument("--dot-detail", choices=DOT_DETAILS, default="auto",
+                                help="--emit=dot: 'full' draws every exec node, 'summary' merges a vertex's phases "
+                                     "and a step's transfers per route, 'auto' (default) summarises above 60 nodes")
         arg_parser.add_argument("-O", dest="optimize_preset", action="store_true",
                                 help=f"run the preset pipeline: {PRESET_PIPELINE}")
         arg_parser.add_argument("--summary", action="store_true", help="print a one-screen summary to stderr")
@@ -326,6 +330,10 @@ class RpegcMain(xDSLOptMain):
                                "(mlir-opt's meaning): exit 0 only if they match exactly")
             elif action.dest == "target":
                 action.help = "xDSL printer for --emit=mlir (default mlir)"
+            elif action.dest == "print_debuginfo":
+                # Source positions are how rpegc locates errors: --emit=mlir keeps them as loc(...).
+                action.default = True
+                action.help = "print op locations as MLIR's loc(...) in --emit=mlir (always on)"
             elif action.dest == "version":
                 action.version_format = version_line("rpegc").replace("{", "{{").replace("}", "}}")
 
@@ -379,6 +387,7 @@ class RpegcMain(xDSLOptMain):
         super().register_all_frontends()
         self.available_frontends["rpeg"] = self._parse_rpeg
         self.available_frontends["json"] = self._parse_json
+        self.available_frontends["mlir"] = self._parse_mlir
 
     def _parse_rpeg(self, io: IO[bytes]) -> ModuleOp:
         from rpegc.dialects.convert import program_to_module
@@ -392,6 +401,11 @@ class RpegcMain(xDSLOptMain):
         from rpegc.syntax.json_form import program_from_text
 
         return program_to_module(program_from_text(self._decode(io), self.get_input_name()))
+
+    def _parse_mlir(self, io: IO[bytes]) -> ModuleOp:
+        from rpegc.dialects.mlir_form import parse_mlir
+
+        return parse_mlir(self.ctx, self._decode(io), self.get_input_name(), implicit_module=not self.args.no_implicit_module)
 
     def _decode(self, io: IO[bytes]) -> str:
         raw = io.read()
@@ -416,7 +430,7 @@ class RpegcMain(xDSLOptMain):
 
         program = module_to_program(prog)
         self.summary_programs.append(program)
-        return emit_program(program, self.args.emit)
+        return emit_program(program, self.args.emit, self.args.dot_detail)
 
     # -- main loop ------------------------------------------------------------------------------------------
     def run(self):
@@ -583,7 +597,7 @@ def timing_report(timings: list[tuple[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def emit_program(program, emit: str) -> str:
+def emit_program(program, emit: str, dot_detail: str = "auto") -> str:
     if emit == "rpeg":
         from rpegc.syntax.printer import print_program
 
@@ -597,7 +611,7 @@ def emit_program(program, emit: str) -> str:
             raise UsageError(f"error: {err.message}") from None
     from rpegc.tools.dot import program_to_dot
 
-    return program_to_dot(program)
+    return program_to_dot(program, dot_detail)
 
 
 def _spec_parse_error_text(spec: str, message: str) -> str:

@@ -326,7 +326,8 @@ def test_emit_dot_colours_publication_edges(tmp_path, capsys):
     assert code == 0 and out.startswith('digraph "g_exec" {')
     red = [line.strip() for line in out.splitlines() if 'color="#cb181d"' in line]
     assert red == ['"train#0" -> "gen#1" [color="#cb181d", fontcolor="#cb181d", label="W"];',
-                   '"train#1" -> "gen#2" [color="#cb181d", fontcolor="#cb181d", label="W"];']
+                   '"train#1" -> "gen#2" [color="#cb181d", fontcolor="#cb181d", label="W"];',
+                   '"legend_pub_from" -> "legend_pub_to" [color="#cb181d", fontcolor="#cb181d", label="publication (new weights)", fontsize=9];']
 
 
 def test_emit_mlir_round_trips_through_the_mlir_frontend(tmp_path, capsys):

@@ -61,4 +61,4 @@ def test_xdsl_opt_runs_rpegc_passes_on_emitted_mlir():
     result = run("xdsl-opt", "-p", "verify-wellformed,unroll{k=2}", stdin=mlir.stdout)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count('"exec.op"') == 12
-    assert '"exec.publish"() <{src = @"train_actor#0", dst = @"gen#1", container = "W_actor"}>' in result.stdout
+    assert '"exec.publish"() <{container = "W_actor", dst = @"gen#1", src = @"train_actor#0"}>' in result.stdout

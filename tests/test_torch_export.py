@@ -116,8 +116,13 @@ def test_a_model_with_learned_positions_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_export_requests_are_one_line_errors_that_write_nothing(hf_run, tmp_path):
+def test_bad_export_requests_are_one_line_errors_that_write_nothing(hf_run, tmp_path, monkeypatch, capsys):
+    """The first request runs as a process (exit status, no traceback); the rest through the same `main` in this
+    process, which saves a torch import each."""
+    from rpegc.runtime.cli import main
+
     d, run_dir = hf_run
+    monkeypatch.chdir(d)
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "mine.txt").write_text("keep")
     cases = [
@@ -131,8 +136,12 @@ def test_bad_export_requests_are_one_line_errors_that_write_nothing(hf_run, tmp_
     ]
     (tmp_path / "empty").mkdir()
     os.symlink(tmp_path / "empty", tmp_path / "link")
-    for args, match in cases:
-        proc = cli("rpegc.runtime.cli", "export", *args, cwd=d)
-        assert proc.returncode == 1 and match in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    (args, match), *rest = cases
+    proc = cli("rpegc.runtime.cli", "export", *args, cwd=d)
+    assert proc.returncode == 1 and match in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    for args, match in rest:
+        assert main(["export", *args]) == 1
+        err = capsys.readouterr().err
+        assert match in err and len(err.strip().splitlines()) <= 2, err
     assert (tmp_path / "taken" / "mine.txt").read_text() == "keep"
     assert sorted(os.listdir(tmp_path)) == ["empty", "link", "taken"] and not os.listdir(tmp_path / "empty")

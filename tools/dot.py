@@ -2,19 +2,68 @@
 G-bar (Fig. 15/16) and the executable graph G-hat (Fig. 17-19).
 
 Publication edges are drawn in red with their staleness, ordered-update edges dashed, Comm nodes as
-ellipses and Reshard nodes as diamonds; Op nodes are boxes coloured by role.
+ellipses and Reshard nodes as diamonds; Op nodes are boxes coloured by role; every picture has a legend.
+An exec graph of more than DETAIL_LIMIT nodes is drawn in summary (`--dot-detail=auto`, the default): one box
+per vertex and step (its quantile phases merged), one ellipse or diamond per step and route of transfers
+(same kind, container or model, source and destination devices), edges between those groups once per kind.
+`--dot-detail=full` draws every node.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from rpegc.core.exec_graph import ExecGraph, ExecNode
 from rpegc.core.program import Program
 
 ROLE_COLOURS = {"generation": "#9ecae1", "inference": "#a1d99b", "training": "#fdae6b"}
 PUB_COLOUR = "#cb181d"
+TRANSFER_COLOUR = "#eeeeee"
+DETAIL_LIMIT = 60  # nodes; a lowered 8-step PPO graph has 246, which renders ~19,000 px wide in full
+DETAILS = ("auto", "summary", "full")
 
 
 def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A DOT string; a line break becomes DOT's centred `\\n`, so every statement stays on one line."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+EDGE_STYLES = {
+    "data": "",
+    "dep": "",
+    "pub": f"color={_q(PUB_COLOUR)}, fontcolor={_q(PUB_COLOUR)}",
+    "order": "style=dashed",
+}
+EDGE_MEANINGS = {
+    "data": "data (a container)",
+    "dep": "dependency",
+    "pub": "publication (new weights)",
+    "order": "ordered update (same model)",
+}
+
+
+def _legend(roles: bool, transfers: bool, edge_kinds: tuple[str, ...], note: str = "") -> list[str]:
+    """A boxed key at the side: node colours and shapes, then one sample arrow per edge style in use."""
+    out = ["  subgraph cluster_legend {", '    label="legend"; fontsize=10; style=rounded; color="#999999";',
+           "    node [fontsize=9];"]
+    if roles:
+        for role, colour in ROLE_COLOURS.items():
+            out.append(f"    {_q('legend_' + role)} [shape=box, style=filled, fillcolor={_q(colour)}, "
+                       f"label={_q(role + ' op')}];")
+    if transfers:
+        out.append(f'    "legend_comm" [shape=ellipse, style=filled, fillcolor={_q(TRANSFER_COLOUR)}, '
+                   'label="Comm (data between devices)"];')
+        out.append(f'    "legend_reshard" [shape=diamond, style=filled, fillcolor={_q(TRANSFER_COLOUR)}, '
+                   'label="Reshard (weights to a new layout)"];')
+    for kind in edge_kinds:
+        a, b = _q(f"legend_{kind}_from"), _q(f"legend_{kind}_to")
+        out.append(f"    {a} [shape=point, width=0.05]; {b} [shape=point, width=0.05];")
+        style = [EDGE_STYLES[kind]] if EDGE_STYLES[kind] else []
+        out.append(f"    {a} -> {b} [{', '.join(style + [f'label={_q(EDGE_MEANINGS[kind])}', 'fontsize=9'])}];")
+    if note:
+        out.append(f"    \"legend_note\" [shape=plaintext, style=solid, fontsize=9, label={_q(note)}];")
+    out.append("  }")
+    return out
 
 
 def cyclic_dot(p: Program) -> str:
@@ -29,11 +78,23 @@ def cyclic_dot(p: Program) -> str:
         label = f"{e.container} (tau={g.tau(g.vertex(e.src).model)})"
         out.append(f"  {_q(e.src)} -> {_q(e.dst)} [label={_q(label)}, "
                    f"color={_q(PUB_COLOUR)}, fontcolor={_q(PUB_COLOUR)}, constraint=false];")
+    kinds = ("data",) + (("pub",) if g.pub_edges else ())
+    out.extend(_legend(roles=True, transfers=False, edge_kinds=kinds, note="tau: staleness bound of the model"))
     out.append("}")
     return "\n".join(out) + "\n"
 
 
-def _node_attrs(n) -> str:
+def _size(nbytes: int) -> str:
+    """A byte count with three significant digits: `524,288` -> `512 KiB`."""
+    value, unit = float(nbytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.3g} {unit}" if unit != "B" else f"{nbytes} B"
+
+
+def _node_attrs(n: ExecNode) -> str:
     if n.kind == "op":
         label = n.id + f"\n{n.role} @{n.model}"
         if n.alloc is not None:
@@ -42,18 +103,18 @@ def _node_attrs(n) -> str:
     what = f"%{n.container}" if n.container else f"@{n.model}"
     label = f"{n.id} {n.kind}\n{what}\n{n.bytes:,} B"
     shape = "ellipse" if n.kind == "comm" else "diamond"
-    return f"shape={shape}, style=filled, fillcolor=\"#eeeeee\", label={_q(label)}"
+    return f"shape={shape}, style=filled, fillcolor={_q(TRANSFER_COLOUR)}, label={_q(label)}"
 
 
-EDGE_STYLES = {
-    "data": "",
-    "dep": "",
-    "pub": f"color={_q(PUB_COLOUR)}, fontcolor={_q(PUB_COLOUR)}",
-    "order": "style=dashed",
-}
+def _edge_attrs(kind: str, container: str | None) -> str:
+    attrs = [EDGE_STYLES[kind]] if EDGE_STYLES[kind] else []
+    if container:
+        attrs.append(f"label={_q(container)}")
+    return f" [{', '.join(attrs)}]" if attrs else ""
 
 
 def exec_dot(p: Program) -> str:
+    """Every node of the exec graph, one cluster per step."""
     x = p.exec
     out = [f"digraph {_q(x.graph + '_exec')} {{", "  rankdir=LR;"]
     for step in range(x.steps):
@@ -64,19 +125,88 @@ def exec_dot(p: Program) -> str:
                 out.append(f"    {_q(n.id)} [{_node_attrs(n)}];")
         out.append("  }")
     for e in x.edges:
-        attrs = [EDGE_STYLES[e.kind]] if EDGE_STYLES[e.kind] else []
-        if e.container:
-            attrs.append(f"label={_q(e.container)}")
-        suffix = f" [{', '.join(attrs)}]" if attrs else ""
-        out.append(f"  {_q(e.src)} -> {_q(e.dst)}{suffix};")
+        out.append(f"  {_q(e.src)} -> {_q(e.dst)}{_edge_attrs(e.kind, e.container)};")
+    out.extend(_exec_legend(x))
     out.append("}")
     return "\n".join(out) + "\n"
 
 
-def program_to_dot(p: Program) -> str:
-    """The most lowered graph the module holds: exec (unrolled or lowered) if present, else G°."""
+def _exec_legend(x: ExecGraph, note: str = "") -> list[str]:
+    transfers = any(n.kind != "op" for n in x.nodes)
+    kinds = tuple(k for k in EDGE_MEANINGS if any(e.kind == k for e in x.edges))
+    return _legend(roles=True, transfers=transfers, edge_kinds=kinds, note=note)
+
+
+@dataclass
+class _Group:
+    """The nodes drawn as one in a summary: a vertex's phases in a step, or a step's transfers on one route."""
+
+    name: str
+    step: int
+    kind: str
+    nodes: list[ExecNode]
+
+    def attrs(self) -> str:
+        first, count = self.nodes[0], len(self.nodes)
+        if self.kind == "op":
+            label = f"{first.vertex}#{first.step}" + (f" ({count} phases)" if count > 1 else "")
+            label += f"\n{first.role} @{first.model}"
+            if first.alloc is not None:
+                label += f"\n{first.alloc.origin}+{first.alloc.extent}"
+            return f"shape=box, style=filled, fillcolor={_q(ROLE_COLOURS[first.role])}, label={_q(label)}"
+        what = f"%{first.container}" if first.container else f"@{first.model}"
+        total = sum(n.bytes for n in self.nodes)
+        label = f"{self.kind}{f' x{count}' if count > 1 else ''} {what}\n{_size(total)}"
+        shape = "ellipse" if self.kind == "comm" else "diamond"
+        return f"shape={shape}, style=filled, fillcolor={_q(TRANSFER_COLOUR)}, label={_q(label)}"
+
+
+def _group_key(n: ExecNode) -> tuple:
+    if n.kind == "op":
+        return ("op", n.step, n.vertex)
+    return (n.kind, n.step, n.container, n.model, n.src_alloc, n.alloc)
+
+
+def summary_dot(p: Program) -> str:
+    """The exec graph with a vertex's phases merged and a step's transfers merged per route."""
+    x = p.exec
+    groups: dict[tuple, _Group] = {}
+    group_of: dict[str, _Group] = {}
+    for n in x.nodes:
+        key = _group_key(n)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(f"g{len(groups)}", n.step, n.kind, [])
+        group.nodes.append(n)
+        group_of[n.id] = group
+    # Top to bottom: steps stack, so the picture grows in height (scrolled) rather than to ~2,000 px per step.
+    out = [f"digraph {_q(x.graph + '_exec')} {{", "  rankdir=TB; nodesep=0.2; ranksep=0.3;"]
+    for step in range(x.steps):
+        out.append(f"  subgraph {_q(f'cluster_step{step}')} {{ label={_q(f'step {step}')};")
+        out.extend(f"    {_q(g.name)} [{g.attrs()}];" for g in groups.values() if g.step == step)
+        out.append("  }")
+    drawn: set[tuple[str, str, str]] = set()
+    for e in x.edges:
+        src, dst = group_of[e.src].name, group_of[e.dst].name
+        if src == dst or (src, dst, e.kind) in drawn:
+            continue
+        drawn.add((src, dst, e.kind))
+        out.append(f"  {_q(src)} -> {_q(dst)}{_edge_attrs(e.kind, e.container)};")
+    note = f"summary of {len(x.nodes)} nodes in {len(groups)} groups; --dot-detail=full draws every node"
+    out.extend(_exec_legend(x, note))
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def program_to_dot(p: Program, detail: str = "auto") -> str:
+    """The most lowered graph the module holds: exec (unrolled or lowered) if present, else G°. `detail`:
+    "full" draws every exec node, "summary" merges them (see the module docstring), "auto" summarises above
+    DETAIL_LIMIT nodes."""
+    if detail not in DETAILS:
+        raise ValueError(f"detail must be one of {', '.join(DETAILS)}, not {detail!r}")
     if p.exec is not None:
-        return exec_dot(p)
+        full = detail == "full" or (detail == "auto" and len(p.exec.nodes) <= DETAIL_LIMIT)
+        return exec_dot(p) if full else summary_dot(p)
     if p.graph is None:
         return "digraph empty {}\n"
     return cyclic_dot(p)

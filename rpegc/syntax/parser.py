@@ -72,6 +72,7 @@ MAX_EXPR_DEPTH = 200
 # Sizes (batch, lengths, cluster shape, architecture, parallel degrees, allocations, steps) above this
 # describe no real system; bounding them keeps the checks that enumerate divisors instant.
 MAX_SIZE = 2**40
+MAX_INT64 = 2**63 - 1  # the module's integers are MLIR's i64
 
 
 @functools.cache
@@ -417,9 +418,12 @@ class _Builder:
 
     def int_token(self, tok: Token) -> int:
         try:
-            return int(tok)
+            value = int(tok)
         except ValueError:  # Python refuses to convert integers of more than ~4300 digits
             self.fail(self.loc(tok), f"the integer {str(tok)[:20]}... has {len(tok)} digits, too many; use a smaller number")
+        if value > MAX_INT64:
+            self.fail(self.loc(tok), f"the integer {value} does not fit in 64 bits (at most 2^63 - 1 = {MAX_INT64})")
+        return value
 
     def check_max(self, value: int, maximum: Optional[int], what: str, loc: Loc) -> None:
         if maximum is not None and value > maximum:
