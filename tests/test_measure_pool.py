@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from rpegc.tools.measure import WorkerPool, cores_to_pin
+from rpegc.runtime.torch_backend.pinning import cores_to_pin, local_workers
+from rpegc.tools.measure import WorkerPool
 
 
 def _affinities(ctx):

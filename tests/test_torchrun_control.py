@@ -120,9 +120,12 @@ def test_a_normal_torch_run_prints_no_c10d_warning(plan_file, tmp_path):
     assert "[c10d]" not in proc.stderr and "waitForInput" not in proc.stderr, proc.stderr[-2000:]
     logs = glob.glob(str(tmp_path / "run" / "workers" / "worker-*.log"))
     assert len(logs) == 4
+    fits = len(os.sched_getaffinity(0)) >= 4
     for path in logs:
         with open(path) as f:
-            assert "[c10d]" not in f.read()
+            text = f.read()
+        assert "[c10d]" not in text
+        assert ("main thread bound to core" in text) == fits and ("not bound to a core" in text) != fits
 
 
 def test_worker_logs_of_a_run_without_run_dir_are_removed_at_the_end(plan_file, tmp_path):

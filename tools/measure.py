@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from rpegc.core.errors import RpegError
+from rpegc.runtime.torch_backend.pinning import cores_to_pin, pin_main_thread
 
 DEFAULT_TIMEOUT_S = 300.0  # a collective that waits longer than this has lost a peer
 ERROR_GRACE_S = 5.0  # how long the other ranks may still answer after one rank failed
@@ -101,35 +102,6 @@ def time_per_call(fn: Callable[[], Any], *, min_time: float = 0.02, repeats: int
 
 # ---------------------------------------------------------------------------------------------------
 # Worker pool
-
-
-def pin_main_thread(core: int, free: frozenset) -> None:
-    """Bind the calling (main) thread to `core` and leave every other thread of the process free.
-
-    One CPU worker stands for one device, so its compute must not migrate or share a core with the
-    other workers: on this project's 2-vCPU VM two unpinned single-threaded workers slow each other's
-    small kernels down up to 3x (measured in bench/validation/README.md). The transport threads of
-    gloo stay unpinned: they wake when the main thread waits, and pinned to its core they would queue
-    behind it (on `free`, the cores the process was given). Threads start with their creator's mask,
-    so call this again after creating groups.
-    """
-    import threading
-
-    main = threading.get_native_id()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {core} if int(tid) == main else free)
-        except OSError:
-            pass  # the thread exited meanwhile
-    os.sched_setaffinity(0, {core})
-
-
-def cores_to_pin(world: int, backend: str) -> Optional[list[int]]:
-    """One core per worker when the CPU workers fit on this machine's cores, else None (no pinning)."""
-    if backend != "gloo" or not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task"):
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    return cores[:world] if world <= len(cores) else None
 
 
 @dataclass

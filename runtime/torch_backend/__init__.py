@@ -6,4 +6,5 @@ Modules (each imports torch itself, so importing this package does not):
 - `rl`         log-probs, KL estimators, GAE, PPO/GRPO losses, gradient clipping, Adam (`RLConfig`)
 - `tasks`      verifiable reward rules for toy tasks a tiny actor can learn on a CPU
 - `reference`  the single-process reference trainer: the oracle for the distributed backend at tau = 0
+- `pinning`    one core per CPU worker, as rpeg-calibrate measures and the backend runs
 """

@@ -65,10 +65,11 @@ from torch import Tensor
 from rpegc.core.errors import RpegError
 from rpegc.core.program import Arch
 from rpegc.runtime.torch_backend import checkpoint as ckpt
-from rpegc.runtime.torch_backend.device import rank_and_world, synchronize, worker_device
+from rpegc.runtime.torch_backend.device import local_rank, rank_and_world, synchronize, worker_device
 from rpegc.runtime.torch_backend.generation import expand_rollouts
 from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.torch_backend.messages import SECRET_ENV, Endpoint, MessageError, read_secret
+from rpegc.runtime.torch_backend.pinning import local_workers, pin_cpu_worker
 from rpegc.runtime.torch_backend.hf import HFWeights, initial_model, model_net
 from rpegc.runtime.torch_backend.models import NetOptions, cast_weights, export_weights
 from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, generate, infer, param_shapes,
@@ -925,6 +926,10 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
         worker = Worker(setup, rank, channel, device)
     except Exception:
         return _setup_failed(channel, rank, traceback.format_exc(limit=8))
+    if device.type == "cpu":  # after the process groups exist: their threads stay free (pinning.py)
+        core = pin_cpu_worker(local_rank(rank, env, setup.world), local_workers(setup.world, env), setup.dist_backend)
+        _log(rank)(f"main thread bound to core {core}" if core is not None else "not bound to a core (more "
+                   "workers than cores on this node, or the launcher does not say how many share it)")
     worker.loop()
     return 0
 

@@ -1,0 +1,65 @@
+"""One core per CPU worker: the binding that rpeg-calibrate measures under and the torch backend runs under.
+
+Paper App. C-A2 (a profile holds what was measured on the target system, as the runtime will run). One CPU
+worker process stands for one device, so its compute must not migrate or share a core with another worker:
+on this project's 2-vCPU VM two unpinned single-threaded workers slow each other's small kernels down up to
+3x (bench/validation/README.md), and a TP decode, which meets the other rank at every layer's AllReduce, loses
+most. gloo's transport threads stay free: they wake when the main thread waits, and pinned to its core they
+would queue behind it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Mapping, Optional
+
+# Launchers' names for the number of workers on this node (torchrun, then Slurm's plain-integer form).
+LOCAL_WORLD_VARS = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def can_pin() -> bool:
+    return hasattr(os, "sched_setaffinity") and os.path.isdir("/proc/self/task")
+
+
+def cores_to_pin(local_workers: int, backend: str) -> Optional[list[int]]:
+    """One core per worker of this node when the CPU workers fit on its cores, else None (no pinning)."""
+    if backend != "gloo" or not can_pin():
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[:local_workers] if local_workers <= len(cores) else None
+
+
+def pin_main_thread(core: int, free: frozenset) -> None:
+    """Bind the calling (main) thread to `core` and every other thread of the process to `free` (the cores
+    the process was given). Threads start with their creator's mask: call it again after creating threads
+    (process groups)."""
+    main = threading.get_native_id()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core} if int(tid) == main else free)
+        except OSError:
+            pass  # the thread exited meanwhile
+    os.sched_setaffinity(0, {core})
+
+
+def local_workers(world: int, env: Mapping[str, str]) -> Optional[int]:
+    """How many workers share this node: all of them for the local launcher (an empty `env`), else the
+    launcher's count; None where it does not say."""
+    if not env:
+        return world
+    for name in LOCAL_WORLD_VARS:
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def pin_cpu_worker(local_rank: int, local_count: Optional[int], backend: str) -> Optional[int]:
+    """Bind this CPU worker's main thread to core number `local_rank` of the node when all `local_count`
+    workers fit on its cores; the core, or None (not pinned)."""
+    cores = cores_to_pin(local_count, backend) if local_count else None
+    if cores is None or not 0 <= local_rank < len(cores):
+        return None
+    pin_main_thread(cores[local_rank], frozenset(os.sched_getaffinity(0)))
+    return cores[local_rank]
