@@ -80,7 +80,7 @@ def to_mlir(program: Program) -> str:
 
 def from_mlir(text: str, filename: str = "<string>") -> Program:
     """A Program from MLIR text: `to_mlir`'s, or what mlir-opt or xdsl-opt printed of it."""
-    from xdsl.utils.exceptions import ParseError
+    from xdsl.utils.exceptions import ParseError, VerifyException
 
     from rpegc.dialects.convert import make_context, module_to_program
     from rpegc.dialects.mlir_form import parse_mlir
@@ -88,7 +88,7 @@ def from_mlir(text: str, filename: str = "<string>") -> Program:
     try:
         module = parse_mlir(make_context(), text, filename)
         module.verify()
-    except ParseError as e:
+    except (ParseError, VerifyException) as e:  # e.g. `B = 512 : i32` where the dialect wants an i64
         raise RpegError(Loc(filename, 0, 0), f"not an rpegc MLIR module: {str(e).strip().splitlines()[-1]}") from None
     return module_to_program(module)
 

@@ -30,9 +30,9 @@ from rpegc.core.errors import Loc, RpegError, render
 from rpegc.outputs import Output, OutputError, Outputs, check_outputs
 from rpegc.passes.program_pass import option_error, pass_message
 from rpegc.registry import PASSES as _RPEGC_PASSES
+from rpegc.tools.dot import DETAILS as DOT_DETAILS
 
 EMITS = ("rpeg", "mlir", "json", "dot")
-DOT_DETAILS = ("auto", "summary", "full")  # tools/dot.py DETAILS, without importing it at start-up
 PRESET_PIPELINE = (
     "verify-wellformed,optimize,unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 )

@@ -71,6 +71,19 @@ def test_a_bad_module_is_a_located_error():
     assert err.value.loc.file == "bad.rpeg" and err.value.loc.line >= 1
 
 
+@pytest.mark.parametrize("old,new,message", [
+    ("Lr = 6 : i64", "Lr = 6 : i32", "i64"),  # parses, but the dialect wants an i64
+    ("Lr = 6 : i64", "Lr = 99999999999999999999 : i64", "out of range"),
+    ("Lr = 6 : i64", "Lr = 6 : i64,,", "not an rpegc MLIR module"),
+])
+def test_bad_mlir_is_an_rpeg_error_naming_the_file(old, new, message):
+    text = rpegc.to_mlir(rpegc.load(GRPO))
+    assert old in text
+    with pytest.raises(rpegc.RpegError) as err:
+        rpegc.from_mlir(text.replace(old, new, 1), "bad.mlir")
+    assert err.value.loc.file == "bad.mlir" and message in str(err.value)
+
+
 def test_importing_rpegc_loads_neither_xdsl_nor_the_parser():
     code = "import sys, rpegc; bad = [m for m in sys.modules if m.split('.')[0] in ('xdsl', 'lark')]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -94,16 +94,29 @@ def _size(nbytes: int) -> str:
     return f"{value:.3g} {unit}" if unit != "B" else f"{nbytes} B"
 
 
+def _op_box(head: str, n: ExecNode) -> str:
+    """An op node (or a vertex's merged phases): a box in its role's colour, `head` over role, model, devices."""
+    label = f"{head}\n{n.role} @{n.model}"
+    if n.alloc is not None:
+        label += f"\n{n.alloc.origin}+{n.alloc.extent}"
+    return f"shape=box, style=filled, fillcolor={_q(ROLE_COLOURS[n.role])}, label={_q(label)}"
+
+
+def _transfer_shape(kind: str, label: str) -> str:
+    """A Comm (ellipse) or Reshard (diamond) node."""
+    shape = "ellipse" if kind == "comm" else "diamond"
+    return f"shape={shape}, style=filled, fillcolor={_q(TRANSFER_COLOUR)}, label={_q(label)}"
+
+
+def _moved(n: ExecNode) -> str:
+    """What a transfer moves: a container, or a model's weights."""
+    return f"%{n.container}" if n.container else f"@{n.model}"
+
+
 def _node_attrs(n: ExecNode) -> str:
     if n.kind == "op":
-        label = n.id + f"\n{n.role} @{n.model}"
-        if n.alloc is not None:
-            label += f"\n{n.alloc.origin}+{n.alloc.extent}"
-        return f"shape=box, style=filled, fillcolor={_q(ROLE_COLOURS[n.role])}, label={_q(label)}"
-    what = f"%{n.container}" if n.container else f"@{n.model}"
-    label = f"{n.id} {n.kind}\n{what}\n{n.bytes:,} B"
-    shape = "ellipse" if n.kind == "comm" else "diamond"
-    return f"shape={shape}, style=filled, fillcolor={_q(TRANSFER_COLOUR)}, label={_q(label)}"
+        return _op_box(n.id, n)
+    return _transfer_shape(n.kind, f"{n.id} {n.kind}\n{_moved(n)}\n{n.bytes:,} B")
 
 
 def _edge_attrs(kind: str, container: str | None) -> str:
@@ -149,16 +162,9 @@ class _Group:
     def attrs(self) -> str:
         first, count = self.nodes[0], len(self.nodes)
         if self.kind == "op":
-            label = f"{first.vertex}#{first.step}" + (f" ({count} phases)" if count > 1 else "")
-            label += f"\n{first.role} @{first.model}"
-            if first.alloc is not None:
-                label += f"\n{first.alloc.origin}+{first.alloc.extent}"
-            return f"shape=box, style=filled, fillcolor={_q(ROLE_COLOURS[first.role])}, label={_q(label)}"
-        what = f"%{first.container}" if first.container else f"@{first.model}"
+            return _op_box(f"{first.vertex}#{first.step}" + (f" ({count} phases)" if count > 1 else ""), first)
         total = sum(n.bytes for n in self.nodes)
-        label = f"{self.kind}{f' x{count}' if count > 1 else ''} {what}\n{_size(total)}"
-        shape = "ellipse" if self.kind == "comm" else "diamond"
-        return f"shape={shape}, style=filled, fillcolor={_q(TRANSFER_COLOUR)}, label={_q(label)}"
+        return _transfer_shape(self.kind, f"{self.kind}{f' x{count}' if count > 1 else ''} {_moved(first)}\n{_size(total)}")
 
 
 def _group_key(n: ExecNode) -> tuple:
