@@ -49,12 +49,12 @@ demo: $(STAMP)
 	@echo "== 6. a real model: a Llama checkpoint, tokenizer and arithmetic prompts made here (nothing can be"
 	@echo "   downloaded), a short supervised warm-up, then the optimized GRPO plan with the math verifier on 2 workers =="
 	@rm -rf $(OUT)/arith $(OUT)/arith.run $(OUT)/arith-out
-	$(BIN)/python -m rpegc.runtime.torch_backend.arith make $(OUT)/arith --warm-up 100
+	$(BIN)/python -m rpegc.runtime.backends.torch.arith make $(OUT)/arith --warm-up 100
 	$(BIN)/rpegc $(OUT)/arith/grpo.rpeg -p '$(ARITH_OPT),$(ARITH_LOWER)' -o $(OUT)/arith.exec.rpeg
 	$(BIN)/rpeg-run $(OUT)/arith.exec.rpeg --backend torch --quiet --data $(OUT)/arith/train.jsonl --reward math \
 	  --rl-config examples/arith-rl.toml --run-dir $(OUT)/arith.run --trace $(OUT)/arith.trace.jsonl
 	$(BIN)/rpeg-run export $(OUT)/arith.run $(OUT)/arith-out
-	$(BIN)/python -m rpegc.runtime.torch_backend.arith check $(OUT)/arith-out --test $(OUT)/arith/test.jsonl \
+	$(BIN)/python -m rpegc.runtime.backends.torch.arith check $(OUT)/arith-out --test $(OUT)/arith/test.jsonl \
 	  --before $(OUT)/arith/ckpt --metrics $(OUT)/arith.run/metrics.jsonl
 
 test: $(STAMP)

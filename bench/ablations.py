@@ -23,7 +23,7 @@ from workloads import SEARCH_DEFAULTS, Run, case, common_args, print_table, sear
 
 import statistics
 
-from rpegc.core.cost_options import CostOptions
+from rpegc.core.cost.options import CostOptions
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.optimizer import ABLATIONS
 

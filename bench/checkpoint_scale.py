@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = "verify-wellformed,unroll{k=%d},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the test suite's builder of variants of examples/grpo-tiny-2.rpeg
-from programs import grpo_two_workers  # noqa: E402
+from fixtures.programs import grpo_two_workers  # noqa: E402
 
 WORKLOAD = "rpeg.workload {B = 4, R = 2, Lp = 4, Lr = 8, dtype = fp32}"
 MODEL = "rpeg.model @{name} {{layers = {layers}, hidden = {hidden}, ffn = {ffn}, vocab = 64, heads = 12, kind = {kind}}}"
@@ -74,11 +74,11 @@ def main() -> int:
     ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one, removed)")
     args = ap.parse_args()
 
-    from rpegc.runtime.backend import BackendError
+    from rpegc.runtime.backends.base import BackendError
     from rpegc.runtime.controller import StepProgress, run
-    from rpegc.runtime.torch_backend import checkpoint as ckpt
-    from rpegc.runtime.torch_backend.backend import TorchBackend
-    from rpegc.runtime.torch_backend.layout import Layout, rank_pieces
+    from rpegc.runtime.backends.torch import checkpoint as ckpt
+    from rpegc.runtime.backends.torch.backend import TorchBackend
+    from rpegc.runtime.backends.torch.layout import Layout, rank_pieces
 
     work = args.work or tempfile.mkdtemp(prefix="rpeg-ckpt-bench-", dir=os.environ.get("TMPDIR"))
     os.makedirs(work, exist_ok=True)

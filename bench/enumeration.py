@@ -24,9 +24,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import load_hardware
-from rpegc.core.program import Cluster, Program
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.ir.program import Program
+from rpegc.core.ir.geometry import Cluster
 from rpegc.search.exhaustive import exhaustive_optimum
 from rpegc.search.optimizer import OptimizeOptions, optimize
 from rpegc.syntax.parser import parse

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from rpegc.core.cost_options import CostOptions
+from rpegc.core.cost.options import CostOptions
 from rpegc.search.anneal import SearchConfig, SearchState, propose
 from rpegc.search.baselines import concurrent_plan
 from rpegc.search.batched import BatchEvaluator

@@ -58,8 +58,8 @@ def driver(text: str) -> tuple[float, int, int]:
 
 
 def measure(case: str, n: int) -> dict:
-    from rpegc.core.errors import RpegError
-    from rpegc.core.wellformed import check_graph
+    from rpegc.core.ir.errors import RpegError
+    from rpegc.core.check.wellformed import check_graph
     from rpegc.syntax.parser import parse
 
     text = containers_text(n) if case == "containers" else keys_text(n)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import Hardware, load_hardware
-from rpegc.core.program import Program
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import Hardware, load_hardware
+from rpegc.core.ir.program import Program
 from rpegc.search.anneal import SearchConfig
 from rpegc.search.optimizer import BaselineResult, OptimizeOptions, OptimizeResult, optimize
 from rpegc.syntax.parser import parse

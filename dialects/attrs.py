@@ -33,9 +33,10 @@ from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from rpegc.core.errors import UNKNOWN_LOC, Loc
-from rpegc.core.expr import SYMBOLS, BinOp, Expr, Num, Sym
-from rpegc.core.program import Alloc, Arch, Strategy
+from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
+from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
+from rpegc.core.ir.program import Arch
+from rpegc.core.ir.geometry import Alloc, Strategy
 
 # xDSL prints a non-ASCII StringAttr with hex escapes, and its lexer reads such a literal back as a
 # BytesAttr. Free-text values (names, paths) therefore accept both; `text()` decodes either.

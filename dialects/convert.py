@@ -27,24 +27,11 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Block, Operation, Region
 
-from rpegc.core.errors import UNKNOWN_LOC, Loc, RpegError
-from rpegc.core.gc_pause import without_gc
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
-from rpegc.core.program import (
-    Alloc,
-    Cluster,
-    Container,
-    Edge,
-    Graph,
-    Model,
-    Placement,
-    Plan,
-    Program,
-    Quantile,
-    Strategy,
-    Vertex,
-    Workload,
-)
+from rpegc.core.ir.errors import UNKNOWN_LOC, Loc, RpegError
+from rpegc.core.ir.gc_pause import without_gc
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.program import Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.dialects import exec as ex
 from rpegc.dialects import rpeg
 from rpegc.dialects.attrs import (

@@ -1,7 +1,7 @@
 """The `exec` dialect: the unrolled graph G-bar and the executable DAG G-hat.
 
 Paper: App. A-F (Def. A.7, Alg. 3), A-G (Def. A.8, Alg. 4) and spec 6-7 (memory and schedule
-reports); one op per concept of `rpegc/core/exec_graph.py`. Nodes (`exec.op`, `exec.comm`,
+reports); one op per concept of `rpegc/core/ir/exec_graph.py`. Nodes (`exec.op`, `exec.comm`,
 `exec.reshard`) declare their id in `ident`; edges (`exec.data`, `exec.publish`, `exec.order`,
 `exec.dep`) name their endpoints by SymbolRefAttr. Analysis results (`time`, `start`, `finish`)
 are discardable FloatAttr attributes on node ops, so a pass may drop them without touching the
@@ -25,7 +25,7 @@ from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, region_def, tr
 from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
-from rpegc.core.program import ROLES
+from rpegc.core.ir.program import ROLES
 from rpegc.dialects.attrs import AllocAttr, I64Attr, ModelIntAttr, StrategyAttr, Text, int_of
 from rpegc.dialects.rpeg import LocatedOp, check_member
 

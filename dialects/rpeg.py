@@ -1,7 +1,7 @@
 """The `rpeg` dialect: workload, models, the cyclic graph G°, the cluster and the plan.
 
 Paper: Sec. IV-A and App. A-A..A-D (Definitions A.1-A.5); one op per concept of
-`rpegc/core/program.py`. Ops have no SSA operands or results: containers, vertices and models are
+`rpegc/core/ir/program.py`. Ops have no SSA operands or results: containers, vertices and models are
 named by attributes (a declaration's own name is the `ident` StringAttr property, a reference is a
 SymbolRefAttr; container names are StringAttr). `ident` is deliberately not `sym_name`: the module
 is an xDSL SymbolTable, and a model and a graph may legally share a name. Every op carries its
@@ -38,7 +38,7 @@ from rpegc.dialects.attrs import (
     SymAttr,
     Text,
 )
-from rpegc.core.program import ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
+from rpegc.core.ir.program import ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
 
 
 def check_member(op_name: str, field: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -92,7 +92,7 @@ class GraphOp(LocatedOp):
 
 
 class ContainerFields(LocatedOp):
-    """Fields shared by data and weight containers (`rpegc.core.program.Container`)."""
+    """Fields shared by data and weight containers (`rpegc.core.ir.program.Container`)."""
 
     ident = prop_def(Text)
     dims = opt_prop_def(ArrayAttr[ExprAttr])

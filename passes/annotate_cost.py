@@ -3,7 +3,7 @@
 Sets `time` on every exec node and the per-device memory report (peak, persistent, transient, M_eff, r_peak,
 feasibility). The hardware profile is the cluster's (`hardware = "gh200"` or a path), unless `hardware=...`
 overrides it. Every reconstructed formula of spec Section 9 can be switched to its alternative with the option
-of the same name as in `rpegc.core.cost_options.CostOptions` (`optimize` takes the same options).
+of the same name as in `rpegc.core.cost.options.CostOptions` (`optimize` takes the same options).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
-from rpegc.core.annotate import annotate
-from rpegc.core.program import Program
+from rpegc.core.cost.annotate import annotate
+from rpegc.core.ir.program import Program
 from rpegc.passes.program_pass import CostModelPass, transform
 
 

@@ -11,7 +11,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.comm import insert_comm
+from rpegc.core.lower.insert_comm import insert_comm
 from rpegc.passes.program_pass import transform
 
 

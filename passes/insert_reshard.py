@@ -11,7 +11,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.reshard import insert_reshard
+from rpegc.core.lower.insert_reshard import insert_reshard
 from rpegc.passes.program_pass import transform
 
 

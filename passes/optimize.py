@@ -17,7 +17,7 @@ the pipeline lowers it. Options:
   ablate=""        comma list of Table IV ablations A1..A9 (e.g. ablate="A4,A7")
   baseline=none | greedy | concurrent   write that baseline plan instead of searching
   hardware=""      hardware profile override (default: the cluster's)
-  and every cost option of annotate-cost (rpegc.core.cost_options.CostOptions, e.g. decode_rows=local_batch):
+  and every cost option of annotate-cost (rpegc.core.cost.options.CostOptions, e.g. decode_rows=local_batch):
                    the search scores plans under the model annotate-cost then reports them with
   progress=false   show the progress bar even when stderr is not a terminal
   summary=true     print the summary table on stderr at the end
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
-from rpegc.core.errors import RpegError
-from rpegc.core.options import option
-from rpegc.core.program import Program
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.options import option
+from rpegc.core.ir.program import Program
 from rpegc.passes.program_pass import CostModelPass, transform
 from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, parse_ablations
 

@@ -19,12 +19,12 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.options import option
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.hardware import Hardware, program_hardware
-from rpegc.core.gc_pause import without_gc
-from rpegc.core.program import Program
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.options import option
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.cost.hardware import Hardware, program_hardware
+from rpegc.core.ir.gc_pause import without_gc
+from rpegc.core.ir.program import Program
 
 
 class RpegPassError(PassFailedException):
@@ -42,7 +42,7 @@ def read_program(module: ModuleOp) -> Program:
     return module_to_program(module)
 
 
-@without_gc  # a pass builds the whole module again: see rpegc/core/gc_pause.py
+@without_gc  # a pass builds the whole module again: see rpegc/core/ir/gc_pause.py
 def transform(pass_name: str, module: ModuleOp, fn: Callable[[Program], Program]) -> Program:
     """Apply `fn` to the module's Program and write the result back; returns the new Program."""
     from rpegc.dialects.convert import replace_module
@@ -87,7 +87,7 @@ def pass_message(instance, err: RpegError) -> str:
 def check_hardware(name_or_path: str, where) -> None:
     """A `hardware=...` pass option names a loadable profile (relative paths as the pass resolves them)."""
     if name_or_path:
-        from rpegc.core.hardware import load_hardware
+        from rpegc.core.cost.hardware import load_hardware
 
         load_hardware(name_or_path, where)
 
@@ -113,7 +113,3 @@ class CostModelPass(ModulePass, CostOptions):
         self.cost_options()
         check_hardware(self.hardware, where)
 
-
-def require(cond: bool, loc, message: str) -> None:
-    if not cond:
-        raise RpegError(loc, message)

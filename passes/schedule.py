@@ -11,7 +11,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.schedule_program import schedule_program
+from rpegc.core.sched.schedule import schedule_program
 from rpegc.passes.program_pass import transform
 
 

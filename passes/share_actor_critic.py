@@ -11,7 +11,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.share_ac import share_actor_critic
+from rpegc.core.lower.share_actor_critic import share_actor_critic
 from rpegc.passes.program_pass import transform
 
 

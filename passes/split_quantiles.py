@@ -11,8 +11,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.options import option
-from rpegc.core.quantiles import split_quantiles
+from rpegc.core.ir.options import option
+from rpegc.core.lower.split_quantiles import split_quantiles
 from rpegc.passes.program_pass import transform
 
 

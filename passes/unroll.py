@@ -11,9 +11,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.errors import RpegError
-from rpegc.core.options import option
-from rpegc.core.unroll import MAX_STEPS, unroll
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.options import option
+from rpegc.core.lower.unroll import MAX_STEPS, unroll
 from rpegc.passes.program_pass import transform
 
 

@@ -11,10 +11,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from rpegc.core.errors import RpegError, RpegErrors
-from rpegc.core.plan_rules import check_plan
-from rpegc.core.program import Program
-from rpegc.core.wellformed import check_graph
+from rpegc.core.ir.errors import RpegError, RpegErrors
+from rpegc.core.check.plan_rules import check_plan
+from rpegc.core.ir.program import Program
+from rpegc.core.check.wellformed import check_graph
 from rpegc.passes.program_pass import check
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Union
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.program import Program
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.program import Program
 
 ProgramOrText = Union[Program, str]
 
@@ -158,9 +158,9 @@ def schedule(program: ProgramOrText, **cost_options) -> Program:
 
 def explain(program: ProgramOrText, hardware: str = "", **cost_options) -> str:
     """`rpegc --explain`: every operator's time terms and every device's memory, with a feasibility verdict."""
-    from rpegc.core.cost_options import cost_options as checked_options
-    from rpegc.core.explain import explain as explain_program
-    from rpegc.core.hardware import program_hardware
+    from rpegc.core.cost.options import cost_options as checked_options
+    from rpegc.core.cost.explain import explain as explain_program
+    from rpegc.core.cost.hardware import program_hardware
 
     p = parse(program) if isinstance(program, str) else program
     return explain_program(p, program_hardware(p, hardware), checked_options(cost_options))

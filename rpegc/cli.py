@@ -26,7 +26,7 @@ from xdsl.utils.arg_spec import ArgSpec, PipelineLexer, SpecTokenKind, parse_pip
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from rpegc.core.errors import Loc, RpegError, render
+from rpegc.core.ir.errors import Loc, RpegError, render
 from rpegc.outputs import Output, OutputError, Outputs, check_outputs
 from rpegc.passes.program_pass import option_error, pass_message
 from rpegc.registry import PASSES as _RPEGC_PASSES
@@ -563,8 +563,8 @@ class RpegcMain(xDSLOptMain):
 
             sys.stderr.write(summary(program))
         if self.args.explain:
-            from rpegc.core.explain import explain
-            from rpegc.core.hardware import program_hardware
+            from rpegc.core.cost.explain import explain
+            from rpegc.core.cost.hardware import program_hardware
 
             sys.stderr.write(explain(program, program_hardware(program)))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rpegc.core.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError
 
 SEVERITIES = ("error", "warning", "note", "remark")
 _EXPECT = re.compile(r"expected-(error|warning|note|remark)(?:\s*@(\+\d+|-\d+|above|below))?\s*\{\{(.*?)\}\}")

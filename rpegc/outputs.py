@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from rpegc.core.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError
 
 TEMP_MARK = ".tmp-"  # in every temporary file's name: `.NAME.tmp-XXXXXXXX.EXT`
 

@@ -1,6 +1,6 @@
 """What `rpegc --list-passes` prints: every pass of the multiverse that rpegc's registry (or a plugin) adds,
 with the one-line summary and paper section of its module docstring and its options, each with type, default
-and meaning, read from the pass dataclass (rpegc/core/options.py). xDSL's own passes only with `--all-passes`."""
+and meaning, read from the pass dataclass (rpegc/core/ir/options.py). xDSL's own passes only with `--all-passes`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 import typing
 from dataclasses import MISSING, fields
 
-from rpegc.core.options import option_help
+from rpegc.core.ir.options import option_help
 from rpegc.registry import PASSES as RPEGC_PASSES
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rpegc.core.params import param_count
-from rpegc.core.program import Program
+from rpegc.core.cost.params import param_count
+from rpegc.core.ir.program import Program
 
 GB = 1e9
 

@@ -20,12 +20,14 @@ verification result); the trace is verified against the plan before exiting. Err
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import os
 import sys
 from typing import Optional, Sequence
 
-from rpegc.core.errors import RpegError, render
+from rpegc.core.ir.errors import RpegError, render
+from rpegc.runtime.backends import backend_specs
+from rpegc.runtime.backends.base import BackendSpec
 from rpegc.runtime.plan import RunPlan, load_plan
 from rpegc.version import PrintVersion
 
@@ -49,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("plan", help="lowered exec module (.json or .rpeg text)")
     p.add_argument("--version", action=PrintVersion)
-    p.add_argument("--backend", choices=("sim", "torch"), default="sim",
-                   help="sim: simulated clock from the annotated node times (default); torch: real workers")
+    specs = backend_specs()
+    p.add_argument("--backend", choices=tuple(specs), default="sim" if "sim" in specs else next(iter(specs)),
+                   help="; ".join(f"{name}: {spec.help}" for name, spec in specs.items()))
     p.add_argument("--steps", type=int, default=None, metavar="K",
                    help="run the first K RL steps (K <= the steps the plan was unrolled for: the runtime "
                         "executes the compiled DAG and never unrolls further; recompile with unroll{k=..} for more)")
@@ -58,10 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the JSON-lines trace here, when the run completes; a run that completes but fails "
                         "verification keeps its trace (it is the evidence), a run that stops with an error "
                         "leaves none")
-    p.add_argument("--jitter", type=float, default=0.0, metavar="X",
-                   help="sim: multiplicative noise on node times (uniform: +-X, lognormal: sigma X)")
-    p.add_argument("--jitter-dist", choices=("uniform", "lognormal"), default="uniform")
-    p.add_argument("--seed", type=int, default=0, help="seed of the jitter draws (and of the torch backend)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the backend (the sim backend's jitter draws, the torch backend's models and data)")
     p.add_argument("--policy", choices=("auto", "plan", "alg2"), default="auto",
                    help="dispatch order: plan = keep the schedule's order per device (reproduces the schedule "
                         "without jitter); alg2 = greedy by step, transfers first, topological order; "
@@ -74,46 +75,8 @@ def _parser() -> argparse.ArgumentParser:
                         "both endpoints (Table III, torch default)")
     p.add_argument("--gantt", metavar="OUT.png", help="draw predicted and measured Gantt charts (.png/.svg/.pdf)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
-    t = p.add_argument_group("torch backend")
-    t.add_argument("--run-dir", metavar="DIR", help="checkpoints, worker logs and final weights go here")
-    t.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                   help="checkpoint every N RL steps (default 1 with --run-dir, else none)")
-    t.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
-                   help="keep the newest N complete checkpoints in the run directory (default 2, N >= 1)")
-    t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    t.add_argument("--tp-impl", choices=("auto", "megatron", "torch"), default="auto",
-                   help="tensor parallelism: megatron-core layers (auto: when importable) or plain torch.distributed")
-    t.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="torch.distributed backend of the workers: gloo (CPU tensors) or nccl (one GPU per worker); "
-                        "auto: nccl when this host has a CUDA device for every worker, else gloo")
-    t.add_argument("--store", metavar="HOST:PORT", default=None,
-                   help="launch no workers: serve the control store at HOST:PORT and wait for one worker per "
-                        "device, started by torchrun or Slurm on any node as `python -m "
-                        "rpegc.runtime.torch_backend.worker --store HOST:PORT` (RANK and WORLD_SIZE from the "
-                        "environment) and --secret-file PATH")
-    t.add_argument("--secret-file", metavar="PATH", default=None,
-                   help="with --store: where to write the run's control secret (mode 0600; default "
-                        "RUN_DIR/control-secret, else a private temporary file); every worker must read it, "
-                        "through --secret-file PATH or RPEG_RUN_SECRET_FILE=PATH; it is removed when the run ends")
-    t.add_argument("--no-memory-check", action="store_true",
-                   help="launch even if the cost model's memory estimate of a worker exceeds its device "
-                        "(its share of host RAM on CPU, its GPU under NCCL)")
-    t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
-    t.add_argument("--rl-config", metavar="TOML", default=None,
-                   help="RL hyper-parameters: a flat TOML table of RLConfig fields (clip_eps, kl_coef, ppo_epochs, "
-                        "temperature, adam_eps, ...; runtime/torch_backend/rl_options.py)")
-    t.add_argument("--rl", metavar="NAME=VALUE", action="append", default=None,
-                   help="set one RL hyper-parameter (repeatable; overrides --rl-config; --lr overrides both)")
-    t.add_argument("--reward", metavar="SPEC", default=None,
-                   help="what the reward vertex scores with: rule (the toy task's rule; the default without --data), "
-                        "model (the frozen reward model), or a function of the response text: exact_match, math, "
-                        "module:function, file.py:function or an entry point of group rpegc.rewards "
-                        "(runtime/torch_backend/rewards.py)")
-    t.add_argument("--data", metavar="FILE", default=None,
-                   help="train on the prompts of a JSONL or Parquet file (its rules: the [data] table of --rl-config "
-                        "or --rl data.NAME=VALUE; runtime/torch_backend/datasets.py); default: the toy --task")
-    t.add_argument("--task", choices=("pattern", "reverse"), default="pattern",
-                   help="the built-in toy task without --data (default pattern)")
+    for name, spec in specs.items():
+        spec.add_options(p.add_argument_group(f"{name} backend", spec.help))
     return p
 
 
@@ -135,7 +98,7 @@ def _export_parser() -> argparse.ArgumentParser:
 
 
 def _export_main(args: argparse.Namespace) -> int:
-    from rpegc.runtime.torch_backend.export import export
+    from rpegc.runtime.backends.torch.export import export
 
     if not os.path.isdir(args.run_dir):
         raise RpegError(None, f"{args.run_dir} is not a run directory")
@@ -192,44 +155,35 @@ def check_options(args: argparse.Namespace) -> None:
         raise RpegError(None, f"--steps {args.steps}: run at least 1 step (K >= 1)")
     if args.lookahead < 0:
         raise RpegError(None, f"--lookahead {args.lookahead}: give N >= 0 queued commands (0: none)")
-    if not math.isfinite(args.jitter) or args.jitter < 0:
-        raise RpegError(None, f"--jitter {args.jitter}: give a finite jitter >= 0")
     if not 0 <= args.seed <= MAX_SEED:
         raise RpegError(None, f"--seed {args.seed}: give a seed in 0..2^63-1")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise RpegError(None, f"--checkpoint-every {args.checkpoint_every}: checkpoint every N >= 1 steps "
-                              "(leave the option out for no checkpoints without --run-dir)")
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        raise RpegError(None, f"--lr {args.lr}: give a finite learning rate > 0")
+    for spec in backend_specs().values():
+        spec.check(backend_options(spec, args))
+
+
+def backend_options(spec: BackendSpec, args: argparse.Namespace):
+    """The options of backend `spec` as its own dataclass (its fields are the options' destinations)."""
+    return spec.options(**{f.name: getattr(args, f.name) for f in dataclasses.fields(spec.options)})
+
+
+def _given(spec: BackendSpec, args: argparse.Namespace) -> list[str]:
+    """The options of `spec` this command line sets (to something other than their defaults)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    spec.add_options(probe.add_argument_group(spec.name))
+    return [a.option_strings[0] for a in probe._actions if a.option_strings and getattr(args, a.dest) != a.default]
 
 
 def make_backend(args: argparse.Namespace):
-    if args.backend == "sim":
-        from rpegc.runtime.backends.sim import SimBackend
-
-        if args.resume or args.run_dir or args.checkpoint_every is not None or args.store or args.secret_file or \
-                args.keep_checkpoints is not None or args.no_memory_check or args.rl_config or args.rl or args.data or \
-                args.reward:
-            raise RpegError(None, "--run-dir, --checkpoint-every, --keep-checkpoints, --resume, --store, "
-                                  "--secret-file, --no-memory-check, --rl-config, --rl, --data and --reward apply to "
-                                  "the torch backend only")
-
-        return SimBackend(jitter=args.jitter, distribution=args.jitter_dist, seed=args.seed)
-    if args.jitter:
-        raise RpegError(None, "--jitter applies to the sim backend only; the torch backend measures real times")
-    if args.resume and args.run_dir:
-        raise RpegError(None, "--resume DIR continues the run in DIR; do not also give --run-dir")
-    try:
-        from rpegc.runtime.backends.torch import TorchBackend  # type: ignore[import-not-found]
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("rpegc.runtime.backends.torch"):
-            raise RpegError(None, "the torch backend is not available yet in this installation "
-                                  "(rpegc.runtime.backends.torch is missing); use --backend sim") from None
-        raise RpegError(None, f"cannot load the torch backend: {e}; install the runtime extras "
-                              "(pip install 'rpegc[runtime]') or use --backend sim") from None
-    except ImportError as e:
-        raise RpegError(None, f"cannot load the torch backend: {e}; use --backend sim") from None
-    return TorchBackend.from_args(args)
+    """The backend --backend names, built from its own options; another backend's options are an error."""
+    specs = backend_specs()
+    for name, spec in specs.items():
+        given = _given(spec, args) if name != args.backend else []
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise RpegError(None, f"{', '.join(given)} {verb} to the {name} backend only; this run uses the "
+                                  f"{args.backend} backend")
+    spec = specs[args.backend]
+    return spec.create(backend_options(spec, args))
 
 
 def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -313,7 +267,7 @@ def _say_interrupted(e: BaseException, args, argv, plan: RunPlan, backend, done:
     run_dir = getattr(backend, "run_dir", None)
     checkpoint = None
     if run_dir:
-        from rpegc.runtime.torch_backend.checkpoint import complete_checkpoints
+        from rpegc.runtime.backends.torch.checkpoint import complete_checkpoints
 
         found = complete_checkpoints(run_dir)
         checkpoint = found[-1][0] if found else None
@@ -334,7 +288,7 @@ def check_run_outputs(args: argparse.Namespace) -> None:
     run_dir = args.resume or args.run_dir
     if run_dir is not None and args.backend == "torch":
         try:
-            from rpegc.runtime.torch_backend.checkpoint import CHECKPOINT_DIR, FINAL
+            from rpegc.runtime.backends.torch.checkpoint import CHECKPOINT_DIR, FINAL
         except ImportError:  # no torch: make_backend says so
             CHECKPOINT_DIR, FINAL = "checkpoints", "final"
         wanted += [Output(os.path.join(run_dir, FINAL), "the run directory's final weights", directory=True,

@@ -44,8 +44,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from rpegc.core.errors import RpegError
-from rpegc.runtime.backend import RESERVE_RULES, Backend, BackendError, Completion, Dispatch
+from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.base import RESERVE_RULES, Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 from rpegc.runtime.trace import (
     ArtifactEvent,

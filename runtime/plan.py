@@ -41,10 +41,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.exec_graph import ExecNode
-from rpegc.core.lowering_rules import container_payload, data_bytes, weight_bytes
-from rpegc.core.program import Alloc, Program
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.exec_graph import ExecNode
+from rpegc.core.lower.rules import container_payload, data_bytes, weight_bytes
+from rpegc.core.ir.program import Program
+from rpegc.core.ir.geometry import Alloc
 
 HASH_FORMAT = "rpeg-plan-hash/2"
 _ARCH_KEYS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
-from rpegc.core.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.outputs import PendingOutput
 from rpegc.syntax import json_text
 

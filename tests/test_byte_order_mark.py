@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from programs import ACTOR_GRAPH
+from fixtures.programs import ACTOR_GRAPH
 from rpegc.cli import main
 from rpegc.syntax.parser import parse
 from runtime.plan import load_program

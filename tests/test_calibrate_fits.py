@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpegc.core.devices import TIERS
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import load_hardware
+from rpegc.core.ir.geometry import TIERS
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import load_hardware
 from rpegc.tools.calibrate import (Calibration, EtaFit, LinkFit, ScaleFit, allreduce_terms, cpu_plan, eta,
                                    fit_alpha_beta, fit_eta, fit_f_peak, mape, p2p_terms, profile_text)
 

@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 
-from rpegc.core.candidates import aligned_origins, enumerate_candidates, legal_strategies
-from rpegc.core.plan_rules import check_placement, is_legal
-from rpegc.core.presets import PRESETS
-from rpegc.core.program import Alloc, Arch, Cluster, Model, Placement, Strategy, Workload
+from rpegc.core.check.candidates import aligned_origins, enumerate_candidates, legal_strategies
+from rpegc.core.check.plan_rules import check_placement, is_legal
+from rpegc.core.ir.presets import PRESETS
+from rpegc.core.ir.program import Arch, Model, Placement, Workload
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
 
 def model(layers: int) -> Model:

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from rpegc.core.candidates import enumerate_candidates
+from rpegc.core.check.candidates import enumerate_candidates
 from rpegc.syntax.parser import parse
 
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.rpeg"))

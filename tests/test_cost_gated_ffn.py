@@ -1,4 +1,4 @@
-"""Gated FFNs in the cost model (issue 15, item 7): an architecture with a gate projection (SwiGLU, the Llama
+"""Gated FFNs in the cost model: an architecture with a gate projection (SwiGLU, the Llama
 family: `gated = true`, the llama and tiny presets, every HF config) counts three d x d_ff matrices in its
 parameters, work and memory; an explicit architecture without it keeps the spec's two, so the spec's worked
 example (tests/test_cost_spec.py) and the paper's numbers stay reproducible. The torch backend builds what
@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from rpegc.core.errors import RpegError
-from rpegc.core.memory import buffer_width
-from rpegc.core.params import layer_params, param_count
-from rpegc.core.presets import lookup
-from rpegc.core.program import Arch
-from rpegc.core.work import backbone_flops_per_token
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.memory import buffer_width
+from rpegc.core.cost.params import layer_params, param_count
+from rpegc.core.ir.presets import lookup
+from rpegc.core.ir.program import Arch
+from rpegc.core.cost.work import backbone_flops_per_token
 from rpegc.syntax.json_form import program_from_json, program_to_json
 from rpegc.syntax.parser import parse
 from rpegc.syntax.printer import print_program
@@ -46,7 +46,7 @@ def test_an_hf_config_counts_what_transformers_counts_but_the_norms(tmp_path):
     """A tied, MHA Llama checkpoint: transformers' parameter count is the cost model's (layers with three FFN
     matrices, one V x d embedding) plus the RMSNorm weights, 2d per layer and d for the final norm."""
     transformers = pytest.importorskip("transformers")
-    from rpegc.core.hf_config import hf_arch
+    from rpegc.core.ir.hf_config import hf_arch
 
     config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
                                       num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
@@ -88,7 +88,7 @@ def test_gated_must_be_a_boolean_and_does_not_mix_with_a_checkpoint(tmp_path):
 
 def test_the_backend_builds_the_priced_ffn():
     pytest.importorskip("torch")
-    from rpegc.runtime.torch_backend.models import NetOptions, TransformerModel, arch_net
+    from rpegc.runtime.backends.torch.models import NetOptions, TransformerModel, arch_net
 
     for gated in (True, False):
         arch = Arch(layers=2, hidden=32, ffn=64, vocab=50, heads=4, kv_heads=4, gated=gated)

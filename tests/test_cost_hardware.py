@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.cost_options import CostOptions, cost_options
-from rpegc.core.devices import TIERS
-from rpegc.core.errors import Loc, RpegError, render
-from rpegc.core.hardware import PROFILE_DIR, Hardware, load_hardware, profile_names
+from rpegc.core.cost.options import CostOptions, cost_options
+from rpegc.core.ir.geometry import TIERS
+from rpegc.core.ir.errors import Loc, RpegError, render
+from rpegc.core.cost.hardware import PROFILE_DIR, Hardware, load_hardware, profile_names
 
 CLUSTER_LOC = Loc("ppo.rpeg", 12, 1)
 GOOD = (PROFILE_DIR / "gh200.toml").read_text()
@@ -132,8 +132,8 @@ def test_gpus_per_node_out_of_range(tmp_path, value):
 
 
 def test_cluster_with_more_gpus_per_node_than_its_profile(tmp_path):
-    from rpegc.core.hardware import cluster_hardware
-    from rpegc.core.program import Cluster
+    from rpegc.core.cost.hardware import cluster_hardware
+    from rpegc.core.ir.geometry import Cluster
 
     path = write(tmp_path, GOOD.replace("gpus_per_node = 4 ", "gpus_per_node = 3 "))
     cluster = Cluster("c", 1, 2, 4, path, loc=CLUSTER_LOC)

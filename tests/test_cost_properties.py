@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.collectives import allgather, allreduce, alltoall, reduce_scatter
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import Hardware
-from rpegc.core.memory import op_memory
-from rpegc.core.optime import op_time
-from rpegc.core.program import Arch, Workload
-from rpegc.core.transfer import generation_phase_time
+from rpegc.core.cost.collectives import allgather, allreduce, alltoall, reduce_scatter
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.memory import op_memory
+from rpegc.core.cost.optime import op_time
+from rpegc.core.ir.program import Arch, Workload
+from rpegc.core.cost.transfer import generation_phase_time
 
 SETTINGS = settings(max_examples=40, deadline=None)
 ROLE_KINDS = [("generation", "policy"), ("generation", "actor_critic"), ("inference", "reference"),

@@ -10,38 +10,24 @@ import dataclasses
 
 import pytest
 
-from rpegc.core.annotate import annotate, program_memory
-from rpegc.core.collectives import replica_tier, span_tier
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode
-from rpegc.core.explain import explain
-from rpegc.core.expr import Num, Sym
-from rpegc.core.hardware import Hardware
-from rpegc.core.memory import FROZEN, NONE, SHADOW, TRAINING, oom_penalty, op_memory
-from rpegc.core.optime import op_time
-from rpegc.core.params import layer_params, param_count
-from rpegc.core.program import (
-    Alloc,
-    Arch,
-    Cluster,
-    Graph,
-    Model,
-    Placement,
-    Plan,
-    Program,
-    Quantile,
-    Strategy,
-    Vertex,
-    Workload,
-)
-from rpegc.core.lowering_rules import publication_bytes
-from rpegc.core.transfer import (
+from rpegc.core.cost.annotate import annotate, program_memory
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, replica_tier, span_tier
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode
+from rpegc.core.cost.explain import explain
+from rpegc.core.ir.expr import Num, Sym
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.memory import FROZEN, NONE, SHADOW, TRAINING, oom_penalty, op_memory
+from rpegc.core.cost.optime import op_time
+from rpegc.core.cost.params import layer_params, param_count
+from rpegc.core.ir.program import Arch, Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload
+from rpegc.core.lower.rules import data_bytes, publication_bytes
+from rpegc.core.cost.transfer import (
     comm_node_time,
-    data_payload,
     reshard_node_time,
 )
-from rpegc.core.work import (
+from rpegc.core.cost.work import (
     decode_flops_per_rollout,
     forward_flops_per_token,
     generation_work,
@@ -252,12 +238,12 @@ def test_extra_operators(role, kind, W, T_gemm, T_dp, T_opt, T_op):
 
 
 def test_comm_and_reshard_nodes():
-    y = data_payload(64 * 640 * 2)
+    y = data_bytes(64 * 640 * 2, None)
     assert y == 81_920
     assert comm_node_time(y, LOW4, HIGH4, HW) == approx(5.136533e-6)
     for fraction, payload, time in ((0.5, 40_960, 5.068267e-6), (0.35, 28_672, 5.047787e-6), (0.15, 12_288, 5.020480e-6)):
-        assert data_payload(y, fraction) == approx(payload)
-        assert comm_node_time(data_payload(y, fraction), LOW4, HIGH4, HW) == approx(time)
+        assert data_bytes(y, fraction) == payload
+        assert comm_node_time(data_bytes(y, fraction), LOW4, HIGH4, HW) == approx(time)
     n_m = param_count(ARCH, "policy")
     overlap = publication_bytes(n_m * 2, ALL8, HIGH4)
     assert overlap == approx(5_164_236_800)
@@ -445,7 +431,7 @@ def lowered_graph_with_transfers():
                               phase=q, nphases=3, alloc=ALL8, strategy=STRAT, fraction=fractions[q - 1]))
     for q in (1, 2, 3):
         nodes.append(ExecNode(f"c_y{q}", "comm", 0, 1, container="Y", alloc=HIGH4, src_alloc=LOW4,
-                              bytes=int(data_payload(81_920, fractions[q - 1])), fraction=fractions[q - 1]))
+                              bytes=data_bytes(81_920, fractions[q - 1]), fraction=fractions[q - 1]))
         nodes.append(ExecNode(f"ref_inf#0.q{q}", "op", 0, 1, vertex="ref_inf", role="inference", model="ref",
                               phase=q, nphases=3, alloc=ALL8, strategy=STRAT, fraction=fractions[q - 1]))
     nodes.append(ExecNode("r_actor", "reshard", 0, 2, model="actor", alloc=ALL8, src_alloc=ALL8,

@@ -9,11 +9,11 @@ import re
 import pytest
 from xdsl.utils.exceptions import ParseError
 
-from rpegc.core.errors import UNKNOWN_LOC, Loc, RpegError
+from rpegc.core.ir.errors import UNKNOWN_LOC, Loc, RpegError
 from rpegc.dialects.convert import make_context, module_to_program, program_to_module
 from rpegc.dialects.mlir_form import parse_mlir, print_mlir
 from rpegc.syntax.parser import parse
-from tests.programs import EXAMPLES
+from fixtures.programs import EXAMPLES
 
 PPO_TEXT = (EXAMPLES / "ppo.rpeg").read_text()
 

@@ -1,6 +1,6 @@
 """Property: every Program survives Program -> module -> (generic MLIR text ->) Program exactly.
 
-Checked on the project's strategies (tests/strategies.py) and on the local ones below, which draw
+Checked on the project's strategies (tests/fixtures/strategies.py) and on the local ones below, which draw
 structurally valid Programs (the op verifiers accept them) with awkward values: symbol names
 needing quotes, non-ASCII text, integers beyond 64 bits, signed zeros and infinities, empty and
 long lists, every optional field both present and absent.
@@ -12,33 +12,16 @@ from io import StringIO
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import exec_programs
-from strategies import programs as wellformed_programs
+from fixtures.strategies import exec_programs
+from fixtures.strategies import programs as wellformed_programs
 from xdsl.printer import Printer
 
-from rpegc.core.errors import UNKNOWN_LOC, Loc
-from rpegc.core.exec_graph import EDGE_KINDS, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
-from rpegc.core.expr import SYMBOLS, BinOp, Num, Sym
-from rpegc.core.program import (
-    DTYPE_BYTES,
-    ELEMENT_KINDS,
-    MODEL_KINDS,
-    ROLES,
-    Alloc,
-    Arch,
-    Cluster,
-    Container,
-    Edge,
-    Graph,
-    Model,
-    Placement,
-    Plan,
-    Program,
-    Quantile,
-    Strategy,
-    Vertex,
-    Workload,
-)
+from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
+from rpegc.core.ir.exec_graph import EDGE_KINDS, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.expr import SYMBOLS, BinOp, Num, Sym
+from rpegc.core.ir.program import (DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES, Arch, Container, Edge, Graph,
+                                   Model, Placement, Plan, Program, Quantile, Vertex, Workload)
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.dialects.convert import make_context, module_to_program, program_to_module
 from rpegc.dialects.mlir_form import parse_mlir
 
@@ -210,7 +193,7 @@ def test_generic_mlir_text_reparses_to_the_same_program(p: Program) -> None:
     assert all_locs(back) == all_locs(p)
 
 
-# The project-wide strategies (tests/strategies.py): well-formed graphs, legal plans, exec graphs.
+# The project-wide strategies (tests/fixtures/strategies.py): well-formed graphs, legal plans, exec graphs.
 shared_programs = st.one_of(
     wellformed_programs(plan=True), exec_programs(exotic=False), exec_programs(exotic=True)
 )

@@ -10,25 +10,12 @@ from rpegc.dialects.mlir_form import parse_mlir
 from xdsl.printer import Printer
 from xdsl.dialects.builtin import UnknownLoc
 
-from rpegc.core.errors import UNKNOWN_LOC, Loc
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
-from rpegc.core.expr import BinOp, Num, Sym
-from rpegc.core.program import (
-    Alloc,
-    Arch,
-    Cluster,
-    Container,
-    Edge,
-    Graph,
-    Model,
-    Placement,
-    Plan,
-    Program,
-    Quantile,
-    Strategy,
-    Vertex,
-    Workload,
-)
+from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.expr import BinOp, Num, Sym
+from rpegc.core.ir.program import (Arch, Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
+                                   Workload)
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.dialects import exec as ex
 from rpegc.dialects import rpeg
 from rpegc.dialects.convert import (

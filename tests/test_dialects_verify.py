@@ -9,10 +9,11 @@ from xdsl.dialects.builtin import ArrayAttr, IntAttr, ModuleOp, StringAttr
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import ParseError, VerifyException
 
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
-from rpegc.core.expr import Sym
-from rpegc.core.program import Arch, Cluster, Container, Edge, Graph, Model, Program, Vertex, Workload
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
+from rpegc.core.ir.expr import Sym
+from rpegc.core.ir.program import Arch, Container, Edge, Graph, Model, Program, Vertex, Workload
+from rpegc.core.ir.geometry import Cluster
 from rpegc.dialects import exec as ex
 from rpegc.dialects import rpeg
 from rpegc.dialects.attrs import BinOpAttr, NumAttr, SymAttr

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from programs import ACTOR_GRAPH
+from fixtures.programs import ACTOR_GRAPH
 from rpegc.cli import main
 
 ROOT = pathlib.Path(__file__).parent.parent

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from programs import ACTOR_GRAPH
+from fixtures.programs import ACTOR_GRAPH
 from rpegc.cli import main
 
 ROOT = pathlib.Path(__file__).parent.parent

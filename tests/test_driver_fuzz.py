@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from hostile import MUTATIONS, call_guarded, mutants as _mutants
+from fixtures.hostile import MUTATIONS, call_guarded, mutants as _mutants
 from rpegc.cli import main
 
 ROOT = pathlib.Path(__file__).parent.parent

@@ -1,4 +1,4 @@
-"""Schedules the paper's figures promise, compared across two driver runs (issue 5; Figs. 16, 18, 19).
+"""Schedules the paper's figures promise, compared across two driver runs (Figs. 16, 18, 19).
 
 - Figs. 18/19: on 4 GPUs with generation on GPU 0 and inference on GPUs 1-3, quantile splitting (Q = 3)
   lets inference start on early-finishing sequences, so the makespan is strictly smaller than without it.

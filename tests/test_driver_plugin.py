@@ -1,7 +1,9 @@
-"""Passes plug in through the `xdsl.universe` entry point (DESIGN.md Section 5), in real subprocesses.
+"""Passes plug in through the `xdsl.universe` entry point (DESIGN.md Section 5) and rpeg-run backends through
+`rpegc.backends`, in real subprocesses.
 
 tests/plugin/ holds a researcher's package, rpegc_plugin_demo, with a dist-info that advertises its
-Universe; putting the folder on PYTHONPATH is all it takes for `rpegc` to run its `max-vertices` pass.
+Universe and its backend; putting the folder on PYTHONPATH is all it takes for `rpegc` to run its
+`max-vertices` pass and for `rpeg-run` to run plans on its `slow-sim` backend with its own `--slowdown` option.
 The same entry point lets `xdsl-opt` run rpegc's own passes on `rpegc --emit=mlir` output.
 """
 
@@ -11,6 +13,8 @@ import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
 PLUGIN = ROOT / "tests" / "plugin"
@@ -62,3 +66,28 @@ def test_xdsl_opt_runs_rpegc_passes_on_emitted_mlir():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count('"exec.op"') == 12
     assert '"exec.publish"() <{container = "W_actor", dst = @"gen#1", src = @"train_actor#0"}>' in result.stdout
+
+
+def test_a_plugin_backend_runs_plans_with_its_own_options(tmp_path):
+    plan = tmp_path / "ppo.exec.rpeg"
+    pipeline = "unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+    lower = run("rpegc", str(PPO), "-p", pipeline, "-o", str(plan))
+    assert lower.returncode == 0, lower.stderr
+    helped = run("rpeg-run", "--help", plugin=True)
+    assert "slow-sim" in helped.stdout and "--slowdown X" in helped.stdout
+
+    def makespan(*args: str, plugin: bool) -> float:
+        result = run("rpeg-run", str(plan), "--quiet", *args, plugin=plugin)
+        assert result.returncode == 0, result.stderr
+        (line,) = [x for x in result.stdout.splitlines() if x.startswith("makespan:")]
+        return float(line.split()[2])
+
+    sim = makespan(plugin=False)
+    # both makespans are printed with 6 significant digits: each is within 5e-6 relative of its value
+    assert makespan("--backend", "slow-sim", "--slowdown", "3", plugin=True) == pytest.approx(3 * sim, rel=2e-5)
+    wrong = run("rpeg-run", str(plan), "--slowdown", "3", plugin=True)
+    assert wrong.returncode == 1 and "--slowdown applies to the slow-sim backend only" in wrong.stderr
+    bad = run("rpeg-run", str(plan), "--backend", "slow-sim", "--slowdown", "0", plugin=True)
+    assert bad.returncode == 1 and "--slowdown 0.0: give a factor > 0" in bad.stderr
+    unknown = run("rpeg-run", str(plan), "--backend", "slow-sim")
+    assert unknown.returncode == 1 and "invalid choice: 'slow-sim'" in unknown.stderr

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rpegc.core.errors import RpegError
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode
-from rpegc.core.program import Alloc, Cluster, Program, Strategy, Workload
-from rpegc.core.schedule_program import schedule_program
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode
+from rpegc.core.ir.program import Program, Workload
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
+from rpegc.core.sched.schedule import schedule_program
 from rpegc.tools.gantt import Bar, bars_from_program, device_rows, draw_bars, draw_gantt
 
 

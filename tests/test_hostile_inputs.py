@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from hostile import call_guarded, mutants
+from fixtures.hostile import call_guarded, mutants
 from rpegc.cli import main as rpegc_main
 from rpegc.runtime.cli import main as run_main
 

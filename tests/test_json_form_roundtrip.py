@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.errors import RpegError
-from rpegc.core.exec_graph import MemoryReport
-from rpegc.core.expr import BinOp, Num, Sym
-from rpegc.core.program import Alloc
-from rpegc.core.unroll import unroll
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.expr import BinOp, Num, Sym
+from rpegc.core.ir.geometry import Alloc
+from rpegc.core.lower.unroll import unroll
 from rpegc.syntax.json_form import program_from_json, program_to_json
 from rpegc.syntax.parser import parse_expr
-from test_runtime_fixtures import colocated_plan, disaggregated_plan, lower, scheduled
+from fixtures.runtime_plans import disaggregated_plan, scheduled
+from fixtures.runtime_plans import PROGRAMS, with_memory
 
 DOCUMENTED_NODE_KEYS = {"id", "kind", "vertex", "step", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb",
                         "bytes", "version_in", "version_out"}
@@ -25,23 +24,6 @@ DOCUMENTED_NODE_KEYS = {"id", "kind", "vertex", "step", "phase", "role", "model"
 
 def through_json(p):
     return program_from_json(json.loads(json.dumps(program_to_json(p))), "p.json")
-
-
-def with_memory(p):
-    devices = range(p.cluster.num_devices)
-    mem = MemoryReport(peak=tuple((d, 1.5e9 + d) for d in devices), persistent=tuple((d, 1e9) for d in devices),
-                       transient=tuple((d, 0.5e9 + d) for d in devices), m_eff=8.6e10, r_peak=0.71, feasible=True)
-    return replace(p, exec=replace(p.exec, memory=mem))
-
-
-PROGRAMS = [
-    ("no-exec", lambda: disaggregated_plan(1)),
-    ("no-plan", lambda: replace(colocated_plan(0), plan=None, cluster=None)),
-    ("unrolled-typed-edges", lambda: unroll(disaggregated_plan(1), 3)),
-    ("lowered", lambda: lower(disaggregated_plan(1), 2)),
-    ("scheduled", lambda: with_memory(scheduled(disaggregated_plan(1), 3))),
-    ("colocated-reshards", lambda: scheduled(colocated_plan(1), 2)),
-]
 
 
 @pytest.mark.parametrize("name,make", PROGRAMS, ids=[n for n, _ in PROGRAMS])

@@ -12,11 +12,11 @@ from importlib import resources
 import jsonschema
 import pytest
 
-from rpegc.core.errors import RpegError
+from rpegc.core.ir.errors import RpegError
 from rpegc.syntax import json_form, json_text
 from rpegc.syntax.json_form import program_from_text, program_to_json
-from test_json_form_roundtrip import PROGRAMS, with_memory
-from test_runtime_fixtures import disaggregated_plan, scheduled
+from fixtures.runtime_plans import PROGRAMS, with_memory
+from fixtures.runtime_plans import disaggregated_plan, scheduled
 
 
 def schema() -> dict:

@@ -7,18 +7,18 @@ from dataclasses import replace
 
 import pytest
 
-from rpegc.core import lowering
-from rpegc.core.comm import insert_comm
-from rpegc.core.errors import RpegError
-from rpegc.core.program import Container, Edge, Vertex
-from rpegc.core.quantiles import split_quantiles
-from rpegc.core.reshard import insert_reshard
-from rpegc.core.unroll import unroll
-from test_lowering_helpers import (
+from rpegc.core.lower.insert_comm import insert_comm
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.program import Container, Edge, Vertex
+from rpegc.core.lower.split_quantiles import split_quantiles
+from rpegc.core.lower.insert_reshard import insert_reshard
+from rpegc.core.lower.unroll import unroll
+from fixtures.lowering import (
     colocated,
     edge_set,
     gpus,
     is_acyclic,
+    lower,
     ppo_program,
     preds,
     strat,
@@ -33,8 +33,8 @@ PER_TOKEN_BYTES = 8 * 2 * 12 * 2  # ref_logp, v
 R_BYTES = 8 * 2 * 2
 
 
-def lower(p, k, split=True):
-    return lowering.lower(unroll(p, k), split=split)
+def lowered(p, k, split=True):
+    return lower(unroll(p, k), split=split)
 
 
 def comms(g):
@@ -58,7 +58,7 @@ FIG17 = {
 
 
 def test_fig17_executable_graph_of_one_step():
-    g = lower(ppo_program(FIG17), 1).exec
+    g = lowered(ppo_program(FIG17), 1).exec
     assert g.lowered and {e.kind for e in g.edges} == {"dep"}
     assert len(g.nodes) == 6 + 8 + 1 and len(g.edges) == 8 * 2 + 1 + 2
     # Comm ids follow the data-edge order; each sits between producer and consumer.
@@ -91,7 +91,7 @@ def test_fig17_executable_graph_of_one_step():
 
 
 def test_new_nodes_are_listed_before_their_consumer():
-    ids = [n.id for n in lower(ppo_program(FIG17), 1).exec.nodes]
+    ids = [n.id for n in lowered(ppo_program(FIG17), 1).exec.nodes]
     assert ids.index("c0") < ids.index("ref_inf#0") and ids.index("r0") < ids.index("train_actor#0")
 
 
@@ -111,7 +111,7 @@ INFS = ("ref_inf", "reward_inf", "critic_inf")
 
 @pytest.mark.parametrize("quantiles, split", [((), True), (QUANTILES, False)])
 def test_fig18_without_splitting_three_full_comms(quantiles, split):
-    g = lower(ppo_program(FIG18, quantiles=quantiles), 1, split=split).exec
+    g = lowered(ppo_program(FIG18, quantiles=quantiles), 1, split=split).exec
     gen_comms = [c for c in comms(g) if preds(g, c.id) == {"gen#0"}]
     assert len(gen_comms) == 3 and all(c.bytes == Y_BYTES and c.fraction is None for c in gen_comms)
     assert all(n.phase is None for n in g.nodes)
@@ -152,7 +152,7 @@ def test_fig19_quantile_phases_and_scaled_comms():
 
 
 def test_publication_enters_first_generation_phase():
-    g = lower(ppo_program(FIG18, quantiles=QUANTILES), 2).exec
+    g = lowered(ppo_program(FIG18, quantiles=QUANTILES), 2).exec
     (c,) = [c for c in comms(g) if c.model == "actor"]
     assert preds(g, c.id) == {"train_actor#0"} and succs(g, c.id) == {"gen#1.q1"}
     # 4 training GPUs, 1 generation GPU, overlap 1: (4 - 1) / 4 of the weights move.
@@ -197,7 +197,7 @@ ELSEWHERE = {
 
 def critic_case(inf, train, tau, k=3):
     placements = dict(ELSEWHERE, critic_inf=inf, train_critic=train)
-    return lower(ppo_program(placements, staleness={"critic": tau}), k).exec
+    return lowered(ppo_program(placements, staleness={"critic": tau}), k).exec
 
 
 def critic_weight_comms(g):
@@ -263,7 +263,7 @@ def test_frozen_models_are_never_resharded():
     placements = colocated(gpus(0, 1), strat(dp=2))
     placements["reward_inf"] = (gpus(0, 1), strat(tp=2))
     placements["ref_inf"] = (gpus(0, 1), strat(pp=2))
-    g = lower(ppo_program(placements), 2).exec
+    g = lowered(ppo_program(placements), 2).exec
     assert not reshards(g) and not comms(g)
 
 
@@ -286,7 +286,7 @@ def with_actor_scorer(placements):
 
 def test_comm_installing_the_same_version_is_reused():
     placements = dict(FIG17, train_actor=(gpus(4), strat()), scorer=(gpus(0, 1, 2, 3), strat(tp=4)))
-    g = lower(with_actor_scorer(placements), 3).exec
+    g = lowered(with_actor_scorer(placements), 3).exec
     cs = [c for c in comms(g) if c.model == "actor"]
     assert len(cs) == 2  # one per step 1, 2, not one per consumer
     for c in cs:
@@ -296,7 +296,7 @@ def test_comm_installing_the_same_version_is_reused():
 
 def test_reshard_installing_the_same_version_is_reused():
     placements = dict(FIG17, scorer=(gpus(0, 1, 2, 3), strat(tp=4)))
-    g = lower(with_actor_scorer(placements), 2).exec
+    g = lowered(with_actor_scorer(placements), 2).exec
     pub_reshards = [r for r in reshards(g) if r.strategy == strat(tp=4)]
     assert len(pub_reshards) == 1
     (r,) = pub_reshards
@@ -308,7 +308,7 @@ def test_reshard_installing_the_same_version_is_reused():
 
 def test_lowered_graph_is_acyclic_with_unique_dep_edges():
     for staleness in ({}, {"actor": 1}, {"actor": 2, "critic": 1}):
-        g = lower(ppo_program(FIG18, staleness=staleness, quantiles=QUANTILES), 4).exec
+        g = lowered(ppo_program(FIG18, staleness=staleness, quantiles=QUANTILES), 4).exec
         pairs = [(e.src, e.dst) for e in g.edges]
         assert len(pairs) == len(set(pairs)) and {e.kind for e in g.edges} == {"dep"}
         assert is_acyclic([n.id for n in g.nodes], pairs)

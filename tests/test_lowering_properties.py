@@ -7,12 +7,12 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.comm import insert_comm
-from rpegc.core.params import param_count
-from rpegc.core.quantiles import split_quantiles
-from rpegc.core.reshard import insert_reshard
-from rpegc.core.unroll import unroll
-from test_lowering_helpers import RANDOM_CLUSTER, WORKLOAD, edge_set, is_acyclic, random_programs
+from rpegc.core.lower.insert_comm import insert_comm
+from rpegc.core.cost.params import param_count
+from rpegc.core.lower.split_quantiles import split_quantiles
+from rpegc.core.lower.insert_reshard import insert_reshard
+from rpegc.core.lower.unroll import unroll
+from fixtures.lowering import RANDOM_CLUSTER, WORKLOAD, edge_set, is_acyclic, random_programs
 
 SETTINGS = settings(max_examples=30, deadline=None)
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rpegc.runtime.torch_backend.pinning import cores_to_pin, local_workers
+from rpegc.runtime.backends.torch.pinning import cores_to_pin, local_workers
 from rpegc.tools.measure import WorkerPool
 
 

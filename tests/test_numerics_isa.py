@@ -1,4 +1,4 @@
-"""The bf16 equivalence checks under other CPU kernel paths (issue 13: numerical tests must hold on any
+"""The bf16 equivalence checks under other CPU kernel paths (numerical tests must hold on any
 x86-64 CPU). torch picks its vectorised ATen kernels by ATEN_CPU_CAPABILITY and oneDNN its GEMM/attention
 kernels by ONEDNN_MAX_CPU_ISA; a CI machine with AMX or avx512 would otherwise exercise only its own best
 path, and the bf16 results of other paths differ (a cached decode and a teacher-forced forward agree

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from programs import ACTOR_GRAPH
+from fixtures.programs import ACTOR_GRAPH
 from rpegc.outputs import TEMP_MARK
 from rpegc.syntax.json_form import program_to_json
-from test_runtime_fixtures import disaggregated_plan, scheduled
+from fixtures.runtime_plans import disaggregated_plan, scheduled
 
 ROOT = Path(__file__).resolve().parent.parent
 HARDWARE = ROOT / "rpegc" / "hardware" / "gh200.toml"
@@ -314,7 +314,7 @@ def test_rpeg_run_dir_files_against_the_plan_and_the_trace(ws, capsys):
 
 
 def test_rpeg_run_failing_run_leaves_no_partial_trace(ws, capsys, monkeypatch):
-    from rpegc.core.errors import RpegError
+    from rpegc.core.ir.errors import RpegError
 
     (ws / "t.jsonl").write_text("an earlier trace\n")
 
@@ -337,7 +337,7 @@ def test_rpeg_run_failed_verification_keeps_the_trace(ws, capsys, monkeypatch):
 
 
 def test_rpeg_run_failing_gantt_keeps_the_earlier_chart(ws, capsys, monkeypatch):
-    from rpegc.core.errors import RpegError
+    from rpegc.core.ir.errors import RpegError
 
     (ws / "g.png").write_bytes(b"earlier chart")
 
@@ -363,8 +363,8 @@ def test_rpeg_calibrate_default_output_never_replaces_a_profile(ws, capsys):
 
 
 def test_rpeg_validate_default_output_is_a_new_directory(ws, capsys):
-    from rpegc.core.cost_options import CostOptions
-    from rpegc.core.hardware import load_hardware
+    from rpegc.core.cost.options import CostOptions
+    from rpegc.core.cost.hardware import load_hardware
     from rpegc.tools.validate import VALIDATION_ARCHS, Case, make_rows, write_csv
 
     tiny = VALIDATION_ARCHS["tiny"]

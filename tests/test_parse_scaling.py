@@ -11,12 +11,12 @@ import gc
 
 import pytest
 
-from programs import ACTOR_GRAPH
-from rpegc.core.errors import EXCERPT_WIDTH, Loc, RpegError, RpegErrors, excerpt, render
-from rpegc.core.program import Container, Graph
+from fixtures.programs import ACTOR_GRAPH
+from rpegc.core.ir.errors import EXCERPT_WIDTH, Loc, RpegError, RpegErrors, excerpt, render
+from rpegc.core.ir.program import Container, Graph
 from rpegc.syntax import parser
 from rpegc.syntax.parser import parse
-from spies import CountingTuple, spy_close_matches
+from fixtures.spies import CountingTuple, spy_close_matches
 
 
 def with_unused_containers(n: int) -> str:

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.errors import Loc
-from rpegc.core.expr import BinOp, Sym
-from rpegc.core.plan_rules import (
+from rpegc.core.ir.errors import Loc
+from rpegc.core.ir.expr import BinOp, Sym
+from rpegc.core.check.plan_rules import (
     check_placement,
     check_plan,
     divisors,
@@ -18,22 +18,10 @@ from rpegc.core.plan_rules import (
     layout_extent,
     microbatch_choices,
 )
-from rpegc.core.program import (
-    Alloc,
-    Arch,
-    Cluster,
-    Container,
-    Graph,
-    Model,
-    Placement,
-    Plan,
-    Program,
-    Strategy,
-    Vertex,
-    Workload,
-)
-from rpegc.core.wellformed import check_graph
-from test_wellformed_ppo import ppo_program
+from rpegc.core.ir.program import Arch, Container, Graph, Model, Placement, Plan, Program, Vertex, Workload
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
+from rpegc.core.check.wellformed import check_graph
+from fixtures.ppo_source import ppo_program
 
 PLACE = Loc("one.rpeg", 9, 3)
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.errors import RpegError
+from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.sim import SimBackend
 from rpegc.runtime.controller import RunOptions, run
 from rpegc.runtime.plan import build_run_plan
 from rpegc.runtime.verify import verify
-from test_runtime_fixtures import colocated_plan, disaggregated_plan, scheduled
+from fixtures.runtime_plans import colocated_plan, disaggregated_plan, scheduled
 
 PLANS = {
     "colocated": lambda: scheduled(colocated_plan(0), 3),

@@ -11,7 +11,7 @@ import pytest
 
 from rpegc.runtime.cli import main
 from rpegc.syntax.json_form import program_to_json
-from test_runtime_fixtures import disaggregated_plan, lower, scheduled
+from fixtures.runtime_plans import disaggregated_plan, lower, scheduled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,7 +91,7 @@ def test_errors_are_messages_not_tracebacks(plan_file, tmp_path, capsys):
     assert err.startswith(f"{bad}:2:16: error: invalid JSON") and "^" in err
 
     unlowered = tmp_path / "unlowered.json"
-    from rpegc.core.unroll import unroll
+    from rpegc.core.lower.unroll import unroll
 
     unlowered.write_text(json.dumps(program_to_json(unroll(disaggregated_plan(1), 2))))
     assert main([str(unlowered)]) == 1
@@ -146,7 +146,7 @@ def test_lognormal_jitter_at_its_bound_runs_to_a_finite_makespan(plan_file, caps
 def test_sim_clock_overflow_is_an_error_not_inf():
     from dataclasses import replace
 
-    from rpegc.core.errors import RpegError
+    from rpegc.core.ir.errors import RpegError
     from rpegc.runtime.backends.sim import SimBackend
     from rpegc.runtime.controller import run
     from rpegc.runtime.plan import build_run_plan
@@ -163,7 +163,7 @@ def _doc(plan_file):
 
 
 def test_inconsistent_json_plans_are_located_errors(plan_file, tmp_path, capsys):
-    """Issue 13.3-13.5: deep nesting, NaN times, steps the nodes do not cover, bad traces; exit 1."""
+    """Deep nesting, NaN times, steps the nodes do not cover, bad traces; exit 1."""
     deep = tmp_path / "deep.json"
     for text in ("[" * 100000, '{"a":' * 100000):
         deep.write_text(text)

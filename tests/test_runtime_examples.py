@@ -9,15 +9,15 @@ import os
 
 import pytest
 
-from rpegc.core.annotate import annotate
-from rpegc.core.hardware import load_hardware
-from rpegc.core.schedule_program import schedule_program
+from rpegc.core.cost.annotate import annotate
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.sched.schedule import schedule_program
 from rpegc.runtime.backends.sim import SimBackend
 from rpegc.runtime.controller import RunOptions, run
 from rpegc.runtime.plan import build_run_plan
 from rpegc.syntax.json_form import program_from_json, program_to_json
 from rpegc.syntax.parser import parse
-from test_runtime_fixtures import lower
+from fixtures.runtime_plans import lower
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.rpeg")))

@@ -1,4 +1,4 @@
-"""Per-step metrics in the run directory (runtime/metrics_log.py; issue 15, item 8): one JSON line per
+"""Per-step metrics in the run directory (runtime/metrics_log.py): one JSON line per
 step with times, tokens/s and the workers' metrics; a resume keeps the earlier steps' lines."""
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-from rpegc.core.errors import RpegError
-from rpegc.core.exec_graph import MemoryReport
-from rpegc.core.program import Alloc
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.exec_graph import MemoryReport
+from rpegc.core.ir.geometry import Alloc
 from rpegc.runtime.plan import build_run_plan, load_plan, plan_hash
 from rpegc.syntax.json_form import program_to_json
-from test_runtime_fixtures import colocated_plan, disaggregated_plan, lower, scheduled
+from fixtures.runtime_plans import colocated_plan, disaggregated_plan, lower, scheduled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +64,7 @@ def test_runtime_never_imports_xdsl(tmp_path):
 
 def test_plan_must_be_lowered():
     p = colocated_plan(0)
-    from rpegc.core.unroll import unroll
+    from rpegc.core.lower.unroll import unroll
 
     with pytest.raises(RpegError, match="not lowered"):
         build_run_plan(unroll(p, 2))
@@ -89,7 +89,7 @@ def test_missing_comm_is_a_plan_error():
     comm = next(n for n in g.nodes if n.kind == "comm" and n.container == "values")
     src = next(e.src for e in g.edges if e.dst == comm.id)
     dsts = [e.dst for e in g.edges if e.src == comm.id]
-    from rpegc.core.exec_graph import ExecEdge
+    from rpegc.core.ir.exec_graph import ExecEdge
 
     edges = tuple(e for e in g.edges if comm.id not in (e.src, e.dst)) + tuple(ExecEdge(src, d) for d in dsts)
     broken = replace(p, exec=replace(g, nodes=tuple(n for n in g.nodes if n.id != comm.id), edges=edges))
@@ -186,6 +186,6 @@ def _with_first(p, **change):
      r"exec.schedule makespan is nan"),
 ])
 def test_inconsistent_plans_are_rejected_whatever_their_form(make, message):
-    """The plan loader's own checks, for plans from the text form or built in memory (issue 13.4)."""
+    """The plan loader's own checks, for plans from the text form or built in memory."""
     with pytest.raises(RpegError, match=message):
         build_run_plan(make(scheduled(disaggregated_plan(1), 2)))

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.errors import RpegError
+from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.sim import SimBackend
 from rpegc.runtime.controller import RunOptions, device_order_edges, reserved_devices, run
 from rpegc.runtime.plan import build_run_plan
 from rpegc.runtime.verify import compare, verify
-from test_runtime_fixtures import (
+from fixtures.runtime_plans import (
     big_plan,
     colocated_plan,
     disaggregated_plan,

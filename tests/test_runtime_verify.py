@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from rpegc.core.errors import RpegError
+from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.sim import SimBackend
 from rpegc.runtime.controller import RunOptions, run
 from rpegc.runtime.plan import build_run_plan
 from rpegc.runtime.trace import read_trace, trace_from_records, trace_records, write_trace
 from rpegc.runtime.verify import compare, verify
-from test_runtime_fixtures import disaggregated_plan, random_program, scheduled
+from fixtures.runtime_plans import disaggregated_plan, random_program, scheduled
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +254,7 @@ def test_unknown_trace_fields_are_errors(ran, tmp_path):
 
 
 def test_a_plan_with_other_times_is_another_plan(ran):
-    """The hash covers the node times: a trace does not verify against a re-annotated plan (issue 13.5)."""
+    """The hash covers the node times: a trace does not verify against a re-annotated plan."""
     plan, records = ran
     p = plan.program
     g = p.exec

@@ -7,17 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.errors import RpegError
-from rpegc.core.program import Alloc, Cluster
-from rpegc.core.schedule import (
-    alloc_mask,
-    device_mask,
-    downstream_ranks,
-    greedy_schedule,
-    mask_devices,
-    prepare_schedule,
-    run_schedule,
-)
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.geometry import Alloc, Cluster, alloc_mask, device_mask, mask_devices
+from rpegc.core.sched.list_scheduler import downstream_ranks, greedy_schedule, prepare_schedule, run_schedule
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
-from rpegc.core.program import Alloc, Cluster, Program, Strategy, Workload
-from rpegc.core.schedule_program import schedule_program
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
+from rpegc.core.ir.program import Program, Workload
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
+from rpegc.core.sched.schedule import schedule_program
 
 C8 = Cluster("c", 1, 1, 8, "h100")
 ALL8 = Alloc((0, 0, 0), (1, 1, 8))

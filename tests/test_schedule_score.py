@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rpegc.core.score import memory_penalty, p_eff, score, score_eff, score_pen, tokens_per_step, utilization
+from rpegc.core.sched.score import memory_penalty, p_eff, score, score_eff, score_pen, tokens_per_step, utilization
 
 MS = 1.676318 + 0.2504039 + 0.9874231  # spec 8.7: the co-located chain gen -> ref-inf -> train
 WL = dict(B=64, R=1, Lp=512, Lr=128)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import load_hardware
-from rpegc.core.program import Strategy
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.ir.geometry import Strategy
 from rpegc.search.anneal import SearchConfig
 from rpegc.search.baselines import concurrent_plan
 from rpegc.search.carry import Carried, carried_choices, placements_of

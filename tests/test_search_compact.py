@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpegc.core.annotate import annotate
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import load_hardware
-from rpegc.core.lowering import lower
-from rpegc.core.unroll import unroll
-from rpegc.search.compact import OP, PC, PR, venn_cells
+from rpegc.core.cost.annotate import annotate
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import load_hardware
+from fixtures.lowering import lower
+from rpegc.core.lower.unroll import unroll
+from rpegc.search.compact import OPERATOR, PUBLICATION, PAIR_RESHARD, venn_cells
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.space import structural_candidates
 from rpegc.syntax.parser import parse
@@ -48,7 +48,7 @@ def test_superset_minus_relays_is_the_lowered_graph(setup):
         cv = ev.compile(variant)
         for choice in random_plans(cv, 5) + [tuple(0 for _ in cv.dirs)]:
             s, times, reserved, _ = cv.schedule(choice)
-            real = Counter(("op" if s.kind[i] == OP else "transfer") for i in range(s.n) if reserved[i])
+            real = Counter(("op" if s.kind[i] == OPERATOR else "transfer") for i in range(s.n) if reserved[i])
             g = lower(unroll(replace(variant.program, plan=cv.to_plan(choice)), cv.steps)).exec
             want = Counter("op" if n.kind == "op" else "transfer" for n in g.nodes)
             assert real == want
@@ -66,7 +66,7 @@ def test_reshard_nodes_get_the_time_annotate_gives_them(setup):
              if a == g_alloc and s.layout() != d[gen].strategies[0].layout())
     choice = tuple(0 if v != train else t for v in range(len(cv.vertices)))
     s, times, reserved, _ = cv.schedule(choice)
-    mine = sorted(times[i] for i in range(s.n) if s.kind[i] in (PC, PR) and reserved[i])
+    mine = sorted(times[i] for i in range(s.n) if s.kind[i] in (PUBLICATION, PAIR_RESHARD) and reserved[i])
     q = annotate(lower(unroll(replace(cv.program, plan=cv.to_plan(choice)), cv.steps)), cv.hw, cv.opts)
     theirs = sorted(n.time for n in q.exec.nodes if n.kind == "reshard" or (n.kind == "comm" and n.model))
     assert mine == theirs and len(mine) >= cv.steps

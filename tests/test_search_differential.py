@@ -16,19 +16,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.annotate import annotate
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import load_hardware
-from rpegc.core.lowering import lower
-from rpegc.core.program import Cluster
-from rpegc.core.schedule_program import schedule_program
-from rpegc.core.unroll import unroll
+from rpegc.core.cost.annotate import annotate
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import load_hardware
+from fixtures.lowering import lower
+from rpegc.core.ir.geometry import Cluster
+from rpegc.core.sched.schedule import schedule_program
+from rpegc.core.lower.unroll import unroll
 from rpegc.search.batched import BatchEvaluator
 from rpegc.search.compact import CompactVariant
 from rpegc.search.directory import build_directory
 from rpegc.search.space import ordered_vertices, structural_candidates
 from rpegc.syntax.parser import parse
-from strategies import programs
+from fixtures.strategies import programs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 OPTS = CostOptions()
@@ -119,13 +119,13 @@ def test_examples_pipeline_equals_compact_paths(name, data, variant, steps, spli
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data(), p=programs(plan=False), variant=st.integers(0, 7), steps=st.integers(1, 3))
 def test_random_graphs_pipeline_equals_compact_paths(data, p, variant, steps):
-    from strategies import clusters
+    from fixtures.strategies import clusters
 
     p = replace(p, cluster=data.draw(clusters("c")))
     try:
         cv = compiled(p, variant, steps)
     except Exception as err:  # noqa: BLE001 - a graph without any legal placement is not this test's subject
-        from rpegc.core.errors import RpegError
+        from rpegc.core.ir.errors import RpegError
 
         if isinstance(err, RpegError) and "no legal execution choice" in err.message:
             return

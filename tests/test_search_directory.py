@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import load_hardware
-from rpegc.core.plan_rules import is_legal
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.check.plan_rules import is_legal
 from rpegc.search.directory import MB_FIXED, DirectoryCache, build_directory, fixed_microbatch
 from rpegc.search.space import ordered_vertices, structural_candidates
 from rpegc.syntax.parser import parse

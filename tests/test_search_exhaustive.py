@@ -1,4 +1,4 @@
-"""An optimality check no one can argue with (issue 16, item 5): small instances whose whole plan space the
+"""An optimality check no one can argue with: small instances whose whole plan space the
 batched evaluator enumerates (`search/exhaustive.py`), and the optimizer's result against that exact optimum."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import load_hardware
-from rpegc.core.program import Cluster
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.ir.geometry import Cluster
 from rpegc.search.anneal import SearchConfig, polish
 from rpegc.search.exhaustive import exhaustive_optimum, plan_count
 from rpegc.search.optimizer import OptimizeOptions, optimize

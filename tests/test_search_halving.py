@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import load_hardware
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import load_hardware
 from rpegc.search.anneal import SearchConfig, polish_reserve
 from rpegc.search.baselines import concurrent_plan
 from rpegc.search.directory import MB_TUNED

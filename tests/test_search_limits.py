@@ -1,4 +1,4 @@
-"""The optimizer bounds what it builds (issue 13 item 3): the size of a candidate directory is counted
+"""The optimizer bounds what it builds: the size of a candidate directory is counted
 before it is built, and a cluster too large to optimize is a located error naming the size and the limit,
 instead of a MemoryError after half a minute."""
 
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core import candidates
-from rpegc.core.candidates import (
+from rpegc.core.check import candidates
+from rpegc.core.check.candidates import (
     MAX_CANDIDATES,
     MAX_DIRECTORY_CELLS,
     candidate_count,
     check_directory_size,
     enumerate_candidates,
 )
-from rpegc.core.errors import RpegError
+from rpegc.core.ir.errors import RpegError
 from rpegc.syntax.parser import parse
 
 ROOT = Path(__file__).parent.parent

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.annotate import annotate
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import load_hardware
-from rpegc.core.lowering import lower
-from rpegc.core.schedule_program import schedule_program
-from rpegc.core.unroll import unroll
-from rpegc.core.plan_rules import check_plan
-from rpegc.core.program import Cluster
+from rpegc.core.cost.annotate import annotate
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import load_hardware
+from fixtures.lowering import lower
+from rpegc.core.sched.schedule import schedule_program
+from rpegc.core.lower.unroll import unroll
+from rpegc.core.check.plan_rules import check_plan
+from rpegc.core.ir.geometry import Cluster
 from rpegc.search import anneal, optimizer, workers
 from rpegc.search.anneal import SearchConfig
 from rpegc.search.baselines import concurrency_groups, concurrent_plan, greedy_plan
@@ -141,7 +141,7 @@ def test_baseline_option_returns_that_plan_without_searching(ppo):
 
 
 def test_the_optimizers_score_is_the_pipelines_under_non_default_cost_options(ppo):
-    """optimize searches under the cost options annotate-cost reports with (issue 16, item 3)."""
+    """optimize searches under the cost options annotate-cost reports with."""
     hw = load_hardware(ppo.cluster.hardware)
     cost = CostOptions(train_forward_equivalents=3, decode_rows="local_batch", generation_pp="wavefront",
                        tp_decode="per_microbatch", dp_scalar_allreduces=4, pp_inter_tier="replica")
@@ -256,7 +256,7 @@ def test_a8_rejects_out_of_memory_plans_outright():
 
 
 def test_the_double_kernel_moves_two_vertices_that_share_devices(ppo):
-    """Two-vertex moves (issue 16, item 2): every proposal changes at most two vertices, and the second one
+    """Two-vertex moves: every proposal changes at most two vertices, and the second one
     shares a device with the first when some vertex does."""
     import random
 

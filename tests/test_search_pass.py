@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rpegc.cli import main
-from rpegc.core.plan_rules import check_plan
+from rpegc.core.check.plan_rules import check_plan
 from rpegc.syntax.parser import parse
 
 PPO = str(Path(__file__).resolve().parent.parent / "examples" / "ppo-8gpu.rpeg")

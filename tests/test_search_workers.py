@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import load_hardware
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import load_hardware
 from rpegc.search.anneal import SearchConfig
 from rpegc.search.directory import MB_TUNED
 from rpegc.search.optimizer import OptimizeOptions, optimize

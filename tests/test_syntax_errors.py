@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.errors import RpegError, RpegErrors, render
+from rpegc.core.ir.errors import RpegError, RpegErrors, render
 from rpegc.syntax.parser import parse
 
 PPO = (Path(__file__).resolve().parent.parent / "examples" / "ppo.rpeg").read_text()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.expr import BinOp, Num, Sym, evaluate
-from rpegc.core.plan_rules import check_plan
-from rpegc.core.wellformed import check_graph
+from rpegc.core.ir.expr import BinOp, Num, Sym, evaluate
+from rpegc.core.check.plan_rules import check_plan
+from rpegc.core.check.wellformed import check_graph
 from rpegc.syntax.parser import parse
 from rpegc.syntax.printer import print_program
 

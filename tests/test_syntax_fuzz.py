@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.errors import RpegError
-from rpegc.core.program import Program
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.program import Program
 from rpegc.syntax.parser import parse
 from rpegc.syntax.printer import print_program
 

@@ -6,15 +6,16 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
-from rpegc.core.expr import BinOp, Num, Sym
-from rpegc.core.plan_rules import check_plan
-from rpegc.core.presets import lookup
-from rpegc.core.program import Alloc, Arch, Model, Program, Strategy, Workload
-from rpegc.core.wellformed import check_graph
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.expr import BinOp, Num, Sym
+from rpegc.core.check.plan_rules import check_plan
+from rpegc.core.ir.presets import lookup
+from rpegc.core.ir.program import Arch, Model, Program, Workload
+from rpegc.core.ir.geometry import Alloc, Strategy
+from rpegc.core.check.wellformed import check_graph
 from rpegc.syntax.parser import parse
 from rpegc.syntax.printer import fmt_float, print_program
-from strategies import exec_programs, programs
+from fixtures.strategies import exec_programs, programs
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 

@@ -2,7 +2,7 @@
 float32 (spec/cost-model.md Sec. 6: s_b bytes per parameter for serving copies and weight transfers, float32
 master weights and Adam state on training devices).
 
-What a distributed bf16 run shares with the reference, and what it cannot (issue 13: these tests must hold
+What a distributed bf16 run shares with the reference, and what it cannot (these tests must hold
 on any x86-64 CPU, i.e. under every kernel path torch and oneDNN may pick: ATEN_CPU_CAPABILITY=default,
 avx2, avx512, ONEDNN_MAX_CPU_ISA=AVX2, AMX; tests/test_numerics_isa.py re-runs the sensitive checks there):
 - Publication is a discontinuous function of the master. A published version is bf16(master), and the
@@ -42,24 +42,24 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.core.presets import lookup  # noqa: E402
-from rpegc.core.program import Workload  # noqa: E402
-from rpegc.runtime.backend import BackendError  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.core.ir.presets import lookup  # noqa: E402
+from rpegc.core.ir.program import Workload  # noqa: E402
+from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
-from rpegc.runtime.torch_backend.backend import TorchBackend, model_seed, run_config  # noqa: E402
-from rpegc.runtime.torch_backend.checkpoint import (FORMAT, Reader, build_index, checkpoint_path,  # noqa: E402
+from rpegc.runtime.backends.torch.backend import TorchBackend, model_seed, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoint import (FORMAT, Reader, build_index, checkpoint_path,  # noqa: E402
                                                     latest_checkpoint, load_checkpoint)
-from rpegc.runtime.torch_backend.generation import generate  # noqa: E402
-from rpegc.runtime.torch_backend.layout import Layout, replica_rows  # noqa: E402
-from rpegc.runtime.torch_backend.models import (NetOptions, build_model, cast_weights,  # noqa: E402
+from rpegc.runtime.backends.torch.generation import generate  # noqa: E402
+from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E402
+from rpegc.runtime.backends.torch.models import (NetOptions, build_model, cast_weights,  # noqa: E402
                                                 export_weights, install_weights, serving_dtype)
-from rpegc.runtime.torch_backend.parallel import param_shapes  # noqa: E402
-from rpegc.runtime.torch_backend.reference import (ReferenceTrainer, RunConfig, run_reference,  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.reference import (ReferenceTrainer, RunConfig, run_reference,  # noqa: E402
                                                    toy_config, toy_rl_config)
-from rpegc.runtime.torch_backend.rl import response_forward  # noqa: E402
-from rpegc.runtime.torch_backend.worker import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402
-from test_torchrun_equivalence import (PPO4, STAT_ABS, STAT_REL, compile_plan, model_names,  # noqa: E402
+from rpegc.runtime.backends.torch.rl import response_forward  # noqa: E402
+from rpegc.runtime.backends.torch.worker import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402
+from fixtures.torch_runs import (PPO4, STAT_ABS, STAT_REL, compile_plan, model_names,  # noqa: E402
                                        run_torch)
 
 ARCH = lookup("tiny")

@@ -1,4 +1,4 @@
-"""The sharded checkpoint format of the torch backend (runtime/torch_backend/checkpoint.py): workers'
+"""The sharded checkpoint format of the torch backend (runtime/backends/torch/checkpoint.py): workers'
 shard files and the index, reshard on load, the run identity, crash safety and bad input. No worker
 processes: standalone workers write and read the files as the backend's workers do."""
 
@@ -13,17 +13,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.core.presets import lookup  # noqa: E402
-from rpegc.core.program import Workload  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.core.ir.presets import lookup  # noqa: E402
+from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.outputs import PendingDirectory  # noqa: E402
-from rpegc.runtime.torch_backend import checkpoint as ckpt  # noqa: E402
-from rpegc.runtime.torch_backend.backend import model_seed  # noqa: E402
-from rpegc.runtime.torch_backend.layout import Layout  # noqa: E402
-from rpegc.runtime.torch_backend.models import build_model, export_weights  # noqa: E402
-from rpegc.runtime.torch_backend.parallel import param_shapes, shard_of  # noqa: E402
-from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config  # noqa: E402
-from rpegc.runtime.torch_backend.worker import ModelSpec, Worker, WorkerSetup  # noqa: E402
+from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
+from rpegc.runtime.backends.torch.backend import model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
+from rpegc.runtime.backends.torch.models import build_model, export_weights  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import param_shapes, shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup  # noqa: E402
 
 ARCH = lookup("tiny")  # 2 blocks, heads 4, ffn 256: tp 1, 2 and 4 all shard it
 RUN = RunConfig(algorithm="grpo", actor=ARCH, workload=Workload(B=4, R=2, Lp=4, Lr=4, dtype="fp32"),

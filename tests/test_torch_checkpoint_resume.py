@@ -1,5 +1,5 @@
 """A model whose checkpoint exceeds 64 MiB trains with a checkpoint per step on 2 CPU workers, is killed,
-and resumes under the same plan and under other plans (issue 14, item 1 "Data plane", Done-when).
+and resumes under the same plan and under other plans and ends with the weights of the uninterrupted run.
 
 The actor has 2 blocks of hidden 512, ffn 2048 (8.4M parameters): a checkpoint holds its float32 weights
 and both Adam moments, about 100 MB, which the old control channel (an 8 MiB TCPStore payload) could
@@ -31,18 +31,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from rpegc.runtime.backend import BackendError  # noqa: E402
+from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
-from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
-from rpegc.runtime.torch_backend.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
+from rpegc.runtime.backends.torch.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
                                                     load_final, read_index)
-from programs import grpo_two_workers  # noqa: E402
-from test_torchrun_equivalence import compile_plan  # noqa: E402
+from fixtures.programs import grpo_two_workers  # noqa: E402
+from fixtures.torch_runs import compile_plan  # noqa: E402
+from fixtures.torch_runs import LR, RL, U
 
-U = 2.0 ** -24
-LR = 5e-3  # reference.toy_rl_config
 FFN = 2048
-RL = {"adam_eps": 1.0}
 
 WORKLOAD = "rpeg.workload {B = 4, R = 4, Lp = 4, Lr = 4, dtype = fp32}"
 ACTOR = "rpeg.model @actor  {layers = 2, hidden = 512, ffn = 2048, vocab = 64, heads = 8, gated = true, kind = policy, trainable}"

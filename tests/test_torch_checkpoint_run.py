@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from rpegc.cli import main as rpegc_main  # noqa: E402
-from rpegc.runtime.torch_backend.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
                                                     load_final)
-from rpegc.runtime.torch_backend.worker import FAULT_ENV  # noqa: E402
+from rpegc.runtime.backends.torch.worker import FAULT_ENV  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = "verify-wellformed,unroll{k=4},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
@@ -93,7 +93,7 @@ def test_keep_checkpoints_bounds_the_checkpoint_directories(plan_file, uninterru
     assert steps(one) == [2]
     one_line_error(torch_run(plan_file, "--run-dir", str(tmp_path / "zero"), "--keep-checkpoints", "0"),
                    "--keep-checkpoints must be >= 1")
-    one_line_error(rpeg_run(plan_file, "--keep-checkpoints", "2"), "apply to the torch backend only")
+    one_line_error(rpeg_run(plan_file, "--keep-checkpoints", "2"), "to the torch backend only")
 
 
 def test_a_checkpoint_interrupted_before_its_index_leaves_the_previous_one_in_use(plan_file, uninterrupted, killed,
@@ -134,11 +134,11 @@ def test_a_checkpoint_written_under_tp_and_pp_resumes_under_dp_within_fp32_round
     """The other direction of tests/test_torch_checkpoint_resume.py: the checkpoint is written by a
     tp = 2 x pp = 2 training layout on 4 workers (each TP rank writes its slices, a scalar Adam step
     count once) and resumed by a dp = 2 plan on 2. Tolerance as derived there, with n = ffn = 256."""
-    from test_torch_checkpoint_resume import LR, RL, U
-    from rpegc.runtime.backend import BackendError
+    from fixtures.torch_runs import LR, RL, U
+    from rpegc.runtime.backends.base import BackendError
     from rpegc.runtime.controller import run
     from rpegc.runtime.plan import load_plan
-    from rpegc.runtime.torch_backend.backend import TorchBackend
+    from rpegc.runtime.backends.torch.backend import TorchBackend
 
     src = open(os.path.join(ROOT, "examples/grpo-tiny.rpeg")).read()  # training pp 2 x tp 2 on 4 devices
     dp = src[:src.index("rpeg.cluster")] + PLAN

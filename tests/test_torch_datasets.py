@@ -1,4 +1,4 @@
-"""Prompt datasets (runtime/torch_backend/datasets.py; issue 15, item 4): JSONL and Parquet rows tokenized with
+"""Prompt datasets (runtime/backends/torch/datasets.py): JSONL and Parquet rows tokenized with
 the checkpoint's tokenizer, chat templates, explicit truncation, left padding, seeded epochs, and located
 errors for every malformed input."""
 
@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.runtime.torch_backend import arith  # noqa: E402
-from rpegc.runtime.torch_backend.datasets import DataConfig, PromptDataset, load_tokenizer  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.runtime.backends.torch import arith  # noqa: E402
+from rpegc.runtime.backends.torch.datasets import DataConfig, PromptDataset, load_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -21,26 +21,27 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.core.presets import lookup  # noqa: E402
-from rpegc.core.program import Workload  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.core.ir.presets import lookup  # noqa: E402
+from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.runtime import cli as run_cli  # noqa: E402
-from rpegc.runtime.backend import BackendError  # noqa: E402
+from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend import parallel  # noqa: E402
-from rpegc.runtime.torch_backend.backend import TorchBackend, model_seed  # noqa: E402
-from rpegc.runtime.torch_backend.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
+from rpegc.runtime.backends.torch import pipeline, schedules  # noqa: E402
+from rpegc.runtime.backends.torch.backend import TorchBackend, model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
                                                 worker_device)
-from rpegc.runtime.torch_backend.generation import expand_rollouts, generate  # noqa: E402
-from rpegc.runtime.torch_backend.layout import Layout, replica_rows  # noqa: E402
-from rpegc.runtime.torch_backend.models import NetOptions, build_model  # noqa: E402
-from rpegc.runtime.torch_backend.parallel import (ParallelModel, ProcessGroups, StageLink, infer,  # noqa: E402
-                                                  train_step)
-from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config  # noqa: E402
-from rpegc.runtime.torch_backend.rl import Experience, response_forward  # noqa: E402
-from rpegc.runtime.torch_backend.worker import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
-from programs import compile_example  # noqa: E402
+from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
+from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E402
+from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups  # noqa: E402
+from rpegc.runtime.backends.torch.pipeline import StageLink  # noqa: E402
+from rpegc.runtime.backends.torch.schedules import infer, train_step  # noqa: E402
+from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl import Experience, response_forward  # noqa: E402
+from rpegc.runtime.backends.torch.worker import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
+from fixtures.programs import compile_example  # noqa: E402
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 ARCH = lookup("tiny")
@@ -145,8 +146,7 @@ def test_rpeg_run_refuses_nccl_without_enough_gpus_in_one_line(plan_file, launch
 
 def test_rpeg_run_auto_picks_gloo_without_gpus_and_nccl_with_one_per_worker(plan_file, monkeypatch):
     plan = load_plan(plan_file)
-    args = run_cli._parser().parse_args([plan_file, "--backend", "torch"])
-    backend = TorchBackend.from_args(args)
+    backend = run_cli.make_backend(run_cli._parser().parse_args([plan_file, "--backend", "torch"]))
     assert backend.dist_backend == "auto"
     for gpus, expected in ((0, "gloo"), (len(plan.devices) - 1, "gloo"), (len(plan.devices), "nccl")):
         monkeypatch.setattr(torch.cuda, "device_count", lambda g=gpus: g)
@@ -159,8 +159,8 @@ def test_an_external_nccl_worker_without_a_gpu_says_so_and_the_run_stops(plan_fi
         address = f"127.0.0.1:{s.getsockname()[1]}"
     secret = str(tmp_path / "secret")
     env = dict(os.environ, RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", CUDA_VISIBLE_DEVICES="", RPEG_RUN_SECRET_FILE=secret)
-    worker = subprocess.Popen([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store", address], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", address],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         backend = TorchBackend(seed=0, tp_impl="torch", launcher="external", store=address, dist_backend="nccl",
                                secret_file=secret)
@@ -189,15 +189,15 @@ def test_nccl_links_post_receives_only_when_awaited(monkeypatch):
         def wait(self):
             return None
 
-    monkeypatch.setattr(parallel.dist, "irecv", lambda x, src, group=None, tag=0: posted.append(tag) or Work())
-    for backend, ahead in (("gloo", [parallel.ACTIVATION]), ("nccl", [])):
-        monkeypatch.setattr(parallel.dist, "get_backend", lambda group=None, b=backend: b)
+    monkeypatch.setattr(pipeline.dist, "irecv", lambda x, src, group=None, tag=0: posted.append(tag) or Work())
+    for backend, ahead in (("gloo", [pipeline.ACTIVATION]), ("nccl", [])):
+        monkeypatch.setattr(pipeline.dist, "get_backend", lambda group=None, b=backend: b)
         posted.clear()
         link = StageLink(SimpleNamespace(pp_group=object(), device=CPU), microbatches=2)
-        link.expect((2, 3), torch.float32, 0, parallel.ACTIVATION, (0,))
+        link.expect((2, 3), torch.float32, 0, pipeline.ACTIVATION, (0,))
         assert posted == ahead, backend  # gloo matches by tag: post ahead; NCCL matches in order: wait
-        assert link.recv((2, 3), torch.float32, 0, parallel.ACTIVATION, (0,)).shape == (2, 3)
-        assert posted == [parallel.ACTIVATION], backend
+        assert link.recv((2, 3), torch.float32, 0, pipeline.ACTIVATION, (0,)).shape == (2, 3)
+        assert posted == [pipeline.ACTIVATION], backend
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def test_a_training_step_keeps_activations_and_gradients_on_the_device(monkeypat
         seen["grads"] = {p.grad.device for p in module.parameters()}
         raise Stop
 
-    monkeypatch.setattr(parallel, "optimizer_step", record)
+    monkeypatch.setattr(schedules, "optimizer_step", record)
     with pytest.raises(Stop):
         train_step(pm, None, lambda v, e: (response_forward(v, e.sequences, LP).logprobs.sum(), {}), exp, MB,
                    cfg.rl, ())

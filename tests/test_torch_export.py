@@ -1,4 +1,4 @@
-"""`rpeg-run export RUN_DIR OUT` (runtime/torch_backend/export.py; issue 15, item 3): a model trained by a
+"""`rpeg-run export RUN_DIR OUT` (runtime/backends/torch/export.py): a model trained by a
 torch run, from a Hugging Face checkpoint or from the `.rpeg` shape, is written as a directory that
 `transformers` loads and whose logits are the backend's (float32; the same 1e-4 bound as
 tests/test_torch_hf.py); a checkpoint step exports its master; bad requests are one-line errors that write
@@ -15,13 +15,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rpegc.core.hf_config import hf_arch  # noqa: E402
-from rpegc.core.presets import lookup  # noqa: E402
-from rpegc.runtime.torch_backend import checkpoint as ckpt  # noqa: E402
-from rpegc.runtime.torch_backend.hf import HFWeights, hf_net  # noqa: E402
-from rpegc.runtime.torch_backend.models import NetOptions, TransformerModel, install_weights  # noqa: E402
-from rpegc.runtime.torch_backend.parallel import param_shapes  # noqa: E402
-from test_torch_hf import LOGIT_ATOL  # noqa: E402
+from rpegc.core.ir.hf_config import hf_arch  # noqa: E402
+from rpegc.core.ir.presets import lookup  # noqa: E402
+from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
+from rpegc.runtime.backends.torch.hf import HFWeights, hf_net  # noqa: E402
+from rpegc.runtime.backends.torch.models import NetOptions  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import param_shapes  # noqa: E402
+from fixtures.torch_runs import LOGIT_ATOL  # noqa: E402
+from fixtures.torch_runs import logits_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
@@ -54,13 +55,6 @@ def hf_run(tmp_path_factory):
     return d, trained_run(d, text)
 
 
-def logits_of(weights: dict, arch, net, x):
-    model = TransformerModel(arch, "policy", net)
-    install_weights(model, {n: t for n, t in weights.items()})
-    with torch.no_grad():
-        return model.eval()(x).logits
-
-
 def test_an_exported_checkpoint_model_loads_in_transformers_with_the_backends_logits(hf_run, tmp_path):
     d, run_dir = hf_run
     proc = cli("rpegc.runtime.cli", "export", run_dir, str(tmp_path / "out"), cwd=d)
@@ -91,9 +85,9 @@ def test_a_checkpoint_step_exports_its_master(hf_run, tmp_path):
 def test_a_rope_model_built_from_the_rpeg_shape_exports_as_llama():
     """The config of a model without a checkpoint: a LlamaConfig of its shape with the backend's RoPE theta
     and norm epsilon, under which the backend's weights give the backend's logits."""
-    from rpegc.runtime.torch_backend.export import hf_config
-    from rpegc.runtime.torch_backend.hf import hf_name
-    from rpegc.runtime.torch_backend.models import build_model, export_weights
+    from rpegc.runtime.backends.torch.export import hf_config
+    from rpegc.runtime.backends.torch.hf import hf_name
+    from rpegc.runtime.backends.torch.models import build_model, export_weights
 
     arch = lookup("tiny")
     net = NetOptions(max_seq=12)

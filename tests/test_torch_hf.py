@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (rpegc/core/hf_config.py, runtime/torch_backend/hf.py; issue 15, items 1-2):
+"""Hugging Face checkpoints (rpegc/core/ir/hf_config.py, runtime/backends/torch/hf.py):
 `hf = "DIR"` reads the architecture from config.json, the backend's model built from DIR gives the logits
 of `transformers`' own model, greedy decoding with the backend's KV cache gives `generate`'s tokens, each
 rank of every layout reads exactly its slices, and tp/pp ranks reproduce `transformers`' logits.
@@ -22,16 +22,16 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.core.hf_config import hf_arch  # noqa: E402
-from rpegc.runtime.torch_backend.hf import HFWeights, hf_net, initial_model  # noqa: E402
-from rpegc.runtime.torch_backend.layout import Layout  # noqa: E402
-from rpegc.runtime.torch_backend.models import NetOptions, TransformerModel, export_weights  # noqa: E402
-from rpegc.runtime.torch_backend.parallel import param_shapes, shard_of  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.core.ir.hf_config import hf_arch  # noqa: E402
+from rpegc.runtime.backends.torch.hf import HFWeights, hf_net, initial_model  # noqa: E402
+from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
+from rpegc.runtime.backends.torch.models import NetOptions, TransformerModel, export_weights  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import param_shapes, shard_of  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
+from fixtures.torch_runs import LOGIT_ATOL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOGIT_ATOL = 1e-4
 MAX_SEQ = 24
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -209,7 +209,6 @@ def test_log_probs_of_given_sequences_equal_transformers(checkpoints):
     torch.testing.assert_close(mine, ref, rtol=0, atol=2 * LOGIT_ATOL)  # log_softmax adds one more rounding
 
 
-
 def _left_padded(vocab: int, lengths: list[int], width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of `lengths` real tokens left-padded to `width` with a token the model may well attend to
     (not 0), and their pad counts."""
@@ -301,7 +300,8 @@ def test_a_critic_takes_its_value_head_from_a_sequence_classification_checkpoint
 def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int, out: str, impl: str) -> None:
     import torch.distributed as dist
 
-    from rpegc.runtime.torch_backend.parallel import ParallelModel, ProcessGroups, infer
+    from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups
+    from rpegc.runtime.backends.torch.schedules import infer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -324,7 +324,7 @@ def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints
     import torch.multiprocessing as mp
 
     if impl == "megatron":
-        mc = pytest.importorskip("rpegc.runtime.torch_backend.megatron_compat")
+        mc = pytest.importorskip("rpegc.runtime.backends.torch.megatron_compat")
         if mc.load()[0] is None:
             pytest.skip(mc.load()[1])
     path = checkpoints[name]

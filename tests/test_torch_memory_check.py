@@ -1,4 +1,4 @@
-"""The memory check before launch (issue 14, item 3): the cost model's per-device estimate against each
+"""The memory check before launch: the cost model's per-device estimate against each
 worker's share of the host (CPU) or its GPU; a plan that does not fit is refused with one line naming the
 device, the bytes and the largest vertices, before any worker starts; --no-memory-check overrides."""
 
@@ -14,8 +14,8 @@ pytest.importorskip("psutil")
 from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.cli import main as rpeg_run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend import memory_check  # noqa: E402
-from rpegc.runtime.torch_backend.memory_check import (DeviceNeed, Share, check_memory, host_capacity,  # noqa: E402
+from rpegc.runtime.backends.torch import memory_check  # noqa: E402
+from rpegc.runtime.backends.torch.memory_check import (DeviceNeed, Share, check_memory, host_capacity,  # noqa: E402
                                                       refusal, worst)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,4 +103,4 @@ def test_no_memory_check_overrides_the_refusal(tiny, tmp_path, monkeypatch, caps
 def test_no_memory_check_is_a_torch_option(tiny, capsys):
     assert rpeg_run([tiny, "--no-memory-check"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--no-memory-check" in err and "apply to the torch backend only" in err
+    assert err.count("\n") == 1 and "--no-memory-check" in err and "to the torch backend only" in err

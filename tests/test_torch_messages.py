@@ -1,4 +1,4 @@
-"""The control channel's messages (runtime/torch_backend/messages.py): every command, report and the
+"""The control channel's messages (runtime/backends/torch/messages.py): every command, report and the
 setup round-trip as plain JSON; a message that is tampered with, unauthenticated, replayed, oversized, of
 an unknown type or not plain is refused, and an Endpoint drops and logs it instead of returning it."""
 
@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.core.program import Arch, Workload  # noqa: E402
-from rpegc.runtime.torch_backend import messages as m  # noqa: E402
-from rpegc.runtime.torch_backend.layout import Layout, RowMove, WeightMove  # noqa: E402
-from rpegc.runtime.torch_backend.reference import RunConfig  # noqa: E402
-from rpegc.runtime.torch_backend.rl import default_rl_config  # noqa: E402
-from rpegc.runtime.torch_backend.worker import ModelSpec, WorkerSetup  # noqa: E402
+from rpegc.core.ir.program import Arch, Workload  # noqa: E402
+from rpegc.runtime.backends.torch import messages as m  # noqa: E402
+from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove  # noqa: E402
+from rpegc.runtime.backends.torch.reference import RunConfig  # noqa: E402
+from rpegc.runtime.backends.torch.rl import default_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.worker import ModelSpec, WorkerSetup  # noqa: E402
 
 SECRET = bytes(range(32))
 L = Layout((0, 1, 2, 3), 2, 1, 2)

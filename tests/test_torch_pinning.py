@@ -1,4 +1,4 @@
-"""CPU workers of the torch backend run bound to one core each when they fit (runtime/torch_backend/pinning.py),
+"""CPU workers of the torch backend run bound to one core each when they fit (runtime/backends/torch/pinning.py),
 as rpeg-calibrate's pool measured the profile; with more workers than cores, or a launcher that does not say
 how many workers share the node, nothing is bound."""
 
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from rpegc.runtime.torch_backend.pinning import cores_to_pin, local_workers, pin_cpu_worker
-from programs import compile_example
+from rpegc.runtime.backends.torch.pinning import cores_to_pin, local_workers, pin_cpu_worker
+from fixtures.programs import compile_example
 
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
@@ -36,7 +36,7 @@ def test_two_workers_on_two_cores_run_bound_to_distinct_cores(tmp_path):
     pytest.importorskip("torch")
     from rpegc.runtime.controller import run
     from rpegc.runtime.plan import load_plan
-    from rpegc.runtime.torch_backend.backend import TorchBackend
+    from rpegc.runtime.backends.torch.backend import TorchBackend
 
     plan_file = str(tmp_path / "g.exec.rpeg")
     compile_example("grpo-tiny-2", plan_file, steps=1)

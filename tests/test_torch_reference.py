@@ -6,13 +6,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.core.presets import lookup  # noqa: E402
-from rpegc.core.program import Graph, Model, Program, Workload  # noqa: E402
-from rpegc.runtime.torch_backend.reference import (ReferenceTrainer, config_from_program, run_reference,  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.core.ir.presets import lookup  # noqa: E402
+from rpegc.core.ir.program import Graph, Model, Program, Workload  # noqa: E402
+from rpegc.runtime.backends.torch.reference import (ReferenceTrainer, config_from_program, run_reference,  # noqa: E402
                                                    toy_config)
-from rpegc.runtime.torch_backend.rl import default_rl_config  # noqa: E402
-from rpegc.runtime.torch_backend.tasks import make_task  # noqa: E402
+from rpegc.runtime.backends.torch.rl import default_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.tasks import make_task  # noqa: E402
 
 torch.set_num_threads(1)
 

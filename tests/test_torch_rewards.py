@@ -1,4 +1,4 @@
-"""Reward functions (runtime/torch_backend/rewards.py; issue 15, item 5): the built-ins, plugins named as
+"""Reward functions (runtime/backends/torch/rewards.py): the built-ins, plugins named as
 module:function, file.py:function or an entry point, verl's signature checked, and failing calls counted,
 reported and scored 0."""
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from rpegc.core.errors import RpegError
-from rpegc.runtime.torch_backend.datasets import Example
-from rpegc.runtime.torch_backend.rewards import (ENTRY_POINT_GROUP, exact_match, load_reward, math_answer,
+from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.torch.datasets import Example
+from rpegc.runtime.backends.torch.rewards import (ENTRY_POINT_GROUP, exact_match, load_reward, math_answer,
                                                  score_texts)
 
 

@@ -6,11 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.core.program import Arch  # noqa: E402
-from rpegc.runtime.torch_backend.generation import expand_rollouts, generate  # noqa: E402
-from rpegc.runtime.torch_backend.models import NetOptions, build_model  # noqa: E402
-from rpegc.runtime.torch_backend.rl import (Experience, RLConfig, actor_loss, clip_grad_norm,  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.core.ir.program import Arch  # noqa: E402
+from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
+from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, clip_grad_norm,  # noqa: E402
                                             compute_advantages, critic_loss, default_rl_config, gae,
                                             epoch_stats, grpo_advantages, kl_estimate, masked_moments,
                                             minibatch_rows, minibatch_steps, policy_loss, response_forward,

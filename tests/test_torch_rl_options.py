@@ -1,6 +1,6 @@
-"""RL hyper-parameters from a TOML file and `--rl NAME=VALUE` (runtime/torch_backend/rl_options.py; issue 15,
-item 6): names, types and ranges checked with located errors, precedence file < --rl < --lr, and the
-effective config recorded in the trace header and the checkpoint identity."""
+"""RL hyper-parameters from a TOML file and `--rl NAME=VALUE` (runtime/backends/torch/rl_options.py): names,
+types and ranges checked with located errors, precedence file < --rl < --lr, and the effective config
+recorded in the trace header and the checkpoint identity."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from rpegc.core.errors import RpegError
+from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.interrupt import resume_command
-from rpegc.runtime.torch_backend.rl_options import Settings, coerce, parse_overrides, read_rl_file, rl_settings
+from rpegc.runtime.backends.torch.rl_options import Settings, coerce, parse_overrides, read_rl_file, rl_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

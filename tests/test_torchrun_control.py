@@ -17,10 +17,10 @@ import torch.distributed as dist  # noqa: E402
 
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend import messages  # noqa: E402
-from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch import messages  # noqa: E402
+from rpegc.runtime.backends.torch.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
-from programs import compile_example  # noqa: E402
+from fixtures.programs import compile_example  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_worker_logs_of_a_run_without_run_dir_are_removed_at_the_end(plan_file, 
 
 
 def test_an_external_worker_without_the_secret_stops_with_one_line():
-    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store", "127.0.0.1:1",
+    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", "127.0.0.1:1",
                            "--rank", "0", "--world", "1"], capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k != messages.SECRET_ENV})
     assert proc.returncode == 2
@@ -150,7 +150,7 @@ def test_an_external_worker_with_another_runs_secret_stops_with_one_line(tmp_pat
     messages.Endpoint(store, messages.new_secret(), "controller", print).put("setup", {"type": "setup", "setup": None})
     stale = str(tmp_path / "control-secret")
     messages.write_secret(stale, messages.new_secret())  # an earlier run's file
-    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store",
+    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store",
                            f"127.0.0.1:{store.port}", "--secret-file", stale, "--rank", "0", "--world", "1"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

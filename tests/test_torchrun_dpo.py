@@ -1,4 +1,4 @@
-"""DPO on the torch backend (runtime/torch_backend/algorithms/dpo.py; issue 15, item 6): the reference model scores
+"""DPO on the torch backend (runtime/backends/torch/algorithms/dpo.py): the reference model scores
 both sides of given preference pairs, the policy trains on the DPO loss; at tau = 0 a distributed run of any
 layout gives the single-process oracle's (`DPOTrainer`) statistics and weights, within the tolerances of
 tests/test_torchrun_equivalence.py (the same float32 summation-order argument: a sequence's log-probability is
@@ -7,50 +7,24 @@ preference dataset on 2 workers and exports."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.runtime.torch_backend.algorithms.dpo import dpo_loss, sides  # noqa: E402
-from rpegc.runtime.torch_backend.backend import run_config  # noqa: E402
-from rpegc.runtime.torch_backend.reference import DPOTrainer, run_reference  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.runtime.backends.torch.algorithms.dpo import dpo_loss, sides  # noqa: E402
+from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.reference import DPOTrainer, run_reference  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
-from test_torchrun_equivalence import STAT_ABS, STAT_REL, compile_plan, run_torch  # noqa: E402
+from fixtures.torch_runs import STAT_ABS, STAT_REL, compile_plan, run_torch  # noqa: E402
+from fixtures.dpo import GRAPH, TWO, preference_rows
 
-GRAPH = """rpeg.workload {{B = {B}, R = 1, Lp = {Lp}, Lr = {Lr}, dtype = fp32}}
-rpeg.model @policy {{{model}, kind = policy, trainable}}
-rpeg.model @ref    {{{model}, kind = reference}}
-rpeg.graph @dpo {{
-  %chosen     = rpeg.container tokens[B, Lp + Lr]
-  %rejected   = rpeg.container tokens[B, Lp + Lr]
-  %logp_ref_c = rpeg.container logprobs[B, Lr]
-  %logp_ref_r = rpeg.container logprobs[B, Lr]
-  %W_policy   = rpeg.weights @policy
-  %W_ref      = rpeg.weights @ref
-  rpeg.input %chosen, %rejected, %W_ref
-  rpeg.vertex @ref_chosen   inference @ref    reads(%W_ref, %chosen) writes(%logp_ref_c)
-  rpeg.vertex @ref_rejected inference @ref    reads(%W_ref, %rejected) writes(%logp_ref_r)
-  rpeg.vertex @train_policy training  @policy reads(%W_policy, %chosen, %rejected, %logp_ref_c, %logp_ref_r) writes(%W_policy)
-  rpeg.data @ref_chosen -> @train_policy (%logp_ref_c)
-  rpeg.data @ref_rejected -> @train_policy (%logp_ref_r)
-  rpeg.algorithm dpo
-}}
-"""
 FOUR = """rpeg.cluster @c4 {racks = 1, nodes = 1, gpus = 4, hardware = "cpu"}
 rpeg.plan @p for @dpo on @c4 {
   @ref_chosen   at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
   @ref_rejected at (0, 0, 2) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1
   @train_policy at (0, 0, 0) extent (1, 1, 4) dp = 1 pp = 2 tp = 2 mb = 2
-}
-"""
-TWO = """rpeg.cluster @c2 {racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}
-rpeg.plan @p for @dpo on @c2 {
-  @ref_chosen   at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @ref_rejected at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @train_policy at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1
 }
 """
 TINY = GRAPH.format(B=16, Lp=4, Lr=6, model='arch = "tiny"')
@@ -118,21 +92,12 @@ def test_dpo_refuses_what_it_has_no_use_for(tmp_path):
         run_config(parse(TINY.replace("R = 1", "R = 2") + FOUR, "d.rpeg"))
 
 
-def preference_rows(n: int, seed: int) -> str:
-    """JSONL rows of arithmetic chat prompts with the right answer chosen over a wrong one."""
-    from rpegc.runtime.torch_backend import arith
-
-    rows = [{"prompt": [{"role": "user", "content": p.text}], "chosen": p.answer, "rejected": str(int(p.answer) + 1)}
-            for p in arith.problems(n, seed=seed, max_operand=20)]
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
 def test_a_checkpoint_on_a_preference_dataset_with_minibatches_matches_the_oracle(tmp_path):
     """(prompt, chosen, rejected) chat rows tokenized with the tokenizer of a Hugging Face checkpoint made here
     (policy and reference read from it): prompts of different lengths left-padded, responses of different
     lengths right-padded and masked; reference dp 2, training dp 2 in two minibatches of pairs."""
     pytest.importorskip("transformers")
-    from rpegc.runtime.torch_backend import arith
+    from rpegc.runtime.backends.torch import arith
 
     ckpt = tmp_path / "ckpt"
     arith.write_checkpoint(str(ckpt), hidden=32, layers=2, max_positions=32)

@@ -1,4 +1,4 @@
-"""Semantics preserved (issue 8, item 5): at tau = 0 a distributed torch-backend run of a legal plan gives
+"""Semantics preserved: at tau = 0 a distributed torch-backend run of a legal plan gives
 the losses and weights of the single-process reference (`reference.run_reference`) with the same seeds;
 tau = 1 changes only which versions are read, and the trace shows them.
 
@@ -15,116 +15,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.cli import main as rpegc_main  # noqa: E402
-from rpegc.runtime.controller import RunOptions, run  # noqa: E402
-from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend.backend import TorchBackend, run_config  # noqa: E402
-from rpegc.runtime.torch_backend.reference import ReferenceTrainer, run_reference  # noqa: E402
-from rpegc.runtime.verify import verify  # noqa: E402
-
-PIPELINE = "verify-wellformed,unroll{k=%d},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
-
-PPO4 = """
-rpeg.workload {B = 16, R = 1, Lp = 4, Lr = 6, dtype = fp32}
-rpeg.model @actor  {arch = "tiny", kind = policy, trainable}
-rpeg.model @ref    {arch = "tiny", kind = reference}
-rpeg.model @critic {arch = "tiny", kind = critic, trainable}
-rpeg.model @reward {arch = "tiny", kind = reward}
-rpeg.graph @ppo {
-  %X = rpeg.container tokens[B, Lp]
-  %Y = rpeg.container tokens[B*R, Lp + Lr]
-  %logp = rpeg.container logprobs[B*R, Lr]
-  %logp_ref = rpeg.container logprobs[B*R, Lr]
-  %r = rpeg.container rewards[B*R]
-  %v = rpeg.container values[B*R, Lr]
-  %W_actor = rpeg.weights @actor
-  %W_critic = rpeg.weights @critic
-  %W_ref = rpeg.weights @ref
-  %W_reward = rpeg.weights @reward
-  rpeg.input %X, %W_ref, %W_reward
-  rpeg.vertex @gen generation @actor reads(%W_actor, %X) writes(%Y, %logp)
-  rpeg.vertex @ref_inf inference @ref reads(%W_ref, %Y) writes(%logp_ref)
-  rpeg.vertex @reward_inf inference @reward reads(%W_reward, %Y) writes(%r)
-  rpeg.vertex @critic_inf inference @critic reads(%W_critic, %Y) writes(%v)
-  rpeg.vertex @train_actor training @actor reads(%W_actor, %Y, %logp, %logp_ref, %r, %v) writes(%W_actor)
-  rpeg.vertex @train_critic training @critic reads(%W_critic, %Y, %logp, %logp_ref, %r, %v) writes(%W_critic)
-  rpeg.data @gen -> @ref_inf (%Y)
-  rpeg.data @gen -> @reward_inf (%Y)
-  rpeg.data @gen -> @critic_inf (%Y)
-  rpeg.data @gen -> @train_actor (%Y)
-  rpeg.data @gen -> @train_actor (%logp)
-  rpeg.data @gen -> @train_critic (%Y)
-  rpeg.data @gen -> @train_critic (%logp)
-  rpeg.data @ref_inf -> @train_actor (%logp_ref)
-  rpeg.data @ref_inf -> @train_critic (%logp_ref)
-  rpeg.data @reward_inf -> @train_actor (%r)
-  rpeg.data @reward_inf -> @train_critic (%r)
-  rpeg.data @critic_inf -> @train_actor (%v)
-  rpeg.data @critic_inf -> @train_critic (%v)
-  rpeg.publish @train_actor -> @gen (%W_actor)
-  rpeg.publish @train_critic -> @critic_inf (%W_critic)
-  rpeg.staleness {@actor = 0, @critic = 0}
-}
-rpeg.cluster @c4 {racks = 1, nodes = 1, gpus = 4, hardware = "gh200"}
-rpeg.plan @p for @ppo on @c4 {
-  @gen          at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @train_actor  at (0, 0, 0) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1
-  @ref_inf      at (0, 0, 2) extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1
-  @reward_inf   at (0, 0, 2) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @critic_inf   at (0, 0, 2) extent (1, 1, 2) dp = 1 pp = 2 tp = 1 mb = 2
-  @train_critic at (0, 0, 2) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-}
-"""
-
-
-def compile_plan(tmp_path, source: str, steps: int, text: str | None = None):
-    src = source
-    if text is not None:
-        src = str(tmp_path / source)
-        with open(src, "w") as f:
-            f.write(text)
-    out = str(tmp_path / "plan.exec.rpeg")
-    assert rpegc_main([src, "-p", PIPELINE % steps, "-o", out]) == 0
-    return load_plan(out)
-
-
-def run_torch(plan, **options):
-    backend = TorchBackend(seed=0, tp_impl="torch", **options)
-    result = run(plan, backend, RunOptions())
-    assert verify(plan, result.trace) == []
-    return backend, result
+from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.reference import ReferenceTrainer, run_reference  # noqa: E402
+from fixtures.torch_runs import PPO4, STAT_ABS, STAT_REL, compile_plan, model_names, run_torch
 
 
 def chained(plan, trace) -> list[str]:
     """Nodes handed to their workers before a predecessor finished (chained dispatch, controller.py)."""
     preds, recs = plan.pred_ids(), trace.nodes
     return [r.id for r in recs.values() if any(recs[p].finish > r.dispatch for p in preds.get(r.id, ()) if p in recs)]
-
-
-def model_names(plan):
-    kinds = {m.kind: m.name for m in plan.program.models}
-    out = {"actor": kinds.get("policy", kinds.get("actor_critic"))}
-    if "critic" in kinds:
-        out["critic"] = kinds["critic"]
-    return out
-
-
-# Why these statistic tolerances (issue 13: they must hold on any x86-64 CPU). A distributed step computes
-# the same float32 values as the reference in another order: GEMMs over other row blocks (microbatches,
-# replicas) and other column blocks (TP shards), reductions over replicas and microbatches in another
-# order. Each such rounding has relative error <= u = 2^-24; the worst-case bound for a chain of N
-# rounded accumulations, N u, is far from what happens, so we use the probabilistic bound (Higham and
-# Mary, 2019): lambda sqrt(N) u with probability >= 1 - 2 exp(-lambda^2 / 2) per value. Along a
-# statistic's path N is about 4e3: ~15 GEMMs of reduction length <= 256 (ffn) through the tiny model's
-# two layers, forward and backward, then the mean over <= 384 tokens or the norm over <= 1.4e5
-# parameters (sqrt: ~370, dominated by the GEMMs). lambda = 3 gives 3 * sqrt(4e3) * 2^-24 = 1.1e-5.
-# The bound is relative to the sum of the magnitudes of what is added, not to the result: the policy
-# loss (advantages normalised to mean 0 per group, ratios ~1), the k1 KL (signed log-prob differences)
-# and the KL loss are means of per-token terms of magnitude <= ~1 whose values cancel, and at step 0
-# they are rounding noise around 0 in exact arithmetic; so the absolute floor is the same bound for a
-# unit term scale. The gradient norms and the final weights carry the precise checks of training.
-STAT_REL = 1e-5
-STAT_ABS = STAT_REL * 1.0  # unit per-token term scale
 
 
 def assert_same_run(plan, backend, rl, weights_atol, **config):
@@ -211,7 +110,7 @@ def test_a_checkpoint_on_a_dataset_with_truncated_sampling_and_minibatches_match
     plugin, two PPO epochs of two minibatches, through generation dp 2, reference tp 2, reward dp 2 and
     training dp 2 x pp 2 with microbatches."""
     pytest.importorskip("transformers")
-    from rpegc.runtime.torch_backend import arith
+    from rpegc.runtime.backends.torch import arith
 
     ckpt = tmp_path / "ckpt"
     arith.write_checkpoint(str(ckpt), hidden=32, layers=2, max_positions=32)

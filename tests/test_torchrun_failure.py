@@ -1,4 +1,4 @@
-"""Failure handling of the torch backend (issue 8, item 6): a worker that dies or raises stops the run
+"""Failure handling of the torch backend: a worker that dies or raises stops the run
 with a message naming the node and the device, leaves no worker process behind, and `--resume` continues
 from the last checkpoint to the same final weights as an uninterrupted run."""
 
@@ -11,14 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
-from rpegc.runtime.backend import BackendError  # noqa: E402
+from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend.backend import TorchBackend  # noqa: E402
-from rpegc.runtime.torch_backend.checkpoint import latest_checkpoint, load_checkpoint, load_final  # noqa: E402
-from rpegc.runtime.torch_backend.worker import FAULT_ENV  # noqa: E402
+from rpegc.runtime.backends.torch.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoint import latest_checkpoint, load_checkpoint, load_final  # noqa: E402
+from rpegc.runtime.backends.torch.worker import FAULT_ENV  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
-from programs import compile_example  # noqa: E402
+from fixtures.programs import compile_example  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""Real models end to end (issue 15): a Llama checkpoint and tokenizer the test makes with `transformers` and
+"""Real models end to end: a Llama checkpoint and tokenizer the test makes with `transformers` and
 `tokenizers`, a JSONL dataset of chat prompts, a plugin reward from a file, GRPO and PPO on 2 workers through
 `rpegc` and `rpeg-run` as a user runs them; then `rpeg-run export` writes a directory that `transformers`
 loads with the backend's logits (float32; tests/test_torch_hf.py's bound)."""
@@ -16,14 +16,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rpegc.core.hf_config import hf_arch  # noqa: E402
-from rpegc.runtime.torch_backend import arith  # noqa: E402
-from rpegc.runtime.torch_backend import checkpoint as ckpt  # noqa: E402
-from rpegc.runtime.torch_backend.hf import hf_net  # noqa: E402
-from rpegc.runtime.torch_backend.models import NetOptions  # noqa: E402
-from test_torch_export import logits_of  # noqa: E402
-from test_torch_hf import LOGIT_ATOL  # noqa: E402
-from programs import EXAMPLES, lowering  # noqa: E402
+from rpegc.core.ir.hf_config import hf_arch  # noqa: E402
+from rpegc.runtime.backends.torch import arith  # noqa: E402
+from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
+from rpegc.runtime.backends.torch.hf import hf_net  # noqa: E402
+from rpegc.runtime.backends.torch.models import NetOptions  # noqa: E402
+from fixtures.torch_runs import logits_of  # noqa: E402
+from fixtures.torch_runs import LOGIT_ATOL  # noqa: E402
+from fixtures.programs import EXAMPLES, lowering  # noqa: E402
 
 REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):
@@ -140,7 +140,7 @@ def test_the_demos_arithmetic_grpo_raises_the_held_out_accuracy(tmp_path):
     60 GRPO steps with the math verifier on 2 workers leave the exported model answering more held-out prompts
     right (measured 0.75 -> 0.97; asserted: a rise of at least 0.05, far inside the margin any CPU's rounding
     could move a sampled run)."""
-    arith_cli = ("rpegc.runtime.torch_backend.arith",)
+    arith_cli = ("rpegc.runtime.backends.torch.arith",)
     proc = cli(*arith_cli, "make", "arith", "--warm-up", "100", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert cli("rpegc.cli", "arith/grpo.rpeg", "-p", lowering(60), "-o", "a.exec.rpeg", cwd=tmp_path).returncode == 0
@@ -159,7 +159,7 @@ def test_dpo_trains_a_checkpoint_on_a_preference_dataset_and_exports(workdir, tm
     """DPO through the CLI: the checkpoint as policy and reference, a JSONL file of (prompt, chosen, rejected)
     chat rows, 2 workers; each step sees the same 8 pairs (B = the rows), on which the loss falls; the export
     loads in transformers with the backend's logits."""
-    from test_torchrun_dpo import GRAPH, TWO, preference_rows
+    from fixtures.dpo import GRAPH, TWO, preference_rows
 
     d = workdir
     (d / "pairs.jsonl").write_text(preference_rows(8, seed=6))

@@ -1,5 +1,5 @@
 """Workers launched from outside (as torchrun or Slurm start them): `python -m
-rpegc.runtime.torch_backend.worker --store HOST:PORT` with RANK / WORLD_SIZE in the environment joins a
+rpegc.runtime.backends.torch.worker --store HOST:PORT` with RANK / WORLD_SIZE in the environment joins a
 controller started with `launcher="external"`; the run is the same as with locally forked workers."""
 
 import os
@@ -15,11 +15,11 @@ torch = pytest.importorskip("torch")
 
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend.backend import TorchBackend, run_config  # noqa: E402
-from rpegc.runtime.torch_backend.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.backend import TorchBackend, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
-from test_torchrun_equivalence import STAT_REL  # noqa: E402
-from programs import compile_example  # noqa: E402
+from fixtures.torch_runs import STAT_REL  # noqa: E402
+from fixtures.programs import compile_example  # noqa: E402
 
 
 def free_port() -> int:
@@ -34,7 +34,7 @@ def test_externally_launched_workers_run_the_plan_and_exit_cleanly(tmp_path):
     plan = load_plan(out)
     address = f"127.0.0.1:{free_port()}"
     secret = str(tmp_path / "secret")  # the workers read it once they reach the store
-    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store", address],
+    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", address],
                                 env=dict(os.environ, RANK=str(r), WORLD_SIZE="4", RPEG_RUN_SECRET_FILE=secret),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                for r in range(4)]
@@ -72,7 +72,7 @@ def test_rpeg_run_store_option_waits_for_workers_started_elsewhere(tmp_path):
         time.sleep(0.1)
     assert secret.exists(), controller.communicate()[1][-2000:] if controller.poll() is not None else "no secret"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
-    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.torch_backend.worker", "--store", address,
+    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", address,
                                  "--secret-file", str(secret)],
                                 env=dict(os.environ, RANK=str(r), WORLD_SIZE="4"), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
@@ -102,7 +102,7 @@ def test_rpeg_run_rejects_a_malformed_store_address(tmp_path, address, capsys):
     err = capsys.readouterr().err
     assert "is not HOST:PORT" in err and "Traceback" not in err
     assert rpeg_run([out, "--backend", "sim", "--store", "127.0.0.1:5000"]) == 1
-    assert "apply to the torch backend only" in capsys.readouterr().err
+    assert "to the torch backend only" in capsys.readouterr().err
 
 
 def test_rpeg_run_secret_file_needs_store(tmp_path, capsys):
@@ -115,5 +115,5 @@ def test_rpeg_run_secret_file_needs_store(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--secret-file is where an external launch (--store) writes" in err
     assert rpeg_run([out, "--backend", "sim", "--secret-file", str(tmp_path / "s")]) == 1
-    assert "apply to the torch backend only" in capsys.readouterr().err
+    assert "to the torch backend only" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()

@@ -1,4 +1,4 @@
-"""Shard placement and routing of the torch backend (runtime/torch_backend/layout.py), checkpoint plan
+"""Shard placement and routing of the torch backend (runtime/backends/torch/layout.py), checkpoint plan
 restriction (checkpoint.py): no worker processes."""
 
 import itertools
@@ -8,15 +8,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpegc.cli import main as rpegc_main  # noqa: E402
-from rpegc.core.errors import RpegError  # noqa: E402
-from rpegc.core.presets import lookup  # noqa: E402
+from rpegc.core.ir.errors import RpegError  # noqa: E402
+from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.torch_backend.backend import run_config  # noqa: E402
-from rpegc.runtime.torch_backend.checkpoint import kept_versions, resume_plan  # noqa: E402
-from rpegc.runtime.torch_backend.layout import (Layout, param_stage, rank_pieces, replica_rows, route_rows,  # noqa: E402
+from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoint import kept_versions, resume_plan  # noqa: E402
+from rpegc.runtime.backends.torch.layout import (Layout, param_stage, rank_pieces, replica_rows, route_rows,  # noqa: E402
                                                 route_weights, shard_dim, split_rows, stage_bounds)
-from rpegc.runtime.torch_backend.models import NetOptions, build_model, export_weights  # noqa: E402
-from rpegc.runtime.torch_backend.parallel import param_shapes, shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.models import NetOptions, build_model, export_weights  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import param_shapes, shard_of  # noqa: E402
 
 PIPELINE = "verify-wellformed,unroll{k=3},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 

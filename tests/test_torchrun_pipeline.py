@@ -1,4 +1,4 @@
-"""Pipelined pipeline parallelism in the torch backend (issue 9; spec/cost-model.md Sec. 3.3: microbatches
+"""Pipelined pipeline parallelism in the torch backend (spec/cost-model.md Sec. 3.3: microbatches
 in flight across stages for inference, training and generation [A6]).
 
 With pp = 2 and mb = 4, the backend's own operators (`Worker.cmd_op`, run in two gloo worker processes)
@@ -21,8 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.core.presets import lookup  # noqa: E402
-from rpegc.core.program import Workload  # noqa: E402
+from rpegc.core.ir.presets import lookup  # noqa: E402
+from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.tools.measure import WorkerPool  # noqa: E402
 
 B, LP, LR, MB = 8, 4, 6, 4
@@ -32,14 +32,14 @@ FIELDS = {"generation": ("sequences", "mask", "old_logprobs"), "inference": ("re
 
 
 def _run_config():
-    from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
 
     return RunConfig(algorithm="ppo", actor=ARCH, workload=Workload(B=B, R=1, Lp=LP, Lr=LR, dtype="fp32"),
                      rl=toy_rl_config("ppo"), critic=ARCH, reward="model", reward_arch=ARCH, positions="learned")
 
 
 def _layouts():
-    from rpegc.runtime.torch_backend.layout import Layout
+    from rpegc.runtime.backends.torch.layout import Layout
 
     return {1: Layout((0,), 1, 1, 1), 2: Layout((0, 1), 1, 2, 1)}
 
@@ -58,8 +58,8 @@ def _batch() -> dict:
 
 
 def _setup(ctx, gate_path: str) -> None:
-    from rpegc.runtime.torch_backend.backend import model_seed
-    from rpegc.runtime.torch_backend.worker import ModelSpec, Worker, WorkerSetup
+    from rpegc.runtime.backends.torch.backend import model_seed
+    from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup
 
     names = {"policy": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}
     models = {n: ModelSpec(n, k, ARCH, model_seed(0, k)) for k, n in names.items()}
@@ -106,8 +106,8 @@ def _remove_gate(pm) -> None:
 
 def _op(ctx, role: str, pp: int, gated: bool) -> dict | None:
     """One operator under (dp, pp, tp, mb) = (1, pp, 1, MB): this rank's outputs and schedule trace."""
-    from rpegc.runtime.torch_backend.layout import replica_rows
-    from rpegc.runtime.torch_backend.worker import Entry, Piece
+    from rpegc.runtime.backends.torch.layout import replica_rows
+    from rpegc.runtime.backends.torch.worker import Entry, Piece
 
     layout = _layouts()[pp]
     if ctx.rank not in layout.ranks:
@@ -145,10 +145,10 @@ def _initial_actor(ctx) -> dict | None:
 
 def _single_process(ctx, role: str) -> dict | None:
     """What the single-process functions give for the same rows, microbatch by microbatch (rank 0)."""
-    from rpegc.runtime.torch_backend.backend import model_seed
-    from rpegc.runtime.torch_backend.generation import expand_rollouts, generate
-    from rpegc.runtime.torch_backend.models import build_model
-    from rpegc.runtime.torch_backend.rl import response_forward
+    from rpegc.runtime.backends.torch.backend import model_seed
+    from rpegc.runtime.backends.torch.generation import expand_rollouts, generate
+    from rpegc.runtime.backends.torch.models import build_model
+    from rpegc.runtime.backends.torch.rl import response_forward
 
     if ctx.rank != 0:
         return None
@@ -171,8 +171,8 @@ def _single_process(ctx, role: str) -> dict | None:
 def _serialized_inference(ctx) -> bool | None:
     """Reference inference at pp = 2 the way the backend ran it before (one microbatch through the whole
     pipeline, broadcast, then the next), under a short gate: whether the gate opened (last stage)."""
-    from rpegc.runtime.torch_backend.parallel import infer
-    from rpegc.runtime.torch_backend.rl import response_forward
+    from rpegc.runtime.backends.torch.schedules import infer
+    from rpegc.runtime.backends.torch.rl import response_forward
 
     layout = _layouts()[2]
     pm, _ = ctx.state["worker"].serving_model("ref", layout, "W:ref:pp2")

@@ -1,4 +1,4 @@
-"""SIGINT / SIGTERM to `rpeg-run --backend torch` (issue 14, item 3): every worker and the fork server
+"""SIGINT / SIGTERM to `rpeg-run --backend torch`: every worker and the fork server
 stop within 5 s, rpeg-run prints one line naming the last completed step and the exact resume command
 (exit 143 / 130), and that command then completes the run."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
 from rpegc.runtime.interrupt import RunState, interrupted_line, resume_command  # noqa: E402
-from programs import compile_example  # noqa: E402
+from fixtures.programs import compile_example  # noqa: E402
 
 RPEG_RUN = [sys.executable, "-m", "rpegc.runtime.cli"]
 STOP_S = 5.0  # the issue's bound, for every process the run started

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.program import Edge, Vertex
-from rpegc.core.unroll import consumed_version, publisher_step, unroll
-from test_lowering_helpers import ORDER, colocated, edge_set, gpus, is_acyclic, ppo_graph, ppo_program, strat
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.program import Edge, Vertex
+from rpegc.core.lower.unroll import consumed_version, publisher_step, unroll
+from fixtures.lowering import ORDER, colocated, edge_set, gpus, is_acyclic, ppo_graph, ppo_program, strat
 
 VERTEX_NAMES = list(ORDER)
 

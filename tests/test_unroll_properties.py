@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.unroll import unroll
-from test_lowering_helpers import edge_set, is_acyclic, random_programs
+from rpegc.core.lower.unroll import unroll
+from fixtures.lowering import edge_set, is_acyclic, random_programs
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

@@ -1,4 +1,4 @@
-"""unroll and the lowering passes stay linear in K, and K is bounded (issue 13 item 4).
+"""unroll and the lowering passes stay linear in K, and K is bounded.
 
 No wall-clock time is asserted (bench/unroll_scaling.py measures it): the exec graph of 4K steps is 4x the
 one of K steps after every lowering stage, the per-step lookups are indexed, a pass does not run the cycle
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from rpegc.core.errors import RpegError
-from rpegc.core.lowering import lower
-from rpegc.core.unroll import MAX_OP_NODES, MAX_STEPS, unroll
+from rpegc.core.ir.errors import RpegError
+from fixtures.lowering import lower
+from rpegc.core.lower.unroll import MAX_OP_NODES, MAX_STEPS, unroll
 from rpegc.syntax.parser import parse
-from spies import CountingTuple
+from fixtures.spies import CountingTuple
 
 PPO8 = parse((Path(__file__).parent.parent / "examples" / "ppo-8gpu.rpeg").read_text(), "ppo-8gpu.rpeg")
 

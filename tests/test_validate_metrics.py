@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import load_hardware
-from rpegc.core.optime import op_time
-from rpegc.core.program import Arch, Workload
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.cost.optime import op_time
+from rpegc.core.ir.program import Arch, Workload
 from rpegc.tools.validate import (CSV_COLUMNS, VALIDATION_ARCHS, Case, build_grid, legal_strategies, make_rows,
                                   mape, pairs_ordered, plot, ranks, read_csv, report, scores, spearman, write_csv)
 

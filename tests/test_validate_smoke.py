@@ -25,8 +25,8 @@ def test_measure_runs_each_role_through_the_backend_worker():
 def test_cli_repredicts_saved_measurements(tmp_path: Path, capsys):
     """`--from` re-prices a validation CSV with a profile and cost options; it writes the re-predicted
     CSV, the plot and the report, and prints the report."""
-    from rpegc.core.cost_options import CostOptions
-    from rpegc.core.hardware import load_hardware
+    from rpegc.core.cost.options import CostOptions
+    from rpegc.core.cost.hardware import load_hardware
     from rpegc.tools.validate import make_rows, write_csv
 
     tiny = VALIDATION_ARCHS["tiny"]

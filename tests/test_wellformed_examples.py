@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from rpegc.core.plan_rules import check_plan
-from rpegc.core.wellformed import check_graph, topological_order
+from rpegc.core.check.plan_rules import check_plan
+from rpegc.core.check.wellformed import check_graph, topological_order
 from rpegc.syntax.parser import parse
 
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.rpeg"))

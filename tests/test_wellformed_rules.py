@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpegc.core.errors import RpegError
-from rpegc.core.expr import BinOp, Num, Sym
-from rpegc.core.program import Container, Edge, Graph, Quantile, Vertex
-from rpegc.core.wellformed import check_graph, topological_order
-from test_wellformed_ppo import loc, ppo_program, with_graph, with_model, with_vertex
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.expr import BinOp, Num, Sym
+from rpegc.core.ir.program import Container, Edge, Graph, Quantile, Vertex
+from rpegc.core.check.wellformed import check_graph, topological_order
+from fixtures.ppo_source import loc, ppo_program, with_graph, with_model, with_vertex
 
 
 def only_error(p) -> RpegError:
@@ -169,7 +169,7 @@ def test_self_loop_and_two_separate_cycles_each_reported():
                     Edge("d", "b", "x", loc(4))),
         pub_edges=(),
     )
-    from rpegc.core.wellformed import find_cycles
+    from rpegc.core.check.wellformed import find_cycles
 
     cycles = find_cycles(g)
     assert [e.loc for e in cycles] == [loc(1), loc(2)]

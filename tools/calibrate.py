@@ -22,7 +22,7 @@ thread each, or CUDA devices under NCCL):
 Every microbenchmark is warm and repeated; a point's value is the median of all its repeats over all
 rounds (`--statistic min`: the fastest), the statistic rpeg-validate reports for the operators, so the
 profile predicts the latency validation measures. The result
-is a hardware profile TOML (the schema of rpegc/core/hardware.py) with the fitted values, the quality
+is a hardware profile TOML (the schema of rpegc/core/cost/hardware.py) with the fitted values, the quality
 of every fit and the date. Tiers a machine cannot reach (a single host reaches only
 `intra_node`) get the intra-node values, and the file says so.
 
@@ -46,12 +46,12 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from rpegc.core.devices import TIERS
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware
-from rpegc.core.params import layer_params
-from rpegc.core.program import Arch, Workload
-from rpegc.core.work import decode_flops_per_rollout, inference_work
+from rpegc.core.ir.geometry import TIERS
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.params import layer_params
+from rpegc.core.ir.program import Arch, Workload
+from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, time_per_call, time_repeats
 from rpegc.version import PrintVersion
@@ -491,7 +491,7 @@ def _measure_forward(ctx, case: ForwardCase, dtype: str, min_time: float, repeat
         return None
     import torch
 
-    from rpegc.runtime.torch_backend.models import NetOptions, arch_net, build_model
+    from rpegc.runtime.backends.torch.models import NetOptions, arch_net, build_model
 
     # Learned positions, as the torch backend builds its models (backend.run_config). The model code
     # creates some tensors (the attention mask) without a device: the default-device context puts them
@@ -524,7 +524,7 @@ def _measure_non_gemm(ctx, batch: int, seq: int, hidden: int, dtype: str, min_ti
         return None
     import torch
 
-    from rpegc.runtime.torch_backend.models import RMSNorm
+    from rpegc.runtime.backends.torch.models import RMSNorm
 
     dt = _dtype(dtype)
     norm_a = RMSNorm(hidden, 1e-6).to(ctx.device, dt)
@@ -834,7 +834,7 @@ def _per_node_lines(cal: Calibration) -> list[str]:
 
 
 def profile_mapping(cal: Calibration) -> dict:
-    """The nested mapping the TOML profile holds (the schema of rpegc.core.hardware)."""
+    """The nested mapping the TOML profile holds (the schema of rpegc.core.cost.hardware)."""
     if cal.eta_fit is None or cal.f_peak_fit is None or cal.coll_fit is None or cal.p2p_fit is None:
         raise RpegError(None, "the calibration is incomplete; run every measurement before writing a profile")
     coll = {"alpha": cal.coll_fit.alpha, "beta": cal.coll_fit.beta}

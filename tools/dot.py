@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rpegc.core.exec_graph import ExecGraph, ExecNode
-from rpegc.core.program import Program
+from rpegc.core.ir.exec_graph import ExecGraph, ExecNode
+from rpegc.core.ir.program import Program
 
 ROLE_COLOURS = {"generation": "#9ecae1", "inference": "#a1d99b", "training": "#fdae6b"}
 PUB_COLOUR = "#cb181d"

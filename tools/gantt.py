@@ -18,9 +18,9 @@ from typing import Optional, Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from rpegc.core.errors import RpegError
-from rpegc.core.devices import id_ranges
-from rpegc.core.program import Program
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.geometry import id_ranges
+from rpegc.core.ir.program import Program
 
 KIND_COLOURS = {
     "generation": "#4C72B0",

@@ -34,12 +34,12 @@ WEIGHTS_ATOL = 1e-3  # after an Adam step, whose first update is ~lr * sign(g): 
 
 
 def _worker(device: torch.device):
-    from rpegc.core.presets import lookup
-    from rpegc.core.program import Workload
-    from rpegc.runtime.torch_backend.backend import model_seed
-    from rpegc.runtime.torch_backend.layout import Layout
-    from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config
-    from rpegc.runtime.torch_backend.worker import ModelSpec, standalone_worker
+    from rpegc.core.ir.presets import lookup
+    from rpegc.core.ir.program import Workload
+    from rpegc.runtime.backends.torch.backend import model_seed
+    from rpegc.runtime.backends.torch.layout import Layout
+    from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker
 
     arch = lookup("tiny")
     run = RunConfig(algorithm="grpo", actor=arch, workload=Workload(B=B, R=R, Lp=LP, Lr=LR, dtype="fp32"),
@@ -71,7 +71,7 @@ def _step(worker, rollouts=None) -> dict:
     _op(worker, "generation", "actor", [], "Y", ["sequences", "mask", "old_logprobs"])
     generated = _fields(worker, "Y")
     if rollouts is not None:
-        from rpegc.runtime.torch_backend.worker import Entry, Piece
+        from rpegc.runtime.backends.torch.worker import Entry, Piece
 
         moved = {f: t.to(worker.device) for f, t in rollouts.items()}
         worker.entries["Y"] = Entry("data", pieces=[Piece(0, B * R, moved)])
@@ -116,7 +116,7 @@ def _rpeg_run(plan: str, run_dir: str, dist_backend: str) -> dict:
     print(f"part 2: {dist_backend}: exit {out.returncode}; {out.stdout.strip().splitlines()[-1:]} {out.stderr[-2000:]}")
     if out.returncode != 0:
         return {}
-    from rpegc.runtime.torch_backend.checkpoint import load_final
+    from rpegc.runtime.backends.torch.checkpoint import load_final
 
     return load_final(run_dir)
 

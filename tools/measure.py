@@ -23,8 +23,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from rpegc.core.errors import RpegError
-from rpegc.runtime.torch_backend.pinning import cores_to_pin, pin_main_thread
+from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.torch.pinning import cores_to_pin, pin_main_thread
 
 DEFAULT_TIMEOUT_S = 300.0  # a collective that waits longer than this has lost a peer
 ERROR_GRACE_S = 5.0  # how long the other ranks may still answer after one rank failed
@@ -321,7 +321,8 @@ class Progress:
         self._bar = None
         if not quiet:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
+                                       TimeElapsedColumn)
 
             self._bar = RichProgress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
                                      TimeElapsedColumn(), console=Console(stderr=True))

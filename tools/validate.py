@@ -2,11 +2,11 @@
 
 Paper Sec. VIII-A (Fig. 4: predicted vs measured operator latency, MAPE, Spearman rho, fraction of
 correctly ordered pairs; Fig. 5: the same for peak memory) and App. C-A2 (the model is evaluated with
-the calibrated profile). spec/cost-model.md Sec. 3 gives the prediction, `rpegc.core.optime.op_time`.
+the calibrated profile). spec/cost-model.md Sec. 3 gives the prediction, `rpegc.core.cost.optime.op_time`.
 
 A configuration is one operator (generation, inference or training of one model kind) of one tiny
 model on one workload (B, R, Lp, Lr) under one strategy (dp, pp, tp, mb) on the first dp*pp*tp
-devices. It is executed by the torch backend's own worker code (`runtime/torch_backend/worker.py`,
+devices. It is executed by the torch backend's own worker code (`runtime/backends/torch/worker.py`,
 `Worker.cmd_op`: the same function the backend runs for an Op node, with its TP/PP/DP execution in
 `parallel.py`), inside worker processes of `rpegc.tools.measure.WorkerPool`. The latency of one run is
 the slowest rank's time from a common barrier to the end of its part; a configuration's latency is the
@@ -35,13 +35,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rpegc.core.cost_options import CostOptions, cost_options
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware, load_hardware
-from rpegc.core.memory import op_memory, training_state_bytes
-from rpegc.core.optime import op_time
-from rpegc.core.presets import lookup
-from rpegc.core.program import Arch, Workload
+from rpegc.core.cost.options import CostOptions, cost_options
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import Hardware, load_hardware
+from rpegc.core.cost.memory import op_memory, training_state_bytes
+from rpegc.core.cost.optime import op_time
+from rpegc.core.ir.presets import lookup
+from rpegc.core.ir.program import Arch, Workload
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.calibrate import mape
 from rpegc.tools.measure import Progress, WorkerPool, device_count
@@ -68,11 +68,11 @@ MODEL_NAMES = {"policy": "actor", "reference": "ref", "critic": "critic", "rewar
 # these (they describe the implementation measured, they are not fitted); the CSV and the report keep
 # the prediction with the spec's defaults too (predicted_default_s). `--spec-defaults` drops them.
 BACKEND_COST_OPTIONS: dict[str, object] = {
-    # [A1] parallel.train_step runs forward and backward without activation recompute: 3 forward-equivalents.
+    # [A1] schedules.train_step runs forward and backward without activation recompute: 3 forward-equivalents.
     "train_forward_equivalents": 3,
     # [A20] worker.op_generation calls generate() once per microbatch: mb separate decode loops.
     "tp_decode": "per_microbatch",
-    # [A7] parallel.generate pipelines decode as a loop: each token's activations cross every stage
+    # [A7] schedules.generate pipelines decode as a loop: each token's activations cross every stage
     # boundary and the sampled ids return to stage 0 before the next step of that microbatch.
     "generation_pp": "wavefront",
     # worker.op_training all-reduces 4 statistics over the DP group: the token count, the advantage
@@ -276,7 +276,7 @@ def predict(case: Case, hw: Hardware, opts: CostOptions, dtype: str, gpus_per_no
 
 
 def _layout(case: Case):
-    from rpegc.runtime.torch_backend.layout import Layout
+    from rpegc.runtime.backends.torch.layout import Layout
 
     return Layout(tuple(range(case.devices)), case.dp, case.pp, case.tp)
 
@@ -286,7 +286,7 @@ def _init_groups(ctx, layouts) -> int:
     TP/PP/DP groups (`parallel.ProcessGroups`) and one group per allocation for the start barrier."""
     import warnings
 
-    from rpegc.runtime.torch_backend.parallel import ProcessGroups
+    from rpegc.runtime.backends.torch.parallel import ProcessGroups
 
     # megatron-core's TP layers warn about a CUDA setting on every construction; it does not apply here.
     warnings.filterwarnings("ignore", message="When using async grad allreduce")
@@ -299,9 +299,9 @@ def _init_groups(ctx, layouts) -> int:
 
 def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     """The backend's `Worker` for the case's model and workload (one per suite, reused across strategies)."""
-    from rpegc.runtime.torch_backend.backend import model_seed
-    from rpegc.runtime.torch_backend.reference import RunConfig, toy_rl_config
-    from rpegc.runtime.torch_backend.worker import ModelSpec, standalone_worker
+    from rpegc.runtime.backends.torch.backend import model_seed
+    from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker
 
     workers = ctx.state.setdefault("workers", {})
     if case.suite in workers:
@@ -344,8 +344,8 @@ _TRAINING_INPUTS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores
 
 def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
     """The Op command the backend would send for this operator, with its inputs already on this rank."""
-    from rpegc.runtime.torch_backend.layout import replica_rows
-    from rpegc.runtime.torch_backend.worker import Entry, Piece
+    from rpegc.runtime.backends.torch.layout import replica_rows
+    from rpegc.runtime.backends.torch.worker import Entry, Piece
 
     model = MODEL_NAMES[case.kind]
     weights = f"W:{model}:{layout.dp}.{layout.pp}.{layout.tp}"
@@ -450,7 +450,7 @@ def _resolve_tp_impl(tp_impl: str, needs_tp: bool) -> str:
         raise RpegError(None, f"unknown --tp-impl '{tp_impl}'; use auto, megatron or torch")
     if tp_impl != "auto" or not needs_tp:
         return "torch" if tp_impl == "auto" else tp_impl
-    from rpegc.runtime.torch_backend import megatron_compat
+    from rpegc.runtime.backends.torch import megatron_compat
 
     layers, _ = megatron_compat.load()
     return "megatron" if layers is not None else "torch"
@@ -652,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run at most this many configurations, evenly spread over the grid (default 120; the "
                          "grid has 81 on 2 devices, 177 on 4, 279 on 8)")
     ap.add_argument("--cost-option", action="append", default=[], metavar="NAME=VALUE",
-                    help="a cost-model option of rpegc.core.cost_options (repeatable), on top of the options that "
+                    help="a cost-model option of rpegc.core.cost.options (repeatable), on top of the options that "
                          "describe the torch backend (train_forward_equivalents=3, tp_decode=per_microbatch)")
     ap.add_argument("--spec-defaults", action="store_true",
                     help="start from the spec's default cost options instead of the backend's")
@@ -693,7 +693,7 @@ def output_names(repredicted: bool) -> dict[str, str]:
 
 def check_cli_outputs(args: argparse.Namespace) -> Path:
     """Every output file in --out against --hardware, --from and each other, before anything runs."""
-    from rpegc.core.hardware import _resolve
+    from rpegc.core.cost.hardware import _resolve
 
     out = Path(args.out) if args.out is not None else fresh_out_dir()
     if args.out == "":

@@ -7,8 +7,8 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
   configurations have the same nodes and edges and differ only in node times, reserved devices, relays and
   tie-break keys. Groups are padded to one node count and scheduled together.
 - Node times are table look-ups and the core's array forms (`transfer.comm_node_time_at` at the tier of
-  `collectives.span_tier_index`; the lowering decisions `lowering_rules.publication_codes` and `pair_codes`;
-  the payload `lowering_rules.publication_bytes_of`), bit-identical to the scalar path.
+  `geometry.span_tier_index`; the lowering decisions `rules.publication_codes` and `pair_codes`;
+  the payload `rules.publication_bytes_of`), bit-identical to the scalar path.
 - Alg. 5 runs on all configurations at once. Each step selects one node per configuration, so every
   configuration finishes after exactly N steps. The ready set is kept as one slot per chain of a chain
   cover of the superset DAG: a node can be ready only when it heads its chain, so each step inspects
@@ -22,20 +22,20 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import numpy as np
 
-from rpegc.core.collectives import span_tier_index
-from rpegc.core.lowering_rules import (ACTIONS, COMM, DEP, RESHARD, is_shadow, pair_codes, pairwise_overlaps,
-                                      pairwise_same, publication_bytes_of, publication_codes)
-from rpegc.core.memory import op_memory
-from rpegc.core.residency import OpTerms, device_memory_arrays
-from rpegc.core.schedule import topological_order
-from rpegc.core.score import p_eff, score, score_pen, utilization
-from rpegc.core.transfer import comm_node_time_at
-from rpegc.search.compact import DC, OP, PC, CompactVariant, Superset
+from rpegc.core.ir.geometry import pairwise_overlaps, span_tier_index
+from rpegc.core.lower.rules import (ACTIONS, COMM, DEP, RESHARD, is_shadow, pair_codes, pairwise_same,
+                                    publication_bytes_of, publication_codes)
+from rpegc.core.cost.memory import op_memory
+from rpegc.core.cost.residency import OpTerms, device_memory_arrays
+from rpegc.core.sched.list_scheduler import topological_order
+from rpegc.core.sched.score import p_eff, score, score_pen, utilization
+from rpegc.core.cost.transfer import comm_node_time_at
+from rpegc.search.compact import DATA_COMM, OPERATOR, PUBLICATION, CompactVariant, Superset
 
 _INF = np.inf
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
@@ -82,12 +82,29 @@ class _Graph:
     next_in_chain: np.ndarray  # (N+1,), dummy N after the last node of a chain
     heads: np.ndarray  # (C,) first node of each chain
     is_op: np.ndarray  # (N,) bool
-    pos_comm: np.ndarray  # (N,) order-key rank when real (PC: as a Comm)
-    pos_reshard: np.ndarray  # (N,) PC: order-key rank as a Reshard
+    pos_comm: np.ndarray  # (N,) order-key rank when real (PUBLICATION: as a Comm)
+    pos_reshard: np.ndarray  # (N,) PUBLICATION: order-key rank as a Reshard
     op_cols: dict  # (vertex, phase) -> node columns
     transfer_cols: dict  # (kind, src, dst, nbytes, model) -> node columns
     vertex: np.ndarray  # (N,) class (vertex allocation) of each node
     preds: tuple[tuple[int, ...], ...]  # per node, its predecessors in edge order (the critical-path walk)
+
+
+@dataclass(frozen=True)
+class Allocations:
+    """The vertex allocations of B configurations (V vertices each) and the relations between them."""
+
+    origin: np.ndarray  # B x V x 3
+    extent: np.ndarray  # B x V x 3
+    size: np.ndarray  # B x V devices
+    layout: np.ndarray  # B x V x 3 (P_d, P_p, P_t)
+    overlap: np.ndarray  # B x V x V device overlap counts
+    same: np.ndarray  # B x V x V: the same allocation
+    same_layout: np.ndarray  # B x V x V: the same layout
+
+    def rows(self, sel) -> "Allocations":
+        """The configurations `sel` (an index or mask over B)."""
+        return Allocations(*(getattr(self, f.name)[sel] for f in fields(self)))
 
 
 class BatchEvaluator:
@@ -108,8 +125,8 @@ class BatchEvaluator:
         self.words = [mask_words(d.masks, self.ndev) for d in cv.dirs]  # the masks as uint64 words, per vertex
         self._memory_tables()
         self._reshard_tables: dict = {}
-        self._pattern_of: dict = {}
-        self._kept: dict = {}  # choice -> its schedule, for the last KEEP_PLANS plans evaluated with keep  # relations row (bytes) -> pattern: a pattern is a function of the relations
+        self._pattern_of: dict = {}  # relations row (bytes) -> pattern: a pattern is a function of the relations
+        self._kept: dict = {}  # choice -> its schedule, for the last KEEP_PLANS plans evaluated with keep
 
     # --- static tables ---------------------------------------------------------------------------
 
@@ -145,19 +162,19 @@ class BatchEvaluator:
         """With `keep`, the schedules of this batch are kept for `critical_weights` (the last KEEP_PLANS)."""
         ch = np.asarray(choices, dtype=np.int64).reshape(-1, self.V)
         B = len(ch)
-        A = self._allocs(ch)
+        allocs = self._allocs(ch)
         busy = np.empty(B)
         op_time = np.empty(B)
-        keys, inverse = self._patterns(ch, A)
+        keys, inverse = self._patterns(ch, allocs)
         parts = []
         groups = [(np.nonzero(inverse == g)[0], self._graph(self.cv.superset(key))) for g, key in enumerate(keys)]
-        memo = self._transfer_times(groups, ch, A)
+        memo = self._transfer_times(groups, ch, allocs)
         for rows, G in groups:
-            T, cls, prio, bz, ot = self._node_arrays(G, rows, ch, A, memo)
+            T, cls, prio, bz, ot = self._node_arrays(G, rows, ch, allocs, memo)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
         makespan = np.empty(B)
-        overlap = self._class_overlap(A)
+        overlap = self._class_overlap(allocs)
         for bucket in _buckets(parts):
             rows = np.concatenate([p[0] for p in bucket])
             sub, k = [], 0
@@ -220,31 +237,30 @@ class BatchEvaluator:
             x = blocker
         return weights
 
-    def _allocs(self, ch: np.ndarray) -> dict:
+    def _allocs(self, ch: np.ndarray) -> Allocations:
         V = self.V
-        A = {
-            "org": np.stack([self.origin[v][ch[:, v]] for v in range(V)], axis=1),  # B x V x 3
-            "ext": np.stack([self.extent[v][ch[:, v]] for v in range(V)], axis=1),
-            "size": np.stack([self.size[v][ch[:, v]] for v in range(V)], axis=1),  # B x V
-            "lay": np.stack([self.layout[v][ch[:, v]] for v in range(V)], axis=1),
-        }
-        A["ovl"] = pairwise_overlaps(A["org"], A["ext"])  # B x V x V device overlap counts
-        A["same"] = pairwise_same(np.concatenate([A["org"], A["ext"]], axis=2))
-        A["lay_eq"] = pairwise_same(A["lay"])
-        return A
+        origin = np.stack([self.origin[v][ch[:, v]] for v in range(V)], axis=1)
+        extent = np.stack([self.extent[v][ch[:, v]] for v in range(V)], axis=1)
+        layout = np.stack([self.layout[v][ch[:, v]] for v in range(V)], axis=1)
+        size = np.stack([self.size[v][ch[:, v]] for v in range(V)], axis=1)
+        return Allocations(origin=origin, extent=extent, size=size, layout=layout,
+                           overlap=pairwise_overlaps(origin, extent),
+                           same=pairwise_same(np.concatenate([origin, extent], axis=2)),
+                           same_layout=pairwise_same(layout))
 
     # --- patterns ------------------------------------------------------------------------------------
 
-    def _patterns(self, ch: np.ndarray, A: dict):
+    def _patterns(self, ch: np.ndarray, allocs: Allocations):
         """Pattern of every configuration, grouped.
 
         A pattern depends only on which vertex allocations are equal or disjoint and which layouts on equal
         devices are equal (`CompactVariant.relation_pairs`), so configurations are grouped by those
         relations and `CompactVariant.pattern` runs once per group, on its first configuration."""
         equal, apart = (np.array(x, dtype=np.int64).reshape(-1, 2) for x in self.cv.relation_pairs)
-        same = A["same"][:, equal[:, 0], equal[:, 1]]
+        same = allocs.same[:, equal[:, 0], equal[:, 1]]
         relations = np.concatenate(
-            [same, same & A["lay_eq"][:, equal[:, 0], equal[:, 1]], A["ovl"][:, apart[:, 0], apart[:, 1]] == 0], axis=1)
+            [same, same & allocs.same_layout[:, equal[:, 0], equal[:, 1]],
+             allocs.overlap[:, apart[:, 0], apart[:, 1]] == 0], axis=1)
         unique, first, inverse = np.unique(relations, axis=0, return_index=True, return_inverse=True)
         keys: list = []
         index: dict = {}
@@ -269,40 +285,40 @@ class BatchEvaluator:
             g = self._graphs[s.pattern] = prepare_graph(s)
         return g
 
-    def _comm_time(self, A: dict, payload, u: int, v: int) -> np.ndarray:
+    def _comm_time(self, allocs: Allocations, payload, u: int, v: int) -> np.ndarray:
         """`transfer.comm_node_time` of every configuration's allocations of u and v."""
-        org, ext = A["org"], A["ext"]
+        org, ext = allocs.origin, allocs.extent
         tier = span_tier_index(org[:, u].T, ext[:, u].T, org[:, v].T, ext[:, v].T)
-        return comm_node_time_at(payload, tier, A["size"][:, u], A["size"][:, v], self.cv.hw)
+        return comm_node_time_at(payload, tier, allocs.size[:, u], allocs.size[:, v], self.cv.hw)
 
-    def _transfer(self, A: dict, ch: np.ndarray, spec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _transfer(self, allocs: Allocations, ch: np.ndarray, spec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(time, relay, as_reshard) of one kind of Comm/Reshard superset node, per configuration."""
         kind, u, v, nbytes, model = spec
         B = len(ch)
         no = np.zeros(B, dtype=bool)
-        if kind == DC:
-            relay = A["same"][:, u, v]
-            return np.where(relay, 0.0, self._comm_time(A, nbytes, u, v)), relay, no
-        same, same_lay = A["same"][:, u, v], A["lay_eq"][:, u, v]
-        if kind == PC:
+        if kind == DATA_COMM:
+            relay = allocs.same[:, u, v]
+            return np.where(relay, 0.0, self._comm_time(allocs, nbytes, u, v)), relay, no
+        same, same_lay = allocs.same[:, u, v], allocs.same_layout[:, u, v]
+        if kind == PUBLICATION:
             act = publication_codes(same, same_lay)
             wb = self.cv.weight_bytes(model)
-            n_max = np.maximum(A["size"][:, u], A["size"][:, v])
-            payload = publication_bytes_of(wb, n_max, A["ovl"][:, u, v])
-            comm = self._comm_time(A, payload, u, v)
+            n_max = np.maximum(allocs.size[:, u], allocs.size[:, v])
+            payload = publication_bytes_of(wb, n_max, allocs.overlap[:, u, v])
+            comm = self._comm_time(allocs, payload, u, v)
             trainable = model in self.cv.trainable
             resh = self._reshard_table(model, v)[ch[:, v]] if trainable else np.zeros(B)
             is_resh = (act == _RESHARD) & trainable
             relay = (act == _DEP) | ((act == _RESHARD) & (not trainable))
             return np.where(act == _COMM, comm, np.where(is_resh, resh, 0.0)), relay, is_resh
-        act = pair_codes(is_shadow(self.cv.tau.get(model, 0), A["ovl"][:, u, v]), same, same_lay)
+        act = pair_codes(is_shadow(self.cv.tau.get(model, 0), allocs.overlap[:, u, v]), same, same_lay)
         resh = self._reshard_table(model, v)[ch[:, v]]
         is_resh = act == _RESHARD
         return np.where(is_resh, resh, 0.0), ~is_resh, is_resh
 
     # --- the vectorised list scheduler ---------------------------------------------------------------
 
-    def _transfer_times(self, groups, ch: np.ndarray, A: dict) -> dict:
+    def _transfer_times(self, groups, ch: np.ndarray, allocs: Allocations) -> dict:
         """Per transfer spec, its node times on the rows of the groups that have it (batch-length arrays,
         valid at those rows): a spec is computed once however many groups share it."""
         users: dict = {}
@@ -314,16 +330,16 @@ class BatchEvaluator:
         for spec, parts in users.items():
             sel = np.concatenate(parts)
             if len(sel) == B:
-                memo[spec] = self._transfer(A, ch, spec)
+                memo[spec] = self._transfer(allocs, ch, spec)
                 continue
-            out = self._transfer({k: x[sel] for k, x in A.items()}, ch[sel], spec)
+            out = self._transfer(allocs.rows(sel), ch[sel], spec)
             full = tuple(np.zeros(B, dtype=x.dtype) for x in out)
             for f, x in zip(full, out):
                 f[sel] = x
             memo[spec] = full
         return memo
 
-    def _node_arrays(self, G: _Graph, rows: np.ndarray, ch_all: np.ndarray, A_all: dict, memo: dict):
+    def _node_arrays(self, G: _Graph, rows: np.ndarray, ch_all: np.ndarray, allocs_all: Allocations, memo: dict):
         """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
         and op time). Operator and transfer times are computed once per batch in `memo`."""
         cv = self.cv
@@ -355,17 +371,17 @@ class BatchEvaluator:
         order = np.lexsort((pos, -rank[:, :N], kind), axis=-1)
         prio = np.empty((B, N), dtype=np.int64)
         np.put_along_axis(prio, order, np.arange(N)[None, :], axis=1)
-        sizes = np.append(A_all["size"][rows], np.zeros((B, 1), dtype=np.int64), axis=1)
+        sizes = np.append(allocs_all.size[rows], np.zeros((B, 1), dtype=np.int64), axis=1)
         busy = (T[:, :N] * np.take_along_axis(sizes, cls[:, :N], axis=1)).sum(axis=1)
         op_time = T[:, :N][:, G.is_op].sum(axis=1)
         return T[:, :N], cls[:, :N], prio, busy, op_time
 
     @staticmethod
-    def _class_overlap(A: dict) -> np.ndarray:
+    def _class_overlap(allocs: Allocations) -> np.ndarray:
         """B x (V+1) x (V+1): allocations sharing a device; class V (relays) reserves nothing."""
-        B, V = A["ovl"].shape[:2]
+        B, V = allocs.overlap.shape[:2]
         out = np.zeros((B, V + 1, V + 1), dtype=bool)
-        out[:, :V, :V] = A["ovl"] > 0
+        out[:, :V, :V] = allocs.overlap > 0
         return out
 
     # --- device memory -------------------------------------------------------------------------------
@@ -558,7 +574,7 @@ def prepare_graph(s: Superset) -> _Graph:
     op_cols: dict = {}
     transfer_cols: dict = {}
     for i in range(n):
-        if s.kind[i] == OP:
+        if s.kind[i] == OPERATOR:
             op_cols.setdefault((s.vertex[i], s.phase[i]), []).append(i)
         else:
             transfer_cols.setdefault((s.kind[i], s.src[i], s.vertex[i], s.nbytes[i], s.model[i]), []).append(i)
@@ -571,7 +587,7 @@ def prepare_graph(s: Superset) -> _Graph:
         chain=chain,
         next_in_chain=nxt,
         heads=heads,
-        is_op=np.array([k == OP for k in s.kind]),
+        is_op=np.array([k == OPERATOR for k in s.kind]),
         pos_comm=pos_comm,
         pos_reshard=pos_reshard,
         op_cols={k: np.array(v) for k, v in op_cols.items()},

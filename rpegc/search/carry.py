@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Optional
 
-from rpegc.core.program import Alloc, Strategy
+from rpegc.core.ir.geometry import Alloc, Strategy
 from rpegc.search.compact import Choice, CompactVariant
 from rpegc.search.directory import VertexDirectory
 

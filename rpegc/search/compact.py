@@ -3,7 +3,7 @@
 Paper: App. A-J2c (Alg. 6 EVALUATECACHED: unroll, lower, schedule, score), built on App. A-F (Alg. 3),
 A-G (Alg. 4), A-H (Alg. 5), A-I (Eq. 4-5) and Sec. V (cost model). DESIGN.md Sec. 3, the
 one-implementation rule: every decision and number here comes from the `rpegc.core` functions the passes
-use (`unroll`, `lowering_rules`, `annotate.placement_time`, `transfer`, `residency.device_memory`,
+use (`unroll`, `lower.rules`, `annotate.placement_time`, `transfer`, `residency.device_memory`,
 `schedule.prepare_schedule/run_schedule`, `score`); only the graph bookkeeping is compact.
 
 The compact form. The executable graph of a variant under a plan depends on the plan only through a few
@@ -30,11 +30,11 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.exec_graph import ExecNode
-from rpegc.core.expr import evaluate as evaluate_expr
-from rpegc.core.hardware import Hardware
-from rpegc.core.lowering_rules import (
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.exec_graph import ExecNode
+from rpegc.core.ir.expr import evaluate as evaluate_expr
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.lower.rules import (
     COMM,
     DEP,
     RESHARD,
@@ -51,19 +51,21 @@ from rpegc.core.lowering_rules import (
     published_weights,
     weight_bytes,
 )
-from rpegc.core.params import param_count
-from rpegc.core.program import Alloc, Placement, Plan, Program, Strategy
-from rpegc.core.residency import OpPlacement, device_memory
-from rpegc.core.schedule import Schedule, prepare_schedule, run_schedule
-from rpegc.core.score import p_eff, score, score_pen, utilization
-from rpegc.core.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
-from rpegc.core.unroll import unroll
+from rpegc.core.cost.params import param_count
+from rpegc.core.ir.program import Placement, Plan, Program
+from rpegc.core.ir.geometry import Alloc, Strategy
+from rpegc.core.cost.residency import OpPlacement, device_memory
+from rpegc.core.sched.list_scheduler import Schedule, prepare_schedule, run_schedule
+from rpegc.core.sched.score import p_eff, score, score_pen, utilization
+from rpegc.core.cost.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
+from rpegc.core.lower.unroll import unroll
 from rpegc.search.directory import VertexDirectory
 from rpegc.search.space import Variant, ordered_vertices
 
 Choice = tuple[int, ...]  # one directory index per vertex, in the variant's vertex order
 
-OP, DC, PC, PR = 0, 1, 2, 3  # superset node kinds: operator, data Comm, publication Comm/Reshard, pair Reshard
+# Superset node kinds: an operator, a data Comm, a publication Comm or Reshard, a pair Reshard.
+OPERATOR, DATA_COMM, PUBLICATION, PAIR_RESHARD = 0, 1, 2, 3
 RELAY_KEY = (-1,)  # order key of a relay: below every real node
 STRUCTURE_CACHE = 2048  # prepared scheduler structures kept per variant
 
@@ -87,16 +89,16 @@ class Superset:
     """One pattern's executable graph with every potential Comm/Reshard node (see module docstring)."""
 
     pattern: tuple
-    kind: tuple[int, ...]  # OP, DC, PC, PR
+    kind: tuple[int, ...]  # OPERATOR, DATA_COMM, PUBLICATION, PAIR_RESHARD
     vertex: tuple[int, ...]  # the vertex whose allocation the node reserves (Op: its own; others: consumer)
-    src: tuple[int, ...]  # DC/PC: source vertex; PR: the pair's first vertex; OP: -1
-    phase: tuple[int, ...]  # OP: quantile phase q (1-based) or 0 for a whole operator
-    role: tuple[str, ...]  # OP role ("" otherwise)
-    nbytes: tuple[int, ...]  # DC payload
-    model: tuple[Optional[str], ...]  # PC/PR: the model moved
+    src: tuple[int, ...]  # DATA_COMM/PUBLICATION: source vertex; PAIR_RESHARD: the pair's first vertex; OPERATOR: -1
+    phase: tuple[int, ...]  # OPERATOR: quantile phase q (1-based) or 0 for a whole operator
+    role: tuple[str, ...]  # OPERATOR role ("" otherwise)
+    nbytes: tuple[int, ...]  # DATA_COMM payload
+    model: tuple[Optional[str], ...]  # PUBLICATION/PAIR_RESHARD: the model moved
     step: tuple[int, ...]
-    key: tuple[tuple, ...]  # order key when the node is real (PC: as a Comm)
-    reshard_key: tuple[Optional[tuple], ...]  # PC: order key when it lowers to a Reshard
+    key: tuple[tuple, ...]  # order key when the node is real (PUBLICATION: as a Comm)
+    reshard_key: tuple[Optional[tuple], ...]  # PUBLICATION: order key when it lowers to a Reshard
     edges: tuple[tuple[int, int], ...]
     groups: tuple[Hashable, ...]
     names: tuple[str, ...]
@@ -107,7 +109,7 @@ class Superset:
 
     @property
     def is_transfer(self) -> tuple[bool, ...]:
-        return tuple(k != OP for k in self.kind)
+        return tuple(k != OPERATOR for k in self.kind)
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,7 @@ class CompactVariant:
         memo: dict = {}
         for i in range(s.n):
             kind, v = s.kind[i], s.vertex[i]
-            if kind == OP:
+            if kind == OPERATOR:
                 q = s.phase[i]
                 t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
                 times.append(t)
@@ -353,11 +355,11 @@ class CompactVariant:
     def _transfer(self, kind, u, v, nbytes, model, allocs, strats) -> tuple[Optional[float], bool]:
         """(time, lowers-to-Reshard) of a Comm/Reshard superset node, (None, False) for a relay."""
         a_u, a_v = allocs[u], allocs[v]
-        if kind == DC:
+        if kind == DATA_COMM:
             if data_action(a_u, a_v) != COMM:
                 return None, False
             return float(comm_node_time(nbytes, a_u, a_v, self.hw)), False
-        if kind == PC:
+        if kind == PUBLICATION:
             action = publication_action(a_u, strats[u], a_v, strats[v])
             if action == COMM:
                 payload = publication_bytes(self.weight_bytes(model), a_u, a_v)
@@ -430,7 +432,7 @@ class CompactVariant:
         seen = set()
         while x is not None and x not in seen:
             seen.add(x)
-            if s.kind[x] == OP:
+            if s.kind[x] == OPERATOR:
                 weights[s.vertex[x]] += times[x]
             start = sched.start[x]
             if start <= 0.0:
@@ -589,7 +591,7 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
         op_index[n.id] = i
         node_of[n.id] = n
         group = ("chain", n.vertex, n.step) if n.role == "generation" and n.phase is not None else ("node", i)
-        b.add(OP, vindex[n.vertex], -1, n.phase or 0, n.role, 0, None, n.step,
+        b.add(OPERATOR, vindex[n.vertex], -1, n.phase or 0, n.role, 0, None, n.step,
               (n.step, n.order, i, 2, 0, 0), None, group, n.id)
 
     # Stages 2 and 4 (insert-comm, and insert-reshard on publication edges), in edge order.
@@ -600,7 +602,7 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
         ui, vi = op_index[src], op_index[dst]
         if kind == "data":
             nbytes = data_bytes(container_payload(p, container), phase_share(u, v))
-            c = b.add(DC, vindex[v.vertex], vindex[u.vertex], 0, "", nbytes, None, v.step,
+            c = b.add(DATA_COMM, vindex[v.vertex], vindex[u.vertex], 0, "", nbytes, None, v.step,
                       (v.step, v.order, vi, 0, pos, 0), None, None, f"comm {src}->{dst}")
             b.edge(ui, c)
             b.edge(c, vi)
@@ -610,7 +612,7 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
             if reuse is not None:
                 b.edge(pub_node[reuse], vi)
             else:
-                c = b.add(PC, e.consumer, e.publisher, 0, "", 0, e.model, v.step,
+                c = b.add(PUBLICATION, e.consumer, e.publisher, 0, "", 0, e.model, v.step,
                           (v.step, v.order, vi, 0, pos, 0), (v.step, v.order, vi, 1, 0, pos), None,
                           f"pub {src}->{dst}")
                 pub_node[k] = c
@@ -635,7 +637,7 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
             b.edge(target, vi)
             continue
         key = (v.step, v.order, vi, 1, 1, j)
-        c = b.add(PR, e.v, e.u, 0, "", 0, e.model, v.step, key, key, None, f"pair {u.id}->{v.id}")
+        c = b.add(PAIR_RESHARD, e.v, e.u, 0, "", 0, e.model, v.step, key, key, None, f"pair {u.id}->{v.id}")
         pair_node[j] = c
         b.edge(ui, c)
         b.edge(c, vi)

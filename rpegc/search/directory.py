@@ -2,7 +2,7 @@
 
 Paper: Sec. VI-B, App. A-J2a (Def. A.18, P1-P8) and A-J2f ("the directory contains all valid strategy
 tuples satisfying P1-P8, filtered by per-vertex memory feasibility ... and sorted by estimated execution
-time"). Legal (allocation, strategy) pairs come from `rpegc.core.candidates.enumerate_candidates`; this
+time"). Legal (allocation, strategy) pairs come from `rpegc.core.check.candidates.enumerate_candidates`; this
 module prices them with the core cost model (`annotate.placement_time`, `residency.device_memory`) and
 keeps the ones whose operator fits on its devices when it runs alone.
 
@@ -19,15 +19,15 @@ from typing import Optional
 
 import numpy as np
 
-from rpegc.core.annotate import placement_time
-from rpegc.core.candidates import check_directory_size, enumerate_candidates
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware
-from rpegc.core.optime import OpTime
-from rpegc.core.program import Alloc, Program, Strategy, Vertex
-from rpegc.core.residency import OpPlacement, device_memory
-from rpegc.core.schedule import alloc_mask
+from rpegc.core.cost.annotate import placement_time
+from rpegc.core.check.candidates import check_directory_size, enumerate_candidates
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.optime import OpTime
+from rpegc.core.ir.program import Program, Vertex
+from rpegc.core.ir.geometry import Alloc, Strategy, alloc_mask
+from rpegc.core.cost.residency import OpPlacement, device_memory
 
 # Ablation A3: microbatch counts fixed to P_p (generation, inference) and 2 P_p (training) (App. B).
 MB_TUNED = "tuned"
@@ -47,7 +47,7 @@ class VertexDirectory:
     t_op: np.ndarray  # T_op per candidate, float64, non-decreasing
     isolated_peak: np.ndarray  # r_peak of the operator alone on its allocation
     sizes: np.ndarray  # |sigma| per candidate (int64)
-    masks: tuple[int, ...]  # device bitmask per candidate (flat ids, `schedule.alloc_mask`)
+    masks: tuple[int, ...]  # device bitmask per candidate (flat ids, `geometry.alloc_mask`)
     by_strategy: tuple[tuple[int, ...], ...]  # candidate indices grouped by (dp, pp, tp, mb), first-seen order
     strategy_of: np.ndarray  # group index per candidate
     best_infeasible_r_peak: float = 0.0  # smallest isolated r_peak among dropped candidates (diagnostics)

@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.hardware import Hardware
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.cost.hardware import Hardware
 from rpegc.search.batched import BatchEvaluator
 from rpegc.search.compact import Choice, CompactVariant, Evaluation
 from rpegc.search.directory import MB_TUNED, DirectoryCache

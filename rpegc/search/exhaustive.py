@@ -15,10 +15,10 @@ from typing import Optional
 
 import numpy as np
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware
-from rpegc.core.program import Program
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.ir.program import Program
 from rpegc.search.compact import Choice, CompactVariant
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.space import Variant, base_structure, structural_candidates

@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from rpegc.core.errors import RpegError
-from rpegc.core.score import memory_penalty, score_eff
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.sched.score import memory_penalty, score_eff
 
 OBJECTIVES = ("throughput", "util")
 

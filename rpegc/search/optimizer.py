@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import RpegError
-from rpegc.core.hardware import Hardware, program_hardware
-from rpegc.core.program import Program
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.hardware import Hardware, program_hardware
+from rpegc.core.ir.program import Program
 from rpegc.search.anneal import SearchConfig, SearchState, polish_reserve
 from rpegc.search.baselines import BaselinePlan, concurrent_plan, greedy_plan
 from rpegc.search.compact import Choice, Evaluation

@@ -1,7 +1,7 @@
 """Structural candidates y = (ac, tau) and the RPEG G°(y) each one determines.
 
 Paper: Sec. VI-A and App. A-J1b (S1 applicability of actor-critic sharing, S2 staleness candidate sets,
-Def. A.19 Y_cand). Actor-critic sharing is the graph transformation `rpegc.core.share_ac`; the staleness
+Def. A.19 Y_cand). Actor-critic sharing is the graph transformation `rpegc.core.lower.share_actor_critic`; the staleness
 budget is written into the graph, so unrolling the variant is all asynchrony takes.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from rpegc.core.errors import RpegError
-from rpegc.core.program import Program
-from rpegc.core.share_ac import share_actor_critic, sharing_applicable
-from rpegc.core.wellformed import topological_order
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.program import Program
+from rpegc.core.lower.share_actor_critic import share_actor_critic, sharing_applicable
+from rpegc.core.check.wellformed import topological_order
 
 
 @dataclass(frozen=True)

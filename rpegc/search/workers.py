@@ -22,9 +22,9 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from rpegc.core.cost_options import CostOptions
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.hardware import Hardware
+from rpegc.core.cost.options import CostOptions
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.cost.hardware import Hardware
 from rpegc.search.anneal import Budget, SearchConfig, SearchState, VariantSearch, affordable, polish
 from rpegc.search.baselines import concurrent_plan
 from rpegc.search.carry import Carried, carried_choices, placements_of

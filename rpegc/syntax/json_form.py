@@ -85,8 +85,8 @@ import math
 import re
 from typing import Any, Callable, Optional
 
-from rpegc.core.errors import Loc, RpegError
-from rpegc.core.exec_graph import (
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.exec_graph import (
     EDGE_KINDS,
     NODE_KINDS,
     ExecEdge,
@@ -95,32 +95,14 @@ from rpegc.core.exec_graph import (
     MemoryReport,
     ScheduleReport,
 )
-from rpegc.core.expr import Expr
+from rpegc.core.ir.expr import Expr
 from rpegc.syntax import json_text
-from rpegc.core.hf_config import hf_arch
-from rpegc.core.presets import lookup as lookup_preset
+from rpegc.core.ir.hf_config import hf_arch
+from rpegc.core.ir.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
-from rpegc.core.program import (
-    ALGORITHMS,
-    DTYPE_BYTES,
-    ELEMENT_KINDS,
-    MODEL_KINDS,
-    ROLES,
-    Alloc,
-    Arch,
-    Cluster,
-    Container,
-    Edge,
-    Graph,
-    Model,
-    Placement,
-    Plan,
-    Program,
-    Quantile,
-    Strategy,
-    Vertex,
-    Workload,
-)
+from rpegc.core.ir.program import (ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES, Arch, Container, Edge,
+                                   Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload)
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, coords
 
 FORMAT = "rpegc-program"
 FORMAT_VERSION = 1
@@ -694,9 +676,9 @@ def _check_devices(
     bad = [d for d in ids if d >= n]
     if bad:
         raise r.error(path, f"device {bad[0]} is outside cluster {cluster.name} ({n} devices)")
-    coords = [((d // cluster.gpus) // cluster.nodes, (d // cluster.gpus) % cluster.nodes, d % cluster.gpus) for d in ids]
-    origin = tuple(min(c[i] for c in coords) for i in range(3))
-    extent = tuple(max(c[i] for c in coords) - origin[i] + 1 for i in range(3))
+    points = [coords(d, cluster) for d in ids]
+    origin = tuple(min(c[i] for c in points) for i in range(3))
+    extent = tuple(max(c[i] for c in points) - origin[i] + 1 for i in range(3))
     box = Alloc(origin=origin, extent=extent)  # type: ignore[arg-type]
     if box.devices(cluster) != ids:
         raise r.error(path, "the devices do not form a contiguous box listed in rack, node, gpu order; "

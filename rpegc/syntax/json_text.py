@@ -23,7 +23,7 @@ import re
 from json.decoder import scanstring
 from typing import Any, Optional, Union
 
-from rpegc.core.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError
 
 # An rpegc program nests 6 levels deep (top, rpeg_graph, containers, [i], dims, [j]); a trace record 2.
 # Anything far deeper is not one of our files, and json's recursive decoder would overflow the stack.

@@ -1,11 +1,11 @@
 """Text -> Program: the `.rpeg` reader (grammar in rpeg.lark, DESIGN.md §4).
 
-Builds the dataclasses of rpegc/core/program.py (App. A-A..A-D: workload, models, the cyclic graph G°,
-cluster, plan) and rpegc/core/exec_graph.py (App. A-F..A-H: the unrolled / lowered / scheduled graph),
+Builds the dataclasses of rpegc/core/ir/program.py (App. A-A..A-D: workload, models, the cyclic graph G°,
+cluster, plan) and rpegc/core/ir/exec_graph.py (App. A-F..A-H: the unrolled / lowered / scheduled graph),
 stamping a `Loc` on every located object. Everything that goes wrong with the input text is an
 `RpegError` at the offending token; independent problems (one per statement, unresolved references)
 are collected and raised together as `RpegErrors`. Well-formedness (Def. A.2) and plan legality
-(P1-P8) are checked elsewhere (rpegc/core/wellformed.py, plan_rules.py).
+(P1-P8) are checked elsewhere (rpegc/core/check/wellformed.py, plan_rules.py).
 """
 
 from __future__ import annotations
@@ -21,33 +21,15 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternStr
 
-from rpegc.core import presets
-from rpegc.core.hf_config import hf_arch
-from rpegc.core.errors import Loc, RpegError, RpegErrors
-from rpegc.core.gc_pause import without_gc
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
-from rpegc.core.expr import SYMBOLS, BinOp, Expr, Num, Sym
-from rpegc.core.program import (
-    ALGORITHMS,
-    DTYPE_BYTES,
-    ELEMENT_KINDS,
-    MODEL_KINDS,
-    ROLES,
-    Alloc,
-    Arch,
-    Cluster,
-    Container,
-    Edge,
-    Graph,
-    Model,
-    Placement,
-    Plan,
-    Program,
-    Quantile,
-    Strategy,
-    Vertex,
-    Workload,
-)
+from rpegc.core.ir import presets
+from rpegc.core.ir.hf_config import hf_arch
+from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
+from rpegc.core.ir.gc_pause import without_gc
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
+from rpegc.core.ir.program import (ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES, Arch, Container, Edge,
+                                   Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload)
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
 ARCH_FIELDS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
 EDGE_KEYWORDS = {"exec.data": "data", "exec.publish": "pub", "exec.order": "order", "exec.dep": "dep"}

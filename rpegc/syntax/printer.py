@@ -8,7 +8,7 @@ graphs with thousands of nodes print fast.
 
 Implied rather than written, to keep the text short: an op node's vertex when it is the part of its id
 before '#' (so an op node always has a vertex), and a weights container's dims (always empty). A model's
-`preset` is printed only when it names a known preset (rpegc.core.presets), the only kind the reader accepts.
+`preset` is printed only when it names a known preset (rpegc.core.ir.presets), the only kind the reader accepts.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import math
 import re
 from typing import Iterable, Optional
 
-from rpegc.core import presets
-from rpegc.core.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
-from rpegc.core.expr import Expr
-from rpegc.core.program import Alloc, Cluster, Graph, Model, Plan, Program, Strategy, Workload
+from rpegc.core.ir import presets
+from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
+from rpegc.core.ir.expr import Expr
+from rpegc.core.ir.program import Graph, Model, Plan, Program, Workload
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
 ARCH_FIELDS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
 _EDGE_WORDS = {"data": "exec.data", "pub": "exec.publish", "order": "exec.order", "dep": "exec.dep"}

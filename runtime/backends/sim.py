@@ -14,14 +14,16 @@ control delay to save, a chained run has the same starts and finishes as one tha
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import math
 import random
+from dataclasses import dataclass
 
 import numpy as np
 
-from rpegc.core.errors import RpegError
-from rpegc.runtime.backend import Backend, BackendError, Completion, Dispatch
+from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.base import Backend, BackendError, BackendSpec, Completion, Dispatch
 from rpegc.runtime.plan import Artifact, RunPlan
 
 DISTRIBUTIONS = ("uniform", "lognormal")
@@ -188,3 +190,29 @@ class SimBackend(Backend):
 
     def peak_memory(self) -> dict[int, float]:
         return {d: float(self._peak[d]) for d in self._plan.devices} if self._plan else {}
+
+
+# -- rpeg-run's view ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SimOptions:
+    jitter: float = 0.0
+    jitter_dist: str = "uniform"
+    seed: int = 0
+
+
+def _add_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--jitter", type=float, default=0.0, metavar="X",
+                       help="multiplicative noise on node times (uniform: +-X, lognormal: sigma X)")
+    group.add_argument("--jitter-dist", choices=DISTRIBUTIONS, default="uniform")
+
+
+def _check(o: SimOptions) -> None:
+    if not math.isfinite(o.jitter) or o.jitter < 0:
+        raise RpegError(None, f"--jitter {o.jitter}: give a finite jitter >= 0")
+
+
+SPEC = BackendSpec(
+    name="sim", help="a simulated clock from the annotated node times (the default)", options=SimOptions,
+    add_options=_add_options, check=_check,
+    create=lambda o: SimBackend(jitter=o.jitter, distribution=o.jitter_dist, seed=o.seed))

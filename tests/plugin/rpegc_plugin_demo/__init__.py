@@ -1,16 +1,21 @@
-"""A researcher's plugin package: one extra pass, registered through the `xdsl.universe` entry point.
+"""A researcher's plugin package: one extra pass, registered through the `xdsl.universe` entry point, and one
+extra rpeg-run backend, registered through `rpegc.backends`.
 
-`max-vertices{n=N}` fails with a located error when the graph has more than N vertices. rpegc finds it with no
-change to rpegc itself (tests/test_driver_plugin.py).
+`max-vertices{n=N}` fails with a located error when the graph has more than N vertices; `--backend slow-sim
+--slowdown X` is the sim backend with every node X times slower. rpegc finds both with no change to rpegc
+itself (tests/test_driver_plugin.py).
 """
 
+import argparse
 from dataclasses import dataclass
 
 from xdsl.passes import ModulePass
 from xdsl.universe import Universe
 
-from rpegc.core.errors import RpegError
+from rpegc.core.ir.errors import RpegError
 from rpegc.passes.program_pass import check
+from rpegc.runtime.backends.base import BackendSpec
+from rpegc.runtime.backends.sim import SimBackend
 
 
 @dataclass(frozen=True)
@@ -28,3 +33,34 @@ class MaxVerticesPass(ModulePass):
 
 
 UNIVERSE = Universe(all_passes={"max-vertices": lambda: MaxVerticesPass})
+
+
+class SlowSim(SimBackend):
+    name = "slow-sim"
+
+    def __init__(self, slowdown: float, seed: int):
+        super().__init__(seed=seed)
+        self.slowdown = slowdown
+
+    def factor(self, node_id: str) -> float:
+        return self.slowdown * super().factor(node_id)
+
+
+@dataclass(frozen=True)
+class SlowSimOptions:
+    slowdown: float = 1.0
+    seed: int = 0
+
+
+def _slow_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--slowdown", type=float, default=1.0, metavar="X", help="every node takes X times longer")
+
+
+def _slow_check(o: SlowSimOptions) -> None:
+    if not o.slowdown > 0:
+        raise RpegError(None, f"--slowdown {o.slowdown}: give a factor > 0")
+
+
+BACKEND = BackendSpec(name="slow-sim", help="the sim backend, every node --slowdown times slower",
+                      options=SlowSimOptions, add_options=_slow_options, check=_slow_check,
+                      create=lambda o: SlowSim(o.slowdown, o.seed))

@@ -1,0 +1,176 @@
+"""Cost annotation of a lowered executable graph: node times T(x) and per-device memory
+(paper Sec. V, App. D; spec 3, 5, 6). This is the semantics of the `annotate-cost` pass.
+
+Op nodes get T_op, or their quantile-phase share (spec 5.3, [A17]); Comm nodes get T_xfer of
+their stored payload; Reshard nodes get T_reshard of their model. Op times are computed once per
+(vertex, plan): unrolled steps and quantile sub-nodes reuse them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rpegc.core.ir.geometry import Alloc, replica_tier, span_tier
+from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
+from rpegc.core.ir.errors import UNKNOWN_LOC, RpegError
+from rpegc.core.ir.exec_graph import ExecGraph, ExecNode, MemoryReport
+from rpegc.core.ir.expr import evaluate
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.optime import OpTime, op_time
+from rpegc.core.cost.params import param_count
+from rpegc.core.ir.program import Program
+from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
+from rpegc.core.cost.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
+from rpegc.core.cost.work import check_role_kind
+
+
+def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> Program:
+    """`p` with `time` on every exec node and `exec.memory` filled in."""
+    eg = _lowered_exec(p)
+    _require_graph_and_cluster(p)
+    quantile_tokens = _quantile_tokens(p)
+    times: dict[OpPlacement, OpTime] = {}
+    nodes = []
+    for node in eg.nodes:
+        if node.kind == "op":
+            placement = _placement(node, p)
+            if placement not in times:
+                times[placement] = placement_time(p, placement, hw, opts)
+            t = _op_node_time(node, times[placement], quantile_tokens, p)
+        else:
+            t = transfer_time(node, p, hw, opts)
+        nodes.append(node.with_(time=float(t)))
+    mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts)
+    return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))
+
+
+def transfer_time(node: ExecNode, p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> float:
+    """T of a Comm node (its stored payload, spec 5.1) or a Reshard node (its model, spec 5.2)."""
+    if node.kind == "comm":
+        if node.src_alloc is None or node.alloc is None:
+            raise RpegError(node.loc, f"comm node '{node.id}' lacks its source or destination allocation; rerun insert-comm")
+        return comm_node_time(node.bytes, node.src_alloc, node.alloc, hw)
+    if node.kind == "reshard":
+        if node.alloc is None or node.model is None:
+            raise RpegError(node.loc, f"reshard node '{node.id}' lacks its allocation or model; rerun insert-reshard")
+        model = _model(p, node.model, node)
+        return reshard_node_time(param_count(model.arch, model.kind), p.workload.s_b, node.alloc, hw, opts)
+    raise RpegError(node.loc, f"exec node '{node.id}' has kind '{node.kind}', not one of op, comm, reshard")
+
+
+def memory_report(mem: DeviceMemory) -> MemoryReport:
+    """The exec graph's MemoryReport: every device of the cluster, by flat id."""
+    def per_device(values):
+        return tuple((d, float(v)) for d, v in enumerate(values))
+
+    return MemoryReport(
+        peak=per_device(mem.peak),
+        persistent=per_device(mem.persistent),
+        transient=per_device(mem.transient),
+        m_eff=float(mem.m_eff),
+        r_peak=float(mem.r_peak),
+        feasible=mem.feasible,
+    )
+
+
+def placement_time(p: Program, placement: OpPlacement, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> OpTime:
+    """T_op of one placed operator of `p` (tiers from its allocation in `p.cluster`)."""
+    model = p.model(placement.model)
+    s = placement.strategy
+    tier = span_tier(placement.alloc)
+    pp_tier = replica_tier(placement.alloc, s) if opts.pp_inter_tier == "replica" else tier
+    return op_time(
+        placement.role, model.arch, model.kind, p.workload,
+        dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb, gpus_per_node=p.cluster.gpus,
+        hw=hw, opts=opts, span_tier=tier, pp_tier=pp_tier,
+    )
+
+
+def program_placements(p: Program) -> tuple[OpPlacement, ...]:
+    """The placed operators of `p`: from its exec graph when present, else from graph + plan."""
+    _require_graph_and_cluster(p)
+    if p.exec is not None:
+        return tuple(dict.fromkeys(_placement(n, p) for n in p.exec.nodes if n.kind == "op"))
+    if p.plan is None:
+        raise RpegError(p.graph.loc, "the module has no plan to cost; add an rpeg.plan or run optimize")
+    out = []
+    for v in p.graph.vertices:
+        try:
+            pl = p.plan.placement(v.name)
+        except KeyError:
+            raise RpegError(p.plan.loc, f"the plan places no vertex '{v.name}'; add a placement for it") from None
+        _check_inside(pl.alloc, p, pl.loc, f"vertex '{v.name}'")
+        out.append(OpPlacement(v.name, v.role, v.model, pl.alloc, pl.strategy))
+    return tuple(out)
+
+
+def program_memory(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> DeviceMemory:
+    """Device memory of the placed operators of `p` (spec 6.5-6.6)."""
+    return device_memory(program_placements(p), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts)
+
+
+def _lowered_exec(p: Program) -> ExecGraph:
+    loc = p.graph.loc if p.graph is not None else UNKNOWN_LOC
+    if p.exec is None:
+        raise RpegError(loc, "annotate-cost needs an executable graph; run unroll, insert-comm and insert-reshard first")
+    if not p.exec.lowered:
+        raise RpegError(p.exec.loc, "annotate-cost needs a lowered executable graph; run insert-comm and insert-reshard first")
+    return p.exec
+
+
+def _require_graph_and_cluster(p: Program) -> None:
+    if p.graph is None:
+        raise RpegError(UNKNOWN_LOC, "costing needs the RPEG graph (staleness, quantiles); the module has none")
+    if p.cluster is None:
+        raise RpegError(p.graph.loc, "costing needs a cluster; add an rpeg.cluster to the module")
+
+
+def _models(p: Program):
+    return {m.name: m for m in p.models}
+
+
+def _model(p: Program, name: str, node: ExecNode):
+    try:
+        return p.model(name)
+    except KeyError:
+        raise RpegError(node.loc, f"node '{node.id}' uses undeclared model '{name}'; declare it with rpeg.model") from None
+
+
+def _placement(node: ExecNode, p: Program) -> OpPlacement:
+    if node.alloc is None or node.strategy is None or node.role is None or node.model is None:
+        raise RpegError(node.loc, f"op node '{node.id}' has no allocation or strategy; give vertex '{node.vertex}' a placement in the plan")
+    model = _model(p, node.model, node)
+    check_role_kind(node.role, model.kind, node.loc)
+    _check_inside(node.alloc, p, node.loc, f"op node '{node.id}'")
+    return OpPlacement(node.vertex or node.id, node.role, node.model, node.alloc, node.strategy)
+
+
+def _check_inside(alloc: Alloc, p: Program, loc, what: str) -> None:
+    c = p.cluster
+    bounds = (c.racks, c.nodes, c.gpus)
+    if any(o < 0 or e < 1 or o + e > b for o, e, b in zip(alloc.origin, alloc.extent, bounds)):
+        raise RpegError(
+            loc,
+            f"{what} is placed at origin {alloc.origin} extent {alloc.extent}, outside cluster @{c.name} "
+            f"of {c.racks} x {c.nodes} x {c.gpus}; move or shrink the allocation",
+        )
+
+
+def _quantile_tokens(p: Program) -> tuple[float, ...]:
+    return tuple(float(evaluate(q.tokens, p.workload.env)) for q in p.graph.quantiles)
+
+
+def _op_node_time(node: ExecNode, t: OpTime, tokens: tuple[float, ...], p: Program):
+    if node.phase is None:
+        return t.T_op
+    q = node.phase
+    if not tokens or not 1 <= q <= len(tokens):
+        raise RpegError(node.loc, f"node '{node.id}' is quantile phase {q}, but the graph declares {len(tokens)} quantiles; rerun split-quantiles")
+    if node.role == "generation":
+        previous = tokens[q - 2] if q > 1 else 0.0
+        return generation_phase_time(t.prefill_time, t.decode_time, q, tokens[q - 1], previous, tokens[-1])
+    fraction = node.fraction
+    if fraction is None:
+        fs = [qt.f for qt in p.graph.quantiles]
+        fraction = fs[q - 1] - (fs[q - 2] if q > 1 else 0.0)
+    return inference_phase_time(t.T_op, fraction)

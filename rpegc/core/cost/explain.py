@@ -1,0 +1,154 @@
+"""A plain-text account of the cost model for one program: every operator's time terms, every
+device's memory by model and kind, and a feasibility verdict naming what overflows (spec 3, 5, 6).
+
+Works on a module with a plan (per vertex) or with a lowered exec graph (adds its transfers).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import fields
+
+import numpy as np
+
+from rpegc.core.cost.annotate import placement_time, program_memory, program_placements, transfer_time
+from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
+from rpegc.core.ir.geometry import alloc_ids, id_ranges
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.memory import FROZEN, SHADOW, TRAINING
+from rpegc.core.cost.params import param_count
+from rpegc.core.ir.program import Program
+from rpegc.core.cost.residency import DeviceMemory
+
+GIB = float(2**30)
+_PERSISTENT_LABEL = {TRAINING: "optimizer state", SHADOW: "shadow copy", FROZEN: "frozen weights"}
+_TIME_COLUMNS = ("T_gemm", "T_bubble", "T_tp", "T_pp", "T_dp", "T_non_gemm", "T_opt", "T_op")
+
+
+def explain(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> str:
+    placements = program_placements(p)
+    mem = program_memory(p, hw, opts)
+    out = [_header(p, hw, opts), "", "Operator time per vertex (seconds; unrolled steps share these)"]
+    out += _time_table(p, placements, hw, opts)
+    if p.exec is not None:
+        out += ["", "Transfers in the executable graph"] + _transfer_lines(p, hw, opts)
+    out += ["", f"Memory per device (GiB; usable M_eff = {_gib(mem.m_eff)} of M_GPU = {_gib(hw.M_GPU)})"]
+    out += _memory_lines(mem, p.cluster.num_devices)
+    out += ["", _verdict(mem)]
+    return "\n".join(out) + "\n"
+
+
+def _header(p: Program, hw: Hardware, opts: CostOptions) -> str:
+    c, w = p.cluster, p.workload
+    changed = [f"{f.name}={getattr(opts, f.name)}" for f in fields(opts) if getattr(opts, f.name) != f.default]
+    lines = [
+        f"Cost model for graph @{p.graph.name} on cluster @{c.name} "
+        f"({c.racks} x {c.nodes} x {c.gpus} racks x nodes x GPUs = {c.num_devices} GPUs), "
+        f"hardware '{hw.name}' ({hw.source})",
+        f"workload B={w.B} R={w.R} Lp={w.Lp} Lr={w.Lr} dtype={w.dtype}; "
+        + ("options: " + ", ".join(changed) if changed else "baseline options (spec/cost-model.md Sec. 9 choices)"),
+    ]
+    return "\n".join(lines)
+
+
+def _time_table(p, placements, hw, opts) -> list[str]:
+    head = ["vertex", "role", "model", "dp,pp,tp,mb", "GPUs"] + [c.replace("T_non_gemm", "T_non-gemm") for c in _TIME_COLUMNS]
+    rows = []
+    for pl in dict.fromkeys(placements):
+        t = placement_time(p, pl, hw, opts)
+        s = pl.strategy
+        values = [t.T_gemm, t.T_bubble, t.T_tp, t.T_pp, t.T_dp, t.T_non_gemm, t.T_opt, t.T_op]
+        rows.append([pl.vertex, pl.role, pl.model, f"{s.dp},{s.pp},{s.tp},{s.mb}",
+                     id_ranges(alloc_ids(pl.alloc, p.cluster))] + [f"{float(v):.4e}" for v in values])
+        if pl.role == "generation":
+            pf, dec = t.phase("prefill"), t.phase("decode")
+            rows.append([f"  prefill {float(pf.T_gemm):.4e} s (F_eff {float(pf.F_eff):.3e}), decode {float(dec.T_gemm):.4e} s "
+                         f"(F_eff {float(dec.F_eff):.3e}, eta {float(dec.eta):.3g})"])
+    return _table(head, rows)
+
+
+def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
+    groups: dict[tuple, list] = defaultdict(list)
+    for n in p.exec.nodes:
+        if n.kind == "op":
+            continue
+        t = transfer_time(n, p, hw, opts)
+        dst = id_ranges(alloc_ids(n.alloc, p.cluster))
+        if n.kind == "comm":
+            key = (f"comm {n.container or n.model or ''}", n.bytes, id_ranges(alloc_ids(n.src_alloc, p.cluster)), dst)
+        else:
+            model = p.model(n.model)
+            key = (f"reshard {n.model}", param_count(model.arch, model.kind) * p.workload.s_b, dst, "same")
+        groups[key].append(t)
+    if not groups:
+        return ["  none"]
+    rows = [[what, f"{len(ts)}x", f"{nbytes:,.0f} B", f"{src} -> {dst}", f"{float(ts[0]):.4e} s each"]
+            for (what, nbytes, src, dst), ts in groups.items()]
+    return _table(["node", "count", "payload", "GPUs", "time"], rows)
+
+
+def _device_items(mem: DeviceMemory, d: int) -> list[tuple[str, float]]:
+    """(label, bytes) of everything resident on device d at its peak."""
+    items = []
+    for model, res in mem.residency.items():
+        code = int(res[d])
+        if code in _PERSISTENT_LABEL and mem.persistent_by_model[model][d] > 0:
+            items.append((f"{model} {_PERSISTENT_LABEL[code]}", float(mem.persistent_by_model[model][d])))
+    i = int(mem.transient_owner[d])
+    if i >= 0:
+        op, m = mem.ops[i], mem.op_memory[i]
+        parts = [("activations", m.M_act)]
+        if op.role == "training":
+            parts += [("BF16 weights", m.M_w), ("gradients", m.M_grad)]
+        if op.role == "generation":
+            parts.append(("KV cache", m.M_kv))
+        materialized = float(mem.transient[d]) - float(m.A_core)
+        if materialized > 0:
+            parts.append(("materialized weights", materialized))
+        items += [(f"{op.vertex} {label}", float(v)) for label, v in parts if float(v) > 0]
+    return items
+
+
+def _memory_lines(mem: DeviceMemory, n: int) -> list[str]:
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for d in range(n):
+        groups[tuple((label, round(v)) for label, v in _device_items(mem, d))].append(d)
+    order = sorted(groups.items(), key=lambda kv: (-float(mem.peak[kv[1][0]]), kv[1][0]))
+    lines = []
+    for items, devices in order:
+        name = f"device {devices[0]}" if len(devices) == 1 else f"devices {id_ranges(devices)}"
+        peak = float(mem.peak[devices[0]])
+        flag = "" if peak <= mem.m_eff else "  OVER"
+        detail = " + ".join(f"{label} {_gib(v)}" for label, v in items) if items else "idle"
+        lines.append(f"  {name}: peak {_gib(peak)}{flag} = {detail}")
+    return lines
+
+
+def _verdict(mem: DeviceMemory) -> str:
+    if mem.feasible:
+        worst = int(np.argmax(mem.peak)) if mem.peak.size else 0
+        return (f"feasible: every device fits; the fullest, device {worst}, peaks at {_gib(mem.peak[worst])} GiB "
+                f"<= {_gib(mem.m_eff)} GiB usable (r_peak = {mem.r_peak:.4f})")
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for d in np.flatnonzero(mem.peak > mem.m_eff):
+        groups[tuple((label, round(v)) for label, v in _device_items(mem, int(d)))].append(int(d))
+    lines = [f"infeasible (r_peak = {mem.r_peak:.4f}):"]
+    for items, devices in sorted(groups.items(), key=lambda kv: -float(mem.peak[kv[1][0]])):
+        name = f"device {devices[0]}" if len(devices) == 1 else f"devices {id_ranges(devices)}"
+        terms = " + ".join(f"{label} {_gib(v)} GiB" for label, v in items)
+        lines.append(f"  {name}: {terms} = {_gib(mem.peak[devices[0]])} GiB > {_gib(mem.m_eff)} GiB usable")
+    return "\n".join(lines)
+
+
+def _gib(nbytes) -> str:
+    return f"{float(nbytes) / GIB:.2f}"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    full = [r for r in rows if len(r) == len(head)]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *full)]
+    def fmt(row):
+        if len(row) != len(head):
+            return "  " + row[0]
+        return "  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()
+    return [fmt(head)] + [fmt(r) for r in rows]

@@ -1,0 +1,301 @@
+"""Calibrated hardware parameters (paper Sec. V-A3 and App. C-A2; spec 1.3) and TOML profiles.
+
+A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
+
+    name = "gh200"
+    gpus_per_node = 4            # optional, informational
+    [compute]   F_peak, BW_mem, gamma_M, gamma_K, c_ng, B_cal, optional t_layer (default 0)
+    [memory]    M_GPU, eps_rt
+    [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
+    [p2p.<tier>]         alpha, beta
+    [meta]      free-form (calibration date, notes)
+
+`beta` is an inverse bandwidth in s/B. Every error names the file, the key and (where it can be
+found) the TOML line, and is located at the cluster that asked for the profile.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from rpegc.core.ir.geometry import TIERS
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.toml_text import decode_error_position, key_position
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware"
+
+# (key, meaning, lower bound, lower bound is strict, upper bound). Lower bounds follow the quantity: a
+# latency or a saturation constant may be 0, a throughput, bandwidth or capacity may not. Upper bounds are
+# physical plausibility, with wide headroom over today's hardware, so that a typo (1e300, a value in the
+# wrong unit) is refused instead of silently giving absurd costs or float overflow:
+#   F_peak <= 1e17 FLOP/s: ~50x the ~2e15 dense low-precision peak of the fastest 2025 GPU;
+#   BW_mem <= 1e14 B/s: ~12x the 8 TB/s of HBM3e;
+#   gamma_M, gamma_K <= 1e7 rows/columns: beyond any model width or token batch;
+#   c_ng, t_layer <= 10 s per layer call: a layer call is micro- to milliseconds;
+#   B_cal <= 1e7 sequences;
+#   M_GPU <= 1e14 B (100 TB): ~500x the largest GPU memory today (192 GB);
+#   alpha <= 10 s: a message latency is microseconds; beta >= 1e-16 s/B (at most 10 PB/s per link, ~5000x
+#   NVLink 5) and <= 1e-3 s/B (at least 1 kB/s).
+_COMPUTE_KEYS = (
+    ("F_peak", "calibrated compute ceiling per GPU, FLOP/s", 0.0, True, 1e17),
+    ("BW_mem", "calibrated HBM bandwidth per GPU, B/s", 0.0, True, 1e14),
+    ("gamma_M", "GEMM row-saturation constant, rows", 0.0, False, 1e7),
+    ("gamma_K", "GEMM width-saturation constant, columns", 0.0, False, 1e7),
+    ("c_ng", "per-layer non-GEMM residual at B_cal, s", 0.0, False, 10.0),
+    ("B_cal", "per-device batch used to fit c_ng, sequences", 0.0, True, 1e7),
+)
+# Optional compute keys (key, meaning, lower bound, strict, upper bound, default). Not in the source:
+# t_layer is the shape-independent time of one layer's forward call (kernel dispatch and launch), which the
+# eta roofline cannot express (it scales with the GEMM width). Negligible next to the GEMMs of large
+# models on GPUs (shipped GPU profiles leave it 0, the spec's model); it dominates small models on
+# CPU workers, where rpeg-calibrate fits it (bench/validation/README.md).
+_OPTIONAL_COMPUTE_KEYS = (
+    ("t_layer", "fixed time of one layer's forward call, s", 0.0, False, 10.0, 0.0),
+)
+_MEMORY_KEYS = (
+    ("M_GPU", "HBM capacity per GPU, B", 0.0, True, 1e14),
+    ("eps_rt", "reserved runtime fraction of HBM, in [0, 1)", 0.0, False, 1.0),
+)
+_LINK_KEYS = (
+    ("alpha", "latency, s", 0.0, False, 10.0),
+    ("beta", "inverse bandwidth, s/B", 1e-16, False, 1e-3),
+)
+# gpus_per_node: 1..1024 (the largest single-node systems today hold 72 GPUs in one NVLink domain).
+MAX_GPUS_PER_NODE = 1024
+_TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "meta")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Per-GPU calibrated constants; link parameters are tuples indexed like `geometry.TIERS`."""
+
+    name: str
+    F_peak: float
+    BW_mem: float
+    gamma_M: float
+    gamma_K: float
+    c_ng: float
+    B_cal: float
+    M_GPU: float
+    eps_rt: float
+    alpha_coll: tuple[float, float, float]
+    beta_coll: tuple[float, float, float]
+    alpha_p2p: tuple[float, float, float]
+    beta_p2p: tuple[float, float, float]
+    gpus_per_node: int | None = None
+    description: str = ""
+    source: str = "<dict>"
+    t_layer: float = 0.0  # s per layer per forward call (optional key, see _OPTIONAL_COMPUTE_KEYS)
+
+    @property
+    def M_eff(self) -> float:
+        """Usable HBM per GPU, (1 - eps_rt) * M_GPU (spec 6.6)."""
+        return (1.0 - self.eps_rt) * self.M_GPU
+
+    def coll(self, tier):
+        """(alpha, beta) of the collective family at `tier`: a tier name or an array of TIERS indices."""
+        return _pick(self.alpha_coll, tier), _pick(self.beta_coll, tier)
+
+    def p2p(self, tier):
+        """(alpha, beta) of the point-to-point family at `tier` (name or array of TIERS indices)."""
+        return _pick(self.alpha_p2p, tier), _pick(self.beta_p2p, tier)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], *, source: str = "<dict>", loc: Loc | None = None, text: str | None = None) -> "Hardware":
+        """Validate a profile given as the nested mapping a TOML profile parses to."""
+        return _from_mapping(d, _Where(source, loc, text))
+
+
+def _pick(values: tuple[float, float, float], tier):
+    if isinstance(tier, str):
+        return values[TIERS.index(tier)]
+    return np.asarray(values)[np.asarray(tier)]
+
+
+def profile_names() -> list[str]:
+    """Names of the profiles shipped in rpegc/hardware/."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def load_hardware(name_or_path: str, loc: Loc | None = None) -> Hardware:
+    """A shipped profile by name, or a TOML file by path.
+
+    A relative path is tried against the directory of the file `loc` points into (the `.rpeg`
+    module naming it) first, then against the working directory. Errors inside the profile are located
+    in the profile (line and column of the key, with its source line) and name the cluster at `loc`.
+    """
+    path = _resolve(name_or_path, loc)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise RpegError(loc, f"cannot read hardware profile '{path}': {err.strerror}; check the path") from None
+    try:
+        text = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise RpegError(Loc(str(path), line, col), f"the hardware profile is not valid UTF-8 text{_for(loc)}; "
+                                                   "save it as UTF-8") from None
+    where = _Where(str(path), loc, text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        line, col = decode_error_position(err)
+        message = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(err))
+        if line:
+            raise RpegError(Loc(str(path), line, col or 1), f"the hardware profile is not valid TOML: {message}"
+                                                            f"{_for(loc)}; fix the syntax there", source=text) from None
+        raise RpegError(loc, f"hardware profile '{path}' is not valid TOML: {message}; fix the syntax there") from None
+    return _from_mapping(data, where)
+
+
+def cluster_hardware(cluster, override: str = "") -> Hardware:
+    """The profile of `cluster` (or `override`, a name or path), checked against the cluster's shape.
+
+    The one place a pass or the optimizer gets its Hardware: a profile that states gpus_per_node cannot
+    describe a cluster with more GPUs per node (fewer is a partial node and fine)."""
+    hw = load_hardware(override or cluster.hardware, cluster.loc)
+    if hw.gpus_per_node is not None and cluster.gpus > hw.gpus_per_node:
+        raise RpegError(cluster.loc, f"cluster @{cluster.name} has gpus = {cluster.gpus} per node, but its hardware "
+                                     f"profile '{hw.source}' has gpus_per_node = {hw.gpus_per_node}; use at most "
+                                     f"{hw.gpus_per_node} GPUs per node (gpus in [1, {hw.gpus_per_node}]) or a "
+                                     "profile of the node you run on")
+    return hw
+
+
+def program_hardware(p, override: str = "", what: str = "the cost model") -> Hardware:
+    """The profile a program is priced with: its cluster's, or `override` (a name or path). Every pass, the
+    optimizer and the runtime's memory check resolve it here."""
+    if p.cluster is None:
+        loc = p.graph.loc if p.graph is not None else p.workload.loc
+        raise RpegError(loc, f"{what} needs an rpeg.cluster with a hardware profile; add one to the module")
+    return cluster_hardware(p.cluster, override)
+
+
+def _for(loc: Loc | None) -> str:
+    return f" (the profile of the cluster at {loc})" if loc is not None and loc.line > 0 else ""
+
+
+def _resolve(name_or_path: str, loc: Loc | None) -> Path:
+    looks_like_path = name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path
+    if not looks_like_path:
+        shipped = PROFILE_DIR / f"{name_or_path}.toml"
+        if shipped.is_file():
+            return shipped
+        raise RpegError(
+            loc,
+            f"unknown hardware profile '{name_or_path}'; use one of {', '.join(profile_names())} "
+            "or a path to a .toml profile",
+        )
+    path = Path(name_or_path)
+    if not path.is_absolute() and loc is not None and loc.line > 0:
+        beside = Path(loc.file).parent / path
+        if beside.is_file():
+            return beside
+    return path
+
+
+@dataclass(frozen=True)
+class _Where:
+    source: str
+    loc: Loc | None
+    text: str | None
+
+    def error(self, key: str, what: str) -> RpegError:
+        """At the key's line and column in the profile when it can be found, else at the cluster."""
+        line, col = key_position(self.text, key) if self.text else (None, None)
+        if line:
+            return RpegError(Loc(self.source, line, col or 1), f"{what}{_for(self.loc)}", source=self.text)
+        return RpegError(self.loc, f"hardware profile '{self.source}': {what}")
+
+
+def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
+    for key in d:
+        if key not in _TOP_KEYS:
+            raise where.error(key, f"unknown key '{key}'; known top-level keys: {', '.join(_TOP_KEYS)}")
+    compute = _table(d, "compute", where)
+    memory = _table(d, "memory", where)
+    values: dict[str, float] = {}
+    optional = [k for k, *_ in _OPTIONAL_COMPUTE_KEYS]
+    for table_name, table, keys in (("compute", compute, _COMPUTE_KEYS), ("memory", memory, _MEMORY_KEYS)):
+        _reject_unknown(table, table_name, [k for k, *_ in keys] + (optional if table_name == "compute" else []), where)
+        for key, meaning, bound, strict, upper in keys:
+            values[key] = _number(table, f"{table_name}.{key}", key, meaning, bound, strict, upper, where)
+    for key, meaning, bound, strict, upper, default in _OPTIONAL_COMPUTE_KEYS:
+        values[key] = (_number(compute, f"compute.{key}", key, meaning, bound, strict, upper, where)
+                       if key in compute else default)
+    links: dict[str, tuple[float, float, float]] = {}
+    for family in ("collective", "p2p"):
+        fam = _table(d, family, where)
+        _reject_unknown(fam, family, list(TIERS), where)
+        per_tier = []
+        for tier in TIERS:
+            link = _table(fam, tier, where, prefix=f"{family}.")
+            _reject_unknown(link, f"{family}.{tier}", [k for k, *_ in _LINK_KEYS], where)
+            per_tier.append(
+                tuple(_number(link, f"{family}.{tier}.{k}", k, m, b, s, u, where) for k, m, b, s, u in _LINK_KEYS)
+            )
+        links[f"alpha_{family}"] = tuple(a for a, _ in per_tier)
+        links[f"beta_{family}"] = tuple(b for _, b in per_tier)
+    gpus_per_node = d.get("gpus_per_node")
+    if gpus_per_node is not None and (not _is_int(gpus_per_node) or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE):
+        raise where.error("gpus_per_node", f"key 'gpus_per_node' = {gpus_per_node!r} must be an integer in "
+                                           f"[1, {MAX_GPUS_PER_NODE}] (GPUs in one node)")
+    for key in ("name", "description"):
+        if key in d and not isinstance(d[key], str):
+            raise where.error(key, f"key '{key}' must be a string, got {d[key]!r}")
+    return Hardware(
+        name=d.get("name", Path(where.source).stem),
+        alpha_coll=links["alpha_collective"],
+        beta_coll=links["beta_collective"],
+        alpha_p2p=links["alpha_p2p"],
+        beta_p2p=links["beta_p2p"],
+        gpus_per_node=gpus_per_node,
+        description=d.get("description", ""),
+        source=where.source,
+        **values,
+    )
+
+
+def _table(d: Mapping[str, Any], key: str, where: _Where, prefix: str = "") -> Mapping[str, Any]:
+    full = prefix + key
+    if key not in d:
+        raise where.error(full, f"missing table [{full}]; add it (see rpegc/hardware/gh200.toml for the layout)")
+    value = d[key]
+    if not isinstance(value, Mapping):
+        raise where.error(full, f"key '{full}' must be a table [{full}], got {value!r}")
+    return value
+
+
+def _reject_unknown(table: Mapping[str, Any], name: str, known: list[str], where: _Where) -> None:
+    for key in table:
+        if key not in known:
+            raise where.error(f"{name}.{key}", f"unknown key '{name}.{key}'; [{name}] takes {', '.join(known)}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(table: Mapping[str, Any], full: str, key: str, meaning: str, bound: float, strict: bool, upper: float,
+            where: _Where) -> float:
+    if key not in table:
+        raise where.error(full, f"missing key '{full}' ({meaning}); add it")
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise where.error(full, f"key '{full}' must be a number ({meaning}), got {value!r}")
+    value = float(value)
+    too_small = value <= bound if strict else value < bound
+    too_large = value >= upper if key == "eps_rt" else value > upper
+    if too_small or too_large or value != value:
+        low = f"({bound:g}" if strict else f"[{bound:g}"
+        high = f"{upper:g})" if key == "eps_rt" else f"{upper:g}]"
+        raise where.error(full, f"key '{full}' = {value} is outside the allowed range {low}, {high} ({meaning}); "
+                                "check the value and its unit")
+    return value

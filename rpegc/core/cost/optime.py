@@ -1,0 +1,303 @@
+"""Operator-node time T_op = T_gemm + T_bubble + T_comm + T_non-gemm + T_opt (paper Sec. V-B,
+App. D; spec 3).
+
+`op_time` prices one Op vertex under one plan. Plan quantities (dp, pp, tp, mb, tiers) may be
+Python scalars or numpy arrays of equal shape, so the optimizer can price many candidate plans of
+a vertex in one call; the result's fields then are arrays. Tiers are names from `geometry.TIERS` or
+arrays of their indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+
+from rpegc.core.cost.collectives import allgather, allreduce, p2p, reduce_scatter
+from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.params import layer_params, param_count
+from rpegc.core.ir.program import Arch, Workload
+from rpegc.core.cost.work import generation_work, inference_work, training_work
+
+_TINY = 1e-300  # F_eff floor: a phase without work (L_r = 1 decode) then takes 0 s, not 0/0
+ADAM_BYTES_PER_PARAM = 18  # effective HBM traffic of one Adam step (spec 3.6)
+TRAIN_TP_ALLREDUCES_PER_LAYER = 6  # 2 per forward-equivalent phase: forward, recompute, backward
+SCALAR_BYTES = 8  # one fp64 statistic (option dp_scalar_allreduces)
+# A quantity of one configuration, or an array of them (the batched evaluator's form; `op_time` takes both).
+Quantity = Union[float, np.ndarray]
+
+NON_GEMM_MULTIPLIER = {"generation": 0, "inference": 1, "training": 4}
+
+
+@dataclass(frozen=True)
+class GemmPhase:
+    """Roofline of one GEMM phase (spec 3.1-3.2); `W` is the phase's whole-operator work."""
+
+    name: str  # "forward" (inference/training), "prefill" or "decode"
+    ell: Quantity
+    rows: Quantity  # sequences per device per GEMM (b_loc, or BR/P_d for [A5] "local_batch")
+    W: Quantity
+    W_dev: Quantity
+    Omega_W: Quantity
+    Omega_A: Quantity
+    I: Quantity
+    eta: Quantity
+    F_compute: Quantity  # F_peak * eta
+    F_memory: Quantity  # I * BW_mem
+    F_eff: Quantity
+    T_gemm: Quantity
+
+
+@dataclass(frozen=True)
+class TpCalls:
+    """`count` TP AllReduces of `msg` bytes each, `per_call` seconds each (spec 3.4.1)."""
+
+    name: str
+    count: Quantity
+    msg: Quantity
+    per_call: Quantity
+
+    @property
+    def time(self):
+        return self.count * self.per_call
+
+
+@dataclass(frozen=True)
+class PpComm:
+    """Pipeline boundary transfers: `steps` steps of `per_step` seconds (spec 3.4.2)."""
+
+    steps: Quantity
+    msg: Quantity
+    n_intra: Quantity
+    n_inter: Quantity
+    per_step: Quantity
+
+    @property
+    def time(self):
+        return self.steps * self.per_step
+
+
+@dataclass(frozen=True)
+class DpComm:
+    """ZeRO-2 gradient ReduceScatter plus weight AllGather of `msg` bytes (spec 3.4.3), and the
+    option `dp_scalar_allreduces`' scalar AllReduces (`scalars` seconds in all)."""
+
+    msg: Quantity
+    reduce_scatter: Quantity
+    allgather: Quantity
+    scalars: Quantity = 0.0
+
+    @property
+    def time(self):
+        return self.reduce_scatter + self.allgather + self.scalars
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """Every term of T_op with the intermediates behind it (printed by `explain`)."""
+
+    role: str
+    P: Quantity
+    b_loc: Quantity
+    N_m: int
+    W: Quantity
+    phases: tuple[GemmPhase, ...]
+    tp: tuple[TpCalls, ...]
+    pp: Optional[PpComm]
+    dp: Optional[DpComm]
+    T_gemm: Quantity
+    T_bubble: Quantity
+    T_tp: Quantity
+    T_pp: Quantity
+    T_dp: Quantity
+    T_non_gemm: Quantity
+    T_opt: Quantity
+    bubble_factor: Quantity  # T_bubble / T_gemm
+    decode_pp: Optional[PpComm] = None  # [A7] "wavefront": the decode loop's transfers (in T_pp)
+    # Fixed per-layer-call time (hardware t_layer, not in the source), included in T_non_gemm;
+    # for generation split into its prefill and decode shares.
+    T_launch: Quantity = 0.0
+    launch_prefill: Quantity = 0.0
+    launch_decode: Quantity = 0.0
+
+    @property
+    def T_comm(self):
+        return self.T_tp + self.T_pp + self.T_dp
+
+    @property
+    def T_op(self):
+        return self.T_gemm + self.T_bubble + self.T_comm + self.T_non_gemm + self.T_opt
+
+    def phase(self, name: str) -> GemmPhase:
+        return next(p for p in self.phases if p.name == name)
+
+    def tp_calls(self, name: str) -> TpCalls:
+        return next(c for c in self.tp if c.name == name)
+
+    @property
+    def prefill_time(self):
+        """T_pf of spec 5.3: the prefill's GEMM with its bubble share, TP and (option A7) PP."""
+        pp = self.pp.time if self.pp is not None else 0.0
+        return (self.phase("prefill").T_gemm * (1 + self.bubble_factor) + self.tp_calls("prefill").time + pp
+                + self.launch_prefill)
+
+    @property
+    def decode_time(self):
+        """T_dec of spec 5.3: the decode's GEMM with its bubble share, TP and (option A7) PP."""
+        pp = self.decode_pp.time if self.decode_pp is not None else 0.0
+        return (self.phase("decode").T_gemm * (1 + self.bubble_factor) + self.tp_calls("decode").time + pp
+                + self.launch_decode)
+
+
+def op_time(
+    role: str,
+    arch: Arch,
+    kind: str,
+    wl: Workload,
+    *,
+    dp,
+    pp,
+    tp,
+    mb,
+    gpus_per_node: int,
+    hw: Hardware,
+    opts: CostOptions = DEFAULT_OPTIONS,
+    span_tier="intra_node",
+    pp_tier=None,
+) -> OpTime:
+    """T_op of one Op vertex (spec 3).
+
+    `span_tier` is tier(sigma(v)) (DP collectives, inter-node PP boundaries); `pp_tier` overrides
+    the latter (option A8 "replica"). `gpus_per_node` is the cluster's N_g.
+    """
+    pp_tier = span_tier if pp_tier is None else pp_tier
+    s_b, d = wl.s_b, arch.hidden
+    BR = wl.B * wl.R
+    ell_full = wl.Lp + wl.Lr
+    P = dp * pp * tp
+    b_loc = BR / (dp * mb)
+    layers_local = arch.layers / pp
+    N_m = param_count(arch, kind)
+
+    omega_w = layers_local / tp * layer_params(arch) * s_b
+    k = np.minimum(d, arch.ffn) / tp
+    width_eff = k / (k + hw.gamma_K)
+
+    def gemm(name, W, W_dev, ell, rows) -> GemmPhase:
+        omega_a = 2 * rows * ell * d * layers_local * s_b
+        intensity = W_dev / (omega_w + omega_a)
+        eta = rows * ell / (rows * ell + hw.gamma_M) * width_eff
+        f_compute = hw.F_peak * eta
+        f_memory = intensity * hw.BW_mem
+        f_eff = np.minimum(f_compute, f_memory)
+        t = W / (P * np.maximum(f_eff, _TINY))
+        return GemmPhase(name, ell, rows, W, W_dev, omega_w, omega_a, intensity, eta, f_compute, f_memory, f_eff, t)
+
+    a_tp, b_tp = hw.coll("intra_node")
+
+    def tp_calls(name, count, msg) -> TpCalls:
+        return TpCalls(name, count, msg, allreduce(msg, tp, a_tp, b_tp))
+
+    per_node = np.maximum(np.minimum(pp, np.floor(gpus_per_node / tp)), 1)
+    n_inter = np.maximum(0, np.ceil(pp / per_node) - 1)
+    n_intra = pp - 1 - n_inter
+
+    def boundary(msg):
+        """Seconds of one transfer of `msg` bytes across a stage boundary, averaged over the boundaries."""
+        boundaries = np.maximum(pp - 1, 1)
+        return n_intra / boundaries * p2p(msg, *hw.p2p("intra_node")) + n_inter / boundaries * p2p(msg, *hw.p2p(pp_tier))
+
+    def pipeline(ell, steps) -> PpComm:
+        msg = BR * ell * d * s_b / (dp * tp * mb)
+        return PpComm(steps, msg, n_intra, n_inter, boundary(msg))
+
+    def decode_loop() -> PpComm:
+        """[A7] "wavefront": per decode step and microbatch, pp - 1 activation transfers of one token's
+        rows and the sampled token ids (int64) back around the ring; the stage that waits on a
+        receive is idle, so the transfers are on the critical path."""
+        msg = b_loc * d * s_b / tp
+        tokens = b_loc * 8  # int64 ids, last stage -> first: across nodes when the pipeline is
+        back = np.where(n_inter > 0, p2p(tokens, *hw.p2p(pp_tier)), p2p(tokens, *hw.p2p("intra_node")))
+        per_step = (pp - 1) * boundary(msg) + (pp > 1) * back
+        return PpComm((wl.Lr - 1) * mb, msg, n_intra, n_inter, per_step)
+
+    pp_comm: Optional[PpComm] = None
+    decode_pp: Optional[PpComm] = None
+    launch_prefill = launch_decode = 0.0
+    dp_comm: Optional[DpComm] = None
+    if role == "generation":
+        # Work leaves Python's exact ints here: it can exceed int64 and numpy would then refuse it.
+        W_pf, W_dec = (w * 1.0 for w in generation_work(arch, wl, opts))
+        decode_steps = wl.Lr - 1
+        steps_div = np.maximum(decode_steps, 1)
+        local_batch = opts.decode_rows == "local_batch"
+        dec_rows = BR / dp if local_batch else b_loc
+        dec_dev = W_dec / (P * steps_div) if local_batch else W_dec / (P * mb * steps_div)
+        phases = (gemm("prefill", W_pf, W_pf / (P * mb), wl.Lp, b_loc), gemm("decode", W_dec, dec_dev, 1, dec_rows))
+        W = W_pf + W_dec
+        if opts.tp_decode == "batched":
+            decode_tp = tp_calls("decode", 2 * layers_local * decode_steps, BR * d * s_b / dp)
+        else:
+            decode_tp = tp_calls("decode", 2 * layers_local * mb * decode_steps, BR * d * s_b / (dp * mb))
+        tps = (tp_calls("prefill", 2 * layers_local * mb, BR * wl.Lp * d * s_b / (dp * mb)), decode_tp)
+        decode_calls = decode_steps * (mb if opts.tp_decode == "per_microbatch" else 1)
+        launch_prefill = mb * layers_local * hw.t_layer
+        launch_decode = decode_calls * layers_local * hw.t_layer
+        launch = launch_prefill + launch_decode
+        if opts.generation_pp in ("prefill", "wavefront"):
+            pp_comm = pipeline(wl.Lp, mb + pp - 2)
+        if opts.generation_pp == "wavefront":
+            decode_pp = decode_loop()
+    elif role == "inference":
+        W = inference_work(arch, kind, wl, opts) * 1.0
+        phases = (gemm("forward", W, W / (P * mb), ell_full, b_loc),)
+        tps = (tp_calls("forward", 2 * layers_local * mb, BR * ell_full * d * s_b / (dp * mb)),)
+        pp_comm = pipeline(ell_full, mb + pp - 2)
+        launch = mb * layers_local * hw.t_layer
+    elif role == "training":
+        W = training_work(arch, kind, wl, opts) * 1.0
+        # Intensity is that of one forward-equivalent pass.
+        phases = (gemm("forward", W, W / (opts.train_forward_equivalents * P * mb), ell_full, b_loc),)
+        count = TRAIN_TP_ALLREDUCES_PER_LAYER * layers_local * mb
+        tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
+        pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
+        # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch.
+        launch = opts.train_forward_equivalents * mb * layers_local * hw.t_layer
+        msg = N_m * s_b / (pp * tp)
+        a_dp, b_dp = hw.coll(span_tier)
+        scalars = opts.dp_scalar_allreduces * allreduce(SCALAR_BYTES, dp, a_dp, b_dp)
+        dp_comm = DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), allgather(msg, dp, a_dp, b_dp), scalars)
+    else:
+        raise ValueError(f"unknown role {role!r}")
+
+    T_gemm = sum(ph.T_gemm for ph in phases)
+    bubbled = role != "generation" or opts.bubble_on_generation
+    bubble_factor = (pp - 1) / mb * bubbled
+    zero = 0.0 * P  # a zero of the plan's shape
+    T_ng0 = layers_local * hw.c_ng * (b_loc / hw.B_cal) * (1 - 1 / tp)
+    T_opt = ADAM_BYTES_PER_PARAM * N_m / (P * hw.BW_mem) if role == "training" else zero
+    return OpTime(
+        role=role,
+        P=P,
+        b_loc=b_loc,
+        N_m=N_m,
+        W=W,
+        phases=phases,
+        tp=tps,
+        pp=pp_comm,
+        dp=dp_comm,
+        T_gemm=T_gemm,
+        T_bubble=T_gemm * bubble_factor,
+        T_tp=sum(c.time for c in tps),
+        T_pp=(pp_comm.time if pp_comm is not None else zero) + (decode_pp.time if decode_pp is not None else zero),
+        T_dp=dp_comm.time if dp_comm is not None else zero,
+        T_non_gemm=NON_GEMM_MULTIPLIER[role] * T_ng0 + launch,
+        T_opt=T_opt,
+        bubble_factor=bubble_factor,
+        decode_pp=decode_pp,
+        T_launch=launch,
+        launch_prefill=launch_prefill,
+        launch_decode=launch_decode,
+    )

@@ -1,0 +1,96 @@
+"""The plain-data form of the unrolled graph G-bar and the executable DAG G-hat.
+
+Paper: App. A-F (Def. A.7, Alg. 3) and A-G (Def. A.8, Alg. 4). One structure serves every stage:
+`unroll` creates Op nodes and typed edges (data, pub, order); `split-quantiles` replaces Op nodes by
+phase sub-nodes; `insert-comm` / `insert-reshard` turn data and publication edges into Comm / Reshard
+nodes and plain `dep` edges. When lowering is complete every edge is a `dep` edge.
+`annotate-cost` and `schedule` fill `time`, `start`, `finish` and the graph-level reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from rpegc.core.ir.errors import Loc
+from rpegc.core.ir.frozen import first_by_name, loc_field
+from rpegc.core.ir.geometry import Alloc, Strategy
+
+NODE_KINDS = ("op", "comm", "reshard")
+EDGE_KINDS = ("data", "pub", "order", "dep")
+
+
+@dataclass(frozen=True)
+class ExecNode:
+    id: str  # unique in the graph; op nodes are "<vertex>#<step>" or "<vertex>#<step>.q<phase>"
+    kind: str  # NODE_KINDS
+    step: int
+    order: int  # topological index of the RPEG vertex (for comm/reshard: of the consumer)
+    vertex: Optional[str] = None  # op: the RPEG vertex
+    role: Optional[str] = None  # op: generation | inference | training
+    model: Optional[str] = None  # op: model invoked; reshard and weight comm: model moved
+    container: Optional[str] = None  # comm: the container moved
+    phase: Optional[int] = None  # quantile sub-node index q (1-based) ...
+    nphases: Optional[int] = None  # ... of Q
+    alloc: Optional[Alloc] = None  # op: sigma(v); comm/reshard: destination allocation
+    strategy: Optional[Strategy] = None  # op: its plan; reshard: the target layout
+    src_alloc: Optional[Alloc] = None  # comm/reshard: source allocation
+    src_strategy: Optional[Strategy] = None  # reshard: the source layout
+    bytes: int = 0  # comm/reshard payload; 0 for op nodes
+    fraction: Optional[float] = None  # quantile phase share f_q - f_{q-1} (phase comm and sub-nodes)
+    version_in: tuple[tuple[str, int], ...] = ()  # op: parameter version read per model; comm/reshard: version moved
+    version_out: tuple[tuple[str, int], ...] = ()  # training op: version produced (k + 1)
+    time: Optional[float] = None
+    start: Optional[float] = None
+    finish: Optional[float] = None
+    loc: Loc = loc_field()
+
+    def with_(self, **changes) -> "ExecNode":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ExecEdge:
+    src: str
+    dst: str
+    kind: str = "dep"  # EDGE_KINDS
+    container: Optional[str] = None  # data and pub edges
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Per-device peaks (bytes, keyed by flat device id) and the feasibility verdict (spec 6.6)."""
+
+    peak: tuple[tuple[int, float], ...]
+    persistent: tuple[tuple[int, float], ...]
+    transient: tuple[tuple[int, float], ...]
+    m_eff: float
+    r_peak: float
+    feasible: bool
+
+
+@dataclass(frozen=True)
+class ScheduleReport:
+    """Makespan and scores of a scheduled graph (spec 7)."""
+
+    makespan: float
+    score: float
+    score_pen: float
+    util: float
+    p_eff: float
+
+
+@dataclass(frozen=True)
+class ExecGraph:
+    graph: str  # name of the RPEG it was unrolled from
+    steps: int  # K_eval
+    nodes: tuple[ExecNode, ...]
+    edges: tuple[ExecEdge, ...]
+    lowered: bool = False  # set by insert-reshard once Comm and Reshard insertion is complete
+    memory: Optional[MemoryReport] = None
+    schedule: Optional[ScheduleReport] = None
+    loc: Loc = loc_field()
+
+    def node(self, node_id: str) -> ExecNode:
+        return first_by_name(self, "nodes", self.nodes, lambda n: n.id)[node_id]

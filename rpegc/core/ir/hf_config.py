@@ -1,0 +1,101 @@
+"""The architecture of a Hugging Face checkpoint directory, as the compiler sees it (issue 15, item 1).
+
+A `.rpeg` model may name a local directory (`rpeg.model @actor {hf = "ckpt/model", kind = policy}`) holding
+a `config.json` and `*.safetensors`; its shape (layers, hidden, ffn, vocab, heads, kv_heads) is read from
+`config.json` here, so the cost model (paper Sec. V) prices the real model. The torch backend reads the
+rest (RoPE theta and scaling, norm epsilon, tied embeddings) through `transformers`
+(runtime/backends/torch/hf.py); the compiler reads plain JSON and needs no `transformers`.
+
+Supported: the Llama family of decoder-only transformers as the backend builds them (RMSNorm, RoPE with
+rotate-half, grouped-query attention, a gated SiLU FFN, no biases but Qwen2's on the query, key and value
+projections): `model_type` llama, mistral (no sliding window shorter than the sequence: checked by the
+backend) or qwen2. Anything else is an error naming the
+field. A relative path is taken from the current directory, like any file argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any, Optional
+
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.program import Arch
+
+CONFIG = "config.json"
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+# field -> (what the backend builds, the values it accepts); a config with another value is refused
+FIXED_FIELDS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "hidden_act": ("a gated SiLU FFN", ("silu",)),
+    "attention_bias": ("attention without biases", (False, None)),
+    "mlp_bias": ("an FFN without biases", (False, None)),
+    "use_sliding_window": ("full attention", (False, None)),
+    "pretraining_tp": ("unsliced projections", (1, None)),
+}
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; refuse to read a device or a huge file
+SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "num_attention_heads")
+
+
+def hf_config_path(directory: str) -> str:
+    return os.path.join(directory, CONFIG)
+
+
+def read_hf_config(directory: str, loc: Optional[Loc] = None) -> dict:
+    """The parsed config.json of `directory`; a located error when it is missing or not a JSON object."""
+    path = hf_config_path(directory)
+    if not os.path.isdir(directory):
+        raise RpegError(loc, f"hf = \"{directory}\" is not a directory (a Hugging Face checkpoint directory "
+                             f"with {CONFIG} and *.safetensors)")
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CONFIG_BYTES:
+            raise RpegError(loc, f"{path} is not a regular file of at most {MAX_CONFIG_BYTES >> 20} MiB")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise RpegError(loc, f"{path} does not exist: hf = \"...\" names a checkpoint directory with {CONFIG}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise RpegError(loc, f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(config, dict):
+        raise RpegError(loc, f"{path} is not a JSON object")
+    return config
+
+
+def check_supported(config: dict, path: str, loc: Optional[Loc] = None) -> None:
+    """Refuse what the backend cannot build, naming the field and its value."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_TYPES:
+        raise RpegError(loc, f"{path}: model_type {model_type!r} is not supported; rpegc builds the Llama family "
+                             f"({', '.join(SUPPORTED_TYPES)})")
+    for key, (what, accepted) in FIXED_FIELDS.items():
+        if config.get(key) not in accepted:
+            raise RpegError(loc, f"{path}: {key} = {config[key]!r} is not supported; rpegc builds {what} "
+                                 f"({key} = {accepted[0]!r})")
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head_dim = config.get("head_dim")
+    if head_dim is not None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \
+            and head_dim * heads != hidden:
+        raise RpegError(loc, f"{path}: head_dim = {head_dim} with {heads} heads is not hidden_size = {hidden}; "
+                             "rpegc needs head_dim = hidden_size / num_attention_heads")
+
+
+def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
+    """The Arch of a supported config (kv_heads defaults to the heads, as in transformers)."""
+    check_supported(config, path, loc)
+    missing = [k for k in SHAPE_KEYS if k not in config]
+    if missing:
+        raise RpegError(loc, f"{path} lacks {', '.join(missing)}")
+    values = {k: config[k] for k in SHAPE_KEYS}
+    values["num_key_value_heads"] = config.get("num_key_value_heads") or config["num_attention_heads"]
+    bad = [f"{k} = {v!r}" for k, v in values.items() if type(v) is not int or v < 1]
+    if bad:
+        raise RpegError(loc, f"{path}: {', '.join(bad)} must be positive integers")
+    return Arch(layers=values["num_hidden_layers"], hidden=values["hidden_size"], ffn=values["intermediate_size"],
+                vocab=values["vocab_size"], heads=values["num_attention_heads"],
+                kv_heads=values["num_key_value_heads"], gated=True)
+
+
+def hf_arch(directory: str, loc: Optional[Loc] = None) -> Arch:
+    """The Arch of the checkpoint directory `directory`."""
+    return arch_of_config(read_hf_config(directory, loc), hf_config_path(directory), loc)

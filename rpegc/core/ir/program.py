@@ -1,0 +1,252 @@
+"""The plain-data form of a `.rpeg` module: workload, models, the cyclic graph G°, cluster and plan.
+
+Paper: Sec. IV-A and App. A-A..A-D (Definitions A.1-A.5). These dataclasses are what `rpegc/core`
+functions compute on; the xDSL dialects (`rpegc.dialects`) convert to and from them, and the text
+parser/printer (`rpegc.syntax`) reads and writes them. Source locations never take part in equality,
+so a module that went through print and parse again compares equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING, Optional
+
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.expr import Expr, Num, Sym, evaluate
+from rpegc.core.ir.frozen import first_by_name, loc_field
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
+
+if TYPE_CHECKING:
+    from rpegc.core.ir.exec_graph import ExecGraph
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+ROLES = ("generation", "inference", "training")
+MODEL_KINDS = ("policy", "reference", "critic", "reward", "actor_critic")
+# The RL algorithms a graph may name (`rpeg.algorithm NAME`); the torch backend runs each (its algorithms/).
+ALGORITHMS = ("ppo", "grpo", "dpo")
+# Element kinds of data containers. They only name what the runtime finds inside; the byte size is
+# s_b per element unless a container says otherwise (spec 5.1: token ids count s_b bytes too).
+ELEMENT_KINDS = ("tokens", "logprobs", "values", "rewards", "advantages", "scalars")
+
+
+@dataclass(frozen=True)
+class Workload:
+    B: int
+    R: int
+    Lp: int
+    Lr: int
+    dtype: str = "bf16"
+    loc: Loc = loc_field()
+
+    @property
+    def s_b(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def env(self) -> dict[str, int]:
+        return {"B": self.B, "R": self.R, "Lp": self.Lp, "Lr": self.Lr}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A decoder-only transformer's shape. `gated`: the FFN has a gate projection (SwiGLU: gate, up and down,
+    three d x d_ff matrices, as the Llama family); False is the spec's two-projection FFN (up, down)."""
+
+    layers: int
+    hidden: int
+    ffn: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    gated: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    kind: str
+    trainable: bool
+    arch: Arch
+    preset: Optional[str] = None  # the preset name the user wrote, kept so printing reproduces it
+    loc: Loc = loc_field()
+    hf: Optional[str] = None  # a Hugging Face checkpoint directory the arch was read from (core/ir/hf_config.py)
+
+
+@dataclass(frozen=True)
+class Container:
+    """A typed container: data (`elem` in ELEMENT_KINDS, `dims` over B,R,Lp,Lr) or weights of `model`."""
+
+    name: str
+    elem: str  # an ELEMENT_KINDS entry, or "weights"
+    dims: tuple[Expr, ...] = ()
+    model: Optional[str] = None
+    bytes_per_elem: Optional[int] = None  # None: the workload's s_b
+    loc: Loc = loc_field()
+
+    @property
+    def is_weights(self) -> bool:
+        return self.elem == "weights"
+
+
+@dataclass(frozen=True)
+class Vertex:
+    name: str
+    role: str
+    model: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A data edge (within one step) or a publication edge (across steps), carrying one container."""
+
+    src: str
+    dst: str
+    container: str
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
+class Quantile:
+    """Cumulative fraction `f` of responses finished after `tokens` generated tokens (Def. A.9)."""
+
+    f: float
+    tokens: Expr
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    containers: tuple[Container, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    vertices: tuple[Vertex, ...]
+    data_edges: tuple[Edge, ...]
+    pub_edges: tuple[Edge, ...]
+    staleness: tuple[tuple[str, int], ...] = ()  # (model, tau); models not listed have tau = 0
+    quantiles: tuple[Quantile, ...] = ()
+    loc: Loc = loc_field()
+    staleness_loc: Loc = loc_field()
+    quantiles_loc: Loc = loc_field()
+    algorithm: Optional[str] = None  # ALGORITHMS; None: the runtime infers it from the graph (and warns)
+    algorithm_loc: Loc = loc_field()
+
+    def vertex(self, name: str) -> Vertex:
+        return first_by_name(self, "vertices", self.vertices, lambda v: v.name)[name]
+
+    def container(self, name: str) -> Container:
+        return first_by_name(self, "containers", self.containers, lambda c: c.name)[name]
+
+    def tau(self, model: str) -> int:
+        # The last entry of a repeated model counts, as in dict(staleness) (verify-wellformed reports repeats).
+        last = first_by_name(self, "staleness", self.staleness[::-1], lambda e: e[0])
+        return last.get(model, (model, 0))[1]
+
+
+@dataclass(frozen=True)
+class Placement:
+    vertex: str
+    alloc: Alloc
+    strategy: Strategy
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    graph: str
+    cluster: str
+    placements: tuple[Placement, ...]
+    loc: Loc = loc_field()
+
+    def placement(self, vertex: str) -> Placement:
+        return first_by_name(self, "placements", self.placements, lambda p: p.vertex)[vertex]
+
+
+@dataclass(frozen=True)
+class Program:
+    """One `.rpeg` module. `exec` is set once the graph has been unrolled (see exec_graph.py)."""
+
+    workload: Workload
+    models: tuple[Model, ...]
+    graph: Optional[Graph] = None
+    cluster: Optional[Cluster] = None
+    plan: Optional[Plan] = None
+    exec: Optional["ExecGraph"] = None
+    file: str = field(default="<input>", compare=False)
+
+    def model(self, name: str) -> Model:
+        return first_by_name(self, "models", self.models, lambda m: m.name)[name]
+
+
+# The largest element count a data container may have: 2**50 elements (a PiB of bf16) exceeds the memory of
+# any cluster the cost model describes, and keeps every byte count exact in a float64 (< 2**53).
+MAX_ELEMENTS = 2**50
+
+
+def container_shape(c: Container, workload: Workload) -> tuple[int, ...]:
+    """The dimensions of a data container under the workload, each a positive integer.
+
+    The one check of container sizes: verify-wellformed reports its error, and every later consumer (lowering,
+    cost, memory) calls it too, so a pass run without verification still fails with the same located error."""
+    dims = []
+    total = 1
+    env = workload.env
+    for d in c.dims:
+        # The common cases (a symbol, a literal) without Fraction arithmetic: verification calls this per container.
+        if isinstance(d, Sym) and d.name in env:
+            value: int | Fraction = env[d.name]
+        elif isinstance(d, Num):
+            value = d.value
+        else:
+            try:
+                value = evaluate(d, env)
+            except ZeroDivisionError:
+                raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} divides by zero under the "
+                                       f"workload ({_env_text(workload)}); write sizes that stay positive") from None
+            if value.denominator != 1:
+                raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} is {float(value):g}, not a "
+                                       f"whole number of elements, under the workload ({_env_text(workload)}); write "
+                                       "sizes that divide evenly")
+            value = int(value)
+        if value <= 0:
+            raise RpegError(c.loc, f"size {d} of container %{c.name} = {_shape(c)} is {value} under the workload "
+                                   f"({_env_text(workload)}); every size must be a positive number of elements")
+        total *= value
+        if total > MAX_ELEMENTS:
+            raise RpegError(c.loc, f"container %{c.name} = {_shape(c)} has more than {MAX_ELEMENTS} (2**50) elements "
+                                   f"under the workload ({_env_text(workload)}); no cluster holds it")
+        dims.append(value)
+    return tuple(dims)
+
+
+def _shape(c: Container) -> str:
+    return f"{c.elem}[{', '.join(str(d) for d in c.dims)}]"
+
+
+def _env_text(workload: Workload) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in workload.env.items())
+
+
+def container_elements(c: Container, workload: Workload, param_count) -> int:
+    """#a: element count of a container; weights use `param_count(model_name)` (N_m, spec 2.5)."""
+    if c.is_weights:
+        return int(param_count(c.model))
+    n = 1
+    for d in container_shape(c, workload):
+        n *= d
+    return n
+
+
+def container_bytes(c: Container, workload: Workload, param_count) -> int:
+    """|a|·s(a) in bytes."""
+    per = c.bytes_per_elem if c.bytes_per_elem is not None else workload.s_b
+    return container_elements(c, workload, param_count) * per

@@ -1,0 +1,110 @@
+"""Schedule an annotated executable graph and score it (the `schedule` pass's semantics).
+
+Paper: App. A-H (Alg. 5) and A-I (Eq. 4-6); spec/cost-model.md Section 7. Builds the scheduler's
+arrays from an `ExecGraph` whose nodes all carry `time`, runs `rpegc.core.sched.list_scheduler`, and writes
+`start`/`finish` on every node plus a `ScheduleReport` with makespan, score, memory-penalised score,
+utilization and effective parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.exec_graph import NODE_KINDS, ExecGraph, ExecNode, ScheduleReport
+from rpegc.core.ir.program import Program
+from rpegc.core.ir.geometry import Alloc, Cluster, alloc_mask
+from rpegc.core.sched.list_scheduler import Schedule, greedy_schedule
+from rpegc.core.sched.score import p_eff, score, score_pen, utilization
+
+
+def _check_alloc(node: ExecNode, alloc: Alloc, cluster: Cluster) -> None:
+    dims = (cluster.racks, cluster.nodes, cluster.gpus)
+    for o, e, size in zip(alloc.origin, alloc.extent, dims):
+        if o < 0 or e < 1 or o + e > size:
+            raise RpegError(
+                node.loc,
+                f"node {node.id}: allocation at {alloc.origin} extent {alloc.extent} does not fit in "
+                f"cluster {cluster.name} ({cluster.racks} x {cluster.nodes} x {cluster.gpus}); "
+                "change the plan's origin or extent",
+            )
+
+
+def _reserved_mask(node: ExecNode, cluster: Cluster) -> int:
+    """Op: its allocation sigma(v); Comm/Reshard: the destination allocation (Def. A.11)."""
+    if node.kind not in NODE_KINDS:
+        raise RpegError(node.loc, f"node {node.id} has unknown kind '{node.kind}'; use one of {', '.join(NODE_KINDS)}")
+    if node.alloc is None:
+        what = "its allocation" if node.kind == "op" else "its destination allocation"
+        raise RpegError(node.loc, f"node {node.id} has no device allocation; give {what} (`at ... extent ...`)")
+    _check_alloc(node, node.alloc, cluster)
+    return alloc_mask(node.alloc, cluster)
+
+
+def rank_group(node: ExecNode, index: int) -> tuple:
+    """Phase sub-nodes of one generation chain (same vertex and step) share the chain head's rank."""
+    if node.kind == "op" and node.role == "generation" and node.phase is not None:
+        return ("chain", node.vertex, node.step)
+    return ("node", index)
+
+
+def schedule_exec(graph: ExecGraph, cluster: Cluster) -> Schedule:
+    """Run Alg. 5 on an annotated exec graph; node i of the result is `graph.nodes[i]`."""
+    index: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.id in index:
+            raise RpegError(node.loc, f"node id {node.id} is used twice; give every exec node a unique id")
+        index[node.id] = i
+        if node.time is None:
+            raise RpegError(
+                node.loc, f"node {node.id} has no time; run annotate-cost before schedule (or give it `time = ...`)"
+            )
+        if not (math.isfinite(node.time) and node.time >= 0.0):
+            raise RpegError(node.loc, f"node {node.id} has time {node.time}; times must be finite and non-negative")
+    edges = []
+    for e in graph.edges:
+        for end in (e.src, e.dst):
+            if end not in index:
+                raise RpegError(
+                    e.loc, f"edge {e.src} -> {e.dst} refers to unknown node {end}; declare it or remove the edge"
+                )
+        edges.append((index[e.src], index[e.dst]))
+    nodes = graph.nodes
+    return greedy_schedule(
+        times=[n.time for n in nodes],
+        is_transfer=[n.kind != "op" for n in nodes],
+        reserved=[_reserved_mask(n, cluster) for n in nodes],
+        edges=edges,
+        groups=[rank_group(n, i) for i, n in enumerate(nodes)],
+        order_keys=[(n.step, n.order) for n in nodes],
+        names=[n.id for n in nodes],
+    )
+
+
+def schedule_program(p: Program) -> Program:
+    """Return `p` with start/finish on every exec node and `exec.schedule` filled in."""
+    if p.exec is None:
+        raise RpegError(None, "the module has no executable graph; run unroll and the lowering passes before schedule")
+    if p.cluster is None:
+        raise RpegError(p.exec.loc, "the module has no cluster; declare `rpeg.cluster` so devices can be reserved")
+    graph = p.exec
+    if not graph.nodes:
+        raise RpegError(graph.loc, "the executable graph has no nodes; nothing to schedule")
+    sched = schedule_exec(graph, p.cluster)
+    if sched.makespan <= 0.0:
+        raise RpegError(graph.loc, "every node has time 0, so the makespan is 0; run annotate-cost before schedule")
+    w = p.workload
+    raw = score(sched.makespan, graph.steps, w.B, w.R, w.Lp, w.Lr)
+    r_peak = graph.memory.r_peak if graph.memory is not None else 1.0
+    report = ScheduleReport(
+        makespan=sched.makespan,
+        score=raw,
+        score_pen=score_pen(raw, r_peak),
+        util=utilization(sched.busy, p.cluster.num_devices, sched.makespan),
+        p_eff=p_eff(sched.op_time, sched.makespan),
+    )
+    nodes = tuple(
+        n.with_(start=sched.start[i], finish=sched.finish[i]) for i, n in enumerate(graph.nodes)
+    )
+    return replace(p, exec=replace(graph, nodes=nodes, schedule=report))

@@ -1,0 +1,112 @@
+"""The torch backend: worker processes that train for real (DESIGN.md §7; paper Sec. VII and App. B).
+
+Modules (each imports torch itself, so importing this package does not; `SPEC` below is what rpeg-run reads):
+- controller side: `backend` (`TorchBackend`: launches the workers, routes every node to them, checkpoints
+  and exports), `inbox` (worker reports), `processes` (the fork server and what it leaves), `memory_check`,
+  `checkpoint` and `export` (the run directory's files), `device` (gloo/CPU or NCCL/GPU), `pinning`
+- the channel: `messages` (sealed, schema-checked commands and reports)
+- worker side: `worker` (its commands, models and copies), `layout` (shards and routes), `parallel` (one rank's
+  share of a model), `tensor_parallel`, `pipeline` (links between stages), `schedules` (pipelined inference,
+  generation, training), `megatron_compat`
+- models and RL: `models`, `hf`, `generation`, `rl`, `rl_options`, `algorithms/` (PPO, GRPO, DPO),
+  `datasets`, `rewards`, `tasks`, `arith`, and `reference` (the single-process oracle at tau = 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.base import BackendSpec
+
+
+@dataclass(frozen=True)
+class TorchOptions:
+    """rpeg-run's options of the torch backend (see `_add_options` for what each means)."""
+
+    seed: int = 0
+    run_dir: Optional[str] = None
+    checkpoint_every: Optional[int] = None
+    keep_checkpoints: Optional[int] = None
+    resume: Optional[str] = None
+    tp_impl: str = "auto"
+    dist_backend: str = "auto"
+    store: Optional[str] = None
+    secret_file: Optional[str] = None
+    no_memory_check: bool = False
+    lr: Optional[float] = None
+    rl_config: Optional[str] = None
+    rl: Optional[list] = None
+    reward: Optional[str] = None
+    data: Optional[str] = None
+    task: str = "pattern"
+
+
+def _add_options(t: argparse._ArgumentGroup) -> None:
+    t.add_argument("--run-dir", metavar="DIR", help="checkpoints, worker logs and final weights go here")
+    t.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="checkpoint every N RL steps (default 1 with --run-dir, else none)")
+    t.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
+                   help="keep the newest N complete checkpoints in the run directory (default 2, N >= 1)")
+    t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    t.add_argument("--tp-impl", choices=("auto", "megatron", "torch"), default="auto",
+                   help="tensor parallelism: megatron-core layers (auto: when importable) or plain torch.distributed")
+    t.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="torch.distributed backend of the workers: gloo (CPU tensors) or nccl (one GPU per worker); "
+                        "auto: nccl when this host has a CUDA device for every worker, else gloo")
+    t.add_argument("--store", metavar="HOST:PORT", default=None,
+                   help="launch no workers: serve the control store at HOST:PORT and wait for one worker per "
+                        "device, started by torchrun or Slurm on any node as `python -m "
+                        "rpegc.runtime.backends.torch.worker --store HOST:PORT` (RANK and WORLD_SIZE from the "
+                        "environment) and --secret-file PATH")
+    t.add_argument("--secret-file", metavar="PATH", default=None,
+                   help="with --store: where to write the run's control secret (mode 0600; default "
+                        "RUN_DIR/control-secret, else a private temporary file); every worker must read it, "
+                        "through --secret-file PATH or RPEG_RUN_SECRET_FILE=PATH; it is removed when the run ends")
+    t.add_argument("--no-memory-check", action="store_true",
+                   help="launch even if the cost model's memory estimate of a worker exceeds its device "
+                        "(its share of host RAM on CPU, its GPU under NCCL)")
+    t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
+    t.add_argument("--rl-config", metavar="TOML", default=None,
+                   help="RL hyper-parameters: a flat TOML table of RLConfig fields (clip_eps, kl_coef, ppo_epochs, "
+                        "temperature, adam_eps, ...; runtime/backends/torch/rl_options.py)")
+    t.add_argument("--rl", metavar="NAME=VALUE", action="append", default=None,
+                   help="set one RL hyper-parameter (repeatable; overrides --rl-config; --lr overrides both)")
+    t.add_argument("--reward", metavar="SPEC", default=None,
+                   help="what the reward vertex scores with: rule (the toy task's rule; the default without --data), "
+                        "model (the frozen reward model), or a function of the response text: exact_match, math, "
+                        "module:function, file.py:function or an entry point of group rpegc.rewards "
+                        "(runtime/backends/torch/rewards.py)")
+    t.add_argument("--data", metavar="FILE", default=None,
+                   help="train on the prompts of a JSONL or Parquet file (its rules: the [data] table of --rl-config "
+                        "or --rl data.NAME=VALUE; runtime/backends/torch/datasets.py); default: the toy --task")
+    t.add_argument("--task", choices=("pattern", "reverse"), default="pattern",
+                   help="the built-in toy task without --data (default pattern)")
+
+
+def _check(o: TorchOptions) -> None:
+    if o.checkpoint_every is not None and o.checkpoint_every < 1:
+        raise RpegError(None, f"--checkpoint-every {o.checkpoint_every}: checkpoint every N >= 1 steps "
+                              "(leave the option out for no checkpoints without --run-dir)")
+    if o.lr is not None and not (math.isfinite(o.lr) and o.lr > 0):
+        raise RpegError(None, f"--lr {o.lr}: give a finite learning rate > 0")
+
+
+def _create(o: TorchOptions):
+    if o.resume and o.run_dir:
+        raise RpegError(None, "--resume DIR continues the run in DIR; do not also give --run-dir")
+    try:
+        from rpegc.runtime.backends.torch.backend import TorchBackend
+    except ModuleNotFoundError as e:
+        raise RpegError(None, f"cannot load the torch backend: {e}; install the runtime extras "
+                              "(pip install 'rpegc[runtime]') or use --backend sim") from None
+    except ImportError as e:
+        raise RpegError(None, f"cannot load the torch backend: {e}; use --backend sim") from None
+    return TorchBackend.from_options(o)
+
+
+SPEC = BackendSpec(name="torch", help="worker processes that train the models for real (torch.distributed)",
+                   options=TorchOptions, add_options=_add_options, check=_check, create=_create)

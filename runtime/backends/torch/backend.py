@@ -1,0 +1,1154 @@
+"""The torch execution backend: real worker processes, models, RL math and transfers (paper Sec. VII,
+Alg. 2; DESIGN.md Section 7; issue 8).
+
+`TorchBackend` implements `rpegc.runtime.backends.base.Backend` for the completion-driven controller:
+- `start` chooses the torch.distributed backend (`dist_backend`: gloo on CPUs, nccl with one GPU per
+  worker, auto = nccl when every worker gets a GPU; `device.choose_dist_backend`), launches one
+  persistent worker per device of the plan (`worker.py`, through a TCPStore that is also the control
+  channel; locally forked processes, on a cluster the same module under torchrun/Slurm), sends them the
+  run setup and waits until every worker has created the process groups of every vertex layout;
+- the control channel (`messages.py`) carries plain, bounded messages sealed with a per-run secret:
+  forked workers inherit it, external ones read it from the file `start` writes (mode 0600; the path is
+  printed and given by --secret-file). Commands go to the store queue `cmd/R` of worker R; reports come
+  back on the queue `res`, where a thread (`inbox.StoreInbox`) blocks until the next one arrives and hands it to
+  the main thread, which waits on a Python queue and checks the workers' health in between: no short
+  store timeouts, so a normal run prints no c10d warning;
+- `run_op` / `transfer` / `reshard` turn a Dispatch into commands for the node's workers, with every
+  route precomputed here (`layout.route_rows`, `layout.route_weights`) from where each artifact's
+  shards are held; `wait` collects the workers' reports into Completions (start/finish on the wall
+  clock, bytes moved, versions read and produced) and turns a worker error or death into a
+  BackendError naming the node, the device and the worker;
+- `install` loads version 0 (or, on resume, a checkpointed version) in the layout its readers use;
+  `release` frees an artifact on its workers;
+- checkpoints every N steps (weights, Adam state, step, RNG) are written by the workers, each its own
+  shards, straight into RUN_DIR/checkpoints/step-NNNNNN/ (checkpoint.py: safetensors shards + an index
+  the controller writes last; only file names, sizes and boxes travel through the control channel);
+  `prepare` restricts the plan to the steps after the last checkpoint when resuming, under this plan or
+  any other of the same run (workers reshard on load); at the end the workers write the final weights of
+  every trained model to RUN_DIR/final/ the same way (`checkpoint.load_final`), which the controller then
+  reads into `final_weights` (without a run directory, from a temporary directory it removes).
+
+What the RL vertices compute is the run's algorithm's (algorithms/: by role, model kind and container):
+under PPO and GRPO generation writes sequences + mask and the sampling log-probs; inference with the reference
+model writes reference log-probs, with a critic values, with the reward model scores (the verifier by default,
+or the frozen reward model with reward = "model"); training reads them all. Under DPO the reference scores
+each side of the given preference pairs and training reads both.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.outputs import PendingDirectory
+from rpegc.core.ir.program import Program
+from rpegc.core.ir.geometry import Strategy
+from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
+from rpegc.runtime.backends.torch import TorchOptions
+from rpegc.runtime.backends.torch.inbox import PipeInbox, StoreInbox, warn
+from rpegc.runtime.backends.torch.processes import forkserver_pid, stop_forkserver
+from rpegc.runtime.metrics_log import MetricsLog
+from rpegc.runtime.plan import Artifact, RunNode, RunPlan
+from rpegc.runtime.backends.torch import checkpoint as ckpt
+from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
+from rpegc.runtime.backends.torch.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
+                                                route_weights)
+from rpegc.runtime.backends.torch.messages import NODE_COMMANDS, Endpoint, new_secret, write_secret
+from rpegc.runtime.backends.torch.models import derive_seed
+from rpegc.runtime.backends.torch.parallel import param_shapes
+from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
+from rpegc.runtime.backends.torch.algorithms import algorithm
+from rpegc.runtime.backends.torch.datasets import DataConfig, open_prompts
+from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
+from rpegc.runtime.backends.torch.worker import FAULT_ENV, ModelSpec, WorkerSetup
+
+LAUNCHERS = ("local", "external")
+
+
+def run_config(program: Program, *, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
+               positions: str = "learned", rl: Optional[dict] = None, data: Optional[dict] = None) -> RunConfig:
+    """The RL run the torch backend executes for `program` (and the reference oracle must run).
+
+    The tiny models learn with the toy learning rate (`reference.toy_rl_config`) and learned positions;
+    `rl` overrides fields of the RL config (e.g. {"adam_eps": 1e-6}), `data` fields of the DataConfig (e.g.
+    {"path": "train.jsonl"}). Paths (dataset, tokenizer, a reward's file) are made absolute: workers may
+    run elsewhere, from another directory.
+    """
+    cfg = config_from_program(program, task=task, reward=_absolute_reward(reward), positions=positions,
+                              data=_absolute_paths(DataConfig(**(data or {}))))
+    overrides = dict(rl or {})
+    if lr is not None:
+        overrides.update(lr_actor=lr, lr_critic=lr)
+    cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, **overrides))
+    check_run_config(cfg)
+    return cfg
+
+def _absolute_paths(data: DataConfig) -> DataConfig:
+    return dataclasses.replace(data, **{k: os.path.abspath(getattr(data, k)) for k in ("path", "tokenizer")
+                                        if getattr(data, k) is not None})
+
+
+def _absolute_reward(spec: str) -> str:
+    target, sep, name = spec.rpartition(":")
+    return f"{os.path.abspath(target)}:{name}" if sep and target.endswith(".py") else spec
+
+
+CONTROL_TRANSPORTS = ("auto", "pipe", "store")
+POLL_S = 0.1  # longest (Python-level) wait for a worker report before the controller checks the workers' health
+SECRET_FILE = "control-secret"  # in the run directory, for externally launched workers
+
+
+def model_specs(p: Program, seed: int) -> dict[str, ModelSpec]:
+    """The models of `p` as the workers build them (a checkpoint directory made absolute: workers may run
+    elsewhere, from another directory)."""
+    return {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(seed, m.kind),
+                              hf=os.path.abspath(m.hf) if m.hf is not None else None) for m in p.models}
+
+
+def _split_address(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise RpegError(None, f"store address '{addr}' is not HOST:PORT (a port in 1..65535)")
+    return host or "0.0.0.0", int(port)
+
+
+def model_seed(seed: int, kind: str) -> int:
+    """Version-0 seed of a model, as the reference trainer draws it (the reference model is the initial actor)."""
+    role = {"policy": "actor", "actor_critic": "actor", "reference": "actor", "critic": "critic",
+            "reward": "reward"}[kind]
+    return derive_seed(seed, role)
+
+
+@dataclass
+class _Holding:
+    """Where an artifact's shards are: a weights layout, or data rows per rank."""
+
+    layout: Optional[Layout] = None
+    rows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Command:
+    """A node's command per rank, built before any is sent; `ends`: the ranks whose finish is the node's
+    finish (an op's every rank, a transfer's receivers: the data is where it goes once they finished);
+    `holdings`: where its inputs and outputs are after it (applied when it is sent)."""
+
+    commands: dict[int, dict] = field(default_factory=dict)
+    ends: frozenset[int] = frozenset()
+    holdings: dict[Artifact, _Holding] = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    """A node its ranks run. It starts when its last rank begins it (before, it cannot have begun on all
+    its devices) and finishes when the last of its `ends` ranks finished."""
+
+    dispatch: Optional[Dispatch]
+    ranks: set[int]
+    ends: frozenset[int] = frozenset()
+    start: float = float("-inf")
+    finish: float = float("-inf")
+    bytes: int = 0
+    versions_in: dict = field(default_factory=dict)
+    versions_out: dict = field(default_factory=dict)
+    since: float = 0.0  # when it could start: sent, or the last node it is chained after finished
+    after: tuple[str, ...] = ()  # the nodes it is chained after
+
+
+@dataclass
+class _Export:
+    ranks: set[int]
+    parts: dict[int, dict] = field(default_factory=dict)
+    on_done: Optional[Callable[["_Export"], None]] = None
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    clock = "wall"
+    default_reserve = "endpoints"  # Table III: a transfer holds both endpoints
+
+    def __init__(self, seed: int = 0, *, run_dir: Optional[str] = None, checkpoint_every: int = 0,
+                 resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
+                 tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
+                 dist_backend: str = "gloo", rl: Optional[dict] = None, data: Optional[dict] = None,
+                 launcher: str = "local",
+                 store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
+                 memory_check: bool = True, control: str = "auto"):
+        if tp_impl not in ("auto",) + TP_IMPLS:
+            raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
+        if checkpoint_every < 0:
+            raise RpegError(None, f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+        if keep_checkpoints < 1:
+            raise RpegError(None, f"--keep-checkpoints must be >= 1, got {keep_checkpoints}")
+        if (checkpoint_every or resume) and not run_dir:
+            raise RpegError(None, "checkpoints and --resume need a run directory; give --run-dir DIR")
+        self.seed, self.run_dir, self.checkpoint_every, self.resume = seed, run_dir, checkpoint_every, resume
+        self.keep_checkpoints = keep_checkpoints
+        self.memory_check = memory_check  # refuse a plan whose cost-model memory does not fit the workers
+        self.task, self.reward, self.lr, self.tp_impl, self.timeout_s = task, reward, lr, tp_impl, timeout_s
+        self.fault = fault if fault is not None else os.environ.get(FAULT_ENV) or None
+        if launcher not in LAUNCHERS:
+            raise RpegError(None, f"unknown launcher '{launcher}'; use {' or '.join(LAUNCHERS)}")
+        if launcher == "external" and not store:
+            raise RpegError(None, "an external launch needs the store address workers connect to (HOST:PORT)")
+        if launcher == "external":
+            _split_address(store or "")  # a malformed address fails here, before the run directory is touched
+        if dist_backend not in DIST_BACKEND_CHOICES:
+            raise RpegError(None, f"unknown distributed backend '{dist_backend}'; use {', '.join(DIST_BACKEND_CHOICES)}")
+        self.dist_backend, self.launcher, self.store_addr = dist_backend, launcher, store
+        if secret_file and launcher != "external":
+            raise RpegError(None, "--secret-file is where an external launch (--store) writes the control secret; "
+                                  "locally launched workers get it from rpeg-run")
+        self.secret_file = secret_file
+        if control not in CONTROL_TRANSPORTS:
+            raise RpegError(None, f"unknown control transport '{control}'; use {', '.join(CONTROL_TRANSPORTS)}")
+        if control == "pipe" and launcher == "external":
+            raise RpegError(None, "externally launched workers reach the controller through its store only")
+        # auto: a pipe per forked worker, the store for external ones; "store" forces the store (tests of it)
+        self.control = "store" if launcher == "external" or control == "store" else "pipe"
+        self.rl_overrides = dict(rl or {})
+        self.data_settings = dict(data or {})
+        self.reward_stats: dict[int, dict] = {}  # step -> a reward function's accuracy sums and failures
+        self.first_reward_failure: Optional[str] = None
+        self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.checkpoints: list[str] = []
+        # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}
+        # (write_s: the slowest worker's serialise + write + fsync of its file)
+        self.io_stats: list[dict] = []
+        self.warnings: list[str] = []
+        self._procs: list = []  # multiprocessing.Process, one per worker rank
+        self._log_dir, self._temp_logs = "", False  # the workers' log directory; a temporary one is removed
+        self._metrics_log: Optional[MetricsLog] = None  # RUN_DIR/metrics.jsonl
+        self._store: Optional[dist.TCPStore] = None
+        self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
+        self._inbox: Optional[StoreInbox | PipeInbox] = None
+        self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
+        self._secret_tmpdir: Optional[str] = None
+        self._resume_dir: Optional[str] = None
+        self._resume_index: Optional[dict] = None
+        self._failed = False
+        self._interrupted = False  # SIGINT/SIGTERM: stop fast, write no final weights, reap the fork server
+        self._stopped = True
+
+    @classmethod
+    def from_options(cls, o: TorchOptions) -> "TorchBackend":
+        """The backend `rpeg-run --backend torch` builds from its options."""
+        run_dir = o.resume or o.run_dir
+        every = o.checkpoint_every
+        if every is None:
+            every = 1 if run_dir else 0
+        from rpegc.runtime.backends.torch.rl_options import rl_settings
+
+        settings = rl_settings(o.rl_config, o.rl or (), None, o.data)
+        return cls(seed=o.seed, rl=settings.rl, data=settings.data, run_dir=run_dir, checkpoint_every=every,
+                   resume=bool(o.resume), lr=o.lr, tp_impl=o.tp_impl, reward=o.reward or "rule", task=o.task,
+                   dist_backend=o.dist_backend, launcher="external" if o.store else "local", store=o.store,
+                   secret_file=o.secret_file, keep_checkpoints=2 if o.keep_checkpoints is None else o.keep_checkpoints,
+                   memory_check=not o.no_memory_check)
+
+    # -- plan ------------------------------------------------------------------------------------
+
+    def _run_config(self, program: Program) -> RunConfig:
+        return run_config(program, task=self.task, reward=self.reward, lr=self.lr, rl=self.rl_overrides,
+                          data=self.data_settings)
+
+    def header_options(self, plan: RunPlan) -> dict:
+        """The effective RL hyper-parameters, prompts and reward of a run of `plan` (the trace header's)."""
+        cfg = self._run_config(plan.program)
+        out = {"rl": dataclasses.asdict(cfg.rl), "reward": cfg.reward}
+        out["data"] = dataclasses.asdict(cfg.data) if cfg.data.path is not None else {"task": cfg.task}
+        return out
+
+    def prepare(self, plan: RunPlan) -> RunPlan:
+        """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The
+        checkpoint may come from another plan of the same run (same identity: program, seed, options)."""
+        if not self.resume:
+            return plan
+        assert self.run_dir is not None
+        path, index = ckpt.find_resume_checkpoint(self.run_dir, self.identity(plan), plan)
+        self._resume_dir, self._resume_index = path, index
+        self.metrics.update({int(k): v for k, v in index.get("metrics", {}).items()})
+        return ckpt.resume_plan(plan, index["step"])
+
+    def identity(self, plan: RunPlan) -> dict:
+        """What a checkpoint of this run records and a resume must match (`checkpoint.run_identity`)."""
+        p = plan.program
+        if getattr(self, "program", None) is p:  # started: from what `_analyse` computed once
+            return ckpt.run_identity(self.seed, self.cfg, self.models, self.shapes, dict(plan.tau))
+        cfg = self._run_config(p)
+        models = model_specs(p, self.seed)
+        shapes = {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
+        return ckpt.run_identity(self.seed, cfg, models, shapes, dict(plan.tau))
+
+    @property
+    def resume_step(self) -> int:
+        return self._resume_index["step"] if self._resume_index else 0
+
+    def _analyse(self, plan: RunPlan) -> None:
+        p = plan.program
+        assert p.graph is not None and p.cluster is not None
+        self.plan, self.program = plan, p
+        self.cfg = self._run_config(p)
+        self.rank_of = {d: i for i, d in enumerate(plan.devices)}
+        self.device_of = {i: d for d, i in self.rank_of.items()}
+        self.models = model_specs(p, self.seed)
+        self.shapes = {m: param_shapes(s.arch, s.kind, s.net(self.cfg.net)) for m, s in self.models.items()}
+        w = self.cfg.workload
+        self.rows_total = w.B * w.R
+        if self.cfg.data.path is not None:  # a dataset's errors (a row, B, the tokenizer) before any worker starts
+            prompts = open_prompts(self.cfg.data, self.cfg.task, self.cfg.actor.vocab, w.Lp, w.Lr,
+                                   pairs=self.cfg.algorithm == "dpo")
+            prompts.step_examples(w.B, self.seed, 0)
+        self.fields = algorithm(self.cfg.algorithm).vertex_fields(p, self.cfg)
+        if self.cfg.algorithm_inferred and not any(w.startswith("graph @") for w in self.warnings):
+            self.warnings.append(f"graph @{p.graph.name} names no algorithm; running {self.cfg.algorithm.upper()}, "
+                                 f"which its shape implies (add `rpeg.algorithm {self.cfg.algorithm}` to the graph)")
+        self.layouts: dict[int, Layout] = {}
+        self.reshard_layouts: dict[int, tuple[Layout, Layout]] = {}
+        for n in plan.nodes:
+            if n.kind == "op":
+                self.layouts[n.index] = self._layout(n.devices, n.node.strategy, n)
+                self._check_layout(n, self.layouts[n.index])
+            elif n.kind == "reshard":
+                self.reshard_layouts[n.index] = (self._layout(n.src_devices, n.node.src_strategy, n),
+                                                 self._layout(n.devices, n.node.strategy, n))
+
+    def _layout(self, devices: tuple[int, ...], s: Optional[Strategy], n: RunNode) -> Layout:
+        if s is None:
+            raise RpegError(n.node.loc, f"{n.kind} node {n.id} has no layout (dp, pp, tp)")
+        try:
+            return Layout(tuple(self.rank_of[d] for d in devices), s.dp, s.pp, s.tp)
+        except RpegError as e:
+            raise RpegError(n.node.loc, f"node {n.id}: {e.message}") from None
+
+    def _check_layout(self, n: RunNode, layout: Layout) -> None:
+        arch = self.models[n.node.model].arch
+        if layout.pp > arch.layers:
+            raise RpegError(n.node.loc, f"node {n.id} uses pp = {layout.pp}, but @{n.node.model} has only "
+                            f"{arch.layers} blocks; use pp <= {arch.layers}")
+        if layout.tp > 1:
+            why = check_tp(arch.heads, arch.kv_heads, arch.ffn, layout.tp)
+            if why:
+                raise RpegError(n.node.loc, f"node {n.id}: {why} of @{n.node.model}; choose another tp")
+        lo, hi = self.node_rows(n)
+        group = self.group_of(n)
+        if (hi - lo) // group < layout.dp:
+            raise RpegError(n.node.loc, f"node {n.id} has dp = {layout.dp} replicas but only {(hi - lo) // group} "
+                            f"{'prompt group' if group > 1 else 'sequence'}(s) to share among them; lower dp or "
+                            "raise B in the workload")
+
+    # -- rows ----------------------------------------------------------------------------------------
+
+    def phase_rows(self, phase: Optional[int], nphases: Optional[int]) -> tuple[int, int]:
+        """Global sequence rows of a quantile phase: whole prompt groups, by the cumulative fractions."""
+        if phase is None:
+            return (0, self.rows_total)
+        w = self.cfg.workload
+        fs = [q.f for q in self.program.graph.quantiles] if self.program.graph else []
+        q = nphases or len(fs)
+        cum = [0.0] + [min(1.0, f) for f in fs[:q]]
+        while len(cum) <= q:
+            cum.append(1.0)
+        cum[q] = 1.0
+        return (round(cum[phase - 1] * w.B) * w.R, round(cum[phase] * w.B) * w.R)
+
+    def node_rows(self, n: RunNode) -> tuple[int, int]:
+        return self.phase_rows(n.node.phase, n.node.nphases)
+
+    def artifact_rows(self, a: Artifact) -> tuple[int, int]:
+        if a.phase is None:
+            return (0, self.rows_total)
+        nphases = len(self.program.graph.quantiles) if self.program.graph else None
+        return self.phase_rows(a.phase, nphases)
+
+    def group_of(self, n: RunNode) -> int:
+        """Rows a replica must keep together: GRPO's training needs every rollout of a prompt."""
+        if n.kind == "op" and n.node.role == "training" and self.cfg.algorithm == "grpo":
+            return self.cfg.workload.R
+        return 1
+
+    def op_rows(self, i: int) -> dict[int, tuple[int, int]]:
+        n = self.plan.nodes[i]
+        return replica_rows(self.layouts[i], *self.node_rows(n), self.group_of(n))
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self, plan: RunPlan) -> dict[int, int]:
+        dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
+        if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
+            from rpegc.runtime.backends.torch.memory_check import check_memory
+
+            check_memory(plan.program, plan.devices, dist_backend)
+        self._analyse(plan)
+        if self.run_dir and not self.resume:
+            ckpt.clear_run_dir(self.run_dir)
+        if self.run_dir:
+            self._metrics_log = MetricsLog(self.run_dir, first_step=plan.first_step)
+        tp_impl = self._resolve_tp_impl()
+        self._t0 = time.time()
+        self._holdings: dict[Artifact, _Holding] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._ready: list[Completion] = []
+        self._exports: dict[int, _Export] = {}
+        self._cmd_seq = [0] * len(plan.devices)
+        self._releases: dict[int, list[str]] = {}  # rank -> labels freed since its last command
+        self._tag = 0
+        self._export_id = 0
+        self._mem: dict[int, float] = {}
+        self._peak: dict[int, float] = {}
+        self._completed = 0
+        self._trained = {n.node.model for n in plan.nodes if n.kind == "op" and n.node.role == "training"}
+        self._train_done: dict[int, set[str]] = {}
+        self._train_layout: dict[str, Layout] = {}  # where each model's training state (master, Adam) lives
+        # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
+        self._kept: dict[str, dict[int, Layout]] = {m: {} for m in self._trained}
+        layouts = tuple(sorted(set(self.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
+        setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
+                            layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
+                            dist_backend=dist_backend, fault=self.fault,
+                            resume_file=os.path.abspath(self._resume_dir) if self._resume_dir else None)
+        host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
+        secret = new_secret()
+        if self.launcher == "external":
+            self._write_secret(secret)  # before the store serves: a worker that reaches it finds the file
+        try:
+            self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                        timeout=timedelta(seconds=self.timeout_s))
+        except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError: port taken, bad host
+            self._remove_secret()
+            raise RpegError(None, f"cannot serve the control store at {host}:{port}: {str(err).splitlines()[0]}; "
+                                  "choose a free port on this host (--store HOST:PORT)") from None
+        self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway
+        self._chan = Endpoint(self._store, secret, "controller", warn)
+        self._chan.put("setup", {"type": "setup", "setup": setup})
+        if self.control == "store":
+            self._inbox = StoreInbox("127.0.0.1" if host == "0.0.0.0" else host, self._store.port, secret)
+        if self.launcher == "local":
+            links = self._launch(len(plan.devices), self._store.port, tp_impl, secret)
+            if self.control == "pipe":
+                self._chan.links.update({f"cmd/{r}": link for r, link in links.items()})
+                self._inbox = PipeInbox(links, self._chan)
+        else:
+            print(f"rpeg-run: waiting for {len(plan.devices)} workers; start rank r of them with "
+                  f"`python -m rpegc.runtime.backends.torch.worker --store {self.store_addr} --secret-file "
+                  f"{self._secret_written} --rank r --world {len(plan.devices)}` (torchrun/Slurm: RANK and "
+                  f"WORLD_SIZE from the environment; every worker must be able to read {self._secret_written}, "
+                  "mode 0600, or find it through RPEG_RUN_SECRET_FILE)", file=sys.stderr, flush=True)
+        for w in self.warnings:
+            print(f"rpeg-run: warning: {w}", file=sys.stderr)
+        self._await_ready(len(plan.devices))
+        return dict(self.rank_of)
+
+    def _write_secret(self, secret: bytes) -> None:
+        """The run's secret for externally launched workers: --secret-file, else RUN_DIR/control-secret,
+        else a file in a private temporary directory; removed when the run ends."""
+        path = self.secret_file
+        if not path and self.run_dir:
+            os.makedirs(self.run_dir, exist_ok=True)
+            path = os.path.join(self.run_dir, SECRET_FILE)
+        if not path:
+            self._secret_tmpdir = tempfile.mkdtemp(prefix="rpeg-run-")
+            path = os.path.join(self._secret_tmpdir, SECRET_FILE)
+        write_secret(path, secret)
+        self._secret_written = path
+
+    def _remove_secret(self) -> None:
+        if self._secret_written:
+            try:
+                os.remove(self._secret_written)
+            except OSError:
+                pass
+            self._secret_written = None
+        if self._secret_tmpdir:
+            shutil.rmtree(self._secret_tmpdir, ignore_errors=True)
+            self._secret_tmpdir = None
+
+    def _resolve_dist_backend(self, plan: RunPlan) -> str:
+        """gloo or nccl. Locally launched workers all run on this host, one GPU each under NCCL; externally
+        launched ones run elsewhere and check their own GPUs, so here only auto looks at this host's GPUs
+        (against a node of the plan's cluster: the controller usually shares a node with workers)."""
+        here: Optional[int] = len(plan.devices)
+        if self.launcher == "external":
+            cluster = plan.program.cluster
+            here = min(here, cluster.gpus) if self.dist_backend == "auto" and cluster is not None else None
+        return choose_dist_backend(self.dist_backend, here, torch.cuda.device_count())
+
+    def _resolve_tp_impl(self) -> str:
+        """megatron-core's TP layers when TP is used and megatron-core is installed (the workers import it)."""
+        if not any(L.tp > 1 for L in self.layouts.values()) or self.tp_impl == "torch":
+            return "torch"
+        import importlib.util
+
+        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+            why = "megatron-core is not installed"
+            if self.tp_impl == "megatron":
+                raise RpegError(None, f"--tp-impl megatron: {why}; install megatron-core 0.16.1 or use --tp-impl torch")
+            self.warnings.append(f"{why}; tensor parallelism falls back to plain torch.distributed")
+            return "torch"
+        return "megatron"
+
+    def _launch(self, world: int, port: int, tp_impl: str, secret: bytes) -> dict[int, Any]:
+        """One process per device, forked from a server that imported torch once (fast repeated launches).
+        Each gets the run's secret through the fork server's pipe (never the network or the command line),
+        and, under the pipe transport, its own end of a pipe to the controller; returns the controller's
+        ends by rank.
+
+        On a cluster the same workers start under torchrun/Slurm instead:
+        `python -m rpegc.runtime.backends.torch.worker --store HOST:PORT` with RANK/WORLD_SIZE set.
+        """
+        import multiprocessing as mp
+
+        self._temp_logs = not self.run_dir
+        self._log_dir = os.path.join(self.run_dir, "workers") if self.run_dir else tempfile.mkdtemp(prefix="rpeg-workers-")
+        os.makedirs(self._log_dir, exist_ok=True)
+        ctx = mp.get_context("forkserver")
+        # Imported once in the fork server instead of in every worker: torch, torch._dynamo (the first
+        # torch.optim.Adam pulls it in, ~1 s per process) and, for TP through megatron, its layers.
+        preload = ["torch", "torch._dynamo", "rpegc.runtime.backends.torch.worker"]
+        if tp_impl == "megatron":
+            preload.append("rpegc.runtime.backends.torch.megatron_compat")
+        ctx.set_forkserver_preload(preload)
+        from rpegc.runtime.backends.torch.worker import spawn_main
+
+        atexit.register(self._kill_workers)
+        links: dict[int, Any] = {}
+        for r in range(world):
+            log = os.path.join(self._log_dir, f"worker-{r}.log")
+            mine, theirs = ctx.Pipe(duplex=True) if self.control == "pipe" else (None, None)
+            proc = ctx.Process(target=spawn_main, args=("127.0.0.1", port, r, world, log, secret, theirs),
+                               daemon=True, name=f"rpeg-worker-{r}")
+            proc.start()
+            self._procs.append(proc)
+            if theirs is not None:
+                theirs.close()  # the worker holds its end: its death closes the pipe
+                links[r] = mine
+        return links
+
+    def _await_ready(self, world: int) -> None:
+        ready: set[int] = set()
+        deadline = time.time() + self.timeout_s
+        while len(ready) < world:
+            msg = self._poll()
+            if msg is None:
+                self._check_workers()
+                if time.time() > deadline:
+                    where = (f"see the worker logs in {self._log_dir}" if self._log_dir else
+                             "see the workers' own output (a worker without this run's secret file stops at once)")
+                    self._fail(f"only {len(ready)} of {world} workers started within {self.timeout_s:.0f} s; {where}")
+                continue
+            if msg["type"] == "ready":
+                ready.add(msg["rank"])
+            else:
+                self._on_message(msg)
+
+    def now(self) -> float:
+        return time.time() - self._t0
+
+    # -- control channel -------------------------------------------------------------------------------
+
+    def _send(self, rank: int, cmd: dict) -> None:
+        """Push `cmd` to `rank` with every copy freed there since its last command (a worker runs its commands
+        in order, so it frees them before it runs `cmd`): in a node's command, else as a release message first."""
+        assert self._chan is not None
+        labels = self._releases.pop(rank, None)
+        if labels and cmd["type"] in NODE_COMMANDS:
+            cmd = {**cmd, "release": labels}
+        elif labels:
+            self._push(rank, {"type": "release", "labels": labels})
+        self._push(rank, cmd)
+
+    def _push(self, rank: int, cmd: dict) -> None:
+        assert self._chan is not None
+        self._chan.push(f"cmd/{rank}", cmd)
+        self._cmd_seq[rank] += 1
+
+    def _flush_releases(self) -> None:
+        for rank in sorted(self._releases):
+            self._push(rank, {"type": "release", "labels": self._releases.pop(rank)})
+
+    def _poll(self) -> Optional[dict]:
+        """The next worker report, or None after POLL_S without one.
+
+        The inbox thread hands a report over as soon as the store has it; the bounded (Python-level,
+        silent) wait lets the caller check for dead workers and timeouts in between."""
+        assert self._inbox is not None
+        return self._inbox.get(POLL_S)
+
+    def _fail(self, message: str, loc=None) -> None:
+        self._failed = True
+        raise BackendError(loc, message)
+
+    def _check_workers(self) -> None:
+        for r, proc in enumerate(self._procs):
+            rc = proc.exitcode
+            if rc is None:
+                continue
+            running = [p for p, pend in self._pending.items() if r in pend.ranks and not self._queued(pend)]
+            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+            what = f"while running node {', '.join(running)}" if running else "while idle"
+            self._fail(f"worker {r} (device {self.device_of.get(r, r)}) {how} {what}; the run stopped "
+                       f"(log: {os.path.join(self._log_dir, f'worker-{r}.log')})")
+        now = self.now()
+        for node, pend in self._pending.items():
+            if now - pend.since > self.timeout_s and not self._queued(pend):
+                devs = sorted(self.device_of[r] for r in pend.ranks)
+                self._fail(f"node {node} did not finish within {self.timeout_s:.0f} s on device(s) {devs}")
+
+    def _on_message(self, msg: dict) -> None:
+        if msg["type"] == "error":
+            # A worker that died makes its peers' collectives fail a moment later: report the death,
+            # the cause, if one shows within a second.
+            deadline = time.time() + 1.0
+            while time.time() < deadline:
+                self._check_workers()
+                time.sleep(0.05)
+            r = msg["rank"]
+            dev = self.device_of.get(r, r)
+            if msg.get("node"):
+                self._fail(f"node {msg['node']} failed on device {dev} (worker {r}): {msg['message'].strip()}")
+            self._fail(f"worker {r} (device {dev}) failed in {msg['what']}: {msg['message'].strip()}")
+        if msg["type"] != "done":
+            return
+        r = msg["rank"]
+        self._mem[self.device_of[r]] = float(msg.get("mem", 0))
+        d = self.device_of[r]
+        self._peak[d] = max(self._peak.get(d, 0.0), self._mem[d])
+        if "export" in msg:
+            job = self._exports[msg["export"]]
+            job.parts[r] = msg  # the file a worker wrote: name, size, SHA-256, boxes (no tensors)
+            job.ranks.discard(r)
+            if not job.ranks:
+                del self._exports[msg["export"]]
+                if job.on_done is not None:
+                    job.on_done(job)
+            return
+        pend = self._pending[msg["node"]]
+        pend.ranks.discard(r)
+        pend.start = max(pend.start, msg["start"])
+        if r in pend.ends:
+            pend.finish = max(pend.finish, msg["finish"])
+        pend.bytes += int(msg.get("bytes", 0))
+        pend.versions_in.update(msg.get("versions_in") or {})
+        pend.versions_out.update(msg.get("versions_out") or {})
+        if msg.get("metrics"):
+            d0 = pend.dispatch
+            assert d0 is not None
+            self.metrics.setdefault(d0.node.step, {}).update(msg["metrics"])
+        if msg.get("reward_stats"):
+            d0 = pend.dispatch
+            assert d0 is not None
+            self._reward_report(d0.node.step, msg["reward_stats"])
+        if not pend.ranks:
+            self._complete(msg["node"], pend)
+
+    def _reward_report(self, step: int, stats: dict) -> None:
+        """Sum one replica's reward-function report into step `step`'s accuracy and failure count; the first
+        failure of the run becomes a warning (the run goes on: a failed call scored 0)."""
+        acc = self.reward_stats.setdefault(step, {"acc_sum": 0.0, "acc_n": 0, "failures": 0})
+        for k in acc:
+            acc[k] += stats[k]
+        metrics = self.metrics.setdefault(step, {})
+        if acc["acc_n"]:
+            metrics["accuracy"] = acc["acc_sum"] / acc["acc_n"]
+        metrics["reward_failures"] = float(acc["failures"])
+        if stats.get("first_failure") and self.first_reward_failure is None:
+            self.first_reward_failure = f"step {step}, {stats['first_failure']}"
+            warn(f"the reward function failed at {self.first_reward_failure}; such calls score 0 and the run goes "
+                  "on (their count: reward_failures in metrics.jsonl and the summary)")
+
+    def reward_summary(self) -> Optional[str]:
+        """One line on the reward function's failed calls, None if there were none."""
+        failed = int(sum(s["failures"] for s in self.reward_stats.values()))
+        if not failed:
+            return None
+        return f"reward function: {failed} call(s) failed and scored 0; the first at {self.first_reward_failure}"
+
+    def _complete(self, node: str, pend: _Pending) -> None:
+        del self._pending[node]
+        now = self.now()
+        for other in self._pending.values():
+            if node in other.after:
+                other.since = now
+        d = pend.dispatch
+        assert d is not None
+        out = d.versions_out if d.node.kind != "op" else tuple(sorted(pend.versions_out.items()))
+        self._ready.append(Completion(node=node, start=pend.start, finish=pend.finish, bytes=pend.bytes,
+                                      versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out))
+        self._completed += 1
+        if self._is_training(d):
+            self._after_training(d)
+
+    def _submit(self, d: Dispatch, commands: dict[int, dict], ends: frozenset[int],
+                after: tuple[str, ...] = ()) -> None:
+        if not commands:  # nothing to move (an unbound transfer): done at once
+            t = self.now()
+            self._ready.append(Completion(node=d.id, start=t, finish=t, bytes=0, versions_in=(),
+                                          versions_out=d.versions_out))
+            self._completed += 1
+            return
+        self._pending[d.id] = _Pending(d, set(commands), ends or frozenset(commands), since=self.now(),
+                                       after=after)
+        for cmd in commands.values():
+            cmd["ranks"] = sorted(commands)
+        for r, cmd in sorted(commands.items()):
+            self._send(r, cmd)
+
+    def _next_tag(self) -> int:
+        self._tag = (self._tag + 1) % 2000
+        return self._tag * 1_000_000
+
+    # -- holdings ------------------------------------------------------------------------------------
+
+    def _ranks(self, devices) -> tuple[int, ...]:
+        return tuple(self.rank_of[d] for d in devices)
+
+    def _alloc_ranks(self, a: Artifact) -> tuple[int, ...]:
+        assert self.program.cluster is not None
+        return self._ranks(a.alloc.devices(self.program.cluster))
+
+    def _reader_layout(self, a: Artifact) -> Layout:
+        """The layout a weights copy is laid out in where it lands: that of its first reader on its allocation."""
+        for i in self.plan.consumers.get(a, ()):
+            n = self.plan.nodes[i]
+            if n.kind == "op":
+                return self.layouts[i]
+            if n.kind == "reshard":
+                return self.reshard_layouts[i][0]
+        ranks = self._alloc_ranks(a)
+        return Layout(ranks, len(ranks), 1, 1)
+
+    def _reader_rows(self, a: Artifact) -> dict[int, tuple[int, int]]:
+        """Rows each rank of a delivered data artifact's allocation should hold: as its first reader splits them."""
+        rows = self.artifact_rows(a)
+        for i in self.plan.consumers.get(a, ()):
+            if self.plan.nodes[i].kind == "op":
+                need = {r: intersect(rr, rows) for r, rr in self.op_rows(i).items()}
+                return {r: x for r, x in need.items() if x is not None}
+        return {r: rows for r in self._alloc_ranks(a)}
+
+    def install(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
+        if artifact.kind != "weights":
+            raise BackendError(None, f"cannot install {artifact.label}: only parameter copies are installed")
+        layout = self._reader_layout(artifact)
+        cmd = {"type": "install", "label": artifact.label, "model": artifact.name, "version": artifact.index,
+               "layout": layout}
+        m, v, tau = artifact.name, artifact.index, self.plan.tau.get(artifact.name, 0)
+        # A resumed run's next checkpoint saves the older versions it reads again: the workers keep them
+        keep = (self._resume_index is not None and self.checkpoint_every and tau > 0 and m in self._trained
+                and v in ckpt.kept_versions(self.resume_step, tau) and v not in self._kept[m])
+        if keep:
+            self._kept[m][v] = layout
+        for r in layout.ranks:
+            self._send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
+        self._holdings[artifact] = _Holding(layout=layout)
+
+    def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
+        h = self._holdings.pop(artifact, None)
+        ranks = set(self._ranks(devices))
+        if h is not None:
+            ranks |= set(h.layout.ranks) if h.layout else set(h.rows)
+        for r in sorted(ranks):  # sent with the rank's next command, or before the controller waits
+            self._releases.setdefault(r, []).append(artifact.label)
+
+    # -- nodes -----------------------------------------------------------------------------------------
+
+    def run_op(self, d: Dispatch) -> None:
+        self._issue(d, self._op_command(d))
+
+    def transfer(self, d: Dispatch) -> None:
+        self._issue(d, self._transfer_command(d))
+
+    def reshard(self, d: Dispatch) -> None:
+        self._issue(d, self._reshard_command(d))
+
+    def chain(self, d: Dispatch, after: tuple[str, ...]) -> bool:
+        """Send `d` behind its running predecessors `after` when its start cannot come before their finish:
+        every rank that ends a predecessor (`_Command.ends`) runs `d` too, after it in its queue, and `d`
+        starts when its last rank begins it. Not with checkpoints around a training node: a step boundary's
+        checkpoint is requested when its training completes and must reach the workers before the nodes
+        after it."""
+        if self.checkpoint_every and any(self._is_training(x) for x in (d, *self._dispatches(after))):
+            return False
+        c = self._command(d)
+        if not c.commands:
+            return False  # nothing to send (an unbound transfer): it completes at once when dispatched
+        ranks = set(c.commands)
+        for p in after:
+            pend = self._pending.get(p)
+            if pend is not None and not pend.ends <= ranks:
+                return False
+        self._issue(d, c, after)
+        return True
+
+    def _queued(self, pend: _Pending) -> bool:
+        """Whether a chained node still waits in its workers' queues behind an unfinished predecessor."""
+        return any(a in self._pending for a in pend.after)
+
+    @staticmethod
+    def _is_training(d: Dispatch) -> bool:
+        return d.node.kind == "op" and d.node.node.role == "training"
+
+    def _dispatches(self, nodes: tuple[str, ...]) -> list[Dispatch]:
+        return [p.dispatch for x in nodes if (p := self._pending.get(x)) is not None and p.dispatch is not None]
+
+    def _command(self, d: Dispatch) -> "_Command":
+        kind = d.node.kind
+        if kind == "op":
+            return self._op_command(d)
+        return self._transfer_command(d) if kind == "comm" else self._reshard_command(d)
+
+    def _issue(self, d: Dispatch, c: "_Command", after: tuple[str, ...] = ()) -> None:
+        self._holdings.update(c.holdings)
+        self._submit(d, c.commands, c.ends, after)
+
+    def _op_command(self, d: Dispatch) -> "_Command":
+        n = d.node
+        i = n.index
+        layout = self.layouts[i]
+        rows = self.op_rows(i)
+        tag = self._next_tag()
+        prep, data_in, weights = [], [], None
+        holdings: dict[Artifact, _Holding] = {}
+        for a in d.inputs:
+            h = self._holdings.get(a)
+            if h is None:
+                raise BackendError(n.node.loc, f"node {n.id} needs {a.label}, which no worker holds")
+            if a.kind == "weights":
+                weights = a
+                if h.layout != layout:  # the plan left no Reshard: re-lay out locally first
+                    prep.append({"kind": "weights", "label": a.label, "model": a.name, "layout": layout,
+                                 "moves": route_weights(self.shapes[a.name], self.models[a.name].arch.layers,
+                                                        h.layout, layout)})
+                    holdings[a] = _Holding(layout=layout)
+                continue
+            data_in.append(a.label)
+            need = {r: x for r, rr in rows.items() if (x := intersect(rr, self.artifact_rows(a))) is not None}
+            moves = route_rows(h.rows, need)
+            if moves:
+                prep.append({"kind": "rows", "label": a.label, "fields": list(self.fields[a.name]), "moves": moves})
+                held = {r: list(x) for r, x in h.rows.items()}
+                for m in moves:
+                    held.setdefault(m.dst, []).append((m.lo, m.hi))
+                holdings[a] = _Holding(rows=held)
+        if weights is None:
+            raise BackendError(n.node.loc, f"node {n.id} binds no parameter copy of @{n.node.model}")
+        outputs: dict[str, list[str]] = {}
+        fields: list[str] = []
+        out_weights = None
+        for a in d.outputs:
+            if a.kind == "weights":
+                out_weights = a
+                holdings[a] = _Holding(layout=layout)
+                continue
+            outputs[a.label] = list(self.fields[a.name])
+            fields += [f for f in self.fields[a.name] if f not in fields]
+            holdings[a] = _Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
+        cmd = {"type": "op", "node": n.id, "step": n.step, "role": n.node.role, "model": n.node.model,
+               "layout": layout, "mb": n.node.strategy.mb, "rows": rows, "weights": weights.label,
+               "inputs": data_in, "outputs": outputs, "fields": fields, "prep": prep, "tag": tag,
+               "output": out_weights.label if out_weights else None,
+               "version_out": out_weights.index if out_weights else None}
+        return _Command({r: cmd for r in layout.ranks}, frozenset(layout.ranks), holdings)
+
+    def _transfer_command(self, d: Dispatch) -> "_Command":
+        n = d.node
+        if not d.inputs:
+            return _Command()
+        if d.inputs[0].kind == "weights":
+            return self._weights_command(d, d.inputs[0], d.outputs[0] if d.outputs else None, None)
+        out = d.outputs[0]
+        held: dict[int, list[tuple[int, int]]] = {}
+        for a in d.inputs:
+            h = self._holdings.get(a)
+            if h is None:
+                raise BackendError(n.node.loc, f"node {n.id} needs {a.label}, which no worker holds")
+            for r, rs in h.rows.items():
+                held.setdefault(r, []).extend(rs)
+        need = self._reader_rows(out)
+        moves = route_rows(held, need, have={})
+        cmd = {"type": "comm_data", "node": n.id, "moves": moves, "sources": [a.label for a in d.inputs],
+               "target": out.label, "fields": list(self.fields[out.name]), "tag": self._next_tag()}
+        before = self._holdings.get(out)
+        delivered = _Holding(rows={**(before.rows if before else {}), **{r: [x] for r, x in need.items()}})
+        ranks = {m.src for m in moves} | {m.dst for m in moves}
+        return _Command({r: cmd for r in ranks}, frozenset(m.dst for m in moves), {out: delivered})
+
+    def _reshard_command(self, d: Dispatch) -> "_Command":
+        if not d.inputs:
+            return _Command()
+        _, target = self.reshard_layouts[d.node.index]
+        return self._weights_command(d, d.inputs[0], d.outputs[0] if d.outputs else d.inputs[0], target)
+
+    def _weights_command(self, d: Dispatch, src: Artifact, dst: Optional[Artifact],
+                         target: Optional[Layout]) -> "_Command":
+        n = d.node
+        h = self._holdings.get(src)
+        if h is None or h.layout is None:
+            raise BackendError(n.node.loc, f"node {n.id} moves {src.label}, which no worker holds")
+        if dst is None:
+            return _Command()
+        layout = target or self._reader_layout(dst)
+        moves = route_weights(self.shapes[src.name], self.models[src.name].arch.layers, h.layout, layout)
+        cmd = {"type": "move_weights", "node": n.id, "model": src.name, "version": src.index, "source": src.label,
+               "target": dst.label, "layout": layout, "moves": moves, "src_ranks": h.layout.ranks,
+               "tag": self._next_tag()}
+        ranks = {m.src for m in moves} | set(layout.ranks)
+        if src == dst:
+            ranks |= set(h.layout.ranks)
+        return _Command({r: cmd for r in ranks}, frozenset(layout.ranks), {dst: _Holding(layout=layout)})
+
+    # -- waiting -----------------------------------------------------------------------------------------
+
+    def wait(self) -> list[Completion]:
+        if not self._ready and not self._pending:
+            raise BackendError(None, "wait() with nothing running")
+        if not self._ready:
+            self._flush_releases()
+        while not self._ready:
+            msg = self._poll()
+            if msg is None:
+                self._check_workers()
+                continue
+            self._on_message(msg)
+        out, self._ready = self._ready, []
+        return out
+
+    def memory(self) -> dict[int, float]:
+        return dict(self._mem)
+
+    def peak_memory(self) -> dict[int, float]:
+        return dict(self._peak)
+
+    def step_metrics(self, step: int) -> dict[str, float]:
+        return dict(self.metrics.get(step, {}))
+
+    def step_done(self, step: int, finish: float) -> None:
+        """Append step `step`'s metrics and times to RUN_DIR/metrics.jsonl (and TensorBoard, if installed)."""
+        if self._metrics_log is not None:
+            self._metrics_log.write(step, finish, self.step_metrics(step))
+
+    # -- checkpoints and final weights -------------------------------------------------------------------
+
+    def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[_Export], None]) -> None:
+        """Ask each rank of `requests` to write its shard file into `directory`; `on_done` gets the reports."""
+        self._export_id += 1
+        job = _Export(set(requests), on_done=on_done)
+        self._exports[self._export_id] = job
+        for r, req in sorted(requests.items()):
+            self._send(r, {"type": "export", "export": self._export_id, "dir": os.path.abspath(directory), **req})
+
+    def _after_training(self, d: Dispatch) -> None:
+        k, m = d.node.step, d.node.node.model
+        out = next(a for a in d.outputs if a.kind == "weights")
+        layout = self._holdings[out].layout
+        assert layout is not None
+        tau = self.plan.tau.get(m, 0)
+        self._train_layout[m] = layout
+        self._train_done.setdefault(k, set()).add(m)
+        boundary = self._train_done[k] >= self._trained and self.checkpoint_every and \
+            (k + 1) % self.checkpoint_every == 0 and k + 1 < self.plan.steps
+        if self.checkpoint_every and tau > 0:
+            # nodes after a later checkpoint may still read this version: each rank keeps what it writes
+            for r in layout.ranks:
+                self._send(r, {"type": "keep", "label": out.label, "tau": tau})
+            kept = self._kept.setdefault(m, {})
+            kept[out.index] = layout
+            for v in [v for v in kept if v < out.index - tau]:
+                del kept[v]
+        if boundary:
+            self._checkpoint(k + 1)
+
+    def _io_stat(self, what: str, step: int, job: _Export) -> None:
+        reports = list(job.parts.values())
+        self.io_stats.append({"what": what, "step": step, "files": len(reports),
+                              "bytes": sum(int(p["bytes"]) for p in reports),
+                              "write_s": max((float(p.get("write_s", 0.0)) for p in reports), default=0.0)})
+
+    def _checkpoint(self, step: int) -> None:
+        """Checkpoint step boundary `step`: every worker writes its shards of the weights (every version
+        later nodes may read), Adam state and RNG into step-NNNNNN.partial; once all reported, the
+        controller writes the index and renames the directory, then prunes to --keep-checkpoints."""
+        assert self.run_dir is not None
+        requests: dict[int, dict] = {r: {"masters": [], "window": [], "optimizer": [], "rng": True}
+                                     for r in range(len(self._cmd_seq))}
+        # The training state of each model holds version `step` as its float32 master with its Adam state,
+        # whatever Comm/Reshard nodes did with the published copy since (a Reshard may have moved it).
+        trained = {m: self._train_layout[m] for m in sorted(self._trained)}
+        versions: dict[str, list[int]] = {}
+        for m, layout in trained.items():
+            tau = self.plan.tau.get(m, 0)
+            versions[m] = [step]
+            for r in layout.ranks:  # each writes its share (`Worker._writes`)
+                requests[r]["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
+                requests[r]["optimizer"].append([m, layout])
+            for v in ckpt.kept_versions(step, tau):
+                kept = self._kept.get(m, {}).get(v)
+                if v == step or kept is None:
+                    continue
+                versions[m].append(v)
+                for r in kept.ranks:
+                    requests[r]["window"].append([m, v, ckpt.weights_key(m, v, "")])
+        target = ckpt.checkpoint_path(self.run_dir, step)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pending = PendingDirectory(target, "the checkpoint")
+        fields = {"step": step, "identity": self.identity(self.plan), "plan_hash": self.plan.hash,
+                  "versions": {m: sorted(vs) for m, vs in versions.items()}, "optimizer": sorted(trained),
+                  "metrics": {str(k): v for k, v in self.metrics.items() if k < step}}
+
+        def write(job: _Export) -> None:
+            index = ckpt.build_index(ckpt.FORMAT, job.parts.values(), **fields)
+            ckpt.write_index(pending.path, index)
+            pending.commit()
+            self.checkpoints.append(target)
+            self._io_stat("checkpoint", step, job)
+            ckpt.prune_checkpoints(self.run_dir or "", self.keep_checkpoints)
+
+        self._export(requests, pending.path, write)
+
+    def _drain_exports(self) -> None:
+        deadline = time.time() + self.timeout_s
+        while self._exports:
+            msg = self._poll()
+            if msg is None:
+                self._check_workers()
+                if time.time() > deadline:
+                    self._fail("exports of checkpoints or final weights did not finish in time")
+                continue
+            self._on_message(msg)
+
+    def _collect_final(self) -> None:
+        """The workers write the final version of every trained model (the retained weights) to
+        RUN_DIR/final/ (or a temporary directory without a run directory); the controller reads it into
+        `final_weights`."""
+        finals: dict[str, tuple[Artifact, Layout]] = {}
+        for a in self.plan.retained:
+            h = self._holdings.get(a)
+            if a.kind != "weights" or h is None or h.layout is None:
+                continue
+            if a.name not in finals or a.index > finals[a.name][0].index:
+                finals[a.name] = (a, h.layout)
+        if not finals:
+            return
+        requests: dict[int, dict] = {}
+        for m, (a, layout) in finals.items():
+            key = ckpt.weights_key(m, None, "")
+            if m in self._train_layout:  # the float32 master, not a serving copy a Reshard may have moved
+                t_layout = self._train_layout[m]
+                for r in t_layout.ranks:
+                    requests.setdefault(r, {"masters": []}).setdefault("masters", []).append([m, t_layout, a.index, key])
+                continue
+            for r in layout.ranks:
+                requests.setdefault(r, {"weights": []}).setdefault("weights", []).append([a.label, key])
+        scratch = None if self.run_dir else tempfile.mkdtemp(prefix="rpeg-final-")
+        target = ckpt.final_path(self.run_dir or scratch or "")
+        try:
+            pending = PendingDirectory(target, "the final weights")
+            fields = {"identity": self.identity(self.plan), "plan_hash": self.plan.hash,
+                      "versions": {m: a.index for m, (a, _) in finals.items()},
+                      "metrics": {str(k): v for k, v in self.metrics.items()}}
+
+            def write(job: _Export) -> None:
+                ckpt.write_index(pending.path, ckpt.build_index(ckpt.FINAL_FORMAT, job.parts.values(), **fields))
+                pending.commit()
+                self._io_stat("final", self.plan.steps, job)
+
+            self._export(requests, pending.path, write)
+            self._drain_exports()
+            self.final_weights = ckpt.load_final(target)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def interrupt(self) -> None:
+        """The run was interrupted (rpeg-run got SIGINT/SIGTERM): shutdown() stops the workers after a short
+        grace instead of letting them finish, writes no final weights, and ends the fork server too. The signal
+        may have cut the main thread's read of a report short (`Endpoint.allow_gaps`)."""
+        self._interrupted = True
+        if self._chan is not None:
+            self._chan.allow_gaps = True
+
+    def kill_now(self) -> None:
+        """A second signal: SIGKILL every worker and the fork server, without waiting (the process exits)."""
+        import signal
+
+        for pid in [p.pid for p in self._procs if p.exitcode is None] + [forkserver_pid()]:
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        try:
+            finished = self._completed == len(self.plan.nodes) and not self._pending
+            if finished and not self._failed and not self._interrupted:
+                self._collect_final()
+        finally:
+            self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """Tell every worker to stop (an idle one exits at once; one stuck in a collective after a failure
+        reads it once its collective times out), wait a little, then kill what is left of ours."""
+        self._stopped = True
+        if self._store is not None:
+            for r in range(len(self._cmd_seq)):
+                try:
+                    self._send(r, {"type": "stop"})
+                except Exception:
+                    break
+            deadline = time.time() + (1.0 if self._failed or self._interrupted else 10.0)
+            left = set(range(len(self._cmd_seq)))
+            while left and time.time() < deadline:
+                if self._procs and all(p.exitcode is not None for p in self._procs):
+                    break  # every local worker already exited: no bye left to wait for
+                try:
+                    msg = self._poll()
+                except Exception:
+                    break
+                if msg is not None and msg.get("type") == "bye":
+                    left.discard(msg["rank"])
+            for p in self._procs:
+                p.join(timeout=max(0.0, deadline - time.time()))
+        self._kill_workers()
+        atexit.unregister(self._kill_workers)
+        if self._metrics_log is not None:
+            self._metrics_log.close()
+        if self._interrupted:
+            stop_forkserver()
+        if self._inbox is not None and self._chan is not None:
+            self._inbox.close(self._chan)
+        self._inbox, self._chan, self._store = None, None, None
+        self._remove_secret()
+        if self._temp_logs and not self._failed:
+            shutil.rmtree(self._log_dir, ignore_errors=True)  # kept after a failure: the message points there
+
+    def _kill_workers(self) -> None:
+        """Terminate, then kill, every worker still alive; reap them all (no orphans, no zombies)."""
+        for p in self._procs:
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.time() + (1.0 if self._interrupted else 3.0)
+        for p in self._procs:
+            p.join(timeout=max(0.0, deadline - time.time()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs]

@@ -1,0 +1,173 @@
+"""Hugging Face checkpoints in the torch backend (issue 15, items 1 and 2): a model of the `.rpeg` named by
+`hf = "DIR"` is built with the network options of DIR's config (read by `transformers`: RMSNorm epsilon, the
+RoPE tables of its rope type and scaling, tied embeddings) and its version 0 is DIR's weights, of which each
+rank reads only the slices its layout gives it (safetensors `get_slice`).
+
+The backend's blocks are the Llama family's (rpegc/core/ir/hf_config.py says what is supported; Qwen2's query,
+key and value biases included); this module maps the names: `model.layers.i.self_attn.q_proj.weight` is
+`layers.i.attn.wq.weight`, and so on. Tied
+embeddings are read into both the embedding and the LM head, which then train as two parameters (a tied
+pair across pipeline stages would need a gradient all-reduce between the first and the last stage).
+A critic or reward model takes its value head from a sequence-classification checkpoint's `score.weight`
+(one label; bias 0), else it is initialised from the run's seed like the backend's own models.
+Everything is read from local files: `transformers` is told never to reach the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.hf_config import arch_of_config, hf_config_path, read_hf_config
+from rpegc.core.ir.program import Arch
+from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
+from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, arch_net, build_model, check_arch,
+                                                install_weights, seeded_parameter)
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_BLOCK = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",
+          "attn.wq.weight": "self_attn.q_proj.weight", "attn.wk.weight": "self_attn.k_proj.weight",
+          "attn.wv.weight": "self_attn.v_proj.weight", "attn.wo.weight": "self_attn.o_proj.weight",
+          "mlp.w_gate.weight": "mlp.gate_proj.weight", "mlp.w_up.weight": "mlp.up_proj.weight",
+          "mlp.w_down.weight": "mlp.down_proj.weight", "attn.wq.bias": "self_attn.q_proj.bias",
+          "attn.wk.bias": "self_attn.k_proj.bias", "attn.wv.bias": "self_attn.v_proj.bias"}
+_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight", "value_head.weight": "score.weight"}
+
+
+def hf_name(name: str, tied: bool = False) -> Optional[str]:
+    """The checkpoint's name of backend parameter `name` (None: not in a checkpoint, the value head's bias)."""
+    if name.startswith("layers."):
+        _, i, rest = name.split(".", 2)
+        return f"model.layers.{i}.{_BLOCK[rest]}"
+    if name == "lm_head.weight" and tied:
+        return _TOP["embed.weight"]
+    return _TOP.get(name)
+
+
+def offline_config(directory: str):
+    """`transformers`' config of a local directory (no network, whatever HF_HUB_OFFLINE says)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise RpegError(None, f"transformers cannot read the config of {directory}: {str(e).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def rope_tables(directory: str, max_seq: int) -> tuple[Tensor, Tensor]:
+    """cos, sin [max_seq, head_dim] in float32 as `transformers`' own rotary embedding computes them for the
+    config's rope type and scaling (attention scaling included), positions 0..max_seq-1."""
+    config = offline_config(directory)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(config)
+    positions = torch.arange(max_seq).unsqueeze(0)
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    return cos[0].contiguous(), sin[0].contiguous()
+
+
+def hf_net(directory: str, base: NetOptions) -> NetOptions:
+    """The network options of checkpoint `directory` (the run's `base` gives max_seq and init_std)."""
+    config = read_hf_config(directory)
+    window = config.get("sliding_window") if config.get("model_type") == "mistral" or config.get("use_sliding_window") \
+        else None
+    if window is not None and window < base.max_seq:
+        raise RpegError(None, f"{directory}: sliding_window = {window} is shorter than Lp + Lr = {base.max_seq}; "
+                              "rpegc builds full attention (raise Lp + Lr within the window, or use another model)")
+    return dataclasses.replace(base, mlp="swiglu", positions="rope", norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+                               hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
+
+
+class HFWeights:
+    """Reads the tensors of checkpoint `directory` for a model of `kind`: whole, or a rank's pieces."""
+
+    def __init__(self, directory: str, kind: str, seed: int, net: NetOptions):
+        self.directory, self.kind, self.seed, self.net = directory, kind, seed, net
+        config = read_hf_config(directory)  # once: its shape and whether the LM head is the embedding
+        self.layers = arch_of_config(config, hf_config_path(directory)).layers
+        self.tied = bool(config.get("tie_word_embeddings", False))
+        self.files = self._weight_map()
+        self._open: dict[str, object] = {}
+
+    def _weight_map(self) -> dict[str, str]:
+        index = os.path.join(self.directory, INDEX)
+        if os.path.exists(index):
+            try:
+                with open(index, encoding="utf-8") as f:
+                    return dict(json.load(f)["weight_map"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise RpegError(None, f"cannot read {index}: {e}") from None
+        if not os.path.exists(os.path.join(self.directory, SINGLE)):
+            raise RpegError(None, f"{self.directory} has neither {SINGLE} nor {INDEX}: no weights to load")
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(self.directory, SINGLE), framework="pt") as f:
+            return {k: SINGLE for k in f.keys()}
+
+    def _slice(self, key: str):
+        from safetensors import safe_open
+
+        name = self.files.get(key)
+        if name is None:
+            raise RpegError(None, f"{self.directory}: the checkpoint has no tensor {key}")
+        f = self._open.get(name)
+        if f is None:
+            try:
+                f = self._open[name] = safe_open(os.path.join(self.directory, name), framework="pt")
+            except Exception as e:  # a missing or broken shard file
+                raise RpegError(None, f"cannot open {os.path.join(self.directory, name)}: {str(e).splitlines()[0]}") from None
+        return f.get_slice(key)
+
+    def read(self, name: str, shape: tuple[int, ...], piece: Optional[Piece] = None) -> Tensor:
+        """Backend parameter `name` (full shape `shape`), or its piece, in float32."""
+        key = hf_name(name, self.tied)
+        if name.startswith("value_head.") and (key is None or key not in self.files):
+            full = seeded_parameter(name, shape, self.seed, self.net.init_std, self.layers)
+            return full if piece is None or piece.dim is None else full.narrow(piece.dim, piece.lo, piece.hi - piece.lo)
+        assert key is not None
+        sl = self._slice(key)
+        if tuple(sl.get_shape()) != tuple(shape):
+            raise RpegError(None, f"{self.directory}: {key} has shape {tuple(sl.get_shape())}, the model built from "
+                                  f"its config expects {tuple(shape)}")
+        if piece is None or piece.dim is None:
+            part = sl[:]
+        else:
+            index = [slice(None)] * len(shape)
+            index[piece.dim] = slice(piece.lo, piece.hi)
+            part = sl[tuple(index)]
+        return part.to(torch.float32)
+
+    def full(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+        return {n: self.read(n, s) for n, s in shapes.items()}
+
+    def pieces(self, shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int) -> dict[str, Tensor]:
+        """This rank's pieces under `layout`: only the slices it holds are read."""
+        return {n: self.read(n, shapes[n], p) for n, p in rank_pieces(shapes, layout, rank, self.layers).items()}
+
+
+def model_net(arch: Arch, hf: Optional[str], base: NetOptions) -> NetOptions:
+    """A model's network options: its checkpoint's (`hf_net`), or the run's `base` with its arch's MLP."""
+    return arch_net(arch, base) if hf is None else hf_net(hf, base)
+
+
+def initial_model(arch: Arch, kind: str, seed: int, hf: Optional[str], base: NetOptions) -> TransformerModel:
+    """Version 0 of a model, whole and in float32: built from `seed`, or read from checkpoint `hf` (what the
+    single-process reference starts from; a worker reads only its pieces)."""
+    net = model_net(arch, hf, base)
+    if hf is None:
+        return build_model(arch, kind, seed, net)
+    check_arch(arch, kind, net)
+    model = TransformerModel(arch, kind, net)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    install_weights(model, HFWeights(hf, kind, seed, net).full(shapes))
+    return model

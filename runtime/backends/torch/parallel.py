@@ -1,0 +1,262 @@
+"""Model parallelism of one invocation: TP, PP and DP with microbatches on per-vertex process groups.
+
+Paper Sec. VII (each vertex runs under its own plan (dp, pp, tp, mb)) and spec Sec. 1.4 (nested
+placement); the pipeline schedules are the ones spec/cost-model.md Sec. 3.3 prices, microbatches in
+flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Which part uses what:
+- tensor parallelism: Megatron-style column/row-parallel projections in every block, from
+  megatron-core (`megatron_compat`, tp_impl "megatron") or from the two autograd functions below
+  (tp_impl "torch": identity forward / all-reduce backward before a column-parallel projection,
+  all-reduce forward / identity backward after a row-parallel one). Either way on the vertex's own
+  TP group; embeddings, norms and heads are replicated over TP;
+- pipeline parallelism: stage slicing of the blocks (`layout.stage_bounds`) with point-to-point
+  transfers on the vertex's own PP group. Sends are non-blocking (`StageLink`) and nothing
+  synchronises the stages between microbatches, so stage s works on microbatch j while stage s+1
+  works on j-1:
+  - inference (`infer`): all microbatches forward, one broadcast of the results at the end;
+  - training (`train_step`): GPipe, all forwards then all backwards in reverse, each phase pipelined;
+  - generation (`generate`): every decode step sends the microbatches through the stages as a
+    wavefront; the last stage samples with the per-sequence generators and sends only the token ids
+    back to stage 0 (no logits broadcast), and the rollouts are broadcast once at the end;
+- data parallelism: a SUM all-reduce of the gradients over the DP group (the losses are sums over local
+  tokens divided by the GLOBAL token count, so the sum is the whole-batch gradient), plain
+  torch.distributed.
+Everything a `ParallelModel` builds (its stage module, KV caches, message buffers, placeholders) is on
+its `device`: the CPU under gloo, the worker's GPU under NCCL (`device.worker_device`), and in its
+`dtype`: float32 for training, the serving dtype (`models.serving_dtype`: bf16 when the workload says
+so) for generation and inference, whose activations, KV caches, TP all-reduces and pipeline messages are
+then bf16 too; the heads return float32 (`TransformerModel.heads`), so results and sampling are float32.
+Inference and the losses are the single-process functions of `rl`, run on a `StageView` that looks like
+a `TransformerModel` to them; generation repeats `generation.generate`'s sampling step by step, so a
+sequence gets the tokens it gets in a single process. `ParallelModel.trace` records a rank's schedule
+(what it computed, in order, with times) for tests and measurements.
+
+Modules: this one holds the process groups, the stage module and `ParallelModel` (one rank's share of a
+model); `tensor_parallel` the TP projections; `pipeline` the point-to-point links between stages;
+`schedules` the pipelined inference, generation and training steps.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.program import Arch
+from rpegc.runtime.backends.torch.device import CPU
+from rpegc.runtime.backends.torch.layout import Layout, rank_pieces, shard_dim, stage_bounds
+from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel
+from rpegc.runtime.backends.torch.pipeline import ACTIVATION, StageEvent, StageLink
+from rpegc.runtime.backends.torch.tensor_parallel import canonical_name, tp_linear
+
+
+class ProcessGroups:
+    """Every process group the plan's layouts need, created once, in one order on every rank."""
+
+    def __init__(self, layouts: Iterable[Layout]):
+        self._groups: dict[tuple[int, ...], object] = {}
+        for ranks in sorted({g for layout in layouts for g in layout.groups()}):
+            self._groups[ranks] = dist.new_group(list(ranks))
+
+    def get(self, ranks: tuple[int, ...]):
+        """The group of `ranks`, or None for a single rank (nothing to communicate)."""
+        if len(ranks) <= 1:
+            return None
+        return self._groups[tuple(ranks)]
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+
+def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, tp_group, tp_impl: str,
+                       device: torch.device = CPU, dtype: torch.dtype = torch.float32) -> TransformerModel:
+    """The part of the model `rank` runs: its pipeline stage's blocks, TP-sharded projections, on `device`
+    in `dtype` (parameters and floating buffers such as the RoPE tables).
+
+    Parameters keep the names of the single-process model (after `canonical_name`); their values are
+    placeholders until a published version is loaded. megatron's layers are allocated on the device
+    itself (its GPU path); the rest is built on the CPU and moved once it is cut to this rank's share.
+    """
+    _, p, _ = layout.coord(rank)
+    first, last = stage_bounds(arch.layers, layout.pp)[p]
+    model = TransformerModel(arch, kind, net)
+    for i in range(arch.layers):
+        if not first <= i < last:
+            model.layers[i] = nn.Module()  # keeps block indices (and parameter names) of the full model
+    if p != 0:
+        model.embed = None
+        model.pos_embed = None
+    if p != layout.pp - 1:
+        model.norm = None
+        model.lm_head = None
+        model.value_head = None
+    if layout.tp > 1:
+        for i in range(first, last):
+            block = model.layers[i]
+            for name in ("wq", "wk", "wv"):
+                setattr(block.attn, name, tp_linear("column", getattr(block.attn, name), layout.tp, tp_group, tp_impl,
+                                                     device))
+            block.attn.wo = tp_linear("row", block.attn.wo, layout.tp, tp_group, tp_impl, device)
+            if block.mlp.kind == "swiglu":
+                block.mlp.w_gate = tp_linear("column", block.mlp.w_gate, layout.tp, tp_group, tp_impl, device)
+            block.mlp.w_up = tp_linear("column", block.mlp.w_up, layout.tp, tp_group, tp_impl, device)
+            block.mlp.w_down = tp_linear("row", block.mlp.w_down, layout.tp, tp_group, tp_impl, device)
+    return model.to(device=device, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One rank's share of a model under a layout
+
+
+class ParallelModel:
+    """The stage module of `rank` under `layout` with its TP/PP/DP/replica groups, on `device`, computing in
+    `dtype` (float32 for training; a serving module may be bf16/fp16)."""
+
+    def __init__(self, arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, groups: ProcessGroups,
+                 tp_impl: str, device: torch.device = CPU, dtype: torch.dtype = torch.float32):
+        self.arch, self.kind, self.net, self.layout, self.rank = arch, kind, net, layout, rank
+        self.device, self.dtype = device, dtype
+        d, p, t = layout.coord(rank)
+        self.d, self.p, self.t = d, p, t
+        self.first_layer, self.last_layer = stage_bounds(arch.layers, layout.pp)[p]
+        self.is_first, self.is_last = p == 0, p == layout.pp - 1
+        self.prev = layout.rank_at(d, p - 1, t) if not self.is_first else None
+        self.next = layout.rank_at(d, p + 1, t) if not self.is_last else None
+        self.first_rank = layout.rank_at(d, 0, t)
+        self.last_rank = layout.rank_at(d, layout.pp - 1, t)
+        self.tp_group = groups.get(layout.tp_group(d, p))
+        self.pp_group = groups.get(layout.pp_group(d, t))
+        self.dp_group = groups.get(layout.dp_group(p, t))
+        self.mp_group = groups.get(layout.replica(d))
+        self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device, dtype)
+        self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
+        self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
+
+    def params(self) -> dict[str, nn.Parameter]:
+        return {canonical_name(n): p for n, p in self.module.named_parameters()}
+
+    def load(self, shards: dict[str, Tensor]) -> None:
+        """Copy a version's shards (on any device) into the module's parameters (cast to the module's dtype)."""
+        own = self.params()
+        if set(own) != set(shards):
+            missing, extra = sorted(set(own) - set(shards)), sorted(set(shards) - set(own))
+            raise RpegError(None, f"weights do not fit this rank's shard: missing {missing[:3]}, unexpected "
+                            f"{extra[:3]} (layout {self.layout.short()})")
+        with torch.no_grad():
+            for n, p in own.items():
+                p.copy_(shards[n])
+
+    def export(self) -> dict[str, Tensor]:
+        return {n: p.detach().clone() for n, p in self.params().items()}
+
+    # -- pipeline ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def event(self, what: str, key: tuple[int, ...]) -> Iterator[None]:
+        """Time a piece of this rank's schedule into `trace` (when tracing)."""
+        if self.trace is None:
+            yield
+            return
+        start = time.monotonic()
+        yield
+        self.trace.append(StageEvent(what, key, start, time.monotonic()))
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        a = self.arch
+        cache = KVCache(0, batch, a.kv_heads // self.layout.tp, a.head_dim, capacity, self.dtype, self.device)
+        shape = (batch, a.kv_heads // self.layout.tp, capacity, a.head_dim)
+        empty = torch.empty(0, dtype=self.dtype, device=self.device)
+        cache.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                      if self.first_layer <= i < self.last_layer else empty for i in range(a.layers)]
+        cache.values = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                        if self.first_layer <= i < self.last_layer else empty for i in range(a.layers)]
+        return cache
+
+    def expect_input(self, link: StageLink, key: tuple[int, ...], shape: tuple[int, int]) -> None:
+        """Post the receive of microbatch `key`'s input, `shape` = [b, t] positions, from the previous stage."""
+        if not self.is_first:
+            link.expect((*shape, self.arch.hidden), self.dtype, self.prev, ACTIVATION, key)
+
+    def stage_forward(self, link: StageLink, key: tuple[int, ...], shape: tuple[int, int],
+                      tokens: Optional[Tensor] = None, cache: Optional[KVCache] = None,
+                      grad: bool = False, pads: Optional[Tensor] = None) -> tuple[Optional[Tensor], Tensor]:
+        """This stage's blocks on the `shape` = [b, t] positions of microbatch `key`: (received input or
+        None on stage 0, output). Stage 0 embeds `tokens`; the others receive the previous stage's
+        output; the output goes on to the next stage without waiting. Advances `cache`. `pads` (the rows'
+        left padding) is known to every stage: each reads it from the prompts, not from the pipeline."""
+        b, t = shape
+        start = cache.length if cache is not None else 0
+        inp: Optional[Tensor] = None
+        if not self.is_first:
+            inp = link.recv((b, t, self.arch.hidden), self.dtype, self.prev, ACTIVATION, key)  # activations in dtype
+            if grad:
+                inp.requires_grad_(True)
+        with self.event("forward", key):
+            h = self.module.embed_tokens(tokens, start, pads) if self.is_first else inp
+            out = self.module.forward_layers(h, start, cache, self.first_layer, self.last_layer, pads)
+        if not self.is_last:
+            link.send(out, self.next, ACTIVATION, key)
+        if cache is not None:
+            cache.length += t
+        return inp, out
+
+    def from_last_stage(self, x: Tensor) -> Tensor:
+        """`x` as the last stage computed it, on every stage of this pipeline (every stage knows its shape)."""
+        if self.pp_group is not None and x.numel():
+            with self.event("broadcast", ()):
+                x = x.contiguous()
+                dist.broadcast(x, src=self.last_rank, group=self.pp_group)
+        return x
+
+    # -- gradients --------------------------------------------------------------------------------
+
+    def allreduce_grads(self) -> None:
+        """Sum gradients over the data-parallel replicas (one flat buffer)."""
+        if self.dp_group is None:
+            return
+        params = list(self.module.parameters())
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # a replica without rows still joins the all-reduce
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=self.dp_group)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    def grad_sq_total(self, _local: Tensor) -> Tensor:
+        """The squared global gradient norm: TP shards and stages summed, replicated tensors once."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, p in self.params().items():
+            if p.grad is None:
+                continue
+            replicated = self.layout.tp == 1 or shard_dim(name) is None
+            if replicated and self.t != 0:
+                continue
+            total = total + p.grad.double().pow(2).sum()
+        if self.mp_group is not None:
+            dist.all_reduce(total, group=self.mp_group)
+        return total
+
+
+def shard_of(full: dict[str, Tensor], shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int,
+             layers: int) -> dict[str, Tensor]:
+    """This rank's pieces of full tensors (an initial checkpoint or a saved version)."""
+    out = {}
+    for name, piece in rank_pieces(shapes, layout, rank, layers).items():
+        t = full[name]
+        out[name] = t.clone() if piece.dim is None else t.narrow(piece.dim, piece.lo, piece.hi - piece.lo).clone()
+    return out
+
+
+def param_shapes(arch: Arch, kind: str, net: NetOptions) -> dict[str, tuple[int, ...]]:
+    """Full parameter shapes of a model (built once on the CPU: the meta device would pull in torch's
+    compiler stack on first use, seconds per process)."""
+    model = TransformerModel(arch, kind, net)
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}

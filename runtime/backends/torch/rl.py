@@ -1,0 +1,450 @@
+"""RL math of one PPO / GRPO step: log-probs, KL, rewards, GAE, group advantages, losses, Adam, clipping.
+
+Paper Sec. II (PPO and GRPO stages) and App. B (hyper-parameters: one PPO epoch, actor/critic learning
+rate 1e-6, zero weight decay, gradient clipping at 1.0, PPO clip 0.2, gamma = 1, GAE lambda = 0.95,
+KL coefficient 0.01). Losses are token means over the GLOBAL batch: each takes `num_tokens`, the
+number of response tokens in the whole batch, and returns sum(local terms) / num_tokens. A shard's
+gradient is then exactly its share of the full-batch gradient, so summing gradients over data-parallel
+replicas and microbatches (an all-reduce SUM, or a mean times the replica count) reproduces the
+single-process update.
+
+Conventions: response token t of a sequence with prompt length Lp sits at position Lp + t and is
+predicted from position Lp + t - 1; the value V(s_t) of the state before token t is read at that same
+position. Masks are float tensors, 1 for real response tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Collection, Iterable, Optional, Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.program import ALGORITHMS
+from rpegc.runtime.backends.torch.generation import Sampling
+from rpegc.runtime.backends.torch.models import TransformerModel
+
+KL_ESTIMATORS = ("k1", "k3")
+
+# A sum over data-parallel replicas (all-reduce SUM); the identity in a single process.
+Reduce = Callable[[Tensor], Tensor]
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Hyper-parameters of one RL step. Defaults are the paper's App. B values where it gives them.
+
+    Not in App. B (conventions of PPO for LLMs, as in verl/InstructGPT): the KL penalty enters the
+    per-token reward with the k1 estimator log(pi_old/pi_ref) for PPO; GRPO instead adds a KL loss with
+    the k3 estimator (DeepSeekMath). Value clipping 0.2 (PPO2's convention for the value function),
+    advantage whitening for PPO, Adam betas/eps are torch defaults. `value_coef` weights the value loss
+    of a shared actor-critic only. The tiny toy task needs a far larger learning rate than 1e-6
+    (see `reference.toy_rl_config`).
+    """
+
+    algorithm: str = "ppo"
+    lr_actor: float = 1e-6
+    lr_critic: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_eps: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.01
+    kl_estimator: str = "k1"
+    kl_in_reward: bool = True
+    value_clip: Optional[float] = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.0
+    whiten_advantages: bool = True
+    ppo_epochs: int = 1
+    ppo_minibatches: int = 1  # optimizer steps per epoch, each on the rows g with g % ppo_minibatches == k
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus sampling at generation (1: off); log-probs stay the tempered ones
+    top_k: int = 0  # top-k sampling at generation (0: off)
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.999))
+    adam_eps: float = 1e-8
+    grpo_eps: float = 1e-6
+    dpo_beta: float = 0.1  # DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.top_k)
+
+
+def default_rl_config(algorithm: str, **overrides) -> RLConfig:
+    """App. B defaults for `algorithm`; GRPO moves the KL into the loss (k3) and needs no whitening."""
+    if algorithm == "grpo":
+        base = RLConfig(algorithm="grpo", kl_estimator="k3", kl_in_reward=False, whiten_advantages=False)
+    elif algorithm == "dpo":  # no rollouts, rewards or advantages: the KL anchor is in the loss itself
+        base = RLConfig(algorithm="dpo", kl_in_reward=False, whiten_advantages=False)
+    else:
+        base = RLConfig(algorithm=algorithm)
+    cfg = replace(base, **overrides)
+    check_rl_config(cfg)
+    return cfg
+
+
+def check_rl_config(cfg: RLConfig) -> None:
+    if cfg.algorithm not in ALGORITHMS:
+        raise RpegError(None, f"unknown RL algorithm '{cfg.algorithm}'; use one of {', '.join(ALGORITHMS)}")
+    if cfg.kl_estimator not in KL_ESTIMATORS:
+        raise RpegError(None, f"unknown KL estimator '{cfg.kl_estimator}'; use one of {', '.join(KL_ESTIMATORS)}")
+    if cfg.algorithm in ("grpo", "dpo") and cfg.kl_in_reward:
+        raise RpegError(None, f"{cfg.algorithm.upper()} has no per-token reward to put the KL penalty into; "
+                        "set kl_in_reward = false")
+    if cfg.dpo_beta <= 0:
+        raise RpegError(None, f"dpo_beta must be > 0, got {cfg.dpo_beta}")
+    cfg.sampling.check()
+    if cfg.ppo_epochs < 1 or cfg.ppo_minibatches < 1:
+        raise RpegError(None, f"ppo_epochs and ppo_minibatches must be >= 1, got {cfg.ppo_epochs}, "
+                        f"{cfg.ppo_minibatches}")
+    if not (0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1):
+        raise RpegError(None, f"gamma and lambda must lie in [0, 1], got {cfg.gamma}, {cfg.lam}")
+    if cfg.clip_eps <= 0 or cfg.grad_clip <= 0:
+        raise RpegError(None, "clip_eps and grad_clip must be > 0")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Forward passes over given sequences (teacher forcing)
+
+
+@dataclass
+class ResponseForward:
+    """Per response token: log-probs of the given tokens, values V(s_t), entropies (None if absent)."""
+
+    logprobs: Optional[Tensor]
+    values: Optional[Tensor]
+    entropy: Optional[Tensor]
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """log pi(token) for logits [..., V] and tokens [...] at the sampling temperature."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def response_forward(model: TransformerModel, sequences: Tensor, prompt_len: int, temperature: float = 1.0,
+                     with_entropy: bool = False, pads: Optional[Tensor] = None) -> ResponseForward:
+    """One teacher-forced pass over `sequences` [b, Lp+Lr] (prompts left-padded by `pads`), read at the Lr
+    positions that predict responses."""
+    out = model(sequences[:, :-1], pads=pads)
+    logprobs = entropy = values = None
+    if out.logits is not None:
+        logits = out.logits[:, prompt_len - 1:]
+        logprobs = token_logprobs(logits, sequences[:, prompt_len:], temperature)
+        if with_entropy:
+            entropy = entropy_from_logits(logits, temperature)
+    if out.values is not None:
+        values = out.values[:, prompt_len - 1:]
+    return ResponseForward(logprobs=logprobs, values=values, entropy=entropy)
+
+
+def last_token_scores(model: TransformerModel, sequences: Tensor, prompt_len: int, mask: Tensor,
+                      pads: Optional[Tensor] = None) -> Tensor:
+    """A reward model's scalar at the last real token of each sequence [b]."""
+    if not model.has_value_head:
+        raise RpegError(None, f"a reward model needs a scalar head, got kind '{model.kind}'")
+    values = model(sequences, pads=pads).values
+    last = prompt_len + mask.sum(-1).long() - 1
+    return values.gather(-1, last.unsqueeze(-1)).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rewards and advantages
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
+    """Per-token KL(pi || pi_ref) estimate from samples of pi: k1 = log(pi/pi_ref) (unbiased, can be
+    negative); k3 = pi_ref/pi - log(pi_ref/pi) - 1 (unbiased, always >= 0; Schulman's estimator)."""
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k3":
+        d = ref_logp - logp
+        return torch.exp(d) - d - 1
+    raise RpegError(None, f"unknown KL estimator '{estimator}'; use one of {', '.join(KL_ESTIMATORS)}")
+
+
+def token_rewards(scores: Tensor, kl: Optional[Tensor], mask: Tensor, kl_coef: float) -> Tensor:
+    """Per-token rewards [b, Lr]: -kl_coef * kl on every token, plus the sequence score on its last token."""
+    rewards = torch.zeros_like(mask) if kl is None else -kl_coef * kl * mask
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    return rewards.scatter_add(-1, last.unsqueeze(-1), scores.to(rewards.dtype).unsqueeze(-1))
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over response tokens; returns (advantages, returns), masked.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}; past the last real
+    token V and A are 0 (the episode has ended).
+    """
+    lr = rewards.shape[-1]
+    adv = torch.zeros_like(rewards)
+    next_adv = torch.zeros_like(rewards[:, 0])
+    next_value = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(lr)):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = (delta + gamma * lam * next_adv) * m
+        adv[:, t] = a
+        next_adv = a
+        next_value = values[:, t] * m
+    return adv, (adv + values) * mask
+
+
+def masked_moments(x: Tensor, mask: Tensor) -> Tensor:
+    """(sum, sum of squares, count) in float64, summable across shards before `whiten`."""
+    xd, md = x.double(), mask.double()
+    return torch.stack([(xd * md).sum(), (xd * xd * md).sum(), md.sum()])
+
+
+def whiten(x: Tensor, mask: Tensor, moments: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps) with the batch statistics `moments` (from `masked_moments`)."""
+    total, total_sq, count = moments.unbind()
+    mean = total / count
+    var = (total_sq / count - mean * mean).clamp(min=0)
+    return ((x.double() - mean) * torch.rsqrt(var + eps)).to(x.dtype) * mask
+
+
+def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """(r - mean_group) / (std_group + eps) per sequence; sequences g*R..g*R+R-1 form group g.
+
+    std is the unbiased sample standard deviation (as DeepSeekMath/verl). Needs whole groups.
+    """
+    if group_size < 2:
+        raise RpegError(None, f"GRPO compares the rollouts of one prompt and needs R >= 2, got R = {group_size}; "
+                        "raise R in the workload")
+    if scores.shape[0] % group_size:
+        raise RpegError(None, f"{scores.shape[0]} scores do not form whole groups of R = {group_size}; "
+                        "shard GRPO batches along prompts, not rollouts")
+    groups = scores.double().view(-1, group_size)
+    adv = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True) + eps)
+    return adv.view(-1).to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Losses (sum over local tokens / global token count)
+
+
+def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
+                num_tokens: float) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate: mean over tokens of max(-A r, -A clip(r, 1-eps, 1+eps)), r = pi/pi_old."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    loss = (torch.maximum(unclipped, clipped) * mask).sum() / num_tokens
+    clip_count = ((clipped > unclipped).float() * mask).sum().item()
+    return loss, {"clipped_tokens": clip_count}
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: Optional[float],
+               num_tokens: float) -> Tensor:
+    """0.5 (V - R)^2, or with clipping 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)."""
+    err = (values - returns) ** 2
+    if clip is not None:
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        err = torch.maximum(err, (clipped - returns) ** 2)
+    return 0.5 * (err * mask).sum() / num_tokens
+
+
+def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str, num_tokens: float) -> Tensor:
+    return (kl_estimate(logp, ref_logp, estimator) * mask).sum() / num_tokens
+
+
+def entropy_bonus(entropy: Tensor, mask: Tensor, num_tokens: float) -> Tensor:
+    return (entropy * mask).sum() / num_tokens
+
+
+# ---------------------------------------------------------------------------------------------------
+# Experience: what the inference vertices produce and the training vertices consume
+
+
+@dataclass
+class Experience:
+    """One batch (or shard) of rollouts with everything training needs. Rows are global sequences in order.
+
+    values are the critic's V(s_t) at inference (PPO only); advantages/returns are filled by
+    `compute_advantages` (returns only with a critic). `pads` [b] is each prompt's left padding (None: none;
+    it comes from the prompts, so it is not a data field the containers carry).
+    """
+
+    sequences: Tensor
+    mask: Tensor
+    old_logprobs: Tensor
+    ref_logprobs: Tensor
+    scores: Tensor
+    values: Optional[Tensor] = None
+    advantages: Optional[Tensor] = None
+    returns: Optional[Tensor] = None
+    pads: Optional[Tensor] = None
+    forward_rows = 1  # a loss's forward pass runs one row per sequence (schedules.train_step)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.sequences.shape[1] - self.mask.shape[1]
+
+    @property
+    def num_tokens(self) -> float:
+        return float(self.mask.sum().item())
+
+    def loss_count(self) -> Tensor:
+        """The response tokens the losses are means over."""
+        return self.mask.sum()
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+    def rows(self, index: slice | Tensor) -> "Experience":
+        """The shard of sequences `index` (a slice or index tensor)."""
+        def pick(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t[index]
+        return Experience(*(pick(getattr(self, f)) for f in
+                            ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "values",
+                             "advantages", "returns", "pads")))
+
+
+def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce = _identity) -> Experience:
+    """Fill advantages (and returns for PPO). `reduce` sums whitening statistics over replicas; GRPO
+    needs whole groups of `group_size` rollouts in `exp`."""
+    if cfg.algorithm == "grpo":
+        adv = grpo_advantages(exp.scores, group_size, cfg.grpo_eps).unsqueeze(-1) * exp.mask
+        return replace(exp, advantages=adv, returns=None)
+    if exp.values is None:
+        raise RpegError(None, "PPO advantages need critic values; add a critic (or actor_critic) inference vertex "
+                        "or use GRPO")
+    kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, cfg.kl_estimator) if cfg.kl_in_reward else None
+    rewards = token_rewards(exp.scores, kl, exp.mask, cfg.kl_coef)
+    adv, returns = gae(rewards, exp.values, exp.mask, cfg.gamma, cfg.lam)
+    if cfg.whiten_advantages:
+        adv = whiten(adv, exp.mask, reduce(masked_moments(adv, exp.mask)))
+    return replace(exp, advantages=adv, returns=returns)
+
+
+def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
+               num_tokens: float) -> tuple[Tensor, dict[str, float]]:
+    """The loss of an actor (or shared actor-critic) training vertex on `exp`, over `num_tokens` global tokens.
+
+    policy loss; + kl_coef * KL loss unless the KL is in the reward; - entropy_coef * entropy;
+    + value_coef * value loss when the model also has a value head (shared actor-critic).
+    """
+    fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature,
+                           with_entropy=cfg.entropy_coef != 0, pads=exp.pads)
+    loss, stats = policy_loss(fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg.clip_eps, num_tokens)
+    stats["policy_loss"] = loss.item()
+    if not cfg.kl_in_reward:
+        kl = kl_loss(fwd.logprobs, exp.ref_logprobs, exp.mask, cfg.kl_estimator, num_tokens)
+        loss = loss + cfg.kl_coef * kl
+        stats["kl_loss"] = kl.item()
+    if cfg.entropy_coef != 0:
+        ent = entropy_bonus(fwd.entropy, exp.mask, num_tokens)
+        loss = loss - cfg.entropy_coef * ent
+        stats["entropy"] = ent.item()
+    if fwd.values is not None:
+        vl = value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens)
+        loss = loss + cfg.value_coef * vl
+        stats["value_loss"] = vl.item()
+    return loss, stats
+
+
+def critic_loss(model: TransformerModel, exp: Experience, cfg: RLConfig, num_tokens: float) -> Tensor:
+    """The loss of a critic training vertex on `exp`, over `num_tokens` global tokens."""
+    fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature, pads=exp.pads)
+    return value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Epochs and minibatches
+
+
+class Rows(Protocol):
+    """A batch a training vertex steps on (an Experience, DPO's PairRows)."""
+
+    def rows(self, index: slice | Tensor) -> "Rows": ...
+
+    def loss_count(self) -> Tensor:
+        """What its loss is a mean over, locally (response tokens, or pairs), as a 0-d tensor on its device."""
+        ...
+
+
+def minibatch_rows(lo: int, hi: int, count: int, k: int) -> Tensor:
+    """Positions among global rows lo..hi-1 of minibatch k of `count`: the rows g with g % count == k.
+
+    The split is the batch's, not the layout's: every plan takes the single-process optimizer steps, and
+    each data-parallel replica (contiguous rows) holds an equal share of every minibatch."""
+    g = torch.arange(lo, hi)
+    return g[g % count == k] - lo
+
+
+def epoch_stats(parts: Sequence[tuple[dict[str, float], float]], counts: Collection[str]) -> dict[str, float]:
+    """An epoch's statistics from its minibatch steps' (statistics, share of the batch): a minibatch's means
+    (over its own tokens or pairs) weighted by its share, so they are the whole batch's; `counts` summed."""
+    out: dict[str, float] = {}
+    for stats, share in parts:
+        for key, value in stats.items():
+            out[key] = out.get(key, 0.0) + (value if key in counts else value * share)
+    return out
+
+
+def minibatch_steps(cfg: RLConfig, batch: Rows, lo: int, hi: int,
+                    step: Callable[[Rows, float], tuple[dict[str, float], float]], counts: Collection[str] = (),
+                    reduce: Reduce = _identity) -> tuple[dict[str, float], float]:
+    """`cfg.ppo_epochs` passes over `batch` (global rows lo..hi-1), each `cfg.ppo_minibatches` optimizer
+    steps `step(minibatch, size)`, where size is the minibatch's loss normaliser over the whole batch (its
+    `loss_count`, summed over replicas by `reduce`) and `step` returns (statistics, pre-clip gradient norm).
+    Returns the last epoch's statistics (`epoch_stats`) and its mean norm."""
+    subs = [batch.rows(minibatch_rows(lo, hi, cfg.ppo_minibatches, k)) for k in range(cfg.ppo_minibatches)]
+    sizes = reduce(torch.stack([sub.loss_count().double() for sub in subs])).tolist()
+    total = sum(sizes)
+    results: list[tuple[dict[str, float], float]] = []
+    for _ in range(cfg.ppo_epochs):
+        results = [step(sub, size) for sub, size in zip(subs, sizes)]
+    stats = epoch_stats([(st, size / total) for (st, _), size in zip(results, sizes)], counts)
+    return stats, sum(norm for _, norm in results) / len(results)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Optimisation
+
+
+def make_adam(params: Iterable[Tensor], lr: float, cfg: RLConfig) -> torch.optim.Optimizer:
+    """Adam with App. B's zero weight decay; foreach=False also works on DTensor parameters."""
+    return torch.optim.Adam(params, lr=lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay, foreach=False)
+
+
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float, reduce_sq: Reduce = _identity) -> float:
+    """Scale gradients so their GLOBAL 2-norm is at most `max_norm`; returns the norm before clipping.
+
+    `reduce_sq` sums the local squared norm over ranks that hold different parameters (tp/pp shards);
+    data-parallel replicas hold identical reduced gradients and must not be summed again. The scale
+    is max_norm / (norm + 1e-6), capped at 1, as in torch.nn.utils.clip_grad_norm_.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    local = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else None)
+    for g in grads:
+        local = local + g.double().pow(2).sum()
+    norm = reduce_sq(local).sqrt()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.to(g.dtype))
+    return float(norm)
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: RLConfig,
+                   reduce_sq: Reduce = _identity) -> float:
+    """Clip on the global gradient norm, step Adam, clear gradients; returns the pre-clip norm."""
+    norm = clip_grad_norm(model.parameters(), cfg.grad_clip, reduce_sq)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm

@@ -1,0 +1,190 @@
+"""The pipelined schedules of one invocation on a `ParallelModel` (spec/cost-model.md Sec. 3.3, [A6]):
+inference (all microbatches forward, one broadcast of the results), generation (a decode wavefront through the
+stages, tokens sent back to stage 0) and the training step (GPipe: all forwards, then all backwards in reverse,
+then the DP all-reduce and the optimizer). `StageView` makes a stage look like a TransformerModel to the
+single-process losses of `rl`."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rpegc.runtime.backends.torch.generation import Rollout, Sampler, Sampling, check_generation
+from rpegc.runtime.backends.torch.layout import split_rows
+from rpegc.runtime.backends.torch.models import LM_HEAD_KINDS, SCALAR_HEAD_KINDS, ModelOutput
+from rpegc.runtime.backends.torch.rl import Experience, RLConfig, optimizer_step
+from rpegc.runtime.backends.torch.parallel import ParallelModel
+from rpegc.runtime.backends.torch.pipeline import GRADIENT, TOKENS, StageLink
+
+class StageView:
+    """What `response_forward`, `last_token_scores` and the losses use of a TransformerModel, for
+    microbatch j of a pipelined invocation whose microbatches have `rows` rows each.
+
+    The last stage returns its heads' output; the other stages run their blocks and return zeros of the
+    right shape (their results are replaced by the last stage's).
+    """
+
+    def __init__(self, pm: ParallelModel, link: StageLink, j: int, rows: Sequence[int]):
+        self.pm, self.link, self.j, self.rows = pm, link, j, rows
+        self.kind = pm.kind
+        self.opts = pm.net
+        self.records: list[tuple[Optional[Tensor], Tensor]] = []
+
+    @property
+    def has_lm_head(self) -> bool:
+        return self.kind in LM_HEAD_KINDS
+
+    @property
+    def has_value_head(self) -> bool:
+        return self.kind in SCALAR_HEAD_KINDS
+
+    @property
+    def training(self) -> bool:
+        return self.pm.module.training
+
+    def eval(self) -> "StageView":
+        self.pm.module.eval()
+        return self
+
+    def train(self, mode: bool = True) -> "StageView":
+        self.pm.module.train(mode)
+        return self
+
+    def __call__(self, tokens: Tensor, pads: Optional[Tensor] = None) -> ModelOutput:
+        # one pass per microbatch: its messages are tagged by the microbatch alone
+        assert not self.records, "a StageView runs one forward pass"
+        pm = self.pm
+        b, t = tokens.shape
+        for i in range(self.j, len(self.rows)):  # every pass of the invocation has this length
+            pm.expect_input(self.link, (i,), (self.rows[i], t))
+        inp, out = pm.stage_forward(self.link, (self.j,), (b, t), tokens, grad=torch.is_grad_enabled(), pads=pads)
+        self.records.append((inp, out))
+        if pm.is_last:
+            return pm.module.heads(out)
+        return ModelOutput(logits=torch.zeros(b, t, pm.arch.vocab, device=pm.device) if self.has_lm_head else None,
+                           values=torch.zeros(b, t, device=pm.device) if self.has_value_head else None)
+
+
+Microbatch = Callable[[StageView], Tensor]
+
+
+def infer(pm: ParallelModel, microbatches: Sequence[Microbatch], rows: Sequence[int]) -> Tensor:
+    """Run each function of `microbatches` (e.g. response_forward(...).logprobs of its `rows[j]` rows) through
+    the pipeline, pipelined; their results concatenated, on every stage (one broadcast at the end)."""
+    link = StageLink(pm, len(microbatches))
+    with torch.no_grad():
+        results = [fn(StageView(pm, link, j, rows)) for j, fn in enumerate(microbatches)]
+        link.close()
+        return pm.from_last_stage(torch.cat(results))
+
+
+@torch.no_grad()
+def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int]], *, seed: int, step: int,
+             max_new_tokens: int, sampling: Sampling = Sampling(), eos_id: Optional[int] = None,
+             pad_id: int = 0, pads: Optional[Tensor] = None) -> Rollout:
+    """`generation.generate` of the prompt rows [lo, hi) in microbatches `chunks` (global sequence
+    indices, contiguous from lo; `prompts` holds rows lo..hi, left-padded by `pads`), pipelined over the
+    stages; the rollouts on every stage.
+
+    Every stage runs forward f (f = 0: the prompts; f > 0: the tokens sampled at step f-1) of
+    microbatch 0, 1, ..., mb-1, then forward f+1, so while stage s works on microbatch j the next stage
+    works on j-1 (a wavefront through the stages, step after step). The last stage samples with the
+    per-sequence generators (`generation.generate`'s draws, so the tokens are the single-process ones)
+    and sends only the token ids to stage 0, which feeds them to forward f+1; each stage posts the
+    receives of forward f+1 when it starts forward f.
+    """
+    n, lp = prompts.shape
+    check_generation(pm.kind in LM_HEAD_KINDS, pm.kind, sampling, max_new_tokens, lp, pm.net.max_seq)
+    lo = chunks[0][0] if chunks else 0
+    pm.module.eval()
+    link = StageLink(pm, len(chunks))
+    caches = [pm.new_cache(b - a, lp + max_new_tokens) for a, b in chunks]
+    samplers = ([Sampler(range(a, b), seed, step, sampling, eos_id, pad_id, pm.device) for a, b in chunks]
+                if pm.is_last else [])
+    fed: list[Optional[Tensor]] = [None] * len(chunks)  # the last sampled tokens, where stage 0 is also the last
+
+    def expect(f: int) -> None:
+        """Post this stage's receives for forward f: its inputs, and on stage 0 the tokens that feed it."""
+        for j, (a, b) in enumerate(chunks if f < max_new_tokens else ()):
+            pm.expect_input(link, (f, j), (b - a, lp if f == 0 else 1))
+            if f > 0 and pm.is_first and not pm.is_last:
+                link.expect((b - a, 1), torch.int64, pm.last_rank, TOKENS, (f - 1, j))
+
+    expect(0)
+    for f in range(max_new_tokens):
+        expect(f + 1)  # a step ahead: stage 0 runs at most one step ahead of the others
+        for j, (a, b) in enumerate(chunks):
+            tokens = None
+            if pm.is_first:
+                if f == 0:
+                    tokens = prompts[a - lo:b - lo]
+                elif pm.is_last:
+                    tokens = fed[j]
+                else:
+                    tokens = link.recv((b - a, 1), torch.int64, pm.last_rank, TOKENS, (f - 1, j))
+            rows_pads = None if pads is None else pads[a - lo:b - lo]
+            _, out = pm.stage_forward(link, (f, j), (b - a, lp if f == 0 else 1), tokens, caches[j], pads=rows_pads)
+            if not pm.is_last:
+                continue
+            with pm.event("sample", (f, j)):
+                fed[j] = samplers[j].sample(pm.module.heads(out).logits[:, -1]).unsqueeze(-1)
+            if f + 1 < max_new_tokens and not pm.is_first:
+                link.send(fed[j], pm.first_rank, TOKENS, (f, j))
+    link.close()
+    shape = (n, max_new_tokens)
+    responses = torch.zeros(shape, dtype=torch.int64, device=pm.device)
+    logps, mask = torch.zeros(shape, device=pm.device), torch.zeros(shape, device=pm.device)
+    if samplers:
+        responses, logps, mask = (torch.cat(parts) for parts in zip(*(s.result() for s in samplers)))
+    responses, logps, mask = (pm.from_last_stage(x) for x in (responses, logps, mask))
+    return Rollout(sequences=torch.cat([prompts, responses], dim=1), responses=responses, logprobs=logps, mask=mask)
+
+
+LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
+
+
+def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: LossFn, exp: Experience,
+               microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...]) -> tuple[dict[str, float], float]:
+    """One optimizer step on this replica's rows `exp` in `microbatches` microbatches (GPipe schedule:
+    all forwards, then all backwards in reverse, both phases pipelined over the stages). `exp` is any batch
+    with `len`, `rows(slice)` and `forward_rows` (rows of the forward pass per batch row: an Experience 1, DPO's
+    PairRows 2, both sides of a pair).
+
+    Returns (statistics summed over microbatches and replicas, valid on the last stage; pre-clip norm).
+    """
+    n = len(exp)
+    chunks = [c for c in split_rows(0, n, max(1, min(microbatches, n))) if c[1] > c[0]] if n else []
+    pm.module.train()
+    link = StageLink(pm, len(chunks))
+    pending: list[tuple[Optional[Tensor], Optional[Tensor], Tensor]] = []
+    sums = torch.zeros(len(stat_keys), dtype=torch.float64, device=pm.device)
+    rows = [exp.forward_rows * (hi - lo) for lo, hi in chunks]  # what each microbatch's forward pass carries
+    for j, (lo, hi) in enumerate(chunks):
+        view = StageView(pm, link, j, rows)
+        loss, stats = loss_fn(view, exp.rows(slice(lo, hi)))
+        inp, out = view.records[0]
+        pending.append((loss if pm.is_last else None, inp, out))
+        if pm.is_last:
+            sums += torch.tensor([float(stats.get(k, 0.0)) for k in stat_keys], dtype=torch.float64, device=pm.device)
+    if not pm.is_last:
+        for j, (_, _, out) in enumerate(pending):
+            link.expect(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
+    for j in reversed(range(len(pending))):
+        loss, inp, out = pending[j]
+        grad = None if loss is not None else link.recv(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
+        with pm.event("backward", (j,)):
+            if loss is not None:
+                loss.backward()
+            else:
+                out.backward(grad)
+        if inp is not None:
+            link.send(inp.grad, pm.prev, GRADIENT, (j,))
+    link.close()
+    pm.allreduce_grads()
+    norm = optimizer_step(pm.module, optimizer, cfg, reduce_sq=pm.grad_sq_total)
+    if pm.is_last and pm.dp_group is not None:
+        dist.all_reduce(sums, group=pm.dp_group)
+    return dict(zip(stat_keys, sums.tolist())), norm
