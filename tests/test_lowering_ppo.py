@@ -18,11 +18,11 @@ from fixtures.lowering import (
     edge_set,
     gpus,
     is_acyclic,
-    lower,
     ppo_program,
     preds,
     strat,
     succs,
+    unroll_and_lower as lowered,
     weight_bytes_of,
     with_plan,
 )
@@ -31,10 +31,6 @@ from fixtures.lowering import (
 Y_BYTES = 8 * 2 * (4 + 12) * 2
 PER_TOKEN_BYTES = 8 * 2 * 12 * 2  # ref_logp, v
 R_BYTES = 8 * 2 * 2
-
-
-def lowered(p, k, split=True):
-    return lower(unroll(p, k), split=split)
 
 
 def comms(g):

@@ -5,6 +5,7 @@ researcher's package adds a backend the same way (tests/plugin)."""
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import entry_points
 
 from rpegc.core.ir.errors import RpegError
@@ -13,6 +14,9 @@ from rpegc.runtime.backends.base import BackendSpec
 GROUP = "rpegc.backends"
 
 
+# Cached: rpeg-run asks three times (its options, their checks, the construction), a scan of the installed
+# packages' entry points costs ~15 ms, and what is installed does not change while a process runs.
+@functools.cache
 def backend_specs() -> dict[str, BackendSpec]:
     """Every registered backend by name (the first registration of a name wins), in name order; a plugin
     that cannot be loaded or names no BackendSpec is a one-line error naming it."""

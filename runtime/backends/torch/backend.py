@@ -448,7 +448,7 @@ class TorchBackend(Backend):
                   f"WORLD_SIZE from the environment; every worker must be able to read {self._secret_written}, "
                   "mode 0600, or find it through RPEG_RUN_SECRET_FILE)", file=sys.stderr, flush=True)
         for w in self.warnings:
-            print(f"rpeg-run: warning: {w}", file=sys.stderr)
+            warn(w)
         self._await_ready(len(plan.devices))
         return dict(self.rank_of)
 
