@@ -22,11 +22,14 @@ PPO = ROOT / "examples" / "ppo.rpeg"
 BIN = pathlib.Path(sys.executable).parent
 
 
-def run(tool: str, *args: str, plugin: bool = False, stdin: str | None = None) -> subprocess.CompletedProcess:
+def run(tool: str, *args: str, plugin: bool | pathlib.Path = False,
+        stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`tool` in a subprocess; `plugin`: True for tests/plugin on the path, or another plugin folder."""
     env = dict(os.environ)
     env.pop("RPEGC_DEBUG", None)
     if plugin:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGIN), env.get("PYTHONPATH", "")) if p)
+        folder = PLUGIN if plugin is True else plugin
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
     return subprocess.run([str(BIN / tool), *args], input=stdin, capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=120)
 
@@ -91,3 +94,21 @@ def test_a_plugin_backend_runs_plans_with_its_own_options(tmp_path):
     assert bad.returncode == 1 and "--slowdown 0.0: give a factor > 0" in bad.stderr
     unknown = run("rpeg-run", str(plan), "--backend", "slow-sim")
     assert unknown.returncode == 1 and "invalid choice: 'slow-sim'" in unknown.stderr
+
+
+@pytest.mark.parametrize("target,message", [
+    ("broken_backend:NOWHERE", "backend 'broken' (broken_backend:NOWHERE, entry point group rpegc.backends) cannot be "
+                               "loaded: AttributeError"),
+    ("broken_backend:NOT_A_SPEC", "entry point 'broken' of group rpegc.backends (broken_backend:NOT_A_SPEC) must name "
+                                  "a BackendSpec called 'broken'"),
+])
+def test_a_broken_backend_plugin_is_a_one_line_error(tmp_path, target, message):
+    (tmp_path / "broken_backend.py").write_text("NOT_A_SPEC = 42\n")
+    info = tmp_path / "broken_backend-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-backend\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[rpegc.backends]\nbroken = {target}\n")
+    result = run("rpeg-run", str(PPO), plugin=tmp_path)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rpeg-run: error: {message}"), result.stderr
