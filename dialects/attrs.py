@@ -63,7 +63,7 @@ def text(attr: StringAttr | BytesAttr) -> str:
     return data.decode("utf-8") if isinstance(data, bytes) else data
 
 
-def _parse_text(parser: AttrParser) -> str:
+def parse_text(parser: AttrParser) -> str:
     literal = parser.parse_optional_str_literal()
     if literal is not None:
         return literal

@@ -29,7 +29,7 @@ from xdsl.ir import Attribute, Block, Operation, Region
 
 from rpegc.core.ir.errors import UNKNOWN_LOC, Loc, RpegError
 from rpegc.core.ir.gc_pause import without_gc
-from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.ir.program import Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.dialects import exec as ex
@@ -157,6 +157,14 @@ class _Builder:
             return None
         return self._shared(  # type: ignore[return-value]
             "model_ints", pairs, lambda ps: ArrayAttr(tuple(ModelIntAttr.from_pair(p) for p in ps))
+        )
+
+    def data_refs(self, refs: tuple[DataRef, ...]) -> Optional[ArrayAttr[ex.DataRefAttr]]:
+        """A node's data bindings, or None when it has none (the property is then omitted)."""
+        if not refs:
+            return None
+        return self._shared(  # type: ignore[return-value]
+            "data_refs", refs, lambda rs: ArrayAttr(tuple(ex.DataRefAttr.from_ref(r) for r in rs))
         )
 
     def op(
@@ -313,6 +321,8 @@ class _Builder:
             "fraction": None if n.fraction is None else self.float_attr(n.fraction),
             "version_in": self.model_ints(n.version_in),
             "version_out": self.model_ints(n.version_out),
+            "data_in": self.data_refs(n.data_in),
+            "data_out": self.data_refs(n.data_out),
         }
         results = {
             key: self.float_attr(value)
@@ -578,6 +588,10 @@ def _pairs(attr: Optional[ArrayAttr]) -> tuple[tuple[str, int], ...]:
     return () if attr is None else tuple(a.to_pair() for a in attr.data)
 
 
+def _refs(attr: Optional[ArrayAttr]) -> tuple[DataRef, ...]:
+    return () if attr is None else tuple(a.to_ref() for a in attr.data)
+
+
 def _node(op: ex.NodeFields, kind: str) -> ExecNode:
     # Reading `op.properties` directly avoids one accessor call per field on large graphs.
     props = op.properties
@@ -605,6 +619,8 @@ def _node(op: ex.NodeFields, kind: str) -> ExecNode:
         fraction=_opt_float(props.get("fraction")),
         version_in=_pairs(props.get("version_in")),
         version_out=_pairs(props.get("version_out")),
+        data_in=_refs(props.get("data_in")),
+        data_out=_refs(props.get("data_out")),
         time=_opt_float(attrs.get("time")),
         start=_opt_float(attrs.get("start")),
         finish=_opt_float(attrs.get("finish")),

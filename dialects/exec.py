@@ -20,13 +20,17 @@ from xdsl.dialects.builtin import (
     SymbolRefAttr,
     UnitAttr,
 )
-from xdsl.ir import Dialect
-from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, region_def, traits_def
+from xdsl.dialects.builtin import IntAttr
+from xdsl.ir import Dialect, ParametrizedAttribute
+from xdsl.irdl import irdl_attr_definition, irdl_op_definition, opt_prop_def, prop_def, region_def, traits_def
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
 from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
+from rpegc.core.ir.exec_graph import DataRef
 from rpegc.core.ir.program import ROLES
-from rpegc.dialects.attrs import AllocAttr, I64Attr, ModelIntAttr, StrategyAttr, Text, int_of
+from rpegc.dialects.attrs import AllocAttr, I64Attr, ModelIntAttr, StrategyAttr, Text, int_of, parse_text
 from rpegc.dialects.rpeg import LocatedOp, check_member
 
 # Discardable analysis results written by annotate-cost (time) and schedule (start, finish).
@@ -35,6 +39,42 @@ RESULT_ATTRS = ("time", "start", "finish")
 DeviceIds = DenseArrayBase[I64]
 # Not a dense f64 array: xDSL prints large integral floats there as hex, which its parser rejects.
 DeviceBytes = ArrayAttr[FloatAttr]
+
+
+@irdl_attr_definition
+class DataRefAttr(ParametrizedAttribute):
+    """A container of the node's step that a node reads or writes: `#exec.data_ref<"Y">` (whole) or
+    `#exec.data_ref<"Y" phase 2>` (one quantile phase; phase 0 stands for the whole container)."""
+
+    name = "exec.data_ref"
+    container: StringAttr
+    phase: IntAttr
+
+    @staticmethod
+    def from_ref(ref: DataRef) -> "DataRefAttr":
+        return DataRefAttr(StringAttr(ref.container), IntAttr(ref.phase or 0))
+
+    def to_ref(self) -> DataRef:
+        return DataRef(self.container.data, self.phase.data or None)
+
+    def verify(self) -> None:
+        if self.phase.data < 0:
+            raise VerifyException(f"{self.name}: phase {self.phase.data} must be >= 1 (0: the whole container)")
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string_literal(self.container.data)
+            if self.phase.data:
+                printer.print_string(f" phase {self.phase.data}")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> tuple[StringAttr, IntAttr]:
+        with parser.in_angle_brackets():
+            container = parse_text(parser)
+            phase = 0
+            if parser.parse_optional_keyword("phase") is not None:
+                phase = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        return StringAttr(container), IntAttr(phase)
 
 
 @irdl_op_definition
@@ -69,6 +109,8 @@ class NodeFields(LocatedOp):
     fraction = opt_prop_def(FloatAttr)
     version_in = opt_prop_def(ArrayAttr[ModelIntAttr])  # omitted when empty
     version_out = opt_prop_def(ArrayAttr[ModelIntAttr])
+    data_in = opt_prop_def(ArrayAttr[DataRefAttr])  # omitted when empty
+    data_out = opt_prop_def(ArrayAttr[DataRefAttr])
     traits = traits_def(HasParent(ExecGraphOp))
 
     def verify_(self) -> None:
@@ -211,5 +253,5 @@ EDGE_OPS = {"data": DataEdgeOp, "pub": PublishEdgeOp, "order": OrderEdgeOp, "dep
 EXEC = Dialect(
     "exec",
     [ExecGraphOp, *NODE_OPS.values(), *EDGE_OPS.values(), MemoryOp, ScheduleOp],
-    [],
+    [DataRefAttr],
 )

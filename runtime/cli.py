@@ -196,10 +196,6 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     plan = load_plan(args.plan, steps=args.steps)
     backend = make_backend(args)
     plan = backend.prepare(plan)
-    for w in plan.warnings[:5]:
-        print(f"{args.plan}: warning: {w}", file=sys.stderr)
-    if len(plan.warnings) > 5:
-        print(f"{args.plan}: warning: ... and {len(plan.warnings) - 5} more such warnings", file=sys.stderr)
     print(f"rpeg-run: {args.plan} (plan {plan.hash[:12]}), {plan.steps} of {plan.plan_steps} step(s), "
           f"{len(plan.nodes)} nodes on {len(plan.devices)} devices, backend {backend.name}")
 

@@ -321,7 +321,6 @@ class _Run:
         return d
 
     def dispatch_of(self, n: RunNode) -> Dispatch:
-        versions_in = n.node.version_in
         return Dispatch(
             node=n,
             reserved=self.reserved[n.index],
@@ -329,7 +328,7 @@ class _Run:
             src_workers=tuple(self.workers[x] for x in n.src_devices),
             inputs=n.inputs,
             outputs=n.outputs,
-            versions_in=versions_in if not n.unbound else (),
+            versions_in=n.node.version_in,
             versions_out=n.node.version_out,
         )
 
@@ -363,7 +362,6 @@ class _Run:
             strategy=(s.dp, s.pp, s.tp, s.mb) if s is not None else None,
             consumed=c.versions_in, produced=c.versions_out, bytes=c.bytes,
             inputs=tuple(a.label for a in n.inputs), outputs=tuple(a.label for a in n.outputs),
-            unbound=tuple(a.label for a in n.unbound),
         )
         self.node_records[n.id] = rec
         self.emit(node_record(rec))
@@ -416,7 +414,6 @@ class _Run:
             "predicted_makespan": self.plan.predicted_makespan,
             "wall_s": time.perf_counter() - self.wall0,
             "peak_memory": max(peak.values(), default=0.0),
-            "warnings": list(self.plan.warnings),
         }
         self.emit({"type": "summary", **out})
         return out

@@ -3,30 +3,27 @@
 Loads a lowered exec plan without xDSL (`.json` through `rpegc.syntax.json_form`, otherwise the text
 form through `rpegc.syntax.parser`) and builds a `RunPlan`: the executable DAG as plain arrays
 (nodes in a topological order, predecessors, successors), the devices every node occupies, and the
-artifacts every node reads and writes, each resolved to the node(s) that produce it:
+artifacts every node reads and writes, as the lowering bound them in the plan (`data_in`/`data_out`,
+`version_in`/`version_out`), each located on an allocation:
 
-- data artifacts  D(container, step, phase, allocation): written by an Op node on its allocation, or
-  delivered to a destination allocation by a Comm node (a quantile-phase Comm moves one phase); an
-  Op node binds the containers its incoming data edges of G° carry (a read without a data edge,
-  like the paper's PPO training reading Y "from device memory", is not modelled as a transfer);
+- data artifacts  D(container, step, phase, allocation): an Op reads and writes them on its
+  allocation; a data Comm reads them on its source and writes them on its destination;
 - weight copies   W(model, version, allocation): version 0 is installed at launch wherever it is read,
-  a training Op writes version k + 1 on its allocation, a weight Comm installs the version it moves on
-  its destination, a Reshard re-lays out the version it names on its allocation.
+  a training Op writes version k + 1 on its allocation, a weight Comm or a Reshard reads the version
+  it names on its source and writes it on its destination.
 
-Validation: every Op input and every data Comm input must be produced by an ancestor in the DAG
-(else the plan could read a version or a container before it exists: an error). A weight Comm or
-Reshard whose version no ancestor produces is accepted with a warning and binds nothing (see
-`RunPlan.warnings`): insert-reshard adds a Reshard between a colocated generation and training
-pair even when tau(m) > 0, where the version it names is produced by the previous training step,
-which is not its predecessor.
+Validation: the bindings agree with the graph (an Op binds exactly the containers its vertex receives
+over data edges and writes, a transfer moves one container or one version, phases exist), and every
+input is produced by an ancestor in the DAG (else the plan could read a version or a container before
+it exists). Any violation is a located error; the runtime derives nothing the plan does not say.
 
 Consistency (`_check_program`, for the JSON and the text form alike): the nodes' steps run up to
 steps-1 exactly, every node's time, start and finish are finite and >= 0 with finish >= start,
 payloads are >= 0, and the memory and schedule reports hold finite, non-negative numbers.
 
-Plan hash (`rpeg-plan-hash/2`): sha256 of a canonical JSON of everything a run depends on — the
+Plan hash (`rpeg-plan-hash/3`): sha256 of a canonical JSON of everything a run depends on — the
 workload, the models, the cluster shape and hardware, staleness budgets, every node's structure,
-placement (allocation, layout, microbatches), payload, versions, predicted time, start and finish
+placement (allocation, layout, microbatches), payload, versions, data bindings, predicted time, start and finish
 (exact float values), every edge with its kind, the memory and schedule reports, and (for a scheduled
 plan) the planned execution order. Any change to the plan, a re-annotation included, gives another
 hash, so a trace verifies only against the very plan it ran.
@@ -42,12 +39,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rpegc.core.ir.errors import Loc, RpegError
-from rpegc.core.ir.exec_graph import ExecNode
-from rpegc.core.lower.rules import container_payload, data_bytes, weight_bytes
+from rpegc.core.ir.exec_graph import DataRef, ExecNode
+from rpegc.core.lower.rules import container_payload, data_bytes, phase_shares, weight_bytes
 from rpegc.core.ir.program import Program
 from rpegc.core.ir.geometry import Alloc
 
-HASH_FORMAT = "rpeg-plan-hash/2"
+HASH_FORMAT = "rpeg-plan-hash/3"
 _ARCH_KEYS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
 
 
@@ -83,7 +80,6 @@ class RunNode:
     succs: tuple[int, ...]
     inputs: tuple[Artifact, ...]  # bound inputs: guaranteed present when all predecessors completed
     outputs: tuple[Artifact, ...]
-    unbound: tuple[Artifact, ...] = ()  # weight-transfer inputs no predecessor guarantees (warned)
 
     @property
     def id(self) -> str:
@@ -118,7 +114,6 @@ class RunPlan:
     artifact_bytes: dict[Artifact, int]
     tau: dict[str, int]
     scheduled: bool  # every node has a planned start and finish
-    warnings: tuple[str, ...] = ()
     devices: tuple[int, ...] = field(default=())  # every device some node occupies, ascending
     first_step: int = 0  # > 0: a resumed run; the steps before it ran earlier (`from_step`)
 
@@ -346,7 +341,7 @@ def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] 
         for u in ps:
             succ_lists[u].append(v)
     ancestors = _ancestors(pred_idx)
-    resolved = _resolve_artifacts(p, order, pred_idx, ancestors)
+    bound = _bind_artifacts(p, order, ancestors)
     devices = [n.alloc.devices(p.cluster) for n in order]  # type: ignore[union-attr]
     src_devices = [n.src_alloc.devices(p.cluster) if n.kind != "op" else () for n in order]  # type: ignore[union-attr]
     nodes = tuple(
@@ -357,9 +352,8 @@ def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] 
             src_devices=src_devices[i],
             preds=pred_idx[i],
             succs=tuple(succ_lists[i]),
-            inputs=resolved.inputs[i],
-            outputs=resolved.outputs[i],
-            unbound=resolved.unbound[i],
+            inputs=bound.inputs[i],
+            outputs=bound.outputs[i],
         )
         for i, n in enumerate(order)
     )
@@ -372,14 +366,13 @@ def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] 
         plan_steps=g.steps,
         nodes=nodes,
         index=index,
-        producers=resolved.producers,
-        consumers=resolved.consumers,
-        initial=resolved.initial,
-        retained=resolved.retained,
-        artifact_bytes=resolved.bytes,
+        producers=bound.producers,
+        consumers=bound.consumers,
+        initial=bound.initial,
+        retained=bound.retained,
+        artifact_bytes=bound.bytes,
         tau={m.name: p.graph.tau(m.name) for m in p.models},
         scheduled=all(n.start is not None and n.finish is not None for n in order),
-        warnings=resolved.warnings,
         devices=tuple(used),
     )
 
@@ -428,203 +421,154 @@ def _ancestors(preds: list[tuple[int, ...]]) -> list[int]:
 
 
 @dataclass
-class _Resolved:
+class _Bound:
     inputs: list[tuple[Artifact, ...]]
     outputs: list[tuple[Artifact, ...]]
-    unbound: list[tuple[Artifact, ...]]
     producers: dict[Artifact, tuple[int, ...]]
     consumers: dict[Artifact, tuple[int, ...]]
     initial: tuple[Artifact, ...]
     retained: frozenset
     bytes: dict[Artifact, int]
-    warnings: tuple[str, ...]
 
 
-def _resolve_artifacts(
-    p: Program, order: list[ExecNode], preds: list[tuple[int, ...]], ancestors: list[int]
-) -> _Resolved:
-    graph = p.graph
-    assert graph is not None
-    weights = {c.name for c in graph.containers if c.is_weights}
-    delivered: dict[str, set[str]] = {}  # vertex -> containers its incoming data edges carry
-    for e in graph.data_edges:
-        delivered.setdefault(e.dst, set()).add(e.container)
-    vertex_of = {v.name: v for v in graph.vertices}
-    outputs: list[list[Artifact]] = [[] for _ in order]
-    sizes: dict[Artifact, int] = {}
-
-    def data(c: str, step: int, phase: Optional[int], alloc: Alloc) -> Artifact:
-        return Artifact("data", c, step, phase, alloc)
-
-    def full_bytes(c: str, loc) -> int:
-        return container_payload(p, c, loc)
-
-    # Outputs of Op nodes and weight transfers are known from the node alone.
-    for i, n in enumerate(order):
-        if n.kind == "op":
-            v = vertex_of.get(n.vertex)  # type: ignore[arg-type]
-            if v is None:
-                raise RpegError(
-                    n.loc, f"op node {n.id} runs vertex @{n.vertex}, which graph @{graph.name} does not declare"
-                )
-            for c in v.writes:
-                if c in weights:
-                    continue
-                a = data(c, n.step, n.phase, n.alloc)  # type: ignore[arg-type]
-                outputs[i].append(a)
-                sizes[a] = data_bytes(full_bytes(c, n.loc), n.fraction if n.phase is not None else None)
-            for m, version in n.version_out:
-                a = Artifact("weights", m, version, None, n.alloc)  # type: ignore[arg-type]
-                outputs[i].append(a)
-                sizes[a] = weight_bytes(p, m, n.loc)
-        elif _moves_weights(n):
-            m, version = _moved_version(n)
-            a = Artifact("weights", m, version, None, n.alloc)  # type: ignore[arg-type]
-            outputs[i].append(a)
-            sizes[a] = weight_bytes(p, m, n.loc)
-
-    # A data Comm moves one phase (a phase Comm) or the whole container of its producer.
+def _bind_artifacts(p: Program, order: list[ExecNode], ancestors: list[int]) -> _Bound:
+    """Every node's inputs and outputs as the plan binds them, each input guaranteed by an ancestor."""
+    assert p.graph is not None
+    shares = phase_shares(p.graph)
+    for n in order:
+        _check_bindings(p, n, len(shares))
+    inputs = [_inputs(n) for n in order]
+    outputs = [_outputs(n) for n in order]
     producers: dict[Artifact, list[int]] = {}
-    for i in range(len(order)):
-        for a in outputs[i]:
+    for i, outs in enumerate(outputs):
+        for a in outs:
             producers.setdefault(a, []).append(i)
-    comm_inputs: dict[int, list[Artifact]] = {}
-    max_phase = max((n.phase or 0 for n in order), default=0)
-    for i, n in enumerate(order):
-        if n.kind != "comm" or _moves_weights(n):
-            continue
-        if n.container is None:
-            raise RpegError(n.loc, f"comm node {n.id} moves neither a container nor a model's weights")
-        phase = None
-        if n.fraction is not None:
-            phases = [order[u].phase for u in preds[i] if order[u].kind == "op" and order[u].phase is not None]
-            phase = phases[0] if phases else None
-        src = _find_data(
-            producers, n.container, n.step, phase, n.src_alloc, max_phase  # type: ignore[arg-type]
-        )
-        if not src:
-            raise RpegError(
-                n.loc,
-                f"comm node {n.id} sends %{n.container} of step {n.step} from {_where(n.src_alloc)}, but no node "
-                "writes it there; connect the Comm to the producer of the container",
-            )
-        comm_inputs[i] = src
-        a = data(n.container, n.step, phase, n.alloc)  # type: ignore[arg-type]
-        outputs[i].append(a)
-        producers.setdefault(a, []).append(i)
-        sizes[a] = n.bytes if n.bytes else sum(sizes.get(s, 0) for s in src)
-
-    # An unbound weight transfer installs nothing, which may unbind what others read: repeat to a fixpoint.
-    while True:
-        inputs, unbound, initial, warnings = _bind_inputs(
-            p, order, ancestors, producers, comm_inputs, vertex_of, weights, delivered, sizes
-        )
-        dropped = [i for i, u in enumerate(unbound) if u and outputs[i]]
-        if not dropped:
-            break
-        for i in dropped:
-            for a in outputs[i]:
-                producers[a] = [u for u in producers[a] if u != i]
-                if not producers[a]:
-                    del producers[a]
-            outputs[i] = []
-    consumers: dict[Artifact, list[int]] = {}
-    for i, ins in enumerate(inputs):
-        for a in ins:
-            consumers.setdefault(a, []).append(i)
-    retained = _retained(p, order, outputs)
-    return _Resolved(
-        inputs=[tuple(dict.fromkeys(x)) for x in inputs],
-        outputs=[tuple(dict.fromkeys(x)) for x in outputs],
-        unbound=[tuple(dict.fromkeys(x)) for x in unbound],
-        producers={a: tuple(v) for a, v in producers.items()},
-        consumers={a: tuple(dict.fromkeys(v)) for a, v in consumers.items()},
-        initial=tuple(initial),
-        retained=retained,
-        bytes=sizes,
-        warnings=tuple(warnings),
-    )
-
-
-def _bind_inputs(
-    p: Program,
-    order: list[ExecNode],
-    ancestors: list[int],
-    producers: dict[Artifact, list[int]],
-    comm_inputs: dict[int, list[Artifact]],
-    vertex_of: dict,
-    weights: set[str],
-    delivered: dict[str, set[str]],
-    sizes: dict[Artifact, int],
-) -> tuple[list[list[Artifact]], list[list[Artifact]], dict[Artifact, None], list[str]]:
-    """Resolve every node's inputs to produced artifacts; errors for unguaranteed strict inputs."""
-    max_phase = max((n.phase or 0 for n in order), default=0)
-    inputs: list[list[Artifact]] = [[] for _ in order]
-    unbound: list[list[Artifact]] = [[] for _ in order]
     initial: dict[Artifact, None] = {}
-    warnings: list[str] = []
+    consumers: dict[Artifact, list[int]] = {}
     for i, n in enumerate(order):
-        needed: list[tuple[Artifact, bool]] = []  # (artifact, strict)
-        if n.kind == "op":
-            v = vertex_of[n.vertex]  # type: ignore[index]
-            for c in v.reads:
-                if c in weights or c not in delivered.get(v.name, ()):
-                    # Weights are read by version. Graph inputs are everywhere from the start, and a
-                    # read without a data edge (the paper's PPO lets training read Y "from device
-                    # memory") is not modelled as a transfer, so it binds nothing.
-                    continue
-                found = _find_data(producers, c, n.step, n.phase, n.alloc, max_phase)  # type: ignore[arg-type]
-                if not found:
-                    raise RpegError(
-                        n.loc,
-                        f"node {n.id} reads %{c} of step {n.step} on {_where(n.alloc)}, but no node writes or "
-                        "delivers it there; the plan lacks a Comm for that data edge (run insert-comm)",
-                    )
-                needed += [(a, True) for a in found]
-            for m, version in n.version_in:
-                needed.append((Artifact("weights", m, version, None, n.alloc), True))  # type: ignore[arg-type]
-        elif _moves_weights(n):
-            m, version = _moved_version(n)
-            needed.append((Artifact("weights", m, version, None, n.src_alloc), False))  # type: ignore[arg-type]
-        else:
-            needed += [(a, True) for a in comm_inputs[i]]
-        for a, strict in needed:
+        for a in inputs[i]:
+            consumers.setdefault(a, []).append(i)
             if a.kind == "weights" and a.index == 0:
-                # The initial checkpoint is installed at launch wherever it is read (Alg. 2 line 2).
-                initial[a] = None
-                sizes[a] = weight_bytes(p, a.name, n.loc)
-                inputs[i].append(a)
+                initial[a] = None  # the initial checkpoint is installed at launch wherever it is read (Alg. 2 l. 2)
                 continue
             makers = [u for u in producers.get(a, []) if u != i]
             if not makers:
-                if not strict:
-                    unbound[i].append(a)
-                    warnings.append(f"{n.id}: no node produces {a.label}; the {n.kind} binds nothing")
-                    continue
-                raise RpegError(
-                    n.loc,
-                    f"node {n.id} reads version {a.index} of @{a.name} on {_where(a.alloc)}, but no node delivers "
-                    "that version there; the plan lacks a publication Comm/Reshard (run insert-comm, insert-reshard)",
-                )
-            if any((ancestors[i] >> u) & 1 for u in makers):
-                inputs[i].append(a)
-            elif strict:
-                raise RpegError(
-                    n.loc,
-                    f"node {n.id} reads {a.label}, but no predecessor produces it (made by "
-                    f"{', '.join(order[u].id for u in makers)}); add a dependency so it cannot run first",
-                )
-            else:
-                unbound[i].append(a)
-                warnings.append(
-                    f"{n.id}: {a.label} is produced by {', '.join(order[u].id for u in makers)}, none of them a "
-                    f"predecessor; the {n.kind} binds no parameter copy (a missing dependency in the lowering)"
-                )
-    return inputs, unbound, initial, warnings
+                raise RpegError(n.loc, f"node {n.id} reads {_what(a)} on {_where(a.alloc)}, but no node writes or "
+                                       f"delivers it there; the plan lacks {_missing(a)}")
+            if not any((ancestors[i] >> u) & 1 for u in makers):
+                raise RpegError(n.loc, f"node {n.id} reads {a.label}, but no predecessor produces it (made by "
+                                       f"{', '.join(order[u].id for u in makers)}); add a dependency so it cannot "
+                                       "run first")
+    sizes: dict[Artifact, int] = {}
+    for i, n in enumerate(order):
+        for a in inputs[i] + outputs[i]:
+            if a not in sizes and (a in producers or a in initial):
+                sizes[a] = _artifact_bytes(p, a, shares, n.loc)
+    return _Bound(
+        inputs=inputs,
+        outputs=outputs,
+        producers={a: tuple(v) for a, v in producers.items()},
+        consumers={a: tuple(dict.fromkeys(v)) for a, v in consumers.items()},
+        initial=tuple(initial),
+        retained=_retained(p, order, outputs),
+        bytes=sizes,
+    )
 
 
-def _moves_weights(n: ExecNode) -> bool:
-    return n.kind == "reshard" or (n.kind == "comm" and bool(n.version_in))
+def _inputs(n: ExecNode) -> tuple[Artifact, ...]:
+    """An Op reads on its allocation; a Comm or Reshard reads on its source allocation."""
+    where = n.alloc if n.kind == "op" else n.src_alloc
+    data = tuple(Artifact("data", d.container, n.step, d.phase, where) for d in n.data_in)  # type: ignore[arg-type]
+    return data + tuple(Artifact("weights", m, v, None, where) for m, v in n.version_in)  # type: ignore[arg-type]
+
+
+def _outputs(n: ExecNode) -> tuple[Artifact, ...]:
+    """Everything lands on the node's allocation: an Op's data and new version, a transfer's copies."""
+    data = tuple(Artifact("data", d.container, n.step, d.phase, n.alloc) for d in n.data_out)  # type: ignore[arg-type]
+    versions = n.version_out if n.kind == "op" else n.version_in
+    return data + tuple(Artifact("weights", m, v, None, n.alloc) for m, v in versions)  # type: ignore[arg-type]
+
+
+def _check_bindings(p: Program, n: ExecNode, phases: int) -> None:
+    """The bindings the lowering wrote agree with the graph: an Op binds exactly the containers its vertex
+    receives over data edges and writes, a transfer moves one thing, phases exist."""
+    graph = p.graph
+    assert graph is not None
+    for refs in (n.data_in, n.data_out, n.version_in, n.version_out):
+        if len(set(refs)) != len(refs):
+            raise RpegError(n.loc, f"node {n.id} binds {_shown(next(x for i, x in enumerate(refs) if x in refs[:i]))} "
+                                   "twice; keep one")
+    for d in n.data_in + n.data_out:
+        if d.phase is not None and d.phase > phases:
+            raise RpegError(n.loc, f"node {n.id} binds %{d.container} phase {d.phase}, but graph @{graph.name} has "
+                                   f"{phases} quantile phase(s)")
+    if n.kind == "op":
+        _check_op_bindings(p, n)
+    elif n.kind == "reshard" or n.version_in:
+        _moved_version(n)
+        if n.data_in or n.data_out:
+            raise RpegError(n.loc, f"{n.kind} node {n.id} moves weights; it binds no data")
+    else:
+        if n.container is None:
+            raise RpegError(n.loc, f"comm node {n.id} moves neither a container nor a model's weights")
+        if not n.data_in or not n.data_out:
+            raise RpegError(n.loc, f"comm node {n.id} moves %{n.container} but binds no copy to "
+                                   f"{'read' if not n.data_in else 'write'}; {_RECOMPILE}")
+        other = {d.container for d in n.data_in + n.data_out} - {n.container}
+        if other:
+            raise RpegError(n.loc, f"comm node {n.id} moves %{n.container} but binds %{sorted(other)[0]}")
+
+
+def _check_op_bindings(p: Program, n: ExecNode) -> None:
+    graph = p.graph
+    assert graph is not None
+    try:
+        v = graph.vertex(n.vertex)  # type: ignore[arg-type]
+    except KeyError:
+        raise RpegError(n.loc, f"op node {n.id} runs vertex @{n.vertex}, which graph @{graph.name} does not declare"
+                        ) from None
+    weights = {c.name for c in graph.containers if c.is_weights}
+    # A read without a data edge binds nothing: graph inputs are everywhere from the start, and the paper's
+    # PPO lets training read Y "from device memory", which is not modelled as a transfer.
+    received = {e.container for e in graph.data_edges if e.dst == v.name} & (set(v.reads) - weights)
+    written = set(v.writes) - weights
+    for what, bound, expected in (("reads", n.data_in, received), ("writes", n.data_out, written)):
+        got = {d.container for d in bound}
+        if got - expected:
+            raise RpegError(n.loc, f"op node {n.id} {what} %{sorted(got - expected)[0]}, which vertex @{v.name} "
+                                   f"does not {'receive over a data edge' if what == 'reads' else 'write'}")
+        if expected - got:
+            raise RpegError(n.loc, f"op node {n.id} binds no copy of %{sorted(expected - got)[0]} that vertex "
+                                   f"@{v.name} {'receives' if what == 'reads' else 'writes'}; {_RECOMPILE}")
+
+
+_RECOMPILE = ("the lowering writes every node's reads and writes; recompile the plan (unroll, split-quantiles, "
+              "insert-comm, insert-reshard)")
+
+
+def _artifact_bytes(p: Program, a: Artifact, shares: tuple[float, ...], loc: Loc) -> int:
+    """A container's payload |a|s(a) (its phase share for a phase), a model's N_m s_b."""
+    if a.kind == "weights":
+        return weight_bytes(p, a.name, loc)
+    return data_bytes(container_payload(p, a.name, loc), shares[a.phase - 1] if a.phase is not None else None)
+
+
+def _shown(x) -> str:
+    if isinstance(x, DataRef):
+        return f"%{x.container}" + (f" phase {x.phase}" if x.phase is not None else "")
+    return f"@{x[0]} version {x[1]}"
+
+
+def _what(a: Artifact) -> str:
+    if a.kind == "weights":
+        return f"version {a.index} of @{a.name}"
+    return f"%{a.name} of step {a.index}" + (f" (phase {a.phase})" if a.phase is not None else "")
+
+
+def _missing(a: Artifact) -> str:
+    if a.kind == "weights":
+        return "a publication Comm/Reshard (run insert-comm, insert-reshard)"
+    return "a Comm for that data edge (run insert-comm)"
 
 
 def _moved_version(n: ExecNode) -> tuple[str, int]:
@@ -636,24 +580,7 @@ def _moved_version(n: ExecNode) -> tuple[str, int]:
     return m, version
 
 
-def _find_data(
-    producers: dict[Artifact, list[int]], c: str, step: int, phase: Optional[int], alloc: Alloc, max_phase: int
-) -> list[Artifact]:
-    """The data artifacts a reader on `alloc` uses: its phase (or the whole container) for a phase
-    reader; the whole container, or else every phase of it, for a whole-container reader."""
-    whole = Artifact("data", c, step, None, alloc)
-    if phase is not None:
-        mine = Artifact("data", c, step, phase, alloc)
-        if mine in producers:
-            return [mine]
-        return [whole] if whole in producers else []
-    if whole in producers:
-        return [whole]
-    phases = (Artifact("data", c, step, q, alloc) for q in range(1, max_phase + 1))
-    return [a for a in phases if a in producers]
-
-
-def _retained(p: Program, order: list[ExecNode], outputs: list[list[Artifact]]) -> frozenset:
+def _retained(p: Program, order: list[ExecNode], outputs: list[tuple[Artifact, ...]]) -> frozenset:
     """The final version of every trained model and the graph's declared outputs stay until shutdown."""
     assert p.graph is not None
     final: dict[str, Artifact] = {}
@@ -712,6 +639,7 @@ def plan_hash(p: Program) -> str:
             [n.id, n.kind, n.step, n.order, n.vertex, n.role, n.model, n.container, n.phase, n.nphases,
              _alloc_key(n.alloc), _strategy_key(n.strategy), _alloc_key(n.src_alloc), _strategy_key(n.src_strategy),
              n.bytes, n.fraction, sorted([m_, v] for m_, v in n.version_in), sorted([m_, v] for m_, v in n.version_out),
+             [[d.container, d.phase] for d in n.data_in], [[d.container, d.phase] for d in n.data_out],
              n.time, n.start, n.finish]
             for n in nodes
         ],

@@ -16,11 +16,11 @@ Record types, in file order:
     {"type": "node", "id": str, "kind": str, "step": int, "dispatch": float, "start": float,
      "finish": float, "devices": [int], "workers": [int], "strategy": [dp, pp, tp, mb] | null,
      "consumed": {model: version}, "produced": {model: version}, "bytes": int,
-     "inputs": [label], "outputs": [label], "unbound": [label]}          // in completion order
+     "inputs": [label], "outputs": [label]}                              // in completion order
     {"type": "release", "artifact": label, "time": float, "after": node id | null}
     {"type": "step", "step": int, "finish": float, "predicted_finish": float | null, "nodes": int}
     {"type": "summary", "steps": int, "nodes": int, "makespan": float,
-     "predicted_makespan": float | null, "wall_s": float, "peak_memory": float, "warnings": [str]}
+     "predicted_makespan": float | null, "wall_s": float, "peak_memory": float}
 
 Artifact labels are `rpegc.runtime.plan.Artifact.label`. Times are seconds on the backend clock.
 The header's options of a torch run also record the host (`rpeg-run`): "local_workers" (worker
@@ -73,7 +73,6 @@ class NodeRecord:
     bytes: int
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    unbound: tuple[str, ...] = ()
     line: int = 0  # line in the trace file (0: built in memory)
 
 
@@ -130,7 +129,7 @@ def node_record(r: NodeRecord) -> dict:
         "finish": r.finish, "devices": list(r.devices), "workers": list(r.workers),
         "strategy": list(r.strategy) if r.strategy is not None else None,
         "consumed": dict(r.consumed), "produced": dict(r.produced), "bytes": r.bytes,
-        "inputs": list(r.inputs), "outputs": list(r.outputs), "unbound": list(r.unbound),
+        "inputs": list(r.inputs), "outputs": list(r.outputs),
     }
 
 
@@ -249,9 +248,9 @@ FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "install": (("type", "artifact", "time"), ()),
     "release": (("type", "artifact", "time"), ("after",)),
     "node": (("type", "id", "kind", "step", "dispatch", "start", "finish", "devices", "workers", "consumed",
-              "produced", "bytes"), ("strategy", "inputs", "outputs", "unbound")),
+              "produced", "bytes"), ("strategy", "inputs", "outputs")),
     "step": (("type", "step", "finish", "nodes"), ("predicted_finish",)),
-    "summary": (("type", "steps", "nodes", "makespan"), ("predicted_makespan", "wall_s", "peak_memory", "warnings")),
+    "summary": (("type", "steps", "nodes", "makespan"), ("predicted_makespan", "wall_s", "peak_memory")),
 }
 
 
@@ -297,7 +296,6 @@ def trace_from_records(records: list[tuple], file: str = "<trace>") -> Trace:
             for key in ("makespan", "predicted_makespan", "wall_s", "peak_memory"):
                 if r.raw.get(key) is not None:
                     r.time(key)
-            r.strs("warnings")
             summary = {k: v for k, v in r.raw.items() if k != "type"}
     assert header is not None
     return Trace(header=header, nodes=nodes, events=events, steps=steps, summary=summary, file=file)
@@ -431,5 +429,5 @@ def _read_node(r: _Rec) -> NodeRecord:
         start=start, finish=finish, devices=r.ints("devices"), workers=r.ints("workers"),
         strategy=strategy,
         consumed=r.versions("consumed"), produced=r.versions("produced"), bytes=r.integer("bytes"),
-        inputs=r.strs("inputs"), outputs=r.strs("outputs"), unbound=r.strs("unbound"), line=r.line,
+        inputs=r.strs("inputs"), outputs=r.strs("outputs"), line=r.line,
     )

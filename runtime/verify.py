@@ -152,7 +152,7 @@ def expected_version(plan: RunPlan, n: RunNode, model: str) -> int:
 
 def _versions(plan: RunPlan, n: RunNode, r: NodeRecord) -> list[Violation]:
     out = []
-    planned_in = dict(n.node.version_in) if not n.unbound else {}
+    planned_in = dict(n.node.version_in)
     got_in = dict(r.consumed)
     if got_in != planned_in:
         out.append(Violation("version", (n.id,), f"{n.id} consumed {_versions_text(got_in)}, the plan says "

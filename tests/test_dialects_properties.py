@@ -17,7 +17,7 @@ from fixtures.strategies import programs as wellformed_programs
 from xdsl.printer import Printer
 
 from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
-from rpegc.core.ir.exec_graph import EDGE_KINDS, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.exec_graph import EDGE_KINDS, DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Num, Sym
 from rpegc.core.ir.program import (DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES, Arch, Container, Edge, Graph,
                                    Model, Placement, Plan, Program, Quantile, Vertex, Workload)
@@ -51,6 +51,7 @@ triples = st.tuples(small, small, small)
 allocs = st.builds(Alloc, triples, triples)
 strategies_ = st.builds(Strategy, small, small, small, small)
 model_ints = st.lists(st.tuples(names, big), max_size=3).map(tuple)
+data_refs = st.lists(st.builds(DataRef, names, st.one_of(st.none(), st.integers(1, 2**62))), max_size=3).map(tuple)
 
 workloads = st.builds(Workload, int64, int64, int64, int64, st.sampled_from(tuple(DTYPE_BYTES)), loc=locs)
 archs = st.builds(Arch, *(big,) * 6)
@@ -108,6 +109,8 @@ def exec_nodes(draw) -> ExecNode:
         fraction=draw(opt(floats)),
         version_in=draw(model_ints),
         version_out=draw(model_ints),
+        data_in=draw(data_refs),
+        data_out=draw(data_refs),
         time=draw(opt(floats)),
         start=draw(opt(floats)),
         finish=draw(opt(floats)),

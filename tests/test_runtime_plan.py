@@ -121,15 +121,68 @@ def test_artifacts_producers_and_consumers():
     assert phase_comm.inputs[0].phase == phase_comm.outputs[0].phase is not None
     final = {a for a in plan.retained if a.kind == "weights"}
     assert {(a.name, a.index) for a in final} == {("actor", 3), ("critic", 3)}
-    assert plan.warnings == ()
+
+
+def test_inputs_and_outputs_are_the_bindings_the_lowering_wrote():
+    """The runtime locates what each node binds (an Op on its allocation, a transfer from its source to its
+    destination) and derives nothing: the plan's data_in/data_out and version_in/version_out are the inputs
+    and outputs, one to one."""
+    plan = build_run_plan(scheduled(disaggregated_plan(1, quantiles=True), 2))
+    for n in plan.nodes:
+        x = n.node
+        src = x.alloc if n.kind == "op" else x.src_alloc
+        assert [(a.name, a.phase, a.alloc) for a in n.inputs if a.kind == "data"] == \
+            [(d.container, d.phase, src) for d in x.data_in]
+        assert [(a.name, a.phase, a.alloc) for a in n.outputs if a.kind == "data"] == \
+            [(d.container, d.phase, x.alloc) for d in x.data_out]
+        assert all(a.index == x.step for a in n.inputs + n.outputs if a.kind == "data")
+        assert [(a.name, a.index) for a in n.inputs if a.kind == "weights"] == list(x.version_in)
+    # A Comm from a split generation to a whole-container reader gathers the phases into the whole container.
+    gather = [n for n in plan.nodes if n.kind == "comm" and len(n.inputs) > 1]
+    assert gather and all({a.phase for a in n.inputs} == {1, 2, 3} and [a.phase for a in n.outputs] == [None]
+                          for n in gather)
+    # Bytes of a phase copy are its share of the container.
+    phase = next(a for a in plan.artifact_bytes if a.kind == "data" and a.phase == 1 and a.name == "Y")
+    whole = next(b for a, b in plan.artifact_bytes.items() if a.kind == "data" and a.phase is None and a.name == "Y")
+    assert plan.artifact_bytes[phase] < whole
 
 
 def test_colocated_async_reshard_depends_on_the_version_it_moves():
     # insert-reshard puts a Reshard between gen#k and train_actor#k on shared GPUs also when tau > 0;
-    # the version it moves (k) is produced by train_actor#k-1, so the Reshard depends on it and binds.
+    # the version it moves (k) is produced by train_actor#k-1, so the Reshard depends on it and binds it.
     plan = build_run_plan(scheduled(colocated_plan(1), 3))
-    assert not [n for n in plan.nodes if n.unbound]
-    assert plan.warnings == ()
+    reshards = [n for n in plan.nodes if n.kind == "reshard" and n.step > 0]
+    assert reshards
+    for n in reshards:
+        (a,) = n.inputs
+        assert any(plan.nodes[u].kind == "op" and a in plan.nodes[u].outputs for u in plan.producers[a])
+
+
+def _edit_node(p, node_id, **change):
+    g = p.exec
+    return replace(p, exec=replace(g, nodes=tuple(n.with_(**change) if n.id == node_id else n for n in g.nodes)))
+
+
+def test_bindings_that_disagree_with_the_graph_are_plan_errors():
+    from rpegc.core.ir.exec_graph import DataRef
+
+    p = scheduled(disaggregated_plan(0, quantiles=True), 1)
+    train = next(n for n in p.exec.nodes if n.vertex == "train_critic")
+    dropped = tuple(d for d in train.data_in if d.container != "values")
+    with pytest.raises(RpegError, match=r"train_critic#0 binds no copy of %values .* recompile the plan"):
+        build_run_plan(_edit_node(p, train.id, data_in=dropped))
+    with pytest.raises(RpegError, match=r"train_critic#0 writes %Y, which vertex @train_critic does not write"):
+        build_run_plan(_edit_node(p, train.id, data_out=(DataRef("Y"),)))
+    comm = next(n for n in p.exec.nodes if n.kind == "comm" and n.fraction is not None)
+    with pytest.raises(RpegError, match=r"binds %Y phase 4, but graph @\w+ has 3 quantile phase"):
+        build_run_plan(_edit_node(p, comm.id, data_out=(DataRef("Y", 4),)))
+    with pytest.raises(RpegError, match=r"moves %Y but binds no copy to write"):
+        build_run_plan(_edit_node(p, comm.id, data_out=()))
+    # A reader that binds a later phase than its own reads a copy that arrives after it may start.
+    reader = next(n for n in p.exec.nodes if n.kind == "op" and n.phase == 2 and n.role == "inference")
+    wrong = tuple(DataRef(d.container, 3) if d.container == "Y" else d for d in reader.data_in)
+    with pytest.raises(RpegError, match=rf"{reader.id} reads data %Y#0.q3 .* no predecessor produces it"):
+        build_run_plan(_edit_node(p, reader.id, data_in=wrong))
 
 
 def test_plan_hash_covers_everything_the_run_depends_on():

@@ -140,6 +140,23 @@ def test_exec_errors_are_located():
     assert messages[4][:2] == position(text, "exec.device") and "needs an exec.memory line" in messages[4][2]
 
 
+def test_binding_errors_are_located():
+    text = HEAD + MODEL + (
+        "exec.graph @g steps = 1 {\n"
+        "  exec.op @gen#0 generation @actor step 0 order 0 reads {%Y phase 2, %Y phases 1 to 3}\n"
+        "  exec.op @gen#1 generation @actor step 0 order 0 writes {%Y phases 3 to 3}\n"
+        "  exec.op @gen#2 generation @actor step 0 order 0 reads {%Y} reads {@actor = 0}\n"
+        "  exec.op @gen#3 generation @actor step 0 order 0 writes {%Y phase 0}\n"
+        "}\n"
+    )
+    err = error_of(text)
+    messages = [(e.loc.line, e.loc.col, e.message) for e in err.errors]
+    assert messages[0][:2] == position(text, "%Y phases 1") and "%Y phase 2 appears twice in the reads" in messages[0][2]
+    assert messages[1][:2] == position(text, "%Y phases 3") and "an empty or one-phase range" in messages[1][2]
+    assert messages[2][:2] == position(text, "reads {@actor") and "gives 'reads' twice" in messages[2][2]
+    assert messages[3][:2] == position(text, "0}\n}") and "phase of %Y" in messages[3][2]
+
+
 @pytest.mark.parametrize("text", ["", "\x00\x01\x02", "rpeg.", "}}}", "exec.graph", "@", '%"\\q" = 1',
                                   "rpeg.workload {B = 1, R = 1, Lp = 1, Lr = 1} rpeg.model @\"\\x\" {kind = policy}",
                                   "rpeg.workload {B = " + "9" * 5000 + ", R = 1, Lp = 1, Lr = 1}",

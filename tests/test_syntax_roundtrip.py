@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 
-from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.ir.expr import BinOp, Num, Sym
 from rpegc.core.check.plan_rules import check_plan
 from rpegc.core.ir.presets import lookup
@@ -44,8 +44,8 @@ exec.graph @ppo steps = 2 lowered {
   exec.op @gen#0 generation @actor step 0 order 0 at (0, 0, 0) extent (1, 8, 4) dp = 16 pp = 1 tp = 2 mb = 1 reads {@actor = 0}
   exec.op @train_actor#0 training @actor step 0 order 2 at (1, 0, 0) extent (1, 4, 4) dp = 4 pp = 2 tp = 2 mb = 8 reads {@actor = 0} writes {@actor = 1}
   exec.op @gen#1.q2 generation @actor step 1 order 0 phase 2 of 3 fraction 0.35 {time = 1.25, start = 0.0, finish = 1.25}
-  exec.op @ref_inf#0 inference @ref step 0 order 1 reads {@ref = 0}
-  exec.comm @c0 step 0 order 1 (%Y) from (0,0,0) extent (1,1,4) to (0,1,0) extent (1,1,4) bytes = 81920
+  exec.op @ref_inf#0 inference @ref step 0 order 1 reads {@ref = 0, %Y phases 1 to 3} writes {%logp_ref}
+  exec.comm @c0 step 0 order 1 (%Y) from (0,0,0) extent (1,1,4) to (0,1,0) extent (1,1,4) bytes = 81920 reads {%Y phase 2, %Y phase 3} writes {%Y}
   exec.comm @c5 step 1 order 0 weights @actor version 1 from (1,0,0) extent (1,4,4) to (0,0,0) extent (1,8,4) bytes = 10328473600
   exec.reshard @r0 step 1 order 0 @actor version 1 at (0,0,0) extent (1,8,4) from (dp = 2, pp = 2, tp = 2, mb = 4) to (dp = 4, pp = 1, tp = 2, mb = 1) bytes = 5
   exec.data @gen#0 -> @ref_inf#0 (%Y)
@@ -113,6 +113,10 @@ def test_sketch_exec_stage_fields():
     c0 = g.node("c0")
     assert (c0.kind, c0.container, c0.vertex, c0.bytes) == ("comm", "Y", None, 81920)
     assert c0.src_alloc == Alloc((0, 0, 0), (1, 1, 4)) and c0.alloc == Alloc((0, 1, 0), (1, 1, 4))
+    assert c0.data_in == (DataRef("Y", 2), DataRef("Y", 3)) and c0.data_out == (DataRef("Y"),)
+    ref0 = g.node("ref_inf#0")
+    assert ref0.version_in == (("ref", 0),) and ref0.data_in == tuple(DataRef("Y", q) for q in (1, 2, 3))
+    assert ref0.data_out == (DataRef("logp_ref"),)
     c5 = g.node("c5")
     assert (c5.model, c5.version_in, c5.bytes) == ("actor", (("actor", 1),), 10328473600)
     r0 = g.node("r0")

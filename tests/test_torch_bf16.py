@@ -84,9 +84,13 @@ def test_the_workload_dtype_chooses_the_serving_dtype():
 
 
 def test_a_bf16_forward_returns_float32_and_does_not_depend_on_the_batch_size():
+    """Rows computed in batches of 32, 16, 4 or 2 agree: the same tokens, and log-probabilities within the
+    rounding bound of two bf16 paths (oneDNN may block a GEMM differently per batch size: on an AVX-512 CPU
+    two-row batches differ by 4e-5, under AVX2 not at all). A row that saw another row would differ by O(1)."""
     net = NetOptions(max_seq=LP + LR, positions="learned")
     model = build_model(ARCH, "actor_critic", 5, net).to(torch.bfloat16)
     prompts = torch.randint(0, ARCH.vocab, (32, LP), generator=torch.Generator().manual_seed(0))
+    bound = _decode_vs_forward_bound(model)
     with torch.no_grad():
         whole = generate(model, prompts, range(32), seed=0, step=0, max_new_tokens=LR)
         fwd = response_forward(model, whole.sequences, LP)
@@ -95,9 +99,9 @@ def test_a_bf16_forward_returns_float32_and_does_not_depend_on_the_batch_size():
             parts = [(a, a + rows) for a in range(0, 32, rows)]
             split = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR) for a, b in parts]
             assert torch.equal(torch.cat([s.sequences for s in split]), whole.sequences)
-            assert torch.equal(torch.cat([s.logprobs for s in split]), whole.logprobs)
+            assert (torch.cat([s.logprobs for s in split]) - whole.logprobs).abs().max().item() <= bound
             split_fwd = torch.cat([response_forward(model, whole.sequences[a:b], LP).logprobs for a, b in parts])
-            assert torch.equal(split_fwd, fwd.logprobs)
+            assert (split_fwd - fwd.logprobs).abs().max().item() <= bound
 
 
 U_BF16 = 2.0 ** -8  # bf16 unit roundoff: 8 significand bits, round to nearest

@@ -44,6 +44,9 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
           "bytes": int,                 // Comm/Reshard payload, 0 for Op nodes
           "version_in": {model: int},   // Op: version read per model; Comm/Reshard: version moved
           "version_out": {model: int},  // training Op: version produced (k + 1)
+          "data_in": [{"container": str, "phase": int | null}],   // containers of the node's step it reads
+          "data_out": [{"container": str, "phase": int | null}],  // ... and writes (Op: on its allocation;
+                                        // Comm: read on the source, written on the destination)
           "order": int,                 // topological index of the RPEG vertex (Comm/Reshard: consumer's)
           "container": str,             // optional: Comm's container
           "fraction": float,            // optional: quantile phase share f_q - f_{q-1}
@@ -89,6 +92,7 @@ from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.exec_graph import (
     EDGE_KINDS,
     NODE_KINDS,
+    DataRef,
     ExecEdge,
     ExecGraph,
     ExecNode,
@@ -236,6 +240,8 @@ def _node_json(n: ExecNode, cluster: Optional[Cluster]) -> dict:
         "bytes": n.bytes,
         "version_in": dict(n.version_in),
         "version_out": dict(n.version_out),
+        "data_in": [_data_ref_json(d) for d in n.data_in],
+        "data_out": [_data_ref_json(d) for d in n.data_out],
         "order": n.order,
     }
     optional = {
@@ -251,6 +257,10 @@ def _node_json(n: ExecNode, cluster: Optional[Cluster]) -> dict:
     }
     out.update({k: v for k, v in optional.items() if v is not None})
     return out
+
+
+def _data_ref_json(d: DataRef) -> dict:
+    return {"container": d.container, "phase": d.phase}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -606,7 +616,7 @@ def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
 _NODE_REQUIRED = ("id", "kind", "step")
 _NODE_OPTIONAL = (
     "vertex", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb", "bytes", "version_in", "version_out",
-    "order", "container", "fraction", "nphases", "alloc", "src_alloc", "src_strategy", "time", "start", "finish",
+    "data_in", "data_out", "order", "container", "fraction", "nphases", "alloc", "src_alloc", "src_strategy", "time", "start", "finish",
 )
 
 
@@ -650,11 +660,28 @@ def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster], loc: O
                        lambda x, p: r.float_(x, p, positive=True, maximum=1.0)),
         version_in=r.version_map(o.get("version_in", {}), _join(path, "version_in")),
         version_out=r.version_map(o.get("version_out", {}), _join(path, "version_out")),
+        data_in=_read_data_refs(r, o, "data_in", path),
+        data_out=_read_data_refs(r, o, "data_out", path),
         time=opt_time("time"),
         start=start,
         finish=finish,
         loc=loc or r.loc,
     )
+
+
+def _read_data_refs(r: _Reader, o: dict, key: str, path: str) -> tuple[DataRef, ...]:
+    refs = r.items(o, key, path, lambda x, p: _read_data_ref(r, x, p))
+    for i, d in enumerate(refs):
+        if d in refs[:i]:
+            raise r.error(f"{_join(path, key)}[{i}]", f"%{d.container}"
+                          + (f" phase {d.phase}" if d.phase is not None else "") + " is bound twice; keep one")
+    return tuple(refs)
+
+
+def _read_data_ref(r: _Reader, v: Any, path: str) -> DataRef:
+    o = r.obj(v, path, ("container",), ("phase",))
+    return DataRef(r.str_(o["container"], _join(path, "container")),
+                   r.opt(o.get("phase"), _join(path, "phase"), lambda x, p: r.int_(x, p, 1)))
 
 
 def _check_devices(

@@ -25,7 +25,7 @@ from rpegc.core.ir import presets
 from rpegc.core.ir.hf_config import hf_arch
 from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
 from rpegc.core.ir.gc_pause import without_gc
-from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
 from rpegc.core.ir.program import (ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES, Arch, Container, Edge,
                                    Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload)
@@ -709,6 +709,42 @@ class _Builder:
             locs.append(self.loc(sym_tok))
         return entries, locs
 
+    def bindings(
+        self, tree: Tree, what: str, refs: dict[str, list[Ref]]
+    ) -> tuple[tuple[tuple[str, int], ...], tuple[DataRef, ...]]:
+        """`{@m = version, %c, %c phase q, ...}`: the weights and the data a node reads or writes; a repeated
+        entry is an error."""
+        versions: list[tuple[str, int]] = []
+        data: list[DataRef] = []
+        seen: dict[object, Loc] = {}
+        for entry in tree.children:
+            if entry is None:
+                continue
+            tok, *values = entry.children
+            name, loc = self.name(tok), self.loc(tok)
+            keys: list[object] = []
+            if entry.data == "sym_entry":
+                keys.append(("@", name))
+                versions.append((name, self.int_of(values[0], f"the version of @{name} in the {what}", minimum=0)))
+                refs["model"].append((name, loc))
+            else:
+                phases = [self.int_of(v, f"the phase of %{name} in the {what}", minimum=1) for v in values if v is not None]
+                if len(phases) == 2:
+                    if phases[1] <= phases[0]:
+                        self.fail(loc, f"`%{name} phases {phases[0]} to {phases[1]}` in the {what} is an empty or "
+                                       "one-phase range; write `phases a to b` with a < b, or `phase a`")
+                    phases = list(range(phases[0], phases[1] + 1))
+                keys += [DataRef(name, q) for q in phases] or [DataRef(name)]
+                data += keys  # type: ignore[arg-type]
+                refs["container"].append((name, loc))
+            for key in keys:
+                if key in seen:
+                    shown = (f"@{name}" if isinstance(key, tuple) else
+                             f"%{name}" + (f" phase {key.phase}" if key.phase is not None else ""))  # type: ignore[attr-defined]
+                    self.fail(loc, f"{shown} appears twice in the {what} (first at {seen[key]}); keep one")
+                seen[key] = loc
+        return tuple(versions), tuple(data)
+
     def size_expr(self, tree: Tree) -> Expr:
         return self.expr(tree, 0)
 
@@ -963,14 +999,17 @@ class _Builder:
                 refs["container"].append((values["container"], self.loc(args[0])))
             elif kind_c == "c_version":
                 put(c, "version_in", self.int_of(args[0], f"version of {what}", minimum=0))
-            elif kind_c == "c_reads":
-                entries, locs = self.sym_dict(args[0], "version read", f"reads of {what}")
-                put(c, "version_in", tuple(entries))
-                refs["model"].extend((m, l) for (m, _), l in zip(entries, locs))
-            elif kind_c == "c_writes":
-                entries, locs = self.sym_dict(args[0], "version written", f"writes of {what}")
-                put(c, "version_out", tuple(entries))
-                refs["model"].extend((m, l) for (m, _), l in zip(entries, locs))
+            elif kind_c in ("c_reads", "c_writes"):
+                reads = kind_c == "c_reads"
+                word = "reads" if reads else "writes"
+                if word in given:
+                    self.fail(self.loc(c), f"{what} gives '{word}' twice (first at {given[word]}); keep one")
+                given[word] = self.loc(c)
+                versions, data = self.bindings(args[0], f"{word} of {what}", refs)
+                if versions:
+                    put(c, "version_in" if reads else "version_out", versions)
+                if data:
+                    put(c, "data_in" if reads else "data_out", data)
             elif kind_c == "c_alloc":
                 put(c, "alloc", self.alloc(args, what, "allocation"))
             elif kind_c == "c_src_alloc":
@@ -1042,6 +1081,8 @@ _CLAUSE_WORDS = {
     "container": "a container",
     "version_in": "the version read ('version' / 'reads')",
     "version_out": "'writes'",
+    "data_in": "the data read ('reads')",
+    "data_out": "the data written ('writes')",
     "alloc": "an allocation ('at' / 'to')",
     "src_alloc": "a source allocation ('from')",
     "strategy": "a layout (dp/pp/tp/mb)",

@@ -19,7 +19,7 @@ import re
 from typing import Iterable, Optional
 
 from rpegc.core.ir import presets
-from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
+from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport
 from rpegc.core.ir.expr import Expr
 from rpegc.core.ir.program import Graph, Model, Plan, Program, Workload
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
@@ -129,6 +129,25 @@ def _strategy_tuple(word: str, s: Strategy) -> str:
 
 def _versions(entries: tuple[tuple[str, int], ...]) -> str:
     return "{" + ", ".join(f"{sym(m)} = {v}" for m, v in entries) + "}"
+
+
+def _bindings(versions: tuple[tuple[str, int], ...], data: tuple[DataRef, ...]) -> str:
+    """`{@actor = 0, %Y phase 2}`, or "" when the node binds nothing."""
+    if not versions and not data:
+        return ""
+    entries = [f"{sym(m)} = {v}" for m, v in versions]
+    i = 0
+    while i < len(data):
+        d, j = data[i], i + 1
+        while (j < len(data) and d.phase is not None and data[j].container == d.container
+               and data[j].phase == d.phase + (j - i)):
+            j += 1
+        if j - i > 1:
+            entries.append(f"{ctr(d.container)} phases {d.phase} to {data[j - 1].phase}")
+        else:
+            entries.append(ctr(d.container) + (f" phase {d.phase}" if d.phase is not None else ""))
+        i = j
+    return "{" + ", ".join(entries) + "}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -294,10 +313,12 @@ def node_line(n: ExecNode) -> str:
         parts.append(_strategy_tuple("to", n.strategy) if n.kind == "reshard" else _strategy_flat(n.strategy))
     if n.bytes != 0 or n.kind != "op":
         parts.append(f"bytes = {n.bytes}")
-    if n.version_in and not version_clause:
-        parts += ["reads", _versions(n.version_in)]
-    if n.version_out:
-        parts += ["writes", _versions(n.version_out)]
+    reads = _bindings((), n.data_in) if version_clause else _bindings(n.version_in, n.data_in)
+    writes = _bindings(n.version_out, n.data_out)
+    if reads:
+        parts += ["reads", reads]
+    if writes:
+        parts += ["writes", writes]
     annot = [(k, fmt_float(v)) for k, v in (("time", n.time), ("start", n.start), ("finish", n.finish)) if v is not None]
     if annot:
         parts.append(_attr_dict(annot))

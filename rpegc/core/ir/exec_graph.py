@@ -21,6 +21,16 @@ EDGE_KINDS = ("data", "pub", "order", "dep")
 
 
 @dataclass(frozen=True)
+class DataRef:
+    """A data container of the node's own step that a node reads or writes: one quantile phase, or the
+    whole container (phase None). Data never crosses a step. Where the copy lives follows from the node:
+    an Op reads and writes on its allocation; a Comm reads on its source and writes on its destination."""
+
+    container: str
+    phase: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class ExecNode:
     id: str  # unique in the graph; op nodes are "<vertex>#<step>" or "<vertex>#<step>.q<phase>"
     kind: str  # NODE_KINDS
@@ -40,6 +50,11 @@ class ExecNode:
     fraction: Optional[float] = None  # quantile phase share f_q - f_{q-1} (phase comm and sub-nodes)
     version_in: tuple[tuple[str, int], ...] = ()  # op: parameter version read per model; comm/reshard: version moved
     version_out: tuple[tuple[str, int], ...] = ()  # training op: version produced (k + 1)
+    # Data bindings, written by the lowering when it creates the node (the weights it reads and writes are
+    # version_in / version_out: an Op on its allocation; a Comm or Reshard moves version_in from src_alloc
+    # to alloc).
+    data_in: tuple[DataRef, ...] = ()
+    data_out: tuple[DataRef, ...] = ()
     time: Optional[float] = None
     start: Optional[float] = None
     finish: Optional[float] = None

@@ -5,7 +5,9 @@ Every data edge becomes a precedence edge (same allocation) or u -> Comm -> v (d
 payload |a|s(a), or its phase share after split-quantiles). Every publication edge between different
 allocations becomes u -> Comm -> v carrying the model's weights with the partial-overlap payload; a
 Comm that already installs the same model version on the same destination allocation is reused.
-Same-allocation publication edges are left for insert-reshard.
+Same-allocation publication edges are left for insert-reshard. A data Comm reads the producer's copy on the
+source allocation (its phase on a phase edge, every phase of a split producer, else the whole container) and
+writes what the consumer reads on the destination (its phase, else the whole container).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rpegc.core.lower.edit import (
     place_before_consumers,
     unique_edges,
 )
-from rpegc.core.ir.exec_graph import ExecEdge, ExecNode
+from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecNode
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.lower.rules import (
     COMM,
@@ -76,6 +78,11 @@ def insert_comm(p: Program) -> Program:
 
 def _data_comm(p: Program, e: ExecEdge, u: ExecNode, v: ExecNode, node_id: str) -> ExecNode:
     share = phase_share(u, v)
+    c = e.container
+    if share is not None or u.phase is None:
+        sent: tuple[DataRef, ...] = (DataRef(c, u.phase if share is not None else None),)
+    else:
+        sent = tuple(DataRef(c, q) for q in range(1, (u.nphases or 1) + 1))
     return ExecNode(
         id=node_id,
         kind="comm",
@@ -86,6 +93,8 @@ def _data_comm(p: Program, e: ExecEdge, u: ExecNode, v: ExecNode, node_id: str) 
         src_alloc=u.alloc,
         bytes=data_bytes(container_payload(p, e.container, e.loc), share),
         fraction=share,
+        data_in=sent,
+        data_out=(DataRef(c, u.phase if share is not None else None),),
         loc=e.loc,
     )
 

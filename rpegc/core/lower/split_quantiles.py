@@ -5,16 +5,21 @@ A generation Op node with a data edge to an inference Op node on disjoint device
 sub-nodes "<vertex>#<k>.q<i>" chained on its devices (phase 1 includes the prefill); each such
 inference node likewise. Generation phase q feeds inference phase q (the data edge is copied per
 phase; insert-comm scales its payload by the phase share). Nothing is split on shared devices.
+Data bindings follow: a sub-node writes its phase of each container; a reader fed by a phase edge reads
+its phase; a reader of a split producer through another edge reads every phase on the same devices (its
+dependency on the last phase makes them all present) and the whole container elsewhere (the Comm that
+insert-comm adds gathers the phases); a reader of an unsplit producer reads the whole container.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
 from rpegc.core.lower.edit import Endpoints, dep, has_kind, lowering_input, out_of_order, unique_edges
-from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode
+from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.lower.rules import is_phase_pair, phase_shares
+from rpegc.core.lower.rules import DEP, data_action, is_phase_pair, phase_shares
 from rpegc.core.ir.program import Program
 
 PASS = "split-quantiles"
@@ -48,18 +53,20 @@ def _is_phase_edge(src: ExecNode, dst: ExecNode) -> bool:
 def _split(g: ExecGraph, shares: tuple[float, ...]) -> ExecGraph:
     to_phase = phase_edges(g)
     split_ids = {e.src for e in to_phase} | {e.dst for e in to_phase}
+    by_id = {n.id: n for n in g.nodes}
+    reads = _Reads(split_ids, {(e.dst, e.container) for e in to_phase},
+                   {(e.dst, e.container): by_id[e.src] for e in g.edges if e.kind == "data"}, len(shares))
     nodes: list[ExecNode] = []
     chains: list[ExecEdge] = []
     for n in g.nodes:
         if n.id not in split_ids:
-            nodes.append(n)
+            nodes.append(n.with_(data_in=reads.of(n, None)))
             continue
-        phases = _phases(n, shares)
+        phases = _phases(n, shares, reads)
         nodes += phases
         chains += [dep(a.id, b.id, n.loc) for a, b in zip(phases, phases[1:])]
     split = replace(g, nodes=tuple(nodes))
     ends = Endpoints(split)
-    by_id = {n.id: n for n in g.nodes}
     edges = list(chains)
     phased = set(to_phase)
     for e in g.edges:
@@ -71,10 +78,33 @@ def _split(g: ExecGraph, shares: tuple[float, ...]) -> ExecGraph:
     return replace(split, edges=unique_edges(edges))
 
 
-def _phases(n: ExecNode, shares: tuple[float, ...]) -> list[ExecNode]:
+@dataclass(frozen=True)
+class _Reads:
+    """The data a node reads once its producers are split."""
+
+    split_ids: set[str]
+    phased: set[tuple[str, str]]  # (reader id, container) of the phase edges
+    producer: dict[tuple[str, str], ExecNode]  # (reader id, container) -> the producer
+    q_count: int
+
+    def of(self, n: ExecNode, phase: Optional[int]) -> tuple[DataRef, ...]:
+        out: list[DataRef] = []
+        for d in n.data_in:
+            u = self.producer.get((n.id, d.container))
+            if (n.id, d.container) in self.phased:
+                out.append(DataRef(d.container, phase))
+            elif u is not None and u.id in self.split_ids and data_action(u.alloc, n.alloc) == DEP:
+                out += [DataRef(d.container, q) for q in range(1, self.q_count + 1)]
+            else:
+                out.append(d)
+        return tuple(out)
+
+
+def _phases(n: ExecNode, shares: tuple[float, ...], reads: _Reads) -> list[ExecNode]:
     q_count = len(shares)
     return [
-        n.with_(id=f"{n.id}.q{q}", phase=q, nphases=q_count, fraction=share)
+        n.with_(id=f"{n.id}.q{q}", phase=q, nphases=q_count, fraction=share, data_in=reads.of(n, q),
+                data_out=tuple(DataRef(d.container, q) for d in n.data_out))
         for q, share in enumerate(shares, start=1)
     ]
 

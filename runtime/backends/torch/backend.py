@@ -693,7 +693,7 @@ class TorchBackend(Backend):
 
     def _submit(self, d: Dispatch, commands: dict[int, dict], ends: frozenset[int],
                 after: tuple[str, ...] = ()) -> None:
-        if not commands:  # nothing to move (an unbound transfer): done at once
+        if not commands:  # nothing to move (the copy is already where and as it should be): done at once
             t = self.now()
             self._ready.append(Completion(node=d.id, start=t, finish=t, bytes=0, versions_in=(),
                                           versions_out=d.versions_out))
@@ -784,7 +784,7 @@ class TorchBackend(Backend):
             return False
         c = self._command(d)
         if not c.commands:
-            return False  # nothing to send (an unbound transfer): it completes at once when dispatched
+            return False  # nothing to send: it completes at once when dispatched
         ranks = set(c.commands)
         for p in after:
             pend = self._pending.get(p)
@@ -865,10 +865,8 @@ class TorchBackend(Backend):
 
     def _transfer_command(self, d: Dispatch) -> "_Command":
         n = d.node
-        if not d.inputs:
-            return _Command()
         if d.inputs[0].kind == "weights":
-            return self._weights_command(d, d.inputs[0], d.outputs[0] if d.outputs else None, None)
+            return self._weights_command(d, d.inputs[0], d.outputs[0], None)
         out = d.outputs[0]
         held: dict[int, list[tuple[int, int]]] = {}
         for a in d.inputs:
@@ -887,19 +885,15 @@ class TorchBackend(Backend):
         return _Command({r: cmd for r in ranks}, frozenset(m.dst for m in moves), {out: delivered})
 
     def _reshard_command(self, d: Dispatch) -> "_Command":
-        if not d.inputs:
-            return _Command()
         _, target = self.reshard_layouts[d.node.index]
-        return self._weights_command(d, d.inputs[0], d.outputs[0] if d.outputs else d.inputs[0], target)
+        return self._weights_command(d, d.inputs[0], d.outputs[0], target)
 
-    def _weights_command(self, d: Dispatch, src: Artifact, dst: Optional[Artifact],
+    def _weights_command(self, d: Dispatch, src: Artifact, dst: Artifact,
                          target: Optional[Layout]) -> "_Command":
         n = d.node
         h = self._holdings.get(src)
         if h is None or h.layout is None:
             raise BackendError(n.node.loc, f"node {n.id} moves {src.label}, which no worker holds")
-        if dst is None:
-            return _Command()
         layout = target or self._reader_layout(dst)
         moves = route_weights(self.shapes[src.name], self.models[src.name].arch.layers, h.layout, layout)
         cmd = {"type": "move_weights", "node": n.id, "model": src.name, "version": src.index, "source": src.label,
