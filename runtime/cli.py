@@ -173,8 +173,8 @@ def _given(spec: BackendSpec, args: argparse.Namespace) -> list[str]:
     return [a.option_strings[0] for a in probe._actions if a.option_strings and getattr(args, a.dest) != a.default]
 
 
-def make_backend(args: argparse.Namespace):
-    """The backend --backend names, built from its own options; another backend's options are an error."""
+def chosen_backend(args: argparse.Namespace) -> BackendSpec:
+    """The backend --backend names; another backend's options are an error."""
     specs = backend_specs()
     for name, spec in specs.items():
         given = _given(spec, args) if name != args.backend else []
@@ -182,7 +182,12 @@ def make_backend(args: argparse.Namespace):
             verb = "applies" if len(given) == 1 else "apply"
             raise RpegError(None, f"{', '.join(given)} {verb} to the {name} backend only; this run uses the "
                                   f"{args.backend} backend")
-    spec = specs[args.backend]
+    return specs[args.backend]
+
+
+def make_backend(args: argparse.Namespace):
+    """The backend --backend names, built from its own options."""
+    spec = chosen_backend(args)
     return spec.create(backend_options(spec, args))
 
 
@@ -192,9 +197,10 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from rpegc.runtime.verify import compare, verify
 
     check_options(args)
-    check_run_outputs(args)
+    spec = chosen_backend(args)
+    check_run_outputs(args, spec)
     plan = load_plan(args.plan, steps=args.steps)
-    backend = make_backend(args)
+    backend = spec.create(backend_options(spec, args))
     plan = backend.prepare(plan)
     print(f"rpeg-run: {args.plan} (plan {plan.hash[:12]}), {plan.steps} of {plan.plan_steps} step(s), "
           f"{len(plan.nodes)} nodes on {len(plan.devices)} devices, backend {backend.name}")
@@ -212,12 +218,10 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
               f"wall {s.wall_s:.3f} s{extra}", flush=True)
 
     writer = TraceWriter(args.trace) if args.trace else None
-    options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed, **_host_facts(backend, plan)}
-    header_options = getattr(backend, "header_options", None)
-    if header_options is not None:
-        options.update(header_options(plan))  # the effective RL hyper-parameters, prompts and reward
+    options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed,
+               **backend.header_options(plan)}
     try:
-        with _signals(args, backend):
+        with backend.stop_signals():
             result = run(plan, backend, RunOptions(policy=args.policy, reserve=args.reserve,
                                                         lookahead=args.lookahead),
                          sink=writer, on_step=progress, header_options=options)
@@ -235,23 +239,14 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
     for line in _summary_lines(cmp, result.trace, plan):
         print(line)
-    reward_summary = getattr(backend, "reward_summary", None)
-    if reward_summary is not None and reward_summary():
-        print(reward_summary())
+    rewards = backend.reward_summary()
+    if rewards:
+        print(rewards)
     if args.gantt:
         _gantt(plan, result.trace, args.gantt)
     if args.trace:
         print(f"trace: {args.trace}")
     return _report(violations, len(result.trace.nodes))
-
-
-def _signals(args: argparse.Namespace, backend):
-    """SIGINT/SIGTERM stop a torch run cleanly (runtime/interrupt.py); the sim backend keeps Ctrl-C's default."""
-    import contextlib
-
-    from rpegc.runtime.interrupt import stop_on_signals
-
-    return stop_on_signals(backend) if args.backend == "torch" else contextlib.nullcontext()
 
 
 def _say_interrupted(e: BaseException, args, argv, plan: RunPlan, backend, done: list) -> None:
@@ -260,60 +255,28 @@ def _say_interrupted(e: BaseException, args, argv, plan: RunPlan, backend, done:
 
     if not isinstance(e, Interrupted):
         return
-    run_dir = getattr(backend, "run_dir", None)
-    checkpoint = None
-    if run_dir:
-        from rpegc.runtime.backends.torch.checkpoint import complete_checkpoints
-
-        found = complete_checkpoints(run_dir)
-        checkpoint = found[-1][0] if found else None
-    state = RunState(max(done) if done else None, plan.first_step, plan.steps, run_dir, checkpoint)
+    state = RunState(max(done) if done else None, plan.first_step, plan.steps, backend.run_dir,
+                     backend.last_checkpoint_step())
     print_interrupted(interrupted_line(e.name, state, args.plan, argv))
 
 
-def check_run_outputs(args: argparse.Namespace) -> None:
-    """Every file the run writes (--trace, --gantt, the run directory's checkpoints, logs and final
-    weights) against the plan, --resume's directory and each other, before anything runs."""
+def check_run_outputs(args: argparse.Namespace, spec: BackendSpec) -> None:
+    """Every file the run writes (--trace, --gantt, and what the backend's options make it write, like a run
+    directory's checkpoints, logs and final weights) against the plan, the backend's inputs and each other,
+    before anything runs."""
     from rpegc.outputs import Output, check_outputs
 
     try:
         from rpegc.tools.gantt import FORMATS
     except ImportError:  # no matplotlib: _gantt says so after the run
         FORMATS = (".png", ".svg", ".pdf")
-    wanted = []
-    run_dir = args.resume or args.run_dir
-    if run_dir is not None and args.backend == "torch":
-        try:
-            from rpegc.runtime.backends.torch.checkpoint import CHECKPOINT_DIR, FINAL
-        except ImportError:  # no torch: make_backend says so
-            CHECKPOINT_DIR, FINAL = "checkpoints", "final"
-        wanted += [Output(os.path.join(run_dir, FINAL), "the run directory's final weights", directory=True,
-                          make_parents=True),
-                   Output(os.path.join(run_dir, CHECKPOINT_DIR), "the run directory's checkpoints",
-                          directory=True, make_parents=True),
-                   Output(os.path.join(run_dir, "workers"), "the run directory's worker logs",
-                          directory=True, make_parents=True)]
+    options = backend_options(spec, args)
+    wanted = list(spec.outputs(options))
     if args.trace is not None:
         wanted.append(Output(args.trace, "the trace"))
     if args.gantt is not None:
         wanted.append(Output(args.gantt, "the Gantt chart", suffixes=tuple(FORMATS)))
-    inputs = [args.plan] + [f for f in (getattr(args, "data", None), getattr(args, "rl_config", None)) if f]
-    check_outputs(wanted, inputs=inputs)
-
-
-def _host_facts(backend, plan: RunPlan) -> dict:
-    """What the trace header records about the host (torch backend): worker processes launched here,
-    the cores they share, and the torch.distributed backend (gloo: CPU workers; nccl: a GPU each)."""
-    if backend.name != "torch":
-        return {}
-    from rpegc.runtime.report import host_cores
-
-    local = len(plan.devices) if getattr(backend, "launcher", "local") == "local" else 0
-    facts = {"local_workers": local, "host_cores": host_cores()}
-    resolve = getattr(backend, "_resolve_dist_backend", None)
-    if resolve is not None:
-        facts["dist_backend"] = resolve(plan)
-    return facts
+    check_outputs(wanted, inputs=[args.plan] + list(spec.inputs(options)))
 
 
 def _summary_lines(cmp, trace, plan: RunPlan) -> list[str]:

@@ -19,7 +19,7 @@ import signal
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Protocol, Sequence
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -41,21 +41,25 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+class Stoppable(Protocol):
+    def interrupt(self) -> None:
+        """The first signal: stop dispatching; workers finish or drop what they run."""
+
+    def kill_now(self) -> None:
+        """A second signal: kill every process at once."""
+
+
 @contextmanager
-def stop_on_signals(backend=None) -> Iterator[None]:
+def stop_on_signals(backend: Stoppable) -> Iterator[None]:
     """Handlers for SIGINT and SIGTERM while the block runs; the previous handlers come back after it."""
     state = {"seen": None}
 
     def handler(signum, frame):
         if state["seen"] is not None:
-            kill = getattr(backend, "kill_now", None)
-            if kill is not None:
-                kill()
+            backend.kill_now()
             os._exit(128 + signum)
         state["seen"] = signum
-        stop = getattr(backend, "interrupt", None)
-        if stop is not None:
-            stop()
+        backend.interrupt()
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in SIGNALS}

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import pytest
 
 from rpegc.runtime import report
-from rpegc.runtime.cli import _host_facts, _summary_lines
+from rpegc.runtime.cli import _summary_lines
 from rpegc.runtime.report import (ControlOverhead, Oversubscription, control_overhead, intervals, oversubscription,
                                   startup_time, steady_state)
 from rpegc.runtime.trace import NodeRecord, StepRecord, Trace, TraceHeader
@@ -131,19 +130,6 @@ def test_sim_summary_has_no_startup_and_is_never_oversubscribed():
     lines = _summary_lines(comparison(), t, ChainPlan())
     assert lines[0].startswith("steady state: measured 0.75 s/step, predicted 0.25 s/step")
     assert not any(line.startswith(("start-up", "oversubscribed", "control")) for line in lines)
-
-
-def test_host_facts_of_a_local_torch_backend(monkeypatch):
-    monkeypatch.setattr(report, "host_cores", lambda: 2)
-
-    class Plan:
-        devices = tuple(range(8))
-
-    torch_backend = argparse.Namespace(name="torch", launcher="local", _resolve_dist_backend=lambda plan: "gloo")
-    assert _host_facts(torch_backend, Plan()) == {"local_workers": 8, "host_cores": 2, "dist_backend": "gloo"}
-    external = argparse.Namespace(name="torch", launcher="external")
-    assert _host_facts(external, Plan())["local_workers"] == 0
-    assert _host_facts(argparse.Namespace(name="sim"), Plan()) == {}
 
 
 def test_one_step_summary_keeps_the_node_error_on_the_makespan_line():

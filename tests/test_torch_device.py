@@ -153,6 +153,22 @@ def test_rpeg_run_auto_picks_gloo_without_gpus_and_nccl_with_one_per_worker(plan
         assert backend._resolve_dist_backend(plan) == expected
 
 
+def test_the_trace_header_records_the_workers_launched_here_their_cores_and_the_dist_backend(plan_file, monkeypatch):
+    from rpegc.runtime.backends.sim import SimBackend
+    from rpegc.runtime.backends.torch import backend as torch_backend
+
+    monkeypatch.setattr(torch_backend, "host_cores", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    plan = load_plan(plan_file)
+    local = run_cli.make_backend(run_cli._parser().parse_args([plan_file, "--backend", "torch"]))
+    facts = local.header_options(plan)
+    assert (facts["local_workers"], facts["host_cores"], facts["dist_backend"]) == (len(plan.devices), 2, "gloo")
+    assert {"rl", "reward", "data"} <= set(facts)
+    external = TorchBackend(seed=0, launcher="external", store="127.0.0.1:1")
+    assert external.header_options(plan)["local_workers"] == 0
+    assert SimBackend().header_options(plan) == {}
+
+
 def test_an_external_nccl_worker_without_a_gpu_says_so_and_the_run_stops(plan_file, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,18 +20,23 @@ Lifecycle, as `rpegc.runtime.controller.run` calls it:
     backend.shutdown()                       # stop workers (always called, also after an error)
 
 `rpeg-run` knows a backend by its `BackendSpec` (registered under the entry-point group `rpegc.backends`,
-runtime/backends/__init__.py): its name, its own command-line options as a dataclass, and how to build it from
-them; the spec is light, so rpeg-run lists every backend's options without importing any backend's code.
+runtime/backends/__init__.py): its name, its own command-line options as a dataclass, how to build it from
+them, and the files those options make it read and write (checked against each other before anything runs);
+the spec is light, so rpeg-run lists every backend's options without importing any backend's code. Around
+the run, rpeg-run asks the backend what the trace header records (`header_options`), how it stops on a
+signal (`stop_signals`), where it can be resumed from (`run_dir`, `last_checkpoint_step`) and what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Optional
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.outputs import Output
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 
 RESERVE_RULES = ("destination", "endpoints")
@@ -39,6 +44,10 @@ RESERVE_RULES = ("destination", "endpoints")
 
 def _no_checks(options: Any) -> None:
     return None
+
+
+def _no_files(options: Any) -> list:
+    return []
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class BackendSpec:
     add_options: Callable[[argparse._ArgumentGroup], None]
     create: Callable[[Any], "Backend"]
     check: Callable[[Any], None] = _no_checks
+    inputs: Callable[[Any], list[str]] = _no_files  # files the options make it read: never written over
+    outputs: Callable[[Any], list[Output]] = _no_files  # what the options make it write (besides the trace)
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class Backend(ABC):
 
     name: str = "backend"
     clock: str = "wall"  # "wall" (real seconds) or "sim" (simulated seconds)
+    run_dir: Optional[str] = None  # where the run keeps what outlives it (checkpoints, logs); None: nowhere
     # R(x) of a transfer when the user does not choose: Table III reserves both endpoints of a
     # transfer; the scheduler (spec 7) only its destination.
     default_reserve: str = "endpoints"
@@ -165,6 +177,22 @@ class Backend(ABC):
 
     def step_done(self, step: int, finish: float) -> None:
         """RL step `step` completed at `finish` on the backend clock (every node of it finished)."""
+
+    def header_options(self, plan: RunPlan) -> dict:
+        """What the trace header records about a run of `plan` on this backend (host, effective settings)."""
+        return {}
+
+    def stop_signals(self) -> ContextManager:
+        """Around the run: how SIGINT/SIGTERM stop it. The default keeps Python's (Ctrl-C raises at once)."""
+        return contextlib.nullcontext()
+
+    def last_checkpoint_step(self) -> Optional[int]:
+        """The step of the newest complete checkpoint in `run_dir`, where a resumed run starts; None: none."""
+        return None
+
+    def reward_summary(self) -> Optional[str]:
+        """One line about the rewards of the run, printed after it; None for nothing."""
+        return None
 
     @abstractmethod
     def shutdown(self) -> None:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
+from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,23 @@ def _check(o: TorchOptions) -> None:
         raise RpegError(None, f"--lr {o.lr}: give a finite learning rate > 0")
 
 
+def _inputs(o: TorchOptions) -> list[str]:
+    return [f for f in (o.data, o.rl_config) if f]
+
+
+def _outputs(o: TorchOptions) -> list[Output]:
+    """The run directory's final weights, checkpoints and worker logs (--run-dir, or --resume's directory)."""
+    run_dir = o.resume or o.run_dir
+    if run_dir is None:
+        return []
+    return [Output(os.path.join(run_dir, FINAL), "the run directory's final weights", directory=True,
+                   make_parents=True),
+            Output(os.path.join(run_dir, CHECKPOINT_DIR), "the run directory's checkpoints", directory=True,
+                   make_parents=True),
+            Output(os.path.join(run_dir, WORKER_LOGS), "the run directory's worker logs", directory=True,
+                   make_parents=True)]
+
+
 def _create(o: TorchOptions):
     if o.resume and o.run_dir:
         raise RpegError(None, "--resume DIR continues the run in DIR; do not also give --run-dir")
@@ -109,4 +129,5 @@ def _create(o: TorchOptions):
 
 
 SPEC = BackendSpec(name="torch", help="worker processes that train the models for real (torch.distributed)",
-                   options=TorchOptions, add_options=_add_options, check=_check, create=_create)
+                   options=TorchOptions, add_options=_add_options, check=_check, create=_create,
+                   inputs=_inputs, outputs=_outputs)

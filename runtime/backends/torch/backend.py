@@ -46,7 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 import torch.distributed as dist
@@ -57,12 +57,15 @@ from rpegc.core.ir.program import Program
 from rpegc.core.ir.geometry import Strategy
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.backends.torch import TorchOptions
+from rpegc.runtime.interrupt import stop_on_signals
+from rpegc.runtime.report import host_cores
 from rpegc.runtime.backends.torch.inbox import PipeInbox, StoreInbox, warn
 from rpegc.runtime.backends.torch.processes import forkserver_pid, stop_forkserver
 from rpegc.runtime.metrics_log import MetricsLog
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
+from rpegc.runtime.backends.torch.run_dir import WORKER_LOGS
 from rpegc.runtime.backends.torch.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                 route_weights)
 from rpegc.runtime.backends.torch.messages import NODE_COMMANDS, Endpoint, new_secret, write_secret
@@ -266,11 +269,23 @@ class TorchBackend(Backend):
                           data=self.data_settings)
 
     def header_options(self, plan: RunPlan) -> dict:
-        """The effective RL hyper-parameters, prompts and reward of a run of `plan` (the trace header's)."""
+        """What the trace header records: the worker processes launched here, the cores they share, the
+        torch.distributed backend (gloo: CPU workers; nccl: a GPU each), and the effective RL
+        hyper-parameters, prompts and reward of a run of `plan`."""
         cfg = self._run_config(plan.program)
-        out = {"rl": dataclasses.asdict(cfg.rl), "reward": cfg.reward}
+        out = {"local_workers": len(plan.devices) if self.launcher == "local" else 0, "host_cores": host_cores(),
+               "dist_backend": self._resolve_dist_backend(plan), "rl": dataclasses.asdict(cfg.rl),
+               "reward": cfg.reward}
         out["data"] = dataclasses.asdict(cfg.data) if cfg.data.path is not None else {"task": cfg.task}
         return out
+
+    def stop_signals(self) -> ContextManager:
+        """SIGINT/SIGTERM stop the run cleanly: the workers finish or drop their step (runtime/interrupt.py)."""
+        return stop_on_signals(self)
+
+    def last_checkpoint_step(self) -> Optional[int]:
+        found = ckpt.complete_checkpoints(self.run_dir) if self.run_dir else []
+        return found[-1][0] if found else None
 
     def prepare(self, plan: RunPlan) -> RunPlan:
         """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The
@@ -512,7 +527,7 @@ class TorchBackend(Backend):
         import multiprocessing as mp
 
         self._temp_logs = not self.run_dir
-        self._log_dir = os.path.join(self.run_dir, "workers") if self.run_dir else tempfile.mkdtemp(prefix="rpeg-workers-")
+        self._log_dir = os.path.join(self.run_dir, WORKER_LOGS) if self.run_dir else tempfile.mkdtemp(prefix="rpeg-workers-")
         os.makedirs(self._log_dir, exist_ok=True)
         ctx = mp.get_context("forkserver")
         # Imported once in the fork server instead of in every worker: torch, torch._dynamo (the first

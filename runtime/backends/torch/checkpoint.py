@@ -62,11 +62,10 @@ from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.outputs import PendingDirectory, write_text
 from rpegc.runtime.plan import RunPlan
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
+from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL
 
 FORMAT = "rpeg-torch-checkpoint/2"
 FINAL_FORMAT = "rpeg-torch-final/2"
-CHECKPOINT_DIR = "checkpoints"
-FINAL = "final"  # a directory like a checkpoint's
 INDEX = "index.json"
 PARTIAL = PendingDirectory.SUFFIX
 STEP_RE = re.compile(r"^step-(\d{6,})$")
