@@ -30,6 +30,7 @@ from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.backends.torch import pipeline, schedules  # noqa: E402
 from rpegc.runtime.backends.torch.backend import TorchBackend, model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.pool import WorkerPool  # noqa: E402
 from rpegc.runtime.backends.torch.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
                                                 worker_device)
 from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
@@ -120,7 +121,7 @@ def plan_file(tmp_path_factory):
 def launches(monkeypatch):
     """Worker launches attempted (none may happen when the backend is refused)."""
     calls: list = []
-    monkeypatch.setattr(TorchBackend, "_launch", lambda self, *a: calls.append(a))
+    monkeypatch.setattr(WorkerPool, "launch", lambda self, *a: calls.append(a))
     return calls
 
 

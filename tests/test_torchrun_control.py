@@ -58,10 +58,10 @@ class InjectingBackend(TorchBackend):
         super().run_op(d)
 
     def _inject(self):
-        outsider = dist.TCPStore("127.0.0.1", self._store.port, is_master=False, timeout=timedelta(seconds=10))
+        outsider = dist.TCPStore("127.0.0.1", self.pool.store_port, is_master=False, timeout=timedelta(seconds=10))
         evil = pickle.dumps({"type": "stop", "payload": Touch(self.marker)})
         wrong_secret = messages.seal(bytes(32), "cmd/0", "controller", 0, {"type": "stop"})
-        for r in range(len(self._cmd_seq)):
+        for r in range(self.pool.world):
             outsider.queue_push(f"cmd/{r}", evil)
             outsider.queue_push(f"cmd/{r}", b'{"type": "stop"}')
             outsider.queue_push(f"cmd/{r}", wrong_secret.replace(b"cmd/0", f"cmd/{r}".encode()))
@@ -99,7 +99,7 @@ def test_forked_workers_read_commands_from_their_pipes_not_from_the_store(plan_f
     backend = InjectingBackend(seed=0, tp_impl="torch", run_dir=str(tmp_path / "run"), checkpoint_every=0)
     backend.marker = str(tmp_path / "unpickled")
     result = run(plan, backend)
-    assert backend.control == "pipe" and backend.injected == 2
+    assert backend.pool.control == "pipe" and backend.injected == 2
     assert verify(plan, result.trace) == []
     assert backend.final_weights and not os.path.exists(backend.marker)
     assert "dropped a message" not in capfd.readouterr().err
@@ -132,7 +132,7 @@ def test_worker_logs_of_a_run_without_run_dir_are_removed_at_the_end(plan_file, 
     plan = load_plan(plan_file)
     backend = TorchBackend(seed=0, tp_impl="torch")
     run(plan, backend)
-    assert backend._log_dir and not os.path.exists(backend._log_dir)
+    assert backend.pool.log_dir and not os.path.exists(backend.pool.log_dir)
 
 
 def test_an_external_worker_without_the_secret_stops_with_one_line():

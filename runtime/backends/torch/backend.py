@@ -3,16 +3,10 @@ Alg. 2; DESIGN.md Section 7; issue 8).
 
 `TorchBackend` implements `rpegc.runtime.backends.base.Backend` for the completion-driven controller:
 - `start` chooses the torch.distributed backend (`dist_backend`: gloo on CPUs, nccl with one GPU per
-  worker, auto = nccl when every worker gets a GPU; `device.choose_dist_backend`), launches one
-  persistent worker per device of the plan (`worker.py`, through a TCPStore that is also the control
-  channel; locally forked processes, on a cluster the same module under torchrun/Slurm), sends them the
-  run setup and waits until every worker has created the process groups of every vertex layout;
-- the control channel (`messages.py`) carries plain, bounded messages sealed with a per-run secret:
-  forked workers inherit it, external ones read it from the file `start` writes (mode 0600; the path is
-  printed and given by --secret-file). Commands go to the store queue `cmd/R` of worker R; reports come
-  back on the queue `res`, where a thread (`inbox.StoreInbox`) blocks until the next one arrives and hands it to
-  the main thread, which waits on a Python queue and checks the workers' health in between: no short
-  store timeouts, so a normal run prints no c10d warning;
+  worker, auto = nccl when every worker gets a GPU; `device.choose_dist_backend`), and has its
+  `WorkerPool` (pool.py: processes, the authenticated control channel, health, stop) launch one
+  persistent worker per device of the plan and send them the run setup, then waits until every worker
+  has created the process groups of every vertex layout;
 - `run_op` / `transfer` / `reshard` turn a Dispatch into commands for the node's workers, with every
   route precomputed here (`layout.route_rows`, `layout.route_weights`) from where each artifact's
   shards are held; `wait` collects the workers' reports into Completions (start/finish on the wall
@@ -37,19 +31,15 @@ each side of the given preference pairs and training reads both.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, Callable, ContextManager, Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
-import torch.distributed as dist
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import PendingDirectory
@@ -59,16 +49,15 @@ from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispa
 from rpegc.runtime.backends.torch import TorchOptions
 from rpegc.runtime.interrupt import stop_on_signals
 from rpegc.runtime.report import host_cores
-from rpegc.runtime.backends.torch.inbox import PipeInbox, StoreInbox, warn
-from rpegc.runtime.backends.torch.processes import forkserver_pid, stop_forkserver
+from rpegc.runtime.backends.torch.inbox import warn
+from rpegc.runtime.backends.torch.pool import WorkerPool
+from rpegc.runtime.backends.torch.processes import stop_forkserver
 from rpegc.runtime.metrics_log import MetricsLog
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
-from rpegc.runtime.backends.torch.run_dir import WORKER_LOGS
 from rpegc.runtime.backends.torch.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                 route_weights)
-from rpegc.runtime.backends.torch.messages import NODE_COMMANDS, Endpoint, new_secret, write_secret
 from rpegc.runtime.backends.torch.models import derive_seed
 from rpegc.runtime.backends.torch.parallel import param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
@@ -76,9 +65,6 @@ from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.datasets import DataConfig, open_prompts
 from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
 from rpegc.runtime.backends.torch.worker import FAULT_ENV, ModelSpec, WorkerSetup
-
-LAUNCHERS = ("local", "external")
-
 
 def run_config(program: Program, *, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
                positions: str = "learned", rl: Optional[dict] = None, data: Optional[dict] = None) -> RunConfig:
@@ -108,23 +94,11 @@ def _absolute_reward(spec: str) -> str:
     return f"{os.path.abspath(target)}:{name}" if sep and target.endswith(".py") else spec
 
 
-CONTROL_TRANSPORTS = ("auto", "pipe", "store")
-POLL_S = 0.1  # longest (Python-level) wait for a worker report before the controller checks the workers' health
-SECRET_FILE = "control-secret"  # in the run directory, for externally launched workers
-
-
 def model_specs(p: Program, seed: int) -> dict[str, ModelSpec]:
     """The models of `p` as the workers build them (a checkpoint directory made absolute: workers may run
     elsewhere, from another directory)."""
     return {m.name: ModelSpec(m.name, m.kind, m.arch, model_seed(seed, m.kind),
                               hf=os.path.abspath(m.hf) if m.hf is not None else None) for m in p.models}
-
-
-def _split_address(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise RpegError(None, f"store address '{addr}' is not HOST:PORT (a port in 1..65535)")
-    return host or "0.0.0.0", int(port)
 
 
 def model_seed(seed: int, kind: str) -> int:
@@ -202,25 +176,11 @@ class TorchBackend(Backend):
         self.memory_check = memory_check  # refuse a plan whose cost-model memory does not fit the workers
         self.task, self.reward, self.lr, self.tp_impl, self.timeout_s = task, reward, lr, tp_impl, timeout_s
         self.fault = fault if fault is not None else os.environ.get(FAULT_ENV) or None
-        if launcher not in LAUNCHERS:
-            raise RpegError(None, f"unknown launcher '{launcher}'; use {' or '.join(LAUNCHERS)}")
-        if launcher == "external" and not store:
-            raise RpegError(None, "an external launch needs the store address workers connect to (HOST:PORT)")
-        if launcher == "external":
-            _split_address(store or "")  # a malformed address fails here, before the run directory is touched
+        self.pool = WorkerPool(launcher=launcher, store=store, secret_file=secret_file, control=control,
+                               run_dir=run_dir, timeout_s=timeout_s)
         if dist_backend not in DIST_BACKEND_CHOICES:
             raise RpegError(None, f"unknown distributed backend '{dist_backend}'; use {', '.join(DIST_BACKEND_CHOICES)}")
-        self.dist_backend, self.launcher, self.store_addr = dist_backend, launcher, store
-        if secret_file and launcher != "external":
-            raise RpegError(None, "--secret-file is where an external launch (--store) writes the control secret; "
-                                  "locally launched workers get it from rpeg-run")
-        self.secret_file = secret_file
-        if control not in CONTROL_TRANSPORTS:
-            raise RpegError(None, f"unknown control transport '{control}'; use {', '.join(CONTROL_TRANSPORTS)}")
-        if control == "pipe" and launcher == "external":
-            raise RpegError(None, "externally launched workers reach the controller through its store only")
-        # auto: a pipe per forked worker, the store for external ones; "store" forces the store (tests of it)
-        self.control = "store" if launcher == "external" or control == "store" else "pipe"
+        self.dist_backend, self.launcher = dist_backend, launcher
         self.rl_overrides = dict(rl or {})
         self.data_settings = dict(data or {})
         self.reward_stats: dict[int, dict] = {}  # step -> a reward function's accuracy sums and failures
@@ -232,14 +192,7 @@ class TorchBackend(Backend):
         # (write_s: the slowest worker's serialise + write + fsync of its file)
         self.io_stats: list[dict] = []
         self.warnings: list[str] = []
-        self._procs: list = []  # multiprocessing.Process, one per worker rank
-        self._log_dir, self._temp_logs = "", False  # the workers' log directory; a temporary one is removed
         self._metrics_log: Optional[MetricsLog] = None  # RUN_DIR/metrics.jsonl
-        self._store: Optional[dist.TCPStore] = None
-        self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
-        self._inbox: Optional[StoreInbox | PipeInbox] = None
-        self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
-        self._secret_tmpdir: Optional[str] = None
         self._resume_dir: Optional[str] = None
         self._resume_index: Optional[dict] = None
         self._failed = False
@@ -418,8 +371,6 @@ class TorchBackend(Backend):
         self._pending: dict[str, _Pending] = {}
         self._ready: list[Completion] = []
         self._exports: dict[int, _Export] = {}
-        self._cmd_seq = [0] * len(plan.devices)
-        self._releases: dict[int, list[str]] = {}  # rank -> labels freed since its last command
         self._tag = 0
         self._export_id = 0
         self._mem: dict[int, float] = {}
@@ -435,61 +386,12 @@ class TorchBackend(Backend):
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
                             dist_backend=dist_backend, fault=self.fault,
                             resume_file=os.path.abspath(self._resume_dir) if self._resume_dir else None)
-        host, port = ("127.0.0.1", 0) if self.launcher == "local" else _split_address(self.store_addr or "")
-        secret = new_secret()
-        if self.launcher == "external":
-            self._write_secret(secret)  # before the store serves: a worker that reaches it finds the file
-        try:
-            self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                        timeout=timedelta(seconds=self.timeout_s))
-        except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError: port taken, bad host
-            self._remove_secret()
-            raise RpegError(None, f"cannot serve the control store at {host}:{port}: {str(err).splitlines()[0]}; "
-                                  "choose a free port on this host (--store HOST:PORT)") from None
         self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway
-        self._chan = Endpoint(self._store, secret, "controller", warn)
-        self._chan.put("setup", {"type": "setup", "setup": setup})
-        if self.control == "store":
-            self._inbox = StoreInbox("127.0.0.1" if host == "0.0.0.0" else host, self._store.port, secret)
-        if self.launcher == "local":
-            links = self._launch(len(plan.devices), self._store.port, tp_impl, secret)
-            if self.control == "pipe":
-                self._chan.links.update({f"cmd/{r}": link for r, link in links.items()})
-                self._inbox = PipeInbox(links, self._chan)
-        else:
-            print(f"rpeg-run: waiting for {len(plan.devices)} workers; start rank r of them with "
-                  f"`python -m rpegc.runtime.backends.torch.worker --store {self.store_addr} --secret-file "
-                  f"{self._secret_written} --rank r --world {len(plan.devices)}` (torchrun/Slurm: RANK and "
-                  f"WORLD_SIZE from the environment; every worker must be able to read {self._secret_written}, "
-                  "mode 0600, or find it through RPEG_RUN_SECRET_FILE)", file=sys.stderr, flush=True)
+        self.pool.open(setup, tp_impl)
         for w in self.warnings:
             warn(w)
         self._await_ready(len(plan.devices))
         return dict(self.rank_of)
-
-    def _write_secret(self, secret: bytes) -> None:
-        """The run's secret for externally launched workers: --secret-file, else RUN_DIR/control-secret,
-        else a file in a private temporary directory; removed when the run ends."""
-        path = self.secret_file
-        if not path and self.run_dir:
-            os.makedirs(self.run_dir, exist_ok=True)
-            path = os.path.join(self.run_dir, SECRET_FILE)
-        if not path:
-            self._secret_tmpdir = tempfile.mkdtemp(prefix="rpeg-run-")
-            path = os.path.join(self._secret_tmpdir, SECRET_FILE)
-        write_secret(path, secret)
-        self._secret_written = path
-
-    def _remove_secret(self) -> None:
-        if self._secret_written:
-            try:
-                os.remove(self._secret_written)
-            except OSError:
-                pass
-            self._secret_written = None
-        if self._secret_tmpdir:
-            shutil.rmtree(self._secret_tmpdir, ignore_errors=True)
-            self._secret_tmpdir = None
 
     def _resolve_dist_backend(self, plan: RunPlan) -> str:
         """gloo or nccl. Locally launched workers all run on this host, one GPU each under NCCL; externally
@@ -515,52 +417,15 @@ class TorchBackend(Backend):
             return "torch"
         return "megatron"
 
-    def _launch(self, world: int, port: int, tp_impl: str, secret: bytes) -> dict[int, Any]:
-        """One process per device, forked from a server that imported torch once (fast repeated launches).
-        Each gets the run's secret through the fork server's pipe (never the network or the command line),
-        and, under the pipe transport, its own end of a pipe to the controller; returns the controller's
-        ends by rank.
-
-        On a cluster the same workers start under torchrun/Slurm instead:
-        `python -m rpegc.runtime.backends.torch.worker --store HOST:PORT` with RANK/WORLD_SIZE set.
-        """
-        import multiprocessing as mp
-
-        self._temp_logs = not self.run_dir
-        self._log_dir = os.path.join(self.run_dir, WORKER_LOGS) if self.run_dir else tempfile.mkdtemp(prefix="rpeg-workers-")
-        os.makedirs(self._log_dir, exist_ok=True)
-        ctx = mp.get_context("forkserver")
-        # Imported once in the fork server instead of in every worker: torch, torch._dynamo (the first
-        # torch.optim.Adam pulls it in, ~1 s per process) and, for TP through megatron, its layers.
-        preload = ["torch", "torch._dynamo", "rpegc.runtime.backends.torch.worker"]
-        if tp_impl == "megatron":
-            preload.append("rpegc.runtime.backends.torch.megatron_compat")
-        ctx.set_forkserver_preload(preload)
-        from rpegc.runtime.backends.torch.worker import spawn_main
-
-        atexit.register(self._kill_workers)
-        links: dict[int, Any] = {}
-        for r in range(world):
-            log = os.path.join(self._log_dir, f"worker-{r}.log")
-            mine, theirs = ctx.Pipe(duplex=True) if self.control == "pipe" else (None, None)
-            proc = ctx.Process(target=spawn_main, args=("127.0.0.1", port, r, world, log, secret, theirs),
-                               daemon=True, name=f"rpeg-worker-{r}")
-            proc.start()
-            self._procs.append(proc)
-            if theirs is not None:
-                theirs.close()  # the worker holds its end: its death closes the pipe
-                links[r] = mine
-        return links
-
     def _await_ready(self, world: int) -> None:
         ready: set[int] = set()
         deadline = time.time() + self.timeout_s
         while len(ready) < world:
-            msg = self._poll()
+            msg = self.pool.poll()
             if msg is None:
                 self._check_workers()
                 if time.time() > deadline:
-                    where = (f"see the worker logs in {self._log_dir}" if self._log_dir else
+                    where = (f"see the worker logs in {self.pool.log_dir}" if self.pool.log_dir else
                              "see the workers' own output (a worker without this run's secret file stops at once)")
                     self._fail(f"only {len(ready)} of {world} workers started within {self.timeout_s:.0f} s; {where}")
                 continue
@@ -574,48 +439,19 @@ class TorchBackend(Backend):
 
     # -- control channel -------------------------------------------------------------------------------
 
-    def _send(self, rank: int, cmd: dict) -> None:
-        """Push `cmd` to `rank` with every copy freed there since its last command (a worker runs its commands
-        in order, so it frees them before it runs `cmd`): in a node's command, else as a release message first."""
-        assert self._chan is not None
-        labels = self._releases.pop(rank, None)
-        if labels and cmd["type"] in NODE_COMMANDS:
-            cmd = {**cmd, "release": labels}
-        elif labels:
-            self._push(rank, {"type": "release", "labels": labels})
-        self._push(rank, cmd)
-
-    def _push(self, rank: int, cmd: dict) -> None:
-        assert self._chan is not None
-        self._chan.push(f"cmd/{rank}", cmd)
-        self._cmd_seq[rank] += 1
-
-    def _flush_releases(self) -> None:
-        for rank in sorted(self._releases):
-            self._push(rank, {"type": "release", "labels": self._releases.pop(rank)})
-
-    def _poll(self) -> Optional[dict]:
-        """The next worker report, or None after POLL_S without one.
-
-        The inbox thread hands a report over as soon as the store has it; the bounded (Python-level,
-        silent) wait lets the caller check for dead workers and timeouts in between."""
-        assert self._inbox is not None
-        return self._inbox.get(POLL_S)
-
     def _fail(self, message: str, loc=None) -> None:
         self._failed = True
         raise BackendError(loc, message)
 
     def _check_workers(self) -> None:
-        for r, proc in enumerate(self._procs):
-            rc = proc.exitcode
-            if rc is None:
-                continue
+        exited = self.pool.exited()
+        if exited is not None:
+            r, rc = exited
             running = [p for p, pend in self._pending.items() if r in pend.ranks and not self._queued(pend)]
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
             what = f"while running node {', '.join(running)}" if running else "while idle"
             self._fail(f"worker {r} (device {self.device_of.get(r, r)}) {how} {what}; the run stopped "
-                       f"(log: {os.path.join(self._log_dir, f'worker-{r}.log')})")
+                       f"(log: {self.pool.log_path(r)})")
         now = self.now()
         for node, pend in self._pending.items():
             if now - pend.since > self.timeout_s and not self._queued(pend):
@@ -719,7 +555,7 @@ class TorchBackend(Backend):
         for cmd in commands.values():
             cmd["ranks"] = sorted(commands)
         for r, cmd in sorted(commands.items()):
-            self._send(r, cmd)
+            self.pool.send(r, cmd)
 
     def _next_tag(self) -> int:
         self._tag = (self._tag + 1) % 2000
@@ -767,7 +603,7 @@ class TorchBackend(Backend):
         if keep:
             self._kept[m][v] = layout
         for r in layout.ranks:
-            self._send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
+            self.pool.send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
         self._holdings[artifact] = _Holding(layout=layout)
 
     def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
@@ -776,7 +612,7 @@ class TorchBackend(Backend):
         if h is not None:
             ranks |= set(h.layout.ranks) if h.layout else set(h.rows)
         for r in sorted(ranks):  # sent with the rank's next command, or before the controller waits
-            self._releases.setdefault(r, []).append(artifact.label)
+            self.pool.free(r, artifact.label)
 
     # -- nodes -----------------------------------------------------------------------------------------
 
@@ -925,9 +761,9 @@ class TorchBackend(Backend):
         if not self._ready and not self._pending:
             raise BackendError(None, "wait() with nothing running")
         if not self._ready:
-            self._flush_releases()
+            self.pool.flush_releases()
         while not self._ready:
-            msg = self._poll()
+            msg = self.pool.poll()
             if msg is None:
                 self._check_workers()
                 continue
@@ -957,7 +793,7 @@ class TorchBackend(Backend):
         job = _Export(set(requests), on_done=on_done)
         self._exports[self._export_id] = job
         for r, req in sorted(requests.items()):
-            self._send(r, {"type": "export", "export": self._export_id, "dir": os.path.abspath(directory), **req})
+            self.pool.send(r, {"type": "export", "export": self._export_id, "dir": os.path.abspath(directory), **req})
 
     def _after_training(self, d: Dispatch) -> None:
         k, m = d.node.step, d.node.node.model
@@ -972,7 +808,7 @@ class TorchBackend(Backend):
         if self.checkpoint_every and tau > 0:
             # nodes after a later checkpoint may still read this version: each rank keeps what it writes
             for r in layout.ranks:
-                self._send(r, {"type": "keep", "label": out.label, "tau": tau})
+                self.pool.send(r, {"type": "keep", "label": out.label, "tau": tau})
             kept = self._kept.setdefault(m, {})
             kept[out.index] = layout
             for v in [v for v in kept if v < out.index - tau]:
@@ -992,7 +828,7 @@ class TorchBackend(Backend):
         controller writes the index and renames the directory, then prunes to --keep-checkpoints."""
         assert self.run_dir is not None
         requests: dict[int, dict] = {r: {"masters": [], "window": [], "optimizer": [], "rng": True}
-                                     for r in range(len(self._cmd_seq))}
+                                     for r in range(self.pool.world)}
         # The training state of each model holds version `step` as its float32 master with its Adam state,
         # whatever Comm/Reshard nodes did with the published copy since (a Reshard may have moved it).
         trained = {m: self._train_layout[m] for m in sorted(self._trained)}
@@ -1030,7 +866,7 @@ class TorchBackend(Backend):
     def _drain_exports(self) -> None:
         deadline = time.time() + self.timeout_s
         while self._exports:
-            msg = self._poll()
+            msg = self.pool.poll()
             if msg is None:
                 self._check_workers()
                 if time.time() > deadline:
@@ -1086,19 +922,11 @@ class TorchBackend(Backend):
         grace instead of letting them finish, writes no final weights, and ends the fork server too. The signal
         may have cut the main thread's read of a report short (`Endpoint.allow_gaps`)."""
         self._interrupted = True
-        if self._chan is not None:
-            self._chan.allow_gaps = True
+        self.pool.allow_gaps()
 
     def kill_now(self) -> None:
         """A second signal: SIGKILL every worker and the fork server, without waiting (the process exits)."""
-        import signal
-
-        for pid in [p.pid for p in self._procs if p.exitcode is None] + [forkserver_pid()]:
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        self.pool.kill_now()
 
     def shutdown(self) -> None:
         if self._stopped:
@@ -1111,53 +939,17 @@ class TorchBackend(Backend):
             self._stop_workers()
 
     def _stop_workers(self) -> None:
-        """Tell every worker to stop (an idle one exits at once; one stuck in a collective after a failure
-        reads it once its collective times out), wait a little, then kill what is left of ours."""
+        """Stop the workers: a short grace after a failure or an interrupt, and the fork server too after an
+        interrupt; the worker logs stay after a failure (the error message points there)."""
         self._stopped = True
-        if self._store is not None:
-            for r in range(len(self._cmd_seq)):
-                try:
-                    self._send(r, {"type": "stop"})
-                except Exception:
-                    break
-            deadline = time.time() + (1.0 if self._failed or self._interrupted else 10.0)
-            left = set(range(len(self._cmd_seq)))
-            while left and time.time() < deadline:
-                if self._procs and all(p.exitcode is not None for p in self._procs):
-                    break  # every local worker already exited: no bye left to wait for
-                try:
-                    msg = self._poll()
-                except Exception:
-                    break
-                if msg is not None and msg.get("type") == "bye":
-                    left.discard(msg["rank"])
-            for p in self._procs:
-                p.join(timeout=max(0.0, deadline - time.time()))
-        self._kill_workers()
-        atexit.unregister(self._kill_workers)
+        fast = self._failed or self._interrupted
+        self.pool.stop(grace_s=1.0 if fast else 10.0, kill_grace_s=1.0 if self._interrupted else 3.0,
+                       keep_logs=self._failed)
         if self._metrics_log is not None:
             self._metrics_log.close()
         if self._interrupted:
             stop_forkserver()
-        if self._inbox is not None and self._chan is not None:
-            self._inbox.close(self._chan)
-        self._inbox, self._chan, self._store = None, None, None
-        self._remove_secret()
-        if self._temp_logs and not self._failed:
-            shutil.rmtree(self._log_dir, ignore_errors=True)  # kept after a failure: the message points there
-
-    def _kill_workers(self) -> None:
-        """Terminate, then kill, every worker still alive; reap them all (no orphans, no zombies)."""
-        for p in self._procs:
-            if p.exitcode is None:
-                p.terminate()
-        deadline = time.time() + (1.0 if self._interrupted else 3.0)
-        for p in self._procs:
-            p.join(timeout=max(0.0, deadline - time.time()))
-            if p.exitcode is None:
-                p.kill()
-                p.join()
 
     @property
     def worker_pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return self.pool.pids
