@@ -7,11 +7,11 @@ Alg. 2; DESIGN.md Section 7; issue 8).
   `WorkerPool` (pool.py: processes, the authenticated control channel, health, stop) launch one
   persistent worker per device of the plan and send them the run setup, then waits until every worker
   has created the process groups of every vertex layout;
-- `run_op` / `transfer` / `reshard` turn a Dispatch into commands for the node's workers, with every
-  route precomputed here (`layout.route_rows`, `layout.route_weights`) from where each artifact's
-  shards are held; `wait` collects the workers' reports into Completions (start/finish on the wall
-  clock, bytes moved, versions read and produced) and turns a worker error or death into a
-  BackendError naming the node, the device and the worker;
+- `run_op` / `transfer` / `reshard` send a Dispatch's commands to the node's workers, built by
+  `routing.Routes` with every route precomputed from where each artifact's shards are held; `wait`
+  collects the workers' reports into Completions (start/finish on the wall clock, bytes moved, versions
+  read and produced) and turns a worker error or death into a BackendError naming the node, the device
+  and the worker;
 - `install` loads version 0 (or, on resume, a checkpointed version) in the layout its readers use;
   `release` frees an artifact on its workers;
 - checkpoints every N steps (weights, Adam state, step, RNG) are written by the workers, each its own
@@ -44,7 +44,6 @@ import torch
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import PendingDirectory
 from rpegc.core.ir.program import Program
-from rpegc.core.ir.geometry import Strategy
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.backends.torch import TorchOptions
 from rpegc.runtime.interrupt import stop_on_signals
@@ -53,11 +52,11 @@ from rpegc.runtime.backends.torch.inbox import warn
 from rpegc.runtime.backends.torch.pool import WorkerPool
 from rpegc.runtime.backends.torch.processes import stop_forkserver
 from rpegc.runtime.metrics_log import MetricsLog
-from rpegc.runtime.plan import Artifact, RunNode, RunPlan
+from rpegc.runtime.plan import Artifact, RunPlan
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
-from rpegc.runtime.backends.torch.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
-                                                route_weights)
+from rpegc.runtime.backends.torch.layout import Layout
+from rpegc.runtime.backends.torch.routing import Command, Holding, Routes
 from rpegc.runtime.backends.torch.models import derive_seed
 from rpegc.runtime.backends.torch.parallel import param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
@@ -106,25 +105,6 @@ def model_seed(seed: int, kind: str) -> int:
     role = {"policy": "actor", "actor_critic": "actor", "reference": "actor", "critic": "critic",
             "reward": "reward"}[kind]
     return derive_seed(seed, role)
-
-
-@dataclass
-class _Holding:
-    """Where an artifact's shards are: a weights layout, or data rows per rank."""
-
-    layout: Optional[Layout] = None
-    rows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-
-
-@dataclass
-class _Command:
-    """A node's command per rank, built before any is sent; `ends`: the ranks whose finish is the node's
-    finish (an op's every rank, a transfer's receivers: the data is where it goes once they finished);
-    `holdings`: where its inputs and outputs are after it (applied when it is sent)."""
-
-    commands: dict[int, dict] = field(default_factory=dict)
-    ends: frozenset[int] = frozenset()
-    holdings: dict[Artifact, _Holding] = field(default_factory=dict)
 
 
 @dataclass
@@ -270,12 +250,9 @@ class TorchBackend(Backend):
         assert p.graph is not None and p.cluster is not None
         self.plan, self.program = plan, p
         self.cfg = self._run_config(p)
-        self.rank_of = {d: i for i, d in enumerate(plan.devices)}
-        self.device_of = {i: d for d, i in self.rank_of.items()}
         self.models = model_specs(p, self.seed)
         self.shapes = {m: param_shapes(s.arch, s.kind, s.net(self.cfg.net)) for m, s in self.models.items()}
         w = self.cfg.workload
-        self.rows_total = w.B * w.R
         if self.cfg.data.path is not None:  # a dataset's errors (a row, B, the tokenizer) before any worker starts
             prompts = open_prompts(self.cfg.data, self.cfg.task, self.cfg.actor.vocab, w.Lp, w.Lr,
                                    pairs=self.cfg.algorithm == "dpo")
@@ -284,73 +261,9 @@ class TorchBackend(Backend):
         if self.cfg.algorithm_inferred and not any(w.startswith("graph @") for w in self.warnings):
             self.warnings.append(f"graph @{p.graph.name} names no algorithm; running {self.cfg.algorithm.upper()}, "
                                  f"which its shape implies (add `rpeg.algorithm {self.cfg.algorithm}` to the graph)")
-        self.layouts: dict[int, Layout] = {}
-        self.reshard_layouts: dict[int, tuple[Layout, Layout]] = {}
-        for n in plan.nodes:
-            if n.kind == "op":
-                self.layouts[n.index] = self._layout(n.devices, n.node.strategy, n)
-                self._check_layout(n, self.layouts[n.index])
-            elif n.kind == "reshard":
-                self.reshard_layouts[n.index] = (self._layout(n.src_devices, n.node.src_strategy, n),
-                                                 self._layout(n.devices, n.node.strategy, n))
-
-    def _layout(self, devices: tuple[int, ...], s: Optional[Strategy], n: RunNode) -> Layout:
-        if s is None:
-            raise RpegError(n.node.loc, f"{n.kind} node {n.id} has no layout (dp, pp, tp)")
-        try:
-            return Layout(tuple(self.rank_of[d] for d in devices), s.dp, s.pp, s.tp)
-        except RpegError as e:
-            raise RpegError(n.node.loc, f"node {n.id}: {e.message}") from None
-
-    def _check_layout(self, n: RunNode, layout: Layout) -> None:
-        arch = self.models[n.node.model].arch
-        if layout.pp > arch.layers:
-            raise RpegError(n.node.loc, f"node {n.id} uses pp = {layout.pp}, but @{n.node.model} has only "
-                            f"{arch.layers} blocks; use pp <= {arch.layers}")
-        if layout.tp > 1:
-            why = check_tp(arch.heads, arch.kv_heads, arch.ffn, layout.tp)
-            if why:
-                raise RpegError(n.node.loc, f"node {n.id}: {why} of @{n.node.model}; choose another tp")
-        lo, hi = self.node_rows(n)
-        group = self.group_of(n)
-        if (hi - lo) // group < layout.dp:
-            raise RpegError(n.node.loc, f"node {n.id} has dp = {layout.dp} replicas but only {(hi - lo) // group} "
-                            f"{'prompt group' if group > 1 else 'sequence'}(s) to share among them; lower dp or "
-                            "raise B in the workload")
-
-    # -- rows ----------------------------------------------------------------------------------------
-
-    def phase_rows(self, phase: Optional[int], nphases: Optional[int]) -> tuple[int, int]:
-        """Global sequence rows of a quantile phase: whole prompt groups, by the cumulative fractions."""
-        if phase is None:
-            return (0, self.rows_total)
-        w = self.cfg.workload
-        fs = [q.f for q in self.program.graph.quantiles] if self.program.graph else []
-        q = nphases or len(fs)
-        cum = [0.0] + [min(1.0, f) for f in fs[:q]]
-        while len(cum) <= q:
-            cum.append(1.0)
-        cum[q] = 1.0
-        return (round(cum[phase - 1] * w.B) * w.R, round(cum[phase] * w.B) * w.R)
-
-    def node_rows(self, n: RunNode) -> tuple[int, int]:
-        return self.phase_rows(n.node.phase, n.node.nphases)
-
-    def artifact_rows(self, a: Artifact) -> tuple[int, int]:
-        if a.phase is None:
-            return (0, self.rows_total)
-        nphases = len(self.program.graph.quantiles) if self.program.graph else None
-        return self.phase_rows(a.phase, nphases)
-
-    def group_of(self, n: RunNode) -> int:
-        """Rows a replica must keep together: GRPO's training needs every rollout of a prompt."""
-        if n.kind == "op" and n.node.role == "training" and self.cfg.algorithm == "grpo":
-            return self.cfg.workload.R
-        return 1
-
-    def op_rows(self, i: int) -> dict[int, tuple[int, int]]:
-        n = self.plan.nodes[i]
-        return replica_rows(self.layouts[i], *self.node_rows(n), self.group_of(n))
+        self.routes = Routes(plan, self.cfg, self.models, self.shapes, self.fields)
+        self.rank_of = self.routes.rank_of
+        self.device_of = {i: d for d, i in self.rank_of.items()}
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -367,11 +280,9 @@ class TorchBackend(Backend):
             self._metrics_log = MetricsLog(self.run_dir, first_step=plan.first_step)
         tp_impl = self._resolve_tp_impl()
         self._t0 = time.time()
-        self._holdings: dict[Artifact, _Holding] = {}
         self._pending: dict[str, _Pending] = {}
         self._ready: list[Completion] = []
         self._exports: dict[int, _Export] = {}
-        self._tag = 0
         self._export_id = 0
         self._mem: dict[int, float] = {}
         self._peak: dict[int, float] = {}
@@ -381,7 +292,7 @@ class TorchBackend(Backend):
         self._train_layout: dict[str, Layout] = {}  # where each model's training state (master, Adam) lives
         # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
         self._kept: dict[str, dict[int, Layout]] = {m: {} for m in self._trained}
-        layouts = tuple(sorted(set(self.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
+        layouts = tuple(sorted(set(self.routes.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
         setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
                             dist_backend=dist_backend, fault=self.fault,
@@ -405,7 +316,7 @@ class TorchBackend(Backend):
 
     def _resolve_tp_impl(self) -> str:
         """megatron-core's TP layers when TP is used and megatron-core is installed (the workers import it)."""
-        if not any(L.tp > 1 for L in self.layouts.values()) or self.tp_impl == "torch":
+        if not any(L.tp > 1 for L in self.routes.layouts.values()) or self.tp_impl == "torch":
             return "torch"
         import importlib.util
 
@@ -437,7 +348,7 @@ class TorchBackend(Backend):
     def now(self) -> float:
         return time.time() - self._t0
 
-    # -- control channel -------------------------------------------------------------------------------
+    # -- reports and health ----------------------------------------------------------------------------
 
     def _fail(self, message: str, loc=None) -> None:
         self._failed = True
@@ -557,43 +468,12 @@ class TorchBackend(Backend):
         for r, cmd in sorted(commands.items()):
             self.pool.send(r, cmd)
 
-    def _next_tag(self) -> int:
-        self._tag = (self._tag + 1) % 2000
-        return self._tag * 1_000_000
-
-    # -- holdings ------------------------------------------------------------------------------------
-
-    def _ranks(self, devices) -> tuple[int, ...]:
-        return tuple(self.rank_of[d] for d in devices)
-
-    def _alloc_ranks(self, a: Artifact) -> tuple[int, ...]:
-        assert self.program.cluster is not None
-        return self._ranks(a.alloc.devices(self.program.cluster))
-
-    def _reader_layout(self, a: Artifact) -> Layout:
-        """The layout a weights copy is laid out in where it lands: that of its first reader on its allocation."""
-        for i in self.plan.consumers.get(a, ()):
-            n = self.plan.nodes[i]
-            if n.kind == "op":
-                return self.layouts[i]
-            if n.kind == "reshard":
-                return self.reshard_layouts[i][0]
-        ranks = self._alloc_ranks(a)
-        return Layout(ranks, len(ranks), 1, 1)
-
-    def _reader_rows(self, a: Artifact) -> dict[int, tuple[int, int]]:
-        """Rows each rank of a delivered data artifact's allocation should hold: as its first reader splits them."""
-        rows = self.artifact_rows(a)
-        for i in self.plan.consumers.get(a, ()):
-            if self.plan.nodes[i].kind == "op":
-                need = {r: intersect(rr, rows) for r, rr in self.op_rows(i).items()}
-                return {r: x for r, x in need.items() if x is not None}
-        return {r: rows for r in self._alloc_ranks(a)}
+    # -- parameter copies: installed, released --------------------------------------------------------
 
     def install(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
         if artifact.kind != "weights":
             raise BackendError(None, f"cannot install {artifact.label}: only parameter copies are installed")
-        layout = self._reader_layout(artifact)
+        layout = self.routes.reader_layout(artifact)
         cmd = {"type": "install", "label": artifact.label, "model": artifact.name, "version": artifact.index,
                "layout": layout}
         m, v, tau = artifact.name, artifact.index, self.plan.tau.get(artifact.name, 0)
@@ -604,11 +484,11 @@ class TorchBackend(Backend):
             self._kept[m][v] = layout
         for r in layout.ranks:
             self.pool.send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
-        self._holdings[artifact] = _Holding(layout=layout)
+        self.routes.holdings[artifact] = Holding(layout=layout)
 
     def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
-        h = self._holdings.pop(artifact, None)
-        ranks = set(self._ranks(devices))
+        h = self.routes.holdings.pop(artifact, None)
+        ranks = set(self.routes.ranks(devices))
         if h is not None:
             ranks |= set(h.layout.ranks) if h.layout else set(h.rows)
         for r in sorted(ranks):  # sent with the rank's next command, or before the controller waits
@@ -617,23 +497,23 @@ class TorchBackend(Backend):
     # -- nodes -----------------------------------------------------------------------------------------
 
     def run_op(self, d: Dispatch) -> None:
-        self._issue(d, self._op_command(d))
+        self._issue(d, self.routes.op_command(d))
 
     def transfer(self, d: Dispatch) -> None:
-        self._issue(d, self._transfer_command(d))
+        self._issue(d, self.routes.transfer_command(d))
 
     def reshard(self, d: Dispatch) -> None:
-        self._issue(d, self._reshard_command(d))
+        self._issue(d, self.routes.reshard_command(d))
 
     def chain(self, d: Dispatch, after: tuple[str, ...]) -> bool:
         """Send `d` behind its running predecessors `after` when its start cannot come before their finish:
-        every rank that ends a predecessor (`_Command.ends`) runs `d` too, after it in its queue, and `d`
+        every rank that ends a predecessor (`routing.Command.ends`) runs `d` too, after it in its queue, and `d`
         starts when its last rank begins it. Not with checkpoints around a training node: a step boundary's
         checkpoint is requested when its training completes and must reach the workers before the nodes
         after it."""
         if self.checkpoint_every and any(self._is_training(x) for x in (d, *self._dispatches(after))):
             return False
-        c = self._command(d)
+        c = self.routes.command(d)
         if not c.commands:
             return False  # nothing to send: it completes at once when dispatched
         ranks = set(c.commands)
@@ -655,105 +535,9 @@ class TorchBackend(Backend):
     def _dispatches(self, nodes: tuple[str, ...]) -> list[Dispatch]:
         return [p.dispatch for x in nodes if (p := self._pending.get(x)) is not None and p.dispatch is not None]
 
-    def _command(self, d: Dispatch) -> "_Command":
-        kind = d.node.kind
-        if kind == "op":
-            return self._op_command(d)
-        return self._transfer_command(d) if kind == "comm" else self._reshard_command(d)
-
-    def _issue(self, d: Dispatch, c: "_Command", after: tuple[str, ...] = ()) -> None:
-        self._holdings.update(c.holdings)
+    def _issue(self, d: Dispatch, c: Command, after: tuple[str, ...] = ()) -> None:
+        self.routes.holdings.update(c.holdings)
         self._submit(d, c.commands, c.ends, after)
-
-    def _op_command(self, d: Dispatch) -> "_Command":
-        n = d.node
-        i = n.index
-        layout = self.layouts[i]
-        rows = self.op_rows(i)
-        tag = self._next_tag()
-        prep, data_in, weights = [], [], None
-        holdings: dict[Artifact, _Holding] = {}
-        for a in d.inputs:
-            h = self._holdings.get(a)
-            if h is None:
-                raise BackendError(n.node.loc, f"node {n.id} needs {a.label}, which no worker holds")
-            if a.kind == "weights":
-                weights = a
-                if h.layout != layout:  # the plan left no Reshard: re-lay out locally first
-                    prep.append({"kind": "weights", "label": a.label, "model": a.name, "layout": layout,
-                                 "moves": route_weights(self.shapes[a.name], self.models[a.name].arch.layers,
-                                                        h.layout, layout)})
-                    holdings[a] = _Holding(layout=layout)
-                continue
-            data_in.append(a.label)
-            need = {r: x for r, rr in rows.items() if (x := intersect(rr, self.artifact_rows(a))) is not None}
-            moves = route_rows(h.rows, need)
-            if moves:
-                prep.append({"kind": "rows", "label": a.label, "fields": list(self.fields[a.name]), "moves": moves})
-                held = {r: list(x) for r, x in h.rows.items()}
-                for m in moves:
-                    held.setdefault(m.dst, []).append((m.lo, m.hi))
-                holdings[a] = _Holding(rows=held)
-        if weights is None:
-            raise BackendError(n.node.loc, f"node {n.id} binds no parameter copy of @{n.node.model}")
-        outputs: dict[str, list[str]] = {}
-        fields: list[str] = []
-        out_weights = None
-        for a in d.outputs:
-            if a.kind == "weights":
-                out_weights = a
-                holdings[a] = _Holding(layout=layout)
-                continue
-            outputs[a.label] = list(self.fields[a.name])
-            fields += [f for f in self.fields[a.name] if f not in fields]
-            holdings[a] = _Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
-        cmd = {"type": "op", "node": n.id, "step": n.step, "role": n.node.role, "model": n.node.model,
-               "layout": layout, "mb": n.node.strategy.mb, "rows": rows, "weights": weights.label,
-               "inputs": data_in, "outputs": outputs, "fields": fields, "prep": prep, "tag": tag,
-               "output": out_weights.label if out_weights else None,
-               "version_out": out_weights.index if out_weights else None}
-        return _Command({r: cmd for r in layout.ranks}, frozenset(layout.ranks), holdings)
-
-    def _transfer_command(self, d: Dispatch) -> "_Command":
-        n = d.node
-        if d.inputs[0].kind == "weights":
-            return self._weights_command(d, d.inputs[0], d.outputs[0], None)
-        out = d.outputs[0]
-        held: dict[int, list[tuple[int, int]]] = {}
-        for a in d.inputs:
-            h = self._holdings.get(a)
-            if h is None:
-                raise BackendError(n.node.loc, f"node {n.id} needs {a.label}, which no worker holds")
-            for r, rs in h.rows.items():
-                held.setdefault(r, []).extend(rs)
-        need = self._reader_rows(out)
-        moves = route_rows(held, need, have={})
-        cmd = {"type": "comm_data", "node": n.id, "moves": moves, "sources": [a.label for a in d.inputs],
-               "target": out.label, "fields": list(self.fields[out.name]), "tag": self._next_tag()}
-        before = self._holdings.get(out)
-        delivered = _Holding(rows={**(before.rows if before else {}), **{r: [x] for r, x in need.items()}})
-        ranks = {m.src for m in moves} | {m.dst for m in moves}
-        return _Command({r: cmd for r in ranks}, frozenset(m.dst for m in moves), {out: delivered})
-
-    def _reshard_command(self, d: Dispatch) -> "_Command":
-        _, target = self.reshard_layouts[d.node.index]
-        return self._weights_command(d, d.inputs[0], d.outputs[0], target)
-
-    def _weights_command(self, d: Dispatch, src: Artifact, dst: Artifact,
-                         target: Optional[Layout]) -> "_Command":
-        n = d.node
-        h = self._holdings.get(src)
-        if h is None or h.layout is None:
-            raise BackendError(n.node.loc, f"node {n.id} moves {src.label}, which no worker holds")
-        layout = target or self._reader_layout(dst)
-        moves = route_weights(self.shapes[src.name], self.models[src.name].arch.layers, h.layout, layout)
-        cmd = {"type": "move_weights", "node": n.id, "model": src.name, "version": src.index, "source": src.label,
-               "target": dst.label, "layout": layout, "moves": moves, "src_ranks": h.layout.ranks,
-               "tag": self._next_tag()}
-        ranks = {m.src for m in moves} | set(layout.ranks)
-        if src == dst:
-            ranks |= set(h.layout.ranks)
-        return _Command({r: cmd for r in ranks}, frozenset(layout.ranks), {dst: _Holding(layout=layout)})
 
     # -- waiting -----------------------------------------------------------------------------------------
 
@@ -798,7 +582,7 @@ class TorchBackend(Backend):
     def _after_training(self, d: Dispatch) -> None:
         k, m = d.node.step, d.node.node.model
         out = next(a for a in d.outputs if a.kind == "weights")
-        layout = self._holdings[out].layout
+        layout = self.routes.holdings[out].layout
         assert layout is not None
         tau = self.plan.tau.get(m, 0)
         self._train_layout[m] = layout
@@ -880,7 +664,7 @@ class TorchBackend(Backend):
         `final_weights`."""
         finals: dict[str, tuple[Artifact, Layout]] = {}
         for a in self.plan.retained:
-            h = self._holdings.get(a)
+            h = self.routes.holdings.get(a)
             if a.kind != "weights" or h is None or h.layout is None:
                 continue
             if a.name not in finals or a.index > finals[a.name][0].index:
