@@ -14,8 +14,8 @@ Alg. 2; DESIGN.md Section 7; issue 8).
   and the worker;
 - `install` loads version 0 (or, on resume, a checkpointed version) in the layout its readers use;
   `release` frees an artifact on its workers;
-- checkpoints every N steps (weights, Adam state, step, RNG) are written by the workers, each its own
-  shards, straight into RUN_DIR/checkpoints/step-NNNNNN/ (checkpoint.py: safetensors shards + an index
+- checkpoints every N steps (weights, Adam state, step, RNG; `exports.Exports`) are written by the workers,
+  each its own shards, straight into RUN_DIR/checkpoints/step-NNNNNN/ (checkpoint.py: safetensors shards + an index
   the controller writes last; only file names, sizes and boxes travel through the control channel);
   `prepare` restricts the plan to the steps after the last checkpoint when resuming, under this plan or
   any other of the same run (workers reshard on load); at the end the workers write the final weights of
@@ -33,16 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Optional
+from typing import ContextManager, Optional
 
 import torch
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.outputs import PendingDirectory
 from rpegc.core.ir.program import Program
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.backends.torch import TorchOptions
@@ -55,7 +52,7 @@ from rpegc.runtime.metrics_log import MetricsLog
 from rpegc.runtime.plan import Artifact, RunPlan
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
-from rpegc.runtime.backends.torch.layout import Layout
+from rpegc.runtime.backends.torch.exports import Exports
 from rpegc.runtime.backends.torch.routing import Command, Holding, Routes
 from rpegc.runtime.backends.torch.models import derive_seed
 from rpegc.runtime.backends.torch.parallel import param_shapes
@@ -124,13 +121,6 @@ class _Pending:
     after: tuple[str, ...] = ()  # the nodes it is chained after
 
 
-@dataclass
-class _Export:
-    ranks: set[int]
-    parts: dict[int, dict] = field(default_factory=dict)
-    on_done: Optional[Callable[["_Export"], None]] = None
-
-
 class TorchBackend(Backend):
     name = "torch"
     clock = "wall"
@@ -165,12 +155,8 @@ class TorchBackend(Backend):
         self.data_settings = dict(data or {})
         self.reward_stats: dict[int, dict] = {}  # step -> a reward function's accuracy sums and failures
         self.first_reward_failure: Optional[str] = None
-        self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
         self.metrics: dict[int, dict[str, float]] = {}
-        self.checkpoints: list[str] = []
-        # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}
-        # (write_s: the slowest worker's serialise + write + fsync of its file)
-        self.io_stats: list[dict] = []
+        self.exports: Optional[Exports] = None  # checkpoints and final weights, once started
         self.warnings: list[str] = []
         self._metrics_log: Optional[MetricsLog] = None  # RUN_DIR/metrics.jsonl
         self._resume_dir: Optional[str] = None
@@ -282,16 +268,12 @@ class TorchBackend(Backend):
         self._t0 = time.time()
         self._pending: dict[str, _Pending] = {}
         self._ready: list[Completion] = []
-        self._exports: dict[int, _Export] = {}
-        self._export_id = 0
         self._mem: dict[int, float] = {}
         self._peak: dict[int, float] = {}
         self._completed = 0
-        self._trained = {n.node.model for n in plan.nodes if n.kind == "op" and n.node.role == "training"}
-        self._train_done: dict[int, set[str]] = {}
-        self._train_layout: dict[str, Layout] = {}  # where each model's training state (master, Adam) lives
-        # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
-        self._kept: dict[str, dict[int, Layout]] = {m: {} for m in self._trained}
+        self.exports = Exports(plan, self.pool, self.routes, run_dir=self.run_dir, every=self.checkpoint_every,
+                               keep=self.keep_checkpoints, identity=self.identity(plan), metrics=self.metrics,
+                               resumed_at=self.resume_step if self._resume_index is not None else None)
         layouts = tuple(sorted(set(self.routes.layouts.values()), key=lambda L: (L.ranks, L.dp, L.pp, L.tp)))
         setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
@@ -389,13 +371,8 @@ class TorchBackend(Backend):
         d = self.device_of[r]
         self._peak[d] = max(self._peak.get(d, 0.0), self._mem[d])
         if "export" in msg:
-            job = self._exports[msg["export"]]
-            job.parts[r] = msg  # the file a worker wrote: name, size, SHA-256, boxes (no tensors)
-            job.ranks.discard(r)
-            if not job.ranks:
-                del self._exports[msg["export"]]
-                if job.on_done is not None:
-                    job.on_done(job)
+            assert self.exports is not None
+            self.exports.report(r, msg)
             return
         pend = self._pending[msg["node"]]
         pend.ranks.discard(r)
@@ -451,7 +428,8 @@ class TorchBackend(Backend):
                                       versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out))
         self._completed += 1
         if self._is_training(d):
-            self._after_training(d)
+            assert self.exports is not None
+            self.exports.after_training(d)
 
     def _submit(self, d: Dispatch, commands: dict[int, dict], ends: frozenset[int],
                 after: tuple[str, ...] = ()) -> None:
@@ -476,12 +454,9 @@ class TorchBackend(Backend):
         layout = self.routes.reader_layout(artifact)
         cmd = {"type": "install", "label": artifact.label, "model": artifact.name, "version": artifact.index,
                "layout": layout}
-        m, v, tau = artifact.name, artifact.index, self.plan.tau.get(artifact.name, 0)
-        # A resumed run's next checkpoint saves the older versions it reads again: the workers keep them
-        keep = (self._resume_index is not None and self.checkpoint_every and tau > 0 and m in self._trained
-                and v in ckpt.kept_versions(self.resume_step, tau) and v not in self._kept[m])
-        if keep:
-            self._kept[m][v] = layout
+        assert self.exports is not None
+        keep = self.exports.keeps_installed(artifact, layout)
+        tau = self.plan.tau.get(artifact.name, 0)
         for r in layout.ranks:
             self.pool.send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
         self.routes.holdings[artifact] = Holding(layout=layout)
@@ -569,87 +544,11 @@ class TorchBackend(Backend):
         if self._metrics_log is not None:
             self._metrics_log.write(step, finish, self.step_metrics(step))
 
-    # -- checkpoints and final weights -------------------------------------------------------------------
-
-    def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[_Export], None]) -> None:
-        """Ask each rank of `requests` to write its shard file into `directory`; `on_done` gets the reports."""
-        self._export_id += 1
-        job = _Export(set(requests), on_done=on_done)
-        self._exports[self._export_id] = job
-        for r, req in sorted(requests.items()):
-            self.pool.send(r, {"type": "export", "export": self._export_id, "dir": os.path.abspath(directory), **req})
-
-    def _after_training(self, d: Dispatch) -> None:
-        k, m = d.node.step, d.node.node.model
-        out = next(a for a in d.outputs if a.kind == "weights")
-        layout = self.routes.holdings[out].layout
-        assert layout is not None
-        tau = self.plan.tau.get(m, 0)
-        self._train_layout[m] = layout
-        self._train_done.setdefault(k, set()).add(m)
-        boundary = self._train_done[k] >= self._trained and self.checkpoint_every and \
-            (k + 1) % self.checkpoint_every == 0 and k + 1 < self.plan.steps
-        if self.checkpoint_every and tau > 0:
-            # nodes after a later checkpoint may still read this version: each rank keeps what it writes
-            for r in layout.ranks:
-                self.pool.send(r, {"type": "keep", "label": out.label, "tau": tau})
-            kept = self._kept.setdefault(m, {})
-            kept[out.index] = layout
-            for v in [v for v in kept if v < out.index - tau]:
-                del kept[v]
-        if boundary:
-            self._checkpoint(k + 1)
-
-    def _io_stat(self, what: str, step: int, job: _Export) -> None:
-        reports = list(job.parts.values())
-        self.io_stats.append({"what": what, "step": step, "files": len(reports),
-                              "bytes": sum(int(p["bytes"]) for p in reports),
-                              "write_s": max((float(p.get("write_s", 0.0)) for p in reports), default=0.0)})
-
-    def _checkpoint(self, step: int) -> None:
-        """Checkpoint step boundary `step`: every worker writes its shards of the weights (every version
-        later nodes may read), Adam state and RNG into step-NNNNNN.partial; once all reported, the
-        controller writes the index and renames the directory, then prunes to --keep-checkpoints."""
-        assert self.run_dir is not None
-        requests: dict[int, dict] = {r: {"masters": [], "window": [], "optimizer": [], "rng": True}
-                                     for r in range(self.pool.world)}
-        # The training state of each model holds version `step` as its float32 master with its Adam state,
-        # whatever Comm/Reshard nodes did with the published copy since (a Reshard may have moved it).
-        trained = {m: self._train_layout[m] for m in sorted(self._trained)}
-        versions: dict[str, list[int]] = {}
-        for m, layout in trained.items():
-            tau = self.plan.tau.get(m, 0)
-            versions[m] = [step]
-            for r in layout.ranks:  # each writes its share (`Worker._writes`)
-                requests[r]["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
-                requests[r]["optimizer"].append([m, layout])
-            for v in ckpt.kept_versions(step, tau):
-                kept = self._kept.get(m, {}).get(v)
-                if v == step or kept is None:
-                    continue
-                versions[m].append(v)
-                for r in kept.ranks:
-                    requests[r]["window"].append([m, v, ckpt.weights_key(m, v, "")])
-        target = ckpt.checkpoint_path(self.run_dir, step)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        pending = PendingDirectory(target, "the checkpoint")
-        fields = {"step": step, "identity": self.identity(self.plan), "plan_hash": self.plan.hash,
-                  "versions": {m: sorted(vs) for m, vs in versions.items()}, "optimizer": sorted(trained),
-                  "metrics": {str(k): v for k, v in self.metrics.items() if k < step}}
-
-        def write(job: _Export) -> None:
-            index = ckpt.build_index(ckpt.FORMAT, job.parts.values(), **fields)
-            ckpt.write_index(pending.path, index)
-            pending.commit()
-            self.checkpoints.append(target)
-            self._io_stat("checkpoint", step, job)
-            ckpt.prune_checkpoints(self.run_dir or "", self.keep_checkpoints)
-
-        self._export(requests, pending.path, write)
+    # -- checkpoints and final weights (exports.py) --------------------------------------------------------
 
     def _drain_exports(self) -> None:
         deadline = time.time() + self.timeout_s
-        while self._exports:
+        while self.exports is not None and self.exports.jobs:
             msg = self.pool.poll()
             if msg is None:
                 self._check_workers()
@@ -658,48 +557,19 @@ class TorchBackend(Backend):
                 continue
             self._on_message(msg)
 
-    def _collect_final(self) -> None:
-        """The workers write the final version of every trained model (the retained weights) to
-        RUN_DIR/final/ (or a temporary directory without a run directory); the controller reads it into
-        `final_weights`."""
-        finals: dict[str, tuple[Artifact, Layout]] = {}
-        for a in self.plan.retained:
-            h = self.routes.holdings.get(a)
-            if a.kind != "weights" or h is None or h.layout is None:
-                continue
-            if a.name not in finals or a.index > finals[a.name][0].index:
-                finals[a.name] = (a, h.layout)
-        if not finals:
-            return
-        requests: dict[int, dict] = {}
-        for m, (a, layout) in finals.items():
-            key = ckpt.weights_key(m, None, "")
-            if m in self._train_layout:  # the float32 master, not a serving copy a Reshard may have moved
-                t_layout = self._train_layout[m]
-                for r in t_layout.ranks:
-                    requests.setdefault(r, {"masters": []}).setdefault("masters", []).append([m, t_layout, a.index, key])
-                continue
-            for r in layout.ranks:
-                requests.setdefault(r, {"weights": []}).setdefault("weights", []).append([a.label, key])
-        scratch = None if self.run_dir else tempfile.mkdtemp(prefix="rpeg-final-")
-        target = ckpt.final_path(self.run_dir or scratch or "")
-        try:
-            pending = PendingDirectory(target, "the final weights")
-            fields = {"identity": self.identity(self.plan), "plan_hash": self.plan.hash,
-                      "versions": {m: a.index for m, (a, _) in finals.items()},
-                      "metrics": {str(k): v for k, v in self.metrics.items()}}
+    @property
+    def final_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The final weights of every trained model, read back from what the workers wrote at the end."""
+        return self.exports.final_weights if self.exports is not None else {}
 
-            def write(job: _Export) -> None:
-                ckpt.write_index(pending.path, ckpt.build_index(ckpt.FINAL_FORMAT, job.parts.values(), **fields))
-                pending.commit()
-                self._io_stat("final", self.plan.steps, job)
+    @property
+    def checkpoints(self) -> list[str]:
+        return self.exports.checkpoints if self.exports is not None else []
 
-            self._export(requests, pending.path, write)
-            self._drain_exports()
-            self.final_weights = ckpt.load_final(target)
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
+    @property
+    def io_stats(self) -> list[dict]:
+        """One entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}."""
+        return self.exports.io_stats if self.exports is not None else []
 
     def interrupt(self) -> None:
         """The run was interrupted (rpeg-run got SIGINT/SIGTERM): shutdown() stops the workers after a short
@@ -718,7 +588,8 @@ class TorchBackend(Backend):
         try:
             finished = self._completed == len(self.plan.nodes) and not self._pending
             if finished and not self._failed and not self._interrupted:
-                self._collect_final()
+                assert self.exports is not None
+                self.exports.collect_final(self._drain_exports)
         finally:
             self._stop_workers()
 

@@ -1,0 +1,202 @@
+"""Checkpoints and final weights of a torch run (DESIGN.md Section 7; paper App. B: fault tolerance), written by
+the workers themselves: each rank writes its own shards (checkpoint.py: safetensors files) into a pending
+directory, reports only file names, sizes, hashes and boxes through the control channel, and the controller
+writes the index last and renames the directory into place.
+
+`Exports` decides what each rank writes: at a step boundary of every trained model (every `every` steps) the
+float32 master and Adam state of each trained model where its training ran, plus every older version later
+nodes may still read under staleness (the workers keep those once trained, or once installed on resume);
+at the end the final version of every trained model. Checkpoints are pruned to the newest `keep`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from rpegc.outputs import PendingDirectory
+from rpegc.runtime.backends.base import Dispatch
+from rpegc.runtime.backends.torch import checkpoint as ckpt
+from rpegc.runtime.backends.torch.layout import Layout
+from rpegc.runtime.backends.torch.pool import WorkerPool
+from rpegc.runtime.backends.torch.routing import Routes
+from rpegc.runtime.plan import Artifact, RunPlan
+
+
+@dataclass
+class ExportJob:
+    """Shard files the ranks in `ranks` still have to write; `parts`: the reports of those that did."""
+
+    ranks: set[int]
+    parts: dict[int, dict] = field(default_factory=dict)
+    on_done: Optional[Callable[["ExportJob"], None]] = None
+
+
+class Exports:
+    """What the workers of one run write: checkpoints every `every` steps into `run_dir`, and the final weights."""
+
+    def __init__(self, plan: RunPlan, pool: WorkerPool, routes: Routes, *, run_dir: Optional[str], every: int,
+                 keep: int, identity: dict, metrics: dict[int, dict[str, float]], resumed_at: Optional[int]):
+        self.plan, self.pool, self.routes = plan, pool, routes
+        self.run_dir, self.every, self.keep = run_dir, every, keep
+        self.identity = identity  # what the index records and a resume must match (checkpoint.run_identity)
+        self.metrics = metrics  # the backend's per-step metrics, saved with each checkpoint
+        self.resumed_at = resumed_at  # the step a resumed run started at; None: not resumed
+        self.trained = {n.node.model for n in plan.nodes if n.kind == "op" and n.node.role == "training"}
+        self.train_done: dict[int, set[str]] = {}
+        self.train_layout: dict[str, Layout] = {}  # where each model's training state (master, Adam) lives
+        # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
+        self.kept: dict[str, dict[int, Layout]] = {m: {} for m in self.trained}
+        self.jobs: dict[int, ExportJob] = {}
+        self._last_id = 0
+        self.checkpoints: list[str] = []
+        # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}
+        # (write_s: the slowest worker's serialise + write + fsync of its file)
+        self.io_stats: list[dict] = []
+        self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
+
+    def keeps_installed(self, a: Artifact, layout: Layout) -> bool:
+        """Whether the workers keep an installed version: a resumed run's next checkpoint saves the older
+        versions it reads again."""
+        m, v, tau = a.name, a.index, self.plan.tau.get(a.name, 0)
+        keep = (self.resumed_at is not None and self.every and tau > 0 and m in self.trained
+                and v in ckpt.kept_versions(self.resumed_at, tau) and v not in self.kept[m])
+        if keep:
+            self.kept[m][v] = layout
+        return bool(keep)
+
+    def report(self, rank: int, msg: dict) -> None:
+        """A rank wrote its file of export `msg["export"]`: name, size, SHA-256, boxes (no tensors)."""
+        job = self.jobs[msg["export"]]
+        job.parts[rank] = msg
+        job.ranks.discard(rank)
+        if not job.ranks:
+            del self.jobs[msg["export"]]
+            if job.on_done is not None:
+                job.on_done(job)
+
+    def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[ExportJob], None]) -> None:
+        """Ask each rank of `requests` to write its shard file into `directory`; `on_done` gets the reports."""
+        self._last_id += 1
+        job = ExportJob(set(requests), on_done=on_done)
+        self.jobs[self._last_id] = job
+        for r, req in sorted(requests.items()):
+            self.pool.send(r, {"type": "export", "export": self._last_id, "dir": os.path.abspath(directory), **req})
+
+    def after_training(self, d: Dispatch) -> None:
+        """A training node completed: its model's training state is where it ran; under staleness the workers
+        keep the versions a later checkpoint saves; a step boundary of every trained model checkpoints."""
+        k, m = d.node.step, d.node.node.model
+        out = next(a for a in d.outputs if a.kind == "weights")
+        layout = self.routes.holdings[out].layout
+        assert layout is not None
+        tau = self.plan.tau.get(m, 0)
+        self.train_layout[m] = layout
+        self.train_done.setdefault(k, set()).add(m)
+        boundary = self.train_done[k] >= self.trained and self.every and \
+            (k + 1) % self.every == 0 and k + 1 < self.plan.steps
+        if self.every and tau > 0:
+            # nodes after a later checkpoint may still read this version: each rank keeps what it writes
+            for r in layout.ranks:
+                self.pool.send(r, {"type": "keep", "label": out.label, "tau": tau})
+            kept = self.kept.setdefault(m, {})
+            kept[out.index] = layout
+            for v in [v for v in kept if v < out.index - tau]:
+                del kept[v]
+        if boundary:
+            self.checkpoint(k + 1)
+
+    def _io_stat(self, what: str, step: int, job: ExportJob) -> None:
+        reports = list(job.parts.values())
+        self.io_stats.append({"what": what, "step": step, "files": len(reports),
+                              "bytes": sum(int(p["bytes"]) for p in reports),
+                              "write_s": max((float(p.get("write_s", 0.0)) for p in reports), default=0.0)})
+
+    def checkpoint(self, step: int) -> None:
+        """Checkpoint step boundary `step`: every worker writes its shards of the weights (every version
+        later nodes may read), Adam state and RNG into step-NNNNNN.partial; once all reported, the
+        controller writes the index and renames the directory, then prunes to --keep-checkpoints."""
+        assert self.run_dir is not None
+        requests: dict[int, dict] = {r: {"masters": [], "window": [], "optimizer": [], "rng": True}
+                                     for r in range(self.pool.world)}
+        # The training state of each model holds version `step` as its float32 master with its Adam state,
+        # whatever Comm/Reshard nodes did with the published copy since (a Reshard may have moved it).
+        trained = {m: self.train_layout[m] for m in sorted(self.trained)}
+        versions: dict[str, list[int]] = {}
+        for m, layout in trained.items():
+            tau = self.plan.tau.get(m, 0)
+            versions[m] = [step]
+            for r in layout.ranks:  # each writes its share (`Worker._writes`)
+                requests[r]["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
+                requests[r]["optimizer"].append([m, layout])
+            for v in ckpt.kept_versions(step, tau):
+                kept = self.kept.get(m, {}).get(v)
+                if v == step or kept is None:
+                    continue
+                versions[m].append(v)
+                for r in kept.ranks:
+                    requests[r]["window"].append([m, v, ckpt.weights_key(m, v, "")])
+        target = ckpt.checkpoint_path(self.run_dir, step)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pending = PendingDirectory(target, "the checkpoint")
+        fields = {"step": step, "identity": self.identity, "plan_hash": self.plan.hash,
+                  "versions": {m: sorted(vs) for m, vs in versions.items()}, "optimizer": sorted(trained),
+                  "metrics": {str(k): v for k, v in self.metrics.items() if k < step}}
+
+        def write(job: ExportJob) -> None:
+            index = ckpt.build_index(ckpt.FORMAT, job.parts.values(), **fields)
+            ckpt.write_index(pending.path, index)
+            pending.commit()
+            self.checkpoints.append(target)
+            self._io_stat("checkpoint", step, job)
+            ckpt.prune_checkpoints(self.run_dir or "", self.keep)
+
+        self._export(requests, pending.path, write)
+
+    def collect_final(self, drain: Callable[[], None]) -> None:
+        """The workers write the final version of every trained model (the retained weights) to
+        RUN_DIR/final/ (or a temporary directory without a run directory); the controller reads it into
+        `final_weights`."""
+        finals: dict[str, tuple[Artifact, Layout]] = {}
+        for a in self.plan.retained:
+            h = self.routes.holdings.get(a)
+            if a.kind != "weights" or h is None or h.layout is None:
+                continue
+            if a.name not in finals or a.index > finals[a.name][0].index:
+                finals[a.name] = (a, h.layout)
+        if not finals:
+            return
+        requests: dict[int, dict] = {}
+        for m, (a, layout) in finals.items():
+            key = ckpt.weights_key(m, None, "")
+            if m in self.train_layout:  # the float32 master, not a serving copy a Reshard may have moved
+                t_layout = self.train_layout[m]
+                for r in t_layout.ranks:
+                    requests.setdefault(r, {"masters": []}).setdefault("masters", []).append([m, t_layout, a.index, key])
+                continue
+            for r in layout.ranks:
+                requests.setdefault(r, {"weights": []}).setdefault("weights", []).append([a.label, key])
+        scratch = None if self.run_dir else tempfile.mkdtemp(prefix="rpeg-final-")
+        target = ckpt.final_path(self.run_dir or scratch or "")
+        try:
+            pending = PendingDirectory(target, "the final weights")
+            fields = {"identity": self.identity, "plan_hash": self.plan.hash,
+                      "versions": {m: a.index for m, (a, _) in finals.items()},
+                      "metrics": {str(k): v for k, v in self.metrics.items()}}
+
+            def write(job: ExportJob) -> None:
+                ckpt.write_index(pending.path, ckpt.build_index(ckpt.FINAL_FORMAT, job.parts.values(), **fields))
+                pending.commit()
+                self._io_stat("final", self.plan.steps, job)
+
+            self._export(requests, pending.path, write)
+            drain()
+            self.final_weights = ckpt.load_final(target)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
