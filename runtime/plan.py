@@ -40,7 +40,7 @@ from typing import Optional
 
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.exec_graph import DataRef, ExecNode
-from rpegc.core.lower.rules import container_payload, data_bytes, phase_shares, weight_bytes
+from rpegc.core.lower.rules import container_payload, data_bytes, data_read, data_written, phase_shares, weight_bytes
 from rpegc.core.ir.program import Program
 from rpegc.core.ir.geometry import Alloc
 
@@ -527,11 +527,7 @@ def _check_op_bindings(p: Program, n: ExecNode) -> None:
     except KeyError:
         raise RpegError(n.loc, f"op node {n.id} runs vertex @{n.vertex}, which graph @{graph.name} does not declare"
                         ) from None
-    weights = {c.name for c in graph.containers if c.is_weights}
-    # A read without a data edge binds nothing: graph inputs are everywhere from the start, and the paper's
-    # PPO lets training read Y "from device memory", which is not modelled as a transfer.
-    received = {e.container for e in graph.data_edges if e.dst == v.name} & (set(v.reads) - weights)
-    written = set(v.writes) - weights
+    received, written = set(data_read(graph, v)), set(data_written(graph, v))
     for what, bound, expected in (("reads", n.data_in, received), ("writes", n.data_out, written)):
         got = {d.container for d in bound}
         if got - expected:

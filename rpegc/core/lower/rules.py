@@ -16,7 +16,7 @@ import numpy as np
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.exec_graph import ExecNode
 from rpegc.core.cost.params import param_count
-from rpegc.core.ir.program import Graph, Model, Program, container_bytes
+from rpegc.core.ir.program import Graph, Model, Program, Vertex, container_bytes
 from rpegc.core.ir.geometry import Alloc, Strategy, overlap
 
 # Actions a lowering rule can take.
@@ -108,6 +108,23 @@ def pair_codes(shadow: np.ndarray, same: np.ndarray, same_lay: np.ndarray) -> np
 def is_phase_pair(src_role: str, src: Alloc, dst_role: str, dst: Alloc) -> bool:
     """Quantile splitting applies to a generation -> inference data edge on disjoint devices (Alg. 4 l.3)."""
     return src_role == "generation" and dst_role == "inference" and disjoint(src, dst)
+
+
+def data_read(graph: Graph, v: Vertex) -> tuple[str, ...]:
+    """The containers an Op of vertex `v` binds as its data inputs: those its incoming data edges carry.
+
+    Weights are read by version, not as data. A read without a data edge binds nothing: graph inputs are
+    everywhere from the start, and the paper's PPO lets training read Y "from device memory", which is not
+    modelled as a transfer."""
+    weights = {c.name for c in graph.containers if c.is_weights}
+    delivered = {e.container for e in graph.data_edges if e.dst == v.name}
+    return tuple(c for c in v.reads if c in delivered and c not in weights)
+
+
+def data_written(graph: Graph, v: Vertex) -> tuple[str, ...]:
+    """The containers an Op of vertex `v` binds as its data outputs (its weights are a new version)."""
+    weights = {c.name for c in graph.containers if c.is_weights}
+    return tuple(c for c in v.writes if c not in weights)
 
 
 def phase_shares(graph: Graph) -> tuple[float, ...]:

@@ -16,6 +16,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode
 from rpegc.core.ir.program import Container, Graph, Model, Plan, Program, Vertex
 from rpegc.core.check.wellformed import topological_order
+from rpegc.core.lower.rules import data_read, data_written
 
 
 def publisher_step(k: int, tau: int) -> Optional[int]:
@@ -117,23 +118,10 @@ def _op_node(
         strategy=strategy,
         version_in=_versions_read(v, step, graph, models, containers),
         version_out=((v.model, step + 1),) if trains else (),
-        data_in=_data_read(v, graph, containers),
-        data_out=tuple(DataRef(c) for c in v.writes if not _is_weights(c, containers)),
+        data_in=tuple(DataRef(c) for c in data_read(graph, v)),
+        data_out=tuple(DataRef(c) for c in data_written(graph, v)),
         loc=v.loc,
     )
-
-
-def _is_weights(name: str, containers: dict[str, Container]) -> bool:
-    c = containers.get(name)
-    return c is not None and c.is_weights
-
-
-def _data_read(v: Vertex, graph: Graph, containers: dict[str, Container]) -> tuple[DataRef, ...]:
-    """The containers the vertex's incoming data edges carry. A read without a data edge binds nothing: graph
-    inputs are everywhere from the start, and the paper's PPO lets training read Y "from device memory",
-    which is not modelled as a transfer."""
-    delivered = {e.container for e in graph.data_edges if e.dst == v.name}
-    return tuple(DataRef(c) for c in v.reads if c in delivered and not _is_weights(c, containers))
 
 
 def _placement(plan: Plan, v: Vertex):
