@@ -1,8 +1,9 @@
-"""The package's module-level imports form no cycle, and `rpegc.core` is layered: `ir` imports nothing else of
-rpegc, and no core subpackage imports the passes, dialects, search or runtime.
+"""The package's imports form no cycle, and `rpegc.core` is layered: `ir` imports nothing else of rpegc, and no
+core subpackage imports the passes, dialects, search or runtime.
 
-Module level includes `if TYPE_CHECKING:` blocks (a type-only circle is still a circle for the reader);
-imports inside functions are left out (they are how a module defers a heavy dependency)."""
+Every import counts: module level, `if TYPE_CHECKING:` blocks (a type-only circle is still a circle for the
+reader) and imports inside functions (a deferred import that closes a circle still ties the two modules
+together; a plugin's package defers its heavy modules without being imported back by them)."""
 
 from __future__ import annotations
 
@@ -27,22 +28,16 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _top_level(body: list[ast.stmt]):
-    for node in body:
-        yield node
-        if isinstance(node, ast.If):  # TYPE_CHECKING and other guards
-            yield from _top_level(node.body + node.orelse)
-        elif isinstance(node, ast.Try):
-            yield from _top_level(node.body + node.orelse + node.finalbody)
-
-
 def imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """The rpegc modules that `path` imports at module level (a `from package import module` counts as the module)."""
+    """The rpegc modules that `path` imports anywhere in it (`from package import module` counts as the module,
+    not as the package)."""
     out: set[str] = set()
-    for node in _top_level(ast.parse(path.read_text()).body):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
+            submodules = {f"{node.module}.{a.name}" for a in node.names} & known.keys()
+            out.update(submodules)
+            if len(submodules) < len(node.names):
+                out.add(node.module)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return {m for m in out if m in known}

@@ -29,7 +29,7 @@ from fixtures.lowering import (
 
 # |a| s(a) with B=8, R=2, Lp=4, Lr=12, s_b=2.
 Y_BYTES = 8 * 2 * (4 + 12) * 2
-PER_TOKEN_BYTES = 8 * 2 * 12 * 2  # ref_logp, v
+PER_TOKEN_BYTES = 8 * 2 * 12 * 2  # logp_ref, v
 R_BYTES = 8 * 2 * 2
 
 
@@ -62,8 +62,8 @@ def test_fig17_executable_graph_of_one_step():
         ("gen#0", "ref_inf#0", "Y", Y_BYTES),
         ("gen#0", "reward_inf#0", "Y", Y_BYTES),
         ("gen#0", "critic_inf#0", "Y", Y_BYTES),
-        ("ref_inf#0", "train_actor#0", "ref_logp", PER_TOKEN_BYTES),
-        ("ref_inf#0", "train_critic#0", "ref_logp", PER_TOKEN_BYTES),
+        ("ref_inf#0", "train_actor#0", "logp_ref", PER_TOKEN_BYTES),
+        ("ref_inf#0", "train_critic#0", "logp_ref", PER_TOKEN_BYTES),
         ("reward_inf#0", "train_actor#0", "r", R_BYTES),
         ("reward_inf#0", "train_critic#0", "r", R_BYTES),
         ("critic_inf#0", "train_actor#0", "v", PER_TOKEN_BYTES),

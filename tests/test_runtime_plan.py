@@ -86,14 +86,14 @@ def test_steps_are_bounded_by_the_unrolled_horizon():
 def test_missing_comm_is_a_plan_error():
     p = scheduled(disaggregated_plan(0, quantiles=False), 1)
     g = p.exec
-    comm = next(n for n in g.nodes if n.kind == "comm" and n.container == "values")
+    comm = next(n for n in g.nodes if n.kind == "comm" and n.container == "v")
     src = next(e.src for e in g.edges if e.dst == comm.id)
     dsts = [e.dst for e in g.edges if e.src == comm.id]
     from rpegc.core.ir.exec_graph import ExecEdge
 
     edges = tuple(e for e in g.edges if comm.id not in (e.src, e.dst)) + tuple(ExecEdge(src, d) for d in dsts)
     broken = replace(p, exec=replace(g, nodes=tuple(n for n in g.nodes if n.id != comm.id), edges=edges))
-    with pytest.raises(RpegError, match=r"reads %values of step 0 .* lacks a Comm"):
+    with pytest.raises(RpegError, match=r"reads %v of step 0 .* lacks a Comm"):
         build_run_plan(broken)
 
 
@@ -168,8 +168,8 @@ def test_bindings_that_disagree_with_the_graph_are_plan_errors():
 
     p = scheduled(disaggregated_plan(0, quantiles=True), 1)
     train = next(n for n in p.exec.nodes if n.vertex == "train_critic")
-    dropped = tuple(d for d in train.data_in if d.container != "values")
-    with pytest.raises(RpegError, match=r"train_critic#0 binds no copy of %values .* recompile the plan"):
+    dropped = tuple(d for d in train.data_in if d.container != "v")
+    with pytest.raises(RpegError, match=r"train_critic#0 binds no copy of %v .* recompile the plan"):
         build_run_plan(_edit_node(p, train.id, data_in=dropped))
     with pytest.raises(RpegError, match=r"train_critic#0 writes %Y, which vertex @train_critic does not write"):
         build_run_plan(_edit_node(p, train.id, data_out=(DataRef("Y"),)))

@@ -122,7 +122,7 @@ def test_early_release_is_rejected(ran):
     plan, records = ran
 
     def early(rs):
-        rel = next(r for r in rs if r["type"] == "release" and r["artifact"].startswith("data %values#1"))
+        rel = next(r for r in rs if r["type"] == "release" and r["artifact"].startswith("data %v#1"))
         rel["time"] = 0.0
 
     v = verify(plan, tampered(records, early))

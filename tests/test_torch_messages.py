@@ -16,7 +16,7 @@ from rpegc.runtime.backends.torch import messages as m  # noqa: E402
 from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove  # noqa: E402
 from rpegc.runtime.backends.torch.reference import RunConfig  # noqa: E402
 from rpegc.runtime.backends.torch.rl import default_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.worker import ModelSpec, WorkerSetup  # noqa: E402
+from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup  # noqa: E402
 
 SECRET = bytes(range(32))
 L = Layout((0, 1, 2, 3), 2, 1, 2)

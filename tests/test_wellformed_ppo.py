@@ -20,9 +20,9 @@ def test_ppo_and_grpo_are_wellformed_and_their_plans_legal():
 
 def test_ppo_topological_order_follows_data_edges_then_declaration_order():
     assert topological_order(ppo_program().graph) == [
-        "gen", "ref_inf", "rew_inf", "val_inf", "train_actor", "train_critic"
+        "gen", "ref_inf", "reward_inf", "critic_inf", "train_actor", "train_critic"
     ]
-    assert topological_order(grpo_program().graph) == ["gen", "ref_inf", "rew_inf", "train_actor"]
+    assert topological_order(grpo_program().graph) == ["gen", "ref_inf", "reward_inf", "train_actor"]
 
 
 def test_publication_edges_do_not_constrain_the_topological_order():

@@ -30,7 +30,7 @@ def edges(p, *extra):
 
 def test_data_edge_whose_source_does_not_write_the_container():
     p = ppo_program()
-    p = with_graph(p, data_edges=edges(p, Edge("ref_inf", "rew_inf", "Y", loc(90))))
+    p = with_graph(p, data_edges=edges(p, Edge("ref_inf", "reward_inf", "Y", loc(90))))
     err = only_error(p)
     assert err.loc == loc(90)
     assert "@ref_inf does not write it (Def. A.2 (1))" in err.message
@@ -88,7 +88,7 @@ def test_publication_edge_onto_its_own_training_vertex_is_rejected():
 def test_data_edge_must_not_carry_weights():
     p = ppo_program()
     p = with_graph(p, data_edges=edges(p, Edge("train_actor", "train_critic", "W_actor", loc(90))))
-    p = with_vertex(p, "train_critic", reads=("W_critic", "Y", "ref_logp", "r", "v", "W_actor"))
+    p = with_vertex(p, "train_critic", reads=("W_critic", "Y", "logp_ref", "r", "v", "W_actor"))
     errors = check_graph(p)
     at_edge = [e for e in errors if e.loc == loc(90)]
     assert len(at_edge) == 1 and "carry them with a publication edge" in at_edge[0].message
@@ -96,10 +96,10 @@ def test_data_edge_must_not_carry_weights():
 
 def test_reader_of_trainable_weights_needs_a_publication_edge():
     p = ppo_program()
-    p = with_graph(p, pub_edges=p.graph.pub_edges[:1])  # drop train_critic -> val_inf
+    p = with_graph(p, pub_edges=p.graph.pub_edges[:1])  # drop train_critic -> critic_inf
     err = only_error(p)
     assert err.loc == loc(33)
-    assert "add 'rpeg.publish @train_critic -> @val_inf (%W_critic)'" in err.message
+    assert "add 'rpeg.publish @train_critic -> @critic_inf (%W_critic)'" in err.message
 
 
 # --- (3) boundary consistency -----------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_read_container_without_producer_must_be_an_input():
 
 def test_written_container_without_consumer_must_be_an_output():
     p = ppo_program()
-    p = with_vertex(p, "train_actor", reads=("W_actor", "Y", "ref_logp", "r", "v"))
+    p = with_vertex(p, "train_actor", reads=("W_actor", "Y", "logp_ref", "r", "v"))
     err = only_error(p)
     assert err.loc == loc(16)  # %logp
     assert "%logp is written by @gen but no vertex reads it" in err.message and "rpeg.output" in err.message
@@ -195,7 +195,7 @@ def test_training_needs_a_trainable_model():
 
 
 def test_frozen_weights_are_never_written():
-    p = with_vertex(ppo_program(), "ref_inf", writes=("ref_logp", "W_ref"))
+    p = with_vertex(ppo_program(), "ref_inf", writes=("logp_ref", "W_ref"))
     errors = check_graph(p)
     assert any(e.loc == loc(31) and "writes %W_ref, the weights of frozen model @ref" in e.message for e in errors)
 

@@ -1,15 +1,20 @@
 """The torch backend: worker processes that train for real (DESIGN.md §7; paper Sec. VII and App. B).
 
 Modules (each imports torch itself, so importing this package does not; `SPEC` below is what rpeg-run reads):
-- controller side: `backend` (`TorchBackend`: launches the workers, routes every node to them, checkpoints
-  and exports), `inbox` (worker reports), `processes` (the fork server and what it leaves), `memory_check`,
-  `checkpoint` and `export` (the run directory's files), `device` (gloo/CPU or NCCL/GPU), `pinning`
-- the channel: `messages` (sealed, schema-checked commands and reports)
+- controller side: `options` (rpeg-run's options of this backend), `backend` (`TorchBackend`: dispatch,
+  completions, parameter copies), `pool` (the worker processes, the control channel, health), `routing`
+  (layouts, rows, where each shard is held, the commands that move them), `exports` (checkpoints and final
+  weights at step boundaries), `inbox` (worker reports), `processes` (the fork server and what it leaves),
+  `memory_check`, `checkpoint`, `export` and `run_dir` (the run directory's files), `device` (gloo/CPU or
+  NCCL/GPU), `pinning`
+- the channel: `messages` (sealed, schema-checked commands and reports), `worker_setup` (what a worker is told
+  at start)
 - worker side: `worker` (its commands, models and copies), `layout` (shards and routes), `parallel` (one rank's
   share of a model), `tensor_parallel`, `pipeline` (links between stages), `schedules` (pipelined inference,
   generation, training), `megatron_compat`
-- models and RL: `models`, `hf`, `generation`, `rl`, `rl_options`, `algorithms/` (PPO, GRPO, DPO),
-  `datasets`, `rewards`, `tasks`, `arith`, and `reference` (the single-process oracle at tau = 0)
+- models and RL: `models`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `rl`, `rl_options`,
+  `algorithms/` (PPO, GRPO, DPO), `prompts` (a dataset file or a toy task), `datasets`, `tasks`, `rewards`,
+  `arith`, and `reference` (the single-process oracle at tau = 0)
 """
 
 from __future__ import annotations
@@ -17,35 +22,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import dataclass
-from typing import Optional
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
+from rpegc.runtime.backends.torch.options import TorchOptions
 from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
-
-
-@dataclass(frozen=True)
-class TorchOptions:
-    """rpeg-run's options of the torch backend (see `_add_options` for what each means)."""
-
-    seed: int = 0
-    run_dir: Optional[str] = None
-    checkpoint_every: Optional[int] = None
-    keep_checkpoints: Optional[int] = None
-    resume: Optional[str] = None
-    tp_impl: str = "auto"
-    dist_backend: str = "auto"
-    store: Optional[str] = None
-    secret_file: Optional[str] = None
-    no_memory_check: bool = False
-    lr: Optional[float] = None
-    rl_config: Optional[str] = None
-    rl: Optional[list] = None
-    reward: Optional[str] = None
-    data: Optional[str] = None
-    task: str = "pattern"
 
 
 def _add_options(t: argparse._ArgumentGroup) -> None:

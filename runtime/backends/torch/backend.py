@@ -42,7 +42,7 @@ import torch
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Program
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
-from rpegc.runtime.backends.torch import TorchOptions
+from rpegc.runtime.backends.torch.options import TorchOptions
 from rpegc.runtime.interrupt import stop_on_signals
 from rpegc.runtime.report import host_cores
 from rpegc.runtime.backends.torch.inbox import warn
@@ -58,7 +58,8 @@ from rpegc.runtime.backends.torch.models import derive_seed
 from rpegc.runtime.backends.torch.parallel import param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
 from rpegc.runtime.backends.torch.algorithms import algorithm
-from rpegc.runtime.backends.torch.datasets import DataConfig, open_prompts
+from rpegc.runtime.backends.torch.datasets import DataConfig
+from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
 from rpegc.runtime.backends.torch.worker import FAULT_ENV, ModelSpec, WorkerSetup
 

@@ -351,18 +351,6 @@ class PromptDataset:
         return self.tokenizer.decode(list(response), skip_special_tokens=True)
 
 
-def open_prompts(cfg: DataConfig, task: str, vocab: int, prompt_len: int, response_len: int, pairs: bool = False):
-    """The run's prompt source: the dataset file of `cfg`, or the built-in toy `task` (tasks.py). Both give
-    `batch(B, seed, step)` and the `eos_id` / `pad_id` generation uses; with `pairs` (DPO) also
-    `pairs(B, seed, step)`, the preference pairs of a step."""
-    from rpegc.runtime.backends.torch.tasks import make_task
-
-    if cfg.path is None:
-        return make_task(task, vocab, prompt_len, response_len)
-    assert cfg.tokenizer is not None, "config_from_program resolves the tokenizer directory"
-    return PromptDataset(cfg, load_tokenizer(cfg.tokenizer), prompt_len, vocab, response_len if pairs else None)
-
-
 def data_dict(cfg: DataConfig) -> dict:
     """The config as the trace header and the checkpoint identity record it."""
     return dataclasses.asdict(cfg)

@@ -130,7 +130,7 @@ def classes() -> dict[str, type]:
     from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove
     from rpegc.runtime.backends.torch.reference import RunConfig
     from rpegc.runtime.backends.torch.rl import RLConfig
-    from rpegc.runtime.backends.torch.worker import ModelSpec, WorkerSetup
+    from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 
     return {c.__name__: c for c in (Loc, Arch, Workload, Layout, RowMove, WeightMove, RunConfig, RLConfig,
                                     DataConfig, ModelSpec, WorkerSetup)}

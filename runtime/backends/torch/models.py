@@ -244,7 +244,7 @@ class TransformerModel(nn.Module):
         self.value_head = nn.Linear(arch.hidden, 1) if kind in SCALAR_HEAD_KINDS else None
         if opts.positions == "rope":
             if opts.hf is not None:
-                from rpegc.runtime.backends.torch.hf import rope_tables as hf_rope_tables
+                from rpegc.runtime.backends.torch.hf_rope import rope_tables as hf_rope_tables
 
                 cos, sin = hf_rope_tables(opts.hf, opts.max_seq)
             else:

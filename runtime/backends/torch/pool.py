@@ -29,7 +29,7 @@ from rpegc.runtime.backends.torch.inbox import PipeInbox, StoreInbox, warn
 from rpegc.runtime.backends.torch.messages import NODE_COMMANDS, Endpoint, new_secret, write_secret
 from rpegc.runtime.backends.torch.processes import forkserver_pid
 from rpegc.runtime.backends.torch.run_dir import WORKER_LOGS
-from rpegc.runtime.backends.torch.worker import WorkerSetup
+from rpegc.runtime.backends.torch.worker_setup import WorkerSetup
 
 LAUNCHERS = ("local", "external")
 CONTROL_TRANSPORTS = ("auto", "pipe", "store")

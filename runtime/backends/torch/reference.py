@@ -46,7 +46,8 @@ from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, c
                                             make_adam, minibatch_steps, optimizer_step, response_forward)
 from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import DPOTrainer
-from rpegc.runtime.backends.torch.datasets import DataConfig, check_data_config, open_prompts
+from rpegc.runtime.backends.torch.datasets import DataConfig, check_data_config
+from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.rewards import NOT_FUNCTIONS, accuracy_sums, load_reward, score_responses
 
 

@@ -62,60 +62,29 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import local_rank, rank_and_world, synchronize, worker_device
 from rpegc.runtime.backends.torch.generation import expand_rollouts
 from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.backends.torch.messages import SECRET_ENV, Endpoint, MessageError, read_secret
 from rpegc.runtime.backends.torch.pinning import local_workers, pin_cpu_worker
-from rpegc.runtime.backends.torch.hf import HFWeights, initial_model, model_net
-from rpegc.runtime.backends.torch.models import NetOptions, cast_weights, export_weights
+from rpegc.runtime.backends.torch.hf import HFWeights, initial_model
+from rpegc.runtime.backends.torch.models import cast_weights, export_weights
 from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, param_shapes, shard_of
 from rpegc.runtime.backends.torch.schedules import generate, infer, train_step
 from rpegc.runtime.backends.torch.reference import RunConfig
+from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 from rpegc.runtime.backends.torch.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
                                             last_token_scores, make_adam, minibatch_steps, response_forward)
 from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import PAIR_SUMS, PairRows, pair_loss, pair_metrics
-from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch, open_prompts
+from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch
+from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.rewards import accuracy_sums, load_reward, score_responses
 
 FAULT_ENV = "RPEG_TORCH_FAULT"  # "kill:NODE[:RANK]" or "raise:NODE[:RANK]": a test hook
 WAIT = timedelta(hours=1)  # longest blocking wait for a command before checking on the controller
 MAX_ERROR_CHARS = 8000  # an error report keeps the tail of a longer traceback
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model of the program as the workers build it."""
-
-    name: str
-    kind: str  # policy | reference | critic | reward | actor_critic
-    arch: Arch
-    seed: int  # weight-init seed of version 0
-    hf: Optional[str] = None  # absolute path of the Hugging Face checkpoint version 0 is read from
-
-    def net(self, base: NetOptions) -> NetOptions:
-        """This model's network options: the run's with the MLP of its arch, or its checkpoint's (hf.py)."""
-        return model_net(self.arch, self.hf, base)
-
-
-@dataclass(frozen=True)
-class WorkerSetup:
-    """Everything a worker needs besides its commands; the controller puts it in the store."""
-
-    world: int
-    seed: int
-    run: RunConfig
-    models: dict[str, ModelSpec]
-    layouts: tuple[Layout, ...]
-    tp_impl: str
-    t0: float  # controller wall clock (time.time()) at start; reported times are relative to it
-    timeout_s: float
-    dist_backend: str = "gloo"
-    resume_file: Optional[str] = None  # a checkpoint directory (checkpoint.py) to resume from
-    fault: Optional[str] = None
 
 
 def field_spec(name: str, run: RunConfig) -> tuple[tuple[int, ...], torch.dtype]:

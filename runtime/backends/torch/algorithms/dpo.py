@@ -24,7 +24,8 @@ from torch import Tensor
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Container, Program, Vertex
 from rpegc.runtime.backends.torch.algorithms.base import Algorithm
-from rpegc.runtime.backends.torch.datasets import PairBatch, open_prompts
+from rpegc.runtime.backends.torch.datasets import PairBatch
+from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.hf import initial_model
 from rpegc.runtime.backends.torch.models import derive_seed, export_weights
 from rpegc.runtime.backends.torch.rl import make_adam, minibatch_steps, optimizer_step, response_forward
