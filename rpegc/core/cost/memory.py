@@ -8,9 +8,11 @@ and ZeRO-2 sharding over P_d. Plan quantities may be scalars or numpy arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
+from rpegc.core.cost.optime import Quantity
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.cost.params import SCALAR_HEAD_KINDS, ffn_matrices, layer_params
 from rpegc.core.ir.program import Arch, Workload
@@ -72,17 +74,17 @@ class OpMemory:
     """Per-GPU memory of one operator under one plan (bytes, W_shard in parameters)."""
 
     role: str
-    W_shard: object
-    M_w: object  # one BF16 weight copy
-    M_opt: object  # ZeRO-2 sharded FP32 master + moments
-    M_grad: object  # ZeRO-2 sharded BF16 gradients
-    M_act: object  # M_act^T (training) or M_act^I (inference: ell_full; generation: L_p)
-    M_kv: object  # generation only, else 0
-    A_core: object
-    c: object = None  # training: checkpoint interval ...
-    n_ckpt: object = None  # ... retained checkpoints ...
-    M_buf: object = None  # ... recompute-buffer scalars per token ...
-    per_token: object = None  # ... n_ckpt d + c M_buf
+    W_shard: Quantity
+    M_w: Quantity  # one BF16 weight copy
+    M_opt: Quantity  # ZeRO-2 sharded FP32 master + moments
+    M_grad: Quantity  # ZeRO-2 sharded BF16 gradients
+    M_act: Quantity  # M_act^T (training) or M_act^I (inference: ell_full; generation: L_p)
+    M_kv: Quantity  # generation only, else 0
+    A_core: Quantity
+    c: Optional[Quantity] = None  # training: checkpoint interval ...
+    n_ckpt: Optional[Quantity] = None  # ... retained checkpoints ...
+    M_buf: Optional[Quantity] = None  # ... recompute-buffer scalars per token ...
+    per_token: Optional[Quantity] = None  # ... n_ckpt d + c M_buf
 
     @property
     def serving(self) -> bool:
