@@ -7,23 +7,12 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
-from pathlib import Path
 
 from rpegc.core.ir.expr import evaluate
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
+from fixtures.programs import BENCH, load_bench
 
-
-def load_bench(name: str):
-    """The bench/ module `name` (bench/ is not a package: its scripts import each other as top-level modules)."""
-    import importlib
-
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCH))
+ROOT = BENCH.parent
 
 
 def load_workloads():

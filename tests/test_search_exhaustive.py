@@ -96,11 +96,11 @@ def test_the_polish_carries_the_plan_to_the_other_staleness():
     pool = LocalPool(Problem(variants, hw, CostOptions(), 8, True, MB_TUNED, config, 0))
     board = Board(variants, config)
     first = pool.worker.search(0)
-    board.records[0].best = (first.seed, first.state.evaluate(variants[0], [first.seed])[0])
+    board.records[0].best = (first.seeds[0], first.state.evaluate(variants[0], [first.seeds[0]])[0])
     i, choice, e = polish_best(pool, board, None, None)
     for j, v in enumerate(variants):
         s = pool.worker.search(j)
-        alone = polish(s.state, v, first.seed)
+        alone = polish(s.state, v, first.seeds[0])
         other = s.state.evaluate(v, [alone])[0]
         assert not other.feasible or board.value(other) <= board.value(e)
     assert variants[i].label() == "ac=0 tau(actor=1)" != variants[0].label()  # here the other staleness wins

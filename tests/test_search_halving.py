@@ -81,20 +81,20 @@ def test_the_polish_spends_on_the_best_plans_own_variant_first():
     pool = RecordingPool(LocalPool(Problem(variants, hw, CostOptions(), 8, True, MB_TUNED, config, 0)))
     board = Board(variants, config)
     first = pool.pool.worker.search(0)
-    board.records[0].best = (first.seed, first.state.evaluate(variants[0], [first.seed])[0])
+    board.records[0].best = (first.seeds[0], first.state.evaluate(variants[0], [first.seeds[0]])[0])
     budget = board.evaluations + 40  # less than one pass over the directories
     polish_best(pool, board, budget, None)
-    assert [[(t.index, t.max_evals, t.choice) for t in call] for call in pool.calls] == [[(0, 40, first.seed)]]
+    assert [[(t.index, t.max_evals, t.choice) for t in call] for call in pool.calls] == [[(0, 40, first.seeds[0])]]
     assert board.evaluations == budget  # nothing left for the siblings: they are not polished
 
     pool.calls.clear()
     board = Board(variants, config)
-    board.records[0].best = (first.seed, first.state.evaluate(variants[0], [first.seed])[0])
+    board.records[0].best = (first.seeds[0], first.state.evaluate(variants[0], [first.seeds[0]])[0])
     polish_best(pool, board, 10_000, None)
     own, siblings = pool.calls
     assert [t.index for t in siblings] == [j for j, v in enumerate(variants) if j and v.vertex_set == variants[0].vertex_set]
     assert own[0].max_evals == 10_000 and all(0 < t.max_evals < 10_000 for t in siblings)
-    assert siblings[0].choice != first.seed  # the own variant's polish moved it, and the siblings start there
+    assert siblings[0].choice != first.seeds[0]  # the own variant's polish moved it, and the siblings start there
 
 
 def test_each_variant_is_carried_the_best_plan_of_every_other_vertex_set():

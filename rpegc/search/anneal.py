@@ -89,6 +89,11 @@ class SearchConfig:
     # 128 GPUs (30,000 evaluations) 2 of 6 seeds reached the 158K basin with it, 4 of 6 without: a carried plan
     # better than a variant's early elites draws its restarts into the other structure's basin.
     carry: bool = False
+    # Beyond the paper: the first population also starts from the template plans (templates.py), found with at
+    # most template_share of a variant's first share. Table X, 8 seeds x 60 s: CV 1.39% / 3.00% without them at
+    # 128 / 256 GPUs (two basins each), 0.00% / 0.01% with them (bench/README.md, "Stability").
+    templates: bool = True
+    template_share: float = 0.25
 
     def value(self, e: Evaluation, best_raw: float) -> float:
         """The search objective of an evaluation, given Score_star (`best_raw`)."""
@@ -116,6 +121,13 @@ class Budget:
             return True
         left = self.left(evaluator)
         return left is not None and left <= 0
+
+    def part(self, share: float, evaluator: Evaluator) -> "Budget":
+        """The first `share` of what is left of this budget (time and evaluations)."""
+        now = time.monotonic()
+        deadline = None if self.deadline is None else now + share * max(0.0, self.deadline - now)
+        left = self.left(evaluator)
+        return Budget(deadline, None if left is None else int(share * left), evaluator.stats.evaluations)
 
     def left(self, evaluator: Evaluator) -> Optional[int]:
         """Uncached evaluations left, None without an evaluation limit."""
@@ -318,18 +330,18 @@ class VariantSearch:
     bench/results/eval_throughput.csv). Each chain follows the paper's rules on its own: the best of its K_x
     proposals is accepted by Eq. 9 at its temperature, and it ends after w_stag rejections, when it is
     restarted at once from the elite set (t_warm) so the population stays full. The first chains start from
-    the seed at t_init. The population grows with the budget (`population`): one chain per
-    `k_x * chain_rounds` evaluations of a share, at most `SearchConfig.chains`, so a small budget still runs
-    long chains. The search of a variant ends when its budget is spent or when its neighbourhood is
-    exhausted: w_stag rounds in a row in which all chains together proposed fewer than K_x unseen plans, or a
-    population's worth of
-    chains in a row (at least IDLE_CHAINS) that ended without one."""
+    the seeds at t_init, in turn: the concurrent plan, then what `add_seeds` added (templates.py). The
+    population grows with the budget (`population`): one chain per `k_x * chain_rounds` evaluations of a
+    share, at most `SearchConfig.chains`, so a small budget still runs long chains. The search of a variant
+    ends when its budget is spent or when its neighbourhood is exhausted: w_stag rounds in a row in which all
+    chains together proposed fewer than K_x unseen plans, or a population's worth of chains in a row (at least
+    IDLE_CHAINS) that ended without one."""
 
     def __init__(self, state: SearchState, variant: Variant, seed: Choice):
         self.state = state
         self.variant = variant
         self.cv = state.evaluator.compile(variant)
-        self.seed = seed
+        self.seeds = [seed]  # where the first population's chains start, in turn (add_seeds)
         self.chains: list[Chain] = []
         self.idle_rounds = 0
         self.idle_ends = 0  # chains in a row that ended without one unseen proposal
@@ -344,8 +356,12 @@ class VariantSearch:
         while not budget.exhausted(self.state.evaluator) and not self.exhausted:
             self.round(budget)
 
+    def add_seeds(self, choices: list[Choice]) -> None:
+        """More starting points for the first population (templates.py), after the concurrent seed."""
+        self.seeds.extend(c for c in choices if c not in self.seeds)
+
     def _grow(self, n: int) -> None:
-        initial = self.state.rounds == 0  # the first population starts from the seed; later growth from elites
+        initial = self.state.rounds == 0  # the first population starts from the seeds; later growth from elites
         while len(self.chains) < n:
             self.chains.append(self._start(initial))
 
@@ -353,7 +369,7 @@ class VariantSearch:
         st, cfg = self.state, self.state.config
         elite = st.elites.get(self.variant.vertex_set, [])
         if first or not cfg.warm_restarts or not elite:
-            current, t = self.seed, cfg.t_init
+            current, t = self.seeds[len(self.chains) % len(self.seeds) if first else 0], cfg.t_init
         else:
             current, t = elite[st.rng.randrange(len(elite))][1], cfg.t_warm
         e = st.evaluate(self.variant, [current])[0]
@@ -446,7 +462,7 @@ def single_pass(state: SearchState, cv: CompactVariant, current: Choice,
             break
         candidates = affordable(state, variant, [_replace(current, v, c) for c in range(len(d))], budget)
         evals = state.evaluate(variant, candidates)
-        best = _best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
+        best = best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
         if best is not None:
             current, improved = best, True
     return current, improved
@@ -469,7 +485,7 @@ def pair_pass(state: SearchState, cv: CompactVariant, current: Choice,
                   for u in range(len(tops)) for w in range(u + 1, len(tops)) for a in tops[u] for b in tops[w]]
     candidates = affordable(state, variant, candidates, budget)
     evals = state.evaluate(variant, candidates)
-    best = _best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
+    best = best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
     return (current, False) if best is None else (best, True)
 
 
@@ -487,7 +503,7 @@ def affordable(state: SearchState, variant: Variant, candidates: list[Choice], b
     return candidates
 
 
-def _best_improvement(state: SearchState, e_cur: Evaluation, candidates: list[Choice],
+def best_improvement(state: SearchState, e_cur: Evaluation, candidates: list[Choice],
                       evals: list[Evaluation]) -> Optional[Choice]:
     best_value, best = state.value(e_cur), None
     for cand, e in zip(candidates, evals):

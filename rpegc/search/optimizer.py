@@ -3,8 +3,9 @@
 Paper: Sec. VI, App. A-J. The outer loop enumerates Y_cand (S1, S2). Beyond the paper, the budget goes to
 the variants by promise (successive halving, halving.py) instead of evenly, the variants are searched in
 worker processes on every core (workers.py), and the polish is part of the budget (`anneal.polish_reserve`:
-a fifth, or the whole passes over the directories that half of it pays for). Each variant's chains start
-from the concurrent baseline, restarts from the elite set (anneal.py). The best memory-feasible
+a fifth, or the whole passes over the directories that half of it pays for). Each variant's first chains
+start from the concurrent baseline and, in turn, from template plans (role-based layouts on blocks of devices,
+templates.py), restarts from the elite set (anneal.py). The best memory-feasible
 configuration over all variants is polished and returned. The greedy and concurrent baselines
 (Sec. VIII-B) are evaluated on the structure as written (ac = 0, the module's tau) for the gain figures,
 and can be returned instead of a search (`baseline=`); both are evaluated in that variant during the

@@ -27,6 +27,7 @@ from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.cost.hardware import Hardware
 from rpegc.search.anneal import Budget, SearchConfig, SearchState, VariantSearch, affordable, polish
 from rpegc.search.baselines import concurrent_plan
+from rpegc.search.templates import template_seeds
 from rpegc.search.carry import Carried, carried_choices, placements_of
 from rpegc.search.compact import Choice, Evaluation
 from rpegc.search.evaluator import EvalStats, Evaluator
@@ -122,6 +123,7 @@ class Worker:
 
     def _anneal(self, task: AnnealTask, deadline: Optional[float]) -> Report:
         start, before = time.monotonic(), self._counters()
+        first = task.index not in self.searches
         try:
             s = self.search(task.index)
         except RpegError as err:  # e.g. a vertex of this structure fits nowhere: skip the structure
@@ -133,6 +135,8 @@ class Worker:
         carried = [c for plan in task.carried for c in carried_choices(s.cv, plan)]
         for choice in affordable(st, s.variant, [*task.extra, *carried], budget):  # paid from the share
             st.add_elite(s.variant, choice, st.evaluate(s.variant, [choice])[0])
+        if first and self.problem.config.templates:
+            s.add_seeds(template_seeds(st, s.cv, budget.part(self.problem.config.template_share, self.evaluator)))
         s.run(budget, self._expected(task.max_evals, deadline))
         seconds = time.monotonic() - start
         done = self.evaluator.stats.evaluations - before[0]

@@ -1,0 +1,151 @@
+"""Seeds of the annealing from role-based partitions of the device set (beyond the paper).
+
+The concurrent baseline (Sec. VIII-B, baselines.py) is the paper's seed. On the larger Table X workloads the
+chains that start from it end in one of two basins whose plans differ in four to six placements at once
+(bench/README.md, "Stability"), too far apart for one- and two-vertex moves. A template is another starting
+point, one way of laying out the pipeline's roles on blocks of devices:
+
+- generation on a block of half or a quarter of the devices that holds device 0 (a block elsewhere is the same
+  layout up to a permutation of racks and nodes, which the cost model does not see);
+- the trainers on the rest: all on the whole rest, or (two trainers) on two blocks that split it, the split
+  closest to their share of the training work and the even one;
+- each inference vertex on any of those blocks.
+
+`block_descent` then improves every template at once by coordinate descent in which a vertex may only change
+its strategy on its block (an inference vertex: also its block among the template's), all templates' moves of
+one vertex in one batch. What it returns seeds chains next to the concurrent plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from rpegc.search.anneal import Budget, SearchState, affordable
+from rpegc.search.compact import Choice, CompactVariant, Evaluation
+
+BLOCK_FRACTIONS = (2, 4)  # generation on 1/2 or 1/4 of the devices
+MAX_PASSES = 4
+
+
+@dataclass(frozen=True)
+class Template:
+    """Per vertex, the device masks it may be placed on (generation and trainers: one)."""
+
+    blocks: tuple[tuple[int, ...], ...]
+
+
+def templates(cv: CompactVariant) -> list[Template]:
+    """The variant's templates (none without a generation or a training vertex), in a fixed order."""
+    roles = [d.role for d in cv.dirs]
+    gen = [v for v, r in enumerate(roles) if r == "generation"]
+    train = [v for v, r in enumerate(roles) if r == "training"]
+    if not gen or not train:
+        return []
+    n = cv.num_devices
+    full = (1 << n) - 1
+    sizes = {n // f for f in BLOCK_FRACTIONS if n % f == 0}
+    masks = [set(d.masks) for d in cv.dirs]
+    gen_blocks = sorted({m for m, s in zip(cv.dirs[gen[0]].masks, cv.dirs[gen[0]].sizes)
+                         if int(s) in sizes and m & 1 and all(m in masks[v] for v in gen)})
+    out = []
+    for g in gen_blocks:
+        rest = full & ~g
+        for trainer_blocks in _trainer_layouts(cv, masks, train, rest):
+            shared = sorted({g, rest, *trainer_blocks})
+            per_vertex = []
+            for v, role in enumerate(roles):
+                if role == "generation":
+                    per_vertex.append((g,))
+                elif role == "training":
+                    per_vertex.append((trainer_blocks[train.index(v)],))
+                else:
+                    per_vertex.append(tuple(m for m in shared if m in masks[v]))
+            if all(per_vertex):
+                out.append(Template(tuple(per_vertex)))
+    return out
+
+
+def _trainer_layouts(cv: CompactVariant, masks: list[set[int]], train: list[int], rest: int) -> list[tuple[int, ...]]:
+    """The trainers' blocks: all on `rest`; with two trainers also the splits of `rest` closest to their share of
+    the training work and the even split."""
+    layouts = []
+    if all(rest in masks[v] for v in train):
+        layouts.append(tuple(rest for _ in train))
+    if len(train) != 2:
+        return layouts
+    a, b = (cv.dirs[v] for v in train)
+    total = bin(rest).count("1")
+    share = _work(a) / (_work(a) + _work(b))
+    splits = sorted({(m, rest & ~m) for m in masks[train[0]]
+                     if m & rest == m and m != rest and (rest & ~m) in masks[train[1]]},
+                    key=lambda s: (bin(s[0]).count("1"), s))
+    by_target = sorted(splits, key=lambda s: abs(bin(s[0]).count("1") / total - share))
+    even = [s for s in splits if 2 * bin(s[0]).count("1") == total]
+    for s in by_target[:2] + even:
+        if s not in layouts:
+            layouts.append(s)
+    return layouts
+
+
+def _work(d) -> float:
+    """A trainer's work in device-seconds: its best T_op times the devices it ran on."""
+    return float(min(t * s for t, s in zip(d.t_op, d.sizes)))
+
+
+def template_seeds(state: SearchState, cv: CompactVariant, budget: Budget) -> list[Choice]:
+    """The memory-feasible plans `block_descent` makes of the variant's templates, best first; none when the
+    budget cannot pay for the templates and one whole pass of the descent (at small evaluation budgets the
+    chains from the concurrent seed gain more: weak scaling at 3,000 evaluations lost a median 3% with them)."""
+    ts = templates(cv)
+    left = budget.left(state.evaluator)
+    if left is not None and left < len(ts) + sum(len(o) for opts in _options(cv, ts) for o in opts):
+        return []
+    plans = block_descent(state, cv, ts, budget)
+    evals = state.evaluate(cv.variant, affordable(state, cv.variant, plans, budget))
+    ranked = sorted(zip(plans, evals), key=lambda x: -state.value(x[1]))
+    return [p for p, e in ranked if e.feasible]
+
+
+def block_descent(state: SearchState, cv: CompactVariant, ts: list[Template], budget: Budget) -> list[Choice]:
+    """Every template's plan after coordinate descent on its blocks, the templates in lockstep."""
+    options = _options(cv, ts)
+    plans = [tuple(opts[v][0] for v in range(len(cv.dirs))) for opts in options]
+    variant = cv.variant
+    state.evaluate(variant, affordable(state, variant, plans, budget))
+    for _ in range(MAX_PASSES):
+        improved = False
+        for v in range(len(cv.dirs)):
+            if budget.exhausted(state.evaluator):
+                return plans
+            moves = [[p[:v] + (c,) + p[v + 1:] for c in opts[v]] for p, opts in zip(plans, options)]
+            batch = affordable(state, variant, [m for ms in moves for m in ms], budget)
+            evals = state.evaluate(variant, batch)
+            at = 0
+            for k, ms in enumerate(moves):
+                ms, es = batch[at:at + len(ms)], evals[at:at + len(ms)]
+                at += len(ms)
+                best = _better(state, state.evaluator.evaluate_one(variant, plans[k]), ms, es)
+                if best is not None:
+                    plans[k], improved = best, True
+        if not improved:
+            break
+    return plans
+
+
+def _options(cv: CompactVariant, ts: list[Template]) -> list[list[list[int]]]:
+    """Per template and vertex, the candidates on its blocks."""
+    return [[[i for i, m in enumerate(d.masks) if m in t.blocks[v]] for v, d in enumerate(cv.dirs)] for t in ts]
+
+
+def _better(state: SearchState, current: Evaluation, moves: list[Choice], evals: list[Evaluation]) -> Optional[Choice]:
+    """The move with the highest search objective, on equal objectives the lowest memory peak, if it beats
+    `current` so: a template whose fastest strategies overflow memory descends towards plans that fit."""
+    def key(e: Evaluation) -> tuple[float, float]:
+        return state.value(e), -e.r_peak
+
+    best_key, best = key(current), None
+    for m, e in zip(moves, evals):
+        if key(e) > best_key:
+            best_key, best = key(e), m
+    return best
