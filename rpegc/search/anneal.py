@@ -462,7 +462,7 @@ def single_pass(state: SearchState, cv: CompactVariant, current: Choice,
             break
         candidates = affordable(state, variant, [_replace(current, v, c) for c in range(len(d))], budget)
         evals = state.evaluate(variant, candidates)
-        best = best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
+        best = _best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
         if best is not None:
             current, improved = best, True
     return current, improved
@@ -485,7 +485,7 @@ def pair_pass(state: SearchState, cv: CompactVariant, current: Choice,
                   for u in range(len(tops)) for w in range(u + 1, len(tops)) for a in tops[u] for b in tops[w]]
     candidates = affordable(state, variant, candidates, budget)
     evals = state.evaluate(variant, candidates)
-    best = best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
+    best = _best_improvement(state, state.evaluator.evaluate_one(variant, current), candidates, evals)
     return (current, False) if best is None else (best, True)
 
 
@@ -503,7 +503,7 @@ def affordable(state: SearchState, variant: Variant, candidates: list[Choice], b
     return candidates
 
 
-def best_improvement(state: SearchState, e_cur: Evaluation, candidates: list[Choice],
+def _best_improvement(state: SearchState, e_cur: Evaluation, candidates: list[Choice],
                       evals: list[Evaluation]) -> Optional[Choice]:
     best_value, best = state.value(e_cur), None
     for cand, e in zip(candidates, evals):

@@ -97,11 +97,11 @@ def template_seeds(state: SearchState, cv: CompactVariant, budget: Budget) -> li
     """The memory-feasible plans `block_descent` makes of the variant's templates, best first; none when the
     budget cannot pay for the templates and one whole pass of the descent (at small evaluation budgets the
     chains from the concurrent seed gain more: weak scaling at 3,000 evaluations lost a median 3% with them)."""
-    ts = templates(cv)
+    options = _options(cv, templates(cv))
     left = budget.left(state.evaluator)
-    if left is not None and left < len(ts) + sum(len(o) for opts in _options(cv, ts) for o in opts):
+    if left is not None and left < len(options) + sum(len(o) for opts in options for o in opts):
         return []
-    plans = block_descent(state, cv, ts, budget)
+    plans = _descend(state, cv, options, budget)
     evals = state.evaluate(cv.variant, affordable(state, cv.variant, plans, budget))
     ranked = sorted(zip(plans, evals), key=lambda x: -state.value(x[1]))
     return [p for p, e in ranked if e.feasible]
@@ -109,7 +109,10 @@ def template_seeds(state: SearchState, cv: CompactVariant, budget: Budget) -> li
 
 def block_descent(state: SearchState, cv: CompactVariant, ts: list[Template], budget: Budget) -> list[Choice]:
     """Every template's plan after coordinate descent on its blocks, the templates in lockstep."""
-    options = _options(cv, ts)
+    return _descend(state, cv, _options(cv, ts), budget)
+
+
+def _descend(state: SearchState, cv: CompactVariant, options: list[list[list[int]]], budget: Budget) -> list[Choice]:
     plans = [tuple(opts[v][0] for v in range(len(cv.dirs))) for opts in options]
     variant = cv.variant
     state.evaluate(variant, affordable(state, variant, plans, budget))

@@ -61,7 +61,8 @@ from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.datasets import DataConfig
 from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
-from rpegc.runtime.backends.torch.worker import FAULT_ENV, ModelSpec, WorkerSetup
+from rpegc.runtime.backends.torch.worker import FAULT_ENV
+from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 
 def run_config(program: Program, *, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
                positions: str = "learned", rl: Optional[dict] = None, data: Optional[dict] = None) -> RunConfig:
