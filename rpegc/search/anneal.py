@@ -89,9 +89,10 @@ class SearchConfig:
     # 128 GPUs (30,000 evaluations) 2 of 6 seeds reached the 158K basin with it, 4 of 6 without: a carried plan
     # better than a variant's early elites draws its restarts into the other structure's basin.
     carry: bool = False
-    # Beyond the paper: the first population also starts from the template plans (templates.py), found with at
-    # most template_share of a variant's first share. Table X, 8 seeds x 60 s: CV 1.39% / 3.00% without them at
-    # 128 / 256 GPUs (two basins each), 0.00% / 0.01% with them (bench/README.md, "Stability").
+    # Beyond the paper: chains also start from the template plans (templates.py), made in a variant's first
+    # share that pays for one whole pass of their descent, with template_share of it (at least that pass).
+    # Table X, 8 seeds x 60 s: CV 1.39% / 3.00% without them at 128 / 256 GPUs (two basins each), 0.00% / 0.01%
+    # with them; at 64 GPUs and 30,000 evaluations the median went from 106.5K to 111.4K (bench/README.md).
     templates: bool = True
     template_share: float = 0.25
 
@@ -330,7 +331,8 @@ class VariantSearch:
     bench/results/eval_throughput.csv). Each chain follows the paper's rules on its own: the best of its K_x
     proposals is accepted by Eq. 9 at its temperature, and it ends after w_stag rejections, when it is
     restarted at once from the elite set (t_warm) so the population stays full. The first chains start from
-    the seeds at t_init, in turn: the concurrent plan, then what `add_seeds` added (templates.py). The
+    the seeds at t_init, in turn: the concurrent plan, then what `add_seeds` added (templates.py; seeds added
+    later restart the worst chains). The
     population grows with the budget (`population`): one chain per `k_x * chain_rounds` evaluations of a
     share, at most `SearchConfig.chains`, so a small budget still runs long chains. The search of a variant
     ends when its budget is spent or when its neighbourhood is exhausted: w_stag rounds in a row in which all
@@ -357,8 +359,19 @@ class VariantSearch:
             self.round(budget)
 
     def add_seeds(self, choices: list[Choice]) -> None:
-        """More starting points for the first population (templates.py), after the concurrent seed."""
-        self.seeds.extend(c for c in choices if c not in self.seeds)
+        """More starting points (templates.py), best first. Before the first population they are its chains'
+        starts after the concurrent seed, in turn; once the population runs, each restarts one of the chains
+        whose current plans are worse than it, the worst first, at t_init."""
+        new = [c for c in choices if c not in self.seeds]
+        self.seeds.extend(new)
+        if not self.chains:
+            return
+        st = self.state
+        worst_first = sorted(range(len(self.chains)), key=lambda j: (st.value(self.chains[j].e_cur), j))
+        for choice, j in zip(new, worst_first):
+            e = st.evaluate(self.variant, [choice])[0]
+            if st.value(e) > st.value(self.chains[j].e_cur):
+                self.chains[j] = self._chain(choice, e, st.config.t_init)
 
     def _grow(self, n: int) -> None:
         initial = self.state.rounds == 0  # the first population starts from the seeds; later growth from elites
@@ -372,9 +385,11 @@ class VariantSearch:
             current, t = self.seeds[len(self.chains) % len(self.seeds) if first else 0], cfg.t_init
         else:
             current, t = elite[st.rng.randrange(len(elite))][1], cfg.t_warm
-        e = st.evaluate(self.variant, [current])[0]
-        st.add_elite(self.variant, current, e)
-        st.chains += 1
+        return self._chain(current, st.evaluate(self.variant, [current])[0], t)
+
+    def _chain(self, current: Choice, e: Evaluation, t: float) -> Chain:
+        self.state.add_elite(self.variant, current, e)
+        self.state.chains += 1
         return Chain(current, e, t)
 
     def round(self, budget: Budget) -> None:

@@ -8,17 +8,21 @@ point, one way of laying out the pipeline's roles on blocks of devices:
 - generation on a block of half or a quarter of the devices that holds device 0 (a block elsewhere is the same
   layout up to a permutation of racks and nodes, which the cost model does not see);
 - the trainers on the rest: all on the whole rest, or (two trainers) on two blocks that split it, the split
-  closest to their share of the training work and the even one;
+  closest to their share of the training work and the even one, or (one trainer, actor and critic shared) on
+  a block of at least half the rest, one per size, the remainder left to inference;
 - each inference vertex on any of those blocks.
 
 `block_descent` then improves every template at once by coordinate descent in which a vertex may only change
 its strategy on its block (an inference vertex: also its block among the template's), all templates' moves of
-one vertex in one batch. What it returns seeds chains next to the concurrent plan.
+one vertex in one batch. What it returns seeds chains next to the concurrent plan. A worker makes a variant's
+templates in the first of its shares that pays for one whole pass of the descent (workers.py): with an
+evaluation budget a variant's first share is often too small, and the shares grow for the variants that
+survive successive halving.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from rpegc.search.anneal import Budget, SearchState, affordable
@@ -52,7 +56,10 @@ def templates(cv: CompactVariant) -> list[Template]:
     for g in gen_blocks:
         rest = full & ~g
         for trainer_blocks in _trainer_layouts(cv, masks, train, rest):
-            shared = sorted({g, rest, *trainer_blocks})
+            spare = rest
+            for b in trainer_blocks:
+                spare &= ~b
+            shared = sorted({g, rest, *trainer_blocks} | ({spare} if spare else set()))
             per_vertex = []
             for v, role in enumerate(roles):
                 if role == "generation":
@@ -72,6 +79,14 @@ def _trainer_layouts(cv: CompactVariant, masks: list[set[int]], train: list[int]
     layouts = []
     if all(rest in masks[v] for v in train):
         layouts.append(tuple(rest for _ in train))
+    if len(train) == 1:
+        others = set().union(*(m for v, m in enumerate(masks) if v not in train))
+        by_size: dict[int, int] = {}  # blocks of one size are mirror images: the first of each size
+        for m in sorted(masks[train[0]]):
+            n = bin(m).count("1")
+            if m & rest == m and m != rest and 2 * n >= bin(rest).count("1") and (rest & ~m) in others:
+                by_size.setdefault(n, m)
+        return layouts + [(m,) for _, m in sorted(by_size.items(), reverse=True)]
     if len(train) != 2:
         return layouts
     a, b = (cv.dirs[v] for v in train)
@@ -93,16 +108,21 @@ def _work(d) -> float:
     return float(min(t * s for t, s in zip(d.t_op, d.sizes)))
 
 
-def template_seeds(state: SearchState, cv: CompactVariant, budget: Budget) -> list[Choice]:
-    """The memory-feasible plans `block_descent` makes of the variant's templates, best first; none when the
-    budget cannot pay for the templates and one whole pass of the descent (at small evaluation budgets the
-    chains from the concurrent seed gain more: weak scaling at 3,000 evaluations lost a median 3% with them)."""
+def template_seeds(state: SearchState, cv: CompactVariant, budget: Budget, share: float) -> Optional[list[Choice]]:
+    """The memory-feasible plans `block_descent` makes of the variant's templates, best first, with `share` of
+    `budget` but at least one whole pass; None, evaluating nothing, when the budget cannot pay for the templates
+    and one whole pass (below that the chains from the concurrent seed gain more: weak scaling at 3,000
+    evaluations lost a median 3% with templates cut short)."""
     options = _options(cv, templates(cv))
+    one_pass = len(options) + sum(len(o) for opts in options for o in opts)
     left = budget.left(state.evaluator)
-    if left is not None and left < len(options) + sum(len(o) for opts in options for o in opts):
-        return []
-    plans = _descend(state, cv, options, budget)
-    evals = state.evaluate(cv.variant, affordable(state, cv.variant, plans, budget))
+    if left is not None and left < one_pass:
+        return None
+    part = budget.part(share, state.evaluator)
+    if left is not None and part.max_evals < one_pass:
+        part = replace(part, max_evals=one_pass)
+    plans = _descend(state, cv, options, part)
+    evals = state.evaluate(cv.variant, affordable(state, cv.variant, plans, part))
     ranked = sorted(zip(plans, evals), key=lambda x: -state.value(x[1]))
     return [p for p, e in ranked if e.feasible]
 

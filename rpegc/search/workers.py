@@ -98,6 +98,7 @@ class Worker:
                                    keep_schedules=problem.config.critical_path)
         self.searches: dict[int, VariantSearch] = {}
         self.reported: dict[int, tuple[int, int]] = {}  # per variant: chains and rounds reported so far
+        self.templated: set[int] = set()  # variants whose template seeds were made (templates.py)
         self.rate = NOMINAL_RATE  # measured evaluations per wall second of this worker's annealing
 
     def search(self, i: int) -> VariantSearch:
@@ -123,7 +124,6 @@ class Worker:
 
     def _anneal(self, task: AnnealTask, deadline: Optional[float]) -> Report:
         start, before = time.monotonic(), self._counters()
-        first = task.index not in self.searches
         try:
             s = self.search(task.index)
         except RpegError as err:  # e.g. a vertex of this structure fits nowhere: skip the structure
@@ -135,8 +135,12 @@ class Worker:
         carried = [c for plan in task.carried for c in carried_choices(s.cv, plan)]
         for choice in affordable(st, s.variant, [*task.extra, *carried], budget):  # paid from the share
             st.add_elite(s.variant, choice, st.evaluate(s.variant, [choice])[0])
-        if first and self.problem.config.templates:
-            s.add_seeds(template_seeds(st, s.cv, budget.part(self.problem.config.template_share, self.evaluator)))
+        if self.problem.config.templates and task.index not in self.templated:
+            # in the variant's first share that pays for them: a variant that survives halving gets larger shares
+            seeds = template_seeds(st, s.cv, budget, self.problem.config.template_share)
+            if seeds is not None:
+                self.templated.add(task.index)
+                s.add_seeds(seeds)
         s.run(budget, self._expected(task.max_evals, deadline))
         seconds = time.monotonic() - start
         done = self.evaluator.stats.evaluations - before[0]
