@@ -332,12 +332,11 @@ class VariantSearch:
     proposals is accepted by Eq. 9 at its temperature, and it ends after w_stag rejections, when it is
     restarted at once from the elite set (t_warm) so the population stays full. The first chains start from
     the seeds at t_init, in turn: the concurrent plan, then what `add_seeds` added (templates.py; seeds added
-    later restart the worst chains). The
-    population grows with the budget (`population`): one chain per `k_x * chain_rounds` evaluations of a
-    share, at most `SearchConfig.chains`, so a small budget still runs long chains. The search of a variant
-    ends when its budget is spent or when its neighbourhood is exhausted: w_stag rounds in a row in which all
-    chains together proposed fewer than K_x unseen plans, or a population's worth of chains in a row (at least
-    IDLE_CHAINS) that ended without one."""
+    later restart the worst chains). The population grows with the budget (`population`): one chain per
+    `k_x * chain_rounds` evaluations of a share, at most `SearchConfig.chains`, so a small budget still runs
+    long chains. The search of a variant ends when its budget is spent or when its neighbourhood is exhausted:
+    w_stag rounds in a row in which all chains together proposed fewer than K_x unseen plans, or a
+    population's worth of chains in a row (at least IDLE_CHAINS) that ended without one."""
 
     def __init__(self, state: SearchState, variant: Variant, seed: Choice):
         self.state = state
