@@ -140,8 +140,7 @@ def main() -> int:
     rows = []
     if not args.no_stability_part:
         rows = stability_rows(cases, seeds, budget, args.long,
-                              on_rows=lambda rs: write_csv(f"stability{suffix}.csv", rs, args.out))
-        path = args.out / f"stability{suffix}.csv"
+                              on_rows=lambda rs: write_csv(path.name, rs, args.out))
         print_table(rows, ["case", "A/C/R", "runs", "best_tok_s", "median_tok_s", "cv", "worst_gap_to_best",
                            "runs_within_2pct", "evals_per_cpu_s", "target_met", "structures"])
     brows = []

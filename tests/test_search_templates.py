@@ -11,15 +11,23 @@ import random
 
 import pytest
 
+from rpegc.core.cost.hardware import load_hardware
 from rpegc.core.cost.options import CostOptions
 from rpegc.search.anneal import UNLIMITED, Budget, SearchConfig, SearchState, VariantSearch
 from rpegc.search.baselines import concurrent_plan
+from rpegc.search.directory import MB_TUNED
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.space import base_structure, structural_candidates
 from rpegc.search.templates import block_descent, template_seeds, templates
 from rpegc.search.workers import AnnealTask, Problem, Worker
+from rpegc.syntax.parser import parse
 
-from fixtures.programs import load_bench
+from fixtures.programs import EXAMPLES, load_bench
+
+
+@pytest.fixture(scope="module")
+def ppo_8gpu():
+    return parse((EXAMPLES / "ppo-8gpu.rpeg").read_text(), "ppo-8gpu.rpeg")
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +103,8 @@ def test_the_templates_reach_the_better_basin_within_their_budget(table_x_128):
     assert evals[0].score > 60_000
 
 
-def test_a_small_budget_cuts_the_descent():
-    from rpegc.syntax.parser import parse
-    from rpegc.core.cost.hardware import load_hardware
-    from fixtures.programs import EXAMPLES
-
-    p = parse((EXAMPLES / "ppo-8gpu.rpeg").read_text(), "ppo-8gpu.rpeg")
+def test_a_small_budget_cuts_the_descent(ppo_8gpu):
+    p = ppo_8gpu
     evaluator = Evaluator(load_hardware(p.cluster.hardware), CostOptions(), 8)
     cv = evaluator.compile(next(iter(structural_candidates(base_structure(p)))))
     before = evaluator.stats.evaluations
@@ -130,13 +134,8 @@ def test_a_lone_trainer_leaves_a_block_of_the_rest_to_inference(table_x_64_share
     assert evaluator.evaluate_one(cv.variant, seeds[0]).score > 111_400
 
 
-def test_the_templates_wait_for_a_share_that_pays_for_them():
-    from rpegc.syntax.parser import parse
-    from rpegc.core.cost.hardware import load_hardware
-    from rpegc.search.directory import MB_TUNED
-    from fixtures.programs import EXAMPLES
-
-    p = parse((EXAMPLES / "ppo-8gpu.rpeg").read_text(), "ppo-8gpu.rpeg")
+def test_the_templates_wait_for_a_share_that_pays_for_them(ppo_8gpu):
+    p = ppo_8gpu
     variants = tuple(structural_candidates(base_structure(p)))
     worker = Worker(Problem(variants, load_hardware(p.cluster.hardware), CostOptions(), 2, True, MB_TUNED,
                             SearchConfig(), 0))

@@ -83,20 +83,20 @@ def _trainer_layouts(cv: CompactVariant, masks: list[set[int]], train: list[int]
         others = set().union(*(m for v, m in enumerate(masks) if v not in train))
         by_size: dict[int, int] = {}  # blocks of one size are mirror images: the first of each size
         for m in sorted(masks[train[0]]):
-            n = bin(m).count("1")
-            if m & rest == m and m != rest and 2 * n >= bin(rest).count("1") and (rest & ~m) in others:
+            n = m.bit_count()
+            if m & rest == m and m != rest and 2 * n >= rest.bit_count() and (rest & ~m) in others:
                 by_size.setdefault(n, m)
         return layouts + [(m,) for _, m in sorted(by_size.items(), reverse=True)]
     if len(train) != 2:
         return layouts
     a, b = (cv.dirs[v] for v in train)
-    total = bin(rest).count("1")
+    total = rest.bit_count()
     share = _work(a) / (_work(a) + _work(b))
     splits = sorted({(m, rest & ~m) for m in masks[train[0]]
                      if m & rest == m and m != rest and (rest & ~m) in masks[train[1]]},
-                    key=lambda s: (bin(s[0]).count("1"), s))
-    by_target = sorted(splits, key=lambda s: abs(bin(s[0]).count("1") / total - share))
-    even = [s for s in splits if 2 * bin(s[0]).count("1") == total]
+                    key=lambda s: (s[0].bit_count(), s))
+    by_target = sorted(splits, key=lambda s: abs(s[0].bit_count() / total - share))
+    even = [s for s in splits if 2 * s[0].bit_count() == total]
     for s in by_target[:2] + even:
         if s not in layouts:
             layouts.append(s)
