@@ -326,9 +326,9 @@ class VariantSearch:
     """Alg. 1 lines 4-31 for one structural candidate, with the chains run in lockstep.
 
     Beyond the paper: a population of chains advances together, and every round the K_x proposals of all of
-    them are evaluated in one call, so the misses go to the batched evaluator in batches of hundreds (the
-    reference path does ~800 plans/s on the 64-GPU workload, the batched path ~5,500/s on batches of 384;
-    bench/results/eval_throughput.csv). Each chain follows the paper's rules on its own: the best of its K_x
+    them are evaluated in one call, so the misses go to the batched evaluator in batches of tens to hundreds
+    (on the 64-GPU workload the reference path scores a plan in ~1.3 ms, the batched path a batch of 64 in
+    ~8 ms; bench/results/eval_throughput.csv). Each chain follows the paper's rules on its own: the best of its K_x
     proposals is accepted by Eq. 9 at its temperature, and it ends after w_stag rejections, when it is
     restarted at once from the elite set (t_warm) so the population stays full. The first chains start from
     the seeds at t_init, in turn: the concurrent plan, then what `add_seeds` added (templates.py; seeds added

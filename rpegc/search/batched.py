@@ -1,4 +1,4 @@
-"""The batched evaluator: many plans of one structural variant in one call, with numpy.
+"""The batched evaluator: many plans of one structural variant in one call, with numpy and a compiled scheduler.
 
 Paper: App. A-J2c (EVALUATECACHED) and A-H (Alg. 5); DESIGN.md Sec. 3 (the compact array form). Same
 semantics as `compact.CompactVariant.evaluate`, vectorised across configurations:
@@ -9,14 +9,14 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
 - Node times are table look-ups and the core's array forms (`transfer.comm_node_time_at` at the tier of
   `geometry.span_tier_index`; the lowering decisions `rules.publication_codes` and `pair_codes`;
   the payload `rules.publication_bytes_of`), bit-identical to the scalar path.
-- Alg. 5 runs on all configurations at once. Each step selects one node per configuration, so every
-  configuration finishes after exactly N steps. The ready set is kept as one slot per chain of a chain
-  cover of the superset DAG: a node can be ready only when it heads its chain, so each step inspects
-  C (chains) slots instead of N nodes. Devices are kept as one availability per vertex allocation
-  ("class"); a node reserves the allocation of one vertex, and since availability only grows, the
-  availability of a class is the maximum over its atoms, updated with the overlap relation of the plans.
-  Selection uses the core tie-breakers: smallest EST, then transfers first, larger downstream rank
-  (generation chains share the head's rank), lower order key.
+- Alg. 5 runs per configuration in a compiled loop (`scheduler_kernel.schedule_rows`) over the padded
+  superset graph of its group. The ready set is kept as one slot per chain of a chain cover of the
+  superset DAG: a node can be ready only when it heads its chain, so each step inspects C (chains) slots
+  instead of N nodes. Devices are kept as one availability per vertex allocation ("class"); a node
+  reserves the allocation of one vertex, and since availability only grows, the availability of a class is
+  the maximum over its atoms, updated with the overlap relation of the plan. Selection uses the core
+  tie-breakers: smallest EST, then transfers first, larger downstream rank (generation chains share the
+  head's rank; `scheduler_kernel.downstream_ranks`), lower order key, encoded as one unique priority.
 - Device memory is `residency.device_memory_arrays`, the core's form for many configurations.
 """
 
@@ -36,6 +36,7 @@ from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 from rpegc.core.cost.transfer import comm_node_time_at
 from rpegc.search.compact import DATA_COMM, OPERATOR, PUBLICATION, CompactVariant, Superset
+from rpegc.search.scheduler_kernel import downstream_ranks, schedule_rows
 
 _INF = np.inf
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
@@ -76,16 +77,18 @@ class _Graph:
     n: int
     succ: np.ndarray  # (N+1) x D successor table, padded with the dummy node N
     npred: np.ndarray  # (N+1,), dummy has a huge count so it never becomes ready
-    levels: tuple[np.ndarray, ...]  # node indices by height (sinks first) for downstream ranks
-    groups: tuple[np.ndarray, ...]  # generation phase chains sharing the head's rank
+    by_height: np.ndarray  # (N,) node indices by height, sinks first: each after its successors
+    group_of: np.ndarray  # (N,) generation phase chain sharing the head's rank (its index), -1 for none
+    groups: int  # number of such chains
     chain: np.ndarray  # (N+1,) chain of each node
     next_in_chain: np.ndarray  # (N+1,), dummy N after the last node of a chain
     heads: np.ndarray  # (C,) first node of each chain
     is_op: np.ndarray  # (N,) bool
     pos_comm: np.ndarray  # (N,) order-key rank when real (PUBLICATION: as a Comm)
     pos_reshard: np.ndarray  # (N,) PUBLICATION: order-key rank as a Reshard
-    op_cols: dict  # (vertex, phase) -> node columns
-    transfer_cols: dict  # (kind, src, dst, nbytes, model) -> node columns
+    kind: np.ndarray  # (N,) 1 for operators, 0 for transfers (transfers first among equal start times)
+    sources: tuple  # what sets node times: (vertex, phase) of operators, (kind, src, dst, nbytes, model) of transfers
+    source: np.ndarray  # (N,) index into `sources` of each node
     vertex: np.ndarray  # (N,) class (vertex allocation) of each node
     preds: tuple[tuple[int, ...], ...]  # per node, its predecessors in edge order (the critical-path walk)
 
@@ -105,6 +108,17 @@ class Allocations:
     def rows(self, sel) -> "Allocations":
         """The configurations `sel` (an index or mask over B)."""
         return Allocations(*(getattr(self, f.name)[sel] for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """Node times of a batch by source (B x sources), the columns named by `col`; a transfer's relay and
+    Reshard flags alongside (False for operators)."""
+
+    t: np.ndarray
+    relay: np.ndarray
+    as_reshard: np.ndarray
+    col: dict
 
 
 class BatchEvaluator:
@@ -168,9 +182,9 @@ class BatchEvaluator:
         keys, inverse = self._patterns(ch, allocs)
         parts = []
         groups = [(np.nonzero(inverse == g)[0], self._graph(self.cv.superset(key))) for g, key in enumerate(keys)]
-        memo = self._transfer_times(groups, ch, allocs)
+        src = self._source_times(groups, ch, allocs)
         for rows, G in groups:
-            T, cls, prio, bz, ot = self._node_arrays(G, rows, ch, allocs, memo)
+            T, cls, prio, bz, ot = self._node_arrays(G, rows, src, allocs)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
         makespan = np.empty(B)
@@ -318,63 +332,52 @@ class BatchEvaluator:
 
     # --- the vectorised list scheduler ---------------------------------------------------------------
 
-    def _transfer_times(self, groups, ch: np.ndarray, allocs: Allocations) -> dict:
-        """Per transfer spec, its node times on the rows of the groups that have it (batch-length arrays,
-        valid at those rows): a spec is computed once however many groups share it."""
+    def _source_times(self, groups, ch: np.ndarray, allocs: Allocations) -> "_Sources":
+        """The time of every node source (operator (vertex, phase), transfer spec) of the batch's groups, per
+        configuration: a source is computed once however many groups share it (a transfer spec only on the
+        rows of the groups that have it; elsewhere its columns are zero and never read)."""
         users: dict = {}
         for rows, G in groups:
-            for spec in G.transfer_cols:
-                users.setdefault(spec, []).append(rows)
-        memo: dict = {}
+            for key in G.sources:
+                users.setdefault(key, []).append(rows)
         B = len(ch)
-        for spec, parts in users.items():
-            sel = np.concatenate(parts)
-            if len(sel) == B:
-                memo[spec] = self._transfer(allocs, ch, spec)
-                continue
-            out = self._transfer(allocs.rows(sel), ch[sel], spec)
-            full = tuple(np.zeros(B, dtype=x.dtype) for x in out)
-            for f, x in zip(full, out):
-                f[sel] = x
-            memo[spec] = full
-        return memo
-
-    def _node_arrays(self, G: _Graph, rows: np.ndarray, ch_all: np.ndarray, allocs_all: Allocations, memo: dict):
-        """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
-        and op time). Operator and transfer times are computed once per batch in `memo`."""
+        col = {key: k for k, key in enumerate(users)}
+        t = np.zeros((B, len(col)))
+        relay = np.zeros((B, len(col)), dtype=bool)
+        as_resh = np.zeros((B, len(col)), dtype=bool)
         cv = self.cv
+        for key, k in col.items():
+            if len(key) == 2:  # an operator: (vertex, phase), phase 0 the whole op
+                v, q = key
+                t[:, k] = cv.t_whole[v][ch[:, v]] if q == 0 else cv.t_phase[v][ch[:, v], q - 1]
+                continue
+            sel = np.concatenate(users[key])
+            if len(sel) == B:
+                t[:, k], relay[:, k], as_resh[:, k] = self._transfer(allocs, ch, key)
+            else:
+                t[sel, k], relay[sel, k], as_resh[sel, k] = self._transfer(allocs.rows(sel), ch[sel], key)
+        return _Sources(t, relay, as_resh, col)
+
+    def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations):
+        """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
+        and op time), from the batch's source times."""
         B, N, V = len(rows), G.n, self.V
-        T = np.zeros((B, N + 1))
-        relay = np.zeros((B, N), dtype=bool)
-        pos = np.broadcast_to(G.pos_comm, (B, N)).copy()
-        for (v, q), cols in G.op_cols.items():
-            t = memo.get((v, q))
-            if t is None:
-                t = memo[(v, q)] = cv.t_whole[v][ch_all[:, v]] if q == 0 else cv.t_phase[v][ch_all[:, v], q - 1]
-            T[:, cols] = t[rows][:, None]
-        for spec, cols in G.transfer_cols.items():
-            t, r, as_resh = (x[rows] for x in memo[spec])
-            T[:, cols] = t[:, None]
-            relay[:, cols] = r[:, None]
-            if as_resh.any():
-                pos[:, cols] = np.where(as_resh[:, None], G.pos_reshard[cols][None, :], pos[:, cols])
+        cols = np.array([src.col[key] for key in G.sources], dtype=np.int64)[G.source]
+        at = (rows[:, None], cols[None, :])
+        T, relay = src.t[at], src.relay[at]
+        pos = np.where(src.as_reshard[at], G.pos_reshard, G.pos_comm)
         pos[relay] = -1
-        cls = np.broadcast_to(np.append(G.vertex, V), (B, N + 1)).copy()
-        cls[:, :N][relay] = V
-        # Downstream ranks (Def. A.13) level by level, then generation chains take the head's rank.
-        rank = np.zeros((B, N + 1))
-        for idx in G.levels:
-            rank[:, idx] = T[:, idx] + rank[:, G.succ[idx]].max(axis=2)
-        for grp in G.groups:
-            rank[:, grp] = rank[:, grp].max(axis=1)[:, None]
-        kind = np.broadcast_to(G.is_op.astype(np.int64), (B, N))
-        order = np.lexsort((pos, -rank[:, :N], kind), axis=-1)
+        cls = np.where(relay, V, G.vertex)
+        # Downstream ranks (Def. A.13), then generation chains take the head's rank.
+        rank = np.empty((B, N))
+        downstream_ranks(T, G.succ, G.by_height, G.group_of, G.groups, rank)
+        order = np.lexsort((pos, -rank, np.broadcast_to(G.kind, (B, N))), axis=-1)
         prio = np.empty((B, N), dtype=np.int64)
         np.put_along_axis(prio, order, np.arange(N)[None, :], axis=1)
         sizes = np.append(allocs_all.size[rows], np.zeros((B, 1), dtype=np.int64), axis=1)
-        busy = (T[:, :N] * np.take_along_axis(sizes, cls[:, :N], axis=1)).sum(axis=1)
-        op_time = T[:, :N][:, G.is_op].sum(axis=1)
-        return T[:, :N], cls[:, :N], prio, busy, op_time
+        busy = (T * np.take_along_axis(sizes, cls, axis=1)).sum(axis=1)
+        op_time = T[:, G.is_op].sum(axis=1)
+        return T, cls, prio, busy, op_time
 
     @staticmethod
     def _class_overlap(allocs: Allocations) -> np.ndarray:
@@ -413,7 +416,9 @@ class _Rows:
     heads: np.ndarray  # B x C
 
 
-STEP_ROWS = 100  # a scheduler step costs about as much as 100 rows of work in it (measured, bench/eval_throughput)
+# A run's fixed cost (stacking the tables, the call) is about that of 30 rows of its steps: ~0.5 ms, and a row costs
+# ~0.07 us per node in `scheduler_kernel.schedule_rows` (64-GPU workload).
+STEP_ROWS = 30
 
 
 def _buckets(parts):
@@ -473,70 +478,15 @@ def _stack(parts, B: int, V: int) -> _Rows:
 
 
 def _run(R: _Rows, overlap: np.ndarray, V: int, record: bool = False):
-    """Alg. 5 on B configurations at once; returns the makespans (and with `record`, every node's start and
-    finish, B x (N+1), for `critical_weights`).
-
-    Chain slots are laid out C x B so the per-step reductions run along contiguous rows. The selected node
-    is found through its priority: among the slots with the minimal EST the smallest priority wins, and
-    priorities are unique per configuration, so `by_prio` maps it back to the node. Index tables are
-    int32 and flat (node index + row offset) to keep the working set small."""
+    """Alg. 5 on B configurations (`scheduler_kernel.schedule_rows`); returns the makespans (and with `record`,
+    every node's start and finish, B x (N+1), for `critical_weights`)."""
     B, N1 = R.T.shape
-    N = N1 - 1
-    D = R.succ.shape[2]
-    i32 = np.int32
-    rows = np.arange(B, dtype=i32)
-    row_n = rows * i32(N1)
-    row_v = rows * i32(V + 1)
-    ready = np.zeros(B * N1)
-    npred = R.npred.astype(i32).reshape(-1)
-    T_f = R.T.reshape(-1)
-    cls_f = (R.cls + row_v[:, None]).astype(i32).reshape(-1)  # flat index into class availability
-    prio_f = R.prio.reshape(-1)
-    by_prio = np.zeros((B, N1), dtype=i32)
-    np.put_along_axis(by_prio, R.prio[:, :N], (np.arange(N)[None, :] + row_n[:, None]).astype(i32), axis=1)
-    by_prio_f = by_prio.reshape(-1)
-    succ_f = (R.succ + row_n[:, None, None]).astype(i32).reshape(B * N1, D)  # successor flat indices
-    chain_f = (R.chain * B + rows[:, None]).astype(i32).reshape(-1)  # flat slot index of each node
-    nxt_f = (R.nxt + row_n[:, None]).astype(i32).reshape(-1)
-    # Availability only grows and every time is >= 0, so max(avail, f * overlap) updates exactly the
-    # classes that share a device with the selected node (f * 0 = 0 never wins, f * 1 = f).
-    over_f = overlap.reshape(B * (V + 1), V + 1).astype(np.float64)
-    hidx = np.ascontiguousarray((R.heads + row_n[:, None]).T, dtype=i32)  # C x B flat node indices
-    head_rt = np.where(npred[hidx] == 0, 0.0, _INF)
-    head_cls = cls_f[hidx]
-    head_pr = prio_f[hidx]
-    avail = np.zeros((B, V + 1))
-    avail_f = avail.reshape(-1)
-    head_rt_f, head_cls_f, head_pr_f = (x.reshape(-1) for x in (head_rt, head_cls, head_pr))
-    makespan = np.zeros(B)
-    start_f = np.zeros(B * N1) if record else None
-    finish_f = np.zeros(B * N1) if record else None
-    for _ in range(N):
-        est = np.maximum(head_rt, avail_f.take(head_cls))
-        m = est.min(axis=0)
-        pmin = head_pr.min(axis=0, where=est == m, initial=_BIG)
-        vf = by_prio_f.take(pmin + row_n)
-        jf = chain_f.take(vf)
-        f = m + T_f.take(vf)
-        np.maximum(makespan, f, out=makespan)
-        if record:
-            start_f[vf] = m
-            finish_f[vf] = f
-        np.maximum(avail, over_f.take(cls_f.take(vf), axis=0) * f[:, None], out=avail)
-        Sf = succ_f.take(vf, axis=0)
-        ready[Sf] = np.maximum(ready.take(Sf), f[:, None])
-        left = npred.take(Sf) - 1
-        npred[Sf] = left
-        newly = np.nonzero(left == 0)
-        if len(newly[0]):
-            wf = Sf[newly]
-            head_rt_f[chain_f.take(wf)] = ready.take(wf)
-        wf = nxt_f.take(vf)
-        head_rt_f[jf] = np.where(npred.take(wf) == 0, ready.take(wf), _INF)
-        head_cls_f[jf] = cls_f.take(wf)
-        head_pr_f[jf] = prio_f.take(wf)
+    makespan = np.empty(B)
+    shape = (B, N1) if record else (0, 0)
+    start, finish = np.zeros(shape), np.zeros(shape)
+    schedule_rows(R.T, R.cls, R.prio, R.succ, R.npred, R.chain, R.nxt, R.heads, overlap, start, finish, makespan)
     if record:
-        return makespan, start_f.reshape(B, N1), finish_f.reshape(B, N1)
+        return makespan, start, finish
     return makespan
 
 
@@ -557,41 +507,41 @@ def prepare_graph(s: Superset) -> _Graph:
     height = [0] * n
     for v in reversed(topo):
         height[v] = 1 + max((height[w] for w in succs[v]), default=-1)
-    by_height: dict[int, list[int]] = {}
-    for v in range(n):
-        by_height.setdefault(height[v], []).append(v)
-    levels = tuple(np.array(by_height[h], dtype=np.int64) for h in sorted(by_height))
+    by_height = np.array(sorted(range(n), key=lambda v: height[v]), dtype=np.int64)
     members: dict = {}
     for i, grp in enumerate(s.groups):
         members.setdefault(grp, []).append(i)
-    groups = tuple(np.array(m, dtype=np.int64) for m in members.values() if len(m) > 1)
+    group_of = np.full(n, -1, dtype=np.int64)
+    chains_of_rank = [m for m in members.values() if len(m) > 1]
+    for g, m in enumerate(chains_of_rank):
+        group_of[m] = g
     chain, nxt, heads = _chain_cover(n, topo, succs, preds)
     keys = sorted(set(s.key) | {k for k in s.reshard_key if k is not None})
     rank_of = {k: i for i, k in enumerate(keys)}
     pos_comm = np.array([rank_of[k] for k in s.key], dtype=np.int64)
     pos_reshard = np.array([rank_of[k] if k is not None else rank_of[s.key[i]] for i, k in enumerate(s.reshard_key)],
                            dtype=np.int64)
-    op_cols: dict = {}
-    transfer_cols: dict = {}
-    for i in range(n):
-        if s.kind[i] == OPERATOR:
-            op_cols.setdefault((s.vertex[i], s.phase[i]), []).append(i)
-        else:
-            transfer_cols.setdefault((s.kind[i], s.src[i], s.vertex[i], s.nbytes[i], s.model[i]), []).append(i)
+    index: dict = {}
+    source = np.array([index.setdefault((s.vertex[i], s.phase[i]) if s.kind[i] == OPERATOR else
+                                        (s.kind[i], s.src[i], s.vertex[i], s.nbytes[i], s.model[i]), len(index))
+                       for i in range(n)], dtype=np.int64)
+    is_op = np.array([k == OPERATOR for k in s.kind], dtype=bool)
     return _Graph(
         n=n,
         succ=succ,
         npred=npred,
-        levels=levels,
-        groups=groups,
+        by_height=by_height,
+        group_of=group_of,
+        groups=len(chains_of_rank),
         chain=chain,
         next_in_chain=nxt,
         heads=heads,
-        is_op=np.array([k == OPERATOR for k in s.kind]),
+        is_op=is_op,
+        kind=is_op.astype(np.int64),
         pos_comm=pos_comm,
         pos_reshard=pos_reshard,
-        op_cols={k: np.array(v) for k, v in op_cols.items()},
-        transfer_cols={k: np.array(v) for k, v in transfer_cols.items()},
+        sources=tuple(index),
+        source=source,
         vertex=np.array(s.vertex, dtype=np.int64),
         preds=tuple(tuple(p) for p in preds),
     )
