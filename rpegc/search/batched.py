@@ -9,15 +9,16 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
 - Node times are table look-ups and the core's array forms (`transfer.comm_node_time_at` at the tier of
   `geometry.span_tier_index`; the lowering decisions `rules.publication_codes` and `pair_codes`;
   the payload `rules.publication_bytes_of`), bit-identical to the scalar path.
-- Alg. 5 runs per configuration in a compiled loop (`scheduler_kernel.schedule_rows`) over the padded
+- Alg. 5 runs per configuration in a compiled loop (`row_scheduler.schedule_rows`) over the padded
   superset graph of its group. The ready set is kept as one slot per chain of a chain cover of the
   superset DAG: a node can be ready only when it heads its chain, so each step inspects C (chains) slots
   instead of N nodes. Devices are kept as one availability per vertex allocation ("class"); a node
   reserves the allocation of one vertex, and since availability only grows, the availability of a class is
   the maximum over its atoms, updated with the overlap relation of the plan. Selection uses the core
   tie-breakers: smallest EST, then transfers first, larger downstream rank (generation chains share the
-  head's rank; `scheduler_kernel.downstream_ranks`), lower order key, encoded as one unique priority.
-- Device memory is `residency.device_memory_arrays`, the core's form for many configurations.
+  head's rank; `row_scheduler.downstream_ranks`), lower order key, encoded as one unique priority.
+- Device memory is `residency.device_peaks`, the core's form for many configurations (the rules of
+  `device_memory_arrays` once per set of operators covering a device, not once per device).
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ from typing import Optional
 import numpy as np
 
 from rpegc.core.ir.geometry import pairwise_overlaps, span_tier_index
-from rpegc.core.lower.rules import (ACTIONS, COMM, DEP, RESHARD, is_shadow, pair_codes, pairwise_same,
+from rpegc.core.lower.rules import (ACTIONS, COMM, DEP, RESHARD, data_codes, is_shadow, pair_codes, pairwise_same,
                                     publication_bytes_of, publication_codes)
 from rpegc.core.cost.memory import op_memory
-from rpegc.core.cost.residency import OpTerms, device_memory_arrays
+from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 from rpegc.core.cost.transfer import comm_node_time_at
 from rpegc.search.compact import DATA_COMM, OPERATOR, PUBLICATION, CompactVariant, Superset
-from rpegc.search.scheduler_kernel import downstream_ranks, schedule_rows
+from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 
 _INF = np.inf
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
@@ -135,8 +136,8 @@ class BatchEvaluator:
         self.extent = [np.array([a.extent for a in d.allocs], dtype=np.int64) for d in cv.dirs]
         self.size = [d.sizes for d in cv.dirs]
         self.layout = [np.array([s.layout() for s in d.strategies], dtype=np.int64) for d in cv.dirs]
-        self.devmask = [self._device_rows(d) for d in cv.dirs]
         self.words = [mask_words(d.masks, self.ndev) for d in cv.dirs]  # the masks as uint64 words, per vertex
+        self.devmask = [self._device_rows(w) for w in self.words]
         self._memory_tables()
         self._reshard_tables: dict = {}
         self._pattern_of: dict = {}  # relations row (bytes) -> pattern: a pattern is a function of the relations
@@ -144,23 +145,26 @@ class BatchEvaluator:
 
     # --- static tables ---------------------------------------------------------------------------
 
-    def _device_rows(self, d) -> np.ndarray:
-        rows = np.zeros((len(d), self.ndev), dtype=bool)
-        for i, m in enumerate(d.masks):
-            bits = np.frombuffer(m.to_bytes((self.ndev + 7) // 8, "little"), dtype=np.uint8)
-            rows[i] = np.unpackbits(bits, bitorder="little")[: self.ndev].astype(bool)
-        return rows
+    def _device_rows(self, words: np.ndarray) -> np.ndarray:
+        """The device masks of a directory as rows of booleans (entries x devices), from their uint64 words."""
+        bits = np.unpackbits(words.astype("<u8").view(np.uint8), axis=1, bitorder="little")
+        return bits[:, : self.ndev].astype(bool)
 
     def _memory_tables(self) -> None:
-        """Per vertex, the memory terms of every directory entry (`residency.OpTerms`, by the core's calls)."""
+        """Per vertex, the memory terms of every directory entry (`residency.OpTerms`, by the core's calls), once
+        per strategy: they do not depend on where the operator runs, and a strategy has many origins."""
         cv = self.cv
         wl = cv.program.workload
         self.mem = []
         for v, d in zip(cv.vertices, cv.dirs):
             m = cv.models[v.model]
-            entries = [OpTerms.of(op_memory(v.role, m.arch, m.kind, wl, dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb,
-                                            opts=cv.opts), s, wl.s_b, cv.opts) for s in d.strategies]
-            self.mem.append(OpTerms(*(np.concatenate([getattr(e, f) for e in entries]) for f in _TERMS)))
+            strategies = list(dict.fromkeys(d.strategies))
+            terms = [OpTerms.of(op_memory(v.role, m.arch, m.kind, wl, dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb,
+                                          opts=cv.opts), s, wl.s_b, cv.opts) for s in strategies]
+            per_strategy = OpTerms(*(np.concatenate([getattr(e, f) for e in terms]) for f in _TERMS))
+            index = {s: i for i, s in enumerate(strategies)}
+            entry = np.array([index[s] for s in d.strategies], dtype=np.int64)
+            self.mem.append(OpTerms(*(getattr(per_strategy, f)[entry] for f in _TERMS)))
 
     def _reshard_table(self, model: str, v: int) -> np.ndarray:
         key = (model, v)
@@ -311,7 +315,7 @@ class BatchEvaluator:
         B = len(ch)
         no = np.zeros(B, dtype=bool)
         if kind == DATA_COMM:
-            relay = allocs.same[:, u, v]
+            relay = data_codes(allocs.same[:, u, v]) == _DEP
             return np.where(relay, 0.0, self._comm_time(allocs, nbytes, u, v)), relay, no
         same, same_lay = allocs.same[:, u, v], allocs.same_layout[:, u, v]
         if kind == PUBLICATION:
@@ -390,12 +394,12 @@ class BatchEvaluator:
     # --- device memory -------------------------------------------------------------------------------
 
     def _memory(self, ch: np.ndarray) -> np.ndarray:
-        """`residency.device_memory_arrays` of every configuration: peak per device (B x devices)."""
+        """`residency.device_peaks` of every configuration: peak per device (B x devices)."""
         cv = self.cv
         masks = tuple(self.devmask[v][ch[:, v]] for v in range(self.V))
         terms = tuple(OpTerms(*(getattr(self.mem[v], f)[ch[:, v]] for f in _TERMS)) for v in range(self.V))
-        return device_memory_arrays(tuple(v.role for v in cv.vertices), tuple(v.model for v in cv.vertices), masks,
-                                    terms, cv.models, cv.tau).peak
+        return device_peaks(tuple(v.role for v in cv.vertices), tuple(v.model for v in cv.vertices), masks, terms,
+                            cv.models, cv.tau)
 
 
 @dataclass(frozen=True)
@@ -417,7 +421,7 @@ class _Rows:
 
 
 # A run's fixed cost (stacking the tables, the call) is about that of 30 rows of its steps: ~0.5 ms, and a row costs
-# ~0.07 us per node in `scheduler_kernel.schedule_rows` (64-GPU workload).
+# ~0.07 us per node in `row_scheduler.schedule_rows` (64-GPU workload).
 STEP_ROWS = 30
 
 
@@ -478,7 +482,7 @@ def _stack(parts, B: int, V: int) -> _Rows:
 
 
 def _run(R: _Rows, overlap: np.ndarray, V: int, record: bool = False):
-    """Alg. 5 on B configurations (`scheduler_kernel.schedule_rows`); returns the makespans (and with `record`,
+    """Alg. 5 on B configurations (`row_scheduler.schedule_rows`); returns the makespans (and with `record`,
     every node's start and finish, B x (N+1), for `critical_weights`)."""
     B, N1 = R.T.shape
     makespan = np.empty(B)

@@ -240,24 +240,27 @@ class CompactVariant:
 
     def _phase_tables(self) -> None:
         """Per candidate: whole-operator time and quantile phase times, exactly as annotate computes them."""
-        q_count = len(self.tokens)
         self.t_whole = [d.t_op for d in self.dirs]
         self.t_phase: list[Optional[np.ndarray]] = []
         for d in self.dirs:
             if not self.split_on or d.role not in ("generation", "inference"):
                 self.t_phase.append(None)
                 continue
-            table = np.empty((len(d), len(self.shares)), dtype=np.float64)
-            for c, t in enumerate(d.op_times):
-                for q in range(1, len(self.shares) + 1):
-                    if d.role == "generation":
-                        previous = self.tokens[q - 2] if q > 1 else 0.0
-                        x = generation_phase_time(t.prefill_time, t.decode_time, q, self.tokens[q - 1], previous,
-                                                  self.tokens[q_count - 1])
-                    else:
-                        x = inference_phase_time(t.T_op, self.shares[q - 1])
-                    table[c, q - 1] = float(x)
-            self.t_phase.append(table)
+            # Candidates share one OpTime object per (strategy, extent) over their origins (`directory`): keyed by
+            # identity, since hashing an OpTime walks all its nested terms.
+            rows: dict = {}
+            for t in d.op_times:
+                if id(t) not in rows:
+                    rows[id(t)] = [self._phase_time(d.role, t, q) for q in range(1, len(self.shares) + 1)]
+            self.t_phase.append(np.array([rows[id(t)] for t in d.op_times], dtype=np.float64).reshape(len(d), -1))
+
+    def _phase_time(self, role: str, t, q: int) -> float:
+        """Quantile phase q's time of an operator with core OpTime t, exactly as annotate computes it."""
+        if role == "generation":
+            previous = self.tokens[q - 2] if q > 1 else 0.0
+            return float(generation_phase_time(t.prefill_time, t.decode_time, q, self.tokens[q - 1], previous,
+                                               self.tokens[-1]))
+        return float(inference_phase_time(t.T_op, self.shares[q - 1]))
 
     # --- per-plan facts ----------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ keeps the ones whose operator fits on its devices when it runs alone.
 Time and isolated memory depend on the strategy and the allocation's shape only (homogeneous devices), so
 they are computed once per (strategy, extent) and shared by every aligned origin. A directory depends on
 the vertex (role, model) and not on tau, so staleness variants reuse it (A-J2i); `DirectoryCache` keys
-directories by vertex set.
+directories by vertex, so actor-critic sharing reuses those of the vertices it keeps.
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ class VertexDirectory:
 
 @dataclass
 class DirectoryCache:
-    """Directories keyed by vertex set and model set, so variants with the same vertices share them."""
+    """Directories keyed by vertex (name, role, model), so variants share those of the vertices they have in
+    common: staleness variants all of them, actor-critic sharing all but the trainers'. All programs asked for
+    are variants of one structure (the same workload, cluster and models)."""
 
     hw: Hardware
     opts: CostOptions
@@ -74,11 +76,15 @@ class DirectoryCache:
     _cache: dict = field(default_factory=dict)
 
     def directories(self, p: Program, vertices: tuple[Vertex, ...]) -> tuple[VertexDirectory, ...]:
-        models = tuple(sorted((m.name, m.kind, m.arch) for m in p.models if m.name in {v.model for v in vertices}))
-        key = (tuple((v.name, v.role, v.model) for v in vertices), models)
-        if key not in self._cache:
-            self._cache[key] = tuple(build_directory(p, v, self.hw, self.opts, self.mb_rule) for v in vertices)
-        return self._cache[key]
+        return tuple(self._directory(p, v) for v in vertices)
+
+    def _directory(self, p: Program, v: Vertex) -> VertexDirectory:
+        m = p.model(v.model)
+        key = (v.name, v.role, v.model, m.kind, m.arch)
+        d = self._cache.get(key)
+        if d is None:
+            d = self._cache[key] = build_directory(p, v, self.hw, self.opts, self.mb_rule)
+        return d
 
 
 def fixed_microbatch(role: str, pp: int) -> int:

@@ -125,6 +125,51 @@ def device_memory_arrays(
     return MemoryArrays(residency, persistent_by_model, persistent, transient, owner)
 
 
+MAX_COVERING_OPS = 62  # a covering is coded in one int64
+
+
+def device_peaks(
+    roles: tuple[str, ...],
+    op_models: tuple[str, ...],
+    masks: tuple[np.ndarray, ...],
+    terms: tuple[OpTerms, ...],
+    models: Mapping[str, Model],
+    tau: Mapping[str, int],
+) -> np.ndarray:
+    """`device_memory_arrays(...).peak` (B x #D), computed once per covering instead of once per device.
+
+    Devices are homogeneous, so a device's memory depends only on which operators cover it: the rules run on
+    the batch's distinct coverings (a handful, against hundreds of devices at 512 GPUs), each row seeing only
+    the coverings its devices have, and the peaks are indexed back to the devices."""
+    if not masks or len(masks) > MAX_COVERING_OPS:
+        return device_memory_arrays(roles, op_models, masks, terms, models, tau).peak
+    B = masks[0].shape[0]
+    index, bits = device_coverings(masks)
+    present = np.zeros((B, len(bits)), dtype=bool)
+    rows = np.arange(B)[:, None]
+    present[rows, index] = True
+    covering_masks = tuple(bits[None, :, i] & present for i in range(len(masks)))
+    return device_memory_arrays(roles, op_models, covering_masks, terms, models, tau).peak[rows, index]
+
+
+def device_coverings(masks: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(index B x #D of each device's covering among the batch's distinct coverings, the coverings as rows of
+    operator flags, S x #ops), a covering being the set of operators whose devices include the device."""
+    n_ops = len(masks)
+    code = np.zeros(masks[0].shape, dtype=np.int64)
+    for i, m in enumerate(masks):
+        code |= m.astype(np.int64) << i
+    if n_ops <= 16:  # a table over every possible covering is small: no sort
+        codes = np.flatnonzero(np.bincount(code.ravel(), minlength=1 << n_ops))
+        rank = np.zeros(1 << n_ops, dtype=np.int64)
+        rank[codes] = np.arange(len(codes))
+        index = rank[code]
+    else:
+        codes, index = np.unique(code, return_inverse=True)
+        index = index.reshape(code.shape)
+    return index, ((codes[:, None] >> np.arange(n_ops)[None, :]) & 1).astype(bool)
+
+
 def _model_state(name, model, tau, roles, op_models, masks, terms, B, n):
     """Residency codes and S(m, d) of one model over all devices (spec 6.5, first rule wins)."""
     train_state = np.zeros((B, n))

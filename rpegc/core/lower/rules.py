@@ -59,7 +59,11 @@ def is_shadow_pair(tau: int, u: Alloc, v: Alloc) -> bool:
 
 def data_action(src: Alloc, dst: Alloc) -> str:
     """Stage 2: a data edge needs a Comm exactly when the allocations differ."""
-    return DEP if same_devices(src, dst) else COMM
+    return data_rule(same_devices(src, dst))
+
+
+def data_rule(same: bool) -> str:
+    return DEP if same else COMM
 
 
 def publication_rule(same: bool, same_lay: bool) -> str:
@@ -93,6 +97,11 @@ def pair_action(tau: int, u: Alloc, u_strategy: Strategy, v: Alloc, v_strategy: 
 _PUBLICATION = np.array([[ACTIONS.index(publication_rule(a, b)) for b in (False, True)] for a in (False, True)])
 _PAIR = np.array([[[ACTIONS.index(pair_rule(s, a, b)) for b in (False, True)] for a in (False, True)]
                   for s in (False, True)])
+
+
+def data_codes(same: np.ndarray) -> np.ndarray:
+    """`data_rule` of a boolean array, as ACTIONS codes."""
+    return np.where(same, ACTIONS.index(data_rule(True)), ACTIONS.index(data_rule(False)))
 
 
 def publication_codes(same: np.ndarray, same_lay: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Greedy list scheduling of the executable DAG on plain arrays (paper Alg. 5, App. A-H; spec 7).
 
 Both the `schedule` pass (through `rpegc.core.sched.schedule`) and the optimizer's compact
-evaluator call this module, so they get identical start/finish times and makespans.
+evaluator call this module, so they get identical start/finish times and makespans; `row_scheduler` is its
+array form for the batched evaluator (many configurations per call, the same float operations).
 
 Algorithm (Definitions A.11-A.14):
 - rank(v) = T(v) + max rank(successor), empty max = 0 (downstream rank, Def. A.13);

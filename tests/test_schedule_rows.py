@@ -1,11 +1,11 @@
-"""The compiled list-scheduling loop on graphs small enough to schedule by hand (Alg. 5, App. A-H).
+"""`row_scheduler`, the compiled list scheduler, on graphs small enough to schedule by hand (Alg. 5, App. A-H).
 
 The batched evaluator's bit-identity with the reference path is `test_search_differential.py`; these pin the
 kernel's own rules: ready times, device classes, the priority tie-break, the chain slots, and the ranks."""
 
 import numpy as np
 
-from rpegc.search.scheduler_kernel import downstream_ranks, schedule_rows
+from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 
 
 def run(T, cls, prio, succ, npred, chain, nxt, heads, overlap, record=True):
