@@ -41,3 +41,13 @@ def test_coverings_name_the_operators_of_each_device():
     index, bits = device_coverings(masks)
     assert bits.tolist() == [[False, False], [True, False], [False, True], [True, True]]
     assert index.tolist() == [[1, 3, 2, 0]]
+
+
+def test_coverings_of_many_operators_take_the_sorting_path():
+    # 18 operators: past the 2**16-entry table, the coverings come from a sort; each device's row of flags
+    # must still name exactly the operators that cover it
+    rng = np.random.default_rng(0)
+    masks = tuple(rng.random((3, 50)) < 0.3 for _ in range(18))
+    index, bits = device_coverings(masks)
+    assert np.array_equal(bits[index], np.stack(masks, axis=2))
+    assert len(bits) == len({tuple(r) for r in bits})  # distinct coverings

@@ -34,12 +34,11 @@ from rpegc.core.lower.rules import (ACTIONS, COMM, DEP, RESHARD, data_codes, is_
 from rpegc.core.cost.memory import op_memory
 from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
+from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 from rpegc.core.cost.transfer import comm_node_time_at
 from rpegc.search.compact import DATA_COMM, OPERATOR, PUBLICATION, CompactVariant, Superset
-from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 
-_INF = np.inf
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
 _COMM, _DEP, _RESHARD = (ACTIONS.index(a) for a in (COMM, DEP, RESHARD))
 _BIG = np.iinfo(np.int64).max // 4
@@ -87,7 +86,6 @@ class _Graph:
     is_op: np.ndarray  # (N,) bool
     pos_comm: np.ndarray  # (N,) order-key rank when real (PUBLICATION: as a Comm)
     pos_reshard: np.ndarray  # (N,) PUBLICATION: order-key rank as a Reshard
-    kind: np.ndarray  # (N,) 1 for operators, 0 for transfers (transfers first among equal start times)
     sources: tuple  # what sets node times: (vertex, phase) of operators, (kind, src, dst, nbytes, model) of transfers
     source: np.ndarray  # (N,) index into `sources` of each node
     vertex: np.ndarray  # (N,) class (vertex allocation) of each node
@@ -199,7 +197,7 @@ class BatchEvaluator:
             for r, G, T, cls, prio in bucket:
                 sub.append((np.arange(k, k + len(r)), G, T, cls, prio))
                 k += len(r)
-            out = _run(_stack(sub, len(rows), self.V), overlap[rows], self.V, record=keep)
+            out = _run(_stack(sub, len(rows), self.V), overlap[rows], record=keep)
             makespan[rows] = out[0] if keep else out
             if keep:
                 self._keep(ch, sub, rows, out[1], out[2], overlap)
@@ -375,7 +373,7 @@ class BatchEvaluator:
         # Downstream ranks (Def. A.13), then generation chains take the head's rank.
         rank = np.empty((B, N))
         downstream_ranks(T, G.succ, G.by_height, G.group_of, G.groups, rank)
-        order = np.lexsort((pos, -rank, np.broadcast_to(G.kind, (B, N))), axis=-1)
+        order = np.lexsort((pos, -rank, np.broadcast_to(G.is_op, (B, N))), axis=-1)  # transfers first
         prio = np.empty((B, N), dtype=np.int64)
         np.put_along_axis(prio, order, np.arange(N)[None, :], axis=1)
         sizes = np.append(allocs_all.size[rows], np.zeros((B, 1), dtype=np.int64), axis=1)
@@ -477,11 +475,11 @@ def _stack(parts, B: int, V: int) -> _Rows:
             out.nxt[rows, n:N] = np.arange(n + 1, N + 1)
             out.heads[rows, c] = n
             out.prio[rows, n:N] = np.arange(n, N)
-    out.npred[:, N] = 1 << 30  # never reaches 0 (int32 in _run)
+    out.npred[:, N] = 1 << 30  # never reaches 0: the dummy never becomes ready
     return out
 
 
-def _run(R: _Rows, overlap: np.ndarray, V: int, record: bool = False):
+def _run(R: _Rows, overlap: np.ndarray, record: bool = False):
     """Alg. 5 on B configurations (`row_scheduler.schedule_rows`); returns the makespans (and with `record`,
     every node's start and finish, B x (N+1), for `critical_weights`)."""
     B, N1 = R.T.shape
@@ -541,7 +539,6 @@ def prepare_graph(s: Superset) -> _Graph:
         next_in_chain=nxt,
         heads=heads,
         is_op=is_op,
-        kind=is_op.astype(np.int64),
         pos_comm=pos_comm,
         pos_reshard=pos_reshard,
         sources=tuple(index),
