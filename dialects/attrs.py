@@ -35,7 +35,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
-from rpegc.core.ir.program import Arch
+from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch
 from rpegc.core.ir.geometry import Alloc, Strategy
 
 # xDSL prints a non-ASCII StringAttr with hex escapes, and its lexer reads such a literal back as a
@@ -263,11 +263,11 @@ class StrategyAttr(ParametrizedAttribute):
 
 @irdl_attr_definition
 class ArchAttr(ParametrizedAttribute):
-    """A model architecture: `#rpeg.arch<layers = 32, hidden = 4096, ..., kv_heads = 32, gated = 1>` (gated: 1
-    for a gated FFN, 0 for the spec's two-projection one)."""
+    """A model architecture: `#rpeg.arch<layers = 32, hidden = 4096, ..., kv_heads = 32, gated = 1, qkv_bias = 0,
+    tied = 0, norms = 1>` (the flags of program.Arch as 1 or 0)."""
 
     name = "rpeg.arch"
-    KEYS: ClassVar[tuple[str, ...]] = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads", "gated")
+    KEYS: ClassVar[tuple[str, ...]] = ARCH_SIZES + ARCH_FLAGS
     layers: IntAttr
     hidden: IntAttr
     ffn: IntAttr
@@ -275,14 +275,17 @@ class ArchAttr(ParametrizedAttribute):
     heads: IntAttr
     kv_heads: IntAttr
     gated: IntAttr
+    qkv_bias: IntAttr
+    tied: IntAttr
+    norms: IntAttr
 
     @staticmethod
     def from_arch(a: Arch) -> ArchAttr:
         return ArchAttr(*(IntAttr(int(getattr(a, k))) for k in ArchAttr.KEYS))
 
     def to_arch(self) -> Arch:
-        *sizes, gated = (p.data for p in self.parameters)
-        return Arch(*sizes, gated=bool(gated))
+        values = dict(zip(self.KEYS, (p.data for p in self.parameters)))
+        return Arch(**{k: values[k] for k in ARCH_SIZES}, **{k: bool(values[k]) for k in ARCH_FLAGS})
 
     def print_parameters(self, printer: Printer) -> None:
         _print_keyed_ints(printer, self.KEYS, tuple(p.data for p in self.parameters))

@@ -565,8 +565,16 @@ class RpegcMain(xDSLOptMain):
         if self.args.explain:
             from rpegc.core.cost.explain import explain
             from rpegc.core.cost.hardware import program_hardware
+            from rpegc.passes.program_pass import CostModelPass
 
-            sys.stderr.write(explain(program, program_hardware(program)))
+            # Explained as the pipeline priced it: the options and hardware of its last pricing pass
+            # (annotate-cost or optimize), else the spec's options and the cluster's profile.
+            pricing = [p for p in self.pipeline.passes if isinstance(p, CostModelPass)]
+            if pricing:
+                last = pricing[-1]
+                sys.stderr.write(explain(program, last.program_hardware(program), last.cost_options()))
+            else:
+                sys.stderr.write(explain(program, program_hardware(program)))
 
 
 def _module_text(module: ModuleOp) -> str:

@@ -25,9 +25,11 @@ SPEC_7B = Arch(layers=32, hidden=4096, ffn=11008, vocab=32000, heads=32, kv_head
 
 
 def test_llama2_7b_counts_its_three_ffn_matrices():
-    assert param_count(lookup("llama2-7b"), "policy") == 6_607_077_376  # 32 (4 d^2 + 3 d d_ff) + V d
+    # 32 (4 d^2 + 3 d d_ff + 2 d) + 2 V d + d: transformers' LlamaForCausalLM count of Llama-2 7B
+    assert param_count(lookup("llama2-7b"), "policy") == 6_738_415_616
+    assert param_count(dataclasses.replace(lookup("llama2-7b"), tied=True, norms=False), "policy") == 6_607_077_376
     assert param_count(SPEC_7B, "policy") == 5_164_236_800  # the spec's Section 8 number
-    assert lookup("llama2-7b") == dataclasses.replace(SPEC_7B, gated=True)
+    assert lookup("llama2-7b") == dataclasses.replace(SPEC_7B, gated=True, tied=False, norms=True)
     assert not lookup("gpt3-175b").gated and lookup("tiny").gated
 
 
@@ -42,28 +44,13 @@ def test_work_and_memory_follow_the_same_count():
     assert buffer_width(gated, 1) > buffer_width(SPEC_7B, 1)  # the gated FFN's buffer is the widest here
 
 
-def test_an_hf_config_counts_what_transformers_counts_but_the_norms(tmp_path):
-    """A tied, MHA Llama checkpoint: transformers' parameter count is the cost model's (layers with three FFN
-    matrices, one V x d embedding) plus the RMSNorm weights, 2d per layer and d for the final norm."""
-    transformers = pytest.importorskip("transformers")
-    from rpegc.core.ir.hf_config import hf_arch
-
-    config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
-    model = transformers.LlamaForCausalLM(config)
-    model.save_pretrained(str(tmp_path / "ckpt"))
-    arch = hf_arch(str(tmp_path / "ckpt"))
-    assert arch.gated
-    assert model.num_parameters() == param_count(arch, "policy") + 3 * 2 * 64 + 64
-
-
 TEXT = "rpeg.workload {B = 4, R = 1, Lp = 4, Lr = 4, dtype = bf16}\n"
 
 
 def test_gated_is_written_read_and_overridden():
     p = parse(TEXT + 'rpeg.model @a {layers = 2, hidden = 64, ffn = 128, vocab = 64, heads = 4, gated = true, '
-                     'kind = policy}\nrpeg.model @b {arch = "llama2-7b", gated = false, kind = reference}\n'
-                     'rpeg.model @c {arch = "tiny", kind = critic}\n', "g.rpeg")
+                     'kind = policy}\nrpeg.model @b {arch = "llama2-7b", gated = false, tied = true, norms = false, '
+                     'kind = reference}\nrpeg.model @c {arch = "tiny", kind = critic}\n', "g.rpeg")
     assert [m.arch.gated for m in p.models] == [True, False, True]
     assert param_count(p.models[1].arch, "reference") == 5_164_236_800  # the spec's form on a preset
     printed = print_program(p)
@@ -91,8 +78,7 @@ def test_the_backend_builds_the_priced_ffn():
     from rpegc.runtime.backends.torch.models import NetOptions, TransformerModel, arch_net
 
     for gated in (True, False):
-        arch = Arch(layers=2, hidden=32, ffn=64, vocab=50, heads=4, kv_heads=4, gated=gated)
+        arch = Arch(layers=2, hidden=32, ffn=64, vocab=50, heads=4, kv_heads=4, gated=gated, norms=True)
         model = TransformerModel(arch, "policy", arch_net(arch, NetOptions(max_seq=8)))
-        per_layer = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.0.")
-                        and "norm" not in n)
+        per_layer = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.0."))
         assert per_layer == layer_params(arch)

@@ -49,7 +49,7 @@ import numpy as np
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import Hardware
-from rpegc.core.cost.params import layer_params
+from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
@@ -778,7 +778,7 @@ def roofline_terms(case: ForwardCase, s_b: int, gamma_M: float, gamma_K: float, 
     with ell the new tokens (1 for a decode step).
     """
     arch = case.arch
-    omega_w = arch.layers * layer_params(arch) * s_b
+    omega_w = arch.layers * layer_gemm_params(arch) * s_b
     omega_a = 2 * case.rows * arch.hidden * arch.layers * s_b
     work = case.work()
     return work, float(eta(case.rows, case.width, gamma_M, gamma_K)), work / (omega_w + omega_a) * BW_mem

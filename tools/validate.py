@@ -41,7 +41,7 @@ from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.memory import op_memory, training_state_bytes
 from rpegc.core.cost.optime import op_time
 from rpegc.core.ir.presets import lookup
-from rpegc.core.ir.program import Arch, Workload
+from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch, Workload
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.calibrate import mape
 from rpegc.tools.measure import Progress, WorkerPool, device_count
@@ -56,7 +56,8 @@ BAND = 0.25  # the +-25% band of Fig. 4
 VALIDATION_ARCHS: dict[str, Arch] = {
     "tiny": lookup("tiny"),
     "tiny-4l": lookup("tiny-4l"),
-    "small-256": Arch(layers=4, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8, gated=True),
+    "small-256": Arch(layers=4, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8, gated=True, tied=False,
+                      norms=True),  # counted as the backend builds it, like the presets
 }
 # (B, R, Lp, Lr): a short and a longer workload; R = 1 (PPO-style), sequences = B.
 VALIDATION_WORKLOADS: tuple[tuple[int, int, int, int], ...] = ((16, 1, 16, 16), (32, 1, 32, 32))
@@ -465,7 +466,7 @@ def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, 
 # ---------------------------------------------------------------------------------------------------
 # CSV
 
-CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads", "gated",
+CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads", *ARCH_FLAGS,
                "B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s", "measured_min_s",
                "measured_max_s", "predicted_s", "predicted_default_s", "rel_error", "T_gemm", "T_bubble", "T_tp",
                "T_pp", "T_dp", "T_non_gemm", "T_opt", "predicted_peak_bytes", "measured_peak_bytes", "samples_s")
@@ -478,13 +479,16 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         for r in rows:
             c, a, p = r.case, r.case.arch, r.pred
             out.writerow([c.id, c.role, c.kind, c.model, a.layers, a.hidden, a.ffn, a.vocab, a.heads, a.kv_heads,
-                          int(a.gated), c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb, c.devices, len(r.measured),
+                          *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb, c.devices, len(r.measured),
                           f"{r.measured_s:.6g}", f"{min(r.measured):.6g}", f"{max(r.measured):.6g}",
                           f"{p.T_op:.6g}", f"{r.pred_default.T_op:.6g}", f"{p.T_op / r.measured_s - 1:.4f}",
                           f"{p.T_gemm:.6g}", f"{p.T_bubble:.6g}", f"{p.T_tp:.6g}", f"{p.T_pp:.6g}", f"{p.T_dp:.6g}",
                           f"{p.T_non_gemm:.6g}", f"{p.T_opt:.6g}", f"{p.peak_bytes:.6g}",
                           "" if r.measured_peak is None else f"{r.measured_peak:.6g}",
                           " ".join(f"{s:.6g}" for s in r.measured)])
+
+
+_OLD_CSV_FLAGS = {"gated": 1, "qkv_bias": 0, "tied": 0, "norms": 1}
 
 
 def read_csv(path: Path) -> list[tuple[Case, tuple[float, ...], Optional[float]]]:
@@ -500,9 +504,10 @@ def read_csv(path: Path) -> list[tuple[Case, tuple[float, ...], Optional[float]]
     out = []
     for line, rec in enumerate(reader, start=2):
         try:
-            # CSVs from before the column ran every model with a gated (SwiGLU) FFN
-            arch = Arch(*(int(rec[k]) for k in ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")),
-                        gated=bool(int(rec.get("gated") or 1)))
+            # A CSV from before a flag's column measured what the backend builds: a gated (SwiGLU) FFN, norms, an
+            # untied LM head, no q/k/v biases
+            arch = Arch(*(int(rec[k]) for k in ARCH_SIZES),
+                        **{f: bool(int(rec.get(f) or _OLD_CSV_FLAGS[f])) for f in ARCH_FLAGS})
             case = Case(rec["role"], rec["kind"], rec["model"], arch,
                         *(int(rec[k]) for k in ("B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb")))
             samples = tuple(float(s) for s in rec["samples_s"].split())

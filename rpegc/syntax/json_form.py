@@ -11,9 +11,11 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "format": "rpegc-program", "format_version": 1,
       "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32"},
       "models": [{"name": str, "kind": MODEL_KIND, "trainable": bool, "preset": str | null,
-                  "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int, "gated": bool},
+                  "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int,
+                           "gated", "qkv_bias", "tied", "norms": bool},
                   "hf"?: str}],
-                  // reading: "arch" may be left out when "preset" names a known preset, or with "hf"
+                  // reading: "arch" may be left out when "preset" names a known preset, or with "hf";
+                  // an arch's absent flag is its preset's, else the spec's form (program.Arch)
                   // (a checkpoint directory: the arch is its config.json's; a given "arch" must agree)
       "rpeg_graph": null | {            // the cyclic steady-state graph G°
           "name": str,
@@ -104,15 +106,16 @@ from rpegc.syntax import json_text
 from rpegc.core.ir.hf_config import hf_arch
 from rpegc.core.ir.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
-from rpegc.core.ir.program import (ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES, Arch, Container, Edge,
-                                   Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload)
+from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
+                                   Arch, Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
+                                   Workload, arch_flag_default)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, coords
 
 FORMAT = "rpegc-program"
 FORMAT_VERSION = 1
 SCHEMA_FILE = "rpegc/syntax/rpegc-program.schema.json"  # the published JSON Schema of this form (package data)
 MAX_INT = 2**53 - 1  # the integers every JSON reader reads exactly (I-JSON, RFC 7493)
-_ARCH_KEYS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
+_ARCH_KEYS = ARCH_SIZES
 _STRATEGY_KEYS = ("dp", "pp", "tp", "mb")
 
 
@@ -144,7 +147,7 @@ def _model_json(m: Model) -> dict:
         "kind": m.kind,
         "trainable": m.trainable,
         "preset": m.preset,
-        "arch": {**{k: getattr(m.arch, k) for k in _ARCH_KEYS}, "gated": m.arch.gated},
+        "arch": {k: getattr(m.arch, k) for k in _ARCH_KEYS + ARCH_FLAGS},
         **({"hf": m.hf} if m.hf is not None else {}),
     }
 
@@ -463,9 +466,11 @@ def _read_model(r: _Reader, v: Any, path: str) -> Model:
     hf = r.opt(o.get("hf"), _join(path, "hf"), r.str_)
     given = None
     if o.get("arch") is not None:
-        a = r.obj(o["arch"], _join(path, "arch"), _ARCH_KEYS, ("gated",))
-        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS},
-                     gated=r.bool_(a.get("gated", False), f"{path}.arch.gated"))
+        a = r.obj(o["arch"], _join(path, "arch"), _ARCH_KEYS, ARCH_FLAGS)
+        base = lookup_preset(preset) if preset is not None else None
+        flags = {f: r.bool_(a[f], f"{path}.arch.{f}") if f in a else
+                 (getattr(base, f) if base is not None else arch_flag_default(f)) for f in ARCH_FLAGS}
+        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS}, **flags)
     if hf is not None:
         try:
             arch = hf_arch(hf)

@@ -21,10 +21,10 @@ from typing import Iterable, Optional
 from rpegc.core.ir import presets
 from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport
 from rpegc.core.ir.expr import Expr
-from rpegc.core.ir.program import Graph, Model, Plan, Program, Workload
+from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Graph, Model, Plan, Program, Workload, arch_flag_default
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
-ARCH_FIELDS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
+ARCH_FIELDS = ARCH_SIZES
 _EDGE_WORDS = {"data": "exec.data", "pub": "exec.publish", "order": "exec.order", "dep": "exec.dep"}
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.#$]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -167,12 +167,11 @@ def _model_attrs(m: Model) -> list[tuple[str, Optional[str]]]:
         pairs.append(("arch", _string(m.preset)))
         # A preset with overrides (e.g. a shallower llama) prints only what differs.
         pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_FIELDS if getattr(m.arch, f) != getattr(base, f)]
-        if m.arch.gated != base.gated:
-            pairs.append(("gated", str(m.arch.gated).lower()))
+        pairs += [(f, str(getattr(m.arch, f)).lower()) for f in ARCH_FLAGS if getattr(m.arch, f) != getattr(base, f)]
     else:
         pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_FIELDS]
-        if m.arch.gated:
-            pairs.append(("gated", "true"))
+        pairs += [(f, str(getattr(m.arch, f)).lower()) for f in ARCH_FLAGS
+                  if getattr(m.arch, f) != arch_flag_default(f)]
     pairs.append(("kind", _word(m.kind)))
     if m.trainable:
         pairs.append(("trainable", None))

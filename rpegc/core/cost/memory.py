@@ -14,9 +14,9 @@ import numpy as np
 
 from rpegc.core.cost.optime import Quantity
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
-from rpegc.core.cost.params import SCALAR_HEAD_KINDS, ffn_matrices, layer_params
+from rpegc.core.cost.params import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, ffn_matrices, final_norm_params,
+                                    layer_replicated_params, layer_sharded_params)
 from rpegc.core.ir.program import Arch, Workload
-from rpegc.core.cost.work import LM_HEAD_KINDS
 
 ADAM_STATE_BYTES_PER_PARAM = 12  # FP32 master + two FP32 moments
 BETA_OOM = 40.0  # spec 1.3 / 7
@@ -28,14 +28,16 @@ NONE, TRAINING, FROZEN, SHADOW = 0, 1, 2, 3
 def weight_shard(arch: Arch, kind: str, pp, tp):
     """W_shard: parameters on the worst pipeline stage's GPU (spec 6.1, [A21]).
 
-    TP shards the transformer layers; the embedding (first stage) and the heads (last stage) are
-    replicated. A single stage holds the embedding and a separate LM-head copy (untied).
+    TP shards the transformer layers' projections (and their biases); norms, the embedding (first stage) and the
+    heads with the final norm (last stage) are replicated. A single stage holds the embedding and a separate
+    LM-head copy (untied, as the torch backend trains even a tied checkpoint's pair).
     """
     E = arch.vocab * arch.hidden
     first = E
-    last = (kind in LM_HEAD_KINDS) * E + (kind in SCALAR_HEAD_KINDS) * arch.hidden
-    nonsplit = (pp == 1) * (first + last) + (pp != 1) * max(first, last)
-    return arch.layers * layer_params(arch) / (pp * tp) + nonsplit
+    last = (kind in LM_HEAD_KINDS) * E + (kind in SCALAR_HEAD_KINDS) * arch.hidden + final_norm_params(arch)
+    nonsplit = (pp == 1) * (first + last) + (pp != 1) * np.maximum(first, last)
+    per_layer = layer_sharded_params(arch) / tp + layer_replicated_params(arch)
+    return arch.layers / pp * per_layer + nonsplit
 
 
 def checkpoint_interval(layers_local, opts: CostOptions = DEFAULT_OPTIONS):

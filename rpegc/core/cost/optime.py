@@ -17,7 +17,7 @@ import numpy as np
 from rpegc.core.cost.collectives import allgather, allreduce, p2p, reduce_scatter
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.cost.hardware import Hardware
-from rpegc.core.cost.params import layer_params, param_count
+from rpegc.core.cost.params import layer_gemm_params, param_count
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.cost.work import generation_work, inference_work, training_work
 
@@ -181,7 +181,7 @@ def op_time(
     layers_local = arch.layers / pp
     N_m = param_count(arch, kind)
 
-    omega_w = layers_local / tp * layer_params(arch) * s_b
+    omega_w = layers_local / tp * layer_gemm_params(arch) * s_b
     k = np.minimum(d, arch.ffn) / tp
     width_eff = k / (k + hw.gamma_K)
 

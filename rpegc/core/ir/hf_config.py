@@ -81,7 +81,8 @@ def check_supported(config: dict, path: str, loc: Optional[Loc] = None) -> None:
 
 
 def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
-    """The Arch of a supported config (kv_heads defaults to the heads, as in transformers)."""
+    """The Arch of a supported config (kv_heads defaults to the heads, as in transformers), with what its network
+    has beyond [PF]'s count: RMSNorm weights, Qwen2's q/k/v biases, an untied LM head unless tie_word_embeddings."""
     check_supported(config, path, loc)
     missing = [k for k in SHAPE_KEYS if k not in config]
     if missing:
@@ -91,9 +92,13 @@ def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
     bad = [f"{k} = {v!r}" for k, v in values.items() if type(v) is not int or v < 1]
     if bad:
         raise RpegError(loc, f"{path}: {', '.join(bad)} must be positive integers")
+    tied = config.get("tie_word_embeddings", False)  # transformers' default for these model types
+    if not isinstance(tied, bool):
+        raise RpegError(loc, f"{path}: tie_word_embeddings = {tied!r} must be true or false")
     return Arch(layers=values["num_hidden_layers"], hidden=values["hidden_size"], ffn=values["intermediate_size"],
                 vocab=values["vocab_size"], heads=values["num_attention_heads"],
-                kv_heads=values["num_key_value_heads"], gated=True)
+                kv_heads=values["num_key_value_heads"], gated=True, qkv_bias=config["model_type"] == "qwen2",
+                tied=tied, norms=True)
 
 
 def hf_arch(directory: str, loc: Optional[Loc] = None) -> Arch:

@@ -50,8 +50,17 @@ class Workload:
 
 @dataclass(frozen=True)
 class Arch:
-    """A decoder-only transformer's shape. `gated`: the FFN has a gate projection (SwiGLU: gate, up and down,
-    three d x d_ff matrices, as the Llama family); False is the spec's two-projection FFN (up, down)."""
+    """A decoder-only transformer's shape, and the parts of it that [PF]'s parameter count (spec 2.5) leaves out.
+
+    The flags' defaults are the spec's form (its worked example): a two-projection FFN, no biases, no norm weights,
+    one V x d matrix for embedding and LM head. Presets and checkpoints set what their networks have, so N_m is
+    the real count (`transformers`' `num_parameters()` for a checkpoint):
+    - `gated`: the FFN has a gate projection (SwiGLU: gate, up and down, three d x d_ff matrices, the Llama family);
+    - `qkv_bias`: the query, key and value projections have biases (Qwen2);
+    - `tied`: the LM head is the embedding matrix (counted once); False: a separate V x d head;
+    - `norms`: the RMSNorm weights (two per layer and the final one, d each) are counted.
+    Grouped-query attention (`kv_heads` < `heads`) is always counted: q and o are d x d, k and v d x d_kv.
+    """
 
     layers: int
     hidden: int
@@ -60,10 +69,34 @@ class Arch:
     heads: int
     kv_heads: int
     gated: bool = False
+    qkv_bias: bool = False
+    tied: bool = True
+    norms: bool = False
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def kv_width(self) -> int:
+        """d_kv = n_kv d_h: the output width of the key (and of the value) projection."""
+        return self.kv_heads * self.head_dim
+
+
+# The shape fields and the flags of an Arch, in the order every form (text, JSON, MLIR) writes them.
+ARCH_SIZES = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
+ARCH_FLAGS = ("gated", "qkv_bias", "tied", "norms")
+# What each flag means, for the forms that document it (JSON schema, errors).
+ARCH_FLAG_HELP = {
+    "gated": "a gated FFN (SwiGLU: gate, up and down matrices); false: the spec's two",
+    "qkv_bias": "biases on the query, key and value projections (Qwen2)",
+    "tied": "the LM head is the embedding matrix, counted once; false: a separate V x d head",
+    "norms": "count the RMSNorm weights (2 per layer and the final one, d each); false: the spec's count",
+}
+
+
+def arch_flag_default(flag: str) -> bool:
+    return Arch.__dataclass_fields__[flag].default
 
 
 @dataclass(frozen=True)
