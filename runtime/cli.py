@@ -239,6 +239,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
     for line in _summary_lines(cmp, result.trace, plan):
         print(line)
+    for line in backend.memory_summary():
+        print(line)
     rewards = backend.reward_summary()
     if rewards:
         print(rewards)

@@ -54,7 +54,7 @@ from rpegc.runtime.backends.torch.generation import generate  # noqa: E402
 from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E402
 from rpegc.runtime.backends.torch.models import (NetOptions, build_model, cast_weights,  # noqa: E402
                                                 export_weights, install_weights, serving_dtype)
-from rpegc.runtime.backends.torch.parallel import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
 from rpegc.runtime.backends.torch.reference import (ReferenceTrainer, RunConfig, run_reference,  # noqa: E402
                                                    toy_config, toy_rl_config)
 from rpegc.runtime.backends.torch.rl import response_forward  # noqa: E402

@@ -21,7 +21,8 @@ from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
 from rpegc.runtime.backends.torch.backend import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
 from rpegc.runtime.backends.torch.models import build_model, export_weights  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import param_shapes, shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import shard_of  # noqa: E402
 from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup  # noqa: E402
 

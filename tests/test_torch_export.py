@@ -20,7 +20,7 @@ from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
 from rpegc.runtime.backends.torch.hf import HFWeights, hf_net  # noqa: E402
 from rpegc.runtime.backends.torch.models import NetOptions  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
 from fixtures.torch_runs import LOGIT_ATOL  # noqa: E402
 from fixtures.torch_runs import logits_of
 

@@ -27,7 +27,8 @@ from rpegc.core.ir.hf_config import hf_arch  # noqa: E402
 from rpegc.runtime.backends.torch.hf import HFWeights, hf_net, initial_model  # noqa: E402
 from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
 from rpegc.runtime.backends.torch.models import NetOptions, TransformerModel, export_weights  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import param_shapes, shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import shard_of  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
 from fixtures.torch_runs import LOGIT_ATOL
 

@@ -16,7 +16,8 @@ from rpegc.runtime.backends.torch.checkpoint import kept_versions, resume_plan  
 from rpegc.runtime.backends.torch.layout import (Layout, param_stage, rank_pieces, replica_rows, route_rows,  # noqa: E402
                                                 route_weights, shard_dim, split_rows, stage_bounds)
 from rpegc.runtime.backends.torch.models import NetOptions, build_model, export_weights  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import param_shapes, shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import shard_of  # noqa: E402
 
 PIPELINE = "verify-wellformed,unroll{k=3},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 

@@ -140,7 +140,13 @@ def _op(ctx, role: str, pp: int, gated: bool) -> dict | None:
 
 
 def _initial_actor(ctx) -> dict | None:
-    return ctx.state["worker"].full_weights("actor", 0) if ctx.rank == 0 else None
+    """Version 0 of the actor as the single-process reference builds it."""
+    from rpegc.runtime.backends.torch.backend import model_seed
+    from rpegc.runtime.backends.torch.models import build_model, export_weights
+
+    if ctx.rank != 0:
+        return None
+    return export_weights(build_model(ARCH, "policy", model_seed(0, "policy"), _run_config().net))
 
 
 def _single_process(ctx, role: str) -> dict | None:

@@ -190,6 +190,10 @@ class Backend(ABC):
         """The step of the newest complete checkpoint in `run_dir`, where a resumed run starts; None: none."""
         return None
 
+    def memory_summary(self) -> list[str]:
+        """Lines on the memory the run really held per device beside the cost model's prediction; [] for none."""
+        return []
+
     def reward_summary(self) -> Optional[str]:
         """One line about the rewards of the run, printed after it; None for nothing."""
         return None

@@ -46,6 +46,7 @@ from rpegc.runtime.backends.torch.options import TorchOptions
 from rpegc.runtime.interrupt import stop_on_signals
 from rpegc.runtime.report import host_cores
 from rpegc.runtime.backends.torch.inbox import warn
+from rpegc.runtime.backends.torch.peak_memory import WorkerPeak, peak_lines
 from rpegc.runtime.backends.torch.pool import WorkerPool
 from rpegc.runtime.backends.torch.processes import stop_forkserver
 from rpegc.runtime.metrics_log import MetricsLog
@@ -54,8 +55,7 @@ from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
 from rpegc.runtime.backends.torch.exports import Exports
 from rpegc.runtime.backends.torch.routing import Command, Holding, Routes
-from rpegc.runtime.backends.torch.models import derive_seed
-from rpegc.runtime.backends.torch.parallel import param_shapes
+from rpegc.runtime.backends.torch.models import derive_seed, param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
 from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.datasets import DataConfig
@@ -257,10 +257,12 @@ class TorchBackend(Backend):
 
     def start(self, plan: RunPlan) -> dict[int, int]:
         dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
-        if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
-            from rpegc.runtime.backends.torch.memory_check import check_memory
+        from rpegc.runtime.backends.torch.memory_check import check_memory, predicted_peaks
 
+        if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
             check_memory(plan.program, plan.devices, dist_backend)
+        self._predicted_peaks = predicted_peaks(plan.program, plan.devices)
+        self._measured_what = "GPU allocator" if dist_backend == "nccl" else "resident memory"
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
@@ -409,6 +411,12 @@ class TorchBackend(Backend):
             self.first_reward_failure = f"step {step}, {stats['first_failure']}"
             warn(f"the reward function failed at {self.first_reward_failure}; such calls score 0 and the run goes "
                   "on (their count: reward_failures in metrics.jsonl and the summary)")
+
+    def memory_summary(self) -> list[str]:
+        """Each worker's measured peak (its bye) beside the cost model's peak of its device (peak_memory.py)."""
+        peaks = [WorkerPeak(r, d, self._predicted_peaks.get(d, 0.0), self.pool.peaks.get(r))
+                 for d, r in sorted(self.rank_of.items(), key=lambda dr: dr[1])]
+        return peak_lines(peaks, self._measured_what)
 
     def reward_summary(self) -> Optional[str]:
         """One line on the reward function's failed calls, None if there were none."""

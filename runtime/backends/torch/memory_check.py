@@ -59,12 +59,22 @@ def gpu_capacity(workers: int) -> tuple[list[float], str]:
     return [float(torch.cuda.mem_get_info(r)[0]) for r in range(workers)], "free memory of its GPU"
 
 
-def device_needs(program, devices: tuple[int, ...], capacities: list[float], where: str) -> list[DeviceNeed]:
-    """The cost model's peak of every device of the plan, with its largest shares, against its capacity."""
+def _program_memory(program):
     from rpegc.core.cost.annotate import program_memory
     from rpegc.core.cost.hardware import program_hardware
 
-    mem = program_memory(program, program_hardware(program))
+    return program_memory(program, program_hardware(program))
+
+
+def predicted_peaks(program, devices: tuple[int, ...]) -> dict[int, float]:
+    """The cost model's peak(d) of every device of the plan, bytes (what the run summary holds measurements to)."""
+    mem = _program_memory(program)
+    return {d: float(mem.peak[d]) for d in devices}
+
+
+def device_needs(program, devices: tuple[int, ...], capacities: list[float], where: str) -> list[DeviceNeed]:
+    """The cost model's peak of every device of the plan, with its largest shares, against its capacity."""
+    mem = _program_memory(program)
     out = []
     for rank, d in enumerate(devices):
         shares = [Share(f"@{m} (resident weights, optimizer state)", float(s[d]))

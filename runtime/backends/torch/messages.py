@@ -89,7 +89,7 @@ COMMANDS = {
 NODE_COMMANDS = tuple(t for t, m in COMMANDS.items() if "node" in m.required)  # the commands that run a node
 REPORTS = {
     "ready": MessageType(("rank", "groups")),
-    "bye": MessageType(("rank",)),
+    "bye": MessageType(("rank",), ("peak",)),  # peak: bytes held above the start-up size (peak_memory.py)
     "error": MessageType(("node", "what", "rank", "message")),
     "done": MessageType(("node", "rank", "start", "finish", "mem"),
                         ("bytes", "versions_in", "versions_out", "metrics", "reward_stats",

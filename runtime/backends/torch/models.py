@@ -231,17 +231,23 @@ class Block(nn.Module):
 
 
 class TransformerModel(nn.Module):
-    """Embedding -> `layers` identical blocks -> final norm -> the heads of `kind`."""
+    """Embedding -> `layers` identical blocks -> final norm -> the heads of `kind`.
 
-    def __init__(self, arch: Arch, kind: str, opts: NetOptions):
+    `stage` = (first, last, has_embedding, has_heads) builds one pipeline stage only: blocks first..last-1 (the
+    others are empty modules, so block indices and parameter names stay those of the whole model), the embedding
+    and the heads only where the stage has them. Nothing of the other stages is allocated, even for a moment."""
+
+    def __init__(self, arch: Arch, kind: str, opts: NetOptions,
+                 stage: Optional[tuple[int, int, bool, bool]] = None):
         super().__init__()
         self.arch, self.kind, self.opts = arch, kind, opts
-        self.embed = nn.Embedding(arch.vocab, arch.hidden)
-        self.pos_embed = nn.Embedding(opts.max_seq, arch.hidden) if opts.positions == "learned" else None
-        self.layers = nn.ModuleList(Block(arch, opts) for _ in range(arch.layers))
-        self.norm = RMSNorm(arch.hidden, opts.norm_eps)
-        self.lm_head = nn.Linear(arch.hidden, arch.vocab, bias=False) if kind in LM_HEAD_KINDS else None
-        self.value_head = nn.Linear(arch.hidden, 1) if kind in SCALAR_HEAD_KINDS else None
+        first, last, embeds, ends = stage if stage is not None else (0, arch.layers, True, True)
+        self.embed = nn.Embedding(arch.vocab, arch.hidden) if embeds else None
+        self.pos_embed = nn.Embedding(opts.max_seq, arch.hidden) if opts.positions == "learned" and embeds else None
+        self.layers = nn.ModuleList(Block(arch, opts) if first <= i < last else nn.Module() for i in range(arch.layers))
+        self.norm = RMSNorm(arch.hidden, opts.norm_eps) if ends else None
+        self.lm_head = nn.Linear(arch.hidden, arch.vocab, bias=False) if kind in LM_HEAD_KINDS and ends else None
+        self.value_head = nn.Linear(arch.hidden, 1) if kind in SCALAR_HEAD_KINDS and ends else None
         if opts.positions == "rope":
             if opts.hf is not None:
                 from rpegc.runtime.backends.torch.hf_rope import rope_tables as hf_rope_tables
@@ -293,13 +299,13 @@ class TransformerModel(nn.Module):
         return h
 
     def heads(self, h: Tensor) -> ModelOutput:
-        """Last pipeline stage: final norm and the heads of this model kind, returned in float32.
+        """Last pipeline stage: final norm and the heads of this model kind.
 
-        A bf16/fp16 serving module computes its heads in its own dtype; the outputs are cast here, the one
-        place every serving path (generation, inference, pipelined or not) goes through, so log-probs,
-        values and sampling see float32 (a no-op for a float32 module)."""
+        A bf16/fp16 serving module computes its heads in its own dtype. Values are returned in float32; logits
+        stay in the module's dtype (one vocabulary-wide tensor, the d + V width the memory model counts per
+        token) and their consumers (`rl.token_logprobs`, the sampler) compute in float32 a piece at a time."""
         h = self.norm(h)
-        logits = self.lm_head(h).float() if self.lm_head is not None else None
+        logits = self.lm_head(h) if self.lm_head is not None else None
         values = self.value_head(h).squeeze(-1).float() if self.value_head is not None else None
         return ModelOutput(logits=logits, values=values)
 
@@ -311,6 +317,30 @@ class TransformerModel(nn.Module):
         if cache is not None:
             cache.length += tokens.shape[1]
         return out
+
+
+def param_shapes(arch: Arch, kind: str, opts: NetOptions) -> dict[str, tuple[int, ...]]:
+    """Every parameter's full shape, in `TransformerModel`'s order, computed (a whole model is never built for
+    it: a worker that serves one stage of a large model would briefly hold all of it in float32)."""
+    d, q, kv = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (arch.vocab, d)}
+    if opts.positions == "learned":
+        shapes["pos_embed.weight"] = (opts.max_seq, d)
+    for i in range(arch.layers):
+        block = {"attn_norm.weight": (d,), "attn.wq.weight": (q, d), "attn.wq.bias": (q,), "attn.wk.weight": (kv, d),
+                 "attn.wk.bias": (kv,), "attn.wv.weight": (kv, d), "attn.wv.bias": (kv,), "attn.wo.weight": (d, q),
+                 "mlp_norm.weight": (d,), "mlp.w_gate.weight": (arch.ffn, d), "mlp.w_up.weight": (arch.ffn, d),
+                 "mlp.w_down.weight": (d, arch.ffn)}
+        for name, shape in block.items():
+            if (name.endswith(".bias") and not opts.qkv_bias) or (name.startswith("mlp.w_gate") and opts.mlp != "swiglu"):
+                continue
+            shapes[f"layers.{i}.{name}"] = shape
+    shapes["norm.weight"] = (d,)
+    if kind in LM_HEAD_KINDS:
+        shapes["lm_head.weight"] = (arch.vocab, d)
+    if kind in SCALAR_HEAD_KINDS:
+        shapes["value_head.weight"], shapes["value_head.bias"] = (1, d), (1,)
+    return shapes
 
 
 def arch_net(arch: Arch, opts: NetOptions) -> NetOptions:

@@ -49,7 +49,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch.device import CPU
 from rpegc.runtime.backends.torch.layout import Layout, rank_pieces, shard_dim, stage_bounds
-from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel
+from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel, seeded_parameter
 from rpegc.runtime.backends.torch.pipeline import ACTIVATION, StageEvent, StageLink
 from rpegc.runtime.backends.torch.tensor_parallel import canonical_name, tp_linear
 
@@ -83,17 +83,7 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
     """
     _, p, _ = layout.coord(rank)
     first, last = stage_bounds(arch.layers, layout.pp)[p]
-    model = TransformerModel(arch, kind, net)
-    for i in range(arch.layers):
-        if not first <= i < last:
-            model.layers[i] = nn.Module()  # keeps block indices (and parameter names) of the full model
-    if p != 0:
-        model.embed = None
-        model.pos_embed = None
-    if p != layout.pp - 1:
-        model.norm = None
-        model.lm_head = None
-        model.value_head = None
+    model = TransformerModel(arch, kind, net, stage=(first, last, p == 0, p == layout.pp - 1))
     if layout.tp > 1:
         for i in range(first, last):
             block = model.layers[i]
@@ -133,7 +123,9 @@ class ParallelModel:
         self.dp_group = groups.get(layout.dp_group(p, t))
         self.mp_group = groups.get(layout.replica(d))
         self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device, dtype)
+        self.piece_shapes = {n: tuple(p.shape) for n, p in self.params().items()}  # what this rank holds
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
+        self.bound: Optional[str] = None  # the weights entry whose tensors the parameters are (`bind`)
         self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
 
     def params(self) -> dict[str, nn.Parameter]:
@@ -141,14 +133,41 @@ class ParallelModel:
 
     def load(self, shards: dict[str, Tensor]) -> None:
         """Copy a version's shards (on any device) into the module's parameters (cast to the module's dtype)."""
-        own = self.params()
+        self._check_fit(shards)
+        with torch.no_grad():
+            for n, p in self.params().items():
+                p.copy_(shards[n])
+
+    def _check_fit(self, shards: dict[str, Tensor]) -> None:
+        own = self.piece_shapes
         if set(own) != set(shards):
             missing, extra = sorted(set(own) - set(shards)), sorted(set(shards) - set(own))
             raise RpegError(None, f"weights do not fit this rank's shard: missing {missing[:3]}, unexpected "
                             f"{extra[:3]} (layout {self.layout.short()})")
-        with torch.no_grad():
-            for n, p in own.items():
-                p.copy_(shards[n])
+        for n, t in shards.items():
+            if tuple(t.shape) != own[n]:
+                raise RpegError(None, f"weights do not fit this rank's shard: {n} has shape {tuple(t.shape)}, "
+                                f"the rank holds {own[n]} (layout {self.layout.short()})")
+
+    def bind(self, shards: dict[str, Tensor], label: str) -> None:
+        """Make the parameters the tensors of weights entry `label` (no copy: a serving module and the copy it
+        serves are one copy in memory); a tensor of another dtype or device is cast into a copy."""
+        self._check_fit(shards)
+        for n, p in self.params().items():
+            t = shards[n]
+            if t.dtype == p.dtype and t.device == p.device:
+                p.data = t
+            else:
+                with torch.no_grad():
+                    p.data = t.to(device=p.device, dtype=p.dtype)
+        self.bound = label
+
+    def unbind(self) -> None:
+        """Let go of the bound entry's tensors (it is freed or replaced): the parameters hold nothing until the
+        next `bind`."""
+        for p in self.params().values():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.bound, self.loaded = None, None
 
     def export(self) -> dict[str, Tensor]:
         return {n: p.detach().clone() for n, p in self.params().items()}
@@ -255,8 +274,13 @@ def shard_of(full: dict[str, Tensor], shapes: dict[str, tuple[int, ...]], layout
     return out
 
 
-def param_shapes(arch: Arch, kind: str, net: NetOptions) -> dict[str, tuple[int, ...]]:
-    """Full parameter shapes of a model (built once on the CPU: the meta device would pull in torch's
-    compiler stack on first use, seconds per process)."""
-    model = TransformerModel(arch, kind, net)
-    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+def seeded_shard(shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int, layers: int, seed: int,
+                 std: float) -> dict[str, Tensor]:
+    """This rank's pieces of version 0 drawn from the model's seed: a parameter's values depend on (seed, name,
+    shape) alone (`models.seeded_parameter`), so a rank draws only the parameters it holds, one at a time, and
+    gets exactly the values of the whole model `models.build_model` makes."""
+    out = {}
+    for name, piece in rank_pieces(shapes, layout, rank, layers).items():
+        t = seeded_parameter(name, shapes[name], seed, std, layers)
+        out[name] = t if piece.dim is None else t.narrow(piece.dim, piece.lo, piece.hi - piece.lo).clone()
+    return out

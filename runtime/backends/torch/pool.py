@@ -73,6 +73,7 @@ class WorkerPool:
         self._store: Optional[dist.TCPStore] = None
         self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
         self._inbox: Optional[StoreInbox | PipeInbox] = None
+        self.peaks: dict[int, int] = {}  # rank -> bytes it held above its start-up size (its bye says)
         self._releases: dict[int, list[str]] = {}  # rank -> labels freed since its last command
         self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
         self._secret_tmpdir: Optional[str] = None
@@ -255,6 +256,8 @@ class WorkerPool:
                     break
                 if msg is not None and msg.get("type") == "bye":
                     left.discard(msg["rank"])
+                    if msg.get("peak") is not None:
+                        self.peaks[msg["rank"]] = int(msg["peak"])
             for p in self._procs:
                 p.join(timeout=max(0.0, deadline - time.time()))
         self.kill(kill_grace_s)

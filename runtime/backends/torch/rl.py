@@ -124,10 +124,28 @@ class ResponseForward:
     entropy: Optional[Tensor]
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
-    """log pi(token) for logits [..., V] and tokens [...] at the sampling temperature."""
+# Float32 elements of vocabulary-wide log-softmax one piece of a no-grad log-prob computation holds (4 MiB):
+# beyond the logits (in the module's dtype), that is all inference holds of the vocabulary, not three
+# float32 copies of the whole microbatch's.
+LOGPROB_PIECE = 1 << 20
+
+
+def _logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """log pi(token) in float32 for logits [b, ..., V] (any float dtype) and tokens [b, ...] at the sampling
+    temperature. Logits that autograd does not track, a few sequences at a time (each row's arithmetic is the
+    same, so the values are those of one piece); tracked ones whole, since the backward pass keeps the
+    log-softmax anyway."""
+    per_row = max(1, logits[:1].numel())
+    rows = max(1, LOGPROB_PIECE // per_row)
+    if (logits.requires_grad and torch.is_grad_enabled()) or logits.shape[0] <= rows:
+        return _logprobs(logits, tokens, temperature)
+    return torch.cat([_logprobs(logits[i:i + rows], tokens[i:i + rows], temperature)
+                      for i in range(0, logits.shape[0], rows)])
 
 
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:

@@ -64,8 +64,10 @@ class StageView:
         self.records.append((inp, out))
         if pm.is_last:
             return pm.module.heads(out)
-        return ModelOutput(logits=torch.zeros(b, t, pm.arch.vocab, device=pm.device) if self.has_lm_head else None,
-                           values=torch.zeros(b, t, device=pm.device) if self.has_value_head else None)
+        # placeholders (an expanded zero: no vocabulary-wide tensor is allocated for them)
+        zero = torch.zeros((), device=pm.device)
+        return ModelOutput(logits=zero.expand(b, t, pm.arch.vocab) if self.has_lm_head else None,
+                           values=zero.expand(b, t) if self.has_value_head else None)
 
 
 Microbatch = Callable[[StageView], Tensor]

@@ -36,12 +36,14 @@ What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
   read while training moves on), in the serving dtype (`models.serving_dtype`: s_b bytes per parameter,
   bf16 for a bf16 workload); Comm and Reshard nodes move them as they are, so the bytes they report are
   those of the serving dtype;
-- execution modules: one `ParallelModel` per (model, layout) it serves, in the serving dtype, loaded with
-  the version a node reads; one training state per trained (model, layout): the live float32 parameters
+- execution modules: one `ParallelModel` per (model, layout) it serves, in the serving dtype, whose
+  parameters are the tensors of the weights entry a node reads (bound, not copied: one serving copy; a
+  module lets go of them when the entry is freed or replaced); one training state per trained (model, layout): the live float32 parameters
   (the master weights) and Adam's float32 state. Training computes in float32 (mixed precision is out of
   scope) and publishes each new version by casting the master to the serving dtype. The master never
   reloads from a reduced-precision copy: a training state starts from the float32 version it was cast
-  from (version 0 by seed, or the checkpoint), and checkpoints and final weights save the master;
+  from (version 0 by seed, or the checkpoint), and checkpoints and final weights save the master. Version 0
+  is never held whole: a rank draws (or reads from the checkpoint) only the pieces it installs;
 - data artifacts: `data` entries, row pieces of a container for one step (and phase), float32/int64.
 """
 
@@ -68,9 +70,10 @@ from rpegc.runtime.backends.torch.generation import expand_rollouts
 from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
 from rpegc.runtime.backends.torch.messages import SECRET_ENV, Endpoint, MessageError, read_secret
 from rpegc.runtime.backends.torch.pinning import local_workers, pin_cpu_worker
-from rpegc.runtime.backends.torch.hf import HFWeights, initial_model
-from rpegc.runtime.backends.torch.models import cast_weights, export_weights
-from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, param_shapes, shard_of
+from rpegc.runtime.backends.torch.hf import HFWeights
+from rpegc.runtime.backends.torch.models import cast_weights, check_arch, param_shapes
+from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, seeded_shard
+from rpegc.runtime.backends.torch.peak_memory import PeakMeter
 from rpegc.runtime.backends.torch.schedules import generate, infer, train_step
 from rpegc.runtime.backends.torch.reference import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
@@ -168,7 +171,6 @@ class Worker:
         self._model_bytes: tuple[tuple, int] = ((), 0)  # (counts it was computed at, bytes): see memory()
         self.nets = {m: s.net(self.run.net) for m, s in setup.models.items()}
         self.shapes = {m: param_shapes(s.arch, s.kind, self.nets[m]) for m, s in setup.models.items()}
-        self.initial: dict[str, dict[str, Tensor]] = {}
         # On resume: the checkpoint's shard files, of which this worker reads only the boxes it needs
         self.resume = ckpt.Reader(setup.resume_file) if setup.resume_file else None
         # Versions a checkpoint must still save once the live copies moved on (staleness tau > 0):
@@ -214,11 +216,14 @@ class Worker:
                     raise SystemExit(3)
 
     def loop(self) -> None:
+        meter = PeakMeter(self.device)
+        meter.start()  # what the plan makes this worker hold is measured from here on
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
         while True:
             cmd = self.next_command()
             if cmd["type"] == "stop":
-                self.report({"type": "bye", "rank": self.rank})  # the controller keeps its store until all said bye
+                # the controller keeps its store until all said bye
+                self.report({"type": "bye", "rank": self.rank, "peak": meter.peak()})
                 return
             self.handle(cmd)
 
@@ -261,9 +266,11 @@ class Worker:
         held = sum(e.nbytes() for e in self.entries.values())
         # Models are only ever added and an optimizer's state only fills once (at its first step), so the
         # models' bytes change only when these counts do (summing every parameter took ~0.7 ms per report).
-        key = (len(self.serving), len(self.training), sum(len(st.optimizer.state) for st in self.training.values()))
+        # A serving module bound to an entry holds the entry's tensors: they are counted with the entry.
+        key = (len(self.serving), len(self.training), sum(len(st.optimizer.state) for st in self.training.values()),
+               tuple(pm.bound is None for pm in self.serving.values()))
         if self._model_bytes[0] != key:
-            mods = sum(_bytes_of(pm.module.parameters()) for pm in self.serving.values())
+            mods = sum(_bytes_of(pm.module.parameters()) for pm in self.serving.values() if pm.bound is None)
             for st in self.training.values():
                 mods += _bytes_of(st.pm.module.parameters())
                 for s in st.optimizer.state.values():
@@ -273,19 +280,6 @@ class Worker:
 
     # -- bookkeeping commands -----------------------------------------------------------------------
 
-    def full_weights(self, model: str, version: int) -> dict[str, Tensor]:
-        """Full float32 tensors of a version: read whole from the resume checkpoint, or version 0 as the reference
-        builds it (`hf.initial_model`: from its seed or its checkpoint; what tests and tools compare against;
-        the workers themselves read only their pieces of a checkpoint)."""
-        if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
-            return {n: self.resume.read(ckpt.weights_key(model, version, n)) for n in self.shapes[model]}
-        if version != 0:
-            raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
-        if model not in self.initial:
-            spec = self.setup.models[model]
-            self.initial[model] = export_weights(initial_model(spec.arch, spec.kind, spec.seed, spec.hf, self.run.net))
-        return self.initial[model]
-
     def hf_weights(self, model: str) -> HFWeights:
         spec = self.setup.models[model]
         assert spec.hf is not None
@@ -293,15 +287,20 @@ class Worker:
 
     def version_shards(self, model: str, version: int, layout: Layout) -> dict[str, Tensor]:
         """This rank's float32 pieces under `layout` of a version it installs: read from the resume
-        checkpoint's shard files (only the boxes it needs, from whichever files hold them), or version 0
-        built from its seed."""
-        layers = self.setup.models[model].arch.layers
+        checkpoint's shard files (only the boxes it needs, from whichever files hold them), or version 0: only
+        this rank's slices of the model's checkpoint, or only its parameters drawn from the model's seed (the
+        values `hf.initial_model` builds whole for the single-process reference). Nothing else is kept."""
+        spec = self.setup.models[model]
         if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
             return self.resume.pieces(ckpt.weights_key(model, version, ""), self.shapes[model], layout, self.rank,
-                                      layers)
-        if version == 0 and self.setup.models[model].hf is not None:  # only this rank's slices of the checkpoint
+                                      spec.arch.layers)
+        if version != 0:
+            raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
+        if spec.hf is not None:
             return self.hf_weights(model).pieces(self.shapes[model], layout, self.rank)
-        return shard_of(self.full_weights(model, version), self.shapes[model], layout, self.rank, layers)
+        check_arch(spec.arch, spec.kind, self.nets[model])
+        return seeded_shard(self.shapes[model], layout, self.rank, spec.arch.layers, spec.seed,
+                            self.nets[model].init_std)
 
     def cmd_install(self, cmd: dict) -> None:
         m, layout = cmd["model"], cmd["layout"]
@@ -309,7 +308,7 @@ class Worker:
         if cmd.get("keep"):  # a resumed version the next checkpoint saves again (tau > 0)
             self._keep(m, cmd["version"], layout, master, cmd["tau"])
         shards = {n: t.to(self.device, self.serving_dtype) for n, t in master.items()}
-        self.entries[cmd["label"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
+        self._put_weights(cmd["label"], Entry("weights", m, cmd["version"], layout, shards=shards))
 
     def _writes(self, model: str, layout: Layout) -> set[str]:
         """The parameters of `model` whose pieces this rank writes under `layout`: those its data-parallel
@@ -340,6 +339,18 @@ class Worker:
     def free(self, labels) -> None:
         for label in labels:
             self.entries.pop(label, None)
+            self._unbind(label)
+
+    def _unbind(self, label: str) -> None:
+        """Serving modules bound to the tensors of entry `label` let go of them (it is freed or replaced), so
+        nothing keeps a copy the plan no longer holds."""
+        for pm in self.serving.values():
+            if pm.bound == label:
+                pm.unbind()
+
+    def _put_weights(self, label: str, entry: Entry) -> None:
+        self._unbind(label)  # a module bound to the entry this one replaces keeps no stale copy alive
+        self.entries[label] = entry
 
     def cmd_export(self, cmd: dict) -> dict:
         """Write this rank's shards (weights versions, the optimizer state of trained models, the RNG state)
@@ -532,9 +543,9 @@ class Worker:
         m, layout = cmd["model"], cmd["layout"]
         shards, sent, version = self.move_weights(cmd["moves"], cmd["source"], m, layout, cmd["tag"])
         if cmd["source"] == cmd["target"] and self.rank in cmd["src_ranks"]:
-            self.entries.pop(cmd["source"], None)  # a Reshard replaces the old layout
+            self.free([cmd["source"]])  # a Reshard replaces the old layout
         if shards is not None:
-            self.entries[cmd["target"]] = Entry("weights", m, cmd["version"], layout, shards=shards)
+            self._put_weights(cmd["target"], Entry("weights", m, cmd["version"], layout, shards=shards))
         return {"bytes": sent, "versions_in": {m: version} if version is not None else {}}
 
     # -- model invocations --------------------------------------------------------------------------
@@ -550,8 +561,8 @@ class Worker:
         e = self.entries.get(label)
         if e is None:
             raise CommandError(f"{label} is not held on worker {self.rank}")
-        if pm.loaded != (model, e.version):
-            pm.load(e.shards)
+        if pm.bound != label or pm.loaded != (model, e.version):
+            pm.bind(e.shards, label)  # the module serves the entry's own tensors: one copy
             pm.loaded = (model, e.version)
         return pm, e.version
 
@@ -610,7 +621,7 @@ class Worker:
                 shards, _, _ = self.move_weights(step["moves"], step["label"], step["model"], step["layout"], tag)
                 if shards is not None:
                     e = self.entries[step["label"]]
-                    self.entries[step["label"]] = Entry("weights", e.model, e.version, step["layout"], shards=shards)
+                    self._put_weights(step["label"], Entry("weights", e.model, e.version, step["layout"], shards=shards))
 
     def cmd_op(self, cmd: dict) -> dict:
         self.prep(cmd)
@@ -759,8 +770,8 @@ class Worker:
         """The trained version as a serving copy (the float32 master stays in the training state)."""
         model, version = cmd["model"], cmd["version_out"]
         pm.loaded = (model, version)
-        self.entries[cmd["output"]] = Entry("weights", model, version, cmd["layout"],
-                                            shards=cast_weights(pm.export(), self.serving_dtype))
+        self._put_weights(cmd["output"], Entry("weights", model, version, cmd["layout"],
+                                               shards=cast_weights(pm.export(), self.serving_dtype)))
         return version
 
     def op_dpo_training(self, cmd: dict, lo: int, hi: int) -> dict:

@@ -1,0 +1,102 @@
+"""What a worker really held at its peak, beside the cost model's prediction of its device (spec 6.6; issue 32,
+item 5): the run summary prints both per worker and warns where they differ by more than `TOLERANCE`.
+
+On a GPU the peak is torch's own accounting (`torch.cuda.max_memory_allocated`, reset when the worker is ready).
+On the CPU it is the process's resident high-water mark (VmHWM of /proc/self/status, reset to the resident size
+by writing 5 to /proc/self/clear_refs) above its resident size when it was ready: the interpreter, torch and the
+process groups are the start-up size, not the plan's. Where neither exists (no /proc) nothing is measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+TOLERANCE = 0.15  # |measured / predicted - 1| above which the summary warns
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def _status_bytes(field: str) -> Optional[int]:
+    try:
+        with open(_STATUS, encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+class PeakMeter:
+    """The peak bytes a process holds above its size at `start`, on `device`."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.baseline: Optional[int] = None
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            with open(_CLEAR_REFS, "w", encoding="ascii") as f:
+                f.write("5")  # the high-water mark starts again from the resident size
+        except OSError:
+            self.baseline = None
+            return
+        self.baseline = _status_bytes("VmRSS")
+
+    def peak(self) -> Optional[int]:
+        """Bytes above the start-up size at the highest point since `start` (None: not measured here)."""
+        if self.baseline is None:
+            return None
+        if self.device.type == "cuda":
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+        hwm = _status_bytes("VmHWM")
+        return None if hwm is None else max(0, hwm - self.baseline)
+
+
+@dataclass(frozen=True)
+class WorkerPeak:
+    rank: int
+    device: int  # the plan's flat device id
+    predicted: float  # the cost model's peak(d), bytes
+    measured: Optional[int]  # bytes above the start-up size; None where nothing was measured
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return self.measured / self.predicted if self.measured is not None and self.predicted > 0 else None
+
+    @property
+    def off(self) -> bool:
+        return self.ratio is not None and abs(self.ratio - 1.0) > TOLERANCE
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.1f} MiB"
+
+
+def peak_lines(peaks: list[WorkerPeak], what: str) -> list[str]:
+    """The summary's lines: each worker's measured peak beside the prediction, and a warning for those more than
+    TOLERANCE off. `what` names the measurement (resident memory or the GPU allocator)."""
+    measured = [p for p in peaks if p.measured is not None]
+    if not measured:
+        return []
+    lines = [f"memory per worker ({what} above start-up, measured vs the cost model's peak):"]
+    for p in measured:
+        assert p.measured is not None
+        ratio = f"{p.ratio:.2f}x" if p.ratio is not None else "n/a"
+        lines.append(f"  worker {p.rank} (device {p.device}): {_mib(p.measured)} measured, {_mib(p.predicted)} "
+                     f"predicted ({ratio})")
+    off = [p for p in measured if p.off]
+    if off:
+        worst = max(off, key=lambda p: abs((p.ratio or 1.0) - 1.0))
+        lines.append(f"warning: {len(off)} of {len(measured)} workers differ from the predicted peak by more than "
+                     f"{TOLERANCE:.0%} (worst: worker {worst.rank}, {worst.ratio:.2f}x); the cost model does not "
+                     f"describe what this run holds")
+    return lines
