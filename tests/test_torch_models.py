@@ -113,3 +113,29 @@ def test_sequences_longer_than_max_seq_are_rejected():
     model = build_model(ARCH, "policy", 0, OPTS)
     with pytest.raises(RpegError, match="max_seq"):
         model(tokens(t=13))
+
+
+@pytest.mark.parametrize("layers", [1, 4, 6])
+@pytest.mark.parametrize("kind", ["policy", "actor_critic"])
+def test_training_recomputes_segments_and_its_gradients_are_those_of_no_recompute(layers, kind):
+    """Training keeps only each segment's input (c = floor(sqrt(L)) layers, spec [A11]) and recomputes the rest in
+    the backward pass: the same operations on the same values, so every gradient is bit for bit the one without
+    recompute (torch.utils.checkpoint is not used outside training)."""
+    arch = Arch(layers=layers, hidden=32, ffn=48, vocab=24, heads=4, kv_heads=2, gated=True)
+    model = build_model(arch, kind, 3, OPTS)
+    x = tokens(seed=layers)
+    calls = []
+    model._segment = lambda h, rope, mask, a, b, seg=model._segment: calls.append((a, b)) or seg(h, rope, mask, a, b)
+    grads = []
+    for train in (True, False):
+        model.zero_grad()
+        model.train(train)
+        out = model(x)
+        loss = torch.log_softmax(out.logits, -1)[..., 0].sum() + (out.values.sum() if out.values is not None else 0)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    c = max(1, int(layers ** 0.5))
+    segments = [(a, min(a + c, layers)) for a in range(0, layers, c)]
+    # each segment forward, then recomputed in the backward pass (last first); none in eval mode
+    assert calls == segments + segments[::-1]
+    assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])

@@ -69,8 +69,8 @@ MODEL_NAMES = {"policy": "actor", "reference": "ref", "critic": "critic", "rewar
 # these (they describe the implementation measured, they are not fitted); the CSV and the report keep
 # the prediction with the spec's defaults too (predicted_default_s). `--spec-defaults` drops them.
 BACKEND_COST_OPTIONS: dict[str, object] = {
-    # [A1] schedules.train_step runs forward and backward without activation recompute: 3 forward-equivalents.
-    "train_forward_equivalents": 3,
+    # [A1] training recomputes every segment of c layers (models.forward_layers): 4 forward-equivalents, the
+    # spec's default, so no option.
     # [A20] worker.op_generation calls generate() once per microbatch: mb separate decode loops.
     "tp_decode": "per_microbatch",
     # [A7] schedules.generate pipelines decode as a loop: each token's activations cross every stage
@@ -658,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "grid has 81 on 2 devices, 177 on 4, 279 on 8)")
     ap.add_argument("--cost-option", action="append", default=[], metavar="NAME=VALUE",
                     help="a cost-model option of rpegc.core.cost.options (repeatable), on top of the options that "
-                         "describe the torch backend (train_forward_equivalents=3, tp_decode=per_microbatch)")
+                         "describe the torch backend (tp_decode=per_microbatch, generation_pp=wavefront)")
     ap.add_argument("--spec-defaults", action="store_true",
                     help="start from the spec's default cost options instead of the backend's")
     ap.add_argument("--from", dest="from_csv", default=None,

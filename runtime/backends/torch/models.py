@@ -29,7 +29,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
+from rpegc.core.cost.memory import checkpoint_interval
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import MODEL_KINDS, Arch, Workload
 
@@ -294,8 +296,22 @@ class TransformerModel(nn.Module):
         if self.rope_cos is not None:
             rope = positioned_rope(self.rope_cos, self.rope_sin, position_ids(pads, start, t, h.device))
         mask = attention_mask(pads, start, t, h.device)
+        if not (self.training and cache is None and torch.is_grad_enabled()):
+            for i in range(first, last):
+                h = self.layers[i](h, rope, mask, cache, i)
+            return h
+        # Training recomputes activations as the cost model prices it (spec 2.2 [A1], 6.2 [A11]): autograd keeps
+        # only the input of every segment of c layers and recomputes a segment's activations in the backward pass.
+        # The recomputation runs the same operations on the same values, so gradients are those of no recompute.
+        c = int(checkpoint_interval(last - first))
+        for a in range(first, last, c):
+            h = checkpoint(self._segment, h, rope, mask, a, min(a + c, last), use_reentrant=False,
+                           preserve_rng_state=False)
+        return h
+
+    def _segment(self, h: Tensor, rope, mask: Tensor, first: int, last: int) -> Tensor:
         for i in range(first, last):
-            h = self.layers[i](h, rope, mask, cache, i)
+            h = self.layers[i](h, rope, mask, None, i)
         return h
 
     def heads(self, h: Tensor) -> ModelOutput:
