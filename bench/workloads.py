@@ -43,12 +43,13 @@ PPO_TEMPLATE = """\
 // PPO, {name}: actor {a}B, critic {c}B, reward {r}B (reference = actor), {gpus} GPUs.
 rpeg.workload {{B = {B}, R = 1, Lp = {Lp}, Lr = {Lr}, dtype = bf16}}
 
-// gated = false: the paper's own cost model, with the spec's two-projection FFN (the measured figures of
-// bench/results reproduce the paper's numbers; the presets' real gated FFN counts a third matrix)
-rpeg.model @actor  {{arch = "{arch_a}", gated = false, kind = policy, trainable}}
-rpeg.model @ref    {{arch = "{arch_a}", gated = false, kind = reference}}
-rpeg.model @critic {{arch = "{arch_c}", gated = false, kind = critic, trainable}}
-rpeg.model @reward {{arch = "{arch_r}", gated = false, kind = reward}}
+// gated = false, tied = true, norms = false: the paper's own cost model, with the spec's two-projection FFN and
+// [PF]'s parameter count (the measured figures of bench/results reproduce the paper's numbers; the presets count
+// their real networks: a gated FFN's third matrix, the untied LM head and the norms)
+rpeg.model @actor  {{arch = "{arch_a}", gated = false, tied = true, norms = false, kind = policy, trainable}}
+rpeg.model @ref    {{arch = "{arch_a}", gated = false, tied = true, norms = false, kind = reference}}
+rpeg.model @critic {{arch = "{arch_c}", gated = false, tied = true, norms = false, kind = critic, trainable}}
+rpeg.model @reward {{arch = "{arch_r}", gated = false, tied = true, norms = false, kind = reward}}
 
 rpeg.graph @ppo {{
   %X        = rpeg.container tokens[B, Lp]

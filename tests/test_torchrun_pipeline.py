@@ -5,11 +5,12 @@ With pp = 2 and mb = 4, the backend's own operators (`Worker.cmd_op`, run in two
 give the outputs of pp = 1 and of the single-process functions. That the stages overlap is checked
 without timing anything:
 - a gate: the last stage may not compute microbatch 0's heads until stage 0 has run the forward of
-  the LAST microbatch. A schedule that synchronises the stages per microbatch (a broadcast, a blocking
+  the LAST microbatch (training, 1F1B: of microbatch pp - 1, the first one after its warm-up). A schedule that synchronises the stages per microbatch (a broadcast, a blocking
   send, logits sent back before stage 0 goes on) never opens the gate and the operator fails on the
   gate's timeout; a pipelined one passes;
 - each stage's recorded schedule (`ParallelModel.trace`): generation runs decode step by decode step
-  over all microbatches (a wavefront), results are broadcast once at the end, not per microbatch.
+  over all microbatches (a wavefront), results are broadcast once at the end, not per microbatch;
+  training runs 1F1B (at most pp microbatches' activations live on a stage).
 """
 
 from __future__ import annotations
@@ -69,10 +70,10 @@ def _setup(ctx, gate_path: str) -> None:
     ctx.state["gate"] = torch.distributed.FileStore(gate_path, ctx.world)
 
 
-def _install_gate(pm, store, name: str, timeout_s: float) -> dict:
-    """Stage 0 opens gate `name` once its forward of the last microbatch ran; the last stage waits for it
-    (at most `timeout_s`, then goes on) before its first heads, microbatch 0's. Returns {"opened": bool}
-    on the last stage once it waited: whether the gate opened in time."""
+def _install_gate(pm, store, name: str, timeout_s: float, forwards: int = MB) -> dict:
+    """Stage 0 opens gate `name` once it ran `forwards` forwards (default: the last microbatch's); the last stage
+    waits for it (at most `timeout_s`, then goes on) before its first heads, microbatch 0's. Returns
+    {"opened": bool} on the last stage once it waited: whether the gate opened in time."""
     state: dict = {}
     if pm.is_first:
         forward_layers, calls = pm.module.forward_layers, []
@@ -80,7 +81,7 @@ def _install_gate(pm, store, name: str, timeout_s: float) -> dict:
         def counted(*args, **kwargs):
             out = forward_layers(*args, **kwargs)
             calls.append(1)
-            if len(calls) == MB:
+            if len(calls) == forwards:
                 store.set(name, "open")
             return out
         pm.module.forward_layers = counted
@@ -128,7 +129,9 @@ def _op(ctx, role: str, pp: int, gated: bool) -> dict | None:
         cmd.update(outputs={"result": list(FIELDS[role])}, fields=list(FIELDS[role]))
         pm, _ = worker.serving_model(model, layout, weights)
     pm.trace = []
-    gate = _install_gate(pm, ctx.state["gate"], f"{role}-pp{pp}", GATE_TIMEOUT_S) if gated else {}
+    # 1F1B training: stage 0 runs pp - 1 warm-up forwards and the first steady one before it needs a gradient
+    forwards = min(pp, MB) if role == "training" else MB
+    gate = _install_gate(pm, ctx.state["gate"], f"{role}-pp{pp}", GATE_TIMEOUT_S, forwards) if gated else {}
     info = worker.cmd_op(cmd)
     _remove_gate(pm)
     out = {"trace": [(e.what, e.key) for e in pm.trace], "metrics": info.get("metrics"), "gate": gate.get("opened")}
@@ -250,9 +253,10 @@ def test_pipelined_training_matches_pp1(pool):
     got, want = piped[1]["metrics"], flat["metrics"]
     for key in ("policy_loss", "actor_grad_norm"):
         assert got[key] == pytest.approx(want[key], rel=1e-5), key
-    forwards, backwards = [(j,) for j in range(MB)], [(j,) for j in reversed(range(MB))]
-    for trace in (piped[0]["trace"], piped[1]["trace"]):  # GPipe: all forwards, then all backwards
-        assert trace == [("forward", k) for k in forwards] + [("backward", k) for k in backwards]
+    # 1F1B: stage 0 warms up with one forward, then alternates; the last stage alternates from the start
+    steady = [e for j in range(1, MB) for e in (("forward", (j,)), ("backward", (j - 1,)))]
+    assert piped[0]["trace"] == [("forward", (0,))] + steady + [("backward", (MB - 1,))]
+    assert piped[1]["trace"] == [e for j in range(MB) for e in (("forward", (j,)), ("backward", (j,)))]
 
 
 def test_the_gate_catches_a_schedule_that_synchronises_per_microbatch(pool):

@@ -59,7 +59,8 @@ def lm_head_params(arch: Arch, kind: str) -> int:
 
 def param_count(arch: Arch, kind: str) -> int:
     """N_m: layers, the embedding, an untied LM head, the final norm, and d for a scalar head."""
-    n = arch.layers * layer_params(arch) + arch.vocab * arch.hidden + lm_head_params(arch, kind) + final_norm_params(arch)
+    n = arch.layers * layer_params(arch) + arch.vocab * arch.hidden + lm_head_params(arch, kind)
+    n += final_norm_params(arch)
     if kind in SCALAR_HEAD_KINDS:
         n += arch.hidden
     return n

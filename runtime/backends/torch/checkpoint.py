@@ -49,7 +49,6 @@ import dataclasses
 import glob
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -231,18 +230,6 @@ def piece_box(piece: Piece, shape: tuple[int, ...]) -> Box:
         offsets[piece.dim] = piece.lo
         extent[piece.dim] = piece.hi - piece.lo
     return tuple(offsets), tuple(extent)
-
-
-def replica_owner(shapes: dict[str, tuple[int, ...]], dp: int) -> dict[str, int]:
-    """Which data-parallel replica writes each parameter (all replicas hold it): largest first, each to the
-    replica with the fewest elements so far, so the replicas write about equal bytes in parallel."""
-    load = [0] * dp
-    owner: dict[str, int] = {}
-    for name in sorted(shapes, key=lambda n: (-math.prod(shapes[n]), n)):
-        d = min(range(dp), key=lambda i: (load[i], i))
-        owner[name] = d
-        load[d] += math.prod(shapes[name])
-    return owner
 
 
 def write_shard_file(path: str, tensors: dict[str, tuple[torch.Tensor, Box, tuple[int, ...]]]) -> dict:
@@ -562,4 +549,4 @@ __all__ = ["FORMAT", "FINAL_FORMAT", "FINAL", "INDEX", "CheckpointError", "Reade
            "checkpoint_path", "final_path", "latest_checkpoint", "complete_checkpoints", "prune_checkpoints",
            "remove_partials", "load_checkpoint", "load_final", "find_resume_checkpoint", "resume_plan",
            "kept_versions", "assemble", "run_identity", "identity_difference", "write_shard_file", "build_index",
-           "write_index", "read_index", "verify_files", "piece_box", "tiling_error", "replica_owner"]
+           "write_index", "read_index", "verify_files", "piece_box", "tiling_error"]

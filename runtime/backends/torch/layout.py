@@ -20,6 +20,7 @@ holds its replica's rows. `route_rows` lists the row ranges to send so each rank
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -156,6 +157,23 @@ def rank_pieces(shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int, l
     _, p, t = layout.coord(rank)
     bounds = stage_bounds(layers, layout.pp)
     return {n: param_piece(n, s, layout.tp, t) for n, s in shapes.items() if param_stage(n, bounds) == p}
+
+
+def replica_owner(shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int, layers: int) -> dict[str, int]:
+    """Which data-parallel replica owns each parameter piece `rank` holds (every replica at the same stage and TP
+    rank holds the same pieces, so all compute the same answer): largest first, each to the replica with the
+    fewest elements so far. The owner keeps its pieces' optimizer state (ZeRO over the DP group) and writes them
+    to checkpoints, so the replicas hold and write about equal shares."""
+    pieces = rank_pieces(shapes, layout, rank, layers)
+    size = {n: math.prod(shapes[n]) if piece.dim is None else
+            math.prod(shapes[n]) // shapes[n][piece.dim] * (piece.hi - piece.lo) for n, piece in pieces.items()}
+    load = [0] * layout.dp
+    owner: dict[str, int] = {}
+    for name in sorted(size, key=lambda n: (-size[n], n)):
+        d = min(range(layout.dp), key=lambda i: (load[i], i))
+        owner[name] = d
+        load[d] += size[name]
+    return owner
 
 
 def check_tp(heads: int, kv_heads: int, ffn: int, tp: int) -> Optional[str]:

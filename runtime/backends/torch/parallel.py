@@ -13,13 +13,15 @@ flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Whi
   synchronises the stages between microbatches, so stage s works on microbatch j while stage s+1
   works on j-1:
   - inference (`infer`): all microbatches forward, one broadcast of the results at the end;
-  - training (`train_step`): GPipe, all forwards then all backwards in reverse, each phase pipelined;
+  - training (`train_step`): 1F1B, pp - p - 1 warm-up forwards on stage p, then one forward and one backward
+    at a time, then the last backwards (at most min(mb, pp) microbatches' activations live);
   - generation (`generate`): every decode step sends the microbatches through the stages as a
     wavefront; the last stage samples with the per-sequence generators and sends only the token ids
     back to stage 0 (no logits broadcast), and the rollouts are broadcast once at the end;
-- data parallelism: a SUM all-reduce of the gradients over the DP group (the losses are sums over local
-  tokens divided by the GLOBAL token count, so the sum is the whole-batch gradient), plain
-  torch.distributed.
+- data parallelism: ZeRO over the DP group (`reduce_grads`, `broadcast_params`): each replica owns a share
+  of the parameters, the gradients of a share are SUM-reduced onto its owner (the losses are sums over local
+  tokens divided by the GLOBAL token count, so the sum is the whole-batch gradient), only the owner keeps
+  Adam state for it and steps it, and broadcasts the updated values; plain torch.distributed.
 Everything a `ParallelModel` builds (its stage module, KV caches, message buffers, placeholders) is on
 its `device`: the CPU under gloo, the worker's GPU under NCCL (`device.worker_device`), and in its
 `dtype`: float32 for training, the serving dtype (`models.serving_dtype`: bf16 when the workload says
@@ -48,8 +50,8 @@ from torch import Tensor, nn
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch.device import CPU
-from rpegc.runtime.backends.torch.layout import Layout, rank_pieces, shard_dim, stage_bounds
-from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel, seeded_parameter
+from rpegc.runtime.backends.torch.layout import Layout, rank_pieces, replica_owner, shard_dim, stage_bounds
+from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel, param_shapes, seeded_parameter
 from rpegc.runtime.backends.torch.pipeline import ACTIVATION, StageEvent, StageLink
 from rpegc.runtime.backends.torch.tensor_parallel import canonical_name, tp_linear
 
@@ -124,6 +126,7 @@ class ParallelModel:
         self.mp_group = groups.get(layout.replica(d))
         self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device, dtype)
         self.piece_shapes = {n: tuple(p.shape) for n, p in self.params().items()}  # what this rank holds
+        self.owner = replica_owner(param_shapes(arch, kind, net), layout, rank, arch.layers)  # ZeRO shares
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
         self.bound: Optional[str] = None  # the weights entry whose tensors the parameters are (`bind`)
         self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
@@ -233,24 +236,60 @@ class ParallelModel:
 
     # -- gradients --------------------------------------------------------------------------------
 
-    def allreduce_grads(self) -> None:
-        """Sum gradients over the data-parallel replicas (one flat buffer)."""
+    def _shares(self) -> list[tuple[int, list[str]]]:
+        """(owner's replica index, its parameter names in this module's order) for every replica of the DP group."""
+        params = self.params()
+        return [(o, [n for n in params if self.owner[n] == o]) for o in range(self.layout.dp)]
+
+    def reduce_grads(self) -> None:
+        """ZeRO over the data-parallel group (the paper's ZeRO-2 for P_d > 1, App. B): the gradients of each
+        replica's share of the parameters (`layout.replica_owner`) are summed onto that replica, one flat reduce
+        per share, and the other replicas drop them. Adam then keeps state for the owner's share only (it makes
+        state for parameters with gradients), and `broadcast_params` gives every replica the updated values:
+        a reduce-scatter and an all-gather of the weights' bytes, T_dp = RS + AG (spec 3.4.3)."""
         if self.dp_group is None:
             return
-        params = list(self.module.parameters())
-        for p in params:
+        params = self.params()
+        for p in params.values():
             if p.grad is None:
-                p.grad = torch.zeros_like(p)  # a replica without rows still joins the all-reduce
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=self.dp_group)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+                p.grad = torch.zeros_like(p)  # a replica without rows still joins the reduction
+        for o, names in self._shares():
+            if not names:
+                continue
+            flat = torch.cat([params[n].grad.reshape(-1) for n in names])
+            dist.reduce(flat, dst=self.layout.rank_at(o, self.p, self.t), group=self.dp_group)
+            offset = 0
+            for n in names:
+                p = params[n]
+                if o == self.d:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                else:
+                    p.grad = None  # not this replica's share: its optimizer never sees it
+                offset += p.numel()
+
+    def broadcast_params(self) -> None:
+        """Every replica's updated share to the others (after `reduce_grads` and the owners' optimizer step)."""
+        if self.dp_group is None:
+            return
+        params = self.params()
+        for o, names in self._shares():
+            if not names:
+                continue
+            if o == self.d:
+                flat = torch.cat([params[n].detach().reshape(-1) for n in names])
+            else:
+                flat = torch.empty(sum(params[n].numel() for n in names), dtype=self.dtype, device=self.device)
+            dist.broadcast(flat, src=self.layout.rank_at(o, self.p, self.t), group=self.dp_group)
+            if o != self.d:
+                offset = 0
+                with torch.no_grad():
+                    for n in names:
+                        p = params[n]
+                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                        offset += p.numel()
 
     def grad_sq_total(self, _local: Tensor) -> Tensor:
-        """The squared global gradient norm: TP shards and stages summed, replicated tensors once."""
+        """The squared global gradient norm: DP shares, TP shards and stages summed, replicated tensors once."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.params().items():
             if p.grad is None:
@@ -259,6 +298,8 @@ class ParallelModel:
             if replicated and self.t != 0:
                 continue
             total = total + p.grad.double().pow(2).sum()
+        if self.dp_group is not None:  # each replica holds its share's gradients (reduce_grads)
+            dist.all_reduce(total, group=self.dp_group)
         if self.mp_group is not None:
             dist.all_reduce(total, group=self.mp_group)
         return total

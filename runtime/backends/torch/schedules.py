@@ -1,8 +1,8 @@
 """The pipelined schedules of one invocation on a `ParallelModel` (spec/cost-model.md Sec. 3.3, [A6]):
 inference (all microbatches forward, one broadcast of the results), generation (a decode wavefront through the
-stages, tokens sent back to stage 0) and the training step (GPipe: all forwards, then all backwards in reverse,
-then the DP all-reduce and the optimizer). `StageView` makes a stage look like a TransformerModel to the
-single-process losses of `rl`."""
+stages, tokens sent back to stage 0) and the training step (1F1B, then ZeRO's gradient reduce, the owners'
+optimizer step and the weights' broadcast). `StageView` makes a stage
+look like a TransformerModel to the single-process losses of `rl`."""
 
 from __future__ import annotations
 
@@ -150,10 +150,12 @@ LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
 
 def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: LossFn, exp: Experience,
                microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...]) -> tuple[dict[str, float], float]:
-    """One optimizer step on this replica's rows `exp` in `microbatches` microbatches (GPipe schedule:
-    all forwards, then all backwards in reverse, both phases pipelined over the stages). `exp` is any batch
-    with `len`, `rows(slice)` and `forward_rows` (rows of the forward pass per batch row: an Experience 1, DPO's
-    PairRows 2, both sides of a pair).
+    """One optimizer step on this replica's rows `exp` in `microbatches` microbatches, on the 1F1B schedule the
+    cost model prices (spec 3.3 and 6.2: at most min(mb, pp) microbatches' activations live on a stage): stage p
+    runs the forwards of its pp - p - 1 warm-up microbatches, then alternates one forward and one backward, then
+    runs the remaining backwards; microbatches go backward in order, so every stage accumulates its gradients in
+    the order of pp = 1. `exp` is any batch with `len`, `rows(slice)` and `forward_rows` (rows of the forward pass
+    per batch row: an Experience 1, DPO's PairRows 2, both sides of a pair).
 
     Returns (statistics summed over microbatches and replicas, valid on the last stage; pre-clip norm).
     """
@@ -161,21 +163,24 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
     chunks = [c for c in split_rows(0, n, max(1, min(microbatches, n))) if c[1] > c[0]] if n else []
     pm.module.train()
     link = StageLink(pm, len(chunks))
-    pending: list[tuple[Optional[Tensor], Optional[Tensor], Tensor]] = []
+    live: dict[int, tuple[Optional[Tensor], Optional[Tensor], Tensor]] = {}  # microbatch -> (loss, input, output)
     sums = torch.zeros(len(stat_keys), dtype=torch.float64, device=pm.device)
     rows = [exp.forward_rows * (hi - lo) for lo, hi in chunks]  # what each microbatch's forward pass carries
-    for j, (lo, hi) in enumerate(chunks):
+
+    def forward(j: int) -> None:
+        lo, hi = chunks[j]
         view = StageView(pm, link, j, rows)
         loss, stats = loss_fn(view, exp.rows(slice(lo, hi)))
         inp, out = view.records[0]
-        pending.append((loss if pm.is_last else None, inp, out))
+        live[j] = (loss if pm.is_last else None, inp, out)
         if pm.is_last:
-            sums += torch.tensor([float(stats.get(k, 0.0)) for k in stat_keys], dtype=torch.float64, device=pm.device)
-    if not pm.is_last:
-        for j, (_, _, out) in enumerate(pending):
+            sums.add_(torch.tensor([float(stats.get(k, 0.0)) for k in stat_keys], dtype=torch.float64,
+                                   device=pm.device))
+        else:
             link.expect(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
-    for j in reversed(range(len(pending))):
-        loss, inp, out = pending[j]
+
+    def backward(j: int) -> None:
+        loss, inp, out = live.pop(j)
         grad = None if loss is not None else link.recv(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
         with pm.event("backward", (j,)):
             if loss is not None:
@@ -184,9 +189,19 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
                 out.backward(grad)
         if inp is not None:
             link.send(inp.grad, pm.prev, GRADIENT, (j,))
+
+    warmup = min(pm.layout.pp - pm.p - 1, len(chunks))
+    for j in range(warmup):
+        forward(j)
+    for j in range(len(chunks) - warmup):
+        forward(warmup + j)
+        backward(j)
+    for j in range(len(chunks) - warmup, len(chunks)):
+        backward(j)
     link.close()
-    pm.allreduce_grads()
+    pm.reduce_grads()
     norm = optimizer_step(pm.module, optimizer, cfg, reduce_sq=pm.grad_sq_total)
+    pm.broadcast_params()
     if pm.is_last and pm.dp_group is not None:
         dist.all_reduce(sums, group=pm.dp_group)
     return dict(zip(stat_keys, sums.tolist())), norm

@@ -67,7 +67,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import local_rank, rank_and_world, synchronize, worker_device
 from rpegc.runtime.backends.torch.generation import expand_rollouts
-from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove, rank_pieces, split_rows
+from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove, rank_pieces, replica_owner, split_rows
 from rpegc.runtime.backends.torch.messages import SECRET_ENV, Endpoint, MessageError, read_secret
 from rpegc.runtime.backends.torch.pinning import local_workers, pin_cpu_worker
 from rpegc.runtime.backends.torch.hf import HFWeights
@@ -312,9 +312,10 @@ class Worker:
 
     def _writes(self, model: str, layout: Layout) -> set[str]:
         """The parameters of `model` whose pieces this rank writes under `layout`: those its data-parallel
-        replica owns (`checkpoint.replica_owner`), and of a piece replicated over TP only t = 0's."""
+        replica owns (`layout.replica_owner`: the pieces whose optimizer state it keeps), and of a piece
+        replicated over TP only t = 0's."""
         d, _, t = layout.coord(self.rank)
-        owner = ckpt.replica_owner(self.shapes[model], layout.dp)
+        owner = replica_owner(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
         pieces = rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
         return {n for n, piece in pieces.items() if owner[n] == d and (piece.dim is not None or t == 0)}
 
@@ -595,11 +596,15 @@ class Worker:
                                f"version {e.version}: {err}") from None
 
     def _load_optimizer(self, opt, params, layout: Layout, model: str) -> None:
-        """This rank's pieces of the checkpointed Adam state under `layout` (reshard on load)."""
+        """This rank's pieces of the checkpointed Adam state under `layout` (reshard on load), for the parameters of
+        its replica's share."""
         assert self.resume is not None
         layers = self.setup.models[model].arch.layers
         pieces = rank_pieces(self.shapes[model], layout, self.rank, layers)
+        owner, d = replica_owner(self.shapes[model], layout, self.rank, layers), layout.coord(self.rank)[0]
         for name, p in params.items():
+            if owner[name] != d:
+                continue  # another replica's share (ZeRO): its owner keeps that state
             prefix = ckpt.adam_key(model, name, "")
             local = {}
             for key in self.resume.keys(prefix):
