@@ -6,6 +6,7 @@ are not on the store at all; a normal run prints no c10d warning."""
 import glob
 import os
 import pickle
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -117,6 +118,9 @@ def test_a_normal_torch_run_prints_no_c10d_warning(plan_file, tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "verification: OK" in proc.stdout
+    # the summary holds each worker's measured peak beside the cost model's (peak_memory.py)
+    peaks = re.findall(r"worker (\d) \(device \d\): [\d,.]+ MiB measured, [\d,.]+ MiB predicted", proc.stdout)
+    assert sorted(peaks) == ["0", "1", "2", "3"], proc.stdout
     assert "[c10d]" not in proc.stderr and "waitForInput" not in proc.stderr, proc.stderr[-2000:]
     logs = glob.glob(str(tmp_path / "run" / "workers" / "worker-*.log"))
     assert len(logs) == 4
