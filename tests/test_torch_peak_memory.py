@@ -32,12 +32,15 @@ def test_the_cpu_meter_sees_what_was_allocated_after_it_started():
     del held, before
 
 
-def test_the_summary_names_each_worker_and_warns_beyond_15_percent():
-    peaks = [WorkerPeak(0, 0, 100 * MIB, 110 * MIB), WorkerPeak(1, 1, 100 * MIB, 150 * MIB),
+def test_the_summary_names_each_worker_and_warns_beyond_15_percent_and_64_mib():
+    peaks = [WorkerPeak(0, 0, 1000 * MIB, 1100 * MIB), WorkerPeak(1, 1, 1000 * MIB, 1500 * MIB),
              WorkerPeak(2, 2, 100 * MIB, None)]
     lines = peak_lines(peaks, "resident memory")
-    assert lines[1] == "  worker 0 (device 0): 110.0 MiB measured, 100.0 MiB predicted (1.10x)"
-    assert lines[2] == "  worker 1 (device 1): 150.0 MiB measured, 100.0 MiB predicted (1.50x)"
+    assert lines[1] == "  worker 0 (device 0): 1,100.0 MiB measured, 1,000.0 MiB predicted (1.10x)"
+    assert lines[2] == "  worker 1 (device 1): 1,500.0 MiB measured, 1,000.0 MiB predicted (1.50x)"
     assert len(lines) == 4 and lines[3].startswith("warning: 1 of 2 workers") and "worker 1, 1.50x" in lines[3]
     assert peak_lines([WorkerPeak(0, 0, 100 * MIB, 90 * MIB)], "x")[-1].endswith("(0.90x)")  # within: no warning
+    # a process's own growth is no plan's: 40 MiB over a 1 MiB prediction is 41x, but no warning
+    assert not peak_lines([WorkerPeak(0, 0, 1 * MIB, 41 * MIB)], "x")[-1].startswith("warning")
+    assert peak_lines([WorkerPeak(0, 0, 1 * MIB, 66 * MIB)], "x")[-1].startswith("warning")
     assert peak_lines([WorkerPeak(0, 0, 1.0, None)], "x") == []  # nothing measured: nothing said
