@@ -125,7 +125,11 @@ def test_training_recomputes_segments_and_its_gradients_are_those_of_no_recomput
     model = build_model(arch, kind, 3, OPTS)
     x = tokens(seed=layers)
     calls = []
-    model._segment = lambda h, rope, mask, a, b, seg=model._segment: calls.append((a, b)) or seg(h, rope, mask, a, b)
+    def counted(h, rope, mask, a, b, cache=None, segment=model._segment):
+        calls.append((a, b))
+        return segment(h, rope, mask, a, b, cache)
+
+    model._segment = counted
     grads = []
     for train in (True, False):
         model.zero_grad()
@@ -136,6 +140,6 @@ def test_training_recomputes_segments_and_its_gradients_are_those_of_no_recomput
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     c = max(1, int(layers ** 0.5))
     segments = [(a, min(a + c, layers)) for a in range(0, layers, c)]
-    # each segment forward, then recomputed in the backward pass (last first); none in eval mode
-    assert calls == segments + segments[::-1]
+    # each segment forward, then recomputed in the backward pass (last first); in eval mode all layers at once
+    assert calls == segments + segments[::-1] + [(0, layers)]
     assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])

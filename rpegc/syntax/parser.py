@@ -32,7 +32,6 @@ from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYT
                                    Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
-ARCH_FIELDS = ARCH_SIZES
 EDGE_KEYWORDS = {"exec.data": "data", "exec.publish": "pub", "exec.order": "order", "exec.dep": "dep"}
 NODE_KEYWORDS = {"exec.op": "op", "exec.comm": "comm", "exec.reshard": "reshard"}
 MEMORY_KEYS = ("m_eff", "r_peak", "feasible")
@@ -526,18 +525,18 @@ class _Builder:
         name = self.name(sym)
         loc = self.loc(item)
         what = f"model @{name}"
-        attrs = self.attrs(attr_tree, what, ("arch", "hf", "kind", "trainable") + ARCH_FIELDS + ARCH_FLAGS)
+        attrs = self.attrs(attr_tree, what, ("arch", "hf", "kind", "trainable") + ARCH_SIZES + ARCH_FLAGS)
         kind_attr = self.need(attrs, "kind", what, loc, f"rpeg.model @{name} {{arch = \"llama2-7b\", kind = policy}}")
         kind = self.attr_word(kind_attr, what, MODEL_KINDS)
         trainable = self.attr_bool(attrs["trainable"], what) if "trainable" in attrs else False
-        fields: dict = {k: self.attr_int(attrs[k], what, maximum=MAX_SIZE) for k in ARCH_FIELDS if k in attrs}
+        fields: dict = {k: self.attr_int(attrs[k], what, maximum=MAX_SIZE) for k in ARCH_SIZES if k in attrs}
         for flag in ARCH_FLAGS:  # what the network has beyond [PF]'s count (program.Arch); absent: the spec's form
             if flag in attrs:
                 fields[flag] = self.attr_bool(attrs[flag], what)
         preset = None
         if "hf" in attrs:
             directory = self.attr_text_value(attrs["hf"], what)
-            given = [k for k in ("arch",) + ARCH_FIELDS + ARCH_FLAGS if k in attrs]
+            given = [k for k in ("arch",) + ARCH_SIZES + ARCH_FLAGS if k in attrs]
             if given:
                 self.fail(attrs[given[0]].at, f"{what} reads its architecture from hf = \"{directory}\"; "
                                               f"drop {', '.join(given)}")
@@ -555,10 +554,10 @@ class _Builder:
                     f"unknown arch preset '{preset}'{_close(preset, presets.names())}; "
                     f"known presets: {', '.join(presets.names())} (or give layers, hidden, ffn, vocab, heads)",
                 )
-            values = {k: getattr(base, k) for k in ARCH_FIELDS + ARCH_FLAGS}
+            values = {k: getattr(base, k) for k in ARCH_SIZES + ARCH_FLAGS}
             values.update(fields)
         else:
-            missing = [k for k in ARCH_FIELDS[:-1] if k not in fields]
+            missing = [k for k in ARCH_SIZES[:-1] if k not in fields]
             if missing:
                 self.fail(
                     loc,

@@ -24,7 +24,6 @@ from rpegc.core.ir.expr import Expr
 from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Graph, Model, Plan, Program, Workload, arch_flag_default
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
-ARCH_FIELDS = ARCH_SIZES
 _EDGE_WORDS = {"data": "exec.data", "pub": "exec.publish", "order": "exec.order", "dep": "exec.dep"}
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.#$]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -166,10 +165,10 @@ def _model_attrs(m: Model) -> list[tuple[str, Optional[str]]]:
     elif base is not None:
         pairs.append(("arch", _string(m.preset)))
         # A preset with overrides (e.g. a shallower llama) prints only what differs.
-        pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_FIELDS if getattr(m.arch, f) != getattr(base, f)]
+        pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_SIZES if getattr(m.arch, f) != getattr(base, f)]
         pairs += [(f, str(getattr(m.arch, f)).lower()) for f in ARCH_FLAGS if getattr(m.arch, f) != getattr(base, f)]
     else:
-        pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_FIELDS]
+        pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_SIZES]
         pairs += [(f, str(getattr(m.arch, f)).lower()) for f in ARCH_FLAGS
                   if getattr(m.arch, f) != arch_flag_default(f)]
     pairs.append(("kind", _word(m.kind)))

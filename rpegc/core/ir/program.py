@@ -86,13 +86,6 @@ class Arch:
 # The shape fields and the flags of an Arch, in the order every form (text, JSON, MLIR) writes them.
 ARCH_SIZES = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
 ARCH_FLAGS = ("gated", "qkv_bias", "tied", "norms")
-# What each flag means, for the forms that document it (JSON schema, errors).
-ARCH_FLAG_HELP = {
-    "gated": "a gated FFN (SwiGLU: gate, up and down matrices); false: the spec's two",
-    "qkv_bias": "biases on the query, key and value projections (Qwen2)",
-    "tied": "the LM head is the embedding matrix, counted once; false: a separate V x d head",
-    "norms": "count the RMSNorm weights (2 per layer and the final one, d each); false: the spec's count",
-}
 
 
 def arch_flag_default(flag: str) -> bool:

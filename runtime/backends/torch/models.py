@@ -297,9 +297,7 @@ class TransformerModel(nn.Module):
             rope = positioned_rope(self.rope_cos, self.rope_sin, position_ids(pads, start, t, h.device))
         mask = attention_mask(pads, start, t, h.device)
         if not (self.training and cache is None and torch.is_grad_enabled()):
-            for i in range(first, last):
-                h = self.layers[i](h, rope, mask, cache, i)
-            return h
+            return self._segment(h, rope, mask, first, last, cache)
         # Training recomputes activations as the cost model prices it (spec 2.2 [A1], 6.2 [A11]): autograd keeps
         # only the input of every segment of c layers and recomputes a segment's activations in the backward pass.
         # The recomputation runs the same operations on the same values, so gradients are those of no recompute.
@@ -309,9 +307,10 @@ class TransformerModel(nn.Module):
                            preserve_rng_state=False)
         return h
 
-    def _segment(self, h: Tensor, rope, mask: Tensor, first: int, last: int) -> Tensor:
+    def _segment(self, h: Tensor, rope, mask: Tensor, first: int, last: int,
+                 cache: Optional[KVCache] = None) -> Tensor:
         for i in range(first, last):
-            h = self.layers[i](h, rope, mask, None, i)
+            h = self.layers[i](h, rope, mask, cache, i)
         return h
 
     def heads(self, h: Tensor) -> ModelOutput:
