@@ -82,3 +82,17 @@ def test_the_backend_builds_the_priced_ffn():
         model = TransformerModel(arch, "policy", arch_net(arch, NetOptions(max_seq=8)))
         per_layer = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.0."))
         assert per_layer == layer_params(arch)
+
+
+def test_a_json_arch_without_the_newer_flags_takes_its_presets_or_the_specs():
+    """JSON written before qkv_bias, tied and norms existed: a preset's model keeps the preset's network, an explicit
+    one the spec's form (what it was priced as then)."""
+    p = parse(TEXT + 'rpeg.model @a {arch = "llama2-7b", kind = policy}\n'
+                     'rpeg.model @b {layers = 2, hidden = 64, ffn = 128, vocab = 64, heads = 4, kind = policy}\n', "o.rpeg")
+    data = json.loads(json.dumps(program_to_json(p)))
+    for m in data["models"]:
+        for flag in ("qkv_bias", "tied", "norms"):
+            del m["arch"][flag]
+    a, b = program_from_json(data, "old.json").models
+    assert a.arch == lookup("llama2-7b") and not a.arch.tied and a.arch.norms
+    assert b.arch.tied and not b.arch.norms and not b.arch.qkv_bias
