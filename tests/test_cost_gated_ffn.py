@@ -88,7 +88,8 @@ def test_a_json_arch_without_the_newer_flags_takes_its_presets_or_the_specs():
     """JSON written before qkv_bias, tied and norms existed: a preset's model keeps the preset's network, an explicit
     one the spec's form (what it was priced as then)."""
     p = parse(TEXT + 'rpeg.model @a {arch = "llama2-7b", kind = policy}\n'
-                     'rpeg.model @b {layers = 2, hidden = 64, ffn = 128, vocab = 64, heads = 4, kind = policy}\n', "o.rpeg")
+                     'rpeg.model @b {layers = 2, hidden = 64, ffn = 128, vocab = 64, heads = 4, kind = policy}\n',
+              "o.rpeg")
     data = json.loads(json.dumps(program_to_json(p)))
     for m in data["models"]:
         for flag in ("qkv_bias", "tied", "norms"):
