@@ -16,7 +16,7 @@ from rpegc.runtime.cli import main as rpeg_run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.backends.torch import memory_check  # noqa: E402
 from rpegc.runtime.backends.torch.memory_check import (DeviceNeed, Share, check_memory, host_capacity,  # noqa: E402
-                                                      refusal, worst)
+                                                      predicted_peaks, refusal, worst)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOWER = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
@@ -67,8 +67,11 @@ def test_an_unannotated_plan_is_checked_with_the_same_estimate(tmp_path_factory,
 
 
 def test_the_tiny_plan_fits_this_host(tiny):
+    """...and the check returns the per-device peaks the run summary compares measurements with."""
     plan = load_plan(tiny)
-    check_memory(plan.program, plan.devices, "gloo")
+    peaks = check_memory(plan.program, plan.devices, "gloo")
+    assert peaks == predicted_peaks(plan.program, plan.devices) and set(peaks) == set(plan.devices)
+    assert all(p > 0 for p in peaks.values())
 
 
 def test_the_worst_device_is_the_one_that_overshoots_most():

@@ -260,8 +260,9 @@ class TorchBackend(Backend):
         from rpegc.runtime.backends.torch.memory_check import check_memory, predicted_peaks
 
         if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
-            check_memory(plan.program, plan.devices, dist_backend)
-        self._predicted_peaks = predicted_peaks(plan.program, plan.devices)
+            self._predicted_peaks = check_memory(plan.program, plan.devices, dist_backend)
+        else:
+            self._predicted_peaks = predicted_peaks(plan.program, plan.devices)
         self._measured_what = "GPU allocator" if dist_backend == "nccl" else "resident memory"
         self._analyse(plan)
         if self.run_dir and not self.resume:

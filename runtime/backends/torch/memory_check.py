@@ -103,8 +103,9 @@ def refusal(n: DeviceNeed, total: int) -> str:
 
 
 def check_memory(program, devices: tuple[int, ...], dist_backend: str,
-                 capacity: Optional[Callable[[int], tuple[list[float], str]]] = None) -> None:
-    """Raise RpegError if some worker's share of the plan does not fit its device."""
+                 capacity: Optional[Callable[[int], tuple[list[float], str]]] = None) -> dict[int, float]:
+    """Raise RpegError if some worker's share of the plan does not fit its device; else the cost model's peak(d)
+    of every device, bytes (as `predicted_peaks`)."""
     if capacity is None:
         capacity = gpu_capacity if dist_backend == "nccl" else host_capacity
     caps, where = capacity(len(devices))
@@ -112,3 +113,4 @@ def check_memory(program, devices: tuple[int, ...], dist_backend: str,
     bad = worst(needs)
     if bad is not None:
         raise RpegError(None, refusal(bad, sum(1 for n in needs if n.estimate > n.capacity)))
+    return {n.device: n.estimate for n in needs}

@@ -579,7 +579,7 @@ class Worker:
             params = pm.params()
             opt = make_adam(params.values(), lr, self.run.rl)
             if self.resume is not None and model in self.resume.index.get("optimizer", ()):
-                self._load_optimizer(opt, params, layout, model)
+                self._load_optimizer(opt, pm, model)
             st = self.training[key] = TrainState(pm, opt)
         return st
 
@@ -595,15 +595,13 @@ class Worker:
             raise CommandError(f"training @{model} cannot start from the {self.serving_dtype} serving copy of "
                                f"version {e.version}: {err}") from None
 
-    def _load_optimizer(self, opt, params, layout: Layout, model: str) -> None:
-        """This rank's pieces of the checkpointed Adam state under `layout` (reshard on load), for the parameters of
-        its replica's share."""
+    def _load_optimizer(self, opt, pm: ParallelModel, model: str) -> None:
+        """This rank's pieces of the checkpointed Adam state under its layout (reshard on load), for the parameters
+        of its replica's share (`pm.owner`)."""
         assert self.resume is not None
-        layers = self.setup.models[model].arch.layers
-        pieces = rank_pieces(self.shapes[model], layout, self.rank, layers)
-        owner, d = replica_owner(self.shapes[model], layout, self.rank, layers), layout.coord(self.rank)[0]
-        for name, p in params.items():
-            if owner[name] != d:
+        pieces = rank_pieces(self.shapes[model], pm.layout, self.rank, self.setup.models[model].arch.layers)
+        for name, p in pm.params().items():
+            if pm.owner[name] != pm.d:
                 continue  # another replica's share (ZeRO): its owner keeps that state
             prefix = ckpt.adam_key(model, name, "")
             local = {}
