@@ -97,3 +97,12 @@ def test_a_json_arch_without_the_newer_flags_takes_its_presets_or_the_specs():
     a, b = program_from_json(data, "old.json").models
     assert a.arch == lookup("llama2-7b") and not a.arch.tied and a.arch.norms
     assert b.arch.tied and not b.arch.norms and not b.arch.qkv_bias
+
+
+def test_a_checkpoints_tie_word_embeddings_must_be_a_boolean(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "vocab_size": 50,
+        "num_attention_heads": 4, "hidden_act": "silu", "tie_word_embeddings": "yes"}))
+    with pytest.raises(RpegError, match="tie_word_embeddings = 'yes' must be true or false"):
+        parse(TEXT + f'rpeg.model @a {{hf = "{tmp_path / "ckpt"}", kind = policy}}\n', "g.rpeg")

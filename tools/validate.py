@@ -479,7 +479,8 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         for r in rows:
             c, a, p = r.case, r.case.arch, r.pred
             out.writerow([c.id, c.role, c.kind, c.model, a.layers, a.hidden, a.ffn, a.vocab, a.heads, a.kv_heads,
-                          *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb, c.devices, len(r.measured),
+                          *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb,
+                          c.devices, len(r.measured),
                           f"{r.measured_s:.6g}", f"{min(r.measured):.6g}", f"{max(r.measured):.6g}",
                           f"{p.T_op:.6g}", f"{r.pred_default.T_op:.6g}", f"{p.T_op / r.measured_s - 1:.4f}",
                           f"{p.T_gemm:.6g}", f"{p.T_bubble:.6g}", f"{p.T_tp:.6g}", f"{p.T_pp:.6g}", f"{p.T_dp:.6g}",

@@ -115,7 +115,6 @@ FORMAT = "rpegc-program"
 FORMAT_VERSION = 1
 SCHEMA_FILE = "rpegc/syntax/rpegc-program.schema.json"  # the published JSON Schema of this form (package data)
 MAX_INT = 2**53 - 1  # the integers every JSON reader reads exactly (I-JSON, RFC 7493)
-_ARCH_KEYS = ARCH_SIZES
 _STRATEGY_KEYS = ("dp", "pp", "tp", "mb")
 
 
@@ -147,7 +146,7 @@ def _model_json(m: Model) -> dict:
         "kind": m.kind,
         "trainable": m.trainable,
         "preset": m.preset,
-        "arch": {k: getattr(m.arch, k) for k in _ARCH_KEYS + ARCH_FLAGS},
+        "arch": {k: getattr(m.arch, k) for k in ARCH_SIZES + ARCH_FLAGS},
         **({"hf": m.hf} if m.hf is not None else {}),
     }
 
@@ -466,11 +465,11 @@ def _read_model(r: _Reader, v: Any, path: str) -> Model:
     hf = r.opt(o.get("hf"), _join(path, "hf"), r.str_)
     given = None
     if o.get("arch") is not None:
-        a = r.obj(o["arch"], _join(path, "arch"), _ARCH_KEYS, ARCH_FLAGS)
+        a = r.obj(o["arch"], _join(path, "arch"), ARCH_SIZES, ARCH_FLAGS)
         base = lookup_preset(preset) if preset is not None else None
         flags = {f: r.bool_(a[f], f"{path}.arch.{f}") if f in a else
                  (getattr(base, f) if base is not None else arch_flag_default(f)) for f in ARCH_FLAGS}
-        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in _ARCH_KEYS}, **flags)
+        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in ARCH_SIZES}, **flags)
     if hf is not None:
         try:
             arch = hf_arch(hf)
