@@ -28,7 +28,7 @@ from rpegc.runtime import cli as run_cli  # noqa: E402
 from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch import pipeline, schedules  # noqa: E402
+from rpegc.runtime.backends.torch import pipeline  # noqa: E402
 from rpegc.runtime.backends.torch.backend import TorchBackend, model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.pool import WorkerPool  # noqa: E402
 from rpegc.runtime.backends.torch.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
@@ -266,7 +266,7 @@ def test_a_stage_module_keeps_every_tensor_on_its_device(positions):
     assert out.device == META and out.shape == (3, LR)
 
 
-def test_a_training_step_keeps_activations_and_gradients_on_the_device(monkeypatch):
+def test_a_training_step_keeps_activations_and_gradients_on_the_device():
     cfg = _run_config()
     pm = ParallelModel(ARCH, "policy", _net(), SINGLE, 0, ProcessGroups(()), "torch", device=META)
     rows = {f: torch.zeros(B, LR, device=META) for f in ("mask", "old_logprobs", "ref_logprobs")}
@@ -277,13 +277,15 @@ def test_a_training_step_keeps_activations_and_gradients_on_the_device(monkeypat
     class Stop(Exception):
         """Adam's step and the statistics read values, which meta tensors do not have: stop before them."""
 
-    def record(module, optimizer, rl, reduce_sq):
-        seen["grads"] = {p.grad.device for p in module.parameters()}
-        raise Stop
+    class Recorder:
+        """Stands for the master weights: sees the gradients the step hands to the optimizer."""
 
-    monkeypatch.setattr(schedules, "optimizer_step", record)
+        def step(self, rl, sq_total):
+            seen["grads"] = {p.grad.device for p in pm.module.parameters()}
+            raise Stop
+
     with pytest.raises(Stop):
-        train_step(pm, None, lambda v, e: (response_forward(v, e.sequences, LP).logprobs.sum(), {}), exp, MB,
+        train_step(pm, Recorder(), lambda v, e: (response_forward(v, e.sequences, LP).logprobs.sum(), {}), exp, MB,
                    cfg.rl, ())
     assert seen == {"grads": {META}}
 

@@ -10,7 +10,7 @@ from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.program import Arch  # noqa: E402
 from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
 from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
-from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, clip_grad_norm,  # noqa: E402
+from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss,  # noqa: E402
                                             compute_advantages, critic_loss, default_rl_config, gae,
                                             epoch_stats, grpo_advantages, kl_estimate, masked_moments,
                                             minibatch_rows, minibatch_steps, policy_loss, response_forward,
@@ -98,19 +98,6 @@ def test_whitening_from_summed_shard_moments_equals_whole_batch_whitening():
     assert whole[sel].mean().abs() < 1e-5 and (whole[sel].pow(2).mean() - 1).abs() < 1e-4
     moments = masked_moments(x[:2], mask[:2]) + masked_moments(x[2:], mask[2:])
     torch.testing.assert_close(whiten(x[:2], mask[:2], moments), whole[:2])
-
-
-def test_clip_grad_norm_matches_torch():
-    def params():
-        p = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
-        p[0].grad, p[1].grad = t(3.0, 0.0, 4.0), t([1.0, 2.0], [2.0, 4.0])
-        return p
-    ours, theirs = params(), params()
-    norm = clip_grad_norm(ours, 1.0)
-    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
-    assert norm == pytest.approx(float(expected)) == pytest.approx(math.sqrt(50))
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a.grad, b.grad)
 
 
 ARCH = Arch(layers=1, hidden=32, ffn=64, vocab=16, heads=4, kv_heads=4)

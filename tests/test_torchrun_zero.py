@@ -1,6 +1,7 @@
 """ZeRO over the data-parallel group in the torch backend (issue 32, items 2 and 6; paper App. B: ZeRO-2 for
-P_d > 1): with dp = 2 each replica keeps the Adam state of its share of the parameters only (`layout.replica_owner`),
-the shares tile the model, and a training step gives the weights of dp = 1 within float32 summation-order bounds.
+P_d > 1): with dp = 2 each replica keeps the Adam state (and in bf16 mixed precision the float32 master weights)
+of its share of the parameters only (`layout.replica_owner`), the shares tile the model, and a training step gives
+the weights of dp = 1 within float32 summation-order bounds, in bf16 within one bf16 rounding of a gradient.
 Run with the backend's own operators (`Worker.cmd_op`) in two gloo worker processes."""
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ N = B * R  # sequences
 ARCH = lookup("tiny-4l")
 
 
-def _run_config():
+def _run_config(dtype: str = "fp32"):
     from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
 
-    return RunConfig(algorithm="grpo", actor=ARCH, workload=Workload(B=B, R=R, Lp=LP, Lr=LR, dtype="fp32"),
+    return RunConfig(algorithm="grpo", actor=ARCH, workload=Workload(B=B, R=R, Lp=LP, Lr=LR, dtype=dtype),
                      rl=toy_rl_config("grpo"), positions="learned")
 
 
@@ -38,21 +39,22 @@ def _setup(ctx) -> None:
     from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup
 
     models = {"actor": ModelSpec("actor", "policy", ARCH, model_seed(0, "policy"))}
-    setup = WorkerSetup(world=ctx.world, seed=0, run=_run_config(), models=models,
-                        layouts=tuple(_layouts().values()), tp_impl="torch", t0=time.time(), timeout_s=60.0)
-    ctx.state["worker"] = Worker(setup, ctx.rank)
+    for dtype in ("fp32", "bf16"):
+        setup = WorkerSetup(world=ctx.world, seed=0, run=_run_config(dtype), models=models,
+                            layouts=tuple(_layouts().values()), tp_impl="torch", t0=time.time(), timeout_s=60.0)
+        ctx.state[dtype] = Worker(setup, ctx.rank)
 
 
-def _train(ctx, dp: int) -> dict | None:
+def _train(ctx, dp: int, dtype: str = "fp32") -> dict | None:
     """One training step of the actor under (dp, 1, 1, 2 / dp): every microbatch has the same rows whatever dp is
-    (so its gradient is the same computation); this rank's new weights and its Adam state's names."""
+    (so its gradient is the same computation); this rank's new weights, its masters and its Adam state's names."""
     from rpegc.runtime.backends.torch.layout import replica_rows
     from rpegc.runtime.backends.torch.worker import Entry, Piece
 
     layout = _layouts()[dp]
     if ctx.rank not in layout.ranks:
         return None
-    worker = ctx.state["worker"]
+    worker = ctx.state[dtype]
     gen = torch.Generator().manual_seed(3)
     batch = {"sequences": torch.randint(1, ARCH.vocab, (N, LP + LR), generator=gen), "mask": torch.ones(N, LR),
              "old_logprobs": -2.0 * torch.rand(N, LR, generator=gen),
@@ -66,9 +68,11 @@ def _train(ctx, dp: int) -> dict | None:
                    "inputs": ["batch"], "outputs": {}, "fields": [], "prep": [], "tag": 0,
                    "output": f"{weights}:trained", "version_out": 1})
     st = worker.training[("actor", layout)]
-    names = {id(p): n for n, p in st.pm.params().items()}
-    return {"weights": worker.entries[f"{weights}:trained"].shards, "state": sorted(names[id(p)] for p in st.optimizer.state),
-            "owned": sorted(n for n, o in st.pm.owner.items() if o == st.pm.d),
+    names = {id(p): n for n, p in st.master.values.items()}
+    return {"weights": worker.entries[f"{weights}:trained"].shards,
+            "state": sorted(names[id(p)] for p in st.master.optimizer.state),
+            "owned": sorted(n for n, o in st.pm.owner.items() if o == st.pm.d), "masters": st.master.export(),
+            "module_dtypes": {p.dtype for p in st.pm.params().values()},
             "grads": [n for n, p in st.pm.params().items() if p.grad is not None]}
 
 
@@ -102,3 +106,24 @@ def test_zero_over_two_replicas_trains_the_weights_of_one(pool):
     for name, want in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], want, rtol=0, atol=1e-3 * lr, msg=name)
     assert set(one["state"]) == set(one["weights"])  # one replica owns everything
+
+
+def test_bf16_zero_keeps_float32_masters_of_its_share_and_trains_the_weights_of_one_replica(pool):
+    """dp 1 accumulates its two microbatches' bf16 gradients in bf16, round(a + b); dp 2 reduces the same two bf16
+    gradients in bf16, round(a + b) as well. What differs is float32 noise in the statistics (as in the float32
+    test), which can move a gradient entry across a bf16 rounding boundary: one bf16 ulp, at most 2^-7 of the
+    entry. Adam's first step moves an entry by lr g / (|g| + eps), whose change under a relative change r of g is
+    at most lr r eps |g| / (|g| + eps)^2 <= lr r / 4: the masters agree within lr (2^-9 + 1e-3)."""
+    two = pool.run(_train, 2, "bf16")
+    one = pool.run(_train, 1, "bf16")[0]
+    assert all(r["module_dtypes"] == {torch.bfloat16} for r in two + [one])
+    for r in two:  # float32 masters and Adam state of the owned share, nothing else
+        assert sorted(r["masters"]) == r["owned"] == r["state"]
+        assert {t.dtype for t in r["masters"].values()} == {torch.float32}
+    merged = {**two[0]["masters"], **two[1]["masters"]}
+    assert sorted(merged) == sorted(one["masters"])
+    lr = _run_config().rl.lr_actor
+    for name, want in one["masters"].items():
+        torch.testing.assert_close(merged[name], want, rtol=0, atol=lr * (2.0 ** -9 + 1e-3), msg=name)
+    for name, t in two[0]["weights"].items():  # every replica serves the bf16 rounding of the masters
+        assert torch.equal(t, two[1]["weights"][name]) and torch.equal(t, merged[name].to(torch.bfloat16)), name

@@ -62,6 +62,7 @@ from rpegc.outputs import PendingDirectory, write_text
 from rpegc.runtime.plan import RunPlan
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
 from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL
+from rpegc.runtime.backends.torch.safetensors_stream import write_safetensors
 
 FORMAT = "rpeg-torch-checkpoint/2"
 FINAL_FORMAT = "rpeg-torch-final/2"
@@ -236,8 +237,6 @@ def write_shard_file(path: str, tensors: dict[str, tuple[torch.Tensor, Box, tupl
     """Write `tensors` (key -> (local tensor, its box, the global shape)) as one safetensors file, fsynced.
 
     Returns the report the controller indexes: plain str/int/list values only (it travels as a message)."""
-    from safetensors.torch import save
-
     t0 = time.perf_counter()
     boxes = {k: {"offsets": list(box[0]), "shape": list(box[1]), "global": list(glob_shape),
                  "dtype": str(t.dtype).removeprefix("torch.")}
@@ -245,18 +244,14 @@ def write_shard_file(path: str, tensors: dict[str, tuple[torch.Tensor, Box, tupl
     for k, (t, box, _) in tensors.items():
         if tuple(t.shape) != tuple(box[1]):
             raise ValueError(f"{k}: tensor of shape {tuple(t.shape)} for a box of shape {box[1]}")
-    data = save({k: t.detach().to("cpu").contiguous() for k, (t, _, _) in tensors.items()},
-                metadata={"format": FORMAT, "rpeg": json.dumps(boxes, sort_keys=True)})
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        size, digest = write_safetensors(fd, {k: t for k, (t, _, _) in tensors.items()},
+                                         {"format": FORMAT, "rpeg": json.dumps(boxes, sort_keys=True)})
         os.fsync(fd)
     finally:
         os.close(fd)
-    digest = hashlib.sha256(data).hexdigest()
-    return {"file": os.path.basename(path), "bytes": len(data), "sha256": digest, "tensors": boxes,
+    return {"file": os.path.basename(path), "bytes": size, "sha256": digest, "tensors": boxes,
             "write_s": time.perf_counter() - t0}
 
 

@@ -82,10 +82,21 @@ class NetOptions:
 
 @dataclass
 class ModelOutput:
-    """`logits` [b, t, V] if the model has an LM head; `values` [b, t] if it has a scalar head."""
+    """`logits` [b, t, V] if the model has an LM head; `values` [b, t] if it has a scalar head. A serving forward
+    computes the logits (`computed`); a training forward (autograd on) keeps the final norm's output `hidden`
+    [b, t, d] and the `lm_head` instead, so its loss can compute them a piece at a time (`rl.head_logprobs`)."""
 
-    logits: Optional[Tensor]
     values: Optional[Tensor]
+    computed: Optional[Tensor] = None
+    hidden: Optional[Tensor] = None
+    lm_head: Optional[nn.Module] = None
+
+    @property
+    def logits(self) -> Optional[Tensor]:
+        """The logits in the module's dtype: as the forward computed them, or now, whole, from `hidden`."""
+        if self.computed is None and self.lm_head is not None and self.hidden is not None:
+            return self.lm_head(self.hidden)
+        return self.computed
 
 
 class KVCache:
@@ -251,16 +262,24 @@ class TransformerModel(nn.Module):
         self.lm_head = nn.Linear(arch.hidden, arch.vocab, bias=False) if kind in LM_HEAD_KINDS and ends else None
         self.value_head = nn.Linear(arch.hidden, 1) if kind in SCALAR_HEAD_KINDS and ends else None
         if opts.positions == "rope":
-            if opts.hf is not None:
-                from rpegc.runtime.backends.torch.hf_rope import rope_tables as hf_rope_tables
-
-                cos, sin = hf_rope_tables(opts.hf, opts.max_seq)
-            else:
-                cos, sin = rope_tables(opts.max_seq, arch.head_dim, opts.rope_theta)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.init_buffers()
         else:
             self.rope_cos = self.rope_sin = None
+
+    def init_buffers(self, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> None:
+        """(Re)compute the RoPE tables, in float32 on the CPU unless `device`/`dtype` say otherwise (a module built
+        on the meta device gets its real tables here)."""
+        if self.opts.positions != "rope":
+            return
+        with torch.device("cpu"):
+            if self.opts.hf is not None:
+                from rpegc.runtime.backends.torch.hf_rope import rope_tables as hf_rope_tables
+
+                cos, sin = hf_rope_tables(self.opts.hf, self.opts.max_seq)
+            else:
+                cos, sin = rope_tables(self.opts.max_seq, self.arch.head_dim, self.opts.rope_theta)
+        self.register_buffer("rope_cos", cos.to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device=device, dtype=dtype), persistent=False)
 
     @property
     def has_lm_head(self) -> bool:
@@ -316,13 +335,18 @@ class TransformerModel(nn.Module):
     def heads(self, h: Tensor) -> ModelOutput:
         """Last pipeline stage: final norm and the heads of this model kind.
 
-        A bf16/fp16 serving module computes its heads in its own dtype. Values are returned in float32; logits
-        stay in the module's dtype (one vocabulary-wide tensor, the d + V width the memory model counts per
-        token) and their consumers (`rl.token_logprobs`, the sampler) compute in float32 a piece at a time."""
+        A module computes its heads in its own dtype. Values are returned in float32. Serving: logits stay in the
+        module's dtype (one vocabulary-wide tensor, the d + V width the memory model counts per token) and their
+        consumers (`rl.token_logprobs`, the sampler) compute in float32 a piece at a time. Training (autograd
+        on): no logits; the loss computes them a few sequences at a time and the backward pass recomputes them
+        (`rl.head_logprobs`), so no vocabulary-wide tensor of a microbatch is kept for the backward pass (the
+        training activations the memory model counts, spec 6.2, have no vocabulary-wide term)."""
         h = self.norm(h)
-        logits = self.lm_head(h) if self.lm_head is not None else None
         values = self.value_head(h).squeeze(-1).float() if self.value_head is not None else None
-        return ModelOutput(logits=logits, values=values)
+        if self.lm_head is not None and self.training and torch.is_grad_enabled():
+            return ModelOutput(values=values, hidden=h, lm_head=self.lm_head)
+        logits = self.lm_head(h) if self.lm_head is not None else None
+        return ModelOutput(values=values, computed=logits)
 
     def forward(self, tokens: Tensor, cache: Optional[KVCache] = None, pads: Optional[Tensor] = None) -> ModelOutput:
         """Tokens [b, t]; with a cache they continue the cached positions and the cache advances. `pads`

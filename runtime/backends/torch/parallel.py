@@ -24,9 +24,10 @@ flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Whi
   Adam state for it and steps it, and broadcasts the updated values; plain torch.distributed.
 Everything a `ParallelModel` builds (its stage module, KV caches, message buffers, placeholders) is on
 its `device`: the CPU under gloo, the worker's GPU under NCCL (`device.worker_device`), and in its
-`dtype`: float32 for training, the serving dtype (`models.serving_dtype`: bf16 when the workload says
-so) for generation and inference, whose activations, KV caches, TP all-reduces and pipeline messages are
-then bf16 too; the heads return float32 (`TransformerModel.heads`), so results and sampling are float32.
+`dtype`: the workload's (`models.serving_dtype` for generation and inference, `master_weights.training_dtype`
+for training: bf16 when the workload says so), whose activations, KV caches, TP all-reduces, pipeline messages
+and (training) gradients, their reductions and the weights' broadcast are then bf16 too; the heads return
+float32 (`TransformerModel.heads`), so results, sampling and the losses are float32.
 Inference and the losses are the single-process functions of `rl`, run on a `StageView` that looks like
 a `TransformerModel` to them; generation repeats `generation.generate`'s sampling step by step, so a
 sequence gets the tokens it gets in a single process. `ParallelModel.trace` records a rank's schedule
@@ -51,6 +52,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch.device import CPU
 from rpegc.runtime.backends.torch.layout import Layout, rank_pieces, replica_owner, shard_dim, stage_bounds
+from rpegc.runtime.backends.torch.master_weights import sum_of_squares
 from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel, param_shapes, seeded_parameter
 from rpegc.runtime.backends.torch.pipeline import ACTIVATION, StageEvent, StageLink
 from rpegc.runtime.backends.torch.tensor_parallel import canonical_name, tp_linear
@@ -80,12 +82,15 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
     in `dtype` (parameters and floating buffers such as the RoPE tables).
 
     Parameters keep the names of the single-process model (after `canonical_name`); their values are
-    placeholders until a published version is loaded. megatron's layers are allocated on the device
-    itself (its GPU path); the rest is built on the CPU and moved once it is cut to this rank's share.
+    placeholders until a published version is loaded or bound. The module is built on the meta device and
+    allocated, uninitialised, once, in `dtype` on `device`: never a float32 copy of a bf16 module, and no
+    initialisation that the loaded values replace. megatron's layers are allocated on the device itself.
     """
     _, p, _ = layout.coord(rank)
     first, last = stage_bounds(arch.layers, layout.pp)[p]
-    model = TransformerModel(arch, kind, net, stage=(first, last, p == 0, p == layout.pp - 1))
+    with torch.device("meta"):
+        model = TransformerModel(arch, kind, net, stage=(first, last, p == 0, p == layout.pp - 1))
+    model = model.to(dtype=dtype)
     if layout.tp > 1:
         for i in range(first, last):
             block = model.layers[i]
@@ -97,7 +102,9 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
                 block.mlp.w_gate = tp_linear("column", block.mlp.w_gate, layout.tp, tp_group, tp_impl, device)
             block.mlp.w_up = tp_linear("column", block.mlp.w_up, layout.tp, tp_group, tp_impl, device)
             block.mlp.w_down = tp_linear("row", block.mlp.w_down, layout.tp, tp_group, tp_impl, device)
-    return model.to(device=device, dtype=dtype)
+    model = model.to_empty(device=device).to(dtype=dtype)  # a megatron layer built in float32 on the device
+    model.init_buffers(device, dtype)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -106,7 +113,7 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
 
 class ParallelModel:
     """The stage module of `rank` under `layout` with its TP/PP/DP/replica groups, on `device`, computing in
-    `dtype` (float32 for training; a serving module may be bf16/fp16)."""
+    `dtype` (the workload's: float32, bf16, or fp16 for serving)."""
 
     def __init__(self, arch: Arch, kind: str, net: NetOptions, layout: Layout, rank: int, groups: ProcessGroups,
                  tp_impl: str, device: torch.device = CPU, dtype: torch.dtype = torch.float32):
@@ -244,8 +251,8 @@ class ParallelModel:
     def reduce_grads(self) -> None:
         """ZeRO over the data-parallel group (the paper's ZeRO-2 for P_d > 1, App. B): the gradients of each
         replica's share of the parameters (`layout.replica_owner`) are summed onto that replica, one flat reduce
-        per share, and the other replicas drop them. Adam then keeps state for the owner's share only (it makes
-        state for parameters with gradients), and `broadcast_params` gives every replica the updated values:
+        per share, and the other replicas drop them. Only the owner keeps master weights and Adam state for its share
+        (`master_weights.MasterWeights`), and `broadcast_params` gives every replica the updated values:
         a reduce-scatter and an all-gather of the weights' bytes, T_dp = RS + AG (spec 3.4.3)."""
         if self.dp_group is None:
             return
@@ -288,16 +295,15 @@ class ParallelModel:
                         p.copy_(flat[offset:offset + p.numel()].view_as(p))
                         offset += p.numel()
 
-    def grad_sq_total(self, _local: Tensor) -> Tensor:
-        """The squared global gradient norm: DP shares, TP shards and stages summed, replicated tensors once."""
+    def grad_sq_total(self, grads: dict[str, Tensor]) -> Tensor:
+        """The squared global gradient norm from the gradients this rank steps (its replica's share after
+        `reduce_grads`): DP shares, TP shards and stages summed, tensors replicated over TP once."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for name, p in self.params().items():
-            if p.grad is None:
-                continue
+        for name, g in grads.items():
             replicated = self.layout.tp == 1 or shard_dim(name) is None
             if replicated and self.t != 0:
                 continue
-            total = total + p.grad.double().pow(2).sum()
+            total = total + sum_of_squares(g)
         if self.dp_group is not None:  # each replica holds its share's gradients (reduce_grads)
             dist.all_reduce(total, group=self.dp_group)
         if self.mp_group is not None:

@@ -11,17 +11,19 @@ it is the initial actor), or version 0 read from a model's Hugging Face checkpoi
 prompts from the prompt source's `batch(B, seed, k)` (a toy task's random prompts or a dataset's seeded
 epochs, runtime/backends/torch/datasets.py); sampling from `sequence_seed(seed, k, g)` for global sequence g.
 
-Precision (`workload.dtype`, through `models.serving_dtype`): trained models keep float32 weights and
-float32 Adam state and train in float32 (mixed-precision training is out of scope). Every published
-version is a serving copy cast to the serving dtype (bf16/fp16, or float32 for fp32), and the models that
-serve generation and inference (the stale actor/critic, the reference and reward models) run their forward
-in that dtype; their heads return float32, so sampling, log-probs and the losses are float32. The workers
-cast in the same places, so tau = 0 equivalence holds in bf16 too, step by step: from the same serving copy,
-DP/PP serving splits rows only (on the CPU kernel paths tested, a sequence's bf16 forward does not depend on
-its call's row count), TP sums partial products in another order. Across steps it does not compound: a
-published copy is bf16(master), a discontinuous function of a master known to float32 noise only, so an
-independently trained reference may serve copies one bf16 ulp apart in a few entries from step 1 on
-(tests/test_torch_bf16.py compares each step from the run's own checkpoint).
+Precision (`workload.dtype`, through `models.serving_dtype` and `master_weights.training_dtype`): trained
+models compute in the training dtype over float32 master weights and float32 Adam state (bf16 mixed precision
+for a bf16 workload, float32 for fp32). Every published version is a copy of the working weights in the
+serving dtype, and the models that serve generation and inference (the stale actor/critic, the reference and
+reward models) run their forward in that dtype; their heads return float32, so sampling, log-probs and the
+losses are float32. The workers cast in the same places, so tau = 0 equivalence holds in bf16 too, step by
+step: from the same serving copy, DP/PP serving splits rows only (on the CPU kernel paths tested, a
+sequence's bf16 forward does not depend on its call's row count), TP sums partial products in another order;
+bf16 training sums its bf16 gradients over microbatches and replicas in another order (tests/test_torch_bf16.py
+derives the bounds). Across steps it does not compound: a published copy is bf16(master), a discontinuous
+function of a master known to rounding noise only, so an independently trained reference may serve copies one
+bf16 ulp apart in a few entries from step 1 on (tests/test_torch_bf16.py compares each step from the run's own
+checkpoint).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, c
                                                 export_weights, install_weights, serving_dtype)
 from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
                                             critic_loss, default_rl_config, kl_estimate, last_token_scores,
-                                            make_adam, minibatch_steps, optimizer_step, response_forward)
+                                            minibatch_steps, response_forward)
+from rpegc.runtime.backends.torch.master_weights import train_whole, training_dtype
 from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import DPOTrainer
 from rpegc.runtime.backends.torch.datasets import DataConfig, check_data_config
@@ -60,8 +63,8 @@ class RunConfig:
     (a frozen reward model of `reward_arch`; its score is still logged next to the rule's), or a reward
     function of the response text (rewards.py: a built-in, module:function, file.py:function) scoring the
     prompts of the dataset `data` names (`data.path` None: the toy `task`'s random prompts).
-    `workload.dtype` sets `serving_dtype`: published copies and generation/inference forwards; training
-    is float32 whatever it says. `*_hf` name the checkpoints of models given as `hf = "DIR"`.
+    `workload.dtype` sets `serving_dtype` (published copies and generation/inference forwards) and
+    `training_dtype` (bf16 mixed precision or float32; fp16 is refused for training). `*_hf` name the checkpoints of models given as `hf = "DIR"`.
     """
 
     algorithm: str
@@ -107,6 +110,10 @@ class RunConfig:
     def serving_dtype(self) -> torch.dtype:
         return serving_dtype(self.workload)
 
+    @property
+    def training_dtype(self) -> torch.dtype:
+        return training_dtype(self.workload)
+
 
 def check_run_config(cfg: RunConfig) -> None:
     check_rl_config(cfg.rl)
@@ -132,6 +139,7 @@ def check_run_config(cfg: RunConfig) -> None:
         raise RpegError(None, f"ppo_minibatches = {cfg.rl.ppo_minibatches} exceeds the {rows} "
                         f"{'pairs' if cfg.algorithm == 'dpo' else 'sequences'} of a step; use at most {rows}")
     serving_dtype(w)  # an unsupported dtype fails here, before any worker starts
+    training_dtype(w)
 
 
 def check_reward(cfg: RunConfig) -> None:
@@ -271,18 +279,18 @@ class ReferenceTrainer:
 
         actor_kind = "actor_critic" if cfg.shared_actor_critic else "policy"
         actor_seed = derive_seed(seed, "actor")
-        # trained models (actor, critic) stay float32: the master weights Adam updates
+        # trained models (actor, critic) compute in the training dtype over float32 masters, as the workers do
         self.actor = initial_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf, net)
+        self.actor_master = train_whole(self.actor, cfg.training_dtype, cfg.rl.lr_actor, cfg.rl)
         self.reference = serving_model(cfg.actor, "reference", actor_seed, cfg.reference_hf)
-        self.actor_opt = make_adam(self.actor.parameters(), cfg.rl.lr_actor, cfg.rl)
-        self.actor_versions = VersionStore(export_weights(self.actor), serving)
+        self.actor_versions = VersionStore(self.actor_master.export(), serving)
         self.stale_actor = serving_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf)
         self.critic: Optional[TransformerModel] = None
         if cfg.critic is not None:
             critic_seed = derive_seed(seed, "critic")
             self.critic = initial_model(cfg.critic, "critic", critic_seed, cfg.critic_hf, net)
-            self.critic_opt = make_adam(self.critic.parameters(), cfg.rl.lr_critic, cfg.rl)
-            self.critic_versions = VersionStore(export_weights(self.critic), serving)
+            self.critic_master = train_whole(self.critic, cfg.training_dtype, cfg.rl.lr_critic, cfg.rl)
+            self.critic_versions = VersionStore(self.critic_master.export(), serving)
             self.stale_critic = serving_model(cfg.critic, "critic", critic_seed, cfg.critic_hf)
         self.reward_model = None
         if cfg.reward == "model":
@@ -333,7 +341,7 @@ class ReferenceTrainer:
         def actor_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
             loss, stats = actor_loss(self.actor, e, cfg.rl, n)
             loss.backward()
-            return stats, optimizer_step(self.actor, self.actor_opt, cfg.rl)
+            return stats, self.actor_master.step(cfg.rl)
 
         stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), actor_step, counts=("clipped_tokens",))
         metrics = dict(stats, actor_grad_norm=norm, clip_frac=stats["clipped_tokens"] / exp.num_tokens)
@@ -341,7 +349,7 @@ class ReferenceTrainer:
             def critic_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
                 vl = critic_loss(self.critic, e, cfg.rl, n)
                 vl.backward()
-                return {"value_loss": vl.item()}, optimizer_step(self.critic, self.critic_opt, cfg.rl)
+                return {"value_loss": vl.item()}, self.critic_master.step(cfg.rl)
 
             stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), critic_step)
             metrics.update(value_loss=stats["value_loss"], critic_grad_norm=norm)
@@ -369,9 +377,9 @@ class ReferenceTrainer:
 
     def weights(self) -> dict[str, dict[str, Tensor]]:
         """The float32 master weights of the trained models (not their serving copies)."""
-        out = {"actor": export_weights(self.actor)}
+        out = {"actor": self.actor_master.export()}
         if self.critic is not None:
-            out["critic"] = export_weights(self.critic)
+            out["critic"] = self.critic_master.export()
         return out
 
 

@@ -1,4 +1,4 @@
-"""RL math of one PPO / GRPO step: log-probs, KL, rewards, GAE, group advantages, losses, Adam, clipping.
+"""RL math of one PPO / GRPO step: log-probs, KL, rewards, GAE, group advantages, losses, minibatch steps.
 
 Paper Sec. II (PPO and GRPO stages) and App. B (hyper-parameters: one PPO epoch, actor/critic learning
 rate 1e-6, zero weight decay, gradient clipping at 1.0, PPO clip 0.2, gamma = 1, GAE lambda = 0.95,
@@ -16,10 +16,12 @@ position. Masks are float tensors, 1 for real response tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Collection, Iterable, Optional, Protocol, Sequence
+from functools import partial
+from typing import Callable, Collection, Optional, Protocol, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import ALGORITHMS
@@ -148,6 +150,29 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
                       for i in range(0, logits.shape[0], rows)])
 
 
+def _head_piece(lm_head: nn.Module, temperature: float, with_entropy: bool, hidden: Tensor,
+                tokens: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    logp = torch.log_softmax(lm_head(hidden).float() / temperature, dim=-1)
+    picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return (picked, -(logp.exp() * logp).sum(-1)) if with_entropy else picked
+
+
+def head_logprobs(lm_head: nn.Module, hidden: Tensor, tokens: Tensor, temperature: float = 1.0,
+                  with_entropy: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+    """Training's log pi(token) (and entropies) in float32 from the final norm's output `hidden` [b, t, d] and
+    tokens [b, t]: the LM head and the log-softmax a few sequences at a time (LOGPROB_PIECE float32 elements),
+    each piece under torch.utils.checkpoint, so autograd keeps only its inputs (views of `hidden`) and its
+    per-token results and the backward pass recomputes its logits. No vocabulary-wide tensor larger than a piece
+    exists at any time; the price is the head's forward once more in the backward pass, as for the blocks."""
+    rows = max(1, LOGPROB_PIECE // max(1, hidden.shape[1] * lm_head.out_features))
+    piece = partial(_head_piece, lm_head, temperature, with_entropy)
+    parts = [checkpoint(piece, hidden[i:i + rows], tokens[i:i + rows], use_reentrant=False)
+             for i in range(0, hidden.shape[0], rows)]
+    if not with_entropy:
+        return torch.cat(parts), None
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
@@ -159,7 +184,10 @@ def response_forward(model: TransformerModel, sequences: Tensor, prompt_len: int
     positions that predict responses."""
     out = model(sequences[:, :-1], pads=pads)
     logprobs = entropy = values = None
-    if out.logits is not None:
+    if out.hidden is not None and out.lm_head is not None:  # training: the head a piece at a time
+        logprobs, entropy = head_logprobs(out.lm_head, out.hidden[:, prompt_len - 1:], sequences[:, prompt_len:],
+                                          temperature, with_entropy)
+    elif out.logits is not None:
         logits = out.logits[:, prompt_len - 1:]
         logprobs = token_logprobs(logits, sequences[:, prompt_len:], temperature)
         if with_entropy:
@@ -429,40 +457,3 @@ def minibatch_steps(cfg: RLConfig, batch: Rows, lo: int, hi: int,
         results = [step(sub, size) for sub, size in zip(subs, sizes)]
     stats = epoch_stats([(st, size / total) for (st, _), size in zip(results, sizes)], counts)
     return stats, sum(norm for _, norm in results) / len(results)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Optimisation
-
-
-def make_adam(params: Iterable[Tensor], lr: float, cfg: RLConfig) -> torch.optim.Optimizer:
-    """Adam with App. B's zero weight decay; foreach=False also works on DTensor parameters."""
-    return torch.optim.Adam(params, lr=lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay, foreach=False)
-
-
-def clip_grad_norm(params: Iterable[Tensor], max_norm: float, reduce_sq: Reduce = _identity) -> float:
-    """Scale gradients so their GLOBAL 2-norm is at most `max_norm`; returns the norm before clipping.
-
-    `reduce_sq` sums the local squared norm over ranks that hold different parameters (tp/pp shards);
-    data-parallel replicas hold identical reduced gradients and must not be summed again. The scale
-    is max_norm / (norm + 1e-6), capped at 1, as in torch.nn.utils.clip_grad_norm_.
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    local = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else None)
-    for g in grads:
-        local = local + g.double().pow(2).sum()
-    norm = reduce_sq(local).sqrt()
-    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(scale.to(g.dtype))
-    return float(norm)
-
-
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: RLConfig,
-                   reduce_sq: Reduce = _identity) -> float:
-    """Clip on the global gradient norm, step Adam, clear gradients; returns the pre-clip norm."""
-    norm = clip_grad_norm(model.parameters(), cfg.grad_clip, reduce_sq)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm

@@ -13,9 +13,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rpegc.runtime.backends.torch.generation import Rollout, Sampler, Sampling, check_generation
+from rpegc.runtime.backends.torch.host_memory import release_freed
 from rpegc.runtime.backends.torch.layout import split_rows
 from rpegc.runtime.backends.torch.models import LM_HEAD_KINDS, SCALAR_HEAD_KINDS, ModelOutput
-from rpegc.runtime.backends.torch.rl import Experience, RLConfig, optimizer_step
+from rpegc.runtime.backends.torch.master_weights import MasterWeights
+from rpegc.runtime.backends.torch.rl import Experience, RLConfig
 from rpegc.runtime.backends.torch.parallel import ParallelModel
 from rpegc.runtime.backends.torch.pipeline import GRADIENT, TOKENS, StageLink
 
@@ -66,8 +68,8 @@ class StageView:
             return pm.module.heads(out)
         # placeholders (an expanded zero: no vocabulary-wide tensor is allocated for them)
         zero = torch.zeros((), device=pm.device)
-        return ModelOutput(logits=zero.expand(b, t, pm.arch.vocab) if self.has_lm_head else None,
-                           values=zero.expand(b, t) if self.has_value_head else None)
+        return ModelOutput(values=zero.expand(b, t) if self.has_value_head else None,
+                           computed=zero.expand(b, t, pm.arch.vocab) if self.has_lm_head else None)
 
 
 Microbatch = Callable[[StageView], Tensor]
@@ -148,7 +150,7 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
 LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
 
 
-def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: LossFn, exp: Experience,
+def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: Experience,
                microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...]) -> tuple[dict[str, float], float]:
     """One optimizer step on this replica's rows `exp` in `microbatches` microbatches, on the 1F1B schedule the
     cost model prices (spec 3.3 and 6.2: at most min(mb, pp) microbatches' activations live on a stage): stage p
@@ -171,6 +173,7 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
         lo, hi = chunks[j]
         view = StageView(pm, link, j, rows)
         loss, stats = loss_fn(view, exp.rows(slice(lo, hi)))
+        release_freed()  # the forward's freed temporaries (host_memory.py), before the backward needs room
         inp, out = view.records[0]
         live[j] = (loss if pm.is_last else None, inp, out)
         if pm.is_last:
@@ -189,6 +192,7 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
                 out.backward(grad)
         if inp is not None:
             link.send(inp.grad, pm.prev, GRADIENT, (j,))
+        release_freed()  # the recomputed segments' activations
 
     warmup = min(pm.layout.pp - pm.p - 1, len(chunks))
     for j in range(warmup):
@@ -200,7 +204,8 @@ def train_step(pm: ParallelModel, optimizer: torch.optim.Optimizer, loss_fn: Los
         backward(j)
     link.close()
     pm.reduce_grads()
-    norm = optimizer_step(pm.module, optimizer, cfg, reduce_sq=pm.grad_sq_total)
+    norm = master.step(cfg, sq_total=pm.grad_sq_total)
+    release_freed()  # the gradients and their float32 copies
     pm.broadcast_params()
     if pm.is_last and pm.dp_group is not None:
         dist.all_reduce(sums, group=pm.dp_group)

@@ -38,12 +38,14 @@ What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
   those of the serving dtype;
 - execution modules: one `ParallelModel` per (model, layout) it serves, in the serving dtype, whose
   parameters are the tensors of the weights entry a node reads (bound, not copied: one serving copy; a
-  module lets go of them when the entry is freed or replaced); one training state per trained (model, layout): the live float32 parameters
-  (the master weights) and Adam's float32 state. Training computes in float32 (mixed precision is out of
-  scope) and publishes each new version by casting the master to the serving dtype. The master never
-  reloads from a reduced-precision copy: a training state starts from the float32 version it was cast
-  from (version 0 by seed, or the checkpoint), and checkpoints and final weights save the master. Version 0
-  is never held whole: a rank draws (or reads from the checkpoint) only the pieces it installs;
+  module lets go of them when the entry is freed or replaced); one training state per trained (model, layout):
+  a module in the training dtype (`master_weights.training_dtype`: bf16 mixed precision for a bf16 workload,
+  else float32) and the float32 master weights and Adam state of its replica's ZeRO share
+  (`master_weights.MasterWeights`; a float32 module is its own master). Each new version is published as a
+  copy of the working weights in the serving dtype. A master never reloads from a reduced-precision copy: a
+  training state starts from the float32 version it was cast from (version 0 by seed, or the checkpoint), and
+  checkpoints and final weights save the masters (each data-parallel replica its share). Version 0 is never
+  held whole: a rank draws (or reads from the checkpoint) only the pieces it installs;
 - data artifacts: `data` entries, row pieces of a container for one step (and phase), float32/int64.
 """
 
@@ -71,6 +73,8 @@ from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove, ran
 from rpegc.runtime.backends.torch.messages import SECRET_ENV, Endpoint, MessageError, read_secret
 from rpegc.runtime.backends.torch.pinning import local_workers, pin_cpu_worker
 from rpegc.runtime.backends.torch.hf import HFWeights
+from rpegc.runtime.backends.torch.host_memory import release_freed
+from rpegc.runtime.backends.torch.master_weights import MasterWeights, training_dtype
 from rpegc.runtime.backends.torch.models import cast_weights, check_arch, param_shapes
 from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, seeded_shard
 from rpegc.runtime.backends.torch.peak_memory import PeakMeter
@@ -78,7 +82,7 @@ from rpegc.runtime.backends.torch.schedules import generate, infer, train_step
 from rpegc.runtime.backends.torch.reference import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 from rpegc.runtime.backends.torch.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
-                                            last_token_scores, make_adam, minibatch_steps, response_forward)
+                                            last_token_scores, minibatch_steps, response_forward)
 from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import PAIR_SUMS, PairRows, pair_loss, pair_metrics
 from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch
@@ -142,10 +146,11 @@ class Entry:
 
 @dataclass
 class TrainState:
-    """A trained model's float32 master weights (`pm`, at version `pm.loaded`) and its Adam state."""
+    """A trained model's module in the training dtype (`pm`, at version `pm.loaded`) and the float32 master
+    weights and Adam state of the parameters this rank steps."""
 
     pm: ParallelModel
-    optimizer: torch.optim.Optimizer
+    master: MasterWeights
 
 
 class CommandError(Exception):
@@ -232,6 +237,7 @@ class Worker:
         node = cmd.get("node")
         try:
             self.free(cmd.get("release", ()))  # copies freed since this rank's last command
+            release_freed()  # every command starts from what the worker holds, not its last high-water mark
             self.maybe_fail(cmd)
             info = getattr(self, "cmd_" + cmd["type"])(cmd) or {}
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
@@ -267,14 +273,13 @@ class Worker:
         # Models are only ever added and an optimizer's state only fills once (at its first step), so the
         # models' bytes change only when these counts do (summing every parameter took ~0.7 ms per report).
         # A serving module bound to an entry holds the entry's tensors: they are counted with the entry.
-        key = (len(self.serving), len(self.training), sum(len(st.optimizer.state) for st in self.training.values()),
+        key = (len(self.serving), len(self.training),
+               sum(len(st.master.optimizer.state) for st in self.training.values()),
                tuple(pm.bound is None for pm in self.serving.values()))
         if self._model_bytes[0] != key:
             mods = sum(_bytes_of(pm.module.parameters()) for pm in self.serving.values() if pm.bound is None)
             for st in self.training.values():
-                mods += _bytes_of(st.pm.module.parameters())
-                for s in st.optimizer.state.values():
-                    mods += _bytes_of(v for v in s.values() if isinstance(v, Tensor))
+                mods += _bytes_of(st.pm.module.parameters()) + st.master.nbytes()
             self._model_bytes = (key, mods)
         return held + self._model_bytes[1]
 
@@ -384,7 +389,7 @@ class Worker:
             if st is None or st.pm.loaded != (m, v):
                 raise CommandError(f"checkpoint of the float32 master of version {v} of @{m}, which no training "
                                    f"state on this worker holds")
-            add(prefix, m, layout, st.pm.export())
+            add(prefix, m, layout, st.master.export())
         for m, v, prefix in cmd.get("window", ()):
             kept = self.window.get((m, v))
             if kept is None:
@@ -397,9 +402,9 @@ class Worker:
             mine = self._writes(m, layout)
             t_coord = layout.coord(self.rank)[2]
             pieces = rank_pieces(self.shapes[m], layout, self.rank, self.setup.models[m].arch.layers)
-            for n, p in st.pm.params().items():
+            for n in st.master.names:
                 shape = self.shapes[m][n]
-                for k, v in st.optimizer.state.get(p, {}).items() if n in mine else ():
+                for k, v in st.master.adam_state(n).items() if n in mine else ():
                     if not isinstance(v, Tensor):
                         raise CommandError(f"Adam state {k} of {n} is not a tensor; cannot checkpoint it")
                     if v.dim():
@@ -418,11 +423,12 @@ class Worker:
 
     def saved_shards(self, e: Entry) -> dict[str, Tensor]:
         """What an export saves of a weights entry: the entry, unless it is a reduced-precision serving copy
-        of the version a training state here holds in the same layout; then that state's float32 master, so
-        checkpoints resume exactly and final weights are the trained ones, not their bf16 rounding."""
+        of the version a training state here holds in the same layout; then that state's float32 masters (of the
+        share this rank writes), so checkpoints resume exactly and final weights are the trained ones, not their
+        bf16 rounding."""
         st = self.training.get((e.model, e.layout)) if e.model is not None and e.layout is not None else None
         if st is not None and not e.full_precision() and st.pm.loaded == (e.model, e.version):
-            return st.pm.export()
+            return st.master.export()
         return e.shards
 
     # -- transfers ----------------------------------------------------------------------------------
@@ -572,15 +578,14 @@ class Worker:
         st = self.training.get(key)
         if st is None:
             spec = self.setup.models[model]
-            # float32 whatever the serving dtype: master weights, Adam state and the training compute
             pm = ParallelModel(spec.arch, spec.kind, self.nets[model], layout, self.rank, self.groups, self.setup.tp_impl,
-                               self.device, torch.float32)
+                               self.device, training_dtype(self.run.workload))
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
             params = pm.params()
-            opt = make_adam(params.values(), lr, self.run.rl)
+            master = MasterWeights(params, [n for n in params if pm.owner[n] == pm.d], lr, self.run.rl)
             if self.resume is not None and model in self.resume.index.get("optimizer", ()):
-                self._load_optimizer(opt, pm, model)
-            st = self.training[key] = TrainState(pm, opt)
+                self._load_optimizer(master, pm, model)
+            st = self.training[key] = TrainState(pm, master)
         return st
 
     def master_shards(self, model: str, layout: Layout, e: Entry) -> dict[str, Tensor]:
@@ -595,24 +600,23 @@ class Worker:
             raise CommandError(f"training @{model} cannot start from the {self.serving_dtype} serving copy of "
                                f"version {e.version}: {err}") from None
 
-    def _load_optimizer(self, opt, pm: ParallelModel, model: str) -> None:
+    def _load_optimizer(self, master: MasterWeights, pm: ParallelModel, model: str) -> None:
         """This rank's pieces of the checkpointed Adam state under its layout (reshard on load), for the parameters
-        of its replica's share (`pm.owner`)."""
+        of its replica's share (another replica's share: its owner keeps that state)."""
         assert self.resume is not None
         pieces = rank_pieces(self.shapes[model], pm.layout, self.rank, self.setup.models[model].arch.layers)
-        for name, p in pm.params().items():
-            if pm.owner[name] != pm.d:
-                continue  # another replica's share (ZeRO): its owner keeps that state
+        for name in master.names:
+            device = master.values[name].device
             prefix = ckpt.adam_key(model, name, "")
             local = {}
             for key in self.resume.keys(prefix):
                 k = key[len(prefix):]
                 if self.resume.shape(key):
-                    local[k] = self.resume.read_piece(key, pieces[name]).to(p.device)
-                else:  # 0-dim state (Adam's step count) stays on the CPU, where a non-capturable Adam keeps it
-                    local[k] = self.resume.read(key)
+                    local[k] = self.resume.read_piece(key, pieces[name]).to(device)
+                else:  # 0-dim state (Adam's step count), on the parameter's device as the fused Adam keeps it
+                    local[k] = self.resume.read(key).to(device)
             if local:
-                opt.state[p] = local
+                master.set_adam_state(name, local)
 
     def prep(self, cmd: dict) -> None:
         """Move inputs into the invocation's layout first (rows to replicas, weights to shards)."""
@@ -765,12 +769,14 @@ class Worker:
         if e is None:
             raise CommandError(f"{cmd['weights']} is not held on worker {self.rank}")
         if st.pm.loaded != (model, e.version):
-            st.pm.load(self.master_shards(model, layout, e))
+            values = self.master_shards(model, layout, e)
+            st.pm.load(values)
+            st.master.load(values)
             st.pm.loaded = (model, e.version)
         return st, e
 
     def publish(self, cmd: dict, pm: ParallelModel) -> int:
-        """The trained version as a serving copy (the float32 master stays in the training state)."""
+        """The trained version as a serving copy of the working weights (the masters stay in the training state)."""
         model, version = cmd["model"], cmd["version_out"]
         pm.loaded = (model, version)
         self._put_weights(cmd["output"], Entry("weights", model, version, cmd["layout"],
@@ -790,7 +796,7 @@ class Worker:
         keys = algorithm("dpo").stat_keys["policy"]
 
         def step(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
-            return train_step(pm, st.optimizer, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
+            return train_step(pm, st.master, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
                               keys)
 
         stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=dp_sum)
@@ -827,7 +833,7 @@ class Worker:
                 loss = critic_loss(view, e, rl, n)
                 return loss, {"value_loss": loss.item()}
 
-            return train_step(pm, st.optimizer, loss_fn, sub, cmd["mb"], rl, keys)
+            return train_step(pm, st.master, loss_fn, sub, cmd["mb"], rl, keys)
 
         stats, norm = minibatch_steps(rl, exp, lo, hi, step, counts=("clipped_tokens",), reduce=dp_sum)
         version = self.publish(cmd, pm)

@@ -27,8 +27,9 @@ from rpegc.runtime.backends.torch.algorithms.base import Algorithm
 from rpegc.runtime.backends.torch.datasets import PairBatch
 from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.hf import initial_model
-from rpegc.runtime.backends.torch.models import derive_seed, export_weights
-from rpegc.runtime.backends.torch.rl import make_adam, minibatch_steps, optimizer_step, response_forward
+from rpegc.runtime.backends.torch.models import derive_seed
+from rpegc.runtime.backends.torch.master_weights import train_whole
+from rpegc.runtime.backends.torch.rl import minibatch_steps, response_forward
 
 SIDES = ("chosen", "rejected")
 # `dpo_loss`'s statistics that are sums over pairs (the loss itself is a mean)
@@ -171,7 +172,7 @@ class DPOTrainer:
         self.reference = initial_model(cfg.actor, "reference", actor_seed, cfg.reference_hf,
                                        cfg.net).to(cfg.serving_dtype)
         self.reference.requires_grad_(False)
-        self.actor_opt = make_adam(self.actor.parameters(), cfg.rl.lr_actor, cfg.rl)
+        self.actor_master = train_whole(self.actor, cfg.training_dtype, cfg.rl.lr_actor, cfg.rl)
         self.pairs = open_prompts(cfg.data, cfg.task, cfg.actor.vocab, w.Lp, w.Lr, pairs=True)
 
     def step(self, step: int) -> dict[str, float]:
@@ -186,7 +187,7 @@ class DPOTrainer:
         def step_on(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
             loss, stats = pair_loss(self.actor, sub, w.Lp, self.cfg.rl.dpo_beta, n)
             loss.backward()
-            return stats, optimizer_step(self.actor, self.actor_opt, self.cfg.rl)
+            return stats, self.actor_master.step(self.cfg.rl)
 
         stats, norm = minibatch_steps(self.cfg.rl, rows, 0, w.B, step_on, counts=PAIR_SUMS)
         metrics = {"step": float(step), **pair_metrics(stats, float(w.B), norm)}
@@ -194,4 +195,4 @@ class DPOTrainer:
         return metrics
 
     def weights(self) -> dict[str, dict[str, Tensor]]:
-        return {"actor": export_weights(self.actor)}
+        return {"actor": self.actor_master.export()}
