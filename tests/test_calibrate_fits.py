@@ -13,7 +13,7 @@ import pytest
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import load_hardware
-from rpegc.tools.calibrate import (Calibration, EtaFit, LinkFit, ScaleFit, allreduce_terms, cpu_plan, eta,
+from rpegc.tools.calibrate import (Calibration, EtaFit, copied_links, LinkFit, ScaleFit, allreduce_terms, cpu_plan, eta,
                                    fit_alpha_beta, fit_eta, fit_f_peak, mape, p2p_terms, profile_text)
 
 ROWS = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], dtype=float)
@@ -222,3 +222,29 @@ def test_fit_eta_overhead_never_gives_a_negative_peak():
     seconds = layers * 3e-4 * (1.0 - 0.3 * work / work.max())
     fit = fit_eta_overhead(r, k, work, layers, seconds)
     assert fit.scale > 0 and fit.t_layer >= 0 and np.isfinite(fit.mape)
+
+
+def test_links_copied_from_a_profile_keep_every_tier_and_say_so(tmp_path: Path):
+    """One CUDA device reaches no link: its profile takes every tier's collective and p2p terms from another."""
+    h200 = load_hardware("h200")
+    cal = dataclasses.replace(_calibration(), backend="nccl", devices=1, links_from=h200)
+    cal.coll_fit, cal.p2p_fit = copied_links(h200)
+    path = tmp_path / "one-gpu.toml"
+    path.write_text(profile_text(cal))
+    hw = load_hardware(str(path))
+    for tier in TIERS:
+        assert hw.coll(tier) == tuple(pytest.approx(x) for x in h200.coll(tier))
+        assert hw.p2p(tier) == tuple(pytest.approx(x) for x in h200.p2p(tier))
+    assert h200.coll("inter_rack") != h200.coll("intra_node")  # so the copy is per tier
+    text = path.read_text()
+    assert "not measured" in text and "tiers_measured = []" in text and "not reachable on one host" not in text
+    assert hw.F_peak == pytest.approx(5.6e10) and hw.gpus_per_node == 1
+    assert cal.world == 1 and dataclasses.replace(cal, links_from=None).world == 2
+
+
+def test_one_cuda_device_without_links_from_is_a_clear_error():
+    from rpegc.tools.calibrate import calibrate, gpu_plan
+
+    with pytest.raises(RpegError, match="--links-from"):
+        calibrate(1, "nccl", gpu_plan(quick=True))
+

@@ -88,7 +88,7 @@ def _rows():
     tiny = VALIDATION_ARCHS["tiny"]
     cases = [Case("inference", "reference", "tiny", tiny, 16, 1, 8, 8, 1, 1, 1, 1),
              Case("training", "policy", "tiny", tiny, 16, 1, 8, 8, 2, 1, 1, 1),
-             Case("generation", "policy", "tiny", tiny, 16, 1, 8, 8, 1, 2, 1, 2)]
+             Case("generation", "policy", "tiny", tiny, 16, 1, 8, 8, 1, 2, 1, 2, dtype="bf16")]
     measured = [((0.010, 0.012, 0.011), None), ((0.050, 0.040, 0.045), None), ((0.2, 0.3, 0.25), 1.5e6)]
     return cases, measured, make_rows(cases, measured, hw, CostOptions(train_forward_equivalents=3), 4)
 
@@ -115,10 +115,42 @@ def test_csv_schema_and_round_trip(tmp_path: Path):
     assert [c for c, _, _ in back] == cases
     assert [s for _, s, _ in back] == [pytest.approx(m) for m, _ in measured]
     assert back[2][2] == pytest.approx(1.5e6) and back[0][2] is None
+    # A CSV from before the dtype column measured the float32 path.
+    old = tmp_path / "old.csv"
+    i = CSV_COLUMNS.index("dtype")
+    old.write_text("\n".join(",".join(f for j, f in enumerate(line.split(",")) if j != i) for line in lines) + "\n")
+    assert [c.dtype for c, _, _ in read_csv(old)] == ["fp32"] * 3
     bad = tmp_path / "bad.csv"
     bad.write_text("role,kind\ninference,reference\n")
     with pytest.raises(RpegError, match="lacks the columns"):
         read_csv(bad)
+
+
+def test_gpu_grid_runs_1b_models_in_bf16_on_one_device():
+    """Ten or more configurations of every role on one device; the models counted as transformers counts
+    them (Llama 3.2 1B: 1,235,814,400 parameters; Qwen2.5 0.5B: 494,032,768, both with tied embeddings)."""
+    from rpegc.core.cost.params import param_count
+    from rpegc.tools.validate import GRIDS
+
+    grid = build_grid(1, grid="gpu")
+    assert len(grid) >= 10 and {c.role for c in grid} == {"generation", "inference", "training"}
+    assert {c.dtype for c in grid} == {"bf16"} and all(c.devices == 1 for c in grid)
+    archs = GRIDS["gpu"].archs
+    assert param_count(archs["llama3.2-1b"], "policy") == 1_235_814_400
+    assert param_count(archs["qwen2.5-0.5b"], "policy") == 494_032_768
+    assert {c.dtype for c in build_grid(1, quick=True, grid="gpu")} == {"bf16"}
+    with pytest.raises(RpegError, match="unknown --grid"):
+        build_grid(1, grid="tpu")
+
+
+def test_bf16_cases_are_priced_in_bf16():
+    """The prediction follows the case's dtype: bf16 serving weights are half the float32 ones."""
+    from rpegc.tools.validate import predict
+
+    hw, arch = load_hardware("h200"), VALIDATION_ARCHS["small-256"]
+    fp32, bf16 = (predict(Case("inference", "reference", "small-256", arch, 16, 1, 16, 16, 1, 1, 1, 1, dtype=d),
+                          hw, CostOptions(), 8) for d in ("fp32", "bf16"))
+    assert bf16.peak_bytes < fp32.peak_bytes and bf16.T_op <= fp32.T_op
 
 
 def test_report_and_plot(tmp_path: Path):

@@ -22,6 +22,18 @@ def test_measure_runs_each_role_through_the_backend_worker():
         assert peak is None  # CPU workers: no per-device peak
 
 
+def test_isolated_measurement_goes_on_past_a_failing_configuration(capsys):
+    """Each configuration alone on its worker (the CUDA mode): one that fails gets no samples, its error is
+    reported, and the next one runs on a fresh pool, in bf16 here (mixed-precision training)."""
+    tiny = VALIDATION_ARCHS["tiny"]
+    cases = [Case("inference", "no-such-kind", "tiny", tiny, 8, 1, 4, 4, 1, 1, 1, 1),
+             Case("training", "policy", "tiny", tiny, 8, 1, 4, 4, 1, 1, 1, 1, dtype="bf16")]
+    failed, trained = measure(cases, 1, repeats=2, warmup=1, quiet=True, isolated=True)
+    assert failed == ((), None)
+    assert len(trained[0]) == 2 and all(s > 0 for s in trained[0]) and trained[1] is None
+    assert f"configuration {cases[0].id} failed" in capsys.readouterr().err
+
+
 def test_cli_repredicts_saved_measurements(tmp_path: Path, capsys):
     """`--from` re-prices a validation CSV with a profile and cost options; it writes the re-predicted
     CSV, the plot and the report, and prints the report."""

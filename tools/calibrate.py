@@ -48,7 +48,7 @@ import numpy as np
 
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
@@ -679,6 +679,12 @@ class Calibration:
     concurrent: bool = False  # forwards timed on every device at once
     raw: list[tuple[str, str, float, float]] = field(default_factory=list)  # (kind, point, x, seconds)
     date: str = ""
+    links_from: Optional[Hardware] = None  # where the link terms were copied from instead of measured
+
+    @property
+    def world(self) -> int:
+        """Worker processes of the campaign: two at least when the links are measured."""
+        return self.devices if self.links_from is not None else max(self.devices, 2)
 
     def hardware(self) -> Hardware:
         """The calibrated profile as the cost model reads it."""
@@ -694,20 +700,28 @@ def _steps(plan: SweepPlan, world: int) -> int:
 
 
 def calibrate(devices: int, backend: str, plan: SweepPlan, *, name: str = "cpu", quiet: bool = False,
-              concurrent: bool = False, pool_factory: Callable[[int, str], WorkerPool] = WorkerPool) -> Calibration:
+              concurrent: bool = False, pool_factory: Callable[[int, str], WorkerPool] = WorkerPool,
+              links_from: Optional[Hardware] = None) -> Calibration:
     """Run the campaign on `devices` workers (at least 2, so links can be measured) and fit everything.
 
     `concurrent` times the forwards on every device at once: the ceiling of a device whose neighbours
     are busy too (devices that share cores, caches or memory bandwidth), instead of one device alone.
+    `links_from` copies the collective and point-to-point terms from that profile instead of measuring
+    them (one CUDA device reaches no link; NCCL cannot put two ranks on one GPU).
     """
-    world = max(devices, 2)
+    if backend == "nccl" and devices < 2 and links_from is None:
+        raise RpegError(None, "one CUDA device reaches no link to measure; pass --links-from PROFILE (e.g. h200) "
+                              "to take the collective and p2p terms from a profile, or use 2 or more devices")
     cal = Calibration(name=name, devices=devices, backend=backend, plan=plan, concurrent=concurrent,
-                      date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
-    progress = Progress(_steps(plan, world), quiet)
+                      date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), links_from=links_from)
+    progress = Progress(_steps(plan, cal.world if links_from is None else 1), quiet)
     try:
-        with pool_factory(world, backend) as pool:
+        with pool_factory(cal.world, backend) as pool:
             _compute_campaign(pool, plan, cal, progress)
-            _link_campaign(pool, plan, cal, world, progress)
+            if links_from is None:
+                _link_campaign(pool, plan, cal, cal.world, progress)
+            else:
+                cal.coll_fit, cal.p2p_fit = copied_links(links_from)
     finally:
         progress.close()
     cal.M_GPU, cal.memory_source = _device_memory(backend, devices)
@@ -808,6 +822,13 @@ def _link_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, world: i
     cal.raw += [("p2p", f"M={m}", float(m), t) for m, t in pp]
 
 
+def copied_links(hw: Hardware) -> tuple[LinkFit, LinkFit]:
+    """The intra-node collective and p2p terms of `hw` as fits of no points (what the report prints)."""
+    note = f"copied from {hw.source}, not measured"
+    (ca, cb), (pa, pb) = hw.coll("intra_node"), hw.p2p("intra_node")
+    return LinkFit(float(ca), float(cb), 0.0, 0, note), LinkFit(float(pa), float(pb), 0.0, 0, note)
+
+
 def _device_memory(backend: str, devices: int) -> tuple[float, str]:
     """M_GPU: a CUDA device's capacity, or on CPU the machine's RAM shared by its worker processes."""
     if backend == "nccl":
@@ -849,9 +870,17 @@ def profile_mapping(cal: Calibration) -> dict:
                     "t_layer": cal.eta_fit.t_layer},
         "memory": {"M_GPU": cal.M_GPU, "eps_rt": DEFAULT_EPS_RT},
         # One host reaches only the intra-node tier; the others repeat it so the profile is complete.
-        "collective": {t: dict(coll) for t in TIERS},
-        "p2p": {t: dict(p2p) for t in TIERS},
+        "collective": _link_tiers(cal, coll, "coll"),
+        "p2p": _link_tiers(cal, p2p, "p2p"),
     }
+
+
+def _link_tiers(cal: Calibration, measured: dict, family: str) -> dict:
+    """Every tier's (alpha, beta): the profile's own where they were copied, else the intra-node fit."""
+    if cal.links_from is None:
+        return {t: dict(measured) for t in TIERS}
+    terms = getattr(cal.links_from, family)
+    return {t: dict(zip(("alpha", "beta"), map(float, terms(t)))) for t in TIERS}
 
 
 def _description(cal: Calibration) -> str:
@@ -916,7 +945,11 @@ def profile_text(cal: Calibration) -> str:
         for tier in TIERS:
             lines.append("")
             lines.append(f"[{family}.{tier}]")
-            if tier == "intra_node":
+            if cal.links_from is not None:
+                values = m[family][tier]
+                lines.append(f"alpha = {_num(values['alpha'])}     # s; {fit.note}")
+                lines.append(f"beta = {_num(values['beta'])}      # s/B; {fit.note}")
+            elif tier == "intra_node":
                 note = f"; {fit.note}" if fit.note else ""
                 lines.append(f"alpha = {_num(fit.alpha)}     # s; {how}, {fit.points} points, MAPE {fit.mape:.1%}{note}")
                 lines.append(f"beta = {_num(fit.beta)}      # s/B = 1/{1 / fit.beta / 1e9:.3g} GB/s; same fit")
@@ -942,7 +975,8 @@ def profile_text(cal: Calibration) -> str:
         f"memory_bound_forwards = {cal.memory_bound}  # forwards the fitted roofline calls memory-bound",
         f"copy_bandwidths = [{', '.join(_num(moved / s) for kind, _, moved, s in cal.raw if kind == 'copy')}]"
         f"  # B/s per copy size {[b >> 20 for b in p.copy_bytes]} MiB",
-        'tiers_measured = ["intra_node"]  # the only tier one host reaches',
+        ('tiers_measured = []  # the links were copied from another profile' if cal.links_from is not None
+         else 'tiers_measured = ["intra_node"]  # the only tier one host reaches'),
         f"non_gemm_seq = {p.ng_seq}              # sequence length of the c_ng measurement",
         f"non_gemm_hidden = {p.ng_hidden}          # hidden size of the c_ng measurement",
     ]
@@ -967,6 +1001,10 @@ def write_raw(cal: Calibration, path: Path) -> None:
             out.writerow([kind, point, f"{x:.6g}", f"{seconds:.6g}"])
 
 
+def _fit_quality(fit: LinkFit) -> str:
+    return fit.note if fit.points == 0 else f"MAPE {fit.mape:.1%}"
+
+
 def summary(cal: Calibration) -> str:
     e, f = cal.eta_fit, cal.f_peak_fit
     rows = [
@@ -975,8 +1013,8 @@ def summary(cal: Calibration) -> str:
         f"gamma_M {e.gamma_M:.4g} rows   gamma_K {e.gamma_K:.4g} cols   (eta fit over {e.points}, MAPE {e.mape:.1%})",
         f"t_layer {e.t_layer:.4g} s per layer call",
         f"c_ng    {cal.c_ng:.4g} s/layer at B_cal = {cal.plan.B_cal}",
-        f"coll    alpha {cal.coll_fit.alpha:.4g} s  beta {cal.coll_fit.beta:.4g} s/B  (MAPE {cal.coll_fit.mape:.1%})",
-        f"p2p     alpha {cal.p2p_fit.alpha:.4g} s  beta {cal.p2p_fit.beta:.4g} s/B  (MAPE {cal.p2p_fit.mape:.1%})",
+        f"coll    alpha {cal.coll_fit.alpha:.4g} s  beta {cal.coll_fit.beta:.4g} s/B  ({_fit_quality(cal.coll_fit)})",
+        f"p2p     alpha {cal.p2p_fit.alpha:.4g} s  beta {cal.p2p_fit.beta:.4g} s/B  ({_fit_quality(cal.p2p_fit)})",
         f"M_GPU   {cal.M_GPU:.4g} B  eps_rt {DEFAULT_EPS_RT}",
     ]
     return "\n".join(rows)
@@ -1012,6 +1050,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--concurrent", dest="concurrent", action="store_true", default=None,
                     help="time the forwards on every device at once (the default for CPU workers)")
     ap.add_argument("--raw", default=None, help="also write every measured point to this CSV")
+    ap.add_argument("--links-from", default=None, metavar="PROFILE",
+                    help="copy the collective and p2p terms from this profile (a path or a shipped name) instead of "
+                         "measuring them; needed on one CUDA device, which reaches no link")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return ap
 
@@ -1050,8 +1091,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # here, a layer call is 1.7x slower with the neighbour busy. In a plan every device is busy most
         # of the time, so that is the throughput to calibrate; GPUs do not share compute.
         concurrent = args.concurrent if args.concurrent is not None else backend == "gloo"
+        links = load_hardware(args.links_from) if args.links_from is not None else None
         cal = calibrate(devices, backend, plan, name=args.name or output.stem, quiet=args.quiet,
-                        concurrent=concurrent)
+                        concurrent=concurrent, links_from=links)
         text = profile_text(cal)
         Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one
         write_text(str(output), text, "the profile")

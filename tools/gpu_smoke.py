@@ -1,8 +1,9 @@
-"""GPU SMOKE CHECK of the torch backend's CUDA/NCCL path. NEEDS A CUDA GPU; not a test (CI has no GPU)
-and, when written, never run: no GPU was lent to the task that wrote it. Run it on a GPU machine:
+"""GPU CHECK of the torch backend and the cost model on CUDA: equivalence, calibration, and predicted against
+measured time and memory. Needs a CUDA GPU; not a test (CI has no GPU), but its dry run (`--device cpu`: the
+same steps on one CPU worker at tiny sizes) is tested. Run it on a GPU machine:
 
-    .venv/bin/python -m rpegc.tools.gpu_smoke            # part 1 on cuda:0; part 2 with >= 4 GPUs
-    .venv/bin/python -m rpegc.tools.gpu_smoke --device cpu   # part 1 against itself: checks the script runs
+    .venv/bin/python -m rpegc.tools.gpu_smoke --out DIR                # every step on the CUDA devices
+    .venv/bin/python -m rpegc.tools.gpu_smoke --device cpu --out DIR   # the dry run
 
 1. One backend `Worker` in this process on the device (a single-rank layout: no process group needed)
    runs the tiny GRPO step's operators (generation, reference log-probs, the rule reward, a training step)
@@ -10,10 +11,20 @@ and, when written, never run: no GPU was lent to the task that wrote it. Run it 
    agree unless a draw falls on a CDF boundary (reported, not failed); the GPU worker then gets the CPU's
    rollouts, and its reference log-probs, metrics and trained weights must match the CPU's to float32
    tolerance.
-2. With at least 4 GPUs: `rpeg-run examples/grpo-tiny.rpeg --backend torch` with `--dist-backend nccl`
+2. Calibration: `rpeg-calibrate` on the visible CUDA devices under NCCL, bf16, written to DIR/calibrated.toml
+   (raw points in DIR/calibration-raw.csv). One device reaches no link, so its collective and p2p terms are
+   copied from `--profile` (the file says so).
+3. Validation: `rpeg-validate --grid gpu` on one device in DIR/validation/: the Llama 3.2 1B and Qwen2.5 0.5B
+   shapes on two GRPO-shaped workloads, bf16: generation with the KV cache, reference inference and the
+   actor's training step (bf16 working weights and gradients, float32 masters and Adam state, recomputed
+   layers), each operator alone on the device; its time against the calibrated profile's prediction (the
+   shipped `--profile` where step 2 failed) and its peak `torch.cuda.max_memory_allocated` against the memory
+   model's (CSV, plots, report.md).
+4. With at least 4 GPUs: `rpeg-run examples/grpo-tiny.rpeg --backend torch` with `--dist-backend nccl`
    (workers on cuda:0-3; TP through megatron-core's GPU path where the plan uses TP) and with gloo;
    both runs must verify and their final weights agree.
-Exit status 0 when every check passed.
+Steps 2 and 3 run as their own processes under a time limit each. Exit status 0 when every step passed
+(validation's accuracy is reported, not judged).
 """
 
 from __future__ import annotations
@@ -23,6 +34,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -91,7 +105,7 @@ def one_worker(device: torch.device) -> list[str]:
     dev = _step(dev_worker, rollouts=cpu["generated"])
     failures = []
     same = (dev["generated"]["sequences"] == cpu["generated"]["sequences"]).all(-1).float().mean().item()
-    print(f"part 1: {100 * same:.1f} % of the sequences sampled on {device} equal the CPU's")
+    print(f"step 1: {100 * same:.1f} % of the sequences sampled on {device} equal the CPU's")
     params = list(dev_worker.serving.values())[0].module.parameters()
     if {p.device for p in params} != {device}:
         failures.append(f"serving parameters are not all on {device}")
@@ -103,7 +117,7 @@ def one_worker(device: torch.device) -> list[str]:
         if abs(dev["metrics"][k] - v) > RTOL * max(1.0, abs(v)):
             failures.append(f"metric {k}: {dev['metrics'][k]} on {device}, {v} on the CPU")
     worst = max((dev["weights"][n] - w).abs().max().item() for n, w in cpu["weights"].items())
-    print(f"part 1: trained weights differ by at most {worst:.3g}")
+    print(f"step 1: trained weights differ by at most {worst:.3g}")
     if worst > WEIGHTS_ATOL:
         failures.append(f"trained weights differ by {worst:.3g} > {WEIGHTS_ATOL}")
     return failures
@@ -113,7 +127,7 @@ def _rpeg_run(plan: str, run_dir: str, dist_backend: str) -> dict:
     cmd = [sys.executable, "-m", "rpegc.runtime.cli", plan, "--backend", "torch", "--dist-backend", dist_backend,
            "--run-dir", run_dir, "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    print(f"part 2: {dist_backend}: exit {out.returncode}; {out.stdout.strip().splitlines()[-1:]} {out.stderr[-2000:]}")
+    print(f"step 4: {dist_backend}: exit {out.returncode}; {out.stdout.strip().splitlines()[-1:]} {out.stderr[-2000:]}")
     if out.returncode != 0:
         return {}
     from rpegc.runtime.backends.torch.checkpoint import load_final
@@ -134,25 +148,114 @@ def four_workers() -> list[str]:
     if not nccl or not gloo:
         return ["an rpeg-run failed (output above)"]
     worst = max((nccl[m][n] - w).abs().max().item() for m in gloo for n, w in gloo[m].items())
-    print(f"part 2: final weights of the nccl and gloo runs differ by at most {worst:.3g}")
+    print(f"step 4: final weights of the nccl and gloo runs differ by at most {worst:.3g}")
     return [f"final weights differ by {worst:.3g} > {WEIGHTS_ATOL}"] if worst > WEIGHTS_ATOL else []
 
 
+@dataclass(frozen=True)
+class ToolStep:
+    """One of the steps that run a command-line tool of rpegc in its own process."""
+
+    name: str
+    module: str
+    args: tuple[str, ...]
+    limit_s: float
+
+
+CALIBRATED = "calibrated.toml"
+
+
+def calibration_step(out: Path, dry_run: bool, profile: str) -> ToolStep:
+    """rpeg-calibrate on the CUDA devices, or at smoke-test sizes on one CPU worker (`dry_run`)."""
+    where = ("--backend", "gloo", "--devices", "1") if dry_run else ("--backend", "nccl")
+    # One device reaches no link (the dry run takes the same path).
+    links = ("--links-from", profile) if dry_run or _cuda_devices() < 2 else ()
+    quick = ("--quick",) if dry_run else ()
+    return ToolStep("calibration", "rpegc.tools.calibrate",
+                    (*where, *links, "-o", str(out / CALIBRATED), "--raw", str(out / "calibration-raw.csv"), "-q",
+                     *quick), 60 if dry_run else 120)
+
+
+def validation_step(out: Path, dry_run: bool, hardware: str) -> ToolStep:
+    """rpeg-validate's GPU grid on one CUDA device, priced with `hardware`, or its quick form on one CPU worker."""
+    where = ("--backend", "gloo") if dry_run else ("--backend", "nccl")
+    repeats = ("--quick", "--repeats", "1", "--warmup", "0") if dry_run else ("--repeats", "3", "--warmup", "1")
+    return ToolStep("validation", "rpegc.tools.validate",
+                    ("--grid", "gpu", *where, "--devices", "1", "--hardware", hardware, "--out",
+                     str(out / "validation"), "--isolated", "-q", *repeats), 90 if dry_run else 280)
+
+
+def _cuda_devices() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _text(output) -> str:
+    """A subprocess's captured output (bytes when it was cut off by its timeout)."""
+    if output is None:
+        return ""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output
+
+
+def run_tool(step: ToolStep, log: Path) -> list[str]:
+    """Run the step's tool, its output to `log` and the tail printed; returns the failures."""
+    cmd = [sys.executable, "-m", step.module, *step.args]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=step.limit_s)
+    except subprocess.TimeoutExpired as err:
+        log.write_text(f"$ {' '.join(cmd)}\n{_text(err.stdout)}{_text(err.stderr)}\nkilled after {step.limit_s:.0f} s\n")
+        print(f"{step.name}: killed after {step.limit_s:.0f} s")
+        return [f"{step.name} ran past its {step.limit_s:.0f} s (see {log})"]
+    log.write_text(f"$ {' '.join(cmd)}\n{done.stdout}{done.stderr}\nexit {done.returncode}\n")
+    print(f"{step.name}: exit {done.returncode}")
+    print(done.stdout[-3000:], end="")
+    if done.returncode != 0:
+        print(done.stderr[-3000:], end="")
+        return [f"{step.name} exited {done.returncode} (see {log})"]
+    return []
+
+
+def guarded(name: str, step, *args) -> list[str]:
+    """The step's failures; one that raises is a failure too (its traceback printed), so the later steps still run."""
+    try:
+        return step(*args)
+    except Exception as err:  # a diagnostic run on a machine lent for minutes: report and go on
+        traceback.print_exc()
+        return [f"{name} raised {type(err).__name__}: {err}"]
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="gpu_smoke", description="GPU smoke check of the torch backend (needs CUDA)")
-    ap.add_argument("--device", default="cuda:0", help="device of part 1 (default cuda:0; cpu: a dry run)")
+    ap = argparse.ArgumentParser(prog="gpu_smoke", description="GPU check of the torch backend and the cost model "
+                                 "(needs CUDA; --device cpu: a dry run on one CPU worker)")
+    ap.add_argument("--device", default="cuda:0", help="device of step 1 (default cuda:0; cpu: a dry run)")
+    ap.add_argument("--out", default=None, help="directory for the calibrated profile, the validation and the logs "
+                    "(default: a new temporary directory, printed); must not exist or be empty")
+    ap.add_argument("--profile", default="h200", help="shipped profile or path: the link terms one device cannot "
+                    "measure, and the prediction if calibration fails (default h200)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_smoke: torch sees no CUDA device; this check needs a GPU (--device cpu: a dry run)")
         return 2
-    failures = one_worker(device)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
+    if out.exists() and any(out.iterdir()):
+        print(f"gpu_smoke: error: {out} is not empty; name a new directory with --out")
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    failures = guarded("step 1", one_worker, device)
+    dry_run = device.type == "cpu"
+    failures += run_tool(calibration_step(out, dry_run, args.profile), out / "calibration.log")
+    hardware = str(out / CALIBRATED)
+    if not (out / CALIBRATED).is_file():
+        hardware = args.profile
+        print(f"validation: predicting with {hardware} (no calibrated profile)")
+    failures += run_tool(validation_step(out, dry_run, hardware), out / "validation.log")
     if device.type == "cuda" and torch.cuda.device_count() >= 4:
-        failures += four_workers()
+        failures += guarded("step 4", four_workers)
     else:
-        print("part 2: skipped (needs 4 CUDA devices)")
+        print("step 4: skipped (needs 4 CUDA devices)")
     for f in failures:
         print(f"FAILED: {f}")
+    print(f"gpu_smoke: results in {out}")
     print("gpu_smoke: OK" if not failures else f"gpu_smoke: {len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -11,7 +11,8 @@ devices. It is executed by the torch backend's own worker code (`runtime/backend
 `parallel.py`), inside worker processes of `rpegc.tools.measure.WorkerPool`. The latency of one run is
 the slowest rank's time from a common barrier to the end of its part; a configuration's latency is the
 median of warm repeats. Memory (Fig. 5) is measured where the backend can measure a device's peak
-(CUDA); the torch backend runs on CPU workers, so on this machine only time is validated.
+(CUDA: `--backend nccl`, with `--grid gpu` for ~1B models in bf16, each operator alone on the device); on CPU
+workers only time is validated.
 
 Outputs (in --out, default a new ./rpeg-validate-YYYYmmdd-HHMMSS/): validation.csv (one row per configuration, predicted_s
 and measured_s among the columns), validation.png (log-log scatter with the +-25% band, like Fig. 4)
@@ -44,11 +45,10 @@ from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch, Workload
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.calibrate import mape
-from rpegc.tools.measure import Progress, WorkerPool, device_count
+from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count
 from rpegc.version import PrintVersion
 
 ROLES = ("generation", "inference", "training")
-BACKEND_DTYPE = "fp32"  # validation measures the torch backend's float32 path (s_b = 4; bf16 serves in bf16)
 BAND = 0.25  # the +-25% band of Fig. 4
 
 # Tiny models the torch backend trains on a CPU: the two presets and one wider model, so the grid spans
@@ -61,6 +61,26 @@ VALIDATION_ARCHS: dict[str, Arch] = {
 }
 # (B, R, Lp, Lr): a short and a longer workload; R = 1 (PPO-style), sequences = B.
 VALIDATION_WORKLOADS: tuple[tuple[int, int, int, int], ...] = ((16, 1, 16, 16), (32, 1, 32, 32))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The models and workloads one validation campaign sweeps, and the precision it runs them in."""
+
+    archs: dict[str, Arch]
+    workloads: tuple[tuple[int, int, int, int], ...]
+    dtype: str  # the workloads' dtype: fp32, or bf16 (bf16 serving, mixed-precision training)
+    help: str
+
+
+GRIDS: dict[str, Grid] = {
+    # The torch backend's float32 path on CPU workers (s_b = 4).
+    "cpu": Grid(VALIDATION_ARCHS, VALIDATION_WORKLOADS, "fp32", "tiny models in fp32 (CPU workers)"),
+    # GPU-sized models in the paper's precision: Llama 3.2 1B and the Qwen2.5 0.5B shape (q/k/v biases,
+    # a 152k vocabulary), GRPO-shaped workloads (R = 4).
+    "gpu": Grid({"llama3.2-1b": lookup("llama3.2-1b"), "qwen2.5-0.5b": lookup("qwen2.5-0.5b")},
+                ((8, 4, 128, 128), (16, 4, 256, 256)), "bf16", "~1B models in bf16 (CUDA devices)"),
+}
 # (role, model kind) of the operators: actor generation, reference inference, actor training.
 VALIDATION_OPERATORS: tuple[tuple[str, str], ...] = (("generation", "policy"), ("inference", "reference"),
                                                      ("training", "policy"))
@@ -102,6 +122,7 @@ class Case:
     pp: int
     tp: int
     mb: int
+    dtype: str = "fp32"  # of the workload: fp32, or bf16 (bf16 serving, mixed-precision training)
 
     @property
     def devices(self) -> int:
@@ -110,19 +131,20 @@ class Case:
     @property
     def id(self) -> str:
         return (f"{self.role[:3]}-{self.kind}-{self.model}-B{self.B}R{self.R}Lp{self.Lp}Lr{self.Lr}"
-                f"-d{self.dp}p{self.pp}t{self.tp}m{self.mb}")
+                f"-d{self.dp}p{self.pp}t{self.tp}m{self.mb}" + ("" if self.dtype == "fp32" else f"-{self.dtype}"))
 
     @property
     def strategy(self) -> str:
         return f"dp{self.dp} pp{self.pp} tp{self.tp} mb{self.mb}"
 
-    def workload(self, dtype: str) -> Workload:
-        return Workload(B=self.B, R=self.R, Lp=self.Lp, Lr=self.Lr, dtype=dtype)
+    @property
+    def workload(self) -> Workload:
+        return Workload(B=self.B, R=self.R, Lp=self.Lp, Lr=self.Lr, dtype=self.dtype)
 
     @property
     def suite(self) -> tuple:
         """Cases sharing one backend worker setup (same architecture and workload)."""
-        return (self.model, self.arch, self.B, self.R, self.Lp, self.Lr)
+        return (self.model, self.arch, self.B, self.R, self.Lp, self.Lr, self.dtype)
 
 
 def legal_strategies(arch: Arch, sequences: int, devices: int) -> list[tuple[int, int, int, int]]:
@@ -170,18 +192,23 @@ def subsample(cases: Sequence[Case], limit: int) -> list[Case]:
     return [cases[i] for i in picks]
 
 
-def build_grid(devices: int, quick: bool = False) -> list[Case]:
-    """The validation grid: models x workloads x operators x legal strategies on up to `devices`."""
+def build_grid(devices: int, quick: bool = False, grid: str = "cpu") -> list[Case]:
+    """The validation grid: models x workloads x operators x legal strategies on up to `devices`.
+
+    `quick`: the tiny model on one short workload, in the grid's precision (a smoke test of the grid's path)."""
+    if grid not in GRIDS:
+        raise RpegError(None, f"unknown --grid '{grid}'; use one of {', '.join(GRIDS)}")
+    g = GRIDS[grid]
     if quick:
         arch = VALIDATION_ARCHS["tiny"]
         strategies = [s for s in legal_strategies(arch, 16, devices) if s[1] * s[2] == 1 or s[0] == 1][:3]
-        return [Case(role, kind, "tiny", arch, 16, 1, 8, 8, *s)
+        return [Case(role, kind, "tiny", arch, 16, 1, 8, 8, *s, dtype=g.dtype)
                 for role, kind in VALIDATION_OPERATORS for s in strategies]
     cases = []
-    for (name, arch), (B, R, Lp, Lr) in itertools.product(VALIDATION_ARCHS.items(), VALIDATION_WORKLOADS):
+    for (name, arch), (B, R, Lp, Lr) in itertools.product(g.archs.items(), g.workloads):
         for role, kind in VALIDATION_OPERATORS:
             for s in legal_strategies(arch, B * R, devices):
-                cases.append(Case(role, kind, name, arch, B, R, Lp, Lr, *s))
+                cases.append(Case(role, kind, name, arch, B, R, Lp, Lr, *s, dtype=g.dtype))
     return cases
 
 
@@ -259,9 +286,9 @@ class Prediction:
     peak_bytes: float  # persistent state plus the operator's transient peak on its worst device
 
 
-def predict(case: Case, hw: Hardware, opts: CostOptions, dtype: str, gpus_per_node: int) -> Prediction:
+def predict(case: Case, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> Prediction:
     """T_op of spec 3 and the isolated operator's per-device memory peak of spec 6 (all devices on one node)."""
-    wl = case.workload(dtype)
+    wl = case.workload
     t = op_time(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
                 gpus_per_node=gpus_per_node, hw=hw, opts=opts)
     mem = op_memory(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb, opts=opts)
@@ -308,7 +335,7 @@ def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     if case.suite in workers:
         return workers[case.suite]
     arch = case.arch
-    run = RunConfig(algorithm="ppo", actor=arch, workload=case.workload(BACKEND_DTYPE), rl=toy_rl_config("ppo"),
+    run = RunConfig(algorithm="ppo", actor=arch, workload=case.workload, rl=toy_rl_config("ppo"),
                     critic=arch, reward="model", reward_arch=arch, positions="learned")
     models = {MODEL_NAMES[k]: ModelSpec(MODEL_NAMES[k], k, arch, model_seed(seed, k)) for k in MODEL_NAMES}
     # No layouts: the groups were created once for the whole grid (`_init_groups`) and are shared.
@@ -357,7 +384,7 @@ def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
     cmd = {"type": "op", "node": case.id, "step": 0, "role": case.role, "model": model, "layout": layout,
            "mb": case.mb, "rows": rows, "weights": weights, "inputs": [], "outputs": {}, "fields": [],
            "prep": [], "tag": 0, "output": None, "version_out": None}
-    batch = _batch_fields(case, seed)
+    batch = {f: t.to(worker.device) for f, t in _batch_fields(case, seed).items()}
     if case.role == "training":
         worker.entries["experience"] = Entry("data", pieces=[Piece(lo, hi, {f: batch[f][lo:hi] for f in _TRAINING_INPUTS})])
         cmd.update(inputs=["experience"], output=f"{weights}:trained", version_out=1)
@@ -370,13 +397,18 @@ def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
     return cmd
 
 
-def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl: str):
-    """Seconds of each timed run of the operator on this rank and its peak device memory (CUDA only)."""
+def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl: str, isolated: bool = False):
+    """Seconds of each timed run of the operator on this rank and its peak device memory (CUDA only).
+
+    `isolated`: the worker holds this operator's model alone and is dropped afterwards, so the device's
+    peak is the operator's own (its state and transients), as the cost model prices an operator alone."""
     import torch
 
     layout = _layout(case)
     if ctx.rank not in layout.ranks:
         return None
+    if isolated:
+        _drop_workers(ctx)
     worker = _backend_worker(ctx, case, seed, tp_impl)
     cmd = _op_command(worker, case, layout, ctx.rank, seed)
     samples, peak = [], None
@@ -390,7 +422,21 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
         samples.append(time.perf_counter() - t0)
         if ctx.is_cuda:
             peak = float(torch.cuda.max_memory_allocated(ctx.device))
+    if isolated:
+        _drop_workers(ctx)
     return samples[warmup:], peak
+
+
+def _drop_workers(ctx) -> None:
+    """Free every cached backend worker (and the device memory it held)."""
+    import gc
+
+    import torch
+
+    ctx.state.pop("workers", None)
+    gc.collect()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -413,13 +459,19 @@ class Row:
 
 
 def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 1, seed: int = 0,
-            tp_impl: str = "auto", quiet: bool = False, backend: str = "gloo") -> list[tuple[tuple[float, ...], Optional[float]]]:
+            tp_impl: str = "auto", quiet: bool = False, backend: str = "gloo",
+            isolated: Optional[bool] = None) -> list[tuple[tuple[float, ...], Optional[float]]]:
     """Run every case on a pool of `devices` workers; per case the slowest rank's seconds per repeat.
 
-    Repeats are rounds over the whole grid (the first round warms every case up), so a burst of load
-    from other processes lands on one repeat of many cases, not on every repeat of one case, and the
-    median discards it. Each case keeps its backend state (modules, optimizer) between rounds.
+    By default on CPU workers (gloo) repeats are rounds over the whole grid (the first round warms every
+    case up), so a burst of load from other processes lands on one repeat of many cases, not on every
+    repeat of one case, and the median discards it; each case keeps its backend state (modules,
+    optimizer) between rounds. `isolated` (the default on CUDA devices, whose peak memory is measured):
+    each case runs its repeats back to back on a worker holding its model alone (`_measure_case`).
     """
+    if isolated if isolated is not None else backend == "nccl":
+        return _measure_isolated(cases, devices, repeats=repeats, warmup=warmup, seed=seed, tp_impl=tp_impl,
+                                 quiet=quiet, backend=backend)
     if any(c.devices > devices for c in cases):
         raise RpegError(None, f"a configuration needs more than the {devices} devices; raise --devices")
     tp_impl = _resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
@@ -445,6 +497,42 @@ def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 
     return [(tuple(s), p) for s, p in zip(samples, peaks)]
 
 
+def _measure_isolated(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int, seed: int, tp_impl: str,
+                      quiet: bool, backend: str) -> list[tuple[tuple[float, ...], Optional[float]]]:
+    """`measure` with every case alone, its warm-ups and repeats back to back. A case whose operator fails
+    (say it runs out of device memory) is reported on stderr and gets no samples; the pool is restarted and
+    the grid goes on."""
+    tp_impl = _resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
+    layouts = sorted({_layout(c) for c in cases}, key=lambda L: (L.ranks, L.dp, L.pp, L.tp))
+    # A GPU worker's host threads draw version 0 and feed the device: the host's cores are shared out.
+    threads = max(1, device_count("gloo") // devices) if backend == "nccl" else 1
+    progress = Progress(len(cases), quiet, "starting workers")
+    out: list[tuple[tuple[float, ...], Optional[float]]] = []
+    pool: Optional[WorkerPool] = None
+    try:
+        for case in cases:
+            try:
+                if pool is None:
+                    pool = WorkerPool(devices, backend, threads=threads)
+                    pool.run(_init_groups, layouts)
+                per_rank = [r for r in pool.run(_measure_case, case, repeats, warmup, seed, tp_impl, True) if r is not None]
+            except RpegError as err:
+                print(f"rpeg-validate: configuration {case.id} failed: {err.message}", file=sys.stderr)
+                out.append(((), None))
+                pool = None  # a failed pool is closed; the next case starts a new one
+                progress.step(f"{case.id} FAILED")
+                continue
+            samples = tuple(max(r[0][i] for r in per_rank) for i in range(repeats))
+            peaks = [r[1] for r in per_rank if r[1] is not None]
+            out.append((samples, max(peaks) if peaks else None))
+            progress.step(case.id)
+    finally:
+        if pool is not None:
+            pool.close()
+        progress.close()
+    return out
+
+
 def _resolve_tp_impl(tp_impl: str, needs_tp: bool) -> str:
     """As the torch backend resolves it: megatron-core when it imports, else plain torch.distributed."""
     if tp_impl not in ("auto", "megatron", "torch"):
@@ -458,8 +546,7 @@ def _resolve_tp_impl(tp_impl: str, needs_tp: bool) -> str:
 
 
 def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> list[Row]:
-    dtype = BACKEND_DTYPE
-    return [Row(c, m, peak, predict(c, hw, opts, dtype, gpus_per_node), predict(c, hw, CostOptions(), dtype, gpus_per_node))
+    return [Row(c, m, peak, predict(c, hw, opts, gpus_per_node), predict(c, hw, CostOptions(), gpus_per_node))
             for c, (m, peak) in zip(cases, measured)]
 
 
@@ -467,7 +554,7 @@ def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, 
 # CSV
 
 CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads", *ARCH_FLAGS,
-               "B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s", "measured_min_s",
+               "B", "R", "Lp", "Lr", "dtype", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s", "measured_min_s",
                "measured_max_s", "predicted_s", "predicted_default_s", "rel_error", "T_gemm", "T_bubble", "T_tp",
                "T_pp", "T_dp", "T_non_gemm", "T_opt", "predicted_peak_bytes", "measured_peak_bytes", "samples_s")
 
@@ -479,7 +566,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         for r in rows:
             c, a, p = r.case, r.case.arch, r.pred
             out.writerow([c.id, c.role, c.kind, c.model, a.layers, a.hidden, a.ffn, a.vocab, a.heads, a.kv_heads,
-                          *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dp, c.pp, c.tp, c.mb,
+                          *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dtype, c.dp, c.pp, c.tp, c.mb,
                           c.devices, len(r.measured),
                           f"{r.measured_s:.6g}", f"{min(r.measured):.6g}", f"{max(r.measured):.6g}",
                           f"{p.T_op:.6g}", f"{r.pred_default.T_op:.6g}", f"{p.T_op / r.measured_s - 1:.4f}",
@@ -490,6 +577,14 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
 
 
 _OLD_CSV_FLAGS = {"gated": 1, "qkv_bias": 0, "tied": 0, "norms": 1}
+
+
+def _csv_dtype(value: Optional[str]) -> str:
+    """A row's dtype; a CSV from before the column measured the float32 path."""
+    value = value or "fp32"
+    if value not in ("fp32", "bf16"):
+        raise ValueError(f"dtype '{value}' is not fp32 or bf16")
+    return value
 
 
 def read_csv(path: Path) -> list[tuple[Case, tuple[float, ...], Optional[float]]]:
@@ -510,7 +605,8 @@ def read_csv(path: Path) -> list[tuple[Case, tuple[float, ...], Optional[float]]
             arch = Arch(*(int(rec[k]) for k in ARCH_SIZES),
                         **{f: bool(int(rec.get(f) or _OLD_CSV_FLAGS[f])) for f in ARCH_FLAGS})
             case = Case(rec["role"], rec["kind"], rec["model"], arch,
-                        *(int(rec[k]) for k in ("B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb")))
+                        *(int(rec[k]) for k in ("B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb")),
+                        dtype=_csv_dtype(rec.get("dtype")))
             samples = tuple(float(s) for s in rec["samples_s"].split())
             peak = float(rec["measured_peak_bytes"]) if rec.get("measured_peak_bytes") else None
         except (KeyError, ValueError, TypeError) as err:
@@ -543,7 +639,8 @@ def groups_of(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
     return [(name, rs) for name, rs in out if rs]
 
 
-def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int, source: str) -> str:
+def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int, source: str,
+           failed: Sequence[str] = ()) -> str:
     changed = [f"{f.name} = {getattr(opts, f.name)!r}" for f in fields(CostOptions)
                if getattr(opts, f.name) != getattr(CostOptions(), f.name)]
     lines = [
@@ -553,7 +650,8 @@ def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int
         f"- measurements: {source}",
         f"- hardware profile: {hw.source} ({hw.name}); devices: {devices}",
         f"- cost options: {', '.join(changed) if changed else 'the spec defaults'}",
-        f"- latency = median of warm repeats (rounds over the grid) of the slowest rank; configurations: {len(rows)}",
+        f"- latency = median of the warm repeats of the slowest rank; configurations: {len(rows)}",
+        *([f"- FAILED (no measurement; errors on stderr): {', '.join(failed)}"] if failed else []),
         "",
         "```",
         "group                      n    MAPE    rho   pairs  +-25%    bias",
@@ -653,6 +751,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "./rpeg-validate-YYYYmmdd-HHMMSS, so no earlier results are replaced)")
     ap.add_argument("--repeats", type=int, default=5, help="timed warm repeats per configuration (median)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before the repeats")
+    ap.add_argument("--grid", choices=tuple(GRIDS), default="cpu",
+                    help="models and precision: " + "; ".join(f"{k}: {g.help}" for k, g in GRIDS.items()))
+    ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                    help="gloo = CPU worker processes, nccl = CUDA devices, whose peak memory is measured too "
+                         "(auto: nccl if CUDA is visible)")
+    ap.add_argument("--isolated", action=argparse.BooleanOptionalAction, default=None,
+                    help="run each configuration's repeats back to back on a worker holding its model alone, so a "
+                         "device's peak is the operator's own (default on CUDA, where peak memory is measured)")
     ap.add_argument("--quick", action="store_true", help="a handful of configurations (smoke test)")
     ap.add_argument("--max-configs", type=int, default=120,
                     help="run at most this many configurations, evenly spread over the grid (default 120; the "
@@ -718,6 +824,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         opts = _parse_options(args.cost_option, args.spec_defaults)
         if args.repeats < 1 or args.warmup < 0:
             raise RpegError(None, "--repeats must be >= 1 and --warmup >= 0")
+        failed: list[str] = []
         if args.from_csv:
             saved = read_csv(Path(args.from_csv))
             cases = [c for c, _, _ in saved]
@@ -725,20 +832,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             devices = max(c.devices for c in cases)
             source = f"re-predicted from {args.from_csv}"
         else:
-            devices = args.devices if args.devices is not None else min(8, device_count("gloo"))
+            backend = default_backend() if args.backend == "auto" else args.backend
+            if backend == "nccl" and device_count("nccl") < 1:
+                raise RpegError(None, "--backend nccl needs CUDA devices, but torch sees none; use --backend gloo")
+            devices = args.devices if args.devices is not None else min(8, device_count(backend))
             if devices < 1:
                 raise RpegError(None, f"--devices must be >= 1, got {devices}")
-            cases = subsample(build_grid(devices, args.quick), args.max_configs)
+            cases = subsample(build_grid(devices, args.quick, args.grid), args.max_configs)
+            isolated = args.isolated if args.isolated is not None else backend == "nccl"
             measured = measure(cases, devices, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                               tp_impl=args.tp_impl, quiet=args.quiet)
+                               tp_impl=args.tp_impl, quiet=args.quiet, backend=backend, isolated=isolated)
             source = f"measured now, {args.repeats} repeats after {args.warmup} warm-up"
+            source += (", each configuration alone on its devices with its repeats back to back" if isolated
+                       else ", in rounds over the grid")
+            failed = [c.id for c, (samples, _) in zip(cases, measured) if not samples]
+            cases, measured = [c for c, m in zip(cases, measured) if m[0]], [m for m in measured if m[0]]
+            if not cases:
+                raise RpegError(None, "every configuration failed (errors above)")
             cores = device_count("gloo")
-            if devices > cores:
+            if backend == "gloo" and devices > cores:
                 source += (f"; WARNING: {devices} workers on {cores} cores time-share, so the devices are not "
                            "independent as the cost model assumes")
         gpus_per_node = hw.gpus_per_node or devices
         rows = make_rows(cases, measured, hw, opts, gpus_per_node)
-        text = report(rows, hw=hw, opts=opts, devices=devices, source=source)
+        text = report(rows, hw=hw, opts=opts, devices=devices, source=source, failed=failed)
         names = output_names(bool(args.from_csv))
         out.mkdir(parents=True, exist_ok=True)
         write_csv(rows, out / names["CSV"])
@@ -754,7 +871,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     print(text, end="")
     print(f"wrote {out}/")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ PRESETS: dict[str, Arch] = {
     # LLaMA-3.x (Meta 2024).
     "llama3.1-8b": Arch(layers=32, hidden=4096, ffn=14336, vocab=128256, heads=32, kv_heads=8, gated=True, **_LLAMA),
     "llama3.3-70b": Arch(layers=80, hidden=8192, ffn=28672, vocab=128256, heads=64, kv_heads=8, gated=True, **_LLAMA),
+    # Llama 3.2 1B ties its embedding and LM head; Qwen2.5 0.5B too, with q/k/v biases (GPU validation's models).
+    "llama3.2-1b": Arch(layers=16, hidden=2048, ffn=8192, vocab=128256, heads=32, kv_heads=8, gated=True, tied=True,
+                        norms=True),
+    "qwen2.5-0.5b": Arch(layers=24, hidden=896, ffn=4864, vocab=151936, heads=14, kv_heads=2, gated=True,
+                         qkv_bias=True, tied=True, norms=True),
     # GPT-3 175B (Brown et al. 2020), the largest actor of the paper's Table X.
     "gpt3-175b": Arch(layers=96, hidden=12288, ffn=49152, vocab=50257, heads=96, kv_heads=96),
     # Tiny models that train in seconds on a CPU (runtime tests and demos).
