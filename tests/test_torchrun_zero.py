@@ -127,3 +127,57 @@ def test_bf16_zero_keeps_float32_masters_of_its_share_and_trains_the_weights_of_
         torch.testing.assert_close(merged[name], want, rtol=0, atol=lr * (2.0 ** -9 + 1e-3), msg=name)
     for name, t in two[0]["weights"].items():  # every replica serves the bf16 rounding of the masters
         assert torch.equal(t, two[1]["weights"][name]) and torch.equal(t, merged[name].to(torch.bfloat16)), name
+
+
+def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None:
+    """`_train` with ZeRO-2's buckets of `bucket_bytes`, noting every bucket reduced inside the backward pass (its
+    owner, its gradients, which of them were still unreduced) and the gradients this replica then held."""
+    from rpegc.runtime.backends.torch import parallel
+
+    seen: list[dict] = []
+    original_bucket, original_ready = parallel.ParallelModel._reduce_bucket, parallel.ParallelModel.reducing_as_ready
+    inside = []
+
+    def watched(self, owner, names, params):
+        original_bucket(self, owner, names, params)
+        if inside and names:
+            held = sorted(n for n, p in params.items() if p.grad is not None)
+            seen.append({"owner": owner, "names": list(names), "held": held})
+
+    def ready(self):
+        self.bucket_bytes = bucket_bytes
+        inside.append(True)
+        try:
+            with original_ready(self):
+                yield
+        finally:
+            inside.clear()
+
+    parallel.ParallelModel._reduce_bucket = watched
+    parallel.ParallelModel.reducing_as_ready = parallel.contextmanager(ready)
+    try:
+        out = _train(ctx, dp)
+    finally:
+        parallel.ParallelModel._reduce_bucket = original_bucket
+        parallel.ParallelModel.reducing_as_ready = original_ready
+    return None if out is None else {"seen": seen, "owned": out["owned"], "names": sorted(out["weights"]),
+                                     "replica": ctx.rank}
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 1 << 30])
+def test_zero2_reduces_the_gradients_inside_the_backward_and_drops_the_others_share(pool, bucket_bytes):
+    """ZeRO-2 as the memory model prices it (M_grad = s_b W / P_d): during the backward pass the completed gradients
+    go to their owner bucket by bucket (one parameter each with 1-byte buckets, while the backward still runs; with
+    huge ones, one bucket per owner as the backward ends), the other replica lets go of them, and both replicas
+    reduce the same buckets in the same order; nothing is left for the reduce after the backward."""
+    ranks = pool.run(_train_watching_the_backward, 2, bucket_bytes)
+    assert [b["names"] for b in ranks[0]["seen"]] == [b["names"] for b in ranks[1]["seen"]]
+    for r in ranks:
+        reduced = [n for b in r["seen"] for n in b["names"]]
+        assert sorted(reduced) == r["names"]  # every parameter, once
+        mine = set(r["owned"])
+        for b in r["seen"]:
+            assert all((n in mine) == (b["owner"] == r["replica"]) for n in b["names"])  # one owner's bucket
+            assert {n for n in b["names"] if n in b["held"]} == {n for n in b["names"] if n in mine}
+    buckets = len(ranks[0]["seen"])
+    assert buckets == (len(ranks[0]["names"]) if bucket_bytes == 1 else 2)

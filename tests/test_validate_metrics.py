@@ -143,6 +143,18 @@ def test_gpu_grid_runs_1b_models_in_bf16_on_one_device():
         build_grid(1, grid="tpu")
 
 
+def test_memory_grid_covers_every_role_strategy_and_precision():
+    """The CPU memory grid (peak tensor bytes with --isolated): >= 40 configurations, each role under dp, pp and tp,
+    both precisions, a GQA model and a tied head with q/k/v biases."""
+    grid = build_grid(2, grid="memory")
+    assert len(grid) >= 40 and {c.dtype for c in grid} == {"fp32", "bf16"}
+    for role in ("generation", "inference", "training"):
+        mine = [c for c in grid if c.role == role]
+        assert {(c.dp, c.pp, c.tp) for c in mine} >= {(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    archs = {c.arch for c in grid}
+    assert any(a.kv_heads < a.heads for a in archs) and any(a.tied and a.qkv_bias for a in archs)
+
+
 def test_bf16_cases_are_priced_in_bf16():
     """The prediction follows the case's dtype: bf16 serving weights are half the float32 ones."""
     from rpegc.tools.validate import predict

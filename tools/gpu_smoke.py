@@ -25,6 +25,13 @@ same steps on one CPU worker at tiny sizes) is tested. Run it on a GPU machine:
    both runs must verify and their final weights agree.
 Steps 2 and 3 run as their own processes under a time limit each. Exit status 0 when every step passed
 (validation's accuracy is reported, not judged).
+
+On a GPU machine with torch but without rpegc installed (it needs none of xDSL, lark or megatron-core for these
+steps), from the repository root: link the package tree the way pyproject.toml maps it, then run the check:
+
+    mkdir -p /tmp/pkg/rpegc && for f in rpegc/*; do ln -s $PWD/$f /tmp/pkg/rpegc/; done
+    for d in dialects passes runtime tools; do ln -s $PWD/$d /tmp/pkg/rpegc/$d; done
+    PYTHONPATH=/tmp/pkg python3 -m rpegc.tools.gpu_smoke --out $OUT/gpu
 """
 
 from __future__ import annotations

@@ -59,6 +59,12 @@ VALIDATION_ARCHS: dict[str, Arch] = {
     "small-256": Arch(layers=4, hidden=256, ffn=1024, vocab=256, heads=8, kv_heads=8, gated=True, tied=False,
                       norms=True),  # counted as the backend builds it, like the presets
 }
+MEMORY_ARCHS: dict[str, Arch] = {
+    "mem-gqa": Arch(layers=4, hidden=256, ffn=1024, vocab=16000, heads=4, kv_heads=2, gated=True, tied=False,
+                    norms=True),
+    "mem-tied": Arch(layers=6, hidden=192, ffn=512, vocab=8000, heads=6, kv_heads=6, gated=True, qkv_bias=True,
+                     tied=True, norms=True),
+}
 # (B, R, Lp, Lr): a short and a longer workload; R = 1 (PPO-style), sequences = B.
 VALIDATION_WORKLOADS: tuple[tuple[int, int, int, int], ...] = ((16, 1, 16, 16), (32, 1, 32, 32))
 
@@ -69,17 +75,21 @@ class Grid:
 
     archs: dict[str, Arch]
     workloads: tuple[tuple[int, int, int, int], ...]
-    dtype: str  # the workloads' dtype: fp32, or bf16 (bf16 serving, mixed-precision training)
+    dtypes: tuple[str, ...]  # of the workloads: fp32, bf16 (bf16 serving, mixed-precision training)
     help: str
 
 
 GRIDS: dict[str, Grid] = {
     # The torch backend's float32 path on CPU workers (s_b = 4).
-    "cpu": Grid(VALIDATION_ARCHS, VALIDATION_WORKLOADS, "fp32", "tiny models in fp32 (CPU workers)"),
+    "cpu": Grid(VALIDATION_ARCHS, VALIDATION_WORKLOADS, ("fp32",), "tiny models in fp32 (CPU workers)"),
     # GPU-sized models in the paper's precision: Llama 3.2 1B and the Qwen2.5 0.5B shape (q/k/v biases,
     # a 152k vocabulary), GRPO-shaped workloads (R = 4).
     "gpu": Grid({"llama3.2-1b": lookup("llama3.2-1b"), "qwen2.5-0.5b": lookup("qwen2.5-0.5b")},
-                ((8, 4, 128, 128), (16, 4, 256, 256)), "bf16", "~1B models in bf16 (CUDA devices)"),
+                ((8, 4, 128, 128), (16, 4, 256, 256)), ("bf16",), "~1B models in bf16 (CUDA devices)"),
+    # Peak memory on CPU workers (with --isolated): models whose embedding, head and layers all weigh, GQA and a
+    # tied head with q/k/v biases, GRPO-shaped workloads, both precisions.
+    "memory": Grid(MEMORY_ARCHS, ((8, 2, 32, 32), (8, 4, 16, 48)), ("fp32", "bf16"),
+                   "~10M-parameter models in fp32 and bf16, for peak memory on CPU workers (--isolated)"),
 }
 # (role, model kind) of the operators: actor generation, reference inference, actor training.
 VALIDATION_OPERATORS: tuple[tuple[str, str], ...] = (("generation", "policy"), ("inference", "reference"),
@@ -202,13 +212,13 @@ def build_grid(devices: int, quick: bool = False, grid: str = "cpu") -> list[Cas
     if quick:
         arch = VALIDATION_ARCHS["tiny"]
         strategies = [s for s in legal_strategies(arch, 16, devices) if s[1] * s[2] == 1 or s[0] == 1][:3]
-        return [Case(role, kind, "tiny", arch, 16, 1, 8, 8, *s, dtype=g.dtype)
-                for role, kind in VALIDATION_OPERATORS for s in strategies]
+        return [Case(role, kind, "tiny", arch, 16, 1, 8, 8, *s, dtype=dtype)
+                for dtype in g.dtypes for role, kind in VALIDATION_OPERATORS for s in strategies]
     cases = []
-    for (name, arch), (B, R, Lp, Lr) in itertools.product(g.archs.items(), g.workloads):
+    for (name, arch), (B, R, Lp, Lr), dtype in itertools.product(g.archs.items(), g.workloads, g.dtypes):
         for role, kind in VALIDATION_OPERATORS:
             for s in legal_strategies(arch, B * R, devices):
-                cases.append(Case(role, kind, name, arch, B, R, Lp, Lr, *s, dtype=g.dtype))
+                cases.append(Case(role, kind, name, arch, B, R, Lp, Lr, *s, dtype=dtype))
     return cases
 
 
@@ -387,7 +397,7 @@ def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
     batch = {f: t.to(worker.device) for f, t in _batch_fields(case, seed).items()}
     if case.role == "training":
         worker.entries["experience"] = Entry("data", pieces=[Piece(lo, hi, {f: batch[f][lo:hi] for f in _TRAINING_INPUTS})])
-        cmd.update(inputs=["experience"], output=f"{weights}:trained", version_out=1)
+        cmd.update(inputs=["experience"], output=f"{weights}@1", version_out=1)
         return cmd
     out = list(_OUTPUT_FIELDS[(case.role, case.kind)])
     if case.role == "inference":
@@ -398,33 +408,69 @@ def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
 
 
 def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl: str, isolated: bool = False):
-    """Seconds of each timed run of the operator on this rank and its peak device memory (CUDA only).
+    """Seconds of each timed run of the operator on this rank and its peak memory (None where not measured).
 
-    `isolated`: the worker holds this operator's model alone and is dropped afterwards, so the device's
-    peak is the operator's own (its state and transients), as the cost model prices an operator alone."""
+    `isolated`: the worker holds this operator's model alone and is dropped afterwards, so the peak is the
+    operator's own (its state and transients), as the cost model prices an operator alone. The peak is
+    torch's own accounting: on CUDA `max_memory_allocated` of the last run; on CPU workers (isolated only)
+    the CPU tensor bytes live at the height of one more run after the warm-ups (`measure.TensorBytes`,
+    which counts from before the worker is built, so its weights and optimizer state are in it)."""
     import torch
+
+    from rpegc.tools.measure import TensorBytes
 
     layout = _layout(case)
     if ctx.rank not in layout.ranks:
         return None
+    peak = None
     if isolated:
         _drop_workers(ctx)
-    worker = _backend_worker(ctx, case, seed, tp_impl)
-    cmd = _op_command(worker, case, layout, ctx.rank, seed)
-    samples, peak = [], None
-    for i in range(warmup + repeats):
+    if isolated and not ctx.is_cuda:
+        with TensorBytes() as held:
+            op = _OpRuns(ctx, _backend_worker(ctx, case, seed, tp_impl), case, layout, seed)
+            for _ in range(max(1, warmup)):  # the first training run creates the optimizer state
+                op.run()
+            t0 = time.time_ns()
+            op.run()
+            t1 = time.time_ns()
+        peak = float(held.peak(t0, t1))
+        warmup = 0
+    else:
+        op = _OpRuns(ctx, _backend_worker(ctx, case, seed, tp_impl), case, layout, seed)
+    samples = []
+    for _ in range(warmup + repeats):
         if ctx.is_cuda:
             torch.cuda.reset_peak_memory_stats(ctx.device)
-        ctx.barrier(layout.ranks)
-        t0 = time.perf_counter()
-        worker.cmd_op(cmd)
-        ctx.sync()
-        samples.append(time.perf_counter() - t0)
+        samples.append(op.run())
         if ctx.is_cuda:
             peak = float(torch.cuda.max_memory_allocated(ctx.device))
     if isolated:
         _drop_workers(ctx)
     return samples[warmup:], peak
+
+
+class _OpRuns:
+    """Repeated runs of one operator on this rank. A training operator runs as a run's consecutive steps do: each
+    trains the version the one before published, and the version it read is then released (as the plan frees
+    it), so the training state is loaded once and no run re-reads version 0."""
+
+    def __init__(self, ctx, worker, case: Case, layout, seed: int):
+        self.ctx, self.worker, self.layout = ctx, worker, layout
+        self.cmd = _op_command(worker, case, layout, ctx.rank, seed)
+
+    def run(self) -> float:
+        """Seconds of one run, from a barrier of the operator's devices."""
+        self.ctx.barrier(self.layout.ranks)
+        t0 = time.perf_counter()
+        self.worker.cmd_op(self.cmd)
+        self.ctx.sync()
+        seconds = time.perf_counter() - t0
+        if self.cmd["role"] == "training":
+            self.worker.free([self.cmd["weights"]])
+            base, version = self.cmd["output"].rsplit("@", 1)[0], self.cmd["version_out"]
+            self.cmd = dict(self.cmd, weights=self.cmd["output"], output=f"{base}@{version + 1}",
+                            version_out=version + 1)
+        return seconds
 
 
 def _drop_workers(ctx) -> None:
@@ -639,6 +685,14 @@ def groups_of(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
     return [(name, rs) for name, rs in out if rs]
 
 
+def _score_table(rows: Sequence[Row], predicted, measured) -> list[str]:
+    """The scores of `predicted(row)` against `measured(row)` overall and per group, as a fenced block."""
+    lines = ["```", "group                      n    MAPE    rho   pairs  +-25%    bias"]
+    for name, rs in groups_of(rows):
+        lines.append(f"{name:<24} {_fmt(scores([predicted(r) for r in rs], [measured(r) for r in rs]))}")
+    return lines + ["```"]
+
+
 def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int, source: str,
            failed: Sequence[str] = ()) -> str:
     changed = [f"{f.name} = {getattr(opts, f.name)!r}" for f in fields(CostOptions)
@@ -653,13 +707,8 @@ def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int
         f"- latency = median of the warm repeats of the slowest rank; configurations: {len(rows)}",
         *([f"- FAILED (no measurement; errors on stderr): {', '.join(failed)}"] if failed else []),
         "",
-        "```",
-        "group                      n    MAPE    rho   pairs  +-25%    bias",
+        *_score_table(rows, lambda r: r.pred.T_op, lambda r: r.measured_s),
     ]
-    for name, rs in groups_of(rows):
-        s = scores([r.pred.T_op for r in rs], [r.measured_s for r in rs])
-        lines.append(f"{name:<24} {_fmt(s)}")
-    lines.append("```")
     fastest = scores([r.pred.T_op for r in rows], [min(r.measured) for r in rows])
     lines += ["", f"Against the fastest repeat instead of the median (less disturbed by other processes): "
               f"MAPE {fastest.mape:.1%}, rho {fastest.spearman:.3f}, pairs {fastest.pairs:.1%}, bias {fastest.bias:+.1%}."]
@@ -669,11 +718,17 @@ def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int
                   f"pairs {s.pairs:.1%}, bias {s.bias:+.1%}."]
     mem = [r for r in rows if r.measured_peak is not None]
     if mem:
-        s = scores([r.pred.peak_bytes for r in mem], [r.measured_peak for r in mem])
-        lines += ["", "Peak memory (Fig. 5): ```" + _fmt(s) + "```"]
+        lines += ["", "Peak memory (Fig. 5), predicted peak of the worst device against the most any of the "
+                  "operator's workers held (torch's own accounting):", "",
+                  *_score_table(mem, lambda r: r.pred.peak_bytes, lambda r: r.measured_peak)]
+        worst_mem = sorted(mem, key=lambda r: -abs(r.pred.peak_bytes / r.measured_peak - 1))[:8]
+        lines += ["", "Largest memory errors:", "```"]
+        lines += [f"{r.case.id:<48} measured {r.measured_peak / 2**20:9.1f} MiB  predicted "
+                  f"{r.pred.peak_bytes / 2**20:9.1f} MiB  ({r.pred.peak_bytes / r.measured_peak - 1:+.0%})"
+                  for r in worst_mem]
+        lines.append("```")
     else:
-        lines += ["", "Peak memory (Fig. 5): not measured; the torch backend's workers run on the CPU, where torch "
-                  "keeps no per-device peak."]
+        lines += ["", "Peak memory (Fig. 5): not measured; on CPU workers it is measured with --isolated."]
     worst = sorted(rows, key=lambda r: -abs(r.pred.T_op / r.measured_s - 1))[:8]
     lines += ["", "Largest errors:", "```"]
     lines += [f"{r.case.id:<48} measured {r.measured_s * 1e3:8.2f} ms  predicted {r.pred.T_op * 1e3:8.2f} ms  "
@@ -757,8 +812,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gloo = CPU worker processes, nccl = CUDA devices, whose peak memory is measured too "
                          "(auto: nccl if CUDA is visible)")
     ap.add_argument("--isolated", action=argparse.BooleanOptionalAction, default=None,
-                    help="run each configuration's repeats back to back on a worker holding its model alone, so a "
-                         "device's peak is the operator's own (default on CUDA, where peak memory is measured)")
+                    help="run each configuration's repeats back to back on a worker holding its model alone and "
+                         "measure its peak memory, the operator's own: max_memory_allocated on CUDA (the default "
+                         "there), torch's count of CPU tensor bytes on CPU workers")
     ap.add_argument("--quick", action="store_true", help="a handful of configurations (smoke test)")
     ap.add_argument("--max-configs", type=int, default=120,
                     help="run at most this many configurations, evenly spread over the grid (default 120; the "

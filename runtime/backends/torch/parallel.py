@@ -57,6 +57,10 @@ from rpegc.runtime.backends.torch.models import KVCache, NetOptions, Transformer
 from rpegc.runtime.backends.torch.pipeline import ACTIVATION, StageEvent, StageLink
 from rpegc.runtime.backends.torch.tensor_parallel import canonical_name, tp_linear
 
+# Gradient bytes of one owner collected before ZeRO-2 reduces them in the backward pass (DDP's default bucket):
+# few reduces, and at most a bucket per owner of gradients not owned waits.
+GRADIENT_BUCKET_BYTES = 25 << 20
+
 
 class ProcessGroups:
     """Every process group the plan's layouts need, created once, in one order on every rank."""
@@ -134,6 +138,8 @@ class ParallelModel:
         self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device, dtype)
         self.piece_shapes = {n: tuple(p.shape) for n, p in self.params().items()}  # what this rank holds
         self.owner = replica_owner(param_shapes(arch, kind, net), layout, rank, arch.layers)  # ZeRO shares
+        self._reduced: set[str] = set()  # parameters whose gradient this step's backward already reduced
+        self.bucket_bytes = GRADIENT_BUCKET_BYTES
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
         self.bound: Optional[str] = None  # the weights entry whose tensors the parameters are (`bind`)
         self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
@@ -253,26 +259,68 @@ class ParallelModel:
         replica's share of the parameters (`layout.replica_owner`) are summed onto that replica, one flat reduce
         per share, and the other replicas drop them. Only the owner keeps master weights and Adam state for its share
         (`master_weights.MasterWeights`), and `broadcast_params` gives every replica the updated values:
-        a reduce-scatter and an all-gather of the weights' bytes, T_dp = RS + AG (spec 3.4.3)."""
+        a reduce-scatter and an all-gather of the weights' bytes, T_dp = RS + AG (spec 3.4.3). What a backward
+        pass under `reducing_as_ready` already reduced is skipped."""
         if self.dp_group is None:
             return
         params = self.params()
-        for p in params.values():
-            if p.grad is None:
+        reduced, self._reduced = self._reduced, set()
+        for n, p in params.items():
+            if p.grad is None and n not in reduced:
                 p.grad = torch.zeros_like(p)  # a replica without rows still joins the reduction
         for o, names in self._shares():
-            if not names:
-                continue
-            flat = torch.cat([params[n].grad.reshape(-1) for n in names])
-            dist.reduce(flat, dst=self.layout.rank_at(o, self.p, self.t), group=self.dp_group)
-            offset = 0
-            for n in names:
-                p = params[n]
-                if o == self.d:
-                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-                else:
-                    p.grad = None  # not this replica's share: its optimizer never sees it
-                offset += p.numel()
+            self._reduce_bucket(o, [n for n in names if n not in reduced], params)
+
+    @contextmanager
+    def reducing_as_ready(self) -> Iterator[None]:
+        """ZeRO-2 inside the last backward pass of a step: as autograd completes the gradients, they are collected
+        per owner, and each owner's bucket is summed onto it once it holds `bucket_bytes` (what is left, when the
+        backward ends); the other replicas then drop those gradients. So a replica holds at most a bucket per owner
+        of gradients it does not own (the memory model's M_grad = s_b W_shard / P_d), with as few reduces as
+        `bucket_bytes` allows. Every replica of the group must run this backward: the hooks fire in the same order
+        on each (the same graph), so their buckets and reduces pair up."""
+        if self.dp_group is None:
+            yield
+            return
+        params = self.params()
+        waiting: dict[int, list[str]] = {o: [] for o in range(self.layout.dp)}
+        held = dict.fromkeys(waiting, 0)
+
+        def ready(name: str):
+            owner = self.owner[name]
+
+            def hook(param: Tensor) -> None:
+                waiting[owner].append(name)
+                held[owner] += param.grad.numel() * param.grad.element_size()
+                if held[owner] >= self.bucket_bytes:
+                    self._reduce_bucket(owner, waiting[owner], params)
+                    waiting[owner], held[owner] = [], 0
+            return hook
+
+        handles = [p.register_post_accumulate_grad_hook(ready(n)) for n, p in params.items()]
+        try:
+            yield
+            for owner, names in waiting.items():
+                self._reduce_bucket(owner, names, params)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _reduce_bucket(self, owner: int, names: list[str], params: dict[str, nn.Parameter]) -> None:
+        """The gradients `names` of `owner`'s share summed onto it in one flat reduce; the others drop theirs."""
+        if not names:
+            return
+        flat = torch.cat([params[n].grad.reshape(-1) for n in names])
+        dist.reduce(flat, dst=self.layout.rank_at(owner, self.p, self.t), group=self.dp_group)
+        offset = 0
+        for n in names:
+            p = params[n]
+            if owner == self.d:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            else:
+                p.grad = None  # not this replica's share: its optimizer never sees it
+            offset += p.numel()
+            self._reduced.add(n)
 
     def broadcast_params(self) -> None:
         """Every replica's updated share to the others (after `reduce_grads` and the owners' optimizer step)."""

@@ -6,6 +6,7 @@ look like a TransformerModel to the single-process losses of `rl`."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -151,13 +152,17 @@ LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
 
 
 def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: Experience,
-               microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...]) -> tuple[dict[str, float], float]:
+               microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...],
+               reduce_in_backward: bool = False) -> tuple[dict[str, float], float]:
     """One optimizer step on this replica's rows `exp` in `microbatches` microbatches, on the 1F1B schedule the
     cost model prices (spec 3.3 and 6.2: at most min(mb, pp) microbatches' activations live on a stage): stage p
     runs the forwards of its pp - p - 1 warm-up microbatches, then alternates one forward and one backward, then
     runs the remaining backwards; microbatches go backward in order, so every stage accumulates its gradients in
     the order of pp = 1. `exp` is any batch with `len`, `rows(slice)` and `forward_rows` (rows of the forward pass
     per batch row: an Experience 1, DPO's PairRows 2, both sides of a pair).
+
+    `reduce_in_backward` (every replica of the data-parallel group has rows): ZeRO-2's gradient reduction runs
+    inside the last microbatch's backward pass (`ParallelModel.reducing_as_ready`).
 
     Returns (statistics summed over microbatches and replicas, valid on the last stage; pre-clip norm).
     """
@@ -185,7 +190,8 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     def backward(j: int) -> None:
         loss, inp, out = live.pop(j)
         grad = None if loss is not None else link.recv(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
-        with pm.event("backward", (j,)):
+        last = reduce_in_backward and j == len(chunks) - 1
+        with pm.event("backward", (j,)), (pm.reducing_as_ready() if last else nullcontext()):
             if loss is not None:
                 loss.backward()
             else:

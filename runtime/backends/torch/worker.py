@@ -81,8 +81,8 @@ from rpegc.runtime.backends.torch.peak_memory import PeakMeter
 from rpegc.runtime.backends.torch.schedules import generate, infer, train_step
 from rpegc.runtime.backends.torch.reference import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
-from rpegc.runtime.backends.torch.rl import (Experience, actor_loss, compute_advantages, critic_loss, kl_estimate,
-                                            last_token_scores, minibatch_steps, response_forward)
+from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, compute_advantages, critic_loss,
+                                            kl_estimate, last_token_scores, minibatch_steps, response_forward)
 from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import PAIR_SUMS, PairRows, pair_loss, pair_metrics
 from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch
@@ -792,12 +792,13 @@ class Worker:
         rows = PairRows.of(self.step_pairs(cmd["step"]), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"], lo,
                            hi, self.device)
         dp_sum = self._dp_sum(pm)
+        every_share = every_replica_steps(cmd, rl)
         lp, beta = self.run.workload.Lp, rl.dpo_beta
         keys = algorithm("dpo").stat_keys["policy"]
 
         def step(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
             return train_step(pm, st.master, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
-                              keys)
+                              keys, reduce_in_backward=every_share)
 
         stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=dp_sum)
         num_pairs = float(self.run.workload.B)
@@ -820,6 +821,7 @@ class Worker:
                          ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"),
                          pads=self.row_pads(cmd["step"], lo, hi))
         dp_sum = self._dp_sum(pm)
+        every_share = every_replica_steps(cmd, rl)
         num_tokens = float(dp_sum(exp.mask.double().sum()))
         exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
         keys = algorithm(self.run.algorithm).stat_keys[spec.kind]
@@ -833,7 +835,7 @@ class Worker:
                 loss = critic_loss(view, e, rl, n)
                 return loss, {"value_loss": loss.item()}
 
-            return train_step(pm, st.master, loss_fn, sub, cmd["mb"], rl, keys)
+            return train_step(pm, st.master, loss_fn, sub, cmd["mb"], rl, keys, reduce_in_backward=every_share)
 
         stats, norm = minibatch_steps(rl, exp, lo, hi, step, counts=("clipped_tokens",), reduce=dp_sum)
         version = self.publish(cmd, pm)
@@ -853,6 +855,12 @@ class Worker:
             metrics.update(clip_frac=stats["clipped_tokens"] / num_tokens, actor_grad_norm=norm)
         return {"bytes": 0, "versions_in": {model: e.version}, "versions_out": {model: version},
                 "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+
+
+def every_replica_steps(cmd: dict, rl: RLConfig) -> bool:
+    """Whether every rank of a training command has rows in each of its minibatches (rows g with g % count == k),
+    so every data-parallel replica runs every backward pass (ZeRO-2 may then reduce inside it)."""
+    return all(hi - lo >= rl.ppo_minibatches for lo, hi in cmd["rows"].values())
 
 
 def _setup_failed(channel: Endpoint, rank: int, message: str) -> int:
