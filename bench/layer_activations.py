@@ -5,8 +5,8 @@ the wider of the attention and the FFN buffers).
 A training segment of c layers is recomputed in the backward pass with autograd on, so all c layers' saved tensors
 are live at once (on top of the retained segment inputs). This counts them exactly: the storages autograd packs
 (`torch.autograd.graph.saved_tensors_hooks`) during one block's forward, less the block's parameters and its input,
-divided by the tokens. Weight-sized tensors a block saves (none per token) are listed apart. No timing: runs in
-seconds on any machine. Usage:
+divided by the tokens; what is not per token (the RoPE tables at the positions) is listed apart. No timing: runs
+in seconds on any machine. Usage:
     .venv/bin/python bench/layer_activations.py
 """
 
@@ -23,7 +23,7 @@ B, T = 2, 64
 
 
 def saved_bytes(arch: Arch, dtype: torch.dtype) -> tuple[float, int]:
-    """(bytes per token, weight-sized bytes) one block saves for its backward pass."""
+    """(bytes per token, other bytes) one block saves for its backward pass."""
     block = Block(arch, NetOptions(max_seq=T, positions="rope", mlp="swiglu")).to(dtype)
     x = torch.randn(B, T, arch.hidden, dtype=dtype, requires_grad=True)
     cos, sin = rope_tables(T, arch.head_dim, 10000.0)
@@ -39,21 +39,22 @@ def saved_bytes(arch: Arch, dtype: torch.dtype) -> tuple[float, int]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         block(x, positioned_rope(cos.to(dtype), sin.to(dtype), torch.arange(T)), attention_mask(None, 0, T, x.device),
               None, 0)
-    per_token = sum(n for shape, n in saved.values() if shape[:1] == (B,) or shape[:2] == (B, T))
-    weights = sum(n for shape, n in saved.values() if len(shape) == 2 and shape[0] not in (B, T))
-    return per_token / (B * T), weights
+    # Per token: [B, ...] tensors and the [B*T, k] views linear layers save; the rest is per position (RoPE tables).
+    per_token = sum(n for shape, n in saved.values() if shape[:1] in ((B,), (B * T,)))
+    other = sum(n for shape, n in saved.values() if shape[:1] not in ((B,), (B * T,)))
+    return per_token / (B * T), other
 
 
 def main() -> None:
     print(f"{'d':>5} {'d_ff':>5} {'heads':>5} {'kv':>3} {'dtype':>5} {'saved elems/token':>18} {'[A12] width':>11} "
-          f"{'ratio':>6} {'weight-sized MiB':>16}")
+          f"{'ratio':>6} {'other KiB':>9}")
     for d, f, h, kv in SHAPES:
         arch = Arch(layers=1, hidden=d, ffn=f, vocab=8, heads=h, kv_heads=kv, gated=True, tied=False, norms=True)
         for dtype, s_b in ((torch.float32, 4), (torch.bfloat16, 2)):
-            per_token, weights = saved_bytes(arch, dtype)
+            per_token, other = saved_bytes(arch, dtype)
             width = float(buffer_width(arch, 1))
             print(f"{d:5d} {f:5d} {h:5d} {kv:3d} {str(dtype)[6:]:>5} {per_token / s_b:18.0f} {width:11.0f} "
-                  f"{per_token / s_b / width:6.2f} {weights / 2**20:16.2f}")
+                  f"{per_token / s_b / width:6.2f} {other / 2**10:9.1f}")
 
 
 if __name__ == "__main__":
