@@ -108,3 +108,21 @@ def test_layer_activations_counts_what_a_block_saves_per_token():
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.strip().splitlines()) == 1 + 2 * len(mod.SHAPES)
+
+
+def test_memory_terms_counts_the_layer_as_layer_activations_measures_it(capsys):
+    """bench/memory_terms.py prices a recomputed layer with the count bench/layer_activations.py measures (float32
+    and bf16, one TP rank), and re-predicts the committed memory validation with and without its two terms."""
+    import torch
+
+    from rpegc.core.ir.program import Arch
+    from rpegc.tools.validate import Case
+
+    terms, layer = load_bench("memory_terms"), load_bench("layer_activations")
+    arch = Arch(layers=2, hidden=64, ffn=256, vocab=32, heads=4, kv_heads=2, gated=True, tied=False, norms=True)
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        case = Case("training", "policy", "t", arch, 8, 1, 4, 4, 1, 1, 1, 1, dtype=name)
+        assert terms.recomputed_layer_bytes(case) == layer.saved_bytes(arch, dtype)[0]
+    terms.main([])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["the", "with"] and all("training" in line for line in lines)
