@@ -126,3 +126,18 @@ def test_memory_terms_counts_the_layer_as_layer_activations_measures_it(capsys):
     terms.main([])
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["the", "with"] and all("training" in line for line in lines)
+
+
+def test_scale_ladder_programs_lower_and_count_their_parameters(tmp_path):
+    """bench/scale.py's programs lower through the README's pipeline (with and without the arch flags older
+    checkouts lack), and the sizes it reports are its actors' (8 layers of 4 d^2 + 3 d d_ff + 2 d, the untied
+    embedding and head 2 V d and the final norm: 60,039,680 at d 512, d_ff 1536, V 32,000)."""
+    from rpegc.cli import main as rpegc_main
+
+    scale = load_bench("scale")
+    assert scale.parameters("60m") == 8 * (4 * 512**2 + 3 * 512 * 1536 + 2 * 512) + 2 * 32000 * 512 + 512 == 60_039_680
+    for flags in (True, False):
+        src = tmp_path / f"s{flags}.rpeg"
+        src.write_text(scale.program("60m", "bf16", flags))
+        lower = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+        assert rpegc_main([str(src), "-p", lower, "-o", str(tmp_path / f"s{flags}.exec.rpeg")]) == 0
