@@ -32,7 +32,10 @@ def test_dry_run_writes_the_profile_and_the_validation(tmp_path: Path, capsys):
 def test_a_non_empty_out_directory_is_refused(tmp_path: Path, capsys):
     (tmp_path / "keep.txt").write_text("a user's file")
     assert main(["--device", "cpu", "--out", str(tmp_path)]) == 2
-    assert "not empty" in capsys.readouterr().out and (tmp_path / "keep.txt").read_text() == "a user's file"
+    kept = tmp_path / "keep.txt"
+    assert "not an empty directory" in capsys.readouterr().out and kept.read_text() == "a user's file"
+    assert main(["--device", "cpu", "--out", str(kept)]) == 2  # a file: refused, not replaced
+    assert "not an empty directory" in capsys.readouterr().out and kept.read_text() == "a user's file"
 
 
 def test_gpu_steps_run_on_nccl_with_the_full_sweeps(tmp_path: Path):

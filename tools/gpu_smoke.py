@@ -47,6 +47,8 @@ from pathlib import Path
 
 import torch
 
+from rpegc.tools.measure import device_count
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 B, R, LP, LR, MB = 8, 2, 4, 6, 2
@@ -176,7 +178,7 @@ def calibration_step(out: Path, dry_run: bool, profile: str) -> ToolStep:
     """rpeg-calibrate on the CUDA devices, or at smoke-test sizes on one CPU worker (`dry_run`)."""
     where = ("--backend", "gloo", "--devices", "1") if dry_run else ("--backend", "nccl")
     # One device reaches no link (the dry run takes the same path).
-    links = ("--links-from", profile) if dry_run or _cuda_devices() < 2 else ()
+    links = ("--links-from", profile) if dry_run or device_count("nccl") < 2 else ()
     quick = ("--quick",) if dry_run else ()
     return ToolStep("calibration", "rpegc.tools.calibrate",
                     (*where, *links, "-o", str(out / CALIBRATED), "--raw", str(out / "calibration-raw.csv"), "-q",
@@ -192,10 +194,6 @@ def validation_step(out: Path, dry_run: bool, hardware: str) -> ToolStep:
                      str(out / "validation"), "--isolated", "-q", *repeats), 90 if dry_run else 280)
 
 
-def _cuda_devices() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def _text(output) -> str:
     """A subprocess's captured output (bytes when it was cut off by its timeout)."""
     if output is None:
@@ -209,7 +207,8 @@ def run_tool(step: ToolStep, log: Path) -> list[str]:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=step.limit_s)
     except subprocess.TimeoutExpired as err:
-        log.write_text(f"$ {' '.join(cmd)}\n{_text(err.stdout)}{_text(err.stderr)}\nkilled after {step.limit_s:.0f} s\n")
+        output = _text(err.stdout) + _text(err.stderr)
+        log.write_text(f"$ {' '.join(cmd)}\n{output}\nkilled after {step.limit_s:.0f} s\n")
         print(f"{step.name}: killed after {step.limit_s:.0f} s")
         return [f"{step.name} ran past its {step.limit_s:.0f} s (see {log})"]
     log.write_text(f"$ {' '.join(cmd)}\n{done.stdout}{done.stderr}\nexit {done.returncode}\n")
@@ -244,8 +243,8 @@ def main(argv=None) -> int:
         print("gpu_smoke: torch sees no CUDA device; this check needs a GPU (--device cpu: a dry run)")
         return 2
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
-    if out.exists() and any(out.iterdir()):
-        print(f"gpu_smoke: error: {out} is not empty; name a new directory with --out")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"gpu_smoke: error: {out} is not an empty directory; name a new directory with --out")
         return 2
     out.mkdir(parents=True, exist_ok=True)
     failures = guarded("step 1", one_worker, device)

@@ -10,9 +10,9 @@ devices. It is executed by the torch backend's own worker code (`runtime/backend
 `Worker.cmd_op`: the same function the backend runs for an Op node, with its TP/PP/DP execution in
 `parallel.py`), inside worker processes of `rpegc.tools.measure.WorkerPool`. The latency of one run is
 the slowest rank's time from a common barrier to the end of its part; a configuration's latency is the
-median of warm repeats. Memory (Fig. 5) is measured where the backend can measure a device's peak
-(CUDA: `--backend nccl`, with `--grid gpu` for ~1B models in bf16, each operator alone on the device); on CPU
-workers only time is validated.
+median of warm repeats. Memory (Fig. 5) is measured with --isolated (each operator alone on its devices; the
+default under `--backend nccl`): on CUDA torch.cuda.max_memory_allocated (`--grid gpu`: ~1B models in bf16), on
+CPU workers torch's own count of CPU tensor bytes (`--grid memory`).
 
 Outputs (in --out, default a new ./rpeg-validate-YYYYmmdd-HHMMSS/): validation.csv (one row per configuration, predicted_s
 and measured_s among the columns), validation.png (log-log scatter with the +-25% band, like Fig. 4)
@@ -506,16 +506,16 @@ class Row:
 
 def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 1, seed: int = 0,
             tp_impl: str = "auto", quiet: bool = False, backend: str = "gloo",
-            isolated: Optional[bool] = None) -> list[tuple[tuple[float, ...], Optional[float]]]:
-    """Run every case on a pool of `devices` workers; per case the slowest rank's seconds per repeat.
+            isolated: bool = False) -> list[tuple[tuple[float, ...], Optional[float]]]:
+    """Run every case on a pool of `devices` workers; per case the slowest rank's seconds per repeat and its peak.
 
-    By default on CPU workers (gloo) repeats are rounds over the whole grid (the first round warms every
-    case up), so a burst of load from other processes lands on one repeat of many cases, not on every
-    repeat of one case, and the median discards it; each case keeps its backend state (modules,
-    optimizer) between rounds. `isolated` (the default on CUDA devices, whose peak memory is measured):
-    each case runs its repeats back to back on a worker holding its model alone (`_measure_case`).
+    Repeats are rounds over the whole grid (the first round warms every case up), so a burst of load from other
+    processes lands on one repeat of many cases, not on every repeat of one case, and the median discards it;
+    each case keeps its backend state (modules, optimizer) between rounds. `isolated` (what --isolated selects,
+    by default on CUDA devices): each case runs its repeats back to back on a worker holding its model alone,
+    and its peak memory is measured (`_measure_case`).
     """
-    if isolated if isolated is not None else backend == "nccl":
+    if isolated:
         return _measure_isolated(cases, devices, repeats=repeats, warmup=warmup, seed=seed, tp_impl=tp_impl,
                                  quiet=quiet, backend=backend)
     if any(c.devices > devices for c in cases):
@@ -561,7 +561,8 @@ def _measure_isolated(cases: Sequence[Case], devices: int, *, repeats: int, warm
                 if pool is None:
                     pool = WorkerPool(devices, backend, threads=threads)
                     pool.run(_init_groups, layouts)
-                per_rank = [r for r in pool.run(_measure_case, case, repeats, warmup, seed, tp_impl, True) if r is not None]
+                per_rank = [r for r in pool.run(_measure_case, case, repeats, warmup, seed, tp_impl, True)
+                            if r is not None]
             except RpegError as err:
                 print(f"rpeg-validate: configuration {case.id} failed: {err.message}", file=sys.stderr)
                 out.append(((), None))
@@ -600,8 +601,8 @@ def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, 
 # CSV
 
 CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads", *ARCH_FLAGS,
-               "B", "R", "Lp", "Lr", "dtype", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s", "measured_min_s",
-               "measured_max_s", "predicted_s", "predicted_default_s", "rel_error", "T_gemm", "T_bubble", "T_tp",
+               "B", "R", "Lp", "Lr", "dtype", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s",
+               "measured_min_s", "measured_max_s", "predicted_s", "predicted_default_s", "rel_error", "T_gemm", "T_bubble", "T_tp",
                "T_pp", "T_dp", "T_non_gemm", "T_opt", "predicted_peak_bytes", "measured_peak_bytes", "samples_s")
 
 
@@ -612,7 +613,8 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
         for r in rows:
             c, a, p = r.case, r.case.arch, r.pred
             out.writerow([c.id, c.role, c.kind, c.model, a.layers, a.hidden, a.ffn, a.vocab, a.heads, a.kv_heads,
-                          *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dtype, c.dp, c.pp, c.tp, c.mb,
+                          *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dtype,
+                          c.dp, c.pp, c.tp, c.mb,
                           c.devices, len(r.measured),
                           f"{r.measured_s:.6g}", f"{min(r.measured):.6g}", f"{max(r.measured):.6g}",
                           f"{p.T_op:.6g}", f"{r.pred_default.T_op:.6g}", f"{p.T_op / r.measured_s - 1:.4f}",
