@@ -72,3 +72,52 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys):
     hw = Path(__file__).resolve().parent.parent / "rpegc" / "hardware" / "gh200.toml"
     assert main(["--hardware", str(hw), "--cost-option", "nonsense", "--quick"]) == 1
     assert "NAME=VALUE" in capsys.readouterr().err
+
+
+def _training_runs(ctx, case):
+    """Three runs of a training operator through rpeg-validate's runner: the weights labels it reads and writes,
+    what the worker then holds, and which version its training state holds."""
+    from rpegc.tools.validate import _OpRuns, _backend_worker, _init_groups, _layout
+
+    layout = _layout(case)
+    _init_groups(ctx, [layout])
+    op = _OpRuns(ctx, _backend_worker(ctx, case, 0, "torch"), case, layout, 0)
+    seen = []
+    for _ in range(3):
+        seen.append((op.cmd["weights"], op.cmd["output"], op.cmd["version_out"]))
+        op.run()
+    held = sorted(k for k, e in op.worker.entries.items() if e.kind == "weights")
+    return seen, held, op.worker.training[("actor", layout)].pm.loaded
+
+
+def test_repeated_training_runs_train_the_version_the_last_one_published():
+    """As a run's consecutive steps: each run reads the version the previous one published, the one it read is
+    released, and the training state is never reloaded (re-running one command re-drew version 0 each time)."""
+    from rpegc.tools.measure import WorkerPool
+
+    tiny = VALIDATION_ARCHS["tiny"]
+    case = Case("training", "policy", "tiny", tiny, 8, 1, 4, 4, 1, 1, 1, 1)
+    with WorkerPool(1) as pool:
+        seen, held, loaded = pool.run(_training_runs, case)[0]
+    base = seen[0][0]
+    assert seen == [(base, f"{base}@1", 1), (f"{base}@1", f"{base}@2", 2), (f"{base}@2", f"{base}@3", 3)]
+    assert held == [f"{base}@3"] and loaded == ("actor", 3)
+
+
+def test_cli_refuses_nccl_without_cuda_and_a_csv_with_an_unknown_dtype(tmp_path: Path, capsys):
+    import torch
+
+    if not torch.cuda.is_available():
+        assert main(["--hardware", "h200", "--backend", "nccl", "--quick", "--out", str(tmp_path / "v")]) == 1
+        assert "--backend nccl needs CUDA devices" in capsys.readouterr().err
+    from rpegc.core.cost.hardware import load_hardware
+    from rpegc.core.cost.options import CostOptions
+    from rpegc.tools.validate import make_rows, write_csv
+
+    tiny = VALIDATION_ARCHS["tiny"]
+    saved = tmp_path / "v.csv"
+    write_csv(make_rows([Case("inference", "reference", "tiny", tiny, 16, 1, 8, 8, 1, 1, 1, 1)], [((0.01,), None)],
+                        load_hardware("h200"), CostOptions(), 8), saved)
+    saved.write_text(saved.read_text().replace(",fp32,", ",fp16,"))
+    assert main(["--hardware", "h200", "--from", str(saved), "--out", str(tmp_path / "r")]) == 1
+    assert "line 2: malformed row (dtype 'fp16' is not fp32 or bf16)" in capsys.readouterr().err
