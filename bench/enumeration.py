@@ -10,7 +10,7 @@ actor-critic sharing and tau = 1), the GRPO graph of examples/grpo.rpeg with 7B 
 examples/grpo-tiny.rpeg as written (4 CPU devices).
 
 Usage: python bench/enumeration.py [--quick] [--seeds K] [--evals 300,1000,3000]
-Writes bench/results/enumeration.csv (--quick: enumeration_quick.csv, one instance, 2 seeds, 300 evaluations).
+Writes bench/results/enumeration.csv (--quick: enumeration_quick.csv, one instance, 2 seeds, 1,000 evaluations).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--evals", default="300,1000,3000")
     args = ap.parse_args()
     names = ["ppo-7b-2gpu"] if args.quick else list(instances())
-    budgets = [300] if args.quick else [int(x) for x in args.evals.split(",")]
+    budgets = [1000] if args.quick else [int(x) for x in args.evals.split(",")]
     result = rows(names, budgets, 2 if args.quick else args.seeds)
     print_table(result, ["instance", "plans", "evals", "exact_optimum", "median_ratio", "worst_ratio", "cpu_s_per_run"])
     print(f"wrote {write_csv('enumeration_quick.csv' if args.quick else 'enumeration.csv', result, args.out)}")

@@ -37,6 +37,7 @@ from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
 from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch
 from rpegc.core.ir.geometry import Alloc, Strategy
+from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
 # xDSL prints a non-ASCII StringAttr with hex escapes, and its lexer reads such a literal back as a
 # BytesAttr. Free-text values (names, paths) therefore accept both; `text()` decodes either.
@@ -259,6 +260,55 @@ class StrategyAttr(ParametrizedAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[IntAttr]:
         return _parse_keyed_ints(parser, cls.KEYS)
+
+
+@irdl_attr_definition
+class TrainAttr(ParametrizedAttribute):
+    """The training fields a workload or a training placement states (`training.TrainSpec`), only those stated:
+    `#rpeg.train<zero = 1, recompute = "full">`. An unstated field is stored as "" (-1 for zero)."""
+
+    name = "rpeg.train"
+    precision: StringAttr
+    zero: IntAttr
+    recompute: StringAttr
+    schedule: StringAttr
+
+    @staticmethod
+    def from_spec(t: TrainSpec) -> TrainAttr:
+        return TrainAttr(StringAttr(t.precision or ""), IntAttr(-1 if t.zero is None else int(t.zero)),
+                         StringAttr(t.recompute or ""), StringAttr(t.schedule or ""))
+
+    def to_spec(self) -> TrainSpec:
+        return TrainSpec(**{k: v for k, v in self._values().items() if v not in ("", -1)})
+
+    def _values(self) -> dict[str, object]:
+        return dict(zip(TRAIN_FIELDS, (p.data for p in self.parameters)))
+
+    def verify(self) -> None:
+        for k, v in self._values().items():
+            if v not in ("", -1) and v not in TRAIN_CHOICES[k]:
+                raise VerifyException(f"#rpeg.train: {k} = {v!r} is not one of "
+                                      f"{', '.join(str(c) for c in TRAIN_CHOICES[k])}")
+
+    def print_parameters(self, printer: Printer) -> None:
+        shown = [f"{k} = {v}" if k == "zero" else f'{k} = "{v}"' for k, v in self._values().items()
+                 if v not in ("", -1)]
+        printer.print_string("<" + ", ".join(shown) + ">")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        values: dict[str, object] = {}
+
+        def entry() -> None:
+            key = parser.parse_identifier(" (a training field)")
+            if key not in TRAIN_FIELDS or key in values:
+                parser.raise_error(f"#rpeg.train: unexpected or repeated field '{key}'; fields: {', '.join(TRAIN_FIELDS)}")
+            parser.parse_punctuation("=")
+            values[key] = parser.parse_integer(allow_boolean=False) if key == "zero" else parse_text(parser)
+
+        parser.parse_comma_separated_list(parser.Delimiter.ANGLE, entry)
+        return [StringAttr(str(values.get("precision", ""))), IntAttr(int(values.get("zero", -1))),
+                StringAttr(str(values.get("recompute", ""))), StringAttr(str(values.get("schedule", "")))]
 
 
 @irdl_attr_definition

@@ -8,6 +8,7 @@ passes read and print; `rpegc/core` computes on the dataclasses). `module_to_pro
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Optional
 
 from xdsl.context import Context
@@ -32,6 +33,7 @@ from rpegc.core.ir.gc_pause import without_gc
 from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.ir.program import Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
+from rpegc.core.ir.training import NO_TRAIN_SPEC, TrainSpec
 from rpegc.dialects import exec as ex
 from rpegc.dialects import rpeg
 from rpegc.dialects.attrs import (
@@ -42,6 +44,7 @@ from rpegc.dialects.attrs import (
     ModelIntAttr,
     QuantileAttr,
     StrategyAttr,
+    TrainAttr,
     expr_attr,
     i64_attr,
     int_of,
@@ -199,7 +202,8 @@ class _Builder:
         return ops
 
     def workload_op(self, w: Workload) -> Operation:
-        props = {"B": _int(w.B), "R": _int(w.R), "Lp": _int(w.Lp), "Lr": _int(w.Lr), "dtype": StringAttr(w.dtype)}
+        props = {"B": _int(w.B), "R": _int(w.R), "Lp": _int(w.Lp), "Lr": _int(w.Lr), "dtype": StringAttr(w.dtype),
+                 "train": _train(w.train)}
         return self.op(rpeg.WorkloadOp, w.loc, props)
 
     def model_op(self, m: Model) -> Operation:
@@ -277,7 +281,8 @@ class _Builder:
             self.op(
                 rpeg.PlaceOp,
                 pl.loc,
-                {"vertex": self.sym(pl.vertex), "alloc": self.alloc(pl.alloc), "strategy": self.strategy(pl.strategy)},
+                {"vertex": self.sym(pl.vertex), "alloc": self.alloc(pl.alloc), "strategy": self.strategy(pl.strategy),
+                 "train": _train(pl.strategy.train)},
             )
             for pl in p.placements
         ]
@@ -315,6 +320,7 @@ class _Builder:
             "nphases": None if n.nphases is None else _int(n.nphases),
             "alloc": self.alloc(n.alloc),
             "strategy": self.strategy(n.strategy),
+            "train": None if n.strategy is None else _train(n.strategy.train),
             "src_alloc": self.alloc(n.src_alloc),
             "src_strategy": self.strategy(n.src_strategy),
             "bytes": _int(n.bytes) if n.bytes else None,
@@ -416,7 +422,21 @@ def _fl(attr: FloatAttr) -> float:
 
 
 def _workload(op: rpeg.WorkloadOp) -> Workload:
-    return Workload(int_of(op.B), int_of(op.R), int_of(op.Lp), int_of(op.Lr), op.dtype.data, loc=loc_from(op.location))
+    return Workload(int_of(op.B), int_of(op.R), int_of(op.Lp), int_of(op.Lr), op.dtype.data, loc=loc_from(op.location),
+                    train=_spec(op.train))
+
+
+def _train(t: TrainSpec) -> Optional[TrainAttr]:
+    """The property of stated training fields, or None (omitted) when none is stated."""
+    return None if t.empty else TrainAttr.from_spec(t)
+
+
+def _spec(attr: Optional[TrainAttr]) -> TrainSpec:
+    return NO_TRAIN_SPEC if attr is None else attr.to_spec()
+
+
+def _with_train(s: Strategy, attr: Optional[TrainAttr]) -> Strategy:
+    return s if attr is None else replace(s, train=attr.to_spec())
 
 
 def _model(op: rpeg.ModelOp) -> Model:
@@ -534,7 +554,7 @@ def _plan(op: rpeg.PlanOp) -> Plan:
             Placement(
                 child.vertex.string_value(),
                 child.alloc.to_alloc(),
-                child.strategy.to_strategy(),
+                _with_train(child.strategy.to_strategy(), child.train),
                 loc=loc_from(child.location),
             )
         )
@@ -612,7 +632,7 @@ def _node(op: ex.NodeFields, kind: str) -> ExecNode:
         phase=_opt_int(props.get("phase")),
         nphases=_opt_int(props.get("nphases")),
         alloc=None if alloc is None else alloc.to_alloc(),
-        strategy=None if strategy is None else strategy.to_strategy(),
+        strategy=None if strategy is None else _with_train(strategy.to_strategy(), props.get("train")),
         src_alloc=None if src_alloc is None else src_alloc.to_alloc(),
         src_strategy=None if src_strategy is None else src_strategy.to_strategy(),
         bytes=0 if nbytes is None else int_of(nbytes),

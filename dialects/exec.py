@@ -30,7 +30,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from rpegc.core.ir.exec_graph import DataRef
 from rpegc.core.ir.program import ROLES
-from rpegc.dialects.attrs import AllocAttr, I64Attr, ModelIntAttr, StrategyAttr, Text, int_of, parse_text
+from rpegc.dialects.attrs import AllocAttr, I64Attr, ModelIntAttr, StrategyAttr, Text, TrainAttr, int_of, parse_text
 from rpegc.dialects.rpeg import LocatedOp, check_member
 
 # Discardable analysis results written by annotate-cost (time) and schedule (start, finish).
@@ -103,6 +103,7 @@ class NodeFields(LocatedOp):
     nphases = opt_prop_def(I64Attr)
     alloc = opt_prop_def(AllocAttr)
     strategy = opt_prop_def(StrategyAttr)
+    train = opt_prop_def(TrainAttr)  # an op's training fields, when its placement states any
     src_alloc = opt_prop_def(AllocAttr)
     src_strategy = opt_prop_def(StrategyAttr)
     bytes = opt_prop_def(I64Attr)  # omitted when 0

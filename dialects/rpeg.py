@@ -37,6 +37,7 @@ from rpegc.dialects.attrs import (
     StrategyAttr,
     SymAttr,
     Text,
+    TrainAttr,
 )
 from rpegc.core.ir.program import ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
 
@@ -60,6 +61,7 @@ class WorkloadOp(LocatedOp):
     Lp = prop_def(I64Attr)
     Lr = prop_def(I64Attr)
     dtype = prop_def(StringAttr)
+    train = opt_prop_def(TrainAttr)  # the training fields of every training operator, when any is stated
 
     def verify_(self) -> None:
         check_member(self.name, "dtype", self.dtype.data, tuple(DTYPE_BYTES))
@@ -241,6 +243,7 @@ class PlaceOp(LocatedOp):
     vertex = prop_def(SymbolRefAttr)
     alloc = prop_def(AllocAttr)
     strategy = prop_def(StrategyAttr)
+    train = opt_prop_def(TrainAttr)  # the vertex's training fields, when its placement states any
     traits = traits_def(HasParent(PlanOp))
 
 
@@ -260,5 +263,5 @@ GRAPH_BODY_OPS = (
 RPEG = Dialect(
     "rpeg",
     [WorkloadOp, ModelOp, GraphOp, *GRAPH_BODY_OPS, ClusterOp, PlanOp, PlaceOp],
-    [NumAttr, SymAttr, BinOpAttr, AllocAttr, StrategyAttr, ArchAttr, ModelIntAttr, QuantileAttr],
+    [NumAttr, SymAttr, BinOpAttr, AllocAttr, StrategyAttr, TrainAttr, ArchAttr, ModelIntAttr, QuantileAttr],
 )

@@ -15,6 +15,8 @@ the pipeline lowers it. Options:
   ac=true          consider actor-critic parameter sharing (S1, when an actor and a critic exist)
   steps=8          K_eval, the unrolled horizon the plans are scored on (use the same k in unroll{k=..})
   ablate=""        comma list of Table IV ablations A1..A9 (e.g. ablate="A4,A7")
+  search_zero=true       choose each training vertex's ZeRO stage (false: the workload's, default 2)
+  search_recompute=true  choose its activation recomputation (false: the workload's, default interval)
   baseline=none | greedy | concurrent   write that baseline plan instead of searching
   hardware=""      hardware profile override (default: the cluster's)
   and every cost option of annotate-cost (rpegc.core.cost.options.CostOptions, e.g. decode_rows=local_batch):
@@ -55,6 +57,9 @@ class OptimizePass(CostModelPass):
     steps: int = option(8, "K_eval, the unrolled horizon plans are scored on (use the same k in unroll)")
     ablate: str = option("", "comma list of Table IV ablations A1..A9, e.g. ablate=\"A4,A7\"")
     baseline: str = option("none", "none (search), or write the greedy or concurrent baseline plan instead")
+    search_zero: bool = option(True, "choose each training vertex's ZeRO stage (false: the workload's, default 2)")
+    search_recompute: bool = option(
+        True, "choose each training vertex's activation recomputation (false: the workload's, default interval)")
     progress: bool = option(False, "show the progress bar even when stderr is not a terminal")
     summary: bool = option(True, "print the summary table on stderr at the end")
 
@@ -71,6 +76,8 @@ class OptimizePass(CostModelPass):
             steps=self.steps,
             ablate=parse_ablations(self.ablate),
             baseline=self.baseline,
+            search_zero=self.search_zero,
+            search_recompute=self.search_recompute,
         )
 
     def check_options(self, where=None) -> None:

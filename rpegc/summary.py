@@ -45,6 +45,9 @@ def graph_lines(p: Program) -> list[str]:
         if pl is not None:
             s = pl.strategy
             where = f"{pl.alloc.origin}+{pl.alloc.extent} dp={s.dp} pp={s.pp} tp={s.tp} mb={s.mb}"
+            if v.role == "training":
+                t = p.workload.training(s.train, pl.loc)
+                where += f" {t.precision} zero={t.zero} recompute={t.recompute} {t.schedule}"
         io = ", ".join(v.reads) + " -> " + ", ".join(v.writes)
         rows.append([f"@{v.name}", v.role, f"@{v.model}", io, where])
     lines += _table(rows)

@@ -186,6 +186,7 @@ class _Run:
         self.unissued = [len(p) for p in self.preds]  # predecessors not yet dispatched
         self.candidates: list[tuple[tuple, int]] = []  # chaining candidates: all predecessors dispatched
         self.cons_left = {a: len(c) for a, c in plan.consumers.items()}
+        self.cons_unissued = dict(self.cons_left)  # consumers not yet handed to the backend
         self.prod_left = {a: len(p) for a, p in plan.producers.items()}
         self.present: set[Artifact] = set()
         self.steps_left: dict[int, int] = {}
@@ -330,6 +331,7 @@ class _Run:
             outputs=n.outputs,
             versions_in=n.node.version_in,
             versions_out=n.node.version_out,
+            last_reads=tuple(a for a in n.inputs if self.cons_unissued.get(a) == 1 and a not in self.plan.retained),
         )
 
     def issue(self, n: RunNode, at: float) -> None:
@@ -337,6 +339,8 @@ class _Run:
         self.dispatched_at[n.index] = at
         self.running[n.id] = n.index
         self.issued[n.index] = True
+        for a in n.inputs:
+            self.cons_unissued[a] -= 1
         for s in self.succs[n.index]:
             self.unissued[s] -= 1
             if self.unissued[s] == 0 and self.lookahead and self.remaining[s]:

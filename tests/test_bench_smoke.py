@@ -40,7 +40,7 @@ def test_enumeration_quick_compares_the_optimizer_with_the_exact_optimum(tmp_pat
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     [row] = list(csv.DictReader(open(tmp_path / "enumeration_quick.csv")))
-    assert row["instance"] == "ppo-7b-2gpu" and int(row["plans"]) == 5120 and row["exact_optimum"] == "2/2"
+    assert row["instance"] == "ppo-7b-2gpu" and int(row["plans"]) == 18432 and row["exact_optimum"] == "2/2"
 
 
 def test_workloads_follow_the_paper_tables():

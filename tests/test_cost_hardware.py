@@ -198,8 +198,8 @@ def test_from_dict_validates_like_a_file():
 
 
 def test_cost_options_from_user_values():
-    opts = cost_options({"decode_rows": "local_batch", "bubble_on_generation": "false", "train_forward_equivalents": "3"})
-    assert opts == CostOptions(decode_rows="local_batch", bubble_on_generation=False, train_forward_equivalents=3)
+    opts = cost_options({"decode_rows": "local_batch", "bubble_on_generation": "false", "dp_scalar_allreduces": "3"})
+    assert opts == CostOptions(decode_rows="local_batch", bubble_on_generation=False, dp_scalar_allreduces=3)
     loc = Loc("cmd", 1, 5)
     with pytest.raises(RpegError) as info:
         cost_options({"decode_rows": "everything"}, loc)

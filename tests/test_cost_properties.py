@@ -15,6 +15,7 @@ from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.memory import op_memory
 from rpegc.core.cost.optime import op_time
 from rpegc.core.ir.program import Arch, Workload
+from rpegc.core.ir.training import PRECISIONS, RECOMPUTES, SCHEDULES, ZERO_STAGES, Training
 from rpegc.core.cost.transfer import generation_phase_time
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -27,9 +28,12 @@ OPTIONS = st.builds(
     bubble_on_generation=st.booleans(),
     generation_pp=st.sampled_from(["none", "prefill", "wavefront"]),
     tp_decode=st.sampled_from(["batched", "per_microbatch"]),
-    train_forward_equivalents=st.sampled_from([3, 4]),
     dp_scalar_allreduces=st.integers(0, 6),
+    accounting=st.sampled_from(["backend", "spec"]),
 )
+# How training operators train (the workloads are bf16, so both precisions apply).
+TRAININGS = st.builds(Training, precision=st.sampled_from(PRECISIONS), zero=st.sampled_from(ZERO_STAGES),
+                      recompute=st.sampled_from(RECOMPUTES), schedule=st.sampled_from(SCHEDULES))
 
 
 @st.composite
@@ -58,6 +62,7 @@ def plans(draw, layers):
         pp=pp,
         tp=draw(st.sampled_from([1, 2, 4, 8])),
         mb=1 if pp == 1 else pp * draw(st.sampled_from([1, 2])),
+        train=draw(TRAININGS),  # read by training operators only
     )
 
 
@@ -143,10 +148,13 @@ def test_single_degree_parallelism_costs_no_communication(case):
 def test_array_and_scalar_paths_agree(arch, wl, hw, opts, role_kind, data):
     role, kind = role_kind
     batch = [data.draw(plans(arch.layers)) for _ in range(data.draw(st.integers(1, 5)))]
+    train = batch[0]["train"]  # one training for the batch: the array form prices one strategy's many shapes
+    batch = [dict(p, train=train) for p in batch]
     tiers = [data.draw(st.integers(0, 2)) for _ in batch]
     arrays = {k: np.array([p[k] for p in batch]) for k in ("dp", "pp", "tp", "mb")}
-    vec = op_time(role, arch, kind, wl, **arrays, gpus_per_node=8, hw=hw, opts=opts, span_tier=np.array(tiers))
-    vec_mem = op_memory(role, arch, kind, wl, **arrays, opts=opts)
+    vec = op_time(role, arch, kind, wl, **arrays, gpus_per_node=8, hw=hw, opts=opts, span_tier=np.array(tiers),
+                  train=train)
+    vec_mem = op_memory(role, arch, kind, wl, **arrays, opts=opts, train=train)
     for i, (plan, tier) in enumerate(zip(batch, tiers)):
         one = op_time(role, arch, kind, wl, **plan, gpus_per_node=8, hw=hw, opts=opts, span_tier=tier)
         for term in ("T_gemm", "T_bubble", "T_tp", "T_pp", "T_dp", "T_non_gemm", "T_opt", "T_op"):

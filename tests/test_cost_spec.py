@@ -1,7 +1,10 @@
 """The worked example of spec/cost-model.md Section 8, number by number (rel tol 1e-6).
 
 Everything is built from dataclasses here: an 8-GPU node (1 x 1 x 8), LLaMA-7B-like models, the
-hardware of spec 8.1 and the plan (P_d, P_p, P_t) = (2, 2, 2), mb = 4 for every operator.
+hardware of spec 8.1 and the plan (P_d, P_p, P_t) = (2, 2, 2), mb = 4 for every operator. The spec's literal
+form is the cost option accounting = "spec" (SPEC below) with the default training (mixed precision, ZeRO-2,
+recomputation every c layers, 1F1B); what the torch backend holds instead (the default accounting) and the other
+training choices are tested in test_cost_training.py.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.memory import FROZEN, NONE, SHADOW, TRAINING, oom_penalty, op_memory
 from rpegc.core.cost.optime import op_time
 from rpegc.core.cost.params import layer_params, param_count
-from rpegc.core.ir.program import Arch, Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload
+from rpegc.core.ir.program import Graph, Model, Placement, Plan, Program, Quantile, Vertex
+from rpegc.core.ir.training import Training
 from rpegc.core.lower.rules import data_bytes, publication_bytes
 from rpegc.core.cost.transfer import (
     comm_node_time,
@@ -34,33 +38,13 @@ from rpegc.core.cost.work import (
     prefill_flops_per_rollout,
 )
 
-ARCH = Arch(layers=32, hidden=4096, ffn=11008, vocab=32000, heads=32, kv_heads=32)
-WL = Workload(B=64, R=1, Lp=512, Lr=128)
-GIB = 2**30
-HW_DICT = {
-    "compute": {"F_peak": 400e12, "BW_mem": 3.0e12, "gamma_M": 256, "gamma_K": 512, "c_ng": 0, "B_cal": 8},
-    "memory": {"M_GPU": 96 * GIB, "eps_rt": 0.10},
-    "collective": {
-        "intra_node": {"alpha": 1.0e-5, "beta": 1 / 200e9},
-        "inter_node": {"alpha": 3e-5, "beta": 1 / 40e9},
-        "inter_rack": {"alpha": 6e-5, "beta": 1 / 20e9},
-    },
-    "p2p": {
-        "intra_node": {"alpha": 5e-6, "beta": 1 / 150e9},
-        "inter_node": {"alpha": 2e-5, "beta": 1 / 25e9},
-        "inter_rack": {"alpha": 4e-5, "beta": 1 / 12.5e9},
-    },
-}
-HW = Hardware.from_dict(HW_DICT)
-PLAN = dict(dp=2, pp=2, tp=2, mb=4)
+from fixtures.spec_example import ARCH, GIB, HW, HW_DICT, PLAN, WL, approx
+
 ALL8 = Alloc((0, 0, 0), (1, 1, 8))
 LOW4 = Alloc((0, 0, 0), (1, 1, 4))
 HIGH4 = Alloc((0, 0, 4), (1, 1, 4))
 STRAT = Strategy(2, 2, 2, 4)
-
-
-def approx(x):
-    return pytest.approx(x, rel=1e-6)
+SPEC = CostOptions(accounting="spec")
 
 
 def approx6(x):
@@ -68,11 +52,11 @@ def approx6(x):
     return pytest.approx(x, rel=1e-5)
 
 
-def timing(role, kind, opts=CostOptions()):
-    return op_time(role, ARCH, kind, WL, **PLAN, gpus_per_node=8, hw=HW, opts=opts)
+def timing(role, kind, opts=SPEC, train=None):
+    return op_time(role, ARCH, kind, WL, **PLAN, gpus_per_node=8, hw=HW, opts=opts, train=train)
 
 
-def memory(role, kind, opts=CostOptions()):
+def memory(role, kind, opts=SPEC):
     return op_memory(role, ARCH, kind, WL, **PLAN, opts=opts)
 
 
@@ -129,8 +113,6 @@ def test_generation_memory():
     m = memory("generation", "policy")
     assert m.W_shard == 1_389_363_200
     assert m.M_w == 2_778_726_400
-    assert m.M_opt == 8_336_179_200
-    assert m.M_grad == 1_389_363_200
     assert m.M_act == 295_698_432
     assert m.M_kv == 2_684_354_560
     assert m.A_core == 2_980_052_992
@@ -139,9 +121,9 @@ def test_generation_memory():
 
 def test_gqa_kv_cache_counts_replicated_heads_per_rank():
     gqa = dataclasses.replace(ARCH, kv_heads=8)
-    m = op_memory("generation", gqa, "policy", WL, **PLAN)
+    m = op_memory("generation", gqa, "policy", WL, **PLAN, opts=SPEC)
     assert m.M_kv == 2_684_354_560 // 4  # ceil(8/2)*128 = 512 of the MHA's 2048 per rank
-    wide_tp = op_memory("generation", gqa, "policy", WL, dp=1, pp=1, tp=16, mb=1)
+    wide_tp = op_memory("generation", gqa, "policy", WL, dp=1, pp=1, tp=16, mb=1, opts=SPEC)
     assert wide_tp.M_kv == 2 * 2 * 64 * 640 * 32 * 128  # ceil(8/16) = 1 head per rank, not half of one
 
 
@@ -171,7 +153,7 @@ def test_reference_inference_time():
 
 def test_reference_inference_memory():
     m = memory("inference", "reference")
-    assert (m.W_shard, m.M_w, m.M_opt, m.M_grad) == (1_389_363_200, 2_778_726_400, 8_336_179_200, 1_389_363_200)
+    assert (m.W_shard, m.M_w) == (1_389_363_200, 2_778_726_400)
     assert m.M_act == 369_623_040 and m.A_core == 369_623_040
     assert m.A_with_weights == 3_148_349_440
 
@@ -197,7 +179,7 @@ def test_actor_training_time():
     assert (t.pp.steps, t.pp.msg, t.pp.n_intra, t.pp.n_inter) == (5, 20_971_520, 1, 0)
     assert t.pp.per_step == approx(1.448101e-4) and t.T_pp == approx(7.240507e-4)
     assert t.dp.msg == 2_582_118_400
-    assert t.dp.reduce_scatter == approx(6.465296e-3) and t.dp.allgather == approx(6.465296e-3)
+    assert t.dp.reduce == approx(6.465296e-3) and t.dp.gather == approx(6.465296e-3) and t.dp.reduces == 1
     assert t.T_dp == approx(0.01293059)
     assert t.T_comm == approx(1.018653e-1)
     assert t.T_non_gemm == 0
@@ -208,8 +190,11 @@ def test_actor_training_time():
 def test_actor_training_memory():
     m = memory("training", "policy")
     assert (m.W_shard, m.M_w, m.M_opt, m.M_grad) == (1_389_363_200, 2_778_726_400, 8_336_179_200, 1_389_363_200)
-    assert (m.c, m.n_ckpt, m.M_buf, m.per_token) == (4, 4, 20_480, 98_304)
-    assert m.M_act == 2_013_265_920
+    # M_buf = 20,480 scalars per token (the layer's recompute buffer, [A12]) of s_b = 2 bytes; n_ckpt d + c M_buf =
+    # 98,304 scalars per token and live microbatch.
+    assert (m.c, m.n_ckpt, m.layer_bytes, m.live) == (4, 4, 2 * 20_480, 2)
+    assert m.M_act == 2_013_265_920 == 2 * 2 * 8 * 640 * 98_304
+    assert m.state == m.M_opt
     assert m.A_core == 6_181_355_520 and m.A_with_weights == 6_181_355_520
 
 
@@ -287,7 +272,7 @@ def test_replica_tier_alternative_for_pipeline_boundaries():
     msg = 20_971_520
     inter_rack_boundary = 4e-5 + msg / 12.5e9
     inter_node_boundary = 2e-5 + msg / 25e9
-    gap = train(CostOptions()) - train(CostOptions(pp_inter_tier="replica"))
+    gap = train(SPEC) - train(CostOptions(accounting="spec", pp_inter_tier="replica"))
     assert gap == approx(9 * (inter_rack_boundary - inter_node_boundary) / 3)
 
 
@@ -312,7 +297,7 @@ def toy_program(cluster=Cluster("node", 1, 1, 8, "spec-8.1"), quantiles=(), node
 
 
 def test_colocated_chain_times_and_peak():
-    p = annotate(toy_program(), HW)
+    p = annotate(toy_program(), HW, SPEC)
     times = {n.id: n.time for n in p.exec.nodes}
     assert times == {"gen#0": approx(1.676318), "ref_inf#0": approx(0.2504039), "train#0": approx(0.9874231)}
     assert sum(times.values()) == approx(2.914145)  # the chain's makespan
@@ -327,7 +312,7 @@ def test_colocated_chain_times_and_peak():
 
 
 def test_colocated_chain_residency_and_transients():
-    dm = program_memory(toy_program(), HW)
+    dm = program_memory(toy_program(), HW, SPEC)
     assert list(dm.residency["actor"]) == [TRAINING] * 8 and list(dm.residency["ref"]) == [FROZEN] * 8
     assert dm.persistent_by_model["actor"][0] == 8_336_179_200
     assert dm.persistent_by_model["ref"][0] == 2_778_726_400
@@ -335,7 +320,7 @@ def test_colocated_chain_residency_and_transients():
     assert by_vertex["gen"].A_with_weights == 5_758_779_392  # no persistent BF16 actor copy on a training GPU
     assert by_vertex["ref_inf"].A_core == 369_623_040
     assert by_vertex["train"].A_core == 6_181_355_520
-    literal = program_memory(toy_program(), HW, CostOptions(serving_weights_in_transient=False))
+    literal = program_memory(toy_program(), HW, CostOptions(accounting="spec", serving_weights_in_transient=False))
     assert literal.peak[0] == 17_296_261_120  # [A13] both readings agree here
 
 
@@ -349,7 +334,7 @@ def test_colocated_chain_residency_and_transients():
 )
 def test_capacities(gib, m_eff, r_peak, feasible, penalty):
     hw = dataclasses.replace(HW, M_GPU=gib * GIB)
-    mem = annotate(toy_program(), hw).exec.memory
+    mem = annotate(toy_program(), hw, SPEC).exec.memory
     assert mem.m_eff == approx(m_eff)
     assert mem.r_peak == approx6(r_peak)
     assert mem.feasible is feasible
@@ -360,28 +345,31 @@ def test_capacities(gib, m_eff, r_peak, feasible, penalty):
 
 
 def test_sensitivity_alternatives():
-    a1 = timing("training", "policy", CostOptions(train_forward_equivalents=3))
+    # [A1] 3 forward-equivalents: training without recomputation (the training field recompute = none)
+    a1 = timing("training", "policy", train=Training("mixed", 2, "none", "1f1b"))
     assert a1.W == approx(1_289_778_678_988_800)
-    assert a1.T_gemm == approx(5.290108e-1) and a1.T_op == approx(7.670019e-1)
-    a5 = timing("generation", "policy", CostOptions(decode_rows="local_batch"))
+    # The spec's alternative keeps 6 TP AllReduces per layer and microbatch; without the recomputing forward
+    # there are 4 (forward and backward), 2/3 of T_tp = 0.08821064 of the worked example.
+    assert a1.T_gemm == approx(5.290108e-1) and a1.T_op == approx6(7.670019e-1 - 0.08821064 / 3)
+    a5 = timing("generation", "policy", CostOptions(accounting="spec", decode_rows="local_batch"))
     dec = a5.phase("decode")
     assert (dec.I, dec.eta, dec.F_eff, dec.T_gemm) == (
         approx(3.368106e1), approx(8.888889e-2), approx(3.555556e13), approx(3.037655e-1))
     assert a5.T_op == approx(6.637665e-1)
-    assert timing("generation", "policy", CostOptions(bubble_on_generation=False)).T_op == approx(1.363183)
+    assert timing("generation", "policy", CostOptions(accounting="spec", bubble_on_generation=False)).T_op == approx(1.363183)
     for rounding in ("floor", "ceil"):
-        assert memory("training", "policy", CostOptions(checkpoint_interval=rounding)).c == 4
-    a12 = memory("training", "policy", CostOptions(recompute_buffer_third_term=True))
-    assert a12.M_buf == 30_208 and a12.M_act == 2_810_183_680
-    a23 = memory("inference", "critic", CostOptions(scalar_head_act_width="one"))
+        assert memory("training", "policy", CostOptions(accounting="spec", checkpoint_interval=rounding)).c == 4
+    a12 = memory("training", "policy", CostOptions(accounting="spec", recompute_buffer_third_term=True))
+    assert a12.layer_bytes == 2 * 30_208 and a12.M_act == 2_810_183_680
+    a23 = memory("inference", "critic", CostOptions(accounting="spec", scalar_head_act_width="one"))
     assert a23.A_core == 209_715_200
     assert memory("inference", "critic").A_core == 369_623_040
-    a7 = timing("generation", "policy", CostOptions(generation_pp="prefill"))
+    a7 = timing("generation", "policy", CostOptions(accounting="spec", generation_pp="prefill"))
     assert a7.T_pp == pytest.approx(4.674e-4, rel=1e-3)
     assert a7.T_op == approx(1.676318 + a7.T_pp)
     # [A7] "wavefront": the prefill as above, plus per decode step and microbatch (127 * 4) one
     # activation hop (b_loc = 8 rows of d = 4096 BF16, TP-sharded: 32 KiB) and 8 int64 tokens back.
-    wave = timing("generation", "policy", CostOptions(generation_pp="wavefront"))
+    wave = timing("generation", "policy", CostOptions(accounting="spec", generation_pp="wavefront"))
     alpha, beta = HW_DICT["p2p"]["intra_node"]["alpha"], HW_DICT["p2p"]["intra_node"]["beta"]
     per_step = (alpha + beta * 8 * 4096 * 2 / 2) + (alpha + beta * 8 * 8)
     assert (wave.decode_pp.steps, wave.decode_pp.msg) == (127 * 4, 32_768)
@@ -393,18 +381,18 @@ def test_sensitivity_alternatives():
 def test_remaining_alternatives():
     # [A3] [PF]'s unexpanded sum: attention of a decode step is 2L(L_p+t)d instead of 4L(L_p+t)d.
     attention = 4 * 32 * 4096 * (127 * 512 + 127 * 128 / 2)
-    assert decode_flops_per_rollout(ARCH, 512, 128, CostOptions(decode_attention_factor=1)) == approx(
+    assert decode_flops_per_rollout(ARCH, 512, 128, CostOptions(accounting="spec", decode_attention_factor=1)) == approx(
         1_350_068_862_976 - attention / 2)
     # [A4] shared actor-critic: both heads by default, value head only as the alternative.
     both = timing("inference", "actor_critic").W
-    value = timing("inference", "actor_critic", CostOptions(actor_critic_inference_heads="value")).W
+    value = timing("inference", "actor_critic", CostOptions(accounting="spec", actor_critic_inference_heads="value")).W
     assert both - value == approx(64 * 640 * 2 * 32000 * 4096)
-    assert timing("training", "actor_critic", CostOptions(actor_critic_inference_heads="value")).W == approx(4 * both)
+    assert timing("training", "actor_critic", CostOptions(accounting="spec", actor_critic_inference_heads="value")).W == approx(4 * both)
     # dp_scalar_allreduces (not in the source): k latency-bound AllReduces of 8 B over P_d = 2.
-    base, four = timing("training", "policy"), timing("training", "policy", CostOptions(dp_scalar_allreduces=4))
+    base, four = timing("training", "policy"), timing("training", "policy", CostOptions(accounting="spec", dp_scalar_allreduces=4))
     one = 2 * 1 * 1.0e-5 + 2 * (1 / 2) * 8 / 200e9
     assert four.T_dp == approx(base.T_dp + 4 * one) and four.T_op == approx(base.T_op + 4 * one)
-    assert timing("inference", "reference", CostOptions(dp_scalar_allreduces=4)).T_op == approx(
+    assert timing("inference", "reference", CostOptions(accounting="spec", dp_scalar_allreduces=4)).T_op == approx(
         timing("inference", "reference").T_op)
     # [A16] AlltoAll priced with the P2P pair.
     p2p_reshard = reshard_node_time(param_count(ARCH, "policy"), 2, ALL8, HW, CostOptions(alltoall_family="p2p"))
@@ -412,7 +400,7 @@ def test_remaining_alternatives():
 
 
 def test_alternative_decode_tp_count():
-    t = timing("generation", "policy", CostOptions(tp_decode="per_microbatch"))
+    t = timing("generation", "policy", CostOptions(accounting="spec", tp_decode="per_microbatch"))
     calls = t.tp_calls("decode")
     assert calls.count == 2 * 16 * 4 * 127 and calls.msg == 262_144 / 4
 
@@ -444,7 +432,7 @@ def lowered_graph_with_transfers():
 
 
 def test_annotate_quantile_comm_and_reshard_nodes():
-    p = annotate(lowered_graph_with_transfers(), HW)
+    p = annotate(lowered_graph_with_transfers(), HW, SPEC)
     t = {n.id: n.time for n in p.exec.nodes}
     # Spec 5.3 from the 8.2 numbers: T_pf = T_gemm^pf (mb+P_p-1)/mb + T_tp(prefill), same for decode.
     t_pf = 0.1387344 * 5 / 4 + 0.02403484
@@ -493,7 +481,8 @@ def two_allocation_program(gen_alloc, train_alloc, tau):
 
 
 def test_shadow_copy_on_disjoint_serving_gpus():
-    dm = program_memory(two_allocation_program(Alloc((0, 0, 0), (1, 1, 8)), Alloc((0, 0, 8), (1, 1, 8)), tau=1), HW)
+    dm = program_memory(two_allocation_program(Alloc((0, 0, 0), (1, 1, 8)), Alloc((0, 0, 8), (1, 1, 8)), tau=1), HW,
+                        SPEC)
     assert list(dm.residency["actor"]) == [SHADOW] * 8 + [TRAINING] * 8
     assert list(dm.persistent[:8]) == [2_778_726_400] * 8  # W_shard s_b of the generation layout
     assert list(dm.transient[:8]) == [2_980_052_992] * 8  # A_core: weights are resident
@@ -501,14 +490,16 @@ def test_shadow_copy_on_disjoint_serving_gpus():
 
 
 def test_synchronous_serving_gpus_receive_weights_transiently():
-    dm = program_memory(two_allocation_program(Alloc((0, 0, 0), (1, 1, 8)), Alloc((0, 0, 8), (1, 1, 8)), tau=0), HW)
+    dm = program_memory(two_allocation_program(Alloc((0, 0, 0), (1, 1, 8)), Alloc((0, 0, 8), (1, 1, 8)), tau=0), HW,
+                        SPEC)
     assert list(dm.residency["actor"][:8]) == [NONE] * 8
     assert list(dm.persistent[:8]) == [0] * 8
     assert list(dm.transient[:8]) == [5_758_779_392] * 8
 
 
 def test_partial_overlap_gives_none_outside_training():
-    dm = program_memory(two_allocation_program(Alloc((0, 0, 4), (1, 1, 8)), Alloc((0, 0, 0), (1, 1, 8)), tau=1), HW)
+    dm = program_memory(two_allocation_program(Alloc((0, 0, 4), (1, 1, 8)), Alloc((0, 0, 0), (1, 1, 8)), tau=1), HW,
+                        SPEC)
     res = list(dm.residency["actor"])
     assert res[:8] == [TRAINING] * 8 and res[8:12] == [NONE] * 4 and res[12:] == [NONE] * 4
     assert list(dm.peak[4:8]) == [8_336_179_200 + 6_181_355_520] * 4  # training dominates A(gen)+M_w
@@ -521,18 +512,18 @@ def test_partial_overlap_gives_none_outside_training():
 
 def test_explain_names_what_overflows():
     small = dataclasses.replace(HW, M_GPU=16 * GIB)
-    text = explain(toy_program(), small)
+    text = explain(toy_program(), small, SPEC)
     assert "gen" in text and "T_non-gemm" in text and "1.6763e+00" in text
     verdict = text.strip().splitlines()
     assert verdict[-2].startswith("infeasible (r_peak = 1.1186)")
     assert verdict[-1].strip().startswith("devices 0-7: actor optimizer state 7.76 GiB + ref frozen weights 2.59 GiB")
     assert verdict[-1].endswith("= 16.11 GiB > 14.40 GiB usable")
-    assert "feasible: every device fits" in explain(toy_program(), HW)
+    assert "feasible: every device fits" in explain(toy_program(), HW, SPEC)
 
 
 def test_explain_groups_identical_devices():
     prog = two_allocation_program(Alloc((0, 0, 0), (1, 1, 8)), Alloc((0, 0, 8), (1, 1, 8)), tau=1)
-    text = explain(prog, HW)
+    text = explain(prog, HW, SPEC)
     assert "devices 8-15: peak 13.52 = actor optimizer state 7.76" in text
     assert "devices 0-7: peak 5.36 = actor shadow copy 2.59 + gen activations 0.28 + gen KV cache 2.50" in text
 
@@ -540,7 +531,7 @@ def test_explain_groups_identical_devices():
 def test_explain_from_a_plan_without_exec_graph():
     p = toy_program()
     plan = Plan("p", "toy", "node", tuple(Placement(v, ALL8, STRAT) for v in ("gen", "ref_inf", "train")))
-    text = explain(dataclasses.replace(p, exec=None, plan=plan), HW)
+    text = explain(dataclasses.replace(p, exec=None, plan=plan), HW, SPEC)
     assert "Transfers" not in text
     assert "devices 0-7: peak 16.11 = actor optimizer state 7.76 + ref frozen weights 2.59" in text
     with pytest.raises(RpegError, match="places no vertex 'train'"):
@@ -575,6 +566,6 @@ def test_layer_call_overhead_t_layer():
     assert slow.prefill_time - base.prefill_time == approx(mb * layers_local * t_layer)
     assert slow.decode_time - base.decode_time == approx(127 * layers_local * t_layer)  # batched decode
     assert slow.T_op - base.T_op == approx((mb + 127) * layers_local * t_layer)
-    _, per_mb = both("generation", "policy", CostOptions(tp_decode="per_microbatch"))
+    _, per_mb = both("generation", "policy", CostOptions(accounting="spec", tp_decode="per_microbatch"))
     assert per_mb.launch_decode == approx(127 * mb * layers_local * t_layer)
     assert HW.t_layer == 0.0  # an optional key: profiles without it keep the spec's model

@@ -284,9 +284,9 @@ def test_explain_prices_with_the_pipelines_cost_options(capsys):
     """--explain explains what the pipeline's last pricing pass priced: its options and its hardware."""
     src = str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "grpo-tiny.rpeg")
     lower = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard"
-    code, _, err = run(capsys, src, "-p", f"{lower},annotate-cost{{train_forward_equivalents=3 hardware=h200}}",
+    code, _, err = run(capsys, src, "-p", f"{lower},annotate-cost{{accounting=spec hardware=h200}}",
                        "--explain")
-    assert code == 0 and "options: train_forward_equivalents=3" in err and "hardware 'h200'" in err
+    assert code == 0 and "options: accounting=spec" in err and "hardware 'h200'" in err
     code, _, err = run(capsys, src, "-p", f"{lower},annotate-cost", "--explain")
     assert code == 0 and "baseline options" in err
 

@@ -15,7 +15,7 @@ from rpegc.core.ir.geometry import Strategy
 from rpegc.search.anneal import SearchConfig
 from rpegc.search.baselines import concurrent_plan
 from rpegc.search.carry import Carried, carried_choices, placements_of
-from rpegc.search.directory import MB_TUNED
+from rpegc.search.directory import DirectoryRules
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.space import structural_candidates
 from rpegc.search.workers import AnnealTask, Problem, Worker
@@ -90,7 +90,7 @@ def test_a_vertex_that_cannot_keep_its_allocation_carries_nothing(ppo):
 def test_a_worker_evaluates_carried_plans_within_its_share_and_keeps_the_best_as_an_elite(ppo):
     p, hw, _, separate, shared = ppo
     variants = tuple(structural_candidates(p, taus=(0,)))
-    worker = Worker(Problem(variants, hw, CostOptions(), 2, True, MB_TUNED, SearchConfig(), 0))
+    worker = Worker(Problem(variants, hw, CostOptions(), 2, True, DirectoryRules(), SearchConfig(), 0))
     plan = placements_of(separate, concurrent_plan(separate).choice)
     carried = carried_choices(shared, plan)
     (report,) = worker.anneal([AnnealTask(1, 40, 0.0, (), (), (plan,))], None)
@@ -107,6 +107,6 @@ def test_a_worker_evaluates_carried_plans_within_its_share_and_keeps_the_best_as
 def test_a_report_gives_its_best_plans_placements_only_when_plans_are_carried(ppo, carry):
     p, hw, _, separate, _ = ppo
     variants = tuple(structural_candidates(p, taus=(0,)))
-    worker = Worker(Problem(variants, hw, CostOptions(), 2, True, MB_TUNED, SearchConfig(carry=carry), 0))
+    worker = Worker(Problem(variants, hw, CostOptions(), 2, True, DirectoryRules(), SearchConfig(carry=carry), 0))
     (report,) = worker.anneal([AnnealTask(0, 30, 0.0, ())], None)
     assert report.placements == (placements_of(separate, report.best[0]) if carry else ())

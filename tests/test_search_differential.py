@@ -33,7 +33,7 @@ from fixtures.strategies import programs
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 OPTS = CostOptions()
 # every option away from the spec's choice (the ones the torch backend is priced with among them)
-OTHER = CostOptions(train_forward_equivalents=3, decode_attention_factor=1, actor_critic_inference_heads="value",
+OTHER = CostOptions(accounting="spec", decode_attention_factor=1, actor_critic_inference_heads="value",
                     decode_rows="local_batch", bubble_on_generation=False, generation_pp="wavefront",
                     pp_inter_tier="replica", checkpoint_interval="ceil", recompute_buffer_third_term=True,
                     serving_weights_in_transient=False, alltoall_family="p2p", tp_decode="per_microbatch",

@@ -22,8 +22,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def small_ppo():
-    """examples/ppo-8gpu.rpeg's six-vertex PPO graph, 7B models, B = 8, on one node of 2 GH200s: 5,120 plans
-    over six structures, of which 1,024 fit in memory, and the best one shares the actor and critic at tau = 1."""
+    """examples/ppo-8gpu.rpeg's six-vertex PPO graph, 7B models, B = 8, on one node of 2 GH200s: 18,432 plans
+    over six structures (the trainers' ZeRO stage and recomputation among their choices), of which 1,216 fit in
+    memory, and the best one shares the actor and critic at tau = 1."""
     text = (EXAMPLES / "ppo-8gpu.rpeg").read_text().replace("llama2-13b", "llama2-7b")
     text = re.sub(r"^rpeg\.workload \{.*\}$", "rpeg.workload {B = 8, R = 1, Lp = 128, Lr = 384, dtype = bf16}", text,
                   count=1, flags=re.M)
@@ -40,7 +41,7 @@ def ppo():
 
 def test_the_enumeration_covers_every_plan_of_every_structure(ppo):
     p, hw, best = ppo
-    assert best.plans == plan_count(p, hw) == 5_120 and 0 < best.feasible < best.plans
+    assert best.plans == plan_count(p, hw) == 18_432 and best.feasible == 1_216
     assert best.variant.label() == "ac=1 tau(actor_ac=1)"  # the search must find sharing and staleness
     result = optimize(p, OptimizeOptions(budget_s=0, evals=50, seed=0, baseline="concurrent"), hw, CostOptions())
     assert best.score > result.evaluation.score  # the baseline is not already optimal
@@ -65,11 +66,11 @@ def test_a_budget_larger_than_the_space_ends_and_finds_the_optimum():
 
 def test_a_space_too_large_to_enumerate_is_refused(ppo):
     p, hw, _ = ppo
-    with pytest.raises(RpegError, match="5,120 configurations, more than max_plans = 1,000"):
+    with pytest.raises(RpegError, match="18,432 configurations, more than max_plans = 1,000"):
         exhaustive_optimum(p, hw, max_plans=1000)
 
 
-@pytest.mark.parametrize("seed", [7, 9, 14])
+@pytest.mark.parametrize("seed", [7, 8, 10])
 def test_two_vertex_moves_in_the_polish_leave_single_move_optima(ppo, seed):
     """At 300 evaluations these seeds end in optima of single-vertex moves (measured: 0.9996 of the optimum);
     the polish's two-vertex pass takes them to the exact optimum."""
@@ -85,7 +86,7 @@ def test_the_polish_carries_the_plan_to_the_other_staleness():
     """The best plan is polished in its own structure and in every structure with the same vertices (tau
     only differs); the better one is returned."""
     from rpegc.search.halving import Board, polish_best
-    from rpegc.search.directory import MB_TUNED
+    from rpegc.search.directory import DirectoryRules
     from rpegc.search.space import structural_candidates
     from rpegc.search.workers import LocalPool, Problem
 
@@ -93,7 +94,7 @@ def test_the_polish_carries_the_plan_to_the_other_staleness():
     hw = load_hardware(p.cluster.hardware)
     variants = tuple(structural_candidates(p))
     config = SearchConfig()
-    pool = LocalPool(Problem(variants, hw, CostOptions(), 8, True, MB_TUNED, config, 0))
+    pool = LocalPool(Problem(variants, hw, CostOptions(), 8, True, DirectoryRules(), config, 0))
     board = Board(variants, config)
     first = pool.worker.search(0)
     board.records[0].best = (first.seeds[0], first.state.evaluate(variants[0], [first.seeds[0]])[0])

@@ -13,7 +13,7 @@ from rpegc.core.cost.options import CostOptions
 from rpegc.core.cost.hardware import load_hardware
 from rpegc.search.anneal import SearchConfig, polish_reserve
 from rpegc.search.baselines import concurrent_plan
-from rpegc.search.directory import MB_TUNED
+from rpegc.search.directory import DirectoryRules
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.halving import Board, polish_best, rung_sizes, shares
 from rpegc.search.space import structural_candidates
@@ -78,7 +78,7 @@ def test_the_polish_spends_on_the_best_plans_own_variant_first():
     hw = load_hardware(p.cluster.hardware)
     variants = tuple(structural_candidates(p))
     config = SearchConfig()
-    pool = RecordingPool(LocalPool(Problem(variants, hw, CostOptions(), 8, True, MB_TUNED, config, 0)))
+    pool = RecordingPool(LocalPool(Problem(variants, hw, CostOptions(), 8, True, DirectoryRules(), config, 0)))
     board = Board(variants, config)
     first = pool.pool.worker.search(0)
     board.records[0].best = (first.seeds[0], first.state.evaluate(variants[0], [first.seeds[0]])[0])
@@ -89,12 +89,14 @@ def test_the_polish_spends_on_the_best_plans_own_variant_first():
 
     pool.calls.clear()
     board = Board(variants, config)
-    board.records[0].best = (first.seeds[0], first.state.evaluate(variants[0], [first.seeds[0]])[0])
+    # a start the polish must move: every vertex at its slowest candidate
+    slow = tuple(len(d) - 1 for d in pool.pool.worker.evaluator.compile(variants[0]).dirs)
+    board.records[0].best = (slow, first.state.evaluate(variants[0], [slow])[0])
     polish_best(pool, board, 10_000, None)
     own, siblings = pool.calls
     assert [t.index for t in siblings] == [j for j, v in enumerate(variants) if j and v.vertex_set == variants[0].vertex_set]
     assert own[0].max_evals == 10_000 and all(0 < t.max_evals < 10_000 for t in siblings)
-    assert siblings[0].choice != first.seeds[0]  # the own variant's polish moved it, and the siblings start there
+    assert siblings[0].choice != slow  # the own variant's polish moved it, and the siblings start there
 
 
 def test_each_variant_is_carried_the_best_plan_of_every_other_vertex_set():

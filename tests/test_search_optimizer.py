@@ -143,7 +143,7 @@ def test_baseline_option_returns_that_plan_without_searching(ppo):
 def test_the_optimizers_score_is_the_pipelines_under_non_default_cost_options(ppo):
     """optimize searches under the cost options annotate-cost reports with."""
     hw = load_hardware(ppo.cluster.hardware)
-    cost = CostOptions(train_forward_equivalents=3, decode_rows="local_batch", generation_pp="wavefront",
+    cost = CostOptions(accounting="spec", decode_rows="local_batch", generation_pp="wavefront",
                        tp_decode="per_microbatch", dp_scalar_allreduces=4, pp_inter_tier="replica")
     result = optimize(ppo, OptimizeOptions(**SMALL), hw, cost)
 
@@ -228,7 +228,7 @@ def test_a1_a2_a3_change_the_search_space(ppo, monkeypatch):
     monkeypatch.setattr(workers, "Evaluator", spy)
     r = optimize(ppo, OptimizeOptions(seed=0, ablate=parse_ablations("A1,A2,A3"), **SMALL))
     ev = seen[-1]
-    assert not ev.split and ev.mb_rule == MB_FIXED
+    assert not ev.split and ev.rules.mb_rule == MB_FIXED
     assert all(t == 0 for _, t in r.variant.tau) and len(r.variants) == 2
     assert all(label.endswith("=0)") and "=1," not in label for label, _ in r.variants)
     assert all(not cv.phase_pairs for cv in ev._compiled.values())

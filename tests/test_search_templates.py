@@ -15,7 +15,7 @@ from rpegc.core.cost.hardware import load_hardware
 from rpegc.core.cost.options import CostOptions
 from rpegc.search.anneal import UNLIMITED, Budget, SearchConfig, SearchState, VariantSearch
 from rpegc.search.baselines import concurrent_plan
-from rpegc.search.directory import MB_TUNED
+from rpegc.search.directory import DirectoryRules
 from rpegc.search.evaluator import Evaluator
 from rpegc.search.space import base_structure, structural_candidates
 from rpegc.search.templates import block_descent, template_seeds, templates
@@ -137,7 +137,7 @@ def test_a_lone_trainer_leaves_a_block_of_the_rest_to_inference(table_x_64_share
 def test_the_templates_wait_for_a_share_that_pays_for_them(ppo_8gpu):
     p = ppo_8gpu
     variants = tuple(structural_candidates(base_structure(p)))
-    worker = Worker(Problem(variants, load_hardware(p.cluster.hardware), CostOptions(), 2, True, MB_TUNED,
+    worker = Worker(Problem(variants, load_hardware(p.cluster.hardware), CostOptions(), 2, True, DirectoryRules(),
                             SearchConfig(), 0))
     worker.anneal([AnnealTask(0, 100, 0.0, ())], None)  # one pass of its templates costs 826 evaluations
     assert worker.templated == set() and len(worker.searches[0].seeds) == 1  # the concurrent plan only

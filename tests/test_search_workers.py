@@ -13,7 +13,7 @@ from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import load_hardware
 from rpegc.search.anneal import SearchConfig
-from rpegc.search.directory import MB_TUNED
+from rpegc.search.directory import DirectoryRules
 from rpegc.search.optimizer import OptimizeOptions, optimize
 from rpegc.search.space import structural_candidates
 from rpegc.search.workers import AnnealTask, ProcessPool, Problem
@@ -49,7 +49,7 @@ def test_a_dead_worker_is_a_located_error_and_the_pool_closes(ppo, reaped):
     fails, depending on how fast the kernel closes the dead worker's end. Both are the same error."""
     hw = load_hardware(ppo.cluster.hardware)
     variants = tuple(structural_candidates(ppo))
-    pool = ProcessPool(Problem(variants, hw, CostOptions(), 2, True, MB_TUNED, SearchConfig(), 0), 2)
+    pool = ProcessPool(Problem(variants, hw, CostOptions(), 2, True, DirectoryRules(), SearchConfig(), 0), 2)
     try:
         os.kill(pool.procs[1].pid, signal.SIGKILL)
         if reaped:

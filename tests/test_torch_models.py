@@ -117,12 +117,15 @@ def test_sequences_longer_than_max_seq_are_rejected():
 
 @pytest.mark.parametrize("layers", [1, 4, 6])
 @pytest.mark.parametrize("kind", ["policy", "actor_critic"])
-def test_training_recomputes_segments_and_its_gradients_are_those_of_no_recompute(layers, kind):
-    """Training keeps only each segment's input (c = floor(sqrt(L)) layers, spec [A11]) and recomputes the rest in
-    the backward pass: the same operations on the same values, so every gradient is bit for bit the one without
-    recompute (torch.utils.checkpoint is not used outside training)."""
+@pytest.mark.parametrize("recompute", ["interval", "full", "none"])
+def test_training_recomputes_segments_and_its_gradients_are_those_of_no_recompute(layers, kind, recompute):
+    """Training keeps only each segment's input (c = floor(sqrt(L)) layers, spec [A11], under recompute = interval;
+    one layer under full) and recomputes the rest in the backward pass: the same operations on the same values, so
+    every gradient is bit for bit the one without recompute (torch.utils.checkpoint is not used outside training,
+    nor under recompute = none)."""
     arch = Arch(layers=layers, hidden=32, ffn=48, vocab=24, heads=4, kv_heads=2, gated=True)
     model = build_model(arch, kind, 3, OPTS)
+    model.recompute = recompute
     x = tokens(seed=layers)
     calls = []
     def counted(h, rope, mask, a, b, cache=None, segment=model._segment):
@@ -138,8 +141,11 @@ def test_training_recomputes_segments_and_its_gradients_are_those_of_no_recomput
         loss = torch.log_softmax(out.logits, -1)[..., 0].sum() + (out.values.sum() if out.values is not None else 0)
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    c = max(1, int(layers ** 0.5))
-    segments = [(a, min(a + c, layers)) for a in range(0, layers, c)]
-    # each segment forward, then recomputed in the backward pass (last first); in eval mode all layers at once
-    assert calls == segments + segments[::-1] + [(0, layers)]
+    if recompute == "none":  # every layer at once, kept for the backward pass, and again in eval mode
+        assert calls == [(0, layers), (0, layers)]
+    else:
+        c = max(1, int(layers ** 0.5)) if recompute == "interval" else 1
+        segments = [(a, min(a + c, layers)) for a in range(0, layers, c)]
+        # each segment forward, then recomputed in the backward pass (last first); in eval mode all layers at once
+        assert calls == segments + segments[::-1] + [(0, layers)]
     assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])

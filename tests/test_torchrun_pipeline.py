@@ -10,7 +10,7 @@ without timing anything:
   gate's timeout; a pipelined one passes;
 - each stage's recorded schedule (`ParallelModel.trace`): generation runs decode step by decode step
   over all microbatches (a wavefront), results are broadcast once at the end, not per microbatch;
-  training runs 1F1B (at most pp microbatches' activations live on a stage).
+  training runs 1F1B (at most pp microbatches' activations live on a stage), or GPipe where the plan says so.
 """
 
 from __future__ import annotations
@@ -105,8 +105,10 @@ def _remove_gate(pm) -> None:
         pm.module.__dict__.pop(name, None)
 
 
-def _op(ctx, role: str, pp: int, gated: bool) -> dict | None:
-    """One operator under (dp, pp, tp, mb) = (1, pp, 1, MB): this rank's outputs and schedule trace."""
+def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | None:
+    """One operator under (dp, pp, tp, mb) = (1, pp, 1, MB): this rank's outputs and schedule trace (training: a
+    fresh training state, on the pipeline `schedule`)."""
+    from rpegc.core.ir.training import Training
     from rpegc.runtime.backends.torch.layout import replica_rows
     from rpegc.runtime.backends.torch.worker import Entry, Piece
 
@@ -123,14 +125,16 @@ def _op(ctx, role: str, pp: int, gated: bool) -> dict | None:
            "prep": [], "tag": 0, "output": None, "version_out": None}
     worker.entries["batch"] = Entry("data", pieces=[Piece(0, B, batch)])
     if role == "training":
-        cmd.update(output=f"{weights}:trained", version_out=1)
-        pm = worker.train_state(model, layout).pm
+        train = Training("fp32", 2, "interval", schedule)
+        cmd.update(output=f"{weights}:trained", version_out=1, train=train)
+        worker.training.pop((model, layout), None)
+        pm = worker.train_state(model, layout, train).pm
     else:
         cmd.update(outputs={"result": list(FIELDS[role])}, fields=list(FIELDS[role]))
         pm, _ = worker.serving_model(model, layout, weights)
     pm.trace = []
     # 1F1B training: stage 0 runs pp - 1 warm-up forwards and the first steady one before it needs a gradient
-    forwards = min(pp, MB) if role == "training" else MB
+    forwards = min(pp, MB) if role == "training" and schedule == "1f1b" else MB
     gate = _install_gate(pm, ctx.state["gate"], f"{role}-pp{pp}", GATE_TIMEOUT_S, forwards) if gated else {}
     info = worker.cmd_op(cmd)
     _remove_gate(pm)
@@ -257,6 +261,20 @@ def test_pipelined_training_matches_pp1(pool):
     steady = [e for j in range(1, MB) for e in (("forward", (j,)), ("backward", (j - 1,)))]
     assert piped[0]["trace"] == [("forward", (0,))] + steady + [("backward", (MB - 1,))]
     assert piped[1]["trace"] == [e for j in range(MB) for e in (("forward", (j,)), ("backward", (j,)))]
+
+
+def test_gpipe_training_runs_every_forward_first_and_trains_the_weights_of_1f1b(pool):
+    """GPipe (schedule = gpipe): each stage runs all MB forwards, then all backwards in order, holding every
+    microbatch's activations; the gradients accumulate in the same order as under 1F1B, so the weights are bit for bit
+    those of 1F1B."""
+    gpipe = pool.run(_op, "training", 2, True, "gpipe")
+    assert gpipe[1]["gate"] is True
+    one_f_one_b = pool.run(_op, "training", 2, False, "1f1b")
+    for rank in (0, 1):
+        assert gpipe[rank]["trace"] == ([("forward", (j,)) for j in range(MB)] +
+                                        [("backward", (j,)) for j in range(MB)])
+        for name, want in one_f_one_b[rank]["weights"].items():
+            assert torch.equal(gpipe[rank]["weights"][name], want), name
 
 
 def test_the_gate_catches_a_schedule_that_synchronises_per_microbatch(pool):

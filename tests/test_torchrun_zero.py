@@ -1,8 +1,9 @@
-"""ZeRO over the data-parallel group in the torch backend (issue 32, items 2 and 6; paper App. B: ZeRO-2 for
-P_d > 1): with dp = 2 each replica keeps the Adam state (and in bf16 mixed precision the float32 master weights)
-of its share of the parameters only (`layout.replica_owner`), the shares tile the model, and a training step gives
-the weights of dp = 1 within float32 summation-order bounds, in bf16 within one bf16 rounding of a gradient.
-Run with the backend's own operators (`Worker.cmd_op`) in two gloo worker processes."""
+"""ZeRO over the data-parallel group in the torch backend at each stage a plan may state (issue 32, items 1, 2 and 6;
+paper App. B: ZeRO-2 for P_d > 1): with dp = 2 each replica keeps the Adam state (and in bf16 mixed precision the
+float32 master weights) of its share of the parameters only under ZeRO 1 and 2, of all of them under ZeRO 0; ZeRO-2
+reduces the gradients inside every microbatch's backward pass and keeps its share only; a training step gives the
+weights of dp = 1 within float32 summation-order bounds, in bf16 within one bf16 rounding of a gradient. Run with
+the backend's own operators (`Worker.cmd_op`) in two gloo worker processes."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Workload  # noqa: E402
+from rpegc.core.ir.training import Training  # noqa: E402
 from rpegc.tools.measure import WorkerPool  # noqa: E402
 
 B, R, LP, LR = 4, 2, 4, 6
 N = B * R  # sequences
 ARCH = lookup("tiny-4l")
+MICROBATCHES = 4  # of dp = 1; dp = 2 runs half as many per replica, so every microbatch has the same two rows
+
+
+def training(zero: int, precision: str = "fp32") -> Training:
+    return Training(precision, zero, "interval", "1f1b")
 
 
 def _run_config(dtype: str = "fp32"):
@@ -35,6 +42,7 @@ def _layouts():
 
 
 def _setup(ctx) -> None:
+    """A worker per dtype on every rank (making one creates process groups: every rank takes part)."""
     from rpegc.runtime.backends.torch.backend import model_seed
     from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup
 
@@ -45,16 +53,26 @@ def _setup(ctx) -> None:
         ctx.state[dtype] = Worker(setup, ctx.rank)
 
 
-def _train(ctx, dp: int, dtype: str = "fp32") -> dict | None:
-    """One training step of the actor under (dp, 1, 1, 2 / dp): every microbatch has the same rows whatever dp is
-    (so its gradient is the same computation); this rank's new weights, its masters and its Adam state's names."""
+def _worker(ctx, dtype: str):
+    """The rank's worker of `dtype`, holding nothing: a training state trains one way per model and layout, and each
+    run trains its own."""
+    worker = ctx.state[dtype]
+    worker.training.clear()
+    worker.entries.clear()
+    return worker
+
+
+def _train(ctx, dp: int, zero: int, dtype: str = "fp32", rows: dict | None = None, mb: int = 0) -> dict | None:
+    """One training step of the actor under (dp, 1, 1, MICROBATCHES / dp) at ZeRO stage `zero`; this rank's new
+    weights, its masters and its Adam state's names. `rows`: each rank's rows (default: an even split); `mb`: the
+    microbatches (default MICROBATCHES / dp)."""
     from rpegc.runtime.backends.torch.layout import replica_rows
     from rpegc.runtime.backends.torch.worker import Entry, Piece
 
     layout = _layouts()[dp]
     if ctx.rank not in layout.ranks:
         return None
-    worker = ctx.state[dtype]
+    worker = _worker(ctx, dtype)
     gen = torch.Generator().manual_seed(3)
     batch = {"sequences": torch.randint(1, ARCH.vocab, (N, LP + LR), generator=gen), "mask": torch.ones(N, LR),
              "old_logprobs": -2.0 * torch.rand(N, LR, generator=gen),
@@ -63,17 +81,20 @@ def _train(ctx, dp: int, dtype: str = "fp32") -> dict | None:
     worker.entries["batch"] = Entry("data", pieces=[Piece(0, N, batch)])
     weights = f"W:dp{dp}"
     worker.cmd_install({"model": "actor", "layout": layout, "version": 0, "label": weights})
+    precision = "fp32" if dtype == "fp32" else "mixed"
     worker.cmd_op({"type": "op", "node": f"train-dp{dp}", "step": 0, "role": "training", "model": "actor",
-                   "layout": layout, "mb": 2 // dp, "rows": replica_rows(layout, 0, N), "weights": weights,
-                   "inputs": ["batch"], "outputs": {}, "fields": [], "prep": [], "tag": 0,
-                   "output": f"{weights}:trained", "version_out": 1})
+                   "layout": layout, "mb": mb or MICROBATCHES // dp, "rows": rows or replica_rows(layout, 0, N),
+                   "weights": weights, "inputs": ["batch"], "outputs": {}, "fields": [], "prep": [], "tag": 0,
+                   "output": f"{weights}:trained", "version_out": 1, "train": training(zero, precision),
+                   "take": True})
     st = worker.training[("actor", layout)]
     names = {id(p): n for n, p in st.master.values.items()}
-    return {"weights": worker.entries[f"{weights}:trained"].shards,
+    return {"weights": {n: t.clone() for n, t in worker.entries[f"{weights}:trained"].shards.items()},
             "state": sorted(names[id(p)] for p in st.master.optimizer.state),
             "owned": sorted(n for n, o in st.pm.owner.items() if o == st.pm.d), "masters": st.master.export(),
             "module_dtypes": {p.dtype for p in st.pm.params().values()},
-            "grads": [n for n, p in st.pm.params().items() if p.grad is not None]}
+            "grads": [n for n, p in st.pm.params().items() if p.grad is not None],
+            "holds_input": weights in worker.entries, "shares": st.shares}
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +104,9 @@ def pool():
         yield p
 
 
-def test_each_replica_keeps_the_adam_state_of_its_share_only(pool):
-    ranks = pool.run(_train, 2)
+@pytest.mark.parametrize("zero", [1, 2])
+def test_each_replica_keeps_the_adam_state_of_its_share_only(pool, zero):
+    ranks = pool.run(_train, 2, zero)
     shares = [set(r["state"]) for r in ranks]
     assert shares == [set(r["owned"]) for r in ranks]  # the optimizer made state for the owned share alone
     assert not shares[0] & shares[1] and shares[0] | shares[1] == set(ranks[0]["weights"])  # the shares tile it
@@ -95,30 +117,57 @@ def test_each_replica_keeps_the_adam_state_of_its_share_only(pool):
         assert torch.equal(t, ranks[1]["weights"][name]), name
 
 
-def test_zero_over_two_replicas_trains_the_weights_of_one(pool):
-    """The same microbatch gradients summed (the reduce adds what one replica accumulates); the replicas' statistic
-    sums (token counts, advantage moments) and the global norm add in another order, a few float32 ulps of the
-    gradients. Adam's first step moves each weight by about lr in the direction of its gradient, so the weights
-    agree far within lr: no element's step differs by more than 1e-3 lr (one that flipped would differ by 2 lr)."""
-    two = pool.run(_train, 2)[0]
-    one = pool.run(_train, 1)[0]
+def test_zero0_replicates_the_adam_state_and_every_replica_steps_everything(pool):
+    ranks = pool.run(_train, 2, 0)
+    for r in ranks:
+        assert set(r["state"]) == set(r["weights"])  # every parameter's Adam state on each replica
+        assert not r["grads"]
+    for name, t in ranks[0]["weights"].items():  # the same all-reduced gradients, the same Adam updates
+        assert torch.equal(t, ranks[1]["weights"][name]), name
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_zero_over_two_replicas_trains_the_weights_of_one(pool, zero):
+    """The same microbatch gradients summed (the reduce adds what one replica accumulates; ZeRO-2 adds the per
+    microbatch reductions); the replicas' statistic sums (token counts, advantage moments) and the global norm add
+    in another order, a few float32 ulps of the gradients. Adam's first step moves each weight by about lr in the
+    direction of its gradient, so the weights agree far within lr: no element's step differs by more than 1e-3 lr
+    (one that flipped would differ by 2 lr)."""
+    two = pool.run(_train, 2, zero)[0]
+    one = pool.run(_train, 1, zero)[0]
     lr = _run_config().rl.lr_actor
     for name, want in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], want, rtol=0, atol=1e-3 * lr, msg=name)
     assert set(one["state"]) == set(one["weights"])  # one replica owns everything
 
 
-def test_bf16_zero_keeps_float32_masters_of_its_share_and_trains_the_weights_of_one_replica(pool):
-    """dp 1 accumulates its two microbatches' bf16 gradients in bf16, round(a + b); dp 2 reduces the same two bf16
-    gradients in bf16, round(a + b) as well. What differs is float32 noise in the statistics (as in the float32
-    test), which can move a gradient entry across a bf16 rounding boundary: one bf16 ulp, at most 2^-7 of the
-    entry. Adam's first step moves an entry by lr g / (|g| + eps), whose change under a relative change r of g is
-    at most lr r eps |g| / (|g| + eps)^2 <= lr r / 4: the masters agree within lr (2^-9 + 1e-3)."""
-    two = pool.run(_train, 2, "bf16")
-    one = pool.run(_train, 1, "bf16")[0]
+def test_zero2_with_fewer_rows_than_microbatches_on_one_replica_still_pairs_its_reductions(pool):
+    """Replica 0 has 2 rows (one prompt's group) for 4 microbatches, replica 1 has 6: replica 0 runs two backward
+    passes and reduces zeros for the other two, so both make the same reductions; the step trains the weights ZeRO-1
+    trains on the same microbatches (which reduces once: the sums differ in order only, bound as above)."""
+    rows = {0: (0, 2), 1: (2, N)}
+    ranks = pool.run(_train, 2, 2, "fp32", rows, 4)
+    once = pool.run(_train, 2, 1, "fp32", rows, 4)[0]
+    lr = _run_config().rl.lr_actor
+    for name, want in once["weights"].items():
+        assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]), name
+        torch.testing.assert_close(ranks[0]["weights"][name], want, rtol=0, atol=1e-3 * lr, msg=name)
+
+
+@pytest.mark.parametrize("zero", [0, 2])
+def test_bf16_zero_keeps_float32_masters_of_its_share_and_trains_the_weights_of_one_replica(pool, zero):
+    """Two microbatches of the same rows: dp 1 accumulates their bf16 gradients in bf16, round(a + b); dp 2 (one
+    microbatch per replica) reduces the same two bf16 gradients in bf16, round(a + b) as well (ZeRO-2 adds that to
+    its empty share exactly). What differs is float32 noise in the statistics (as in the float32 test), which can
+    move a gradient entry across a bf16 rounding boundary: one bf16 ulp, at most 2^-7 of the entry. Adam's first step
+    moves an entry by lr g / (|g| + eps), whose change under a relative change r of g is at most
+    lr r eps |g| / (|g| + eps)^2 <= lr r / 4: the masters agree within lr (2^-9 + 1e-3). (More microbatches would add
+    the bf16 terms in another order on each side, which an entry near zero does not bound.)"""
+    two = pool.run(_train, 2, zero, "bf16", None, 1)
+    one = pool.run(_train, 1, zero, "bf16", None, 2)[0]
     assert all(r["module_dtypes"] == {torch.bfloat16} for r in two + [one])
-    for r in two:  # float32 masters and Adam state of the owned share, nothing else
-        assert sorted(r["masters"]) == r["owned"] == r["state"]
+    for r in two:  # float32 masters and Adam state of what the replica steps, nothing else
+        assert sorted(r["masters"]) == r["state"] == (sorted(r["weights"]) if zero == 0 else r["owned"])
         assert {t.dtype for t in r["masters"].values()} == {torch.float32}
     merged = {**two[0]["masters"], **two[1]["masters"]}
     assert sorted(merged) == sorted(one["masters"])
@@ -129,9 +178,18 @@ def test_bf16_zero_keeps_float32_masters_of_its_share_and_trains_the_weights_of_
         assert torch.equal(t, two[1]["weights"][name]) and torch.equal(t, merged[name].to(torch.bfloat16)), name
 
 
+def test_mixed_precision_publishes_its_working_copy_and_takes_the_input_over(pool):
+    """One bf16 copy per model on a training worker (the memory model's M_w): the step took its input copy over
+    (the entry is gone), and the version it published is the module's own tensors."""
+    for r in pool.run(_train, 2, 2, "bf16"):
+        assert not r["holds_input"] and r["shares"] == "W:dp2:trained"
+    for r in pool.run(_train, 2, 2, "fp32"):  # float32: the masters stay, the published version is a copy
+        assert not r["holds_input"] and r["shares"] is None
+
+
 def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None:
-    """`_train` with ZeRO-2's buckets of `bucket_bytes`, noting every bucket reduced inside the backward pass (its
-    owner, its gradients, which of them were still unreduced) and the gradients this replica then held."""
+    """`_train` under ZeRO-2 with buckets of `bucket_bytes`, noting every bucket reduced (its owner, its gradients,
+    which gradients the replica held after it, and whether a backward pass was running)."""
     from rpegc.runtime.backends.torch import parallel
 
     seen: list[dict] = []
@@ -140,12 +198,12 @@ def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None
 
     def watched(self, owner, names, params):
         original_bucket(self, owner, names, params)
-        if inside and names:
+        if names:
             held = sorted(n for n, p in params.items() if p.grad is not None)
-            seen.append({"owner": owner, "names": list(names), "held": held})
+            seen.append({"owner": owner, "names": list(names), "held": held, "inside": bool(inside)})
 
     def ready(self):
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes, self._buckets = bucket_bytes, None
         inside.append(True)
         try:
             with original_ready(self):
@@ -156,7 +214,7 @@ def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None
     parallel.ParallelModel._reduce_bucket = watched
     parallel.ParallelModel.reducing_as_ready = parallel.contextmanager(ready)
     try:
-        out = _train(ctx, dp)
+        out = _train(ctx, dp, 2)
     finally:
         parallel.ParallelModel._reduce_bucket = original_bucket
         parallel.ParallelModel.reducing_as_ready = original_ready
@@ -165,19 +223,22 @@ def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 1 << 30])
-def test_zero2_reduces_the_gradients_inside_the_backward_and_drops_the_others_share(pool, bucket_bytes):
-    """ZeRO-2 as the memory model prices it (M_grad = s_b W / P_d): during the backward pass the completed gradients
-    go to their owner bucket by bucket (one parameter each with 1-byte buckets, while the backward still runs; with
-    huge ones, one bucket per owner as the backward ends), the other replica lets go of them, and both replicas
-    reduce the same buckets in the same order; nothing is left for the reduce after the backward."""
+def test_zero2_reduces_the_gradients_inside_every_backward_and_keeps_its_share_only(pool, bucket_bytes):
+    """ZeRO-2 as the memory model prices it (M_grad = s_b W / P_d, a reduction per microbatch): during each
+    microbatch's backward pass the completed gradients go to their owner bucket by bucket (one parameter each with
+    1-byte buckets, while the backward still runs; with huge ones, one bucket per owner as it ends), every replica
+    lets go of them at once, and both replicas reduce the same buckets in the same order; nothing is reduced outside
+    a backward pass."""
     ranks = pool.run(_train_watching_the_backward, 2, bucket_bytes)
     assert [b["names"] for b in ranks[0]["seen"]] == [b["names"] for b in ranks[1]["seen"]]
+    passes = MICROBATCHES // 2
     for r in ranks:
+        assert all(b["inside"] for b in r["seen"])
         reduced = [n for b in r["seen"] for n in b["names"]]
-        assert sorted(reduced) == r["names"]  # every parameter, once
+        assert sorted(reduced) == sorted(r["names"] * passes)  # every parameter, once per microbatch
         mine = set(r["owned"])
         for b in r["seen"]:
             assert all((n in mine) == (b["owner"] == r["replica"]) for n in b["names"])  # one owner's bucket
-            assert {n for n in b["names"] if n in b["held"]} == {n for n in b["names"] if n in mine}
-    buckets = len(ranks[0]["seen"])
+            assert not set(b["names"]) & set(b["held"])  # dropped by owner and others alike
+    buckets = len(ranks[0]["seen"]) // passes
     assert buckets == (len(ranks[0]["names"]) if bucket_bytes == 1 else 2)

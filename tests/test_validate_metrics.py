@@ -90,7 +90,7 @@ def _rows():
              Case("training", "policy", "tiny", tiny, 16, 1, 8, 8, 2, 1, 1, 1),
              Case("generation", "policy", "tiny", tiny, 16, 1, 8, 8, 1, 2, 1, 2, dtype="bf16")]
     measured = [((0.010, 0.012, 0.011), None), ((0.050, 0.040, 0.045), None), ((0.2, 0.3, 0.25), 1.5e6)]
-    return cases, measured, make_rows(cases, measured, hw, CostOptions(train_forward_equivalents=3), 4)
+    return cases, measured, make_rows(cases, measured, hw, CostOptions(dp_scalar_allreduces=4), 4)
 
 
 def test_rows_predict_with_the_cost_model():
@@ -98,9 +98,9 @@ def test_rows_predict_with_the_cost_model():
     hw = load_hardware("gh200")
     c = cases[1]
     expect = op_time("training", c.arch, "policy", Workload(16, 1, 8, 8, "fp32"), dp=2, pp=1, tp=1, mb=1,
-                     gpus_per_node=4, hw=hw, opts=CostOptions(train_forward_equivalents=3)).T_op
+                     gpus_per_node=4, hw=hw, opts=CostOptions(dp_scalar_allreduces=4)).T_op
     assert rows[1].pred.T_op == pytest.approx(float(expect))
-    assert rows[1].pred_default.T_op > rows[1].pred.T_op  # 4 forward-equivalents by default
+    assert rows[1].pred_default.T_op < rows[1].pred.T_op  # 4 scalar AllReduces over dp = 2 more
     assert rows[0].measured_s == pytest.approx(0.011)
 
 
@@ -167,12 +167,12 @@ def test_bf16_cases_are_priced_in_bf16():
 
 def test_report_and_plot(tmp_path: Path):
     _, _, rows = _rows()
-    text = report(rows, hw=load_hardware("gh200"), opts=CostOptions(train_forward_equivalents=3), devices=2,
+    text = report(rows, hw=load_hardware("gh200"), opts=CostOptions(dp_scalar_allreduces=4), devices=2,
                   source="unit test")
-    assert "train_forward_equivalents = 3" in text
+    assert "dp_scalar_allreduces = 4" in text
     for group in ("all", "generation", "inference", "training", "pp > 1", "dp > 1"):
         assert f"\n{group} " in text
-    assert "With the spec's default cost options" in text and "fastest repeat" in text
+    assert "With the default cost options" in text and "fastest repeat" in text
     assert "Peak memory (Fig. 5)" in text and "Largest errors" in text
     plot(rows, tmp_path / "v.png")
     plot(rows, tmp_path / "m.png", memory=True)

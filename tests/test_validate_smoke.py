@@ -48,7 +48,7 @@ def test_cli_repredicts_saved_measurements(tmp_path: Path, capsys):
 
     tiny = VALIDATION_ARCHS["tiny"]
     cases = [Case("inference", "reference", "tiny", tiny, 16, 1, 8, 8, 1, 1, 1, 1),
-             Case("training", "policy", "tiny", tiny, 16, 1, 8, 8, 1, 2, 1, 2),
+             Case("training", "policy", "tiny", tiny, 16, 1, 8, 8, 2, 1, 1, 1),
              Case("generation", "policy", "tiny", tiny, 16, 1, 8, 8, 2, 1, 1, 1)]
     rows = make_rows(cases, [((0.01, 0.012), None), ((0.05, 0.04), None), ((0.2, 0.3), None)],
                      load_hardware("gh200"), CostOptions(), 8)
@@ -57,12 +57,12 @@ def test_cli_repredicts_saved_measurements(tmp_path: Path, capsys):
     out = tmp_path / "val"
     hw = Path(__file__).resolve().parent.parent / "rpegc" / "hardware" / "gh200.toml"
     assert main(["--hardware", str(hw), "--from", str(saved), "--out", str(out),
-                 "--cost-option", "train_forward_equivalents=3"]) == 0
+                 "--cost-option", "dp_scalar_allreduces=4"]) == 0
     printed = capsys.readouterr().out
-    assert "Cost-model validation" in printed and "train_forward_equivalents = 3" in printed
+    assert "Cost-model validation" in printed and "dp_scalar_allreduces = 4" in printed
     again = list(csv.DictReader((out / "validation-repredicted.csv").read_text().splitlines()))
     assert [r["case"] for r in again] == [c.id for c in cases] and tuple(again[0]) == CSV_COLUMNS
-    assert float(again[1]["predicted_s"]) < float(again[1]["predicted_default_s"])  # 3 vs 4 forward-equivalents
+    assert float(again[1]["predicted_s"]) > float(again[1]["predicted_default_s"])  # 4 scalar AllReduces more
     assert (out / "validation-repredicted.png").stat().st_size > 0 and (out / "report-repredicted.md").exists()
 
 

@@ -30,7 +30,7 @@ import math
 import platform
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -39,10 +39,11 @@ import numpy as np
 from rpegc.core.cost.options import CostOptions, cost_options
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import Hardware, load_hardware
-from rpegc.core.cost.memory import op_memory, training_state_bytes
+from rpegc.core.cost.memory import op_memory
 from rpegc.core.cost.optime import op_time
 from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch, Workload
+from rpegc.core.ir.training import FIELDS as TRAIN_FIELDS, TrainSpec, Training
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.calibrate import mape
 from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count
@@ -77,6 +78,7 @@ class Grid:
     workloads: tuple[tuple[int, int, int, int], ...]
     dtypes: tuple[str, ...]  # of the workloads: fp32, bf16 (bf16 serving, mixed-precision training)
     help: str
+    trainings: bool = False  # training operators under every other training choice too (`training_variants`)
 
 
 GRIDS: dict[str, Grid] = {
@@ -89,7 +91,8 @@ GRIDS: dict[str, Grid] = {
     # Peak memory on CPU workers (with --isolated): models whose embedding, head and layers all weigh, GQA and a
     # tied head with q/k/v biases, GRPO-shaped workloads, both precisions.
     "memory": Grid(MEMORY_ARCHS, ((8, 2, 32, 32), (8, 4, 16, 48)), ("fp32", "bf16"),
-                   "~10M-parameter models in fp32 and bf16, for peak memory on CPU workers (--isolated)"),
+                   "~10M-parameter models in fp32 and bf16, training under each precision, ZeRO stage, recomputation "
+                   "and schedule, for peak memory on CPU workers (--isolated)", trainings=True),
 }
 # (role, model kind) of the operators: actor generation, reference inference, actor training.
 VALIDATION_OPERATORS: tuple[tuple[str, str], ...] = (("generation", "policy"), ("inference", "reference"),
@@ -97,10 +100,9 @@ VALIDATION_OPERATORS: tuple[tuple[str, str], ...] = (("generation", "policy"), (
 MODEL_NAMES = {"policy": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}
 # How the torch backend executes what spec/cost-model.md Sec. 9 leaves open. Validation predicts with
 # these (they describe the implementation measured, they are not fitted); the CSV and the report keep
-# the prediction with the spec's defaults too (predicted_default_s). `--spec-defaults` drops them.
+# the prediction with the default cost options too (predicted_default_s). `--spec-defaults` drops them.
 BACKEND_COST_OPTIONS: dict[str, object] = {
-    # [A1] training recomputes every segment of c layers (models.forward_layers): 4 forward-equivalents, the
-    # spec's default, so no option.
+    # [A1] training recomputes as each case's training says (core/ir/training.py): not an option.
     # [A20] worker.op_generation calls generate() once per microbatch: mb separate decode loops.
     "tp_decode": "per_microbatch",
     # [A7] schedules.generate pipelines decode as a loop: each token's activations cross every stage
@@ -133,6 +135,7 @@ class Case:
     tp: int
     mb: int
     dtype: str = "fp32"  # of the workload: fp32, or bf16 (bf16 serving, mixed-precision training)
+    train: TrainSpec = TrainSpec()  # a training operator's fields beside the workload's defaults
 
     @property
     def devices(self) -> int:
@@ -140,8 +143,15 @@ class Case:
 
     @property
     def id(self) -> str:
+        trained = "".join(f"-{k}{v}" for k, v in self.train.items())
         return (f"{self.role[:3]}-{self.kind}-{self.model}-B{self.B}R{self.R}Lp{self.Lp}Lr{self.Lr}"
-                f"-d{self.dp}p{self.pp}t{self.tp}m{self.mb}" + ("" if self.dtype == "fp32" else f"-{self.dtype}"))
+                f"-d{self.dp}p{self.pp}t{self.tp}m{self.mb}" + ("" if self.dtype == "fp32" else f"-{self.dtype}")
+                + trained)
+
+    @property
+    def training(self) -> Optional[Training]:
+        """How a training case trains (its fields over the workload's); None for a serving one."""
+        return self.workload.training(self.train) if self.role == "training" else None
 
     @property
     def strategy(self) -> str:
@@ -218,8 +228,20 @@ def build_grid(devices: int, quick: bool = False, grid: str = "cpu") -> list[Cas
     for (name, arch), (B, R, Lp, Lr), dtype in itertools.product(g.archs.items(), g.workloads, g.dtypes):
         for role, kind in VALIDATION_OPERATORS:
             for s in legal_strategies(arch, B * R, devices):
-                cases.append(Case(role, kind, name, arch, B, R, Lp, Lr, *s, dtype=dtype))
+                case = Case(role, kind, name, arch, B, R, Lp, Lr, *s, dtype=dtype)
+                variants = training_variants(case) if g.trainings and role == "training" else (TrainSpec(),)
+                cases += [replace(case, train=t) for t in variants]
     return cases
+
+
+def training_variants(case: Case) -> list[TrainSpec]:
+    """The workload's training and, one field at a time, each other choice that applies to the case's strategy:
+    recomputation none and full; ZeRO 0 and 1 where dp > 1; GPipe where pp > 1; fp32 on a bf16 workload."""
+    out = [TrainSpec(), TrainSpec(recompute="none"), TrainSpec(recompute="full")]
+    out += [TrainSpec(zero=z) for z in (0, 1)] if case.dp > 1 else []
+    out += [TrainSpec(schedule="gpipe")] if case.pp > 1 else []
+    out += [TrainSpec(precision="fp32")] if case.dtype != "fp32" else []
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -300,11 +322,11 @@ def predict(case: Case, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> 
     """T_op of spec 3 and the isolated operator's per-device memory peak of spec 6 (all devices on one node)."""
     wl = case.workload
     t = op_time(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
-                gpus_per_node=gpus_per_node, hw=hw, opts=opts)
-    mem = op_memory(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb, opts=opts)
+                gpus_per_node=gpus_per_node, hw=hw, opts=opts, train=case.training)
+    mem = op_memory(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
+                    train=case.training, opts=opts)
     # Alone on its devices: a training operator keeps its Adam state; a serving one loads its weights.
-    peak = (training_state_bytes(mem.W_shard, case.dp) + mem.A_core if case.role == "training"
-            else mem.A_with_weights)
+    peak = mem.state + mem.A_core if case.role == "training" else mem.A_with_weights
     return Prediction(float(t.T_op), float(t.T_gemm), float(t.T_bubble), float(t.T_tp), float(t.T_pp),
                       float(t.T_dp), float(t.T_non_gemm), float(t.T_opt), float(peak))
 
@@ -397,7 +419,8 @@ def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
     batch = {f: t.to(worker.device) for f, t in _batch_fields(case, seed).items()}
     if case.role == "training":
         worker.entries["experience"] = Entry("data", pieces=[Piece(lo, hi, {f: batch[f][lo:hi] for f in _TRAINING_INPUTS})])
-        cmd.update(inputs=["experience"], output=f"{weights}@1", version_out=1)
+        # the last reader of the version it trains, as in a run's steps (`_OpRuns`)
+        cmd.update(inputs=["experience"], output=f"{weights}@1", version_out=1, train=case.training, take=True)
         return cmd
     out = list(_OUTPUT_FIELDS[(case.role, case.kind)])
     if case.role == "inference":
@@ -451,8 +474,8 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
 
 class _OpRuns:
     """Repeated runs of one operator on this rank. A training operator runs as a run's consecutive steps do: each
-    trains the version the one before published, and the version it read is then released (as the plan frees
-    it), so the training state is loaded once and no run re-reads version 0."""
+    trains the version the one before published, as its last reader (it takes that copy over, as the plan lets it),
+    so the training state is loaded once and no run re-reads version 0."""
 
     def __init__(self, ctx, worker, case: Case, layout, seed: int):
         self.ctx, self.worker, self.layout = ctx, worker, layout
@@ -466,7 +489,6 @@ class _OpRuns:
         self.ctx.sync()
         seconds = time.perf_counter() - t0
         if self.cmd["role"] == "training":
-            self.worker.free([self.cmd["weights"]])
             base, version = self.cmd["output"].rsplit("@", 1)[0], self.cmd["version_out"]
             self.cmd = dict(self.cmd, weights=self.cmd["output"], output=f"{base}@{version + 1}",
                             version_out=version + 1)
@@ -497,7 +519,7 @@ class Row:
     measured: tuple[float, ...]  # per warm repeat, the slowest rank's seconds
     measured_peak: Optional[float]  # bytes on the worst device (CUDA), else None
     pred: Prediction
-    pred_default: Prediction  # with the spec's default cost options
+    pred_default: Prediction  # with the default cost options
 
     @property
     def measured_s(self) -> float:
@@ -601,7 +623,7 @@ def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, 
 # CSV
 
 CSV_COLUMNS = ("case", "role", "kind", "model", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads", *ARCH_FLAGS,
-               "B", "R", "Lp", "Lr", "dtype", "dp", "pp", "tp", "mb", "devices", "repeats", "measured_s",
+               "B", "R", "Lp", "Lr", "dtype", "dp", "pp", "tp", "mb", *TRAIN_FIELDS, "devices", "repeats", "measured_s",
                "measured_min_s", "measured_max_s", "predicted_s", "predicted_default_s", "rel_error", "T_gemm", "T_bubble", "T_tp",
                "T_pp", "T_dp", "T_non_gemm", "T_opt", "predicted_peak_bytes", "measured_peak_bytes", "samples_s")
 
@@ -614,7 +636,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
             c, a, p = r.case, r.case.arch, r.pred
             out.writerow([c.id, c.role, c.kind, c.model, a.layers, a.hidden, a.ffn, a.vocab, a.heads, a.kv_heads,
                           *(int(getattr(a, f)) for f in ARCH_FLAGS), c.B, c.R, c.Lp, c.Lr, c.dtype,
-                          c.dp, c.pp, c.tp, c.mb,
+                          c.dp, c.pp, c.tp, c.mb, *(_csv_train(c, f) for f in TRAIN_FIELDS),
                           c.devices, len(r.measured),
                           f"{r.measured_s:.6g}", f"{min(r.measured):.6g}", f"{max(r.measured):.6g}",
                           f"{p.T_op:.6g}", f"{r.pred_default.T_op:.6g}", f"{p.T_op / r.measured_s - 1:.4f}",
@@ -625,6 +647,19 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
 
 
 _OLD_CSV_FLAGS = {"gated": 1, "qkv_bias": 0, "tied": 0, "norms": 1}
+
+
+def _csv_train(c: Case, field: str) -> str:
+    """A training case's resolved field (empty for a serving one)."""
+    return "" if c.training is None else str(getattr(c.training, field))
+
+
+def _read_train(rec: dict, dtype: str) -> TrainSpec:
+    """The training fields of a row that differ from its workload's defaults (a CSV from before the columns trained
+    with the defaults)."""
+    default = Workload(1, 1, 1, 1, dtype).training()
+    values = {f: (int(rec[f]) if f == "zero" else rec[f]) for f in TRAIN_FIELDS if rec.get(f)}
+    return TrainSpec(**{f: v for f, v in values.items() if v != getattr(default, f)})
 
 
 def _csv_dtype(value: Optional[str]) -> str:
@@ -652,12 +687,13 @@ def read_csv(path: Path) -> list[tuple[Case, tuple[float, ...], Optional[float]]
             # untied LM head, no q/k/v biases
             arch = Arch(*(int(rec[k]) for k in ARCH_SIZES),
                         **{f: bool(int(rec.get(f) or _OLD_CSV_FLAGS[f])) for f in ARCH_FLAGS})
+            dtype = _csv_dtype(rec.get("dtype"))
             case = Case(rec["role"], rec["kind"], rec["model"], arch,
                         *(int(rec[k]) for k in ("B", "R", "Lp", "Lr", "dp", "pp", "tp", "mb")),
-                        dtype=_csv_dtype(rec.get("dtype")))
+                        dtype=dtype, train=_read_train(rec, dtype) if rec["role"] == "training" else TrainSpec())
             samples = tuple(float(s) for s in rec["samples_s"].split())
             peak = float(rec["measured_peak_bytes"]) if rec.get("measured_peak_bytes") else None
-        except (KeyError, ValueError, TypeError) as err:
+        except (KeyError, ValueError, TypeError, RpegError) as err:
             raise RpegError(None, f"{path}, line {line}: malformed row ({err}); regenerate it with rpeg-validate") from None
         if not samples:
             raise RpegError(None, f"{path}, line {line}: no measured samples")
@@ -716,7 +752,7 @@ def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int
               f"MAPE {fastest.mape:.1%}, rho {fastest.spearman:.3f}, pairs {fastest.pairs:.1%}, bias {fastest.bias:+.1%}."]
     if any(r.pred_default.T_op != r.pred.T_op for r in rows):
         s = scores([r.pred_default.T_op for r in rows], [r.measured_s for r in rows])
-        lines += ["", f"With the spec's default cost options: n {s.n}, MAPE {s.mape:.1%}, rho {s.spearman:.3f}, "
+        lines += ["", f"With the default cost options: n {s.n}, MAPE {s.mape:.1%}, rho {s.spearman:.3f}, "
                   f"pairs {s.pairs:.1%}, bias {s.bias:+.1%}."]
     mem = [r for r in rows if r.measured_peak is not None]
     if mem:
@@ -825,7 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a cost-model option of rpegc.core.cost.options (repeatable), on top of the options that "
                          "describe the torch backend (tp_decode=per_microbatch, generation_pp=wavefront)")
     ap.add_argument("--spec-defaults", action="store_true",
-                    help="start from the spec's default cost options instead of the backend's")
+                    help="start from the default cost options instead of the backend's")
     ap.add_argument("--from", dest="from_csv", default=None,
                     help="re-predict the measurements of this validation CSV instead of running anything")
     ap.add_argument("--tp-impl", default="auto", help="tensor-parallel implementation: auto, megatron or torch")
@@ -839,7 +875,7 @@ def _parse_options(items: Sequence[str], spec_defaults: bool = False) -> CostOpt
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise RpegError(None, f"--cost-option '{item}' is not NAME=VALUE, e.g. train_forward_equivalents=3")
+            raise RpegError(None, f"--cost-option '{item}' is not NAME=VALUE, e.g. decode_rows=local_batch")
         values[name.strip()] = value.strip()
     return cost_options(values)
 

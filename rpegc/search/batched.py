@@ -158,7 +158,8 @@ class BatchEvaluator:
             m = cv.models[v.model]
             strategies = list(dict.fromkeys(d.strategies))
             terms = [OpTerms.of(op_memory(v.role, m.arch, m.kind, wl, dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb,
-                                          opts=cv.opts), s, wl.s_b, cv.opts) for s in strategies]
+                                          train=wl.training(s.train) if v.role == "training" else None,
+                                          opts=cv.opts), wl.s_b, cv.opts) for s in strategies]
             per_strategy = OpTerms(*(np.concatenate([getattr(e, f) for e in terms]) for f in _TERMS))
             index = {s: i for i, s in enumerate(strategies)}
             entry = np.array([index[s] for s in d.strategies], dtype=np.int64)

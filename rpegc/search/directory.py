@@ -6,6 +6,15 @@ time"). Legal (allocation, strategy) pairs come from `rpegc.core.check.candidate
 module prices them with the core cost model (`annotate.placement_time`, `residency.device_memory`) and
 keeps the ones whose operator fits on its devices when it runs alone.
 
+A training vertex's entries also choose how it trains (core/ir/training.py): its ZeRO stage and its activation
+recomputation are plan choices (issue 32: they trade memory for time), each searched unless the rules fix it to the
+workload's (the ablation switches `search_zero`, `search_recompute` of optimize); precision and pipeline schedule are
+the program's (the workload's, or the input plan's placement of the vertex). Of the choices at one (allocation,
+strategy) only those no other choice dominates are kept (no slower, no more optimizer state, no larger transient):
+ZeRO 0 loses to ZeRO 1 where P_d > 1 (the same traffic, Adam over a shard), recomputation every c layers to every
+layer (the same work, fewer bytes held) whenever a layer saves more than its input, and at P_d = 1 the ZeRO stage is
+no choice at all (it is left to the workload).
+
 Time and isolated memory depend on the strategy and the allocation's shape only (homogeneous devices), so
 they are computed once per (strategy, extent) and shared by every aligned origin. A directory depends on
 the vertex (role, model) and not on tau, so staleness variants reuse it (A-J2i); `DirectoryCache` keys
@@ -14,7 +23,7 @@ directories by vertex, so actor-critic sharing reuses those of the vertices it k
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -26,12 +35,23 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.optime import OpTime
 from rpegc.core.ir.program import Program, Vertex
+from rpegc.core.ir.training import RECOMPUTES, ZERO_STAGES, TrainSpec
 from rpegc.core.ir.geometry import Alloc, Strategy, alloc_mask
 from rpegc.core.cost.residency import OpPlacement, device_memory
 
 # Ablation A3: microbatch counts fixed to P_p (generation, inference) and 2 P_p (training) (App. B).
 MB_TUNED = "tuned"
 MB_FIXED = "fixed"
+
+
+@dataclass(frozen=True)
+class DirectoryRules:
+    """What a directory enumerates beyond P1-P8: the microbatch rule (ablation A3) and the training fields the search
+    chooses (the others are the workload's)."""
+
+    mb_rule: str = MB_TUNED
+    zero: bool = True  # search the ZeRO stage of training operators
+    recompute: bool = True  # search their activation recomputation
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,7 @@ class DirectoryCache:
 
     hw: Hardware
     opts: CostOptions
-    mb_rule: str = MB_TUNED
+    rules: DirectoryRules = DirectoryRules()
     _cache: dict = field(default_factory=dict)
 
     def directories(self, p: Program, vertices: tuple[Vertex, ...]) -> tuple[VertexDirectory, ...]:
@@ -83,8 +103,31 @@ class DirectoryCache:
         key = (v.name, v.role, v.model, m.kind, m.arch)
         d = self._cache.get(key)
         if d is None:
-            d = self._cache[key] = build_directory(p, v, self.hw, self.opts, self.mb_rule)
+            d = self._cache[key] = build_directory(p, v, self.hw, self.opts, self.rules)
         return d
+
+
+def _price(p: Program, v: Vertex, a: Alloc, s: Strategy, models, hw: Hardware, opts: CostOptions):
+    """(T_op, isolated r_peak, (T_op, S, A)) of `v` under (a, s) alone on its devices."""
+    placement = OpPlacement(v.name, v.role, v.model, a, s)
+    t = placement_time(p, placement, hw, opts)
+    mem = device_memory((placement,), models, {}, p.cluster, p.workload, hw, opts)
+    i = int(np.argmax(mem.peak))
+    return t, mem.r_peak, (float(t.T_op), float(mem.persistent[i]), float(mem.transient[i]))
+
+
+def _undominated(strategies: list[Strategy], a: Alloc, priced: dict, price) -> list[Strategy]:
+    """The strategies no other of the list dominates (no slower, no more persistent or transient memory, better in
+    one; of equal ones the first), each priced once per (strategy, extent) into `priced`."""
+    for s in strategies:
+        if (s, a.extent) not in priced:
+            priced[(s, a.extent)] = price(s)
+    if len(strategies) == 1:
+        return strategies
+    terms = [priced[(s, a.extent)][2] for s in strategies]
+    return [s for i, s in enumerate(strategies)
+            if not any(all(o <= x for o, x in zip(terms[j], terms[i])) and (terms[j] != terms[i] or j < i)
+                       for j in range(len(strategies)) if j != i)]
 
 
 def fixed_microbatch(role: str, pp: int) -> int:
@@ -94,8 +137,23 @@ def fixed_microbatch(role: str, pp: int) -> int:
     return 2 * pp if role == "training" else pp
 
 
+def training_choices(v: Vertex, s: Strategy, p: Program, rules: DirectoryRules) -> list[Strategy]:
+    """`s` with each training the search may choose for a training vertex (module docstring), in a fixed order; the
+    strategy itself for a serving vertex. Precision and schedule are the input plan's placement of the vertex, if it
+    states them (the workload's otherwise)."""
+    if v.role != "training":
+        return [s]
+    placed = {pl.vertex: pl for pl in p.plan.placements} if p.plan is not None else {}
+    written = placed[v.name].strategy.train if v.name in placed else TrainSpec()
+    zeros = ZERO_STAGES if rules.zero and s.dp > 1 else (None,)
+    recomputes = RECOMPUTES if rules.recompute else (None,)
+    return [replace(s, train=TrainSpec(precision=written.precision, zero=z, recompute=r, schedule=written.schedule))
+            for z in zeros for r in recomputes]
+
+
 def build_directory(
-    p: Program, v: Vertex, hw: Hardware, opts: CostOptions, mb_rule: str = MB_TUNED, memory_filter: bool = True
+    p: Program, v: Vertex, hw: Hardware, opts: CostOptions, rules: DirectoryRules = DirectoryRules(),
+    memory_filter: bool = True
 ) -> VertexDirectory:
     """X_cand(v) sorted by T_op (ties keep the core enumeration order).
 
@@ -105,26 +163,24 @@ def build_directory(
     model = p.model(v.model)
     check_directory_size(model, p.workload, p.cluster, v.name)  # before building anything
     raw = enumerate_candidates(model, p.workload, p.cluster)
-    if mb_rule == MB_FIXED:
+    if rules.mb_rule == MB_FIXED:
         raw = [(a, s) for a, s in raw if s.mb == fixed_microbatch(v.role, s.pp)]
     models = {m.name: m for m in p.models}
-    priced: dict[tuple[Strategy, tuple[int, int, int]], tuple[OpTime, float]] = {}
+    priced: dict[tuple[Strategy, tuple[int, int, int]], tuple[OpTime, float, tuple]] = {}
+    choices: dict[Strategy, list[Strategy]] = {}
     keep: list[tuple[float, int, Alloc, Strategy, OpTime, float]] = []
     best_bad = float("inf")
     dropped = 0
-    for i, (a, s) in enumerate(raw):
-        key = (s, a.extent)
-        if key not in priced:
-            placement = OpPlacement(v.name, v.role, v.model, a, s)
-            t = placement_time(p, placement, hw, opts)
-            mem = device_memory((placement,), models, {}, p.cluster, p.workload, hw, opts)
-            priced[key] = (t, mem.r_peak)
-        t, r_peak = priced[key]
-        if memory_filter and r_peak > 1.0:
-            best_bad = min(best_bad, r_peak)
-            dropped += 1
-            continue
-        keep.append((float(t.T_op), i, a, s, t, r_peak))
+    for i, (a, base) in enumerate(raw):
+        if base not in choices:
+            choices[base] = training_choices(v, base, p, rules)
+        for s in _undominated(choices[base], a, priced, lambda s, a=a: _price(p, v, a, s, models, hw, opts)):
+            t, r_peak, _ = priced[(s, a.extent)]
+            if memory_filter and r_peak > 1.0:
+                best_bad = min(best_bad, r_peak)
+                dropped += 1
+                continue
+            keep.append((float(t.T_op), i, a, s, t, r_peak))
     if not keep and not dropped:
         raise RpegError(
             v.loc,

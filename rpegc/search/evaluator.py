@@ -20,7 +20,7 @@ from rpegc.core.cost.options import CostOptions
 from rpegc.core.cost.hardware import Hardware
 from rpegc.search.batched import BatchEvaluator
 from rpegc.search.compact import Choice, CompactVariant, Evaluation
-from rpegc.search.directory import MB_TUNED, DirectoryCache
+from rpegc.search.directory import DirectoryCache, DirectoryRules
 from rpegc.search.space import Variant, ordered_vertices
 
 # Misses per call from which the batched path is cheaper than the reference path: on the 64-GPU workload the
@@ -55,7 +55,7 @@ class Evaluator:
     opts: CostOptions
     steps: int = 8
     split: bool = True
-    mb_rule: str = MB_TUNED
+    rules: DirectoryRules = DirectoryRules()
     batch_threshold: int = BATCH_THRESHOLD
     keep_schedules: bool = False  # keep each batch's schedules for `critical_weights` (the search's kernels)
     stats: EvalStats = field(default_factory=EvalStats)
@@ -65,7 +65,7 @@ class Evaluator:
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._dirs = DirectoryCache(self.hw, self.opts, self.mb_rule)
+        self._dirs = DirectoryCache(self.hw, self.opts, self.rules)
 
     def compile(self, variant: Variant) -> CompactVariant:
         cv = self._compiled.get(variant.key)

@@ -31,7 +31,7 @@ from rpegc.core.ir.program import Program
 from rpegc.search.anneal import SearchConfig, SearchState, polish_reserve
 from rpegc.search.baselines import BaselinePlan, concurrent_plan, greedy_plan
 from rpegc.search.compact import Choice, Evaluation
-from rpegc.search.directory import MB_FIXED, MB_TUNED
+from rpegc.search.directory import MB_FIXED, MB_TUNED, DirectoryRules
 from rpegc.search.evaluator import EvalStats, Evaluator
 from rpegc.search.halving import Board, anneal_variants, polish_best
 from rpegc.search.objective import check_objective
@@ -68,6 +68,8 @@ class OptimizeOptions:
     baseline: str = "none"
     search: SearchConfig = SearchConfig()
     jobs: int = 0  # worker processes (0: every core, when the budget pays for starting them)
+    search_zero: bool = True  # choose each training operator's ZeRO stage (else the workload's)
+    search_recompute: bool = True  # choose its activation recomputation (else the workload's)
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,9 @@ def optimize(
         hw = program_hardware(structure, what="optimize")
     ablate = options.ablate
     taus = (0,) if "A2" in ablate else options.taus
-    split, mb_rule = "A1" not in ablate, MB_FIXED if "A3" in ablate else MB_TUNED
-    evaluator = Evaluator(hw, cost, options.steps, split=split, mb_rule=mb_rule)  # baselines and the report
+    split = "A1" not in ablate
+    rules = DirectoryRules(MB_FIXED if "A3" in ablate else MB_TUNED, options.search_zero, options.search_recompute)
+    evaluator = Evaluator(hw, cost, options.steps, split=split, rules=rules)  # baselines and the report
     config = search_config(options)
     reference = _written_variant(structure, 0 if "A2" in ablate else None)
     greedy = _baseline(evaluator, reference, greedy_plan, options.baseline == "greedy")
@@ -184,7 +187,7 @@ def optimize(
         return _result(evaluator, config, reference, chosen.choice, greedy, concurrent, start, options.baseline)
     variants = tuple(structural_candidates(structure, taus, options.ac))
     board = Board(variants, config)
-    problem = Problem(variants, hw, cost, options.steps, split, mb_rule, config, options.seed)
+    problem = Problem(variants, hw, cost, options.steps, split, rules, config, options.seed)
     # C* never falls behind a baseline: the greedy plan is evaluated (and kept as an elite) in its variant.
     extra = {i: (greedy.choice,) for i, v in enumerate(variants) if greedy is not None and v.key == reference.key}
     end = start + options.budget_s if options.budget_s > 0 else None

@@ -1,6 +1,7 @@
 """The optimizer's summary table and progress bar (stderr), as plain rows and as a rich rendering.
 
-Rows: the chosen structure, best score and objective, gains over the greedy and concurrent baselines
+Rows: the chosen structure, best score and objective, how each training vertex trains in the chosen plan (its
+ZeRO stage and recomputation are plan choices), gains over the greedy and concurrent baselines
 (Sec. VIII-B; "OOM" when a baseline does not fit), makespan, peak memory, utilization, evaluations,
 evaluations per second, the cache hit rate, and per structural variant its best plan and what the search
 spent on it (evaluations, chains, seconds).
@@ -27,6 +28,21 @@ def _gain(result: OptimizeResult, base: Optional[BaselineResult]) -> str:
     return f"{gain:+.1%} ({b.score:,.0f} tok/s)"
 
 
+def _training_rows(result: OptimizeResult) -> list[tuple[str, str]]:
+    """One row per training vertex of the chosen plan: how it trains (resolved over the workload's fields)."""
+    p = result.program
+    if p.graph is None or p.plan is None:
+        return []
+    placed = {pl.vertex: pl for pl in p.plan.placements}
+    rows = []
+    for v in p.graph.vertices:
+        if v.role == "training" and v.name in placed:
+            t = p.workload.training(placed[v.name].strategy.train)
+            rows.append((f"training @{v.name}", f"{t.precision}, ZeRO-{t.zero}, recompute {t.recompute}, "
+                                                f"{t.schedule}"))
+    return rows
+
+
 def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
     e = result.evaluation
     peak = max(e.peak) if e.peak else e.r_peak
@@ -35,6 +51,7 @@ def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
         ("structure", f"{result.variant.label()}  ({result.source})"),
         ("score", f"{e.score:,.0f} tokens/s  (makespan {e.makespan:.3f} s over the horizon)"),
         ("objective", f"{result.objective} = {result.value:,.4g}"),
+        *_training_rows(result),
         ("gain over greedy", _gain(result, result.greedy)),
         ("gain over concurrent", _gain(result, result.concurrent)),
         ("memory peak", f"{peak / GIB:.1f} GiB per GPU, r_peak = {e.r_peak:.3f}" + ("" if e.feasible else "  (OOM)")),

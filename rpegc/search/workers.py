@@ -30,6 +30,7 @@ from rpegc.search.baselines import concurrent_plan
 from rpegc.search.templates import template_seeds
 from rpegc.search.carry import Carried, carried_choices, placements_of
 from rpegc.search.compact import Choice, Evaluation
+from rpegc.search.directory import DirectoryRules
 from rpegc.search.evaluator import EvalStats, Evaluator
 from rpegc.search.space import Variant
 
@@ -46,7 +47,7 @@ class Problem:
     cost: CostOptions
     steps: int
     split: bool
-    mb_rule: str
+    rules: DirectoryRules
     config: SearchConfig
     seed: int
 
@@ -94,7 +95,7 @@ class Worker:
     def __init__(self, problem: Problem, on_round: Optional[Callable[[SearchState], None]] = None):
         self.problem = problem
         self.on_round = on_round
-        self.evaluator = Evaluator(problem.hw, problem.cost, problem.steps, split=problem.split, mb_rule=problem.mb_rule,
+        self.evaluator = Evaluator(problem.hw, problem.cost, problem.steps, split=problem.split, rules=problem.rules,
                                    keep_schedules=problem.config.critical_path)
         self.searches: dict[int, VariantSearch] = {}
         self.reported: dict[int, tuple[int, int]] = {}  # per variant: chains and rounds reported so far

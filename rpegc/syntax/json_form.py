@@ -9,7 +9,7 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
 
     {
       "format": "rpegc-program", "format_version": 1,
-      "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32"},
+      "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32", "train"?: TRAIN},
       "models": [{"name": str, "kind": MODEL_KIND, "trainable": bool, "preset": str | null,
                   "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int,
                            "gated", "qkv_bias", "tied", "norms": bool},
@@ -30,7 +30,7 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "cluster": null | {"name": str, "racks": int, "nodes": int, "gpus": int, "hardware": str},
       "plan": null | {"name": str, "graph": str, "cluster": str,
                       "placements": [{"vertex": str, "origin": [r, n, g], "extent": [r, n, g],
-                                      "dp": int, "pp": int, "tp": int, "mb": int}]},
+                                      "dp": int, "pp": int, "tp": int, "mb": int, "train"?: TRAIN}]},
 
       // only for a module with an exec.graph (the unrolled / lowered DAG):
       "graph": str,                     // name of the RPEG the DAG was unrolled from
@@ -43,6 +43,7 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
                                         // (Op: sigma(v); Comm/Reshard: destination); null: unplaced
           "dp": int | null, "pp": int | null, "tp": int | null, "mb": int | null,
                                         // Op: its plan; Reshard: the target layout; else null
+          "train": TRAIN,               // optional: an Op's training fields, when its placement states any
           "bytes": int,                 // Comm/Reshard payload, 0 for Op nodes
           "version_in": {model: int},   // Op: version read per model; Comm/Reshard: version moved
           "version_out": {model: int},  // training Op: version produced (k + 1)
@@ -67,6 +68,9 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
                    "util": float, "p_eff": float}                                // optional
     }
 
+TRAIN is an object of the training fields stated (rpegc/core/ir/training.py), each optional, at least one:
+{"precision": "mixed" | "fp32", "zero": 0 | 1 | 2, "recompute": "none" | "interval" | "full",
+"schedule": "1f1b" | "gpipe"}; written only when a field is stated.
 EXPR is a size expression in the text syntax, e.g. "B*R" or "(Lp + Lr)/2". When reading, a node
 may give "devices" without "alloc": the allocation is rebuilt from the device box (the module's
 cluster is needed); given both, they must agree. Unknown keys are errors.
@@ -110,6 +114,7 @@ from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYT
                                    Arch, Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
                                    Workload, arch_flag_default)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, coords
+from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
 FORMAT = "rpegc-program"
 FORMAT_VERSION = 1
@@ -129,7 +134,7 @@ def program_to_json(p: Program) -> dict:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "workload": {"B": p.workload.B, "R": p.workload.R, "Lp": p.workload.Lp, "Lr": p.workload.Lr,
-                     "dtype": p.workload.dtype},
+                     "dtype": p.workload.dtype, **_train_json(p.workload.train)},
         "models": [_model_json(m) for m in p.models],
         "rpeg_graph": _graph_json(p.graph) if p.graph is not None else None,
         "cluster": _cluster_json(p.cluster) if p.cluster is not None else None,
@@ -197,7 +202,12 @@ def _alloc_json(a: Alloc) -> dict:
 def _strategy_json(s: Optional[Strategy]) -> dict:
     if s is None:
         return {k: None for k in _STRATEGY_KEYS}
-    return {"dp": s.dp, "pp": s.pp, "tp": s.tp, "mb": s.mb}
+    return {"dp": s.dp, "pp": s.pp, "tp": s.tp, "mb": s.mb, **_train_json(s.train)}
+
+
+def _train_json(t: TrainSpec) -> dict:
+    """{"train": {stated fields}}, or nothing when no field is stated."""
+    return {"train": dict(t.items())} if not t.empty else {}
 
 
 def _exec_json(g: ExecGraph, cluster: Optional[Cluster]) -> dict:
@@ -448,7 +458,7 @@ def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program
 
 
 def _read_workload(r: _Reader, v: Any) -> Workload:
-    o = r.obj(v, "workload", ("B", "R", "Lp", "Lr"), ("dtype",))
+    o = r.obj(v, "workload", ("B", "R", "Lp", "Lr"), ("dtype", "train"))
     return Workload(
         B=r.int_(o["B"], "workload.B", 1),
         R=r.int_(o["R"], "workload.R", 1),
@@ -456,6 +466,7 @@ def _read_workload(r: _Reader, v: Any) -> Workload:
         Lr=r.int_(o["Lr"], "workload.Lr", 1),
         dtype=r.str_(o.get("dtype", "bf16"), "workload.dtype", tuple(DTYPE_BYTES)),
         loc=r.loc,
+        train=_read_train(r, o, "workload"),
     )
 
 
@@ -580,11 +591,33 @@ def _read_cluster(r: _Reader, v: Any, path: str) -> Cluster:
 def _read_strategy(r: _Reader, o: dict, path: str, required: bool) -> Optional[Strategy]:
     values = {k: o.get(k) for k in _STRATEGY_KEYS}
     if all(x is None for x in values.values()) and not required:
+        if o.get("train") is not None:
+            raise r.error(_join(path, "train"), "training fields need a strategy: give dp, pp, tp and mb too")
         return None
     missing = [k for k, x in values.items() if x is None]
     if missing:
         raise r.error(path, f"{', '.join(missing)} missing: give all of dp, pp, tp, mb (or none of them)")
-    return Strategy(**{k: r.int_(x, _join(path, k), 1) for k, x in values.items()})
+    return Strategy(**{k: r.int_(x, _join(path, k), 1) for k, x in values.items()}, train=_read_train(r, o, path))
+
+
+def _read_train(r: _Reader, o: dict, path: str) -> TrainSpec:
+    """The optional "train" object of a workload, placement or node (module docstring: TRAIN)."""
+    if o.get("train") is None:
+        return TrainSpec()
+    tp = _join(path, "train")
+    t = r.obj(o["train"], tp, (), TRAIN_FIELDS)
+    if not t:
+        raise r.error(tp, "an empty training object; leave \"train\" out or state a field")
+    values: dict[str, Any] = {}
+    for key, x in t.items():
+        kp = _join(tp, key)
+        if key == "zero":
+            values[key] = r.int_(x, kp, 0)
+            if values[key] not in TRAIN_CHOICES[key]:
+                raise r.error(kp, f"expected a ZeRO stage 0, 1 or 2, got {values[key]}")
+        else:
+            values[key] = r.str_(x, kp, TRAIN_CHOICES[key])
+    return TrainSpec(**values)
 
 
 def _read_alloc(r: _Reader, v: Any, path: str) -> Alloc:
@@ -602,7 +635,7 @@ def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
     placements = []
     for i, x in enumerate(r.list_(o["placements"], _join(path, "placements"))):
         pp = f"{path}.placements[{i}]"
-        po = r.obj(x, pp, ("vertex", "origin", "extent") + _STRATEGY_KEYS)
+        po = r.obj(x, pp, ("vertex", "origin", "extent") + _STRATEGY_KEYS, ("train",))
         alloc = _box(r, po, pp)
         placements.append(
             Placement(vertex=r.str_(po["vertex"], _join(pp, "vertex")), alloc=alloc,
@@ -619,7 +652,7 @@ def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
 
 _NODE_REQUIRED = ("id", "kind", "step")
 _NODE_OPTIONAL = (
-    "vertex", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb", "bytes", "version_in", "version_out",
+    "vertex", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb", "train", "bytes", "version_in", "version_out",
     "data_in", "data_out", "order", "container", "fraction", "nphases", "alloc", "src_alloc", "src_strategy", "time", "start", "finish",
 )
 

@@ -31,6 +31,7 @@ from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYT
                                    Arch, Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
                                    Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
+from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
 EDGE_KEYWORDS = {"exec.data": "data", "exec.publish": "pub", "exec.order": "order", "exec.dep": "dep"}
 NODE_KEYWORDS = {"exec.op": "op", "exec.comm": "comm", "exec.reshard": "reshard"}
@@ -488,7 +489,7 @@ class _Builder:
         """A bare-name value out of `choices` (kind, dtype); a quoted string is accepted too."""
         if a.kind == "string":
             value = self.string(a.token)
-        elif a.kind == "number" and a.token.type == "NAME" and not a.negative:
+        elif a.kind == "number" and a.token.type in ("NAME", "WORD_1F1B") and not a.negative:
             value = str(a.token)
         else:
             self.fail(a.at, f"'{a.key}' of {what} must be one of {', '.join(choices)}, found {self.attr_text(a)}")
@@ -514,11 +515,17 @@ class _Builder:
     def workload(self, item: Tree) -> Workload:
         loc = self.loc(item)
         what = "rpeg.workload"
-        attrs = self.attrs(item.children[0], what, ("B", "R", "Lp", "Lr", "dtype"))
+        attrs = self.attrs(item.children[0], what, ("B", "R", "Lp", "Lr", "dtype") + TRAIN_FIELDS)
         example = "rpeg.workload {B = 512, R = 1, Lp = 128, Lr = 384, dtype = bf16}"
         values = {k: self.attr_int(self.need(attrs, k, what, loc, example), what, maximum=MAX_SIZE) for k in SYMBOLS}
         dtype = self.attr_word(attrs["dtype"], what, tuple(DTYPE_BYTES)) if "dtype" in attrs else "bf16"
-        return Workload(values["B"], values["R"], values["Lp"], values["Lr"], dtype, loc=loc)
+        train = {}
+        for key in TRAIN_FIELDS:
+            if key in attrs:
+                a = attrs[key]
+                train[key] = (self.train_choice(key, self.attr_int(a, what, minimum=None), a.at, what) if key == "zero"
+                              else self.attr_word(a, what, TRAIN_CHOICES[key]))
+        return Workload(values["B"], values["R"], values["Lp"], values["Lr"], dtype, loc=loc, train=TrainSpec(**train))
 
     def model(self, item: Tree) -> Model:
         sym, attr_tree = item.children
@@ -849,11 +856,42 @@ class _Builder:
         return (a, b, c)
 
     def strategy(self, tree: Tree, what: str) -> Strategy:
+        sizes = [t for t in tree.children if not (isinstance(t, Tree) and t.data == "train_field")]
         dp, pp, tp, mb = (
             self.int_of(t, f"{key} of {what}", minimum=1, maximum=MAX_SIZE)
-            for t, key in zip(tree.children, ("dp", "pp", "tp", "mb"))
+            for t, key in zip(sizes, ("dp", "pp", "tp", "mb"))
         )
-        return Strategy(dp, pp, tp, mb)
+        fields = [t for t in tree.children if isinstance(t, Tree) and t.data == "train_field"]
+        return Strategy(dp, pp, tp, mb, self.train_fields(fields, what) if fields else TrainSpec())
+
+    def train_fields(self, trees: list[Tree], what: str) -> TrainSpec:
+        """`zero = 1 recompute = full ...` after a strategy (training.TrainSpec), each key once."""
+        values: dict[str, object] = {}
+        given: dict[str, Loc] = {}
+        for t in trees:
+            key_tok, value = t.children
+            key, loc = str(key_tok), self.loc(key_tok)
+            if key in given:
+                self.fail(loc, f"'{key}' is given twice in {what} (first at {given[key]}); keep one")
+            given[key] = loc
+            if key == "zero":
+                if not isinstance(value, Tree):
+                    self.fail(self.loc(value), f"'zero' of {what} must be a ZeRO stage 0, 1 or 2, found {value}")
+                values[key] = self.train_choice(key, self.int_of(value, f"zero of {what}"), self.loc(value), what)
+            else:
+                text = (("-" if value.data == "neg_int" else "") + str(value.children[0]) if isinstance(value, Tree)
+                        else str(value))
+                values[key] = self.train_choice(key, text, self.loc(value), what)
+        return TrainSpec(**values)
+
+    def train_choice(self, key: str, value, loc: Loc, what: str):
+        """`value` of training field `key` if it is one of its choices, else a located error."""
+        choices = TRAIN_CHOICES[key]
+        if value not in choices:
+            words = [str(c) for c in choices]
+            self.fail(loc, f"unknown {key} '{value}' in {what}{_close(str(value), words)}; expected one of "
+                           f"{', '.join(words)}")
+        return value
 
     def finish_plan(self, parts, graph: Optional[Graph], cluster: Optional[Cluster]) -> Plan:
         plan, (graph_name, graph_loc), (cluster_name, cluster_loc), vertex_refs = parts

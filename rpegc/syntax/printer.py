@@ -119,7 +119,8 @@ def _alloc(word: str, a: Alloc) -> str:
 
 
 def _strategy_flat(s: Strategy) -> str:
-    return f"dp = {s.dp} pp = {s.pp} tp = {s.tp} mb = {s.mb}"
+    train = "".join(f" {k} = {v}" for k, v in s.train.items())
+    return f"dp = {s.dp} pp = {s.pp} tp = {s.tp} mb = {s.mb}{train}"
 
 
 def _strategy_tuple(word: str, s: Strategy) -> str:
@@ -154,7 +155,8 @@ def _bindings(versions: tuple[tuple[str, int], ...], data: tuple[DataRef, ...]) 
 
 
 def _workload(w: Workload) -> str:
-    return f"rpeg.workload {{B = {w.B}, R = {w.R}, Lp = {w.Lp}, Lr = {w.Lr}, dtype = {_word(w.dtype)}}}"
+    train = "".join(f", {k} = {v}" for k, v in w.train.items())
+    return f"rpeg.workload {{B = {w.B}, R = {w.R}, Lp = {w.Lp}, Lr = {w.Lr}, dtype = {_word(w.dtype)}{train}}}"
 
 
 def _model_attrs(m: Model) -> list[tuple[str, Optional[str]]]:

@@ -79,6 +79,9 @@ class Dispatch:
     outputs: tuple[Artifact, ...]  # artifacts the node leaves behind on completion
     versions_in: tuple[tuple[str, int], ...]  # parameter version to read per model
     versions_out: tuple[tuple[str, int], ...]  # parameter version produced per model (training)
+    # Inputs no node handed to the backend after this one reads: the backend may let this node take them over
+    # (their workers run earlier readers' commands first) instead of keeping them intact for later readers.
+    last_reads: tuple[Artifact, ...] = ()
 
     @property
     def id(self) -> str:

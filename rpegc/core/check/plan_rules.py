@@ -164,6 +164,7 @@ def check_plan(p: Program) -> list[RpegError]:
         model = models.get(vertices[pl.vertex].model)
         if c is not None and model is not None:
             errors += check_placement(pl, model, p.workload, c)
+        errors += check_training_fields(pl, vertices[pl.vertex].role, p.workload)
     for name in vertices:
         if name not in placed:
             errors.append(RpegError(plan.loc, f"vertex @{name} has no placement in plan @{plan.name}; add "
@@ -177,6 +178,22 @@ def check_placement(placement: Placement, model: Model, workload: Workload, clus
     where = f"@{placement.vertex}"
     messages = _degree_messages(s, model, workload, cluster) + _allocation_messages(a, s, cluster)
     return [RpegError(placement.loc, f"{where}: {m}") for m in messages]
+
+
+def check_training_fields(placement: Placement, role: str, workload: Workload) -> list[RpegError]:
+    """Training fields belong to training vertices, and mixed precision to a 16-bit workload (training.resolve)."""
+    spec = placement.strategy.train
+    if role != "training":
+        if spec.empty:
+            return []
+        stated = ", ".join(f"{k} = {v}" for k, v in spec.items())
+        return [RpegError(placement.loc, f"@{placement.vertex} is a {role} vertex; {stated} describes how a training "
+                                         "operator trains: remove it")]
+    try:
+        workload.training(spec, placement.loc)
+    except RpegError as err:
+        return [RpegError(placement.loc if spec.precision else workload.loc, f"@{placement.vertex}: {err.message}")]
+    return []
 
 
 def _degree_messages(s: Strategy, model: Model, workload: Workload, cluster: Cluster) -> list[str]:

@@ -47,6 +47,7 @@ def check_graph(p: Program) -> list[RpegError]:
         _check_quantiles,
         _check_sizes,
         _check_algorithm,
+        _check_training,
     ):
         errors += check(ctx)
     # A stable sort keeps checks in the order above for declarations without a source position.
@@ -541,6 +542,15 @@ def _check_algorithm(ctx: _Context) -> list[RpegError]:
            "grpo": "GRPO samples rollouts and has no critic: it needs a generation vertex and no critic vertex",
            "dpo": "DPO trains on given preference pairs: it has no generation vertex"}[name]
     return [RpegError(ctx.g.algorithm_loc, f"graph @{ctx.g.name} names algorithm {name}, but {why}")]
+
+
+def _check_training(ctx: _Context) -> list[RpegError]:
+    """The workload's training fields resolve (mixed precision needs a 16-bit dtype; training.resolve)."""
+    try:
+        ctx.p.workload.training()
+    except RpegError as err:
+        return [err]
+    return []
 
 
 def _check_quantiles(ctx: _Context) -> list[RpegError]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import fields
+from typing import Optional
 
 import numpy as np
 
@@ -17,11 +18,13 @@ from rpegc.core.ir.geometry import alloc_ids, id_ranges
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.memory import FROZEN, SHADOW, TRAINING
 from rpegc.core.cost.params import param_count
-from rpegc.core.ir.program import Program
+from rpegc.core.ir.program import Program, Workload
+from rpegc.core.ir.training import Training
 from rpegc.core.cost.residency import DeviceMemory
 
 GIB = float(2**30)
 _PERSISTENT_LABEL = {TRAINING: "optimizer state", SHADOW: "shadow copy", FROZEN: "frozen weights"}
+# (the optimizer state of a model trained in fp32 includes its float32 weights, the masters)
 _TIME_COLUMNS = ("T_gemm", "T_bubble", "T_tp", "T_pp", "T_dp", "T_non_gemm", "T_opt", "T_op")
 
 
@@ -33,8 +36,8 @@ def explain(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> st
     if p.exec is not None:
         out += ["", "Transfers in the executable graph"] + _transfer_lines(p, hw, opts)
     out += ["", f"Memory per device (GiB; usable M_eff = {_gib(mem.m_eff)} of M_GPU = {_gib(hw.M_GPU)})"]
-    out += _memory_lines(mem, p.cluster.num_devices)
-    out += ["", _verdict(mem)]
+    out += _memory_lines(mem, p.cluster.num_devices, p.workload)
+    out += ["", _verdict(mem, p.workload)]
     return "\n".join(out) + "\n"
 
 
@@ -52,13 +55,14 @@ def _header(p: Program, hw: Hardware, opts: CostOptions) -> str:
 
 
 def _time_table(p, placements, hw, opts) -> list[str]:
-    head = ["vertex", "role", "model", "dp,pp,tp,mb", "GPUs"] + [c.replace("T_non_gemm", "T_non-gemm") for c in _TIME_COLUMNS]
+    head = (["vertex", "role", "model", "dp,pp,tp,mb", "training", "GPUs"]
+            + [c.replace("T_non_gemm", "T_non-gemm") for c in _TIME_COLUMNS])
     rows = []
     for pl in dict.fromkeys(placements):
         t = placement_time(p, pl, hw, opts)
         s = pl.strategy
         values = [t.T_gemm, t.T_bubble, t.T_tp, t.T_pp, t.T_dp, t.T_non_gemm, t.T_opt, t.T_op]
-        rows.append([pl.vertex, pl.role, pl.model, f"{s.dp},{s.pp},{s.tp},{s.mb}",
+        rows.append([pl.vertex, pl.role, pl.model, f"{s.dp},{s.pp},{s.tp},{s.mb}", training_text(pl.training(p.workload)),
                      id_ranges(alloc_ids(pl.alloc, p.cluster))] + [f"{float(v):.4e}" for v in values])
         if pl.role == "generation":
             pf, dec = t.phase("prefill"), t.phase("decode")
@@ -87,7 +91,14 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     return _table(["node", "count", "payload", "GPUs", "time"], rows)
 
 
-def _device_items(mem: DeviceMemory, d: int) -> list[tuple[str, float]]:
+def training_text(train: Optional[Training]) -> str:
+    """`mixed zero=2 recompute=interval 1f1b`, or "-" for a serving operator."""
+    if train is None:
+        return "-"
+    return f"{train.precision} zero={train.zero} recompute={train.recompute} {train.schedule}"
+
+
+def _device_items(mem: DeviceMemory, d: int, wl: Workload) -> list[tuple[str, float]]:
     """(label, bytes) of everything resident on device d at its peak."""
     items = []
     for model, res in mem.residency.items():
@@ -99,7 +110,7 @@ def _device_items(mem: DeviceMemory, d: int) -> list[tuple[str, float]]:
         op, m = mem.ops[i], mem.op_memory[i]
         parts = [("activations", m.M_act)]
         if op.role == "training":
-            parts += [("BF16 weights", m.M_w), ("gradients", m.M_grad)]
+            parts += [("working weights", m.M_w * (not op.training(wl).persistent_weights)), ("gradients", m.M_grad)]
         if op.role == "generation":
             parts.append(("KV cache", m.M_kv))
         materialized = float(mem.transient[d]) - float(m.A_core)
@@ -109,10 +120,10 @@ def _device_items(mem: DeviceMemory, d: int) -> list[tuple[str, float]]:
     return items
 
 
-def _memory_lines(mem: DeviceMemory, n: int) -> list[str]:
+def _memory_lines(mem: DeviceMemory, n: int, wl: Workload) -> list[str]:
     groups: dict[tuple, list[int]] = defaultdict(list)
     for d in range(n):
-        groups[tuple((label, round(v)) for label, v in _device_items(mem, d))].append(d)
+        groups[tuple((label, round(v)) for label, v in _device_items(mem, d, wl))].append(d)
     order = sorted(groups.items(), key=lambda kv: (-float(mem.peak[kv[1][0]]), kv[1][0]))
     lines = []
     for items, devices in order:
@@ -124,14 +135,14 @@ def _memory_lines(mem: DeviceMemory, n: int) -> list[str]:
     return lines
 
 
-def _verdict(mem: DeviceMemory) -> str:
+def _verdict(mem: DeviceMemory, wl: Workload) -> str:
     if mem.feasible:
         worst = int(np.argmax(mem.peak)) if mem.peak.size else 0
         return (f"feasible: every device fits; the fullest, device {worst}, peaks at {_gib(mem.peak[worst])} GiB "
                 f"<= {_gib(mem.m_eff)} GiB usable (r_peak = {mem.r_peak:.4f})")
     groups: dict[tuple, list[int]] = defaultdict(list)
     for d in np.flatnonzero(mem.peak > mem.m_eff):
-        groups[tuple((label, round(v)) for label, v in _device_items(mem, int(d)))].append(int(d))
+        groups[tuple((label, round(v)) for label, v in _device_items(mem, int(d), wl))].append(int(d))
     lines = [f"infeasible (r_peak = {mem.r_peak:.4f}):"]
     for items, devices in sorted(groups.items(), key=lambda kv: -float(mem.peak[kv[1][0]])):
         name = f"device {devices[0]}" if len(devices) == 1 else f"devices {id_ranges(devices)}"

@@ -55,8 +55,12 @@ _COMPUTE_KEYS = (
 # eta roofline cannot express (it scales with the GEMM width). Negligible next to the GEMMs of large
 # models on GPUs (shipped GPU profiles leave it 0, the spec's model); it dominates small models on
 # CPU workers, where rpeg-calibrate fits it (bench/validation/README.md).
+# F_peak_fp32 is the ceiling of float32 GEMMs, which price the training operators of a 16-bit workload that train in
+# precision = fp32 (core/ir/training.py); F_peak is the ceiling of the workload's own dtype. Default (None): F_peak.
 _OPTIONAL_COMPUTE_KEYS = (
     ("t_layer", "fixed time of one layer's forward call, s", 0.0, False, 10.0, 0.0),
+    ("F_peak_fp32", "calibrated float32 GEMM ceiling per GPU (precision = fp32 training of a 16-bit workload), "
+                    "FLOP/s; default F_peak", 0.0, True, 1e17, None),
 )
 _MEMORY_KEYS = (
     ("M_GPU", "HBM capacity per GPU, B", 0.0, True, 1e14),
@@ -92,6 +96,11 @@ class Hardware:
     description: str = ""
     source: str = "<dict>"
     t_layer: float = 0.0  # s per layer per forward call (optional key, see _OPTIONAL_COMPUTE_KEYS)
+    F_peak_fp32: float | None = None  # float32 GEMM ceiling (optional key); None: F_peak
+
+    def peak(self, fp32: bool) -> float:
+        """The GEMM ceiling of a computation in float32 (`fp32`) or in the workload's dtype."""
+        return self.F_peak_fp32 if fp32 and self.F_peak_fp32 is not None else self.F_peak
 
     @property
     def M_eff(self) -> float:

@@ -19,11 +19,11 @@ from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.params import layer_gemm_params, param_count
 from rpegc.core.ir.program import Arch, Workload
+from rpegc.core.ir.training import Training
 from rpegc.core.cost.work import generation_work, inference_work, training_work
 
 _TINY = 1e-300  # F_eff floor: a phase without work (L_r = 1 decode) then takes 0 s, not 0/0
 ADAM_BYTES_PER_PARAM = 18  # effective HBM traffic of one Adam step (spec 3.6)
-TRAIN_TP_ALLREDUCES_PER_LAYER = 6  # 2 per forward-equivalent phase: forward, recompute, backward
 SCALAR_BYTES = 8  # one fp64 statistic (option dp_scalar_allreduces)
 # A quantity of one configuration, or an array of them (the batched evaluator's form; `op_time` takes both).
 Quantity = Union[float, np.ndarray]
@@ -81,17 +81,21 @@ class PpComm:
 
 @dataclass(frozen=True)
 class DpComm:
-    """ZeRO-2 gradient ReduceScatter plus weight AllGather of `msg` bytes (spec 3.4.3), and the
-    option `dp_scalar_allreduces`' scalar AllReduces (`scalars` seconds in all)."""
+    """The data-parallel collectives of one training step over `msg` bytes (spec 3.4.3 under the operator's ZeRO
+    stage): `reduces` gradient reductions of `reduce` seconds each (ZeRO 0: one AllReduce; ZeRO 1: one
+    ReduceScatter onto the owners; ZeRO 2: a ReduceScatter after every microbatch's backward pass, mb of them), the
+    updated weights' AllGather from their owners (`gather` seconds; none under ZeRO 0), and the option
+    `dp_scalar_allreduces`' scalar AllReduces (`scalars` seconds in all)."""
 
     msg: Quantity
-    reduce_scatter: Quantity
-    allgather: Quantity
+    reduce: Quantity
+    reduces: Quantity
+    gather: Quantity
     scalars: Quantity = 0.0
 
     @property
     def time(self):
-        return self.reduce_scatter + self.allgather + self.scalars
+        return self.reduces * self.reduce + self.gather + self.scalars
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,18 @@ class OpTime:
                 + self.launch_decode)
 
 
+def data_parallel(msg, dp, mb, train: Training, hw: Hardware, span_tier, opts: CostOptions) -> DpComm:
+    """The DP collectives of one step of a training operator whose gradients of a stage's TP shard are `msg` bytes
+    (DpComm's docstring; spec 3.4.3, `accounting = "spec"`, prices ZeRO-2 as one ReduceScatter + one AllGather,
+    which holds only the shard of the gradients at mb = 1)."""
+    a_dp, b_dp = hw.coll(span_tier)
+    scalars = opts.dp_scalar_allreduces * allreduce(SCALAR_BYTES, dp, a_dp, b_dp)
+    if train.zero == 0:
+        return DpComm(msg, allreduce(msg, dp, a_dp, b_dp), 1 + 0 * mb, 0.0 * msg, scalars)
+    reduces = mb if train.zero == 2 and opts.accounting == "backend" else 1 + 0 * mb
+    return DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), reduces, allgather(msg, dp, a_dp, b_dp), scalars)
+
+
 def op_time(
     role: str,
     arch: Arch,
@@ -166,14 +182,19 @@ def op_time(
     opts: CostOptions = DEFAULT_OPTIONS,
     span_tier="intra_node",
     pp_tier=None,
+    train: Optional[Training] = None,
 ) -> OpTime:
-    """T_op of one Op vertex (spec 3).
+    """T_op of one Op vertex (spec 3); a training operator's as `train` says (the workload's training by default).
 
     `span_tier` is tier(sigma(v)) (DP collectives, inter-node PP boundaries); `pp_tier` overrides
     the latter (option A8 "replica"). `gpus_per_node` is the cluster's N_g.
     """
     pp_tier = span_tier if pp_tier is None else pp_tier
-    s_b, d = wl.s_b, arch.hidden
+    train = (train if train is not None else wl.training()) if role == "training" else None
+    # Element bytes of what the operator computes on: the working dtype of a training operator (float32 under
+    # precision = fp32), else the workload's; float32 GEMMs of a 16-bit workload run at the profile's fp32 ceiling.
+    s_b, d = (train.working_bytes(wl.s_b) if train is not None else wl.s_b), arch.hidden
+    f_peak = hw.peak(fp32=s_b > wl.s_b)
     BR = wl.B * wl.R
     ell_full = wl.Lp + wl.Lr
     P = dp * pp * tp
@@ -189,7 +210,7 @@ def op_time(
         omega_a = 2 * rows * ell * d * layers_local * s_b
         intensity = W_dev / (omega_w + omega_a)
         eta = rows * ell / (rows * ell + hw.gamma_M) * width_eff
-        f_compute = hw.F_peak * eta
+        f_compute = f_peak * eta
         f_memory = intensity * hw.BW_mem
         f_eff = np.minimum(f_compute, f_memory)
         t = W / (P * np.maximum(f_eff, _TINY))
@@ -257,18 +278,18 @@ def op_time(
         pp_comm = pipeline(ell_full, mb + pp - 2)
         launch = mb * layers_local * hw.t_layer
     elif role == "training":
-        W = training_work(arch, kind, wl, opts) * 1.0
+        assert train is not None
+        n_fe = train.forward_equivalents
+        W = training_work(arch, kind, wl, n_fe) * 1.0
         # Intensity is that of one forward-equivalent pass.
-        phases = (gemm("forward", W, W / (opts.train_forward_equivalents * P * mb), ell_full, b_loc),)
-        count = TRAIN_TP_ALLREDUCES_PER_LAYER * layers_local * mb
+        phases = (gemm("forward", W, W / (n_fe * P * mb), ell_full, b_loc),)
+        # Two TP AllReduces per layer in every forward-equivalent pass (the backward is one pass of them).
+        count = 2 * (n_fe - 1) * layers_local * mb
         tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
         # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch.
-        launch = opts.train_forward_equivalents * mb * layers_local * hw.t_layer
-        msg = N_m * s_b / (pp * tp)
-        a_dp, b_dp = hw.coll(span_tier)
-        scalars = opts.dp_scalar_allreduces * allreduce(SCALAR_BYTES, dp, a_dp, b_dp)
-        dp_comm = DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), allgather(msg, dp, a_dp, b_dp), scalars)
+        launch = n_fe * mb * layers_local * hw.t_layer
+        dp_comm = data_parallel(N_m * s_b / (pp * tp), dp, mb, train, hw, span_tier, opts)
     else:
         raise ValueError(f"unknown role {role!r}")
 
@@ -277,7 +298,9 @@ def op_time(
     bubble_factor = (pp - 1) / mb * bubbled
     zero = 0.0 * P  # a zero of the plan's shape
     T_ng0 = layers_local * hw.c_ng * (b_loc / hw.B_cal) * (1 - 1 / tp)
-    T_opt = ADAM_BYTES_PER_PARAM * N_m / (P * hw.BW_mem) if role == "training" else zero
+    # Every replica steps its ZeRO share (ZeRO 0: every parameter of its stage and TP shard).
+    T_opt = (ADAM_BYTES_PER_PARAM * N_m / (pp * tp * train.shards_state(dp) * hw.BW_mem) if train is not None
+             else zero)
     return OpTime(
         role=role,
         P=P,

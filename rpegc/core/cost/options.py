@@ -1,7 +1,9 @@
 """Switches for the reconstructed parts of the analytical cost model (spec/cost-model.md, Sec. 9).
 
-The defaults are the spec's choices; each field names the ambiguity [Ax] it selects an alternative
-for, so a researcher can measure how much a reconstruction matters (spec 8.8, "Sensitivity").
+The defaults are the spec's choices, except `accounting`, which prices what the runtime holds and does; each field
+names the ambiguity [Ax] it selects an alternative for, so a researcher can measure how much a reconstruction matters
+(spec 8.8, "Sensitivity"). How a training operator trains (precision, ZeRO stage, recomputation, pipeline schedule)
+is not an option but the program's declaration (core/ir/training.py), which the runtime executes.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "alltoall_family": ("collective", "p2p"),
     "tp_decode": ("batched", "per_microbatch"),
     "scalar_head_act_width": ("vocab", "one"),
+    "accounting": ("backend", "spec"),
 }
 
 
 @dataclass(frozen=True)
 class CostOptions:
-    train_forward_equivalents: int = option(
-        4, "A1: forward-equivalents in a training operator (4 = fwd + recompute + bwd; 3 = no recompute)")
     decode_attention_factor: int = option(
         2, "A3: factor of the decode attention term 2*L*(f*(L_p+t)*d); [PF]'s unexpanded sum has 1")
     actor_critic_inference_heads: str = option(
@@ -55,6 +56,13 @@ class CostOptions:
         "batched", "A20: TP AllReduces of decode (batched: one step over BR/P_d; per_microbatch: mb steps)")
     scalar_head_act_width: str = option(
         "vocab", "A23: LM-head width in M_act^I for scalar-head kinds (vocab: d + V; one: d + 1)")
+    accounting: str = option(
+        "backend", "A12, [B], 3.4.3: backend prices what the torch backend holds and does (training keeps every live "
+                   "microbatch's segment inputs and recomputes one segment of the layers' measured saved tensors at "
+                   "a time; serving holds two float32 log-softmax pieces; ZeRO-2 reduces the gradients after every "
+                   "microbatch); spec is the spec's literal form (every live microbatch reserves its checkpoints "
+                   "and a recompute buffer of [A12]'s width; ZeRO-2 reduces once per step), which its worked "
+                   "example uses")
     dp_scalar_allreduces: int = option(
         0, "not in the source: latency-bound AllReduces of a few scalars a training operator makes over its DP "
            "group (token counts, whitening moments, statistics), each priced AR(8 B, P_d); the spec prices none, "
@@ -65,8 +73,6 @@ class CostOptions:
             value = getattr(self, name)
             if value not in allowed:
                 raise RpegError(None, f"cost option {name} = {value!r} is not one of {', '.join(allowed)}")
-        if self.train_forward_equivalents not in (3, 4):
-            raise RpegError(None, "cost option train_forward_equivalents must be 4 (with recompute) or 3 (without)")
         if self.dp_scalar_allreduces < 0:
             raise RpegError(None, "cost option dp_scalar_allreduces must be >= 0")
         if self.decode_attention_factor not in (1, 2):

@@ -9,7 +9,7 @@ candidate plan). Per-device quantities are numpy arrays indexed by flat device i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -24,10 +24,10 @@ from rpegc.core.cost.memory import (
     copy_bytes,
     memory_ratio,
     op_memory,
-    training_state_bytes,
     transient_bytes,
 )
 from rpegc.core.ir.program import Model, Workload
+from rpegc.core.ir.training import Training
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, alloc_ids
 
 SERVING_ROLES = ("generation", "inference")
@@ -42,6 +42,10 @@ class OpPlacement:
     model: str
     alloc: Alloc
     strategy: Strategy
+
+    def training(self, wl: Workload) -> Optional[Training]:
+        """How the operator trains (its placement's training fields over the workload's); None when it serves."""
+        return wl.training(self.strategy.train) if self.role == "training" else None
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,10 @@ class OpTerms:
     transient_with_copy: np.ndarray
 
     @staticmethod
-    def of(mem: OpMemory, strategy: Strategy, s_b: int, opts: CostOptions = DEFAULT_OPTIONS) -> "OpTerms":
+    def of(mem: OpMemory, s_b: int, opts: CostOptions = DEFAULT_OPTIONS) -> "OpTerms":
         without, with_copy = transient_bytes(mem, np.array([False, True]), opts)
-        return OpTerms(np.array([training_state_bytes(mem.W_shard, strategy.dp)]),
-                       np.array([copy_bytes(mem.W_shard, s_b)]), np.array([without]), np.array([with_copy]))
+        return OpTerms(np.array([mem.state]), np.array([copy_bytes(mem.W_shard, s_b)]), np.array([without]),
+                       np.array([with_copy]))
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,8 @@ def device_memory(
     n = cluster.num_devices
     mems = tuple(
         op_memory(op.role, models[op.model].arch, models[op.model].kind, wl,
-                  dp=op.strategy.dp, pp=op.strategy.pp, tp=op.strategy.tp, mb=op.strategy.mb, opts=opts)
+                  dp=op.strategy.dp, pp=op.strategy.pp, tp=op.strategy.tp, mb=op.strategy.mb,
+                  train=op.training(wl), opts=opts)
         for op in ops
     )
     masks = []
@@ -222,7 +227,7 @@ def device_memory(
         mask[0, alloc_ids(op.alloc, cluster)] = True
         masks.append(mask)
     arrays = device_memory_arrays(tuple(op.role for op in ops), tuple(op.model for op in ops), tuple(masks),
-                                  tuple(OpTerms.of(m, op.strategy, wl.s_b, opts) for m, op in zip(mems, ops)),
+                                  tuple(OpTerms.of(m, wl.s_b, opts) for m in mems),
                                   models, tau)
     peak = arrays.peak[0]
     m_eff = hw.M_eff

@@ -73,10 +73,11 @@ def inference_work(arch: Arch, kind: str, wl: Workload, opts: CostOptions = DEFA
     return wl.B * wl.R * forward_flops_per_sequence(arch, kind, wl.Lp + wl.Lr, opts.actor_critic_inference_heads)
 
 
-def training_work(arch: Arch, kind: str, wl: Workload, opts: CostOptions = DEFAULT_OPTIONS):
-    """W_T = n_fe * BR * ell_full * C_f^tok, n_fe = 4 forward-equivalents with recompute ([A1])."""
+def training_work(arch: Arch, kind: str, wl: Workload, forward_equivalents: int = 4):
+    """W_T = n_fe * BR * ell_full * C_f^tok, n_fe = 4 forward-equivalents with recomputation, 3 without ([A1];
+    `Training.forward_equivalents`)."""
     # Training always runs both heads of a shared actor-critic (policy and value losses).
-    return opts.train_forward_equivalents * wl.B * wl.R * forward_flops_per_sequence(arch, kind, wl.Lp + wl.Lr)
+    return forward_equivalents * wl.B * wl.R * forward_flops_per_sequence(arch, kind, wl.Lp + wl.Lr)
 
 
 def check_role_kind(role: str, kind: str, loc: Loc | None = None) -> None:

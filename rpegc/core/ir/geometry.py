@@ -13,6 +13,7 @@ import numpy as np
 
 from rpegc.core.ir.errors import Loc
 from rpegc.core.ir.frozen import loc_field
+from rpegc.core.ir.training import NO_TRAIN_SPEC, TrainSpec
 
 TIERS = ("intra_node", "inter_node", "inter_rack")  # fastest to slowest
 
@@ -65,10 +66,18 @@ class Alloc:
 
 @dataclass(frozen=True)
 class Strategy:
+    """How an operator runs on its allocation: Pi(v) = (P_d, P_p, P_t), its microbatch count and, for a training
+    operator, the training fields its placement states (`training.TrainSpec`; the workload's apply otherwise)."""
+
     dp: int
     pp: int
     tp: int
     mb: int
+    train: TrainSpec = NO_TRAIN_SPEC
+
+    def bare(self) -> "Strategy":
+        """The strategy without training fields (a Reshard's layouts carry none)."""
+        return self if self.train.empty else Strategy(self.dp, self.pp, self.tp, self.mb)
 
     @property
     def size(self) -> int:

@@ -16,6 +16,7 @@ from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.expr import Expr, Num, Sym, evaluate
 from rpegc.core.ir.frozen import first_by_name, loc_field
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
+from rpegc.core.ir.training import NO_TRAIN_SPEC, TrainSpec, Training, resolve
 
 if TYPE_CHECKING:
     from rpegc.core.ir.exec_graph import ExecGraph
@@ -38,10 +39,15 @@ class Workload:
     Lr: int
     dtype: str = "bf16"
     loc: Loc = loc_field()
+    train: TrainSpec = NO_TRAIN_SPEC  # the training fields of every training operator (a placement's override them)
 
     @property
     def s_b(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def training(self, spec: TrainSpec = NO_TRAIN_SPEC, loc: Optional[Loc] = None) -> Training:
+        """How a training operator whose placement states `spec` trains (training.resolve)."""
+        return resolve(self.dtype, self.train, spec, loc if loc is not None else self.loc)
 
     @property
     def env(self) -> dict[str, int]:

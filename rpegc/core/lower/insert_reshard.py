@@ -126,9 +126,9 @@ def _reshard(p: Program, u: ExecNode, v: ExecNode, model: str, version: int, nod
         order=v.order,
         model=model,
         alloc=v.alloc,
-        strategy=v.strategy,
+        strategy=v.strategy.bare(),  # a layout: the operators' training fields stay with them
         src_alloc=u.alloc,
-        src_strategy=u.strategy,
+        src_strategy=u.strategy.bare(),
         bytes=weight_bytes(p, model, loc),
         version_in=((model, version),),
         loc=loc,

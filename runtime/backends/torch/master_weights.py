@@ -1,16 +1,15 @@
 """What an optimizer step updates: the precision a model trains in, its master weights, Adam and the clip.
 
 Spec 6.1 and the paper's App. B ("All runs use BF16 ... and ZeRO-2 gradient sharding for P_d > 1"): a training
-device holds the working copy (s_b W_shard bytes), the gradients (s_b bytes per parameter) and, for its
-data-parallel replica's share of the parameters only, FP32 master weights and Adam's two FP32 moments (12 bytes
-per parameter of the share). The training precision is the workload's tensor format (`workload.dtype`, the cost
-model's s_b):
-- bf16, mixed precision: the module computes in bf16 (forward, backward, its gradients, the data-parallel
+device holds the working copy (s_b W_shard bytes), the gradients (s_b bytes per parameter) and, for the parameters
+it steps (its data-parallel replica's ZeRO share under ZeRO 1 and 2, all under ZeRO 0), FP32 master weights and
+Adam's two FP32 moments (12 bytes per parameter). The training precision is the training's (core/ir/training.py:
+`precision`, by default from the workload's tensor format, the cost model's s_b):
+- mixed (a bf16 workload): the module computes in bf16 (forward, backward, its gradients, the data-parallel
   reductions of the gradients, the pipeline messages and the broadcast of the updated weights) and the FP32
-  masters exist only for the parameters this rank steps (`layout.replica_owner`: its replica's ZeRO share; all
-  parameters at dp 1). After its Adam update a master is written back into the bf16 working copy, which
-  `ParallelModel.broadcast_params` then sends to the other replicas.
-- fp32: the module's own float32 parameters are the masters; nothing is copied.
+  masters exist only for the parameters this rank steps. After its Adam update a master is written back into the
+  bf16 working copy, which `ParallelModel.broadcast_params` then sends to the other replicas.
+- fp32: the module's own float32 parameters are the masters; nothing is copied (8 bytes of moments per parameter).
 - fp16 is not trained: fp16 gradients underflow without loss scaling, which the torch backend does not do.
 
 Each parameter is stepped on its own: its gradient becomes float32 (times the clip scale) just before its Adam
@@ -21,13 +20,14 @@ one step over all of them.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import Tensor, nn
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Workload
+from rpegc.core.ir.training import Training
 from rpegc.runtime.backends.torch.rl import RLConfig
 
 TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -37,8 +37,11 @@ TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SquaredNorm = Callable[[dict[str, Tensor]], Tensor]
 
 
-def training_dtype(workload: Workload) -> torch.dtype:
-    """The dtype trained modules compute in, from `workload.dtype` (the one place that reads it for training)."""
+def training_dtype(workload: Workload, train: Optional[Training] = None) -> torch.dtype:
+    """The dtype a trained module computes in: float32 under precision fp32, else the workload's 16-bit dtype
+    (`train`: the training resolved for its vertex; None: the workload's)."""
+    if (train or workload.training()).precision == "fp32":
+        return torch.float32
     dtype = TRAINING_DTYPES.get(workload.dtype)
     if dtype is None:
         raise RpegError(workload.loc, f"the torch backend trains in bf16 (mixed precision) or fp32, not "

@@ -79,7 +79,7 @@ COMMANDS = {
     "release": MessageType(("labels",)),  # every copy the controller freed on this rank since its last command
     # a node's command also carries the copies freed on its rank since the rank's last command ("release")
     "op": MessageType(_NODE + ("step", "role", "model", "layout", "mb", "rows", "weights", "inputs", "outputs",
-                               "fields", "prep", "output", "version_out"), ("release",)),
+                               "fields", "prep", "output", "version_out"), ("release", "train", "take")),
     "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields"), ("release",)),
     "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks"),
                                 ("release",)),
@@ -126,13 +126,14 @@ def classes() -> dict[str, type]:
     """The dataclasses a message may carry, by name (imported here: the worker imports this module)."""
     from rpegc.core.ir.errors import Loc
     from rpegc.core.ir.program import Arch, Workload
+    from rpegc.core.ir.training import TrainSpec, Training
     from rpegc.runtime.backends.torch.datasets import DataConfig
     from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove
     from rpegc.runtime.backends.torch.reference import RunConfig
     from rpegc.runtime.backends.torch.rl import RLConfig
     from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 
-    return {c.__name__: c for c in (Loc, Arch, Workload, Layout, RowMove, WeightMove, RunConfig, RLConfig,
+    return {c.__name__: c for c in (Loc, Arch, Workload, TrainSpec, Training, Layout, RowMove, WeightMove, RunConfig, RLConfig,
                                     DataConfig, ModelSpec, WorkerSetup)}
 
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from rpegc.core.cost.memory import checkpoint_interval
+from rpegc.core.cost.memory import segment_layers
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import MODEL_KINDS, Arch, Workload
 
@@ -261,6 +261,7 @@ class TransformerModel(nn.Module):
         self.norm = RMSNorm(arch.hidden, opts.norm_eps) if ends else None
         self.lm_head = nn.Linear(arch.hidden, arch.vocab, bias=False) if kind in LM_HEAD_KINDS and ends else None
         self.value_head = nn.Linear(arch.hidden, 1) if kind in SCALAR_HEAD_KINDS and ends else None
+        self.recompute = "interval"  # how a training forward recomputes (training.RECOMPUTES; the trainer sets it)
         if opts.positions == "rope":
             self.init_buffers()
         else:
@@ -317,10 +318,14 @@ class TransformerModel(nn.Module):
         mask = attention_mask(pads, start, t, h.device)
         if not (self.training and cache is None and torch.is_grad_enabled()):
             return self._segment(h, rope, mask, first, last, cache)
-        # Training recomputes activations as the cost model prices it (spec 2.2 [A1], 6.2 [A11]): autograd keeps
-        # only the input of every segment of c layers and recomputes a segment's activations in the backward pass.
-        # The recomputation runs the same operations on the same values, so gradients are those of no recompute.
-        c = int(checkpoint_interval(last - first))
+        # Training recomputes activations as its `Training` says and the cost model prices (spec 2.2 [A1], 6.2
+        # [A11]; memory.segment_layers): autograd keeps only the input of every segment of c layers (c of [A11]
+        # for "interval", 1 for "full") and recomputes a segment's activations in the backward pass. The
+        # recomputation runs the same operations on the same values, so gradients are those of no recompute.
+        c = segment_layers(self.recompute, last - first)
+        if c is None:
+            return self._segment(h, rope, mask, first, last, cache)
+        c = int(c)
         for a in range(first, last, c):
             h = checkpoint(self._segment, h, rope, mask, a, min(a + c, last), use_reentrant=False,
                            preserve_rng_state=False)

@@ -18,10 +18,14 @@ flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Whi
   - generation (`generate`): every decode step sends the microbatches through the stages as a
     wavefront; the last stage samples with the per-sequence generators and sends only the token ids
     back to stage 0 (no logits broadcast), and the rollouts are broadcast once at the end;
-- data parallelism: ZeRO over the DP group (`reduce_grads`, `broadcast_params`): each replica owns a share
-  of the parameters, the gradients of a share are SUM-reduced onto its owner (the losses are sums over local
-  tokens divided by the GLOBAL token count, so the sum is the whole-batch gradient), only the owner keeps
-  Adam state for it and steps it, and broadcasts the updated values; plain torch.distributed.
+- data parallelism: ZeRO over the DP group at the training's stage (`reducing_as_ready`, `finish_grads`,
+  `broadcast_params`): each replica owns a share of the parameters, the gradients of a share are SUM-reduced onto
+  its owner (the losses are sums over local tokens divided by the GLOBAL token count, so the sum is the whole-batch
+  gradient), after every microbatch's backward pass (ZeRO-2) or once per step (ZeRO-1), only the owner keeps Adam
+  state for it and steps it, and broadcasts the updated values; ZeRO-0 all-reduces every gradient and every
+  replica steps everything; plain torch.distributed, synchronous. torch's FSDP2 and ZeroRedundancyOptimizer are
+  not used: a stage module's parameters are the published copy's own tensors between steps (one copy, the memory
+  model's), which FSDP2's sharded parameters would replace, and ZeroRedundancyOptimizer keeps full gradients.
 Everything a `ParallelModel` builds (its stage module, KV caches, message buffers, placeholders) is on
 its `device`: the CPU under gloo, the worker's GPU under NCCL (`device.worker_device`), and in its
 `dtype`: the workload's (`models.serving_dtype` for generation and inference, `master_weights.training_dtype`
@@ -138,8 +142,10 @@ class ParallelModel:
         self.module = build_stage_module(arch, kind, net, layout, rank, self.tp_group, tp_impl, device, dtype)
         self.piece_shapes = {n: tuple(p.shape) for n, p in self.params().items()}  # what this rank holds
         self.owner = replica_owner(param_shapes(arch, kind, net), layout, rank, arch.layers)  # ZeRO shares
-        self._reduced: set[str] = set()  # parameters whose gradient this step's backward already reduced
+        self.zero = 2  # the ZeRO stage a training module runs under (training.Training.zero; the trainer sets it)
+        self._acc: dict[str, Tensor] = {}  # an owner's reduced gradients of its share, summed over the step's passes
         self.bucket_bytes = GRADIENT_BUCKET_BYTES
+        self._buckets: Optional[list[tuple[int, list[str]]]] = None
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
         self.bound: Optional[str] = None  # the weights entry whose tensors the parameters are (`bind`)
         self.trace: Optional[list[StageEvent]] = None  # set to a list to record this rank's schedule
@@ -247,84 +253,126 @@ class ParallelModel:
                 dist.broadcast(x, src=self.last_rank, group=self.pp_group)
         return x
 
-    # -- gradients --------------------------------------------------------------------------------
+    # -- gradients: the ZeRO stage over the data-parallel group ------------------------------------------------
 
-    def _shares(self) -> list[tuple[int, list[str]]]:
-        """(owner's replica index, its parameter names in this module's order) for every replica of the DP group."""
-        params = self.params()
-        return [(o, [n for n in params if self.owner[n] == o]) for o in range(self.layout.dp)]
-
-    def reduce_grads(self) -> None:
-        """ZeRO over the data-parallel group (the paper's ZeRO-2 for P_d > 1, App. B): the gradients of each
-        replica's share of the parameters (`layout.replica_owner`) are summed onto that replica, one flat reduce
-        per share, and the other replicas drop them. Only the owner keeps master weights and Adam state for its share
-        (`master_weights.MasterWeights`), and `broadcast_params` gives every replica the updated values:
-        a reduce-scatter and an all-gather of the weights' bytes, T_dp = RS + AG (spec 3.4.3). What a backward
-        pass under `reducing_as_ready` already reduced is skipped."""
-        if self.dp_group is None:
-            return
-        params = self.params()
-        reduced, self._reduced = self._reduced, set()
-        for n, p in params.items():
-            if p.grad is None and n not in reduced:
-                p.grad = torch.zeros_like(p)  # a replica without rows still joins the reduction
-        for o, names in self._shares():
-            self._reduce_bucket(o, [n for n in names if n not in reduced], params)
+    def zero_buckets(self) -> list[tuple[int, list[str]]]:
+        """The gradient buckets of this stage, the same on every replica of the DP group: in the reverse of the
+        module's parameter order (about the order a backward pass completes them) each parameter joins its
+        owner's open bucket (`layout.replica_owner`), which closes at `bucket_bytes`; buckets are listed as they
+        close. Every replica reduces them in this order, whatever order its backward completes them in."""
+        if self._buckets is None:
+            params = self.params()
+            buckets: list[tuple[int, list[str]]] = []
+            open_: dict[int, tuple[list[str], list[int]]] = {}
+            for n in reversed(list(params)):
+                o = self.owner[n]
+                names, size = open_.setdefault(o, ([], [0]))
+                names.append(n)
+                size[0] += params[n].numel() * params[n].element_size()
+                if size[0] >= self.bucket_bytes:
+                    buckets.append((o, names))
+                    del open_[o]
+            buckets += [(o, names) for o, (names, _) in open_.items()]
+            self._buckets = buckets
+        return self._buckets
 
     @contextmanager
     def reducing_as_ready(self) -> Iterator[None]:
-        """ZeRO-2 inside the last backward pass of a step: as autograd completes the gradients, they are collected
-        per owner, and each owner's bucket is summed onto it once it holds `bucket_bytes` (what is left, when the
-        backward ends); the other replicas then drop those gradients. So a replica holds at most a bucket per owner
-        of gradients it does not own (the memory model's M_grad = s_b W_shard / P_d), with as few reduces as
-        `bucket_bytes` allows. Every replica of the group must run this backward: the hooks fire in the same order
-        on each (the same graph), so their buckets and reduces pair up."""
+        """ZeRO-2 inside one backward pass (every microbatch's): as autograd completes the gradients, each bucket of
+        `zero_buckets` whose gradients are all complete (and every bucket before it) is summed onto its owner, which
+        adds it to its share's gradients (`_acc`); every replica then drops the bucket's gradients. So a replica holds
+        its share of the step's gradients and at most the buckets not yet complete (the memory model's M_grad =
+        s_b W_shard / P_d), at the price of a reduction per microbatch (its T_dp). Parameters the pass did not reach
+        are reduced (as zeros) when it ends. Every replica of the group runs the same number of these passes per step
+        (`finish_grads` pads the ones a replica without rows for them did not run)."""
         if self.dp_group is None:
             yield
             return
         params = self.params()
-        waiting: dict[int, list[str]] = {o: [] for o in range(self.layout.dp)}
-        held = dict.fromkeys(waiting, 0)
+        buckets = self.zero_buckets()
+        left = [len(names) for _, names in buckets]
+        bucket_of = {n: k for k, (_, names) in enumerate(buckets) for n in names}
+        done = [0]  # buckets reduced so far, in order
+
+        def advance() -> None:
+            while done[0] < len(buckets) and left[done[0]] == 0:
+                self._reduce_bucket(*buckets[done[0]], params)
+                done[0] += 1
 
         def ready(name: str):
-            owner = self.owner[name]
-
-            def hook(param: Tensor) -> None:
-                waiting[owner].append(name)
-                held[owner] += param.grad.numel() * param.grad.element_size()
-                if held[owner] >= self.bucket_bytes:
-                    self._reduce_bucket(owner, waiting[owner], params)
-                    waiting[owner], held[owner] = [], 0
+            def hook(_: Tensor) -> None:
+                left[bucket_of[name]] -= 1
+                advance()
             return hook
 
         handles = [p.register_post_accumulate_grad_hook(ready(n)) for n, p in params.items()]
         try:
             yield
-            for owner, names in waiting.items():
-                self._reduce_bucket(owner, names, params)
+            for k in range(done[0], len(buckets)):
+                self._reduce_bucket(*buckets[k], params)
         finally:
             for h in handles:
                 h.remove()
 
+    def finish_grads(self, missed: int) -> None:
+        """After a step's backward passes, the gradients the optimizer steps, by the ZeRO stage:
+        - 2: the `missed` passes this replica did not run (it had fewer rows than microbatches) reduce zeros, so its
+          peers' reductions pair up; each owner's accumulated share becomes its gradients;
+        - 1: each bucket is summed onto its owner, once; the other replicas drop it (all gradients were held until
+          now: M_grad = s_b W_shard);
+        - 0: every gradient is all-reduced, every replica keeps and steps all of them.
+        A reduce-scatter (0: an all-reduce) of the gradients' bytes, and for 1 and 2 the all-gather of the updated
+        weights (`broadcast_params`): T_dp of spec 3.4.3 with ZeRO-2's reduction per microbatch."""
+        if self.dp_group is None:
+            return
+        params = self.params()
+        if self.zero == 0:
+            for _, names in self.zero_buckets():
+                flat = self._flat_grads(names, params)
+                dist.all_reduce(flat, group=self.dp_group)
+                self._unflatten(flat, names, params)
+            return
+        for _ in range(missed if self.zero == 2 else 1):
+            for owner, names in self.zero_buckets():
+                self._reduce_bucket(owner, names, params)
+        for n, g in self._acc.items():
+            params[n].grad = g
+        self._acc = {}
+
+    def _flat_grads(self, names: list[str], params: dict[str, nn.Parameter]) -> Tensor:
+        """The gradients `names` in one flat tensor (zeros for a parameter without one)."""
+        return torch.cat([(params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])).reshape(-1)
+                          for n in names])
+
+    def _unflatten(self, flat: Tensor, names: list[str], params: dict[str, nn.Parameter]) -> None:
+        offset = 0
+        for n in names:
+            p = params[n]
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
     def _reduce_bucket(self, owner: int, names: list[str], params: dict[str, nn.Parameter]) -> None:
-        """The gradients `names` of `owner`'s share summed onto it in one flat reduce; the others drop theirs."""
+        """The gradients `names` of `owner`'s share summed onto it in one flat reduce and added to its accumulated
+        share (`_acc`); every replica drops them."""
         if not names:
             return
-        flat = torch.cat([params[n].grad.reshape(-1) for n in names])
+        flat = self._flat_grads(names, params)
         dist.reduce(flat, dst=self.layout.rank_at(owner, self.p, self.t), group=self.dp_group)
         offset = 0
         for n in names:
             p = params[n]
             if owner == self.d:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-            else:
-                p.grad = None  # not this replica's share: its optimizer never sees it
+                part = flat[offset:offset + p.numel()].view_as(p)
+                if n in self._acc:
+                    self._acc[n].add_(part)
+                else:
+                    self._acc[n] = part.clone()
+            p.grad = None
             offset += p.numel()
-            self._reduced.add(n)
 
     def broadcast_params(self) -> None:
-        """Every replica's updated share to the others (after `reduce_grads` and the owners' optimizer step)."""
-        if self.dp_group is None:
+        """Every replica's updated share to the others (ZeRO 1 and 2, after the owners' optimizer step)."""
+        if self.dp_group is None or self.zero == 0:
             return
         params = self.params()
         for o, names in self._shares():
@@ -343,16 +391,26 @@ class ParallelModel:
                         p.copy_(flat[offset:offset + p.numel()].view_as(p))
                         offset += p.numel()
 
+    def _shares(self) -> list[tuple[int, list[str]]]:
+        """(owner's replica index, its parameter names in this module's order) for every replica of the DP group."""
+        params = self.params()
+        return [(o, [n for n in params if self.owner[n] == o]) for o in range(self.layout.dp)]
+
+    def stepped(self) -> list[str]:
+        """The parameters this rank's optimizer steps: its replica's share (ZeRO 1 and 2), or all (ZeRO 0)."""
+        return [n for n in self.params() if self.zero == 0 or self.owner[n] == self.d]
+
     def grad_sq_total(self, grads: dict[str, Tensor]) -> Tensor:
         """The squared global gradient norm from the gradients this rank steps (its replica's share after
-        `reduce_grads`): DP shares, TP shards and stages summed, tensors replicated over TP once."""
+        `finish_grads`; every parameter under ZeRO-0): DP shares, TP shards and stages summed, tensors replicated
+        over TP once."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, g in grads.items():
             replicated = self.layout.tp == 1 or shard_dim(name) is None
             if replicated and self.t != 0:
                 continue
             total = total + sum_of_squares(g)
-        if self.dp_group is not None:  # each replica holds its share's gradients (reduce_grads)
+        if self.dp_group is not None and self.zero > 0:  # each replica holds its share's gradients (finish_grads)
             dist.all_reduce(total, group=self.dp_group)
         if self.mp_group is not None:
             dist.all_reduce(total, group=self.mp_group)

@@ -39,6 +39,7 @@ from torch import Tensor
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import Arch, Program, Workload
+from rpegc.core.ir.training import TrainSpec
 from rpegc.runtime.backends.torch.generation import expand_rollouts, generate
 from rpegc.runtime.backends.torch.hf import initial_model
 from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, cast_weights, derive_seed,
@@ -86,6 +87,9 @@ class RunConfig:
     reference_hf: Optional[str] = None
     critic_hf: Optional[str] = None
     reward_hf: Optional[str] = None
+    # the precision the plan trains the actor and the critic in (core/ir/training.py; None: the workload's)
+    actor_precision: Optional[str] = None
+    critic_precision: Optional[str] = None
 
     @property
     def reward_function(self) -> bool:
@@ -110,9 +114,10 @@ class RunConfig:
     def serving_dtype(self) -> torch.dtype:
         return serving_dtype(self.workload)
 
-    @property
-    def training_dtype(self) -> torch.dtype:
-        return training_dtype(self.workload)
+    def training_dtype(self, trained: str = "actor") -> torch.dtype:
+        """The dtype the actor (or the critic) trains in."""
+        precision = self.actor_precision if trained == "actor" else self.critic_precision
+        return training_dtype(self.workload, self.workload.training(TrainSpec(precision=precision)))
 
 
 def check_run_config(cfg: RunConfig) -> None:
@@ -139,7 +144,8 @@ def check_run_config(cfg: RunConfig) -> None:
         raise RpegError(None, f"ppo_minibatches = {cfg.rl.ppo_minibatches} exceeds the {rows} "
                         f"{'pairs' if cfg.algorithm == 'dpo' else 'sequences'} of a step; use at most {rows}")
     serving_dtype(w)  # an unsupported dtype fails here, before any worker starts
-    training_dtype(w)
+    cfg.training_dtype("actor")
+    cfg.training_dtype("critic")
 
 
 def check_reward(cfg: RunConfig) -> None:
@@ -203,9 +209,22 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
                     positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data,
                     algorithm_inferred=named is None, actor_hf=hf(actor),
                     reference_hf=hf(by_kind.get("reference")) if "reference" in by_kind else hf(actor),
-                    critic_hf=hf(critic), reward_hf=hf(reward_model))
+                    critic_hf=hf(critic), reward_hf=hf(reward_model),
+                    actor_precision=_trained_precision(program, actor[0].name),
+                    critic_precision=_trained_precision(program, critic[0].name) if critic else None)
     check_run_config(cfg)
     return cfg
+
+
+def _trained_precision(program: Program, model: str) -> Optional[str]:
+    """The precision the plan trains `model` in (its training vertex's placement, over the workload's)."""
+    if program.graph is None or program.plan is None:
+        return None
+    placed = {pl.vertex: pl for pl in program.plan.placements}
+    for v in program.graph.vertices:
+        if v.role == "training" and v.model == model and v.name in placed:
+            return program.workload.training(placed[v.name].strategy.train, placed[v.name].loc).precision
+    return None
 
 
 def toy_rl_config(algorithm: str, **overrides) -> RLConfig:
@@ -281,7 +300,7 @@ class ReferenceTrainer:
         actor_seed = derive_seed(seed, "actor")
         # trained models (actor, critic) compute in the training dtype over float32 masters, as the workers do
         self.actor = initial_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf, net)
-        self.actor_master = train_whole(self.actor, cfg.training_dtype, cfg.rl.lr_actor, cfg.rl)
+        self.actor_master = train_whole(self.actor, cfg.training_dtype("actor"), cfg.rl.lr_actor, cfg.rl)
         self.reference = serving_model(cfg.actor, "reference", actor_seed, cfg.reference_hf)
         self.actor_versions = VersionStore(self.actor_master.export(), serving)
         self.stale_actor = serving_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf)
@@ -289,7 +308,7 @@ class ReferenceTrainer:
         if cfg.critic is not None:
             critic_seed = derive_seed(seed, "critic")
             self.critic = initial_model(cfg.critic, "critic", critic_seed, cfg.critic_hf, net)
-            self.critic_master = train_whole(self.critic, cfg.training_dtype, cfg.rl.lr_critic, cfg.rl)
+            self.critic_master = train_whole(self.critic, cfg.training_dtype("critic"), cfg.rl.lr_critic, cfg.rl)
             self.critic_versions = VersionStore(self.critic_master.export(), serving)
             self.stale_critic = serving_model(cfg.critic, "critic", critic_seed, cfg.critic_hf)
         self.reward_model = None

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from rpegc.core.cost.memory import LOGPROB_PIECE  # the cost model counts two such pieces
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import ALGORITHMS
 from rpegc.runtime.backends.torch.generation import Sampling
@@ -129,7 +130,6 @@ class ResponseForward:
 # Float32 elements of vocabulary-wide log-softmax one piece of a no-grad log-prob computation holds (4 MiB):
 # beyond the logits (in the module's dtype), that is all inference holds of the vocabulary, not three
 # float32 copies of the whole microbatch's.
-LOGPROB_PIECE = 1 << 20
 
 
 def _logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:

@@ -208,8 +208,13 @@ class Routes:
             outputs[a.label] = list(self.fields[a.name])
             fields += [f for f in self.fields[a.name] if f not in fields]
             holdings[a] = Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
+        training = n.node.role == "training"
         cmd = {"type": "op", "node": n.id, "step": n.step, "role": n.node.role, "model": n.node.model,
                "layout": layout, "mb": n.node.strategy.mb, "rows": rows, "weights": weights.label,
+               # how a training node trains (precision, ZeRO stage, recomputation, schedule: the plan's), and
+               # whether it may take its weights copy over as its working copy (no later node reads it)
+               "train": self.cfg.workload.training(n.node.strategy.train, n.node.loc) if training else None,
+               "take": training and weights in d.last_reads,
                "inputs": data_in, "outputs": outputs, "fields": fields, "prep": prep, "tag": tag,
                "output": out_weights.label if out_weights else None,
                "version_out": out_weights.index if out_weights else None}

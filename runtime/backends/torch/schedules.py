@@ -1,8 +1,8 @@
 """The pipelined schedules of one invocation on a `ParallelModel` (spec/cost-model.md Sec. 3.3, [A6]):
 inference (all microbatches forward, one broadcast of the results), generation (a decode wavefront through the
-stages, tokens sent back to stage 0) and the training step (1F1B, then ZeRO's gradient reduce, the owners'
-optimizer step and the weights' broadcast). `StageView` makes a stage
-look like a TransformerModel to the single-process losses of `rl`."""
+stages, tokens sent back to stage 0) and the training step (1F1B or GPipe with the gradient reductions of the
+training's ZeRO stage, the owners' optimizer step and the weights' broadcast). `StageView` makes a stage look like a
+TransformerModel to the single-process losses of `rl`."""
 
 from __future__ import annotations
 
@@ -153,16 +153,16 @@ LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
 
 def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: Experience,
                microbatches: int, cfg: RLConfig, stat_keys: tuple[str, ...],
-               reduce_in_backward: bool = False) -> tuple[dict[str, float], float]:
-    """One optimizer step on this replica's rows `exp` in `microbatches` microbatches, on the 1F1B schedule the
-    cost model prices (spec 3.3 and 6.2: at most min(mb, pp) microbatches' activations live on a stage): stage p
-    runs the forwards of its pp - p - 1 warm-up microbatches, then alternates one forward and one backward, then
-    runs the remaining backwards; microbatches go backward in order, so every stage accumulates its gradients in
-    the order of pp = 1. `exp` is any batch with `len`, `rows(slice)` and `forward_rows` (rows of the forward pass
-    per batch row: an Experience 1, DPO's PairRows 2, both sides of a pair).
-
-    `reduce_in_backward` (every replica of the data-parallel group has rows): ZeRO-2's gradient reduction runs
-    inside the last microbatch's backward pass (`ParallelModel.reducing_as_ready`).
+               schedule: str = "1f1b") -> tuple[dict[str, float], float]:
+    """One optimizer step on this replica's rows `exp` in `microbatches` microbatches, on the pipeline schedule of
+    its training (spec 3.3 and 6.2): 1F1B (at most min(mb, pp) microbatches' activations live on a stage): stage p
+    runs the forwards of its pp - p - 1 warm-up microbatches, then alternates one forward and one backward, then runs
+    the remaining backwards; GPipe: every forward, then every backward (all mb live). Microbatches go backward in
+    order, so every stage accumulates its gradients in the order of pp = 1. `exp` is any batch with `len`,
+    `rows(slice)` and `forward_rows` (rows of the forward pass per batch row: an Experience 1, DPO's PairRows 2,
+    both sides of a pair). The gradients are reduced at the module's ZeRO stage (`ParallelModel.zero`): ZeRO-2
+    inside each backward pass, every replica running `microbatches` of them (those it has no rows for reduce
+    zeros), ZeRO-1 and ZeRO-0 after the last.
 
     Returns (statistics summed over microbatches and replicas, valid on the last stage; pre-clip norm).
     """
@@ -190,8 +190,7 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     def backward(j: int) -> None:
         loss, inp, out = live.pop(j)
         grad = None if loss is not None else link.recv(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
-        last = reduce_in_backward and j == len(chunks) - 1
-        with pm.event("backward", (j,)), (pm.reducing_as_ready() if last else nullcontext()):
+        with pm.event("backward", (j,)), (pm.reducing_as_ready() if pm.zero == 2 else nullcontext()):
             if loss is not None:
                 loss.backward()
             else:
@@ -200,7 +199,7 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
             link.send(inp.grad, pm.prev, GRADIENT, (j,))
         release_freed()  # the recomputed segments' activations
 
-    warmup = min(pm.layout.pp - pm.p - 1, len(chunks))
+    warmup = len(chunks) if schedule == "gpipe" else min(pm.layout.pp - pm.p - 1, len(chunks))
     for j in range(warmup):
         forward(j)
     for j in range(len(chunks) - warmup):
@@ -209,7 +208,7 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     for j in range(len(chunks) - warmup, len(chunks)):
         backward(j)
     link.close()
-    pm.reduce_grads()
+    pm.finish_grads(missed=max(0, microbatches - len(chunks)))
     norm = master.step(cfg, sq_total=pm.grad_sq_total)
     release_freed()  # the gradients and their float32 copies
     pm.broadcast_params()

@@ -38,11 +38,13 @@ What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
   those of the serving dtype;
 - execution modules: one `ParallelModel` per (model, layout) it serves, in the serving dtype, whose
   parameters are the tensors of the weights entry a node reads (bound, not copied: one serving copy; a
-  module lets go of them when the entry is freed or replaced); one training state per trained (model, layout):
-  a module in the training dtype (`master_weights.training_dtype`: bf16 mixed precision for a bf16 workload,
-  else float32) and the float32 master weights and Adam state of its replica's ZeRO share
-  (`master_weights.MasterWeights`; a float32 module is its own master). Each new version is published as a
-  copy of the working weights in the serving dtype. A master never reloads from a reduced-precision copy: a
+  module lets go of them when the entry is freed or replaced); one training state per trained (model, layout),
+  training as the plan says (core/ir/training.py: precision, ZeRO stage, recomputation, schedule): a module in
+  the training dtype (`master_weights.training_dtype`: bf16 under mixed precision, else float32) and the float32
+  master weights and Adam state of what it steps (its replica's ZeRO share; all of it under ZeRO-0;
+  `master_weights.MasterWeights`; a float32 module is its own master). In mixed precision each new version is
+  published as the working weights themselves (one bf16 copy, which the next step takes over or copies:
+  `loaded_state`), under fp32 as a copy in the serving dtype. A master never reloads from a reduced-precision copy: a
   training state starts from the float32 version it was cast from (version 0 by seed, or the checkpoint), and
   checkpoints and final weights save the masters (each data-parallel replica its share). Version 0 is never
   held whole: a rank draws (or reads from the checkpoint) only the pieces it installs;
@@ -66,6 +68,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.training import Training
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import local_rank, rank_and_world, synchronize, worker_device
 from rpegc.runtime.backends.torch.generation import expand_rollouts
@@ -146,11 +149,17 @@ class Entry:
 
 @dataclass
 class TrainState:
-    """A trained model's module in the training dtype (`pm`, at version `pm.loaded`) and the float32 master
-    weights and Adam state of the parameters this rank steps."""
+    """A trained model's module in the training dtype (`pm`, at version `pm.loaded`), the float32 master
+    weights and Adam state of the parameters this rank steps, and how it trains (`train`: the plan's).
+
+    In mixed precision the module's parameters and the version it publishes are one copy (`Worker.publish`:
+    the entry `shares`), which the next step takes over when no later node reads that version (`take`), else
+    copies; under fp32 the module's float32 parameters are the masters and stay between steps."""
 
     pm: ParallelModel
     master: MasterWeights
+    train: Training
+    shares: Optional[str] = None  # the weights entry whose tensors are the module's parameters
 
 
 class CommandError(Exception):
@@ -273,13 +282,15 @@ class Worker:
         # Models are only ever added and an optimizer's state only fills once (at its first step), so the
         # models' bytes change only when these counts do (summing every parameter took ~0.7 ms per report).
         # A serving module bound to an entry holds the entry's tensors: they are counted with the entry.
+        # A training module sharing its published entry's tensors is counted with the entry too.
         key = (len(self.serving), len(self.training),
                sum(len(st.master.optimizer.state) for st in self.training.values()),
-               tuple(pm.bound is None for pm in self.serving.values()))
+               tuple(pm.bound is None for pm in self.serving.values()),
+               tuple(st.shares is None for st in self.training.values()))
         if self._model_bytes[0] != key:
             mods = sum(_bytes_of(pm.module.parameters()) for pm in self.serving.values() if pm.bound is None)
             for st in self.training.values():
-                mods += _bytes_of(st.pm.module.parameters()) + st.master.nbytes()
+                mods += (_bytes_of(st.pm.module.parameters()) if st.shares is None else 0) + st.master.nbytes()
             self._model_bytes = (key, mods)
         return held + self._model_bytes[1]
 
@@ -573,19 +584,24 @@ class Worker:
             pm.loaded = (model, e.version)
         return pm, e.version
 
-    def train_state(self, model: str, layout: Layout) -> TrainState:
+    def train_state(self, model: str, layout: Layout, train: Training) -> TrainState:
+        """The training state of (model, layout), made on first use for `train`: its module computes in the training
+        dtype, recomputes and reduces as `train` says, its optimizer steps the parameters of its ZeRO share."""
         key = (model, layout)
         st = self.training.get(key)
         if st is None:
             spec = self.setup.models[model]
             pm = ParallelModel(spec.arch, spec.kind, self.nets[model], layout, self.rank, self.groups, self.setup.tp_impl,
-                               self.device, training_dtype(self.run.workload))
+                               self.device, training_dtype(self.run.workload, train))
+            pm.zero, pm.module.recompute = train.zero, train.recompute
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
-            params = pm.params()
-            master = MasterWeights(params, [n for n in params if pm.owner[n] == pm.d], lr, self.run.rl)
+            master = MasterWeights(pm.params(), pm.stepped(), lr, self.run.rl)
             if self.resume is not None and model in self.resume.index.get("optimizer", ()):
                 self._load_optimizer(master, pm, model)
-            st = self.training[key] = TrainState(pm, master)
+            st = self.training[key] = TrainState(pm, master, train)
+        elif st.train != train:
+            raise CommandError(f"@{model} trains in layout {layout.short()} as {st.train}, and now as {train}: one "
+                               "training vertex per model and layout trains one way")
         return st
 
     def master_shards(self, model: str, layout: Layout, e: Entry) -> dict[str, Tensor]:
@@ -762,25 +778,52 @@ class Worker:
         return reduce
 
     def loaded_state(self, cmd: dict) -> tuple[TrainState, Entry]:
-        """The training state of the command's model and layout, holding the version it trains."""
+        """The training state of the command's model and layout, holding the version it trains as its own working
+        copy: the published copy it shares is taken over when the command is its last reader (`take`: the memory
+        model's one 16-bit copy, M_w of the training operator), else copied first, so that a later reader of that
+        version finds it unchanged; a copy the command does not need (the state holds the version already, or
+        loaded it from the masters) it lets go of when it is the last reader."""
         model, layout = cmd["model"], cmd["layout"]
-        st = self.train_state(model, layout)
-        e = self.entries.get(cmd["weights"])
+        st = self.train_state(model, layout, cmd.get("train") or self.run.workload.training())
+        label, take = cmd["weights"], bool(cmd.get("take"))
+        e = self.entries.get(label)
         if e is None:
-            raise CommandError(f"{cmd['weights']} is not held on worker {self.rank}")
+            raise CommandError(f"{label} is not held on worker {self.rank}")
         if st.pm.loaded != (model, e.version):
             values = self.master_shards(model, layout, e)
+            self._own_parameters(st, keep_values=False)
             st.pm.load(values)
             st.master.load(values)
             st.pm.loaded = (model, e.version)
+        elif st.shares is not None and not (take and st.shares == label):
+            self._own_parameters(st)  # a copy of the shared tensors, which stay with their entry
+        if take:
+            self.free([label])
+        if st.shares == label:
+            st.shares = None  # taken over: the tensors are the module's alone now
         return st, e
 
-    def publish(self, cmd: dict, pm: ParallelModel) -> int:
-        """The trained version as a serving copy of the working weights (the masters stay in the training state)."""
+    def _own_parameters(self, st: TrainState, keep_values: bool = True) -> None:
+        """Give the module tensors of its own where it shares an entry's (before it loads or trains in place): copies,
+        or uninitialised ones when a load follows."""
+        if st.shares is not None:
+            with torch.no_grad():
+                for p in st.pm.params().values():
+                    p.data = p.data.clone() if keep_values else torch.empty_like(p.data)
+            st.shares = None
+
+    def publish(self, cmd: dict, st: TrainState) -> int:
+        """The trained version as a serving copy of the working weights (the masters stay in the training state):
+        in mixed precision the module's own tensors, one copy (a later step takes it over or copies it); under
+        fp32 a copy (cast to the serving dtype), the module's float32 parameters staying as the masters."""
+        pm = st.pm
         model, version = cmd["model"], cmd["version_out"]
         pm.loaded = (model, version)
+        weights = pm.export() if st.train.persistent_weights else {n: p.detach() for n, p in pm.params().items()}
         self._put_weights(cmd["output"], Entry("weights", model, version, cmd["layout"],
-                                               shards=cast_weights(pm.export(), self.serving_dtype)))
+                                               shards=cast_weights(weights, self.serving_dtype)))
+        if not st.train.persistent_weights:
+            st.shares = cmd["output"]
         return version
 
     def op_dpo_training(self, cmd: dict, lo: int, hi: int) -> dict:
@@ -792,17 +835,16 @@ class Worker:
         rows = PairRows.of(self.step_pairs(cmd["step"]), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"], lo,
                            hi, self.device)
         dp_sum = self._dp_sum(pm)
-        every_share = every_replica_steps(cmd, rl)
         lp, beta = self.run.workload.Lp, rl.dpo_beta
         keys = algorithm("dpo").stat_keys["policy"]
 
         def step(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
             return train_step(pm, st.master, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
-                              keys, reduce_in_backward=every_share)
+                              keys, st.train.schedule)
 
         stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=dp_sum)
         num_pairs = float(self.run.workload.B)
-        version = self.publish(cmd, pm)
+        version = self.publish(cmd, st)
         metrics = pair_metrics(stats, num_pairs, norm)
         return {"bytes": 0, "versions_in": {cmd["model"]: e.version}, "versions_out": {cmd["model"]: version},
                 "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
@@ -821,7 +863,6 @@ class Worker:
                          ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"),
                          pads=self.row_pads(cmd["step"], lo, hi))
         dp_sum = self._dp_sum(pm)
-        every_share = every_replica_steps(cmd, rl)
         num_tokens = float(dp_sum(exp.mask.double().sum()))
         exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
         keys = algorithm(self.run.algorithm).stat_keys[spec.kind]
@@ -835,10 +876,10 @@ class Worker:
                 loss = critic_loss(view, e, rl, n)
                 return loss, {"value_loss": loss.item()}
 
-            return train_step(pm, st.master, loss_fn, sub, cmd["mb"], rl, keys, reduce_in_backward=every_share)
+            return train_step(pm, st.master, loss_fn, sub, cmd["mb"], rl, keys, st.train.schedule)
 
         stats, norm = minibatch_steps(rl, exp, lo, hi, step, counts=("clipped_tokens",), reduce=dp_sum)
-        version = self.publish(cmd, pm)
+        version = self.publish(cmd, st)
         kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
         task_scores = data["task_scores"].double()
         sums = dp_sum(torch.stack([task_scores.sum(), exp.scores.double().sum(), (kl * exp.mask).double().sum(),
@@ -855,12 +896,6 @@ class Worker:
             metrics.update(clip_frac=stats["clipped_tokens"] / num_tokens, actor_grad_norm=norm)
         return {"bytes": 0, "versions_in": {model: e.version}, "versions_out": {model: version},
                 "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
-
-
-def every_replica_steps(cmd: dict, rl: RLConfig) -> bool:
-    """Whether every rank of a training command has rows in each of its minibatches (rows g with g % count == k),
-    so every data-parallel replica runs every backward pass (ZeRO-2 may then reduce inside it)."""
-    return all(hi - lo >= rl.ppo_minibatches for lo, hi in cmd["rows"].values())
 
 
 def _setup_failed(channel: Endpoint, rank: int, message: str) -> int:

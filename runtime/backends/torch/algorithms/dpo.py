@@ -172,7 +172,7 @@ class DPOTrainer:
         self.reference = initial_model(cfg.actor, "reference", actor_seed, cfg.reference_hf,
                                        cfg.net).to(cfg.serving_dtype)
         self.reference.requires_grad_(False)
-        self.actor_master = train_whole(self.actor, cfg.training_dtype, cfg.rl.lr_actor, cfg.rl)
+        self.actor_master = train_whole(self.actor, cfg.training_dtype("actor"), cfg.rl.lr_actor, cfg.rl)
         self.pairs = open_prompts(cfg.data, cfg.task, cfg.actor.vocab, w.Lp, w.Lr, pairs=True)
 
     def step(self, step: int) -> dict[str, float]:
