@@ -3,10 +3,11 @@ device, over GRPO plans of a Llama-shaped model (8 layers, hidden 512, vocab 16,
 model) on 2 CPU workers: data parallel on both, pipelined (pp 2 x mb 4) on both, and generation + training on
 one device with reference + reward inference on the other; fp32 and bf16 workloads.
 
-The measurement is what `rpeg-run` prints after a run (runtime/backends/torch/peak_memory.py): a worker's
-resident high-water mark above its resident size when it was ready. The prediction is the cost model's peak(d)
-(spec 6.6) from the plan, the figure the memory check admits plans by. Reported: the ratio per worker, MAPE and
-Spearman rho over the workers (the issue's targets: MAPE <= 10%, rho >= 0.97, every run within 15%).
+The measurement is what `rpeg-run` prints after a run (runtime/backends/torch/peak_memory.py): the most a worker's C
+heap held allocated above what it held when the worker was ready (and, beside it, its resident high-water mark above
+its resident size then). The prediction is the cost model's peak(d) (spec 6.6) from the plan, the figure the memory
+check admits plans by. Reported: the ratio per worker, MAPE and Spearman rho over the workers (the issue's targets:
+MAPE <= 10%, rho >= 0.97, every run within 15%).
 
 Memory is independent of CPU contention, but the runs are sequential and use 2 worker processes (one per core).
 Writes bench/results/memory_runs.csv. Usage:
@@ -39,7 +40,8 @@ PLANS = {  # name -> per vertex (allocation, strategy)
               "reward_inf": (DEV1, "dp = 1 pp = 1 tp = 1 mb = 1"),
               "train_actor": (DEV0, "dp = 1 pp = 1 tp = 1 mb = 1")},
 }
-LINE = re.compile(r"worker (\d+) \(device (\d+)\): ([\d,.]+) MiB measured, ([\d,.]+) MiB predicted")
+LINE = re.compile(r"worker (\d+) \(device (\d+)\): ([\d,.]+) MiB measured, ([\d,.]+) MiB predicted "
+                  r"\([\d.]+x; ([\d,.]+) MiB resident\)")
 
 
 def program(plan: str, dtype: str) -> str:
@@ -60,10 +62,10 @@ def run(plan: str, dtype: str, steps: int, tmp: Path) -> list[dict]:
     out = subprocess.run([str(BIN / "rpeg-run"), str(exe), "--backend", "torch", "--quiet", "--no-memory-check"],
                          capture_output=True, text=True, check=True).stdout
     rows = []
-    for rank, device, measured, predicted in LINE.findall(out):
-        m, p = (float(x.replace(",", "")) for x in (measured, predicted))
+    for rank, device, measured, predicted, resident in LINE.findall(out):
+        m, p, r = (float(x.replace(",", "")) for x in (measured, predicted, resident))
         rows.append({"plan": plan, "dtype": dtype, "worker": int(rank), "device": int(device),
-                     "measured_mib": m, "predicted_mib": p, "ratio": round(m / p, 3)})
+                     "measured_mib": m, "predicted_mib": p, "ratio": round(m / p, 3), "resident_mib": r})
     if not rows:
         raise SystemExit(f"{plan}-{dtype}: rpeg-run printed no memory lines:\n{out}")
     return rows

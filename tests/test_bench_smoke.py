@@ -92,40 +92,26 @@ def test_whole_run_quick_measures_two_plans_on_two_workers(tmp_path):
 
 
 def test_layer_activations_counts_what_a_block_saves_per_token():
-    """bench/layer_activations.py: per shape and precision, the elements per token one block saves for its
-    backward pass, beside the [A12] width; in float32 exactly the count the memory README derives from the layer's
-    operations."""
+    """bench/layer_activations.py: per shape and precision, the bytes per token one block saves for its backward
+    pass are exactly what the cost model prices a layer at (core.cost.memory.layer_saved_bytes), beside [A12]'s
+    width; in float32 the count the memory README derives from the layer's operations."""
     mod = load_bench("layer_activations")
     import torch
 
+    from rpegc.core.cost.memory import layer_saved_bytes
     from rpegc.core.ir.program import Arch
 
-    arch = Arch(layers=1, hidden=64, ffn=256, vocab=8, heads=4, kv_heads=2, gated=True, tied=False, norms=True)
-    per_token, other = mod.saved_bytes(arch, torch.float32)
+    for gated in (True, False):
+        arch = Arch(layers=1, hidden=64, ffn=256, vocab=8, heads=4, kv_heads=2, gated=gated, tied=False, norms=True)
+        for dtype, s_t in ((torch.float32, 4), (torch.bfloat16, 2)):
+            per_token, other = mod.saved_bytes(arch, dtype)
+            assert per_token == layer_saved_bytes(arch, 1, s_t) and other >= 0, (gated, dtype)
     d, f, h = arch.hidden, arch.ffn, arch.heads
-    assert per_token == 4 * (9 * d + 4 * f + h + 2) and other >= 0  # the count bench/validation/README.md gives
+    assert layer_saved_bytes(arch, 1, 4) == 4 * (9 * d + 2 * f + h + 2)  # the two-projection FFN's count
     out = subprocess.run([sys.executable, str(BENCH / "layer_activations.py")], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.strip().splitlines()) == 1 + 2 * len(mod.SHAPES)
-
-
-def test_memory_terms_counts_the_layer_as_layer_activations_measures_it(capsys):
-    """bench/memory_terms.py prices a recomputed layer with the count bench/layer_activations.py measures (float32
-    and bf16, one TP rank), and re-predicts the committed memory validation with and without its two terms."""
-    import torch
-
-    from rpegc.core.ir.program import Arch
-    from rpegc.tools.validate import Case
-
-    terms, layer = load_bench("memory_terms"), load_bench("layer_activations")
-    arch = Arch(layers=2, hidden=64, ffn=256, vocab=32, heads=4, kv_heads=2, gated=True, tied=False, norms=True)
-    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
-        case = Case("training", "policy", "t", arch, 8, 1, 4, 4, 1, 1, 1, 1, dtype=name)
-        assert terms.recomputed_layer_bytes(case) == layer.saved_bytes(arch, dtype)[0]
-    terms.main([])
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ["the", "with"] and all("training" in line for line in lines)
 
 
 def test_scale_ladder_programs_lower_and_count_their_parameters(tmp_path):

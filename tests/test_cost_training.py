@@ -21,6 +21,9 @@ RS = 6.465296e-3  # one ReduceScatter (and one AllGather) of its 2,582,118,400 g
 T_OPT = 3.873178e-3  # one Adam step over the shard, W / P_d of it per replica
 TOKENS = 8 * 640  # b_loc x (L_p + L_r) of a microbatch
 D = 4096
+BUCKET = 25 << 20  # a reduction bucket: a quarter of a replica's gradient share, at most 25 MiB
+LARGEST = 32000 * 4096  # the largest parameter: the LM head (V x d)
+HEAD = 20 * 128 * 32000  # the head's backward: one sequence's L_r x V logits at 2 + 2 + 4 x 4 bytes each (bf16)
 
 
 def train(precision="mixed", zero=2, recompute="interval", schedule="1f1b") -> Training:
@@ -50,8 +53,12 @@ def test_defaults_resolve_from_the_workload_and_the_placement_overrides_them():
 def test_zero_stages_shard_what_they_say_and_price_their_reductions():
     """ZeRO 0: 12 B per parameter and the gradients on every replica, one AllReduce (= RS + AG in the ring model),
     Adam over the whole shard; 1: the state / P_d, one RS and one AG; 2: the gradients / P_d too, a RS after each of
-    the mb = 4 microbatches."""
-    expect = {0: (12 * W, 2 * W, 2 * RS, 2 * T_OPT), 1: (6 * W, 2 * W, 2 * RS, T_OPT), 2: (6 * W, W, 5 * RS, T_OPT)}
+    the mb = 4 microbatches. Beyond the shard the gradients hold their reduction's buckets: under ZeRO-2 one completing
+    per replica and the flat copy being reduced (3 x 25 MiB); under ZeRO 0 and 1 the flat copy of one, and, as they
+    accumulate over the 4 microbatches, a fresh gradient of the largest parameter (the LM head) beside its sum."""
+    accumulated = 2 * W + BUCKET + 2 * LARGEST
+    expect = {0: (12 * W, accumulated, 2 * RS, 2 * T_OPT), 1: (6 * W, accumulated, 2 * RS, T_OPT),
+              2: (6 * W, W + 3 * BUCKET, 5 * RS, T_OPT)}
     for zero, (state, grads, t_dp, t_opt) in expect.items():
         m, t = memory(train(zero=zero)), timing(train(zero=zero))
         assert (m.state, m.M_grad, m.M_w) == (state, grads, 2 * W), zero
@@ -65,7 +72,7 @@ def test_fp32_precision_keeps_its_float32_weights_as_the_masters():
     """fp32 on a bf16 workload: the float32 working weights persist (they are the masters) beside 8 B of moments per
     parameter of the share; float32 gradients; every training byte count doubles (TP, PP, DP messages)."""
     m, mixed = memory(train("fp32")), memory(train())
-    assert m.M_w == 4 * W and m.state == 4 * W + 8 * W / 2 and m.M_grad == 4 * W / 2
+    assert m.M_w == 4 * W and m.state == 4 * W + 8 * W / 2 and m.M_grad == 4 * W / 2 + 3 * BUCKET
     assert m.A_core == m.M_act + m.M_grad  # no transient working copy
     t, base = timing(train("fp32")), timing(train())
     assert t.dp.msg == 2 * base.dp.msg and t.tp_calls("forward").msg == 2 * base.tp_calls("forward").msg
@@ -93,7 +100,7 @@ def test_recomputation_keeps_segment_inputs_and_one_segment_or_every_layer():
     expect = {"interval": 2 * 5 * 2 * D + 4 * layer + 3 * 2 * D, "full": 2 * 17 * 2 * D + layer,
               "none": 2 * (16 * (layer + 2 * D) + 2 * D)}
     for recompute, per_token in expect.items():
-        assert memory(train(recompute=recompute)).M_act == TOKENS * per_token, recompute
+        assert memory(train(recompute=recompute)).M_act == TOKENS * per_token + HEAD, recompute
     none, interval = timing(train(recompute="none")), timing(train())
     assert none.W == approx(interval.W * 3 / 4)
     assert none.tp_calls("forward").count == 2 * 2 * 16 * 4 and interval.tp_calls("forward").count == 3 * 2 * 16 * 4
@@ -109,12 +116,13 @@ def test_gpipe_holds_every_microbatch():
     assert timing(train(schedule="gpipe")).T_op == timing(train()).T_op  # the same bubble (spec 3.3)
 
 
-def test_serving_operators_hold_two_float32_log_softmax_pieces():
+def test_serving_operators_hold_their_vocabulary_wide_float32_tensors():
     """Reference inference: a sequence's response rows (L_r x V = 4,096,000 floats) exceed a piece, so two one-row
-    pieces; generation: 32 rows of V per piece, capped at b_loc = 8."""
+    pieces; generation's sampling step over the microbatch's b_loc = 8 rows: tempered logits, log-softmax and the
+    float32 copy of bf16 logits (3 x 4 B), float64 probabilities and their cumulative sum (2 x 8 B)."""
     ref = op_memory("inference", ARCH, "reference", WL, **PLAN)
     gen = op_memory("generation", ARCH, "policy", WL, **PLAN)
     assert ref.pieces == 2 * 4 * 128 * 32000 and ref.M_act == 369_623_040 + ref.pieces
-    assert gen.pieces == 2 * 4 * 8 * 32000 and gen.M_act == 295_698_432 + gen.pieces
+    assert gen.pieces == 28 * 8 * 32000 and gen.M_act == 295_698_432 + gen.pieces
     critic = op_memory("inference", ARCH, "critic", WL, **PLAN)
     assert critic.pieces == 0  # no LM head

@@ -38,29 +38,3 @@ def test_pool_pins_main_threads_to_distinct_cores_and_frees_the_rest():
         assert others and all(mask == allowed for mask in others)
     with WorkerPool(2, pin=False) as pool:
         assert all(core is None and main == allowed for core, main, _ in pool.run(_affinities))
-
-
-def test_tensor_bytes_counts_what_torch_holds_at_its_height():
-    """The peak between two readings counts what was allocated inside the block and is still live (the
-    persistent tensor), plus the transients at their height; what was allocated before the block is not
-    counted, and neither is what comes after the window."""
-    import time
-
-    import torch
-
-    from rpegc.tools.measure import TensorBytes
-
-    before = torch.empty(1 << 20, dtype=torch.uint8)  # allocated before the block: not counted
-    with TensorBytes() as held:
-        del before
-        state = torch.empty(3 << 20, dtype=torch.uint8)
-        t0 = time.time_ns()
-        a = torch.empty(5 << 20, dtype=torch.uint8)
-        b = torch.empty(7 << 20, dtype=torch.uint8)
-        del a, b
-        c = torch.empty(2 << 20, dtype=torch.uint8)
-        t1 = time.time_ns()
-        torch.empty(64 << 20, dtype=torch.uint8)  # after the window
-    assert held.peak(t0, t1) == (3 + 5 + 7) << 20
-    assert held.peak(t1, time.time_ns()) >= (64 + 3 + 2) << 20
-    assert state.numel() and c.numel()

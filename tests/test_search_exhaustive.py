@@ -23,7 +23,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def small_ppo():
     """examples/ppo-8gpu.rpeg's six-vertex PPO graph, 7B models, B = 8, on one node of 2 GH200s: 18,432 plans
-    over six structures (the trainers' ZeRO stage and recomputation among their choices), of which 1,216 fit in
+    over six structures (the trainers' ZeRO stage and recomputation among their choices), of which 1,600 fit in
     memory, and the best one shares the actor and critic at tau = 1."""
     text = (EXAMPLES / "ppo-8gpu.rpeg").read_text().replace("llama2-13b", "llama2-7b")
     text = re.sub(r"^rpeg\.workload \{.*\}$", "rpeg.workload {B = 8, R = 1, Lp = 128, Lr = 384, dtype = bf16}", text,
@@ -41,7 +41,7 @@ def ppo():
 
 def test_the_enumeration_covers_every_plan_of_every_structure(ppo):
     p, hw, best = ppo
-    assert best.plans == plan_count(p, hw) == 18_432 and best.feasible == 1_216
+    assert best.plans == plan_count(p, hw) == 18_432 and best.feasible == 1_600
     assert best.variant.label() == "ac=1 tau(actor_ac=1)"  # the search must find sharing and staleness
     result = optimize(p, OptimizeOptions(budget_s=0, evals=50, seed=0, baseline="concurrent"), hw, CostOptions())
     assert best.score > result.evaluation.score  # the baseline is not already optimal
@@ -70,9 +70,9 @@ def test_a_space_too_large_to_enumerate_is_refused(ppo):
         exhaustive_optimum(p, hw, max_plans=1000)
 
 
-@pytest.mark.parametrize("seed", [7, 8, 10])
+@pytest.mark.parametrize("seed", [0, 7, 10])
 def test_two_vertex_moves_in_the_polish_leave_single_move_optima(ppo, seed):
-    """At 300 evaluations these seeds end in optima of single-vertex moves (measured: 0.9996 of the optimum);
+    """At 300 evaluations these seeds end in optima of single-vertex moves (measured: 0.985-0.987 of the optimum);
     the polish's two-vertex pass takes them to the exact optimum."""
     p, hw, best = ppo
     options = OptimizeOptions(budget_s=0, evals=300, seed=seed)

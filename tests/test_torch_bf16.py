@@ -387,3 +387,17 @@ def test_a_resumed_bf16_run_reaches_the_uninterrupted_weights_bit_for_bit(tmp_pa
     run(resumed.prepare(plan), resumed)
     for name, weights in full.final_weights["actor"].items():
         assert torch.equal(resumed.final_weights["actor"][name], weights), name
+
+
+def test_an_fp32_trained_actor_serving_bf16_copies_matches_the_reference(tmp_path):
+    """precision = fp32 on a bf16 workload (the plan's training field): the trainer computes in float32, its
+    parameters are its masters (no float32 copy beside them), each version goes out as a bf16 copy; the reference
+    trains the actor in float32 too (`RunConfig.actor_precision`), so every step agrees as the bf16 ones do."""
+    plan_text = PLAN_DP_PP.replace("dp = 2 pp = 2 tp = 1 mb = 2", "dp = 2 pp = 2 tp = 1 mb = 2 precision = fp32 zero = 1")
+    text = GRPO_BF16[:GRPO_BF16.index("rpeg.plan @p")] + plan_text
+    plan = compile_plan(tmp_path, "grpo-bf16-fp32.rpeg", steps=2, text=text)
+    cfg = run_config(plan.program)
+    assert cfg.actor_precision == "fp32" and cfg.training_dtype("actor") == torch.float32
+    run_dir = str(tmp_path / "run")
+    backend, _ = run_torch(plan, run_dir=run_dir, checkpoint_every=1)
+    assert_same_steps(plan, backend, run_dir, rl={})

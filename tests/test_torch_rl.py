@@ -185,3 +185,38 @@ def test_ppo_without_a_critic_and_grpo_with_kl_in_reward_are_user_errors():
         default_rl_config("reinforce")
     with pytest.raises(RpegError, match="dpo_beta must be > 0"):
         default_rl_config("dpo", dpo_beta=0.0)
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_the_pieced_head_log_probs_have_the_gradients_of_the_whole_computation(monkeypatch, with_entropy):
+    """Training's LM head (rl.head_logprobs: two sequences per piece here, recomputed in the backward pass, the
+    weight gradient added up in one buffer) against autograd through the whole head at once, in float32. The values
+    are the same operations row by row (equal); the gradients differ only in how the pieces' weight gradients are
+    summed: 3 pieces, each entry a sum of 2 x 7 products, within a few float32 roundings of the magnitudes summed
+    (|g| |h| <= ~1 here): rel 1e-5, abs 1e-6."""
+    from torch import nn
+
+    from rpegc.runtime.backends.torch import rl
+
+    torch.manual_seed(0)
+    b, t, d, vocab, temperature = 5, 7, 16, 50, 0.7
+    monkeypatch.setattr(rl, "LOGPROB_PIECE", 2 * t * vocab)
+    head = nn.Linear(d, vocab, bias=False)
+    hidden = torch.randn(b, t, d, requires_grad=True)
+    tokens = torch.randint(0, vocab, (b, t))
+    weights = torch.randn(b, t), torch.randn(b, t)
+
+    def loss(picked, entropy):
+        return (picked * weights[0]).sum() + ((entropy * weights[1]).sum() if with_entropy else 0.0)
+
+    picked, entropy = rl.head_logprobs(head, hidden, tokens, temperature, with_entropy)
+    got = torch.autograd.grad(loss(picked, entropy), (hidden, head.weight))
+    logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    whole = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    whole_entropy = -(logp.exp() * logp).sum(-1)
+    assert torch.equal(picked, whole) and (entropy is None) != with_entropy
+    if with_entropy:
+        torch.testing.assert_close(entropy, whole_entropy, rtol=1e-6, atol=1e-6)
+    want = torch.autograd.grad(loss(whole, whole_entropy), (hidden, head.weight))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

@@ -100,43 +100,6 @@ def time_per_call(fn: Callable[[], Any], *, min_time: float = 0.02, repeats: int
     return Timing(tuple(s / inner for s in timing.samples))
 
 
-class TensorBytes:
-    """torch's own count of the CPU tensor bytes a process holds, from the profiler's memory events.
-
-    Inside the `with` block every allocation and free of torch's CPU allocator is recorded; `peak(t0, t1)` is
-    the most bytes live at once between two `time.time_ns()` readings, counting everything allocated since the
-    block began (so begin it before the state to be counted is built). What torch does not allocate (the
-    interpreter, glibc's free lists, oneDNN's scratch buffers) is not in it: the resident size holds those
-    too (`runtime/backends/torch/peak_memory.py`). The profiler ignores frees of what was allocated before it
-    started (torch prints a warning about them).
-    """
-
-    def __enter__(self) -> "TensorBytes":
-        from torch.profiler import ProfilerActivity, profile
-
-        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profile.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._profile.__exit__(*exc)
-        events = [e for e in self._profile.profiler.kineto_results.events() if e.name() == "[memory]"]
-        events.sort(key=lambda e: e.start_ns())
-        self._times = [e.start_ns() for e in events]
-        live, self._live = 0, []
-        for e in events:
-            live += e.nbytes()
-            self._live.append(live)
-
-    def peak(self, t0_ns: int, t1_ns: int) -> int:
-        """Most bytes live at once between t0 and t1 (what was live at t0 included)."""
-        import bisect
-
-        lo, hi = bisect.bisect_left(self._times, t0_ns), bisect.bisect_right(self._times, t1_ns)
-        before = self._live[lo - 1] if lo > 0 else 0
-        return max([before, *self._live[lo:hi]])
-
-
 # ---------------------------------------------------------------------------------------------------
 # Worker pool
 
@@ -201,6 +164,7 @@ def _worker_main(rank: int, world: int, init_file: str, backend: str, threads: i
                  core: Optional[int], conn) -> None:
     import datetime
 
+    import rpegc.runtime.backends.torch.worker_env  # noqa: F401  (before torch: the backend's workers' environment)
     import torch
     import torch.distributed as dist
 

@@ -12,7 +12,7 @@ devices. It is executed by the torch backend's own worker code (`runtime/backend
 the slowest rank's time from a common barrier to the end of its part; a configuration's latency is the
 median of warm repeats. Memory (Fig. 5) is measured with --isolated (each operator alone on its devices; the
 default under `--backend nccl`): on CUDA torch.cuda.max_memory_allocated (`--grid gpu`: ~1B models in bf16), on
-CPU workers torch's own count of CPU tensor bytes (`--grid memory`).
+CPU workers what the C heap held allocated (`host_memory.HeapMeter`; `--grid memory`).
 
 Outputs (in --out, default a new ./rpeg-validate-YYYYmmdd-HHMMSS/): validation.csv (one row per configuration, predicted_s
 and measured_s among the columns), validation.png (log-log scatter with the +-25% band, like Fig. 4)
@@ -434,13 +434,13 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
     """Seconds of each timed run of the operator on this rank and its peak memory (None where not measured).
 
     `isolated`: the worker holds this operator's model alone and is dropped afterwards, so the peak is the
-    operator's own (its state and transients), as the cost model prices an operator alone. The peak is
-    torch's own accounting: on CUDA `max_memory_allocated` of the last run; on CPU workers (isolated only)
-    the CPU tensor bytes live at the height of one more run after the warm-ups (`measure.TensorBytes`,
-    which counts from before the worker is built, so its weights and optimizer state are in it)."""
+    operator's own (its state and transients), as the cost model prices an operator alone. The peak is the
+    allocator's accounting: on CUDA `max_memory_allocated` of the last run; on CPU workers (isolated only) the most
+    the C heap held allocated during one more run after the warm-ups, above what it held before the worker was
+    built, so its weights and optimizer state are in it (`host_memory.HeapMeter`)."""
     import torch
 
-    from rpegc.tools.measure import TensorBytes
+    from rpegc.runtime.backends.torch.host_memory import HeapMeter
 
     layout = _layout(case)
     if ctx.rank not in layout.ranks:
@@ -449,14 +449,16 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
     if isolated:
         _drop_workers(ctx)
     if isolated and not ctx.is_cuda:
-        with TensorBytes() as held:
+        meter = HeapMeter().start()
+        try:
             op = _OpRuns(ctx, _backend_worker(ctx, case, seed, tp_impl), case, layout, seed)
             for _ in range(max(1, warmup)):  # the first training run creates the optimizer state
                 op.run()
-            t0 = time.time_ns()
+            meter.reset()
             op.run()
-            t1 = time.time_ns()
-        peak = float(held.peak(t0, t1))
+            peak = float(meter.peak() - meter.base) if meter.available else None
+        finally:
+            meter.stop()
         warmup = 0
     else:
         op = _OpRuns(ctx, _backend_worker(ctx, case, seed, tp_impl), case, layout, seed)
@@ -757,7 +759,8 @@ def report(rows: Sequence[Row], *, hw: Hardware, opts: CostOptions, devices: int
     mem = [r for r in rows if r.measured_peak is not None]
     if mem:
         lines += ["", "Peak memory (Fig. 5), predicted peak of the worst device against the most any of the "
-                  "operator's workers held (torch's own accounting):", "",
+                  "operator's workers held (the allocator's accounting: the GPU's, or the C heap's on CPU workers):",
+                  "",
                   *_score_table(mem, lambda r: r.pred.peak_bytes, lambda r: r.measured_peak)]
         worst_mem = sorted(mem, key=lambda r: -abs(r.pred.peak_bytes / r.measured_peak - 1))[:8]
         lines += ["", "Largest memory errors:", "```"]
@@ -852,7 +855,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--isolated", action=argparse.BooleanOptionalAction, default=None,
                     help="run each configuration's repeats back to back on a worker holding its model alone and "
                          "measure its peak memory, the operator's own: max_memory_allocated on CUDA (the default "
-                         "there), torch's count of CPU tensor bytes on CPU workers")
+                         "there), the C heap's allocations on CPU workers")
     ap.add_argument("--quick", action="store_true", help="a handful of configurations (smoke test)")
     ap.add_argument("--max-configs", type=int, default=120,
                     help="run at most this many configurations, evenly spread over the grid (default 120; the "

@@ -138,14 +138,14 @@ def fixed_microbatch(role: str, pp: int) -> int:
 
 
 def training_choices(v: Vertex, s: Strategy, p: Program, rules: DirectoryRules) -> list[Strategy]:
-    """`s` with each training the search may choose for a training vertex (module docstring), in a fixed order; the
-    strategy itself for a serving vertex. Precision and schedule are the input plan's placement of the vertex, if it
+    """`s` with each training the search may choose for a training vertex (module docstring), in a fixed order (of
+    choices that price alike, `_undominated` keeps the first); the strategy itself for a serving vertex. Precision and schedule are the input plan's placement of the vertex, if it
     states them (the workload's otherwise)."""
     if v.role != "training":
         return [s]
     placed = {pl.vertex: pl for pl in p.plan.placements} if p.plan is not None else {}
     written = placed[v.name].strategy.train if v.name in placed else TrainSpec()
-    zeros = ZERO_STAGES if rules.zero and s.dp > 1 else (None,)
+    zeros = ZERO_STAGES[::-1] if rules.zero and s.dp > 1 else (None,)  # a tie keeps the most sharded stage
     recomputes = RECOMPUTES if rules.recompute else (None,)
     return [replace(s, train=TrainSpec(precision=written.precision, zero=z, recompute=r, schedule=written.schedule))
             for z in zeros for r in recomputes]

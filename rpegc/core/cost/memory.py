@@ -8,15 +8,26 @@ terms are what the torch backend holds doing so (issue 32: the plan is a contrac
   (fp32, 8 B) of the replica's ZeRO share (ZeRO >= 1: / P_d), plus the float32 working weights themselves under
   fp32 (they are the masters and stay between steps). In mixed precision the 16-bit working copy is the version
   the step trains, which the backend takes over from its published copy: a transient of the operator, M_w;
-- the gradients: the working dtype, of the replica's share under ZeRO-2 (reduced after every microbatch);
+- the gradients: the working dtype, of the replica's share under ZeRO-2 (reduced after every microbatch), with the
+  reduction's buckets (`gradient_bucket_bytes`: those completing, at most one per replica, and the flat copy being
+  reduced); all of them under ZeRO 0 and 1, and one bucket's flat copy; where gradients accumulate over
+  microbatches (kept across them) a fresh gradient of the largest parameter beside its accumulated one;
+- the LM head of training (stages holding it): one piece of vocabulary-wide logits and log-softmax with their
+  gradients (rl.head_logprobs recomputes them a piece at a time), beside the activations;
+- the phases: with one microbatch the backward pass frees activations as it makes gradients, so the transient is
+  the largest of the activations, the gradients beside what the pass holds when it reaches the first layers (the
+  first segment recomputed) or beside the optimizer step's float32 copy of a 16-bit gradient, and a float32
+  trainer's published copy; with more, the gradients kept from the earlier microbatches (or the replica's share of
+  them, ZeRO-2) meet the last one's activations: their sum;
 - activations (`accounting = "backend"`): the segment inputs every live microbatch keeps (the input of every
   segment of c layers and the stage's output), one segment's saved tensors while it is recomputed
   (`layer_saved_bytes` per layer: what the backend's block saves, bench/layer_activations.py), or without
   recomputation every layer's saved tensors and input for every live microbatch; live = min(mb, P_p) under 1F1B,
   mb under GPipe. `accounting = "spec"` is the spec's [B] form (every live microbatch reserves its checkpoints and
   a recompute buffer of [A12]'s width).
-Serving operators with an LM head also hold the float32 log-softmax of `LOGPROB_PIECE` elements at a time (two
-pieces at once), which the backend computes log-probs in. Plan quantities may be scalars or numpy arrays.
+Serving operators with an LM head also hold vocabulary-wide float32 tensors: inference two log-softmax pieces of
+`LOGPROB_PIECE` elements, generation its sampling step's (`sampling_bytes`). Plan quantities may be scalars or numpy
+arrays.
 """
 
 from __future__ import annotations
@@ -39,6 +50,16 @@ BETA_OOM = 40.0  # spec 1.3 / 7
 # two such pieces at once (the log-softmax and its input). Declared here, read by the backend (rl.py).
 LOGPROB_PIECE = 1 << 20
 FP32 = 4
+# Data-parallel gradient reductions go in buckets (DDP's 25 MiB at most), a quarter of a replica's share of a stage's
+# gradients, at least 1 MiB: a large model's buckets are negligible beside its share, a small one's stay a fraction.
+MAX_BUCKET_BYTES = 25 << 20
+MIN_BUCKET_BYTES = 1 << 20
+
+
+def gradient_bucket_bytes(grad_bytes, dp):
+    """The bucket size of the gradient reductions of a stage whose gradients are `grad_bytes`, over dp replicas
+    (the torch backend's, `ParallelModel.zero_buckets`)."""
+    return np.clip(grad_bytes / (4 * dp), MIN_BUCKET_BYTES, MAX_BUCKET_BYTES)
 
 # Residency of a model on a device (spec 6.5), in rule order.
 NONE, TRAINING, FROZEN, SHADOW = 0, 1, 2, 3
@@ -91,13 +112,13 @@ def live_microbatches(train: Training, pp, mb):
     return np.minimum(mb, pp) if train.schedule == "1f1b" else mb * np.ones_like(pp)
 
 
-def logprob_piece_bytes(arch: Arch, kind: str, role: str, b_loc, Lr):
-    """What a serving operator with an LM head holds of vocabulary-wide float32 log-softmax at once: two pieces of
-    LOGPROB_PIECE elements, or of one row when a row is larger (a sequence's Lr response positions in inference, one
-    position of a decode step in generation), never more rows than the microbatch's b_loc."""
-    if kind not in LM_HEAD_KINDS or role == "training":
+def logprob_piece_bytes(arch: Arch, kind: str, b_loc, Lr):
+    """What inference with an LM head holds of vocabulary-wide float32 log-softmax at once (rl.token_logprobs): two
+    pieces of LOGPROB_PIECE elements, or of one sequence's Lr response positions when that is larger, never more rows
+    than the microbatch's b_loc."""
+    if kind not in LM_HEAD_KINDS:
         return 0.0 * b_loc
-    per_row = arch.vocab * (1 if role == "generation" else Lr)
+    per_row = arch.vocab * Lr
     piece_rows = np.minimum(b_loc, np.maximum(1, LOGPROB_PIECE // per_row))
     return 2 * FP32 * piece_rows * per_row
 
@@ -167,28 +188,70 @@ def op_memory(role: str, arch: Arch, kind: str, wl: Workload, *, dp, pp, tp, mb,
     w_shard = weight_shard(arch, kind, pp, tp)
     zero = 0.0 * b_loc
     if role == "training":
-        return _training_memory(arch, wl, w_shard, b_loc, layers_local, dp=dp, pp=pp, tp=tp, mb=mb,
+        return _training_memory(arch, kind, wl, w_shard, b_loc, layers_local, dp=dp, pp=pp, tp=tp, mb=mb,
                                 train=train if train is not None else wl.training(), opts=opts)
     M_w = w_shard * s_b
     width = np.maximum(buffer_width(arch, tp, opts), head_act_width(arch, kind, opts))
-    pieces = logprob_piece_bytes(arch, kind, role, b_loc, wl.Lr) if opts.accounting == "backend" else zero
+    backend = opts.accounting == "backend"
     if role == "inference":
+        pieces = logprob_piece_bytes(arch, kind, b_loc, wl.Lr) if backend else zero
         M_act = s_b * b_loc * (wl.Lp + wl.Lr) * width + pieces
         return OpMemory(role, w_shard, M_w, zero, zero, M_act, zero, M_act, pieces=pieces)
     if role == "generation":
+        pieces = sampling_bytes(arch, s_b, b_loc) if backend else zero
         M_act = s_b * b_loc * wl.Lp * width + pieces
         M_kv = 2 * s_b * (BR / dp) * (wl.Lp + wl.Lr) * layers_local * kv_width(arch, tp)
         return OpMemory(role, w_shard, M_w, zero, zero, M_act, M_kv, M_act + M_kv, pieces=pieces)
     raise ValueError(f"unknown role {role!r}")
 
 
-def _training_memory(arch: Arch, wl: Workload, w_shard, b_loc, layers_local, *, dp, pp, tp, mb, train: Training,
-                     opts: CostOptions) -> OpMemory:
+def _gradient_transients(arch: Arch, kind: str, grad_bytes, dp, pp, tp, mb, s_t: int, train: Training):
+    """What the gradients hold beyond the shard the optimizer steps (module docstring): the reductions' buckets over
+    dp > 1, and, where gradients accumulate over microbatches, a fresh gradient of the largest parameter."""
+    bucket = gradient_bucket_bytes(grad_bytes, dp)
+    if train.zero == 2:
+        buckets = (dp + 1) * bucket  # completing ones, one per owner, and the flat copy being reduced
+    else:
+        buckets = bucket  # the flat copy of the bucket being reduced once the step's gradients are complete
+    # a small stage's buckets are its gradients (and one flat copy), however many owners it has
+    buckets = np.where(dp > 1, np.minimum(buckets, grad_bytes + bucket), 0.0)
+    accumulating = (mb > 1) & ((train.zero < 2) | (dp == 1))
+    return buckets + np.where(accumulating, s_t * largest_param(arch, kind, pp, tp), 0.0)
+
+
+def largest_param(arch: Arch, kind: str, pp, tp):
+    """Elements of the largest parameter of the worst stage, which holds the embedding or the LM head (V x d), or of a
+    layer's d_ff x d projection (TP-sharded) where that is larger; shaped as the plan quantities."""
+    layer = arch.hidden * arch.ffn / tp
+    return np.maximum(layer, arch.vocab * arch.hidden) + 0 * pp
+
+
+def head_piece_bytes(arch: Arch, wl: Workload, s_t: int, b_loc):
+    """What training's LM head holds in its backward pass beyond its weight's gradient (rl.head_logprobs): one piece of
+    logits in the working dtype, their float32 tempered copy, log-softmax and probabilities, the float32 gradient and
+    its cast to the working dtype; a piece is as many sequences' L_r x V logits as fit LOGPROB_PIECE elements (at
+    least one, at most the microbatch's)."""
+    per_row = wl.Lr * arch.vocab
+    rows = np.minimum(b_loc, np.maximum(1, LOGPROB_PIECE // per_row))
+    return (2 * s_t + 4 * FP32) * rows * per_row
+
+
+def sampling_bytes(arch: Arch, s_b: int, b_loc):
+    """What generation's sampling step holds of the vocabulary for a microbatch's b_loc rows (generation.Sampler):
+    the tempered float32 logits and their log-softmax (and the float32 copy of 16-bit logits), and the float64
+    probabilities with their cumulative sum that the draw inverts."""
+    return (2 * FP32 + (FP32 if s_b < FP32 else 0) + 2 * 8) * b_loc * arch.vocab
+
+
+def _training_memory(arch: Arch, kind: str, wl: Workload, w_shard, b_loc, layers_local, *, dp, pp, tp, mb,
+                     train: Training, opts: CostOptions) -> OpMemory:
     """Spec 6.1-6.2 under `train` (module docstring)."""
     s_t, d = train.working_bytes(wl.s_b), arch.hidden
     M_w = w_shard * s_t
     M_opt = train.state_bytes * w_shard / train.shards_state(dp)
     M_grad = w_shard * s_t / train.shards_grads(dp)
+    if opts.accounting == "backend":
+        M_grad = M_grad + _gradient_transients(arch, kind, w_shard * s_t, dp, pp, tp, mb, s_t, train)
     live = live_microbatches(train, pp, mb)
     tokens = b_loc * (wl.Lp + wl.Lr)
     c = segment_layers(train.recompute, layers_local, opts)
@@ -202,11 +265,26 @@ def _training_memory(arch: Arch, wl: Workload, w_shard, b_loc, layers_local, *, 
             held = live * (layers_local * (layer + s_t * d) + s_t * d)
         else:  # the segment inputs and the stage's output; one segment recomputed at a time
             held = live * (n_ckpt + 1) * s_t * d + c * layer + (c - 1) * s_t * d
+    # what the backward pass still holds of the activations when it reaches the first layers, beside nearly all the
+    # gradients: the first segment recomputed (or the first layer's saved tensors)
+    last = tokens * (layer + s_t * d if c is None else c * layer + (c - 1) * s_t * d)
+    if opts.accounting == "backend":  # the first layer's input gradients and temporaries: about its saved tensors
+        last = last + tokens * layer
     M_act = tokens * held
     working = 0.0 if train.persistent_weights else M_w
     state = M_opt + (M_w if train.persistent_weights else 0.0)
-    return OpMemory("training", w_shard, M_w, M_opt, M_grad, M_act, 0.0 * b_loc, M_act + working + M_grad, state,
-                    c, n_ckpt, layer, live)
+    transient = M_act + working + M_grad  # spec 6.4
+    if opts.accounting == "backend":
+        if kind in LM_HEAD_KINDS:
+            M_act = M_act + head_piece_bytes(arch, wl, s_t, b_loc)
+        # the optimizer step turns one 16-bit gradient at a time into float32 (master_weights.MasterWeights.step); a
+        # float32 trainer publishes a copy of its weights in the serving dtype once its gradients are gone
+        step = FP32 * largest_param(arch, kind, pp, tp) if s_t < FP32 else 0.0
+        published = w_shard * wl.s_b if train.persistent_weights else 0.0
+        one_pass = np.maximum(np.maximum(M_act, M_grad + np.maximum(last, step)), published)
+        transient = working + np.where(mb > 1, M_act + M_grad, one_pass)
+    return OpMemory("training", w_shard, M_w, M_opt, M_grad, M_act, 0.0 * b_loc, transient, state, c, n_ckpt, layer,
+                    live)
 
 
 def transient_bytes(mem: OpMemory, holds_copy, opts: CostOptions = DEFAULT_OPTIONS):

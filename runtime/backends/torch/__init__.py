@@ -9,10 +9,10 @@ Modules (each imports torch itself, so importing this package does not; `SPEC` b
   NCCL/GPU), `pinning`
 - the channel: `messages` (sealed, schema-checked commands and reports), `worker_setup` (what a worker is told
   at start)
-- worker side: `worker` (its commands, models and copies), `layout` (shards, routes and ZeRO shares), `parallel`
-  (one rank's share of a model), `tensor_parallel`, `pipeline` (links between stages), `schedules` (pipelined
-  inference, generation, 1F1B training), `megatron_compat`, `peak_memory` (what a worker held at its peak, beside
-  the prediction)
+- worker side: `worker` (its commands, models and copies), `worker_env` (set before torch loads), `layout`
+  (shards, routes and ZeRO shares), `parallel` (one rank's share of a model), `tensor_parallel`, `pipeline` (links
+  between stages), `schedules` (pipelined inference, generation, 1F1B training), `megatron_compat`, `peak_memory`
+  (what a worker held at its peak, beside the prediction)
 - models and RL: `models`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `rl`, `rl_options`,
   `algorithms/` (PPO, GRPO, DPO), `prompts` (a dataset file or a toy task), `datasets`, `tasks`, `rewards`,
   `arith`, and `reference` (the single-process oracle at tau = 0)

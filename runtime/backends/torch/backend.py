@@ -263,7 +263,7 @@ class TorchBackend(Backend):
             self._predicted_peaks = check_memory(plan.program, plan.devices, dist_backend)
         else:
             self._predicted_peaks = predicted_peaks(plan.program, plan.devices)
-        self._measured_what = "GPU allocator" if dist_backend == "nccl" else "resident memory"
+        self._measured_what = "GPU allocator" if dist_backend == "nccl" else "the C heap's allocations"
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
@@ -415,7 +415,7 @@ class TorchBackend(Backend):
 
     def memory_summary(self) -> list[str]:
         """Each worker's measured peak (its bye) beside the cost model's peak of its device (peak_memory.py)."""
-        peaks = [WorkerPeak(r, d, self._predicted_peaks.get(d, 0.0), self.pool.peaks.get(r))
+        peaks = [WorkerPeak(r, d, self._predicted_peaks.get(d, 0.0), self.pool.peaks.get(r), self.pool.resident.get(r))
                  for d, r in sorted(self.rank_of.items(), key=lambda dr: dr[1])]
         return peak_lines(peaks, self._measured_what)
 

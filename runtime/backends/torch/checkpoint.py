@@ -53,7 +53,7 @@ import os
 import re
 import shutil
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -432,10 +432,12 @@ class Reader:
     def read_piece(self, key: str, piece: Piece) -> torch.Tensor:
         return self.read(key, piece_box(piece, self.shape(key)))
 
-    def pieces(self, prefix: str, shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int,
-               layers: int) -> dict[str, torch.Tensor]:
-        """This rank's pieces under `layout` of the tensors `prefix + name` (a model version)."""
-        return {n: self.read_piece(prefix + n, piece) for n, piece in rank_pieces(shapes, layout, rank, layers).items()}
+    def pieces(self, prefix: str, shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int, layers: int,
+               convert: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict[str, torch.Tensor]:
+        """This rank's pieces under `layout` of the tensors `prefix + name` (a model version), each `convert`ed as it
+        is read."""
+        return {n: convert(self.read_piece(prefix + n, piece))
+                for n, piece in rank_pieces(shapes, layout, rank, layers).items()}
 
 
 def load_full(directory: str, fmt: str = FORMAT) -> tuple[dict, dict[str, torch.Tensor]]:

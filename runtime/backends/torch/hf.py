@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -126,9 +126,10 @@ class HFWeights:
     def full(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
         return {n: self.read(n, s) for n, s in shapes.items()}
 
-    def pieces(self, shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int) -> dict[str, Tensor]:
-        """This rank's pieces under `layout`: only the slices it holds are read."""
-        return {n: self.read(n, shapes[n], p) for n, p in rank_pieces(shapes, layout, rank, self.layers).items()}
+    def pieces(self, shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int,
+               convert: Callable[[Tensor], Tensor] = lambda t: t) -> dict[str, Tensor]:
+        """This rank's pieces under `layout`: only the slices it holds are read, each `convert`ed as it is."""
+        return {n: convert(self.read(n, shapes[n], p)) for n, p in rank_pieces(shapes, layout, rank, self.layers).items()}
 
 
 def model_net(arch: Arch, hf: Optional[str], base: NetOptions) -> NetOptions:

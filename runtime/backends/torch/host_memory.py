@@ -1,4 +1,5 @@
-"""Giving freed host memory back to the operating system at the phase boundaries of a command.
+"""Host memory: giving freed memory back to the operating system at the phase boundaries of a command, and the
+peak of what the C heap holds allocated (`HeapMeter`).
 
 On the CPU torch allocates tensors with the C library's malloc. glibc keeps freed memory in its heap for reuse and
 returns it to the system only from the heap's top, so a phase that frees many tensors of assorted sizes (a
@@ -17,18 +18,89 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
+import time
 from typing import Callable, Optional
 
+SAMPLE_S = 2e-4  # how often HeapMeter reads the heap (a read costs ~0.3 us)
 
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-    name = ctypes.util.find_library("c")
+
+def _libc_function(name: str) -> Optional[Callable]:
+    lib = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return getattr(ctypes.CDLL(lib), name) if lib else None
     except (OSError, AttributeError):  # not glibc
         return None
 
 
-_TRIM = _malloc_trim()
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                               "uordblks", "fordblks", "keepcost")]
+
+
+_TRIM = _libc_function("malloc_trim")
+_MALLINFO2 = _libc_function("mallinfo2")
+if _MALLINFO2 is not None:
+    _MALLINFO2.restype = _MallInfo2
+
+
+def heap_in_use() -> Optional[int]:
+    """Bytes the C heap holds allocated now (glibc: every arena's allocated chunks and the mmapped ones), or None
+    where the C library cannot say."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
+
+
+class HeapMeter:
+    """The most bytes the C heap held allocated (`heap_in_use`) since `start` or `reset`, read every SAMPLE_S by a
+    daemon thread. On the CPU torch allocates tensors with malloc, so this is what the process's tensors, gloo's
+    buffers and the interpreter's large objects weigh, whichever thread allocates or frees them, and not the freed
+    memory glibc keeps for reuse (which the resident size holds). torch's
+    profiler counts tensor bytes too but misses the frees made on other threads (gloo's, after a collective), so it
+    overcounts a process that communicates. The sampler runs whenever the main thread releases the GIL, as torch's
+    kernels do; a peak shorter than SAMPLE_S between two reads can be missed."""
+
+    def __init__(self) -> None:
+        self.base = heap_in_use()
+        self._max = self.base or 0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def available(self) -> bool:
+        return self.base is not None
+
+    def start(self) -> "HeapMeter":
+        if self.available and self._thread is None:
+            self._thread = threading.Thread(target=self._sample, name="heap-meter", daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            now = heap_in_use() or 0
+            if now > self._max:
+                self._max = now
+            time.sleep(SAMPLE_S)
+
+    def reset(self) -> None:
+        """Start a new high-water mark from what the heap holds now."""
+        self._max = heap_in_use() or 0
+
+    def peak(self) -> Optional[int]:
+        """The most bytes held since the last reset (or the start), this moment included."""
+        if not self.available:
+            return None
+        self._max = max(self._max, heap_in_use() or 0)
+        return self._max
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def release_freed() -> None:

@@ -50,9 +50,9 @@ def training_dtype(workload: Workload, train: Optional[Training] = None) -> torc
     return dtype
 
 
-# Elements of a gradient squared in float64 at once: a whole float64 copy of the largest gradient (and its square)
-# would be the largest transient of a step.
-SQUARE_PIECE = 1 << 20
+# Elements of a gradient squared in float64 at once (1 MiB with the square): a whole float64 copy of the largest
+# gradient (and its square) would be the largest transient of a step.
+SQUARE_PIECE = 1 << 16
 
 
 def sum_of_squares(g: Tensor) -> Tensor:
@@ -113,9 +113,10 @@ class MasterWeights:
                 for n in self.names:
                     self.values[n].copy_(shards[n])
 
-    def export(self) -> dict[str, Tensor]:
-        """A copy of the masters (float32), by parameter name."""
-        return {n: v.detach().clone() for n, v in self.values.items()}
+    def export(self, copy: bool = True) -> dict[str, Tensor]:
+        """The masters (float32), by parameter name: a copy, or (`copy=False`, for a checkpoint written at once) the
+        masters themselves, which the next step changes."""
+        return {n: v.detach().clone() if copy else v.detach() for n, v in self.values.items()}
 
     def nbytes(self) -> int:
         """Bytes of the float32 masters (none for a float32 module: they are its parameters) and the Adam state."""

@@ -89,7 +89,8 @@ COMMANDS = {
 NODE_COMMANDS = tuple(t for t, m in COMMANDS.items() if "node" in m.required)  # the commands that run a node
 REPORTS = {
     "ready": MessageType(("rank", "groups")),
-    "bye": MessageType(("rank",), ("peak",)),  # peak: bytes held above the start-up size (peak_memory.py)
+    # peak: bytes held above the start-up size; resident: the resident high-water mark above it (peak_memory.py)
+    "bye": MessageType(("rank",), ("peak", "resident")),
     "error": MessageType(("node", "what", "rank", "message")),
     "done": MessageType(("node", "rank", "start", "finish", "mem"),
                         ("bytes", "versions_in", "versions_out", "metrics", "reward_stats",

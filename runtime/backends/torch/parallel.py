@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator, Iterable, Optional
+from typing import Callable, Iterator, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rpegc.core.cost.memory import gradient_bucket_bytes
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch.device import CPU
@@ -60,10 +61,6 @@ from rpegc.runtime.backends.torch.master_weights import sum_of_squares
 from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel, param_shapes, seeded_parameter
 from rpegc.runtime.backends.torch.pipeline import ACTIVATION, StageEvent, StageLink
 from rpegc.runtime.backends.torch.tensor_parallel import canonical_name, tp_linear
-
-# Gradient bytes of one owner collected before ZeRO-2 reduces them in the backward pass (DDP's default bucket):
-# few reduces, and at most a bucket per owner of gradients not owned waits.
-GRADIENT_BUCKET_BYTES = 25 << 20
 
 
 class ProcessGroups:
@@ -144,7 +141,8 @@ class ParallelModel:
         self.owner = replica_owner(param_shapes(arch, kind, net), layout, rank, arch.layers)  # ZeRO shares
         self.zero = 2  # the ZeRO stage a training module runs under (training.Training.zero; the trainer sets it)
         self._acc: dict[str, Tensor] = {}  # an owner's reduced gradients of its share, summed over the step's passes
-        self.bucket_bytes = GRADIENT_BUCKET_BYTES
+        grad_bytes = sum(p.numel() * p.element_size() for p in self.params().values())
+        self.bucket_bytes = int(gradient_bucket_bytes(grad_bytes, layout.dp))  # the memory model's bucket
         self._buckets: Optional[list[tuple[int, list[str]]]] = None
         self.loaded: Optional[tuple[str, int]] = None  # (model, version) of the values in the module
         self.bound: Optional[str] = None  # the weights entry whose tensors the parameters are (`bind`)
@@ -371,13 +369,12 @@ class ParallelModel:
             offset += p.numel()
 
     def broadcast_params(self) -> None:
-        """Every replica's updated share to the others (ZeRO 1 and 2, after the owners' optimizer step)."""
+        """Every replica's updated share to the others (ZeRO 1 and 2, after the owners' optimizer step), a bucket of
+        `zero_buckets` at a time, so no more than a bucket is in flight."""
         if self.dp_group is None or self.zero == 0:
             return
         params = self.params()
-        for o, names in self._shares():
-            if not names:
-                continue
+        for o, names in self.zero_buckets():
             if o == self.d:
                 flat = torch.cat([params[n].detach().reshape(-1) for n in names])
             else:
@@ -390,11 +387,6 @@ class ParallelModel:
                         p = params[n]
                         p.copy_(flat[offset:offset + p.numel()].view_as(p))
                         offset += p.numel()
-
-    def _shares(self) -> list[tuple[int, list[str]]]:
-        """(owner's replica index, its parameter names in this module's order) for every replica of the DP group."""
-        params = self.params()
-        return [(o, [n for n in params if self.owner[n] == o]) for o in range(self.layout.dp)]
 
     def stepped(self) -> list[str]:
         """The parameters this rank's optimizer steps: its replica's share (ZeRO 1 and 2), or all (ZeRO 0)."""
@@ -428,12 +420,12 @@ def shard_of(full: dict[str, Tensor], shapes: dict[str, tuple[int, ...]], layout
 
 
 def seeded_shard(shapes: dict[str, tuple[int, ...]], layout: Layout, rank: int, layers: int, seed: int,
-                 std: float) -> dict[str, Tensor]:
-    """This rank's pieces of version 0 drawn from the model's seed: a parameter's values depend on (seed, name,
-    shape) alone (`models.seeded_parameter`), so a rank draws only the parameters it holds, one at a time, and
-    gets exactly the values of the whole model `models.build_model` makes."""
+                 std: float, convert: Callable[[Tensor], Tensor] = lambda t: t) -> dict[str, Tensor]:
+    """This rank's pieces of version 0 drawn from the model's seed, each `convert`ed as it is drawn: a parameter's
+    values depend on (seed, name, shape) alone (`models.seeded_parameter`), so a rank draws only the parameters it
+    holds, one at a time, and gets exactly the values of the whole model `models.build_model` makes."""
     out = {}
     for name, piece in rank_pieces(shapes, layout, rank, layers).items():
         t = seeded_parameter(name, shapes[name], seed, std, layers)
-        out[name] = t if piece.dim is None else t.narrow(piece.dim, piece.lo, piece.hi - piece.lo).clone()
+        out[name] = convert(t if piece.dim is None else t.narrow(piece.dim, piece.lo, piece.hi - piece.lo).clone())
     return out

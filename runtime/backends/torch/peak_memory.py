@@ -2,9 +2,11 @@
 item 5): the run summary prints both per worker and warns where they differ by more than `TOLERANCE` and `FLOOR`.
 
 On a GPU the peak is torch's own accounting (`torch.cuda.max_memory_allocated`, reset when the worker is ready).
-On the CPU it is the process's resident high-water mark (VmHWM of /proc/self/status, reset to the resident size
-by writing 5 to /proc/self/clear_refs) above its resident size when it was ready: the interpreter, torch and the
-process groups are the start-up size, not the plan's. Where neither exists (no /proc) nothing is measured.
+On the CPU it is what the C heap held allocated at its most (`host_memory.HeapMeter`: torch allocates tensors with
+malloc) above what it held when the worker was ready: the interpreter, torch and the process groups are the start-up
+size, not the plan's. Beside it the resident high-water mark (VmHWM of /proc/self/status, reset to the resident
+size by writing 5 to /proc/self/clear_refs) above the resident size then, which adds what glibc keeps of freed
+memory and the pages the interpreter and libraries touch. Where neither exists nothing is measured.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from rpegc.runtime.backends.torch.host_memory import HeapMeter
 
 TOLERANCE = 0.15  # |measured / predicted - 1| above which the summary warns ...
 # ... when the difference is also above what a worker process grows by on its own: torch's kernels paged in on
@@ -34,11 +38,13 @@ def _status_bytes(field: str) -> Optional[int]:
 
 
 class PeakMeter:
-    """The peak bytes a process holds above its size at `start`, on `device`."""
+    """The peak bytes a process holds above its size at `start`, on `device` (module docstring)."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.baseline: Optional[int] = None
+        self.baseline: Optional[int] = None  # GPU: allocated bytes at the start
+        self.heap: Optional[HeapMeter] = None
+        self.resident_base: Optional[int] = None
 
     def start(self) -> None:
         if self.device.type == "cuda":
@@ -46,22 +52,30 @@ class PeakMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device)
             return
+        self.heap = HeapMeter().start()
         try:
             with open(_CLEAR_REFS, "w", encoding="ascii") as f:
                 f.write("5")  # the high-water mark starts again from the resident size
         except OSError:
-            self.baseline = None
             return
-        self.baseline = _status_bytes("VmRSS")
+        self.resident_base = _status_bytes("VmRSS")
 
     def peak(self) -> Optional[int]:
-        """Bytes above the start-up size at the highest point since `start` (None: not measured here)."""
-        if self.baseline is None:
-            return None
+        """Bytes allocated above the start-up size at the highest point since `start` (None: not measured here)."""
         if self.device.type == "cuda":
+            if self.baseline is None:
+                return None
             return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+        if self.heap is None or not self.heap.available:
+            return None
+        return max(0, (self.heap.peak() or 0) - (self.heap.base or 0))
+
+    def resident(self) -> Optional[int]:
+        """The resident high-water mark above the resident size at `start` (CPU only; None: not measured)."""
+        if self.resident_base is None:
+            return None
         hwm = _status_bytes("VmHWM")
-        return None if hwm is None else max(0, hwm - self.baseline)
+        return None if hwm is None else max(0, hwm - self.resident_base)
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class WorkerPeak:
     device: int  # the plan's flat device id
     predicted: float  # the cost model's peak(d), bytes
     measured: Optional[int]  # bytes above the start-up size; None where nothing was measured
+    resident: Optional[int] = None  # CPU: the resident high-water mark above the start-up size, beside it
 
     @property
     def ratio(self) -> Optional[float]:
@@ -96,8 +111,9 @@ def peak_lines(peaks: list[WorkerPeak], what: str) -> list[str]:
     for p in measured:
         assert p.measured is not None
         ratio = f"{p.ratio:.2f}x" if p.ratio is not None else "n/a"
+        resident = f"; {_mib(p.resident)} resident" if p.resident is not None else ""
         lines.append(f"  worker {p.rank} (device {p.device}): {_mib(p.measured)} measured, {_mib(p.predicted)} "
-                     f"predicted ({ratio})")
+                     f"predicted ({ratio}{resident})")
     off = [p for p in measured if p.off]
     if off:
         worst = max(off, key=lambda p: abs((p.ratio or 1.0) - 1.0))

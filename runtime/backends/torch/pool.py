@@ -74,6 +74,7 @@ class WorkerPool:
         self._chan: Optional[Endpoint] = None  # the controller's side of the control channel
         self._inbox: Optional[StoreInbox | PipeInbox] = None
         self.peaks: dict[int, int] = {}  # rank -> bytes it held above its start-up size (its bye says)
+        self.resident: dict[int, int] = {}  # rank -> its resident high-water mark above it (CPU workers)
         self._releases: dict[int, list[str]] = {}  # rank -> labels freed since its last command
         self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
         self._secret_tmpdir: Optional[str] = None
@@ -138,7 +139,8 @@ class WorkerPool:
         ctx = mp.get_context("forkserver")
         # Imported once in the fork server instead of in every worker: torch, torch._dynamo (the first
         # torch.optim.Adam pulls it in, ~1 s per process) and, for TP through megatron, its layers.
-        preload = ["torch", "torch._dynamo", "rpegc.runtime.backends.torch.worker"]
+        preload = ["rpegc.runtime.backends.torch.worker_env", "torch", "torch._dynamo",
+                   "rpegc.runtime.backends.torch.worker"]
         if tp_impl == "megatron":
             preload.append("rpegc.runtime.backends.torch.megatron_compat")
         ctx.set_forkserver_preload(preload)
@@ -258,6 +260,8 @@ class WorkerPool:
                     left.discard(msg["rank"])
                     if msg.get("peak") is not None:
                         self.peaks[msg["rank"]] = int(msg["peak"])
+                    if msg.get("resident") is not None:
+                        self.resident[msg["rank"]] = int(msg["resident"])
             for p in self._procs:
                 p.join(timeout=max(0.0, deadline - time.time()))
         self.kill(kill_grace_s)

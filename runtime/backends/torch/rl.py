@@ -16,12 +16,10 @@ position. Masks are float tensors, 1 for real response tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Callable, Collection, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from rpegc.core.cost.memory import LOGPROB_PIECE  # the cost model counts two such pieces
 from rpegc.core.ir.errors import RpegError
@@ -150,27 +148,73 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
                       for i in range(0, logits.shape[0], rows)])
 
 
-def _head_piece(lm_head: nn.Module, temperature: float, with_entropy: bool, hidden: Tensor,
-                tokens: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-    logp = torch.log_softmax(lm_head(hidden).float() / temperature, dim=-1)
-    picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return (picked, -(logp.exp() * logp).sum(-1)) if with_entropy else picked
+def _head_piece(weight: Tensor, temperature: float, hidden: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(logits in the module's dtype, float32 log-softmax at the temperature, the tokens' log-probs) of a piece."""
+    logits = hidden @ weight.t()
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logits, logp, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """log pi(token) and the entropy of an LM head (`weight` [V, d], no bias) over `hidden` [b, t, d], a piece of
+    `rows` sequences at a time in both passes: the forward keeps only its inputs, the backward recomputes each
+    piece's logits and adds its weight gradient into one [V, d] buffer. So no vocabulary-wide tensor larger than a
+    piece exists, and the head's weight gradient is one tensor (autograd's graph of checkpointed pieces made one per
+    piece and summed them: three [V, d] tensors at once). The gradients are autograd's of `_head_piece`: through
+    the gather and log-softmax g_pick (onehot - p), through the entropy H = -sum p log p: -g_H p (log p + H), both
+    divided by the temperature and cast to the logits' dtype, then the two products of the linear layer."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float, rows: int,
+                with_entropy: bool):
+        picked, entropy = [], []
+        for i in range(0, hidden.shape[0], rows):
+            _, logp, p = _head_piece(weight, temperature, hidden[i:i + rows], tokens[i:i + rows])
+            picked.append(p)
+            if with_entropy:
+                entropy.append(-(logp.exp() * logp).sum(-1))
+        ctx.save_for_backward(hidden, weight, tokens)
+        ctx.temperature, ctx.rows = temperature, rows
+        ctx.set_materialize_grads(False)  # an unused entropy gets no gradient to apply
+        out = torch.cat(picked)
+        return (out, torch.cat(entropy)) if with_entropy else (out, out.new_zeros(out.shape))
+
+    @staticmethod
+    def backward(ctx, g_pick: Optional[Tensor], g_entropy: Optional[Tensor]):
+        hidden, weight, tokens = ctx.saved_tensors
+        if g_pick is None:
+            g_pick = torch.zeros(tokens.shape, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for i in range(0, hidden.shape[0], ctx.rows):
+            h, tok = hidden[i:i + ctx.rows], tokens[i:i + ctx.rows]
+            with torch.no_grad():
+                logits, logp, _ = _head_piece(weight, ctx.temperature, h, tok)
+                p = logp.exp()
+                g = -p * g_pick[i:i + ctx.rows].unsqueeze(-1)
+                g.scatter_add_(-1, tok.unsqueeze(-1), g_pick[i:i + ctx.rows].unsqueeze(-1))
+                if g_entropy is not None:
+                    entropy = -(p * logp).sum(-1, keepdim=True)
+                    g -= g_entropy[i:i + ctx.rows].unsqueeze(-1) * p * (logp + entropy)
+                g_logits = (g / ctx.temperature).to(logits.dtype)
+                del logits, logp, p, g
+                if grad_hidden is not None:
+                    grad_hidden[i:i + ctx.rows] = g_logits @ weight
+                if grad_weight is not None:
+                    grad_weight.add_(g_logits.flatten(0, -2).t() @ h.flatten(0, -2))
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def head_logprobs(lm_head: nn.Module, hidden: Tensor, tokens: Tensor, temperature: float = 1.0,
                   with_entropy: bool = False) -> tuple[Tensor, Optional[Tensor]]:
     """Training's log pi(token) (and entropies) in float32 from the final norm's output `hidden` [b, t, d] and
-    tokens [b, t]: the LM head and the log-softmax a few sequences at a time (LOGPROB_PIECE float32 elements),
-    each piece under torch.utils.checkpoint, so autograd keeps only its inputs (views of `hidden`) and its
-    per-token results and the backward pass recomputes its logits. No vocabulary-wide tensor larger than a piece
-    exists at any time; the price is the head's forward once more in the backward pass, as for the blocks."""
+    tokens [b, t]: the LM head and the log-softmax a few sequences at a time (LOGPROB_PIECE float32 elements) in
+    the forward and again in the backward pass (`_HeadLogprobs`), so autograd keeps only `hidden` and no
+    vocabulary-wide tensor larger than a piece exists at any time; the price is the head's forward once more in the
+    backward pass, as for the blocks."""
     rows = max(1, LOGPROB_PIECE // max(1, hidden.shape[1] * lm_head.out_features))
-    piece = partial(_head_piece, lm_head, temperature, with_entropy)
-    parts = [checkpoint(piece, hidden[i:i + rows], tokens[i:i + rows], use_reentrant=False)
-             for i in range(0, hidden.shape[0], rows)]
-    if not with_entropy:
-        return torch.cat(parts), None
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    picked, entropy = _HeadLogprobs.apply(hidden, lm_head.weight, tokens, temperature, rows, with_entropy)
+    return picked, entropy if with_entropy else None
 
 
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:

@@ -76,7 +76,7 @@ from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove, ran
 from rpegc.runtime.backends.torch.messages import SECRET_ENV, Endpoint, MessageError, read_secret
 from rpegc.runtime.backends.torch.pinning import local_workers, pin_cpu_worker
 from rpegc.runtime.backends.torch.hf import HFWeights
-from rpegc.runtime.backends.torch.host_memory import release_freed
+from rpegc.runtime.backends.torch.host_memory import heap_in_use, release_freed
 from rpegc.runtime.backends.torch.master_weights import MasterWeights, training_dtype
 from rpegc.runtime.backends.torch.models import cast_weights, check_arch, param_shapes
 from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, seeded_shard
@@ -180,6 +180,7 @@ class Worker:
         self.serving_dtype = setup.run.serving_dtype  # of every `weights` entry and serving module
         self.entries: dict[str, Entry] = {}
         self.debug = bool(os.environ.get("RPEG_TORCH_DEBUG"))  # one line per command in the worker log
+        self.meter: Optional[PeakMeter] = None  # what the worker held at its peak (`loop`)
         self.serving: dict[tuple[str, Layout], ParallelModel] = {}
         self.training: dict[tuple[str, Layout], TrainState] = {}
         self._model_bytes: tuple[tuple, int] = ((), 0)  # (counts it was computed at, bytes): see memory()
@@ -230,14 +231,14 @@ class Worker:
                     raise SystemExit(3)
 
     def loop(self) -> None:
-        meter = PeakMeter(self.device)
+        meter = self.meter = PeakMeter(self.device)
         meter.start()  # what the plan makes this worker hold is measured from here on
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
         while True:
             cmd = self.next_command()
             if cmd["type"] == "stop":
                 # the controller keeps its store until all said bye
-                self.report({"type": "bye", "rank": self.rank, "peak": meter.peak()})
+                self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident()})
                 return
             self.handle(cmd)
 
@@ -256,7 +257,11 @@ class Worker:
             self.report({"type": "error", "node": node, "what": cmd["type"], "rank": self.rank, "message": detail})
             return
         if self.debug:
-            print(f"[{start:9.3f} -> {self.now():9.3f}] {cmd['type']} {node or cmd.get('label', '')}", flush=True)
+            peak = self.meter.peak() if self.meter is not None else None
+            now = heap_in_use()
+            held = (f" (holds {(now - self.meter.heap.base) / 2**20:,.1f} MiB, peak so far {peak / 2**20:,.1f} MiB)"
+                    if peak is not None and now is not None and self.meter.heap is not None else "")
+            print(f"[{start:9.3f} -> {self.now():9.3f}] {cmd['type']} {node or cmd.get('label', '')}{held}", flush=True)
         if node is not None or cmd["type"] == "export":
             info.update(type="done", node=node, rank=self.rank, start=start, finish=self.now(), mem=self.memory())
             self.report(info)
@@ -301,29 +306,33 @@ class Worker:
         assert spec.hf is not None
         return HFWeights(spec.hf, spec.kind, spec.seed, self.nets[model])
 
-    def version_shards(self, model: str, version: int, layout: Layout) -> dict[str, Tensor]:
-        """This rank's float32 pieces under `layout` of a version it installs: read from the resume
-        checkpoint's shard files (only the boxes it needs, from whichever files hold them), or version 0: only
-        this rank's slices of the model's checkpoint, or only its parameters drawn from the model's seed (the
-        values `hf.initial_model` builds whole for the single-process reference). Nothing else is kept."""
+    def version_shards(self, model: str, version: int, layout: Layout,
+                       convert: Callable[[Tensor], Tensor] = lambda t: t) -> dict[str, Tensor]:
+        """This rank's float32 pieces under `layout` of a version it installs, each `convert`ed as it is read (so a
+        serving copy never has all its float32 values at once): read from the resume checkpoint's shard files
+        (only the boxes it needs, from whichever files hold them), or version 0: only this rank's slices of the
+        model's checkpoint, or only its parameters drawn from the model's seed (the values `hf.initial_model`
+        builds whole for the single-process reference). Nothing else is kept."""
         spec = self.setup.models[model]
         if self.resume is not None and version in self.resume.index.get("versions", {}).get(model, ()):
             return self.resume.pieces(ckpt.weights_key(model, version, ""), self.shapes[model], layout, self.rank,
-                                      spec.arch.layers)
+                                      spec.arch.layers, convert)
         if version != 0:
             raise CommandError(f"version {version} of @{model} is neither in the checkpoint nor version 0")
         if spec.hf is not None:
-            return self.hf_weights(model).pieces(self.shapes[model], layout, self.rank)
+            return self.hf_weights(model).pieces(self.shapes[model], layout, self.rank, convert)
         check_arch(spec.arch, spec.kind, self.nets[model])
         return seeded_shard(self.shapes[model], layout, self.rank, spec.arch.layers, spec.seed,
-                            self.nets[model].init_std)
+                            self.nets[model].init_std, convert)
 
     def cmd_install(self, cmd: dict) -> None:
         m, layout = cmd["model"], cmd["layout"]
-        master = self.version_shards(m, cmd["version"], layout)
-        if cmd.get("keep"):  # a resumed version the next checkpoint saves again (tau > 0)
+        if cmd.get("keep"):  # a resumed version the next checkpoint saves again (tau > 0): its float32 values too
+            master = self.version_shards(m, cmd["version"], layout)
             self._keep(m, cmd["version"], layout, master, cmd["tau"])
-        shards = {n: t.to(self.device, self.serving_dtype) for n, t in master.items()}
+            shards = {n: t.to(self.device, self.serving_dtype) for n, t in master.items()}
+        else:
+            shards = self.version_shards(m, cmd["version"], layout, lambda t: t.to(self.device, self.serving_dtype))
         self._put_weights(cmd["label"], Entry("weights", m, cmd["version"], layout, shards=shards))
 
     def _writes(self, model: str, layout: Layout) -> set[str]:
@@ -400,7 +409,7 @@ class Worker:
             if st is None or st.pm.loaded != (m, v):
                 raise CommandError(f"checkpoint of the float32 master of version {v} of @{m}, which no training "
                                    f"state on this worker holds")
-            add(prefix, m, layout, st.master.export())
+            add(prefix, m, layout, st.master.export(copy=False))  # written before any later step runs
         for m, v, prefix in cmd.get("window", ()):
             kept = self.window.get((m, v))
             if kept is None:
@@ -439,7 +448,7 @@ class Worker:
         bf16 rounding."""
         st = self.training.get((e.model, e.layout)) if e.model is not None and e.layout is not None else None
         if st is not None and not e.full_precision() and st.pm.loaded == (e.model, e.version):
-            return st.master.export()
+            return st.master.export(copy=False)
         return e.shards
 
     # -- transfers ----------------------------------------------------------------------------------
