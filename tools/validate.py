@@ -440,7 +440,7 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
     built, so its weights and optimizer state are in it (`host_memory.HeapMeter`)."""
     import torch
 
-    from rpegc.runtime.backends.torch.host_memory import HeapMeter
+    from rpegc.runtime.backends.torch.host_memory import OPERATOR_SAMPLE_S, HeapMeter
 
     layout = _layout(case)
     if ctx.rank not in layout.ranks:
@@ -449,7 +449,7 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
     if isolated:
         _drop_workers(ctx)
     if isolated and not ctx.is_cuda:
-        meter = HeapMeter().start()
+        meter = HeapMeter(OPERATOR_SAMPLE_S).start()
         try:
             op = _OpRuns(ctx, _backend_worker(ctx, case, seed, tp_impl), case, layout, seed)
             for _ in range(max(1, warmup)):  # the first training run creates the optimizer state
