@@ -35,11 +35,11 @@ demo: $(STAMP)
 	@echo "    cores than workers is labelled oversubscribed and gets measured numbers only)"
 	@for x in ppo-tiny grpo-tiny; do \
 	  $(BIN)/rpegc examples/$$x.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/$$x.exec.rpeg && \
-	  $(BIN)/rpeg-run $(OUT)/$$x.exec.rpeg --backend torch --run-dir $(OUT)/$$x.run --trace $(OUT)/$$x.trace.jsonl \
+	  $(BIN)/rpeg-run $(OUT)/$$x.exec.rpeg --backend torch --run-dir $(OUT)/$$x.run --overwrite --trace $(OUT)/$$x.trace.jsonl \
 	  || exit 1; done
 	@echo "== 4. the hand-written PPO plan on all 8 CPU workers (dp/tp/pp, Comm and Reshard nodes) =="
 	$(BIN)/rpegc examples/ppo-tiny.rpeg -p 'verify-wellformed,$(TINY_LOWER)' -o $(OUT)/ppo-tiny-8.exec.rpeg
-	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --trace $(OUT)/ppo-tiny-8.trace.jsonl \
+	$(BIN)/rpeg-run $(OUT)/ppo-tiny-8.exec.rpeg --backend torch --run-dir $(OUT)/ppo-tiny-8.run --overwrite --trace $(OUT)/ppo-tiny-8.trace.jsonl \
 	  --gantt $(OUT)/ppo-tiny-8-gantt.png
 	@echo "== 5. tiny GRPO on 2 CPU workers (a core each on a 2-core host): measured vs predicted steady state =="
 	$(BIN)/rpegc examples/grpo-tiny-2.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/grpo-tiny-2.exec.rpeg

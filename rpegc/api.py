@@ -23,6 +23,7 @@ from typing import Union
 from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.program import Program
+from rpegc.inputs import MAX_MODULE_BYTES, read_input_text
 
 ProgramOrText = Union[Program, str]
 
@@ -38,11 +39,7 @@ def parse(text: str, filename: str = "<string>") -> Program:
 
 def load(path: str) -> Program:
     """A module from a file: `.json` (the JSON form), `.mlir` (the generic MLIR form), else `.rpeg` text."""
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise RpegError(Loc(path, 0, 0), f"cannot read the module: {getattr(e, 'strerror', None) or e}") from None
+    text = read_input_text(path, "the module", MAX_MODULE_BYTES)
     if path.endswith(".json"):
         return from_json(text, path)
     if path.endswith(".mlir"):

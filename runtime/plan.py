@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.inputs import MAX_MODULE_BYTES, read_input_text
 from rpegc.core.ir.exec_graph import DataRef, ExecNode
 from rpegc.core.lower.rules import container_payload, data_bytes, data_read, data_written, phase_shares, weight_bytes
 from rpegc.core.ir.program import Program
@@ -173,14 +174,7 @@ class RunPlan:
 
 def load_program(path: str) -> Program:
     """Read a module from `path`: JSON form when it ends in .json, else the `.rpeg` text form."""
-    try:
-        with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is dropped
-            text = f.read()
-    except OSError as e:
-        raise RpegError(Loc(path, 0, 0), f"cannot read the plan file: {e.strerror or e}; check the path") from None
-    except UnicodeDecodeError as e:
-        raise RpegError(Loc(path, 0, 0), f"the plan file is not UTF-8 text (byte {e.start}); give a .json or "
-                                         ".rpeg plan") from None
+    text = read_input_text(path, "the plan file", MAX_MODULE_BYTES)
     if path.endswith(".json"):
         from rpegc.syntax.json_form import program_from_text
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
 from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.inputs import read_input_text
 from rpegc.outputs import PendingOutput
 from rpegc.syntax import json_text
 
@@ -224,15 +225,11 @@ def write_trace(t: Trace, path: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+MAX_TRACE_BYTES = 4 << 30  # ~500 bytes a node: millions of nodes
+
+
 def read_trace(path: str) -> Trace:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise RpegError(Loc(path, 0, 0), f"cannot read the trace: {e.strerror or e}; check the path") from None
-    except UnicodeDecodeError as e:
-        raise RpegError(Loc(path, 0, 0), f"the trace is not UTF-8 text (byte {e.start}); give a JSON-lines trace "
-                                         "written by rpeg-run --trace") from None
+    lines = read_input_text(path, "the trace", MAX_TRACE_BYTES).splitlines()
     records = []
     for no, line in enumerate(lines, start=1):
         if not line.strip():

@@ -127,7 +127,8 @@ def test_torch_backend_is_loaded_lazily(plan_file, capsys):
     (["--steps", "0"], "--steps 0: run at least 1 step"),
     (["--checkpoint-every", "0"], "--checkpoint-every 0: checkpoint every N >= 1 steps"),
     (["--seed", "-3"], "--seed -3: give a seed in 0..2^63-1"),
-    (["--lr", "inf"], "--lr inf: give a finite learning rate > 0"),
+    (["--lr", "inf"], "--lr inf: give a learning rate in (0, 1]"),
+    (["--lr", "1e300"], "--lr 1e+300: give a learning rate in (0, 1]"),
     (["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
     (["--lookahead", "-1"], "--lookahead -1: give N >= 0 queued commands"),
 ])
@@ -228,3 +229,18 @@ def test_gantt_panels_start_after_startup_with_vertex_names_and_worker_rows(plan
     assert gantt_unit(torch_trace) == "worker"
     nccl = replace(torch_trace, header=replace(torch_trace.header, options={"dist_backend": "nccl"}))
     assert gantt_unit(nccl) == "GPU"
+
+
+def test_a_pipe_or_a_device_as_an_input_is_refused_at_once(plan_file, tmp_path, capsys):
+    """A FIFO nobody writes to blocked rpeg-run forever, /dev/zero as --rl-config read without end (issue 33, 4)."""
+    fifo = str(tmp_path / "plan.fifo")
+    os.mkfifo(fifo)
+    cases = [([fifo], f"{fifo}: error: cannot read the plan file: it is not a regular file"),
+             (["verify", plan_file, fifo],
+              f"{fifo}: error: cannot read the trace: it is not a regular file"),
+             ([plan_file, "--backend", "torch", "--rl-config", "/dev/zero"],
+              "/dev/zero: error: cannot read the RL config: it is not a regular file")]
+    for args, message in cases:
+        assert main(args) == 1
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err

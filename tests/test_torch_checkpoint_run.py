@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
+
+from fixtures.cli import one_line_error, rpeg_run  # noqa: E402
 
 from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
@@ -43,11 +43,6 @@ def plan_file(tmp_path_factory):
     return out
 
 
-def rpeg_run(*args, env=None):
-    code = "import sys; from rpegc.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, env=dict(os.environ, **(env or {})))
-
 
 def torch_run(plan_file, *args, env=None):
     return rpeg_run(plan_file, "--backend", "torch", "--tp-impl", "torch", "--quiet", *args, env=env)
@@ -56,13 +51,6 @@ def torch_run(plan_file, *args, env=None):
 def steps(run_dir: str) -> list[int]:
     return [s for s, _ in complete_checkpoints(run_dir)]
 
-
-def one_line_error(out, *needles: str) -> None:
-    assert out.returncode == 1, out.stdout + out.stderr
-    err = out.stderr.strip()
-    assert "\n" not in err and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, err
 
 
 @pytest.fixture(scope="module")
@@ -115,16 +103,37 @@ def test_a_checkpoint_interrupted_before_its_index_leaves_the_previous_one_in_us
     one_line_error(torch_run(plan_file, "--resume", run_dir), "already finished", os.path.join(run_dir, "final"))
 
 
+def _flip_a_byte(path: str) -> None:
+    data = bytearray(open(path, "rb").read())
+    data[-5] ^= 0x01
+    open(path, "wb").write(bytes(data))
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(plan_file, uninterrupted, killed, tmp_path):
+    """A corrupted newest checkpoint blocked --resume although older intact ones were kept (issue 33, item 5)."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(killed, run_dir)
+    shard = os.path.join(run_dir, "checkpoints", "step-000003", "rank-00001.safetensors")
+    _flip_a_byte(shard)
+    out = torch_run(plan_file, "--resume", run_dir)
+    assert out.returncode == 0, out.stderr
+    assert "rpeg-run: warning: resuming from step-000002, the newest intact checkpoint; step-000003 is damaged " \
+           f"({shard}: " in out.stderr
+    assert "8 nodes on 2 devices" in out.stdout  # steps 2 and 3
+    want, got = load_final(uninterrupted), load_final(run_dir)
+    assert all(torch.equal(got["actor"][n], w) for n, w in want["actor"].items())  # bit for bit
+
+
 def test_a_damaged_or_foreign_checkpoint_is_a_one_line_error_naming_the_file(plan_file, killed, tmp_path):
     run_dir = str(tmp_path / "run")
     shutil.copytree(killed, run_dir)
     one_line_error(torch_run(plan_file, "--resume", run_dir, "--seed", "1"),
                    os.path.join(run_dir, "checkpoints", "step-000003", "index.json"),
                    "the checkpoint belongs to another run: --seed is 0 in the checkpoint, 1 here")
+    for step in (1, 2):  # the only checkpoint left is the damaged one
+        shutil.rmtree(os.path.join(run_dir, "checkpoints", f"step-00000{step}"))
     shard = os.path.join(run_dir, "checkpoints", "step-000003", "rank-00001.safetensors")
-    data = bytearray(open(shard, "rb").read())
-    data[-5] ^= 0x01
-    open(shard, "wb").write(bytes(data))
+    _flip_a_byte(shard)
     one_line_error(torch_run(plan_file, "--resume", run_dir), shard, "corrupted")
     shutil.rmtree(os.path.join(run_dir, "checkpoints"))
     one_line_error(torch_run(plan_file, "--resume", run_dir), "no checkpoint to resume from")

@@ -83,6 +83,37 @@ def test_an_overlong_prompt_is_an_error_at_its_row_by_default(tok, tmp_path):
     assert e.value.loc.line == 2 and "more than Lp = 6" in e.value.message and "data.truncation" in e.value.message
 
 
+@pytest.mark.parametrize("truncation", ["left", "right", "drop", "error"])
+def test_a_prompt_too_long_for_any_tokenisation_is_cut_or_refused_before_it_is_tokenised(tok, tmp_path, truncation):
+    """A 10 MB prompt took 26 s and 4.2 GB to tokenise before it was refused (issue 33, item 4): a text longer than
+    Lp tokens of the vocabulary's longest can spell is refused or dropped untokenised, and cut for left/right to what
+    holds the kept tokens, which are those of the whole text."""
+    long = "11+22+33+44=" * 400_000  # 4.8 MB
+    path = rows_file(tmp_path, [{"prompt": long, "answer": "x"}, {"prompt": "1+1=", "answer": "2"}])
+    if truncation == "error":
+        with pytest.raises(RpegError) as e:
+            dataset(tok, path, Lp=6, chat_template="never", truncation=truncation)
+        assert e.value.loc.line == 1 and "4,800,000 characters, more than Lp = 6 tokens" in e.value.message
+        return
+    ds = dataset(tok, path, Lp=6, chat_template="never", truncation=truncation)
+    if truncation == "drop":
+        assert len(ds) == 1 and ds.dropped == 1
+        return
+    ids = tok(long[:2400] if truncation == "right" else long[-2400:])["input_ids"]  # a window well past Lp tokens
+    whole = ids[-6:] if truncation == "left" else ids[:6]
+    assert list(ds.examples[0].ids) == whole
+
+
+def test_a_row_above_the_byte_bound_is_refused_before_it_is_parsed(tok, tmp_path, monkeypatch):
+    from rpegc.runtime.backends.torch import datasets
+
+    monkeypatch.setattr(datasets, "MAX_ROW_BYTES", 100)
+    path = rows_file(tmp_path, [{"prompt": "1+1=", "answer": "2"}, {"prompt": "1" * 200, "answer": "x"}])
+    with pytest.raises(RpegError, match="row 2 holds more than") as e:
+        dataset(tok, path)
+    assert e.value.loc.line == 2
+
+
 def test_epochs_are_seeded_permutations_and_steps_continue_across_them(tok, tmp_path):
     path = arith.write_dataset(str(tmp_path / "a.jsonl"), 10, seed=3)
     ds = dataset(tok, path)
@@ -116,6 +147,10 @@ def test_parquet_rows_read_as_jsonl_rows_do(tok, tmp_path):
     ('{"prompt": "1+1="}\n', "has no 'answer'", 1),
     ('{"prompt": 5, "answer": "5"}\n', "must be text or a list of chat messages", 1),
     ('{"prompt": [{"role": "user"}], "answer": "5"}\n', "must be text or a list of chat messages", 1),
+    # issue 33: what Python's json reads but JSON is not, and what it cannot read
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "1=", "answer": NaN}\n', "NaN is not a JSON value", 2),
+    ('{"prompt": "1=", "answer": -Infinity}\n', "-Infinity is not a JSON value", 1),
+    ('{"prompt": "1=", "answer": "1", "x": ' + "[" * 100000 + "]" * 100000 + '}\n', "nests arrays or objects too", 1),
 ])
 def test_malformed_rows_are_located_errors(tok, tmp_path, content, match, line):
     (tmp_path / "bad.jsonl").write_text(content)

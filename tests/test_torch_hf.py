@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -115,6 +116,13 @@ def _config_error(tmp_path, **changes) -> str:
     ({"head_dim": 16}, "head_dim = 16 with 4 heads"),
     ({"hidden_size": ...}, "lacks hidden_size"),
     ({"num_hidden_layers": 0}, "num_hidden_layers = 0 must be"),
+    # values that trained NaN or raised inside transformers (issue 33, items 2 and 3)
+    ({"rms_norm_eps": -1}, "rms_norm_eps = -1 must be a number in (0, 1)"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps = nan must be a number in (0, 1)"),
+    ({"rms_norm_eps": "1e-6"}, "rms_norm_eps = '1e-6' must be a number in (0, 1)"),
+    ({"rms_norm_eps": True}, "rms_norm_eps = True must be"),
+    ({"sliding_window": "4096"}, "sliding_window = '4096' must be a positive integer or null"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings = 'false' must be true or false"),
 ])
 def test_unsupported_or_malformed_configs_name_the_field(tmp_path, changes, match):
     assert match in _config_error(tmp_path, **changes)
@@ -334,3 +342,35 @@ def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints
     with torch.no_grad():
         ref = hf_model(path)(tokens(SHAPE["vocab_size"])).logits
     torch.testing.assert_close(torch.load(out), ref, rtol=0, atol=LOGIT_ATOL)
+
+
+def test_a_checkpoint_weight_holding_nan_or_infinity_is_refused_when_read(checkpoints, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    for bad in (float("nan"), float("-inf")):
+        path = str(tmp_path / f"bad-{bad}")
+        shutil.copytree(checkpoints["llama-gqa"], path)
+        tensors = load_file(os.path.join(path, "model.safetensors"))
+        key = "model.layers.1.mlp.up_proj.weight"
+        tensors[key][2, 3] = bad
+        save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        with pytest.raises(RpegError, match=rf"{key} holds NaN or infinity"):
+            backend_model(path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header", "empty", "huge-header", "directory"])
+def test_a_broken_weights_file_is_a_located_error(checkpoints, tmp_path, damage):
+    """A damaged model.safetensors raised SafetensorError or OSError from inside the loader (issue 33, item 3)."""
+    path = str(tmp_path / damage)
+    shutil.copytree(checkpoints["llama-gqa"], path)
+    weights = os.path.join(path, "model.safetensors")
+    data = open(weights, "rb").read()
+    os.remove(weights)
+    if damage == "directory":
+        os.mkdir(weights)
+    else:
+        open(weights, "wb").write({"truncated": data[: len(data) // 2], "header": data[:8] + b"\xff" * 16 + data[24:],
+                                   "empty": b"", "huge-header": (1 << 62).to_bytes(8, "little") + data[8:]}[damage])
+    with pytest.raises(RpegError) as e:
+        backend_model(path)
+    assert "model.safetensors" in e.value.message or path in e.value.message, e.value.message

@@ -342,3 +342,26 @@ def test_the_secret_file_is_private_and_checked(tmp_path):
         f.write("not hex\n")
     with pytest.raises(m.MessageError, match="is not a control secret"):
         m.read_secret(path)
+
+
+def _sleep():
+    import time
+
+    time.sleep(60)
+
+
+def test_a_link_whose_process_was_killed_with_unread_data_reads_as_closed():
+    """A worker killed with commands unread in its pipe resets it: that is the end of the link (EOFError), so the
+    health check names the worker and its signal, not "the link of res broke: Connection reset by peer" (issue 33)."""
+    import multiprocessing
+    import signal
+
+    ours, theirs = multiprocessing.Pipe()
+    child = multiprocessing.get_context("fork").Process(target=_sleep)
+    child.start()
+    ours.send_bytes(b"x" * 1000)  # the child holds its end of the pipe and never reads this
+    theirs.close()
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    with pytest.raises(EOFError):
+        m.read_link(ours, "res")

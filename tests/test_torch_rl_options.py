@@ -43,6 +43,12 @@ def test_values_take_their_fields_types():
     ("top_k=-3", "top_k must be >= 0"),
     ("top_k=0.5", "top_k must be an integer"),
     ("ppo_minibatches=0", "ppo_minibatches must be >= 1"),
+    # settings the float32 arithmetic cannot hold (issue 33, item 2: they trained NaN before)
+    ("kl_coef=1e300", "kl_coef must be <= 10000.0"),
+    ("adam_eps=1e-320", "adam_eps must be >= 1.1754943508222875e-38"),
+    ("temperature=1e-300", "temperature must be >= 0.0001"),
+    ("lr_actor=1e300", "lr_actor must be <= 1.0"),
+    ("lr_critic=2", "lr_critic must be <= 1.0"),
 ])
 def test_bad_settings_say_what_to_change(pair, match):
     with pytest.raises(RpegError) as e:
@@ -63,7 +69,7 @@ def test_a_file_is_checked_at_the_keys_line_and_options_override_it(tmp_path):
     bad.write_text("clip_eps = 0.1\n\n  temperature = -1\n")
     with pytest.raises(RpegError) as e:
         read_rl_file(str(bad))
-    assert (e.value.loc.line, e.value.loc.col) == (3, 3) and "temperature must be > 0.0" in e.value.message
+    assert (e.value.loc.line, e.value.loc.col) == (3, 3) and "temperature must be >= 0.0001" in e.value.message
     broken = tmp_path / "broken.toml"
     broken.write_text("clip_eps = \n")
     with pytest.raises(RpegError, match="not valid TOML"):

@@ -3,8 +3,6 @@ with a message naming the node and the device, leaves no worker process behind, 
 from the last checkpoint to the same final weights as an uninterrupted run."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +16,7 @@ from rpegc.runtime.backends.torch.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoint import latest_checkpoint, load_checkpoint, load_final  # noqa: E402
 from rpegc.runtime.backends.torch.worker import FAULT_ENV  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
+from fixtures.cli import rpeg_run  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,11 +77,6 @@ def test_a_worker_that_raises_names_its_node_and_device_and_the_others_are_stopp
         run(load_plan(plan_file), backend)
     assert no_process_left(backend.worker_pids)
 
-
-def rpeg_run(*args, env=None):
-    code = "import sys; from rpegc.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, env=dict(os.environ, **(env or {})))
 
 
 def test_rpeg_run_exits_nonzero_on_a_dead_worker_and_resume_finishes_the_run(plan_file, uninterrupted, tmp_path):

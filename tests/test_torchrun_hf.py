@@ -181,3 +181,34 @@ def test_dpo_trains_a_checkpoint_on_a_preference_dataset_and_exports(workdir, tm
     final = ckpt.load_final(str(d / "run-dpo"))["policy"]
     ours = logits_of(final, hf_arch(path), hf_net(path, NetOptions(max_seq=x.shape[1])), x)
     torch.testing.assert_close(theirs, ours, rtol=0, atol=LOGIT_ATOL)
+
+
+def test_a_checkpoint_whose_forward_overflows_stops_the_run_before_any_step_is_saved(workdir):
+    """Finite weights whose forward pass overflows float32 (the final norm's weights at 3e38) give NaN log-probs:
+    the first training step stops the run with one line naming the step, the node and the quantity, and no
+    checkpoint, final weights or metrics of a NaN step are written (issue 33, item 2)."""
+    from safetensors.torch import load_file, save_file
+
+    d = workdir
+    src, bad = d / "ckpt", d / "ckpt-overflow"
+    if not bad.exists():
+        import shutil
+
+        shutil.copytree(src, bad)
+        tensors = load_file(str(bad / "model.safetensors"))
+        tensors["model.norm.weight"].fill_(3e38)
+        save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    (d / "overflow.rpeg").write_text(grpo_text().replace('hf = "ckpt"', 'hf = "ckpt-overflow"'))
+    proc = cli("rpegc.cli", "overflow.rpeg", "-p", lowering(2), "-o", "overflow.exec.rpeg", cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("rpegc.runtime.cli", "overflow.exec.rpeg", "--backend", "torch", "--data", "train.jsonl", "--reward",
+               "reward.py:compute_score", "--run-dir", "run-overflow", "--quiet", cwd=d)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()[-1]
+    assert re.search(r"node train_actor#0 failed on device \d \(worker \d\): step 0: the old logprobs it trains on "
+                     r"holds nan .*, so the run stops before the step is applied or saved", err), proc.stderr
+    assert "Traceback" not in proc.stderr
+    run = d / "run-overflow"
+    assert not (run / "final").exists()
+    assert not (run / "checkpoints").exists() or not os.listdir(run / "checkpoints")
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip()

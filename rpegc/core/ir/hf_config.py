@@ -72,6 +72,13 @@ def check_supported(config: dict, path: str, loc: Optional[Loc] = None) -> None:
         if config.get(key) not in accepted:
             raise RpegError(loc, f"{path}: {key} = {config[key]!r} is not supported; rpegc builds {what} "
                                  f"({key} = {accepted[0]!r})")
+    eps = config.get("rms_norm_eps", 1e-6)
+    # a number in (0, 1): RMSNorm divides by sqrt(mean square + eps), so eps <= 0 divides by zero (NaN) on a zero row
+    if type(eps) not in (int, float) or not 0 < eps < 1:
+        raise RpegError(loc, f"{path}: rms_norm_eps = {eps!r} must be a number in (0, 1)")
+    window = config.get("sliding_window")
+    if window is not None and (type(window) is not int or window < 1):
+        raise RpegError(loc, f"{path}: sliding_window = {window!r} must be a positive integer or null")
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     head_dim = config.get("head_dim")
     if head_dim is not None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \

@@ -27,7 +27,7 @@ import os
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
-from rpegc.runtime.backends.torch.options import TorchOptions
+from rpegc.runtime.backends.torch.options import LR_MAX, TorchOptions
 from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
 
 
@@ -38,6 +38,9 @@ def _add_options(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
                    help="keep the newest N complete checkpoints in the run directory (default 2, N >= 1)")
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    t.add_argument("--overwrite", action="store_true",
+                   help="a fresh run in a --run-dir where an earlier run left checkpoints, final weights or metrics "
+                        "replaces them (without it such a run is refused)")
     t.add_argument("--tp-impl", choices=("auto", "megatron", "torch"), default="auto",
                    help="tensor parallelism: megatron-core layers (auto: when importable) or plain torch.distributed")
     t.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
@@ -77,8 +80,14 @@ def _check(o: TorchOptions) -> None:
     if o.checkpoint_every is not None and o.checkpoint_every < 1:
         raise RpegError(None, f"--checkpoint-every {o.checkpoint_every}: checkpoint every N >= 1 steps "
                               "(leave the option out for no checkpoints without --run-dir)")
-    if o.lr is not None and not (math.isfinite(o.lr) and o.lr > 0):
-        raise RpegError(None, f"--lr {o.lr}: give a finite learning rate > 0")
+    if o.lr is not None and not (math.isfinite(o.lr) and 0 < o.lr <= LR_MAX):
+        raise RpegError(None, f"--lr {o.lr}: give a learning rate in (0, {LR_MAX:g}]")
+    if o.overwrite and not o.run_dir:
+        raise RpegError(None, "--overwrite replaces an earlier run in --run-dir DIR; give --run-dir (--resume "
+                              "continues a run instead)")
+    if o.secret_file and os.path.lexists(o.secret_file):
+        raise RpegError(None, f"--secret-file {o.secret_file}: the file exists; the run writes its control secret "
+                              "there and removes it at the end, so name a path that does not exist")
 
 
 def _inputs(o: TorchOptions) -> list[str]:
@@ -86,16 +95,18 @@ def _inputs(o: TorchOptions) -> list[str]:
 
 
 def _outputs(o: TorchOptions) -> list[Output]:
-    """The run directory's final weights, checkpoints and worker logs (--run-dir, or --resume's directory)."""
+    """The run directory's final weights, checkpoints and worker logs (--run-dir, or --resume's directory), and
+    --secret-file."""
     run_dir = o.resume or o.run_dir
+    secret = [Output(o.secret_file, "the control secret", make_parents=False)] if o.secret_file else []
     if run_dir is None:
-        return []
+        return secret
     return [Output(os.path.join(run_dir, FINAL), "the run directory's final weights", directory=True,
                    make_parents=True),
             Output(os.path.join(run_dir, CHECKPOINT_DIR), "the run directory's checkpoints", directory=True,
                    make_parents=True),
             Output(os.path.join(run_dir, WORKER_LOGS), "the run directory's worker logs", directory=True,
-                   make_parents=True)]
+                   make_parents=True)] + secret
 
 
 def _create(o: TorchOptions):

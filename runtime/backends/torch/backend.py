@@ -55,6 +55,7 @@ from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
 from rpegc.runtime.backends.torch.exports import Exports
 from rpegc.runtime.backends.torch.routing import Command, Holding, Routes
+from rpegc.runtime.backends.torch.run_dir import RunDirLock, check_fresh_run
 from rpegc.runtime.backends.torch.models import derive_seed, param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
 from rpegc.runtime.backends.torch.algorithms import algorithm
@@ -134,7 +135,7 @@ class TorchBackend(Backend):
                  dist_backend: str = "gloo", rl: Optional[dict] = None, data: Optional[dict] = None,
                  launcher: str = "local",
                  store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
-                 memory_check: bool = True, control: str = "auto"):
+                 memory_check: bool = True, control: str = "auto", overwrite: bool = False):
         if tp_impl not in ("auto",) + TP_IMPLS:
             raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
         if checkpoint_every < 0:
@@ -145,6 +146,8 @@ class TorchBackend(Backend):
             raise RpegError(None, "checkpoints and --resume need a run directory; give --run-dir DIR")
         self.seed, self.run_dir, self.checkpoint_every, self.resume = seed, run_dir, checkpoint_every, resume
         self.keep_checkpoints = keep_checkpoints
+        self.overwrite = overwrite  # a fresh run may replace an earlier run's state in run_dir
+        self._lock = RunDirLock(run_dir) if run_dir else None
         self.memory_check = memory_check  # refuse a plan whose cost-model memory does not fit the workers
         self.task, self.reward, self.lr, self.tp_impl, self.timeout_s = task, reward, lr, tp_impl, timeout_s
         self.fault = fault if fault is not None else os.environ.get(FAULT_ENV) or None
@@ -181,7 +184,7 @@ class TorchBackend(Backend):
                    resume=bool(o.resume), lr=o.lr, tp_impl=o.tp_impl, reward=o.reward or "rule", task=o.task,
                    dist_backend=o.dist_backend, launcher="external" if o.store else "local", store=o.store,
                    secret_file=o.secret_file, keep_checkpoints=2 if o.keep_checkpoints is None else o.keep_checkpoints,
-                   memory_check=not o.no_memory_check)
+                   memory_check=not o.no_memory_check, overwrite=o.overwrite)
 
     # -- plan ------------------------------------------------------------------------------------
 
@@ -211,13 +214,35 @@ class TorchBackend(Backend):
     def prepare(self, plan: RunPlan) -> RunPlan:
         """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The
         checkpoint may come from another plan of the same run (same identity: program, seed, options)."""
+        self._claim_run_dir()
         if not self.resume:
             return plan
         assert self.run_dir is not None
-        path, index = ckpt.find_resume_checkpoint(self.run_dir, self.identity(plan), plan)
+        try:
+            path, index = ckpt.find_resume_checkpoint(self.run_dir, self.identity(plan), plan)
+        except BaseException:
+            self._release_run_dir()
+            raise
         self._resume_dir, self._resume_index = path, index
         self.metrics.update({int(k): v for k, v in index.get("metrics", {}).items()})
         return ckpt.resume_plan(plan, index["step"])
+
+    def _claim_run_dir(self) -> None:
+        """Lock the run directory for this run's life (once), before its state is read or replaced; a fresh run
+        does not replace an earlier run's state unless told to (run_dir.py)."""
+        if self._lock is None or self._lock.held:
+            return
+        self._lock.acquire()
+        if not self.resume:
+            try:
+                check_fresh_run(self.run_dir, self.overwrite)
+            except RpegError:
+                self._release_run_dir()
+                raise
+
+    def _release_run_dir(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def identity(self, plan: RunPlan) -> dict:
         """What a checkpoint of this run records and a resume must match (`checkpoint.run_identity`)."""
@@ -256,6 +281,7 @@ class TorchBackend(Backend):
     # -- lifecycle -----------------------------------------------------------------------------------
 
     def start(self, plan: RunPlan) -> dict[int, int]:
+        self._claim_run_dir()  # released by shutdown(), which the controller calls whatever start does
         dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
         from rpegc.runtime.backends.torch.memory_check import check_memory, predicted_peaks
 
@@ -594,15 +620,18 @@ class TorchBackend(Backend):
         self.pool.kill_now()
 
     def shutdown(self) -> None:
-        if self._stopped:
-            return
         try:
-            finished = self._completed == len(self.plan.nodes) and not self._pending
-            if finished and not self._failed and not self._interrupted:
-                assert self.exports is not None
-                self.exports.collect_final(self._drain_exports)
+            if self._stopped:
+                return
+            try:
+                finished = self._completed == len(self.plan.nodes) and not self._pending
+                if finished and not self._failed and not self._interrupted:
+                    assert self.exports is not None
+                    self.exports.collect_final(self._drain_exports)
+            finally:
+                self._stop_workers()
         finally:
-            self._stop_workers()
+            self._release_run_dir()
 
     def _stop_workers(self) -> None:
         """Stop the workers: a short grace after a failure or an interrupt, and the fork server too after an

@@ -50,7 +50,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from typing import Callable, Iterable, Optional
@@ -60,15 +59,16 @@ import torch
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.outputs import PendingDirectory, write_text
 from rpegc.runtime.plan import RunPlan
+from rpegc.runtime.backends.torch.finite import finite_tensor
+from rpegc.runtime.backends.torch.inbox import warn
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
-from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL
+from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, STEP_NAME
 from rpegc.runtime.backends.torch.safetensors_stream import write_safetensors
 
 FORMAT = "rpeg-torch-checkpoint/2"
 FINAL_FORMAT = "rpeg-torch-final/2"
 INDEX = "index.json"
 PARTIAL = PendingDirectory.SUFFIX
-STEP_RE = re.compile(r"^step-(\d{6,})$")
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, shape) of a piece of a global tensor
 
@@ -113,7 +113,7 @@ def complete_checkpoints(run_dir: str) -> list[tuple[int, str]]:
     root = os.path.join(run_dir, CHECKPOINT_DIR)
     out = []
     for name in os.listdir(root) if os.path.isdir(root) else ():
-        m = STEP_RE.match(name)
+        m = STEP_NAME.match(name)
         if m and os.path.isdir(os.path.join(root, name)):
             out.append((int(m.group(1)), os.path.join(root, name)))
     return sorted(out)
@@ -401,7 +401,10 @@ class Reader:
         shape = tuple(entry["shape"])
         if box is None:
             box = ((0,) * len(shape), shape)
-        dtype = getattr(torch, entry["dtype"])
+        dtype = getattr(torch, str(entry.get("dtype")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(os.path.join(self.directory, INDEX), f"{key} has dtype {entry.get('dtype')!r}, "
+                                                                        "which is not a torch dtype")
         out = torch.empty(box[1], dtype=dtype)
         for s in entry["shards"]:
             ov = intersect_box(box, (tuple(s["offsets"]), tuple(s["shape"])))
@@ -427,6 +430,9 @@ class Reader:
             else:
                 out.copy_(part.reshape(()))
             self.bytes_read += part.numel() * part.element_size()
+        if not finite_tensor(out):
+            raise CheckpointError(os.path.join(self.directory, INDEX), f"{key} holds NaN or infinity, which no "
+                                  "run writes (the file was changed); nothing non-finite is trained on or exported")
         return out
 
     def read_piece(self, key: str, piece: Piece) -> torch.Tensor:
@@ -502,23 +508,46 @@ def find_resume_checkpoint(run_dir: str, identity: dict, plan: RunPlan) -> tuple
             raise RpegError(Loc(final, 0, 0), "this run already finished (its final weights are here); "
                             "nothing to resume")
     remove_partials(run_dir)
-    path = latest_checkpoint(run_dir)
-    if path is None:
+    found = complete_checkpoints(run_dir)
+    if not found:
         raise RpegError(Loc(run_dir, 0, 0), "no checkpoint to resume from (expected checkpoints/step-NNNNNN/); "
                         "run with --run-dir DIR --checkpoint-every N first")
+    damaged: list[tuple[str, CheckpointError]] = []
+    for _, path in reversed(found):  # the newest intact one
+        try:
+            index = _intact(path)
+        except CheckpointError as e:
+            damaged.append((os.path.basename(path), e))
+            continue
+        why = identity_difference(index.get("identity", {}), identity)
+        if why:
+            raise CheckpointError(os.path.join(path, INDEX), f"the checkpoint belongs to another run: {why}; "
+                                  "resume with the program, seed and options the run started with")
+        if index["step"] >= plan.steps:
+            raise CheckpointError(path, f"the checkpoint is at step {index['step']}, the run has {plan.steps} "
+                                  "step(s): nothing left to resume")
+        if damaged:
+            warn(f"resuming from {os.path.basename(path)}, the newest intact checkpoint; "
+                 + "; ".join(_damage(name, e) for name, e in damaged))
+        return path, index
+    if len(damaged) == 1:
+        raise damaged[0][1]
+    raise RpegError(Loc(run_dir, 0, 0), "no intact checkpoint to resume from: "
+                    + "; ".join(_damage(name, e) for name, e in damaged))
+
+
+def _damage(name: str, e: CheckpointError) -> str:
+    return f"{name} is damaged ({e.loc.file}: {e.message})"
+
+
+def _intact(path: str) -> dict:
+    """The index of checkpoint `path` after checking its step and every shard file's size and SHA-256."""
     index = read_index(path, FORMAT)
-    why = identity_difference(index.get("identity", {}), identity)
-    if why:
-        raise CheckpointError(os.path.join(path, INDEX), f"the checkpoint belongs to another run: {why}; "
-                              "resume with the program, seed and options the run started with")
     step = index.get("step")
-    if not isinstance(step, int) or step < 1:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise CheckpointError(os.path.join(path, INDEX), "the checkpoint index has no valid step")
-    if step >= plan.steps:
-        raise CheckpointError(path, f"the checkpoint is at step {step}, the run has {plan.steps} "
-                              "step(s): nothing left to resume")
     verify_files(path, index)
-    return path, index
+    return index
 
 
 def resume_plan(plan: RunPlan, step: int) -> RunPlan:

@@ -27,6 +27,7 @@ from rpegc.outputs import OutputError, PendingDirectory
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.hf import hf_name
 from rpegc.runtime.backends.torch.models import LM_HEAD_KINDS, NetOptions
+from rpegc.runtime.backends.torch.run_dir import managed_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
@@ -90,6 +91,10 @@ def _weights(tensors: dict[str, torch.Tensor], model: str, version: Optional[int
 
 def export(run_dir: str, out: str, model: Optional[str] = None, step: Optional[int] = None) -> str:
     """Write model `model` of the run in `run_dir` to `out` as a Hugging Face directory; returns the model."""
+    owner = managed_path(out)
+    if owner is not None:  # a run would take it for its own (a checkpoint, its final weights) or replace it
+        raise OutputError(out, f"cannot write the export: it is the run directory {owner} or lies in its checkpoints, "
+                               "final weights or worker logs; choose a path outside them")
     if os.path.islink(out) or (os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out))):
         raise OutputError(out, "cannot write the export: it exists and is not an empty directory (choose a new one)")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):

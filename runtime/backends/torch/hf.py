@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 from typing import Callable, Optional
 
 import torch
@@ -26,6 +27,7 @@ from torch import Tensor
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.hf_config import arch_of_config, hf_config_path, read_hf_config
 from rpegc.core.ir.program import Arch
+from rpegc.runtime.backends.torch.finite import finite_tensor
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
 from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, arch_net, build_model, check_arch,
                                                 install_weights, seeded_parameter)
@@ -64,6 +66,11 @@ def hf_net(directory: str, base: NetOptions) -> NetOptions:
                                hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
 
 
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 class HFWeights:
     """Reads the tensors of checkpoint `directory` for a model of `kind`: whole, or a rank's pieces."""
 
@@ -72,8 +79,8 @@ class HFWeights:
         config = read_hf_config(directory)  # once: its shape and whether the LM head is the embedding
         self.layers = arch_of_config(config, hf_config_path(directory)).layers
         self.tied = bool(config.get("tie_word_embeddings", False))
-        self.files = self._weight_map()
         self._open: dict[str, object] = {}
+        self.files = self._weight_map()
 
     def _weight_map(self) -> dict[str, str]:
         index = os.path.join(self.directory, INDEX)
@@ -85,24 +92,36 @@ class HFWeights:
                 raise RpegError(None, f"cannot read {index}: {e}") from None
         if not os.path.exists(os.path.join(self.directory, SINGLE)):
             raise RpegError(None, f"{self.directory} has neither {SINGLE} nor {INDEX}: no weights to load")
-        from safetensors import safe_open
+        return {k: SINGLE for k in self._file(SINGLE).keys()}
 
-        with safe_open(os.path.join(self.directory, SINGLE), framework="pt") as f:
-            return {k: SINGLE for k in f.keys()}
+    def _file(self, name: str):
+        """The open safetensors file `name` of the checkpoint; a located error for a missing or broken one."""
+        f = self._open.get(name)
+        if f is None:
+            path = os.path.join(self.directory, name)
+            try:
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    raise RpegError(None, f"{path} is not a regular file")
+                from safetensors import safe_open
+
+                f = self._open[name] = safe_open(path, framework="pt")
+            except RpegError:
+                raise
+            except Exception as e:  # missing, truncated, a header that is not safetensors' (SafetensorError)
+                raise RpegError(None, f"cannot read {path}: {_first_line(e)}") from None
+        return f
 
     def _slice(self, key: str):
-        from safetensors import safe_open
-
         name = self.files.get(key)
         if name is None:
             raise RpegError(None, f"{self.directory}: the checkpoint has no tensor {key}")
-        f = self._open.get(name)
-        if f is None:
-            try:
-                f = self._open[name] = safe_open(os.path.join(self.directory, name), framework="pt")
-            except Exception as e:  # a missing or broken shard file
-                raise RpegError(None, f"cannot open {os.path.join(self.directory, name)}: {str(e).splitlines()[0]}") from None
-        return f.get_slice(key)
+        try:
+            return self._file(name).get_slice(key)
+        except RpegError:
+            raise
+        except Exception as e:
+            raise RpegError(None, f"cannot read {key} from {os.path.join(self.directory, name)}: "
+                                  f"{_first_line(e)}") from None
 
     def read(self, name: str, shape: tuple[int, ...], piece: Optional[Piece] = None) -> Tensor:
         """Backend parameter `name` (full shape `shape`), or its piece, in float32."""
@@ -115,12 +134,15 @@ class HFWeights:
         if tuple(sl.get_shape()) != tuple(shape):
             raise RpegError(None, f"{self.directory}: {key} has shape {tuple(sl.get_shape())}, the model built from "
                                   f"its config expects {tuple(shape)}")
-        if piece is None or piece.dim is None:
-            part = sl[:]
-        else:
-            index = [slice(None)] * len(shape)
+        index = [slice(None)] * len(shape)
+        if piece is not None and piece.dim is not None:
             index[piece.dim] = slice(piece.lo, piece.hi)
+        try:
             part = sl[tuple(index)]
+        except Exception as e:  # the data past a truncated file's header
+            raise RpegError(None, f"cannot read {key} from {self.directory}: {_first_line(e)}") from None
+        if not finite_tensor(part):
+            raise RpegError(None, f"{self.directory}: {key} holds NaN or infinity; nothing non-finite is trained on")
         return part.to(torch.float32)
 
     def full(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:

@@ -29,6 +29,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Workload
 from rpegc.core.ir.training import Training
 from rpegc.runtime.backends.torch.rl import RLConfig
+from rpegc.runtime.backends.torch.finite import require_finite
 
 TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -140,6 +141,7 @@ class MasterWeights:
         docstring), write it back into a bf16 working copy, and clear all gradients. Returns the pre-clip norm."""
         grads = self.grads()
         norm = sq_total(grads).sqrt()
+        require_finite("the gradient norm", float(norm))  # global: every replica and stage stops here alike
         scale = clip_scale(norm, cfg.grad_clip)
         for p in self.params.values():
             p.grad = None  # `grads` holds them; a float32 module's gradients must not meet Adam all at once
@@ -150,6 +152,7 @@ class MasterWeights:
             master.grad = grad
             self.optimizer.step()  # only `master` has a gradient: Adam skips the others
             master.grad = None
+            require_finite(f"weight {n} after the update", master)
             if self.mixed:
                 with torch.no_grad():
                     self.params[n].copy_(master)

@@ -387,9 +387,12 @@ class Endpoint:
 
 
 def read_link(link: Any, channel: str) -> bytes:
-    """The next raw message on a link; EOFError once the other side closed it."""
+    """The next raw message on a link; EOFError once the other side closed it or died (a process killed with
+    unread data in its pipe resets it: the health check then names the process and how it ended)."""
     try:
         return link.recv_bytes(limit(channel))
+    except (ConnectionResetError, BrokenPipeError):
+        raise EOFError(f"the other end of {channel} is gone") from None
     except OSError as e:  # longer than the limit (seal never sends one): the rest of the pipe is unreadable
         raise MessageError(f"the link of {channel} broke: {e}") from None
 

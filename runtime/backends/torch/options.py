@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+LR_MAX = 1.0  # the largest learning rate (--lr, lr_actor, lr_critic; rl_options.py says why)
+
+
 @dataclass(frozen=True)
 class TorchOptions:
     """rpeg-run's options of the torch backend (see `_add_options` for what each means)."""
@@ -15,6 +18,7 @@ class TorchOptions:
     checkpoint_every: Optional[int] = None
     keep_checkpoints: Optional[int] = None
     resume: Optional[str] = None
+    overwrite: bool = False
     tp_impl: str = "auto"
     dist_backend: str = "auto"
     store: Optional[str] = None

@@ -16,6 +16,7 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -35,6 +36,17 @@ LAUNCHERS = ("local", "external")
 CONTROL_TRANSPORTS = ("auto", "pipe", "store")
 POLL_S = 0.1  # longest (Python-level) wait for a worker report before the controller checks the workers' health
 SECRET_FILE = "control-secret"  # in the run directory, for externally launched workers
+
+
+def loopback_listener() -> tuple[int, int]:
+    """(descriptor, port) of a socket listening on 127.0.0.1 and a free port, for a local run's control store:
+    TCPStore's own socket listens on every interface whatever host it is given, so a locally forked run hands it
+    this one instead (`master_listen_fd`; the store owns the descriptor from then on and closes it)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    return listener.detach(), port
 
 
 def split_address(addr: str) -> tuple[str, int]:
@@ -89,8 +101,11 @@ class WorkerPool:
         if self.launcher == "external":
             self._write_secret(secret)  # before the store serves: a worker that reaches it finds the file
         try:
+            fd = None
+            if self.launcher == "local":
+                fd, port = loopback_listener()
             self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                        timeout=timedelta(seconds=self.timeout_s))
+                                        timeout=timedelta(seconds=self.timeout_s), master_listen_fd=fd)
         except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError: port taken, bad host
             self._remove_secret()
             raise RpegError(None, f"cannot serve the control store at {host}:{port}: {str(err).splitlines()[0]}; "

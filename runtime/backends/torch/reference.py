@@ -52,7 +52,8 @@ from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import DPOTrainer
 from rpegc.runtime.backends.torch.datasets import DataConfig, check_data_config
 from rpegc.runtime.backends.torch.prompts import open_prompts
-from rpegc.runtime.backends.torch.rewards import NOT_FUNCTIONS, accuracy_sums, load_reward, score_responses
+from rpegc.runtime.backends.torch.rewards import (NOT_FUNCTIONS, accuracy_sums, load_reward, probe_reward,
+                                                  score_responses)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ def check_reward(cfg: RunConfig) -> None:
     if cfg.reward_function and cfg.data.path is None:
         raise RpegError(None, f"--reward {cfg.reward} scores response text; give it a dataset of prompts (--data FILE)")
     if cfg.reward_function:
+        probe_reward(cfg.reward)  # one that hangs or ends its process at import, in a child process first
         load_reward(cfg.reward)  # an unknown or broken function fails here, before any worker starts
     if cfg.reward == "model" and cfg.reward_arch is None:
         raise RpegError(None, "reward = 'model' needs a reward model architecture")

@@ -12,9 +12,10 @@ answer. `--reward SPEC` names one:
 A function has verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info)`, and
 may take more keyword arguments (it is called with these four by name). It returns a number, or a dict with
 `score` (and optionally `acc`, which becomes the accuracy metric). A call that raises or returns anything
-but a finite number scores 0; the run goes on, and the failures are counted and reported with the first
-one (`RewardFailures`). `rule` (the toy tasks' token rule, runtime/backends/torch/tasks.py) and `model` (a
-frozen reward model) are not functions of text and are handled by the backend.
+but a number inside float32's range (a string is not one) scores 0; the run goes on, and the failures are
+counted and reported with the first one (`RewardFailures`). `rule` (the toy tasks' token rule,
+runtime/backends/torch/tasks.py) and `model` (a frozen reward model) are not functions of text and are handled
+by the backend.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import logging
 import math
 import os
 import re
+import reprlib
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -39,6 +42,7 @@ ENTRY_POINT_GROUP = "rpegc.rewards"
 NOT_FUNCTIONS = ("rule", "model")  # reward sources the backend handles itself
 ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 MATH_TIMEOUT_S = 5  # per parse and per comparison, as math-verify's own default
+LOAD_TIMEOUT_S = 120  # for importing a reward function's module in the probe (probe_reward)
 
 RewardFn = Callable[..., Any]
 
@@ -99,18 +103,24 @@ def _from_file(path: str, name: str, spec: str) -> RewardFn:
     sys.modules[module_name] = module
     try:
         loader.loader.exec_module(module)
-    except Exception as e:  # the user's module failed to import: say where, not a traceback
+    except (Exception, SystemExit) as e:  # the user's module failed to import: say where, not a traceback
         del sys.modules[module_name]
-        raise RpegError(None, f"--reward {spec}: importing {path} failed: {type(e).__name__}: {e}") from None
+        raise RpegError(None, f"--reward {spec}: importing {path} failed: {_why(e)}") from None
     return _attribute(module, name, spec)
 
 
 def _from_module(module_name: str, name: str, spec: str) -> RewardFn:
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:
-        raise RpegError(None, f"--reward {spec}: importing {module_name} failed: {type(e).__name__}: {e}") from None
+    except (Exception, SystemExit) as e:
+        raise RpegError(None, f"--reward {spec}: importing {module_name} failed: {_why(e)}") from None
     return _attribute(module, name, spec)
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    return f"{type(e).__name__}: {e}"
 
 
 def _attribute(module: Any, name: str, spec: str) -> RewardFn:
@@ -125,9 +135,8 @@ def _entry_point(name: str) -> Optional[RewardFn]:
         if ep.name == name:
             try:
                 return ep.load()
-            except Exception as e:
-                raise RpegError(None, f"--reward {name}: loading entry point {ep.value} failed: "
-                                f"{type(e).__name__}: {e}") from None
+            except (Exception, SystemExit) as e:
+                raise RpegError(None, f"--reward {name}: loading entry point {ep.value} failed: {_why(e)}") from None
     return None
 
 
@@ -149,6 +158,29 @@ def load_reward(spec: str) -> RewardFn:
                             f"file.py:function or an entry point of the group {ENTRY_POINT_GROUP}")
     check_signature(fn, spec)
     return fn
+
+
+@functools.lru_cache(maxsize=None)
+def probe_reward(spec: str) -> None:
+    """Load the reward function `spec` once in a child process before this one imports it: a module that never
+    finishes importing, or ends its process (os._exit) on import, would otherwise hang the run or end rpeg-run
+    without a word. Its other failures are left to `load_reward` here, which says what they are."""
+    if spec in NOT_FUNCTIONS or spec in BUILTINS:
+        return
+    code = ("import sys; from rpegc.core.ir.errors import RpegError; "
+            "from rpegc.runtime.backends.torch.rewards import load_reward\n"
+            "try:\n    load_reward(sys.argv[1])\nexcept RpegError:\n    pass")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # what this process imports from
+    try:
+        out = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=env,
+                             timeout=LOAD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RpegError(None, f"--reward {spec}: loading it did not finish within {LOAD_TIMEOUT_S} s (does its "
+                              "module wait for something when it is imported?)") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or [""])[-1]
+        raise RpegError(None, f"--reward {spec}: loading it ended the process with exit status {out.returncode}"
+                              + (f" ({last})" if last else ""))
 
 
 def check_signature(fn: RewardFn, spec: str) -> None:
@@ -189,16 +221,25 @@ class Scored:
     failures: RewardFailures = field(default_factory=RewardFailures)
 
 
-def _number(x: Any) -> Optional[float]:
-    if isinstance(x, bool):
-        return float(x)
-    if isinstance(x, (int, float)) and math.isfinite(float(x)):
-        return float(x)
-    try:  # numpy and torch scalars
+FLOAT32_MAX = 3.4028234663852886e38  # scores are float32 tensors from here on
+
+
+def _score(x: Any) -> tuple[Optional[float], str]:
+    """`x` as a score, or None and why not: a number (bool, int, float, numpy or torch scalar; not a string, whatever
+    it spells) inside float32's range."""
+    if isinstance(x, (str, bytes, bytearray)):
+        return None, f"returned {reprlib.repr(x)}, not a number"
+    try:
         v = float(x)
+    except OverflowError:  # an int beyond any float
+        return None, f"returned {reprlib.repr(x)}, beyond float32's range"
     except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+        return None, f"returned {reprlib.repr(x)}, not a number"
+    if not math.isfinite(v):
+        return None, f"returned {reprlib.repr(x)}, not a finite number"
+    if abs(v) > FLOAT32_MAX:
+        return None, f"returned {reprlib.repr(x)}, beyond float32's range"
+    return v, ""
 
 
 def score_texts(fn: RewardFn, texts: Sequence[str], examples: Sequence[Any], rows: Sequence[int]) -> Scored:
@@ -214,11 +255,11 @@ def score_texts(fn: RewardFn, texts: Sequence[str], examples: Sequence[Any], row
             continue
         acc = None
         if isinstance(result, dict):
-            acc = _number(result.get("acc")) if "acc" in result else None
+            acc = _score(result.get("acc"))[0] if "acc" in result else None
             result = result.get("score")
-        score = _number(result)
+        score, why = _score(result)
         if score is None:
-            out.failures.add(row, f"returned {result!r}, not a finite number")
+            out.failures.add(row, why)
             score = 0.0
         out.scores.append(score)
         out.accuracies.append(acc)

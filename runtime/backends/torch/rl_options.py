@@ -24,18 +24,29 @@ from typing import Any, Optional, Sequence
 
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.toml_text import decode_error_position, key_position
+from rpegc.inputs import read_input_text
 from rpegc.runtime.backends.torch.datasets import DataConfig
+from rpegc.runtime.backends.torch.options import LR_MAX
 from rpegc.runtime.backends.torch.rl import RLConfig
 
 # what the plan and the program fix, not a hyper-parameter
 NOT_SETTABLE = ("algorithm",)
-# (name, lowest, lowest allowed?) for numbers with a lower bound; upper bounds below
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: an epsilon below it is zero in the arithmetic
+# (name, lowest, lowest allowed?) for numbers with a lower bound; upper bounds below. The training arithmetic is
+# float32, so the bounds keep every setting where it stays finite: Adam moves each weight by about the learning rate
+# per step (lr > 1 throws a model's weights, of order 0.01-1, out in one step; the same for lr x weight decay);
+# coefficients multiply loss terms of order 1-100 (above 1e4 one term is all the loss, and float32 sums lose the
+# rest); the sampler divides float32 logits by the temperature (below 1e-4 that is greedy decoding to float32
+# precision, for which top_k = 1 is the setting; 1e-300 is zero in float32, and the division gives NaN); an
+# epsilon below the smallest normal float32 is zero, and Adam's update divides by it.
 LOWER = {"lr_actor": (0.0, False), "lr_critic": (0.0, False), "weight_decay": (0.0, True), "grad_clip": (0.0, False),
          "clip_eps": (0.0, False), "gamma": (0.0, True), "lam": (0.0, True), "kl_coef": (0.0, True),
          "value_clip": (0.0, False), "value_coef": (0.0, True), "entropy_coef": (0.0, True), "ppo_epochs": (1, True),
-         "ppo_minibatches": (1, True), "temperature": (0.0, False), "top_p": (0.0, False), "top_k": (0, True),
-         "adam_eps": (0.0, False), "grpo_eps": (0.0, False), "dpo_beta": (0.0, False)}
-UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000, "ppo_minibatches": 100000, "top_p": 1.0}
+         "ppo_minibatches": (1, True), "temperature": (1e-4, True), "top_p": (0.0, False), "top_k": (0, True),
+         "adam_eps": (FLOAT32_TINY, True), "grpo_eps": (FLOAT32_TINY, True), "dpo_beta": (0.0, False)}
+UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000, "ppo_minibatches": 100000, "top_p": 1.0,
+         "lr_actor": LR_MAX, "lr_critic": LR_MAX, "weight_decay": 1.0, "kl_coef": 1e4, "value_coef": 1e4,
+         "entropy_coef": 1e4, "dpo_beta": 1e4, "temperature": 1e4, "adam_eps": 1.0, "grpo_eps": 1.0}
 
 
 DATA_PREFIX = "data."
@@ -134,16 +145,12 @@ def _check_range(name: str, value: Any, where: str) -> None:
         raise RpegError(None, f"{where}: adam_betas must lie in [0, 1), got {list(value)}")
 
 
+MAX_RL_CONFIG_BYTES = 16 << 20  # a flat table of a few dozen settings
+
+
 def read_rl_file(path: str) -> Settings:
     """The settings of a TOML file, checked; errors at the key's line."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        text = raw.decode("utf-8").removeprefix("\ufeff")
-    except OSError as e:
-        raise RpegError(None, f"--rl-config {path}: cannot read it: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise RpegError(Loc(path, 1, 1), "the RL config is not UTF-8 text") from None
+    text = read_input_text(path, "the RL config", MAX_RL_CONFIG_BYTES)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

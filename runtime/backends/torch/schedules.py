@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rpegc.runtime.backends.torch.generation import Rollout, Sampler, Sampling, check_generation
+from rpegc.runtime.backends.torch.finite import require_finite
 from rpegc.runtime.backends.torch.host_memory import release_freed
 from rpegc.runtime.backends.torch.layout import split_rows
 from rpegc.runtime.backends.torch.models import LM_HEAD_KINDS, SCALAR_HEAD_KINDS, ModelOutput
@@ -208,6 +209,9 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     for j in range(len(chunks) - warmup, len(chunks)):
         backward(j)
     link.close()
+    if pm.is_last and stat_keys:  # the loss terms, before any gradient is reduced or applied
+        for key, value in zip(stat_keys, sums.tolist()):
+            require_finite(f"the {key.replace('_', ' ')}", value)
     pm.finish_grads(missed=max(0, microbatches - len(chunks)))
     norm = master.step(cfg, sq_total=pm.grad_sq_total)
     release_freed()  # the gradients and their float32 copies

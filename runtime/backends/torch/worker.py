@@ -81,6 +81,7 @@ from rpegc.runtime.backends.torch.master_weights import MasterWeights, training_
 from rpegc.runtime.backends.torch.models import cast_weights, check_arch, param_shapes
 from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, seeded_shard
 from rpegc.runtime.backends.torch.peak_memory import PeakMeter
+from rpegc.runtime.backends.torch.finite import NonFiniteError, require_finite
 from rpegc.runtime.backends.torch.schedules import generate, infer, train_step
 from rpegc.runtime.backends.torch.reference import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
@@ -252,7 +253,7 @@ class Worker:
             info = getattr(self, "cmd_" + cmd["type"])(cmd) or {}
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
         except Exception as e:
-            detail = str(e) if isinstance(e, (RpegError, CommandError)) else traceback.format_exc(limit=8)
+            detail = _error_text(e, cmd)
             detail = detail if len(detail) <= MAX_ERROR_CHARS else "..." + detail[-MAX_ERROR_CHARS:]
             self.report({"type": "error", "node": node, "what": cmd["type"], "rank": self.rank, "message": detail})
             return
@@ -871,9 +872,13 @@ class Worker:
         exp = Experience(sequences=data["sequences"], mask=data["mask"], old_logprobs=data["old_logprobs"],
                          ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"),
                          pads=self.row_pads(cmd["step"], lo, hi))
+        for name in ("scores", "old_logprobs", "ref_logprobs", "values"):
+            if getattr(exp, name) is not None:
+                require_finite(f"the {name.replace('_', ' ')} it trains on", getattr(exp, name))
         dp_sum = self._dp_sum(pm)
         num_tokens = float(dp_sum(exp.mask.double().sum()))
         exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
+        require_finite("the advantages", exp.advantages)
         keys = algorithm(self.run.algorithm).stat_keys[spec.kind]
         if spec.kind != "critic":
             keys += (() if rl.kl_in_reward else ("kl_loss",)) + (("entropy",) if rl.entropy_coef else ())
@@ -905,6 +910,19 @@ class Worker:
             metrics.update(clip_frac=stats["clipped_tokens"] / num_tokens, actor_grad_norm=norm)
         return {"bytes": 0, "versions_in": {model: e.version}, "versions_out": {model: version},
                 "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+
+
+def _error_text(e: Exception, cmd: dict) -> str:
+    """What a command's failure says: the message of an error the runtime raises (located where it has a file), a
+    non-finite quantity with its step, else the traceback of a bug."""
+    if isinstance(e, NonFiniteError):
+        return (f"step {cmd.get('step')}: {e}, so the run stops before the step is applied or saved "
+                "(the last checkpoint stays)")
+    if isinstance(e, RpegError):
+        return e.message if e.loc.file in ("", "<unknown>") else str(e)
+    if isinstance(e, CommandError):
+        return str(e)
+    return traceback.format_exc(limit=8)
 
 
 def _setup_failed(channel: Endpoint, rank: int, message: str) -> int:
