@@ -374,3 +374,16 @@ def test_a_broken_weights_file_is_a_located_error(checkpoints, tmp_path, damage)
     with pytest.raises(RpegError) as e:
         backend_model(path)
     assert "model.safetensors" in e.value.message or path in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "bogus", "factor": 2.0}, {"rope_type": "llama3", "factor": "8"}])
+def test_a_rope_scaling_transformers_cannot_build_is_a_located_error(checkpoints, tmp_path, rope):
+    """An unknown rope_type raised inside transformers (issue 33, item 3)."""
+    path = str(tmp_path / "rope")
+    shutil.copytree(checkpoints["llama-gqa"], path)
+    config = json.load(open(os.path.join(path, "config.json")))
+    config.pop("rope_parameters", None)
+    config["rope_scaling"] = rope
+    json.dump(config, open(os.path.join(path, "config.json"), "w"))
+    with pytest.raises(RpegError, match=f"{path}"):
+        backend_model(path)

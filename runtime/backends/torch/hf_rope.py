@@ -16,8 +16,13 @@ def offline_config(directory: str):
 
     try:
         return AutoConfig.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise RpegError(None, f"transformers cannot read the config of {directory}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # OSError, ValueError, and what a value of the wrong type raises inside transformers
+        raise RpegError(None, f"transformers cannot read the config of {directory}: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 @functools.lru_cache(maxsize=16)
@@ -27,7 +32,10 @@ def rope_tables(directory: str, max_seq: int) -> tuple[Tensor, Tensor]:
     config = offline_config(directory)
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    rotary = LlamaRotaryEmbedding(config)
-    positions = torch.arange(max_seq).unsqueeze(0)
-    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    try:  # an unknown rope_type or a malformed scaling raises inside transformers
+        rotary = LlamaRotaryEmbedding(config)
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_seq).unsqueeze(0))
+    except Exception as e:
+        raise RpegError(None, f"{directory}: transformers cannot build the rotary embedding of its config (its "
+                              f"rope_type and scaling): {_first_line(e)}") from None
     return cos[0].contiguous(), sin[0].contiguous()
