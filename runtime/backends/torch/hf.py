@@ -28,6 +28,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.hf_config import arch_of_config, hf_config_path, read_hf_config
 from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch.finite import finite_tensor
+from rpegc.runtime.backends.torch.hf_rope import error_line
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
 from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, arch_net, build_model, check_arch,
                                                 install_weights, seeded_parameter)
@@ -64,11 +65,6 @@ def hf_net(directory: str, base: NetOptions) -> NetOptions:
                               "rpegc builds full attention (raise Lp + Lr within the window, or use another model)")
     return dataclasses.replace(base, mlp="swiglu", positions="rope", norm_eps=float(config.get("rms_norm_eps", 1e-6)),
                                hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 class HFWeights:
@@ -108,7 +104,7 @@ class HFWeights:
             except RpegError:
                 raise
             except Exception as e:  # missing, truncated, a header that is not safetensors' (SafetensorError)
-                raise RpegError(None, f"cannot read {path}: {_first_line(e)}") from None
+                raise RpegError(None, f"cannot read {path}: {error_line(e)}") from None
         return f
 
     def _slice(self, key: str):
@@ -121,7 +117,7 @@ class HFWeights:
             raise
         except Exception as e:
             raise RpegError(None, f"cannot read {key} from {os.path.join(self.directory, name)}: "
-                                  f"{_first_line(e)}") from None
+                                  f"{error_line(e)}") from None
 
     def read(self, name: str, shape: tuple[int, ...], piece: Optional[Piece] = None) -> Tensor:
         """Backend parameter `name` (full shape `shape`), or its piece, in float32."""
@@ -140,7 +136,7 @@ class HFWeights:
         try:
             part = sl[tuple(index)]
         except Exception as e:  # the data past a truncated file's header
-            raise RpegError(None, f"cannot read {key} from {self.directory}: {_first_line(e)}") from None
+            raise RpegError(None, f"cannot read {key} from {self.directory}: {error_line(e)}") from None
         if not finite_tensor(part):
             raise RpegError(None, f"{self.directory}: {key} holds NaN or infinity; nothing non-finite is trained on")
         return part.to(torch.float32)

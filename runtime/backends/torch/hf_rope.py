@@ -17,10 +17,11 @@ def offline_config(directory: str):
     try:
         return AutoConfig.from_pretrained(directory, local_files_only=True)
     except Exception as e:  # OSError, ValueError, and what a value of the wrong type raises inside transformers
-        raise RpegError(None, f"transformers cannot read the config of {directory}: {_first_line(e)}") from None
+        raise RpegError(None, f"transformers cannot read the config of {directory}: {error_line(e)}") from None
 
 
-def _first_line(e: Exception) -> str:
+def error_line(e: Exception) -> str:
+    """An exception raised inside a library as one line: its type and the first line of its message."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
@@ -37,5 +38,5 @@ def rope_tables(directory: str, max_seq: int) -> tuple[Tensor, Tensor]:
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_seq).unsqueeze(0))
     except Exception as e:
         raise RpegError(None, f"{directory}: transformers cannot build the rotary embedding of its config (its "
-                              f"rope_type and scaling): {_first_line(e)}") from None
+                              f"rope_type and scaling): {error_line(e)}") from None
     return cos[0].contiguous(), sin[0].contiguous()
