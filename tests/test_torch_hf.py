@@ -387,3 +387,16 @@ def test_a_rope_scaling_transformers_cannot_build_is_a_located_error(checkpoints
     json.dump(config, open(os.path.join(path, "config.json"), "w"))
     with pytest.raises(RpegError, match=f"{path}"):
         backend_model(path)
+
+
+def test_a_weight_index_that_is_a_pipe_or_not_a_map_is_refused_at_once(checkpoints, tmp_path):
+    index = "model.safetensors.index.json"
+    for case in ("fifo", "list"):
+        path = tmp_path / case
+        shutil.copytree(checkpoints["llama-gqa"], path)
+        if case == "fifo":
+            os.mkfifo(path / index)  # nothing writes to it: reading it used to wait until the node timed out
+        else:
+            (path / index).write_text('{"weight_map": ["a list"]}')
+        with pytest.raises(RpegError, match="it is not a regular file" if case == "fifo" else f"cannot read .*{index}"):
+            backend_model(str(path))

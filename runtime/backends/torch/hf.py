@@ -27,6 +27,7 @@ from torch import Tensor
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.hf_config import arch_of_config, hf_config_path, read_hf_config
 from rpegc.core.ir.program import Arch
+from rpegc.inputs import read_input_text
 from rpegc.runtime.backends.torch.finite import finite_tensor
 from rpegc.runtime.backends.torch.hf_rope import error_line
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
@@ -67,6 +68,9 @@ def hf_net(directory: str, base: NetOptions) -> NetOptions:
                                hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
 
 
+MAX_INDEX_BYTES = 64 << 20  # a weight map of a few thousand tensor names
+
+
 class HFWeights:
     """Reads the tensors of checkpoint `directory` for a model of `kind`: whole, or a rank's pieces."""
 
@@ -81,11 +85,11 @@ class HFWeights:
     def _weight_map(self) -> dict[str, str]:
         index = os.path.join(self.directory, INDEX)
         if os.path.exists(index):
+            text = read_input_text(index, "the checkpoint's weight index", MAX_INDEX_BYTES)
             try:
-                with open(index, encoding="utf-8") as f:
-                    return dict(json.load(f)["weight_map"])
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise RpegError(None, f"cannot read {index}: {e}") from None
+                return {str(k): str(v) for k, v in json.loads(text)["weight_map"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+                raise RpegError(None, f"cannot read {index}: {error_line(e)}") from None
         if not os.path.exists(os.path.join(self.directory, SINGLE)):
             raise RpegError(None, f"{self.directory} has neither {SINGLE} nor {INDEX}: no weights to load")
         return {k: SINGLE for k in self._file(SINGLE).keys()}
