@@ -12,18 +12,15 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from rpegc.core.ir.errors import RpegError, RpegErrors
-from rpegc.core.check.plan_rules import check_plan
 from rpegc.core.ir.program import Program
-from rpegc.core.check.wellformed import check_graph
+from rpegc.core.check.wellformed import check_program
 from rpegc.passes.program_pass import check
 
 
 def verify_program(p: Program) -> None:
     if p.graph is None:
         raise RpegError(p.workload.loc, "the module has no rpeg.graph to verify; add 'rpeg.graph @name { ... }'")
-    errors = check_graph(p)
-    if p.plan is not None:
-        errors += check_plan(p)
+    errors = check_program(p)
     if errors:
         raise RpegErrors(errors) if len(errors) > 1 else errors[0]
 

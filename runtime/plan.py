@@ -38,7 +38,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.check.wellformed import check_program
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
 from rpegc.inputs import MAX_MODULE_BYTES, read_input_text
 from rpegc.core.ir.exec_graph import DataRef, ExecNode
 from rpegc.core.lower.rules import container_payload, data_bytes, data_read, data_written, phase_shares, weight_bytes
@@ -189,7 +191,16 @@ def load_program(path: str) -> Program:
 
 
 def load_plan(path: str, steps: Optional[int] = None) -> RunPlan:
-    return build_run_plan(load_program(path), steps=steps, file=path)
+    """The plan in file `path`, checked as rpegc checks what it reads (verify-wellformed's Def. A.2, A.5 and P1-P8,
+    and the hardware profile annotate-cost reads) before the runtime's own checks (`build_run_plan`)."""
+    p = load_program(path)
+    if p.graph is not None:
+        errors = check_program(p)
+        if errors:
+            raise RpegErrors(errors) if len(errors) > 1 else errors[0]
+    if p.cluster is not None:
+        load_hardware(p.cluster.hardware, p.cluster.loc)
+    return build_run_plan(p, steps=steps, file=path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,6 +251,9 @@ def _check_steps(p: Program) -> None:
                                f"{last + 1} step(s)); set steps to what the plan was unrolled for")
 
 
+MAX_TIME_S = 1e9  # 32 years: a node time or a schedule's instant beyond it is not a measurement of anything
+
+
 def _bad_number(x) -> bool:
     return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
 
@@ -251,8 +265,12 @@ def _check_numbers(p: Program) -> None:
     for n in g.nodes:
         for what in ("time", "start", "finish"):
             x = getattr(n, what)
-            if x is not None and _bad_number(x):
-                raise RpegError(n.loc, f"node {n.id} has {what} {x!r}; times must be finite and >= 0")
+            if x is not None and (_bad_number(x) or x > MAX_TIME_S):
+                raise RpegError(n.loc, f"node {n.id} has {what} {x!r}; times must be finite, >= 0 and at most "
+                                       f"{MAX_TIME_S:g} s")
+        if (n.start is None) != (n.finish is None):
+            raise RpegError(n.loc, f"node {n.id} has a {'finish' if n.start is None else 'start'} but no "
+                                   f"{'start' if n.start is None else 'finish'}; a scheduled node has both")
         if n.start is not None and n.finish is not None and n.finish < n.start:
             raise RpegError(n.loc, f"node {n.id} finishes at {n.finish!r}, before it starts at {n.start!r}")
         if isinstance(n.bytes, bool) or not isinstance(n.bytes, int) or n.bytes < 0:

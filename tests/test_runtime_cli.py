@@ -144,19 +144,20 @@ def test_lognormal_jitter_at_its_bound_runs_to_a_finite_makespan(plan_file, caps
     assert "verification: OK" in out and "nan" not in out and "inf" not in out
 
 
-def test_sim_clock_overflow_is_an_error_not_inf():
+def test_a_node_time_no_clock_could_reach_is_refused_before_the_run():
+    """1.7e308 s per node overflowed the simulated clock; 1e308 gave `makespan 1e+308` and verification OK
+    (issue 33, item 5): a time above 1e9 s (32 years) is refused when the plan is read."""
     from dataclasses import replace
 
     from rpegc.core.ir.errors import RpegError
-    from rpegc.runtime.backends.sim import SimBackend
-    from rpegc.runtime.controller import run
     from rpegc.runtime.plan import build_run_plan
 
     p = scheduled(disaggregated_plan(1), 1)
     g = p.exec
-    huge = replace(p, exec=replace(g, nodes=tuple(n.with_(time=1.7e308) for n in g.nodes)))
-    with pytest.raises(RpegError, match="the simulated clock overflows"):
-        run(build_run_plan(huge), SimBackend())
+    for t in (1.7e308, 1e308, 1.01e9):
+        huge = replace(p, exec=replace(g, nodes=tuple(n.with_(time=t) for n in g.nodes)))
+        with pytest.raises(RpegError, match=r"times must be finite, >= 0 and at most 1e\+09 s"):
+            build_run_plan(huge)
 
 
 def _doc(plan_file):

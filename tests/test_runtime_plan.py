@@ -227,7 +227,7 @@ def _with_first(p, **change):
 @pytest.mark.parametrize("make,message", [
     (lambda p: replace(p, exec=replace(p.exec, steps=1000000)), r"the plan says 1000000 step\(s\), but its nodes end at step 1"),
     (lambda p: replace(p, exec=replace(p.exec, steps=1)), r"is in step 1, but the plan has 1 step"),
-    (lambda p: _with_first(p, start=math.nan), r"has start nan; times must be finite and >= 0"),
+    (lambda p: _with_first(p, start=math.nan), r"has start nan; times must be finite, >= 0 and at most 1e\+09 s"),
     (lambda p: _with_first(p, start=-1.0), r"has start -1\.0"),
     (lambda p: _with_first(p, time=math.inf), r"has time inf"),
     (lambda p: _with_first(p, start=1.0, finish=0.5), r"finishes at 0\.5, before it starts at 1\.0"),
@@ -242,3 +242,26 @@ def test_inconsistent_plans_are_rejected_whatever_their_form(make, message):
     """The plan loader's own checks, for plans from the text form or built in memory."""
     with pytest.raises(RpegError, match=message):
         build_run_plan(make(scheduled(disaggregated_plan(1), 2)))
+
+
+def test_a_plan_file_is_checked_as_rpegc_checks_it(tmp_path):
+    """rpeg-run accepted plan files rpegc rejects: an allocation larger than dp*pp*tp, a container size dividing by
+    zero, an unknown hardware profile, and a node with a finish but no start (issue 33, item 5)."""
+    good = program_to_json(scheduled(disaggregated_plan(1), 1))
+    cases = [
+        (lambda d: d["plan"]["placements"][0].update(extent=[1, 1, 1000]), r"extent \(1, 1, 1000\)"),
+        (lambda d: next(c for c in d["rpeg_graph"]["containers"] if c["dims"]).update(dims=["B/0", "Lp"]),
+         "divides by zero"),
+        (lambda d: d["cluster"].update(hardware="nope"), "unknown hardware profile 'nope'"),
+        (lambda d: d["nodes"][0].pop("start"), "has a finish but no start"),
+    ]
+    for i, (tamper, message) in enumerate(cases):
+        doc = json.loads(json.dumps(good))
+        tamper(doc)
+        path = tmp_path / f"plan{i}.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(RpegError, match=message):
+            load_plan(str(path))
+    path = tmp_path / "good.json"
+    path.write_text(json.dumps(good))
+    assert load_plan(str(path)).steps == 1

@@ -28,6 +28,14 @@ GENERATIVE_KINDS = ("policy", "actor_critic")  # kinds with an LM head (spec 2.3
 _EPS = 1e-9
 
 
+def check_program(p: Program) -> list[RpegError]:
+    """Def. A.2 (the graph) and, with a plan, Def. A.5 and P1-P8: what verify-wellformed checks and rpeg-run checks
+    of every plan it is given (one set of checks for both tools)."""
+    from rpegc.core.check.plan_rules import check_plan
+
+    return check_graph(p) + (check_plan(p) if p.plan is not None else [])
+
+
 def check_graph(p: Program) -> list[RpegError]:
     """All Def. A.2 violations of `p.graph` (and the extra checks above), sorted by source position."""
     g = p.graph
