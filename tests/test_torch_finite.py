@@ -1,6 +1,6 @@
 """Non-finite numbers are never trained on or saved (runtime/backends/torch/finite.py; issue 33, item 2): the check
 itself in every dtype, the master weights' step stopping before any update on a NaN gradient and after an update
-that overflows, the loss terms of a training step, and the one-line message a worker reports."""
+that overflows, and the one-line messages a worker reports (a non-finite quantity, a refused allocation)."""
 
 from __future__ import annotations
 
@@ -80,3 +80,14 @@ def test_a_worker_reports_a_non_finite_quantity_with_its_step_and_a_located_erro
     assert _error_text(RpegError(None, "no such model"), {}) == "no such model"
     assert _error_text(RpegError(Loc("d/config.json", 3, 5), "bad field"), {}) == "d/config.json:3:5: error: bad field"
     assert _error_text(CommandError("cannot run"), {}) == "cannot run"
+
+
+def test_an_allocation_the_host_refuses_is_one_line_naming_it():
+    """vocab 10^12 with --no-memory-check ended in a worker traceback (issue 33, item 3)."""
+    try:
+        torch.empty(10 ** 13, dtype=torch.float32)
+    except RuntimeError as e:
+        text = _error_text(e, {"type": "install"})
+    assert text.startswith("out of memory: ") and "you tried to allocate 40000000000000 bytes" in text
+    assert "\n" not in text and "--no-memory-check" in text
+    assert _error_text(MemoryError(), {}).startswith("out of memory: MemoryError")

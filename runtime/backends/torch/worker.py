@@ -922,7 +922,17 @@ def _error_text(e: Exception, cmd: dict) -> str:
         return e.message if e.loc.file in ("", "<unknown>") else str(e)
     if isinstance(e, CommandError):
         return str(e)
+    if _out_of_memory(e):
+        return (f"out of memory: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__} (the "
+                "cost model's estimate is checked against each worker before launch unless --no-memory-check)")
     return traceback.format_exc(limit=8)
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """An allocation the device or the host refused: torch's OutOfMemoryError, Python's MemoryError, or the CPU
+    allocator's RuntimeError."""
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
 
 
 def _setup_failed(channel: Endpoint, rank: int, message: str) -> int:
