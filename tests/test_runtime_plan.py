@@ -246,7 +246,8 @@ def test_inconsistent_plans_are_rejected_whatever_their_form(make, message):
 
 def test_a_plan_file_is_checked_as_rpegc_checks_it(tmp_path):
     """rpeg-run accepted plan files rpegc rejects: an allocation larger than dp*pp*tp, a container size dividing by
-    zero, an unknown hardware profile, and a node with a finish but no start (issue 33, item 5)."""
+    zero, an unknown hardware profile; and what neither checked: a node with a finish but no start, a Comm node
+    publishing a version (ignored before) (issue 33, item 5)."""
     good = program_to_json(scheduled(disaggregated_plan(1), 1))
     cases = [
         (lambda d: d["plan"]["placements"][0].update(extent=[1, 1, 1000]), r"extent \(1, 1, 1000\)"),
@@ -254,6 +255,8 @@ def test_a_plan_file_is_checked_as_rpegc_checks_it(tmp_path):
          "divides by zero"),
         (lambda d: d["cluster"].update(hardware="nope"), "unknown hardware profile 'nope'"),
         (lambda d: d["nodes"][0].pop("start"), "has a finish but no start"),
+        (lambda d: next(n for n in d["nodes"] if n["kind"] == "comm").update(version_out={"actor": 99}),
+         "publishes @actor version 99; a transfer publishes no version"),
     ]
     for i, (tamper, message) in enumerate(cases):
         doc = json.loads(json.dumps(good))
