@@ -54,6 +54,7 @@ def test_a_killed_worker_stops_the_run_and_resume_reaches_the_same_weights(plan_
         run(plan, backend)
     message = str(err.value)
     assert "worker 0 (device 0) was killed by signal 9 while running node train_actor#2" in message
+    assert message.endswith("; SIGKILL comes from the kernel's out-of-memory killer or a kill -9")
     assert len(backend.worker_pids) == 4 and no_process_left(backend.worker_pids)
     saved = load_checkpoint(latest_checkpoint(run_dir))
     assert saved["step"] == 2 and sorted(saved["versions"]["actor"]) == [2]

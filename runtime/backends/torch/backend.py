@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import ContextManager, Optional
@@ -374,8 +375,9 @@ class TorchBackend(Backend):
             running = [p for p, pend in self._pending.items() if r in pend.ranks and not self._queued(pend)]
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
             what = f"while running node {', '.join(running)}" if running else "while idle"
+            why = "; SIGKILL comes from the kernel's out-of-memory killer or a kill -9" if rc == -signal.SIGKILL else ""
             self._fail(f"worker {r} (device {self.device_of.get(r, r)}) {how} {what}; the run stopped "
-                       f"(log: {self.pool.log_path(r)})")
+                       f"(log: {self.pool.log_path(r)}){why}")
         now = self.now()
         for node, pend in self._pending.items():
             if now - pend.since > self.timeout_s and not self._queued(pend):
