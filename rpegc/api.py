@@ -40,11 +40,13 @@ def parse(text: str, filename: str = "<string>") -> Program:
 def load(path: str) -> Program:
     """A module from a file: `.json` (the JSON form), `.mlir` (the generic MLIR form), else `.rpeg` text."""
     text = read_input_text(path, "the module", MAX_MODULE_BYTES)
-    if path.endswith(".json"):
-        return from_json(text, path)
+    from rpegc.core.check.exec_numbers import check_exec
+
     if path.endswith(".mlir"):
         return from_mlir(text, path)
-    return parse(text, path)
+    program = from_json(text, path) if path.endswith(".json") else parse(text, path)
+    check_exec(program)
+    return program
 
 
 def to_text(program: Program) -> str:

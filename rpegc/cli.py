@@ -394,15 +394,15 @@ class RpegcMain(xDSLOptMain):
         from rpegc.syntax.parser import parse
 
         text = self._decode(io)
-        return program_to_module(parse(text, self.get_input_name()))
+        return program_to_module(checked(parse(text, self.get_input_name())))
 
     def _parse_json(self, io: IO[bytes]) -> ModuleOp:
         from rpegc.dialects.convert import program_to_module
         from rpegc.syntax.json_form import program_from_text
 
-        return program_to_module(program_from_text(self._decode(io), self.get_input_name()))
+        return program_to_module(checked(program_from_text(self._decode(io), self.get_input_name())))
 
-    def _parse_mlir(self, io: IO[bytes]) -> ModuleOp:
+    def _parse_mlir(self, io: IO[bytes]) -> ModuleOp:  # the MLIR form's verifiers check what it holds
         from rpegc.dialects.mlir_form import parse_mlir
 
         return parse_mlir(self.ctx, self._decode(io), self.get_input_name(), implicit_module=not self.args.no_implicit_module)
@@ -575,6 +575,14 @@ class RpegcMain(xDSLOptMain):
                 sys.stderr.write(explain(program, last.program_hardware(program), last.cost_options()))
             else:
                 sys.stderr.write(explain(program, program_hardware(program)))
+
+
+def checked(program):
+    """A module as read, after the exec-graph checks every reader applies (rpegc.core.check.exec_numbers)."""
+    from rpegc.core.check.exec_numbers import check_exec
+
+    check_exec(program)
+    return program
 
 
 def _module_text(module: ModuleOp) -> str:

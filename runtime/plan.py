@@ -34,10 +34,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rpegc.core.check.exec_numbers import check_exec
 from rpegc.core.check.wellformed import check_program
 from rpegc.core.cost.hardware import load_hardware
 from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
@@ -223,8 +223,7 @@ def _check_program(p: Program) -> None:
                                "reads containers and staleness budgets from it")
     if not p.exec.nodes:
         raise RpegError(where, "the exec graph has no nodes; nothing to run")
-    _check_steps(p)
-    _check_numbers(p)
+    check_exec(p)
     for n in p.exec.nodes:
         if n.alloc is None:
             raise RpegError(n.loc, f"node {n.id} has no allocation; every node must be placed before it can run")
@@ -235,65 +234,6 @@ def _check_program(p: Program) -> None:
         _check_inside(n, n.alloc, p)
         if n.src_alloc is not None:
             _check_inside(n, n.src_alloc, p)
-
-
-def _check_steps(p: Program) -> None:
-    """The plan's `steps` is the number of steps its nodes were unrolled for: their steps end at steps-1."""
-    g = p.exec
-    assert g is not None
-    for n in g.nodes:
-        if not 0 <= n.step < g.steps:
-            raise RpegError(n.loc, f"node {n.id} is in step {n.step}, but the plan has {g.steps} step(s) "
-                                   f"(0..{g.steps - 1}); fix the node's step or the plan's steps")
-    last = max(n.step for n in g.nodes)
-    if last != g.steps - 1:
-        raise RpegError(g.loc, f"the plan says {g.steps} step(s), but its nodes end at step {last} (they cover "
-                               f"{last + 1} step(s)); set steps to what the plan was unrolled for")
-
-
-MAX_TIME_S = 1e9  # 32 years: a node time or a schedule's instant beyond it is not a measurement of anything
-
-
-def _bad_number(x) -> bool:
-    return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
-
-
-def _check_numbers(p: Program) -> None:
-    """Times, payloads and reports are finite and non-negative: the run and its checks compute with them."""
-    g = p.exec
-    assert g is not None
-    for n in g.nodes:
-        for what in ("time", "start", "finish"):
-            x = getattr(n, what)
-            if x is not None and (_bad_number(x) or x > MAX_TIME_S):
-                raise RpegError(n.loc, f"node {n.id} has {what} {x!r}; times must be finite, >= 0 and at most "
-                                       f"{MAX_TIME_S:g} s")
-        if (n.start is None) != (n.finish is None):
-            raise RpegError(n.loc, f"node {n.id} has a {'finish' if n.start is None else 'start'} but no "
-                                   f"{'start' if n.start is None else 'finish'}; a scheduled node has both")
-        if n.start is not None and n.finish is not None and n.finish < n.start:
-            raise RpegError(n.loc, f"node {n.id} finishes at {n.finish!r}, before it starts at {n.start!r}")
-        if isinstance(n.bytes, bool) or not isinstance(n.bytes, int) or n.bytes < 0:
-            raise RpegError(n.loc, f"node {n.id} moves {n.bytes!r} bytes; a payload is an integer >= 0")
-        if n.fraction is not None and (_bad_number(n.fraction) or not 0 < n.fraction <= 1):
-            raise RpegError(n.loc, f"node {n.id} has fraction {n.fraction!r}; a phase share is in (0, 1]")
-    if g.memory is not None:
-        m = g.memory
-        for what, values in (("peak", m.peak), ("persistent", m.persistent), ("transient", m.transient)):
-            for d, b in values:
-                if _bad_number(b):
-                    raise RpegError(g.loc, f"exec.memory {what} of device {d} is {b!r}; bytes must be finite and >= 0")
-        for what in ("m_eff", "r_peak"):
-            if _bad_number(getattr(m, what)):
-                raise RpegError(g.loc, f"exec.memory {what} is {getattr(m, what)!r}; it must be finite and >= 0")
-    if g.schedule is not None:
-        s = g.schedule
-        for what in ("makespan", "score", "score_pen", "util", "p_eff"):
-            x = getattr(s, what)
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (
-                    what not in ("score", "score_pen") and x < 0):
-                raise RpegError(g.loc, f"exec.schedule {what} is {x!r}; it must be a finite number"
-                                       + ("" if what in ("score", "score_pen") else " >= 0"))
 
 
 def _check_inside(n: ExecNode, a: Alloc, p: Program) -> None:
