@@ -1,0 +1,169 @@
+"""A hostile-input campaign over what a real run reads and writes (issue 33): Hugging Face directories, datasets,
+reward functions, RL settings, run directories, exports and the secret file, as tests/test_hostile_inputs.py is
+for the compiler. Every case runs `rpegc` or `rpeg-run` in this process in a directory of its own and must end as
+a user error: exit 1, one located `...: error: ...` line on stderr, no traceback, within HANG_SECONDS, and every
+file that was there before is there after, byte for byte. Most cases are refused before any worker starts; damaged
+weights by the workers that read them, which the run then stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from fixtures.hostile import call_guarded  # noqa: E402
+from rpegc.cli import main as rpegc_main  # noqa: E402
+from rpegc.runtime.backends.torch import arith  # noqa: E402
+from rpegc.runtime.cli import main as run_main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HANG_SECONDS = 60
+LOWER = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+WORKLOAD = "rpeg.workload {B = 8, R = 2, Lp = 16, Lr = 4, dtype = fp32}"
+LOCATED = re.compile(r"^\S.*?: error: \S")
+GOOD_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    setup: Callable[[Path], list[str]]  # makes its files in the case directory; returns the command's argv
+    tool: str = "run"  # run: rpeg-run; rpegc: the compiler
+    message: str = ""  # what the error line must hold
+
+
+def _plan(d: Path, hf: str = "ckpt") -> str:
+    """The GRPO example on 2 CPU workers with the test checkpoint as actor and reference, compiled."""
+    text = (ROOT / "examples" / "grpo-tiny-2.rpeg").read_text()
+    text = re.sub(r"^rpeg\.workload .*$", WORKLOAD, text, count=1, flags=re.M)
+    text = re.sub(r'arch = "tiny", kind = (policy|reference)', rf'hf = "{d / hf}", kind = \1', text)
+    (d / "g.rpeg").write_text(text)
+    assert rpegc_main([str(d / "g.rpeg"), "-p", LOWER, "-o", str(d / "g.exec.rpeg")]) == 0
+    return str(d / "g.exec.rpeg")
+
+
+def _run(d: Path, *extra: str, data: str = "train.jsonl", reward: str = "exact_match") -> list[str]:
+    return [_plan(d), "--backend", "torch", "--data", str(d / data), "--reward", reward, *extra]
+
+
+def _config(d: Path, **changes) -> list[str]:
+    """rpegc on the GRPO program whose checkpoint's config.json has `changes` (rpegc reads the config)."""
+    _plan(d)
+    config = json.loads((d / "ckpt" / "config.json").read_text())
+    config.update(changes)
+    (d / "ckpt" / "config.json").write_text(json.dumps(config))
+    return [str(d / "g.rpeg"), "-p", LOWER, "-o", str(d / "out.rpeg")]
+
+
+def _weights(d: Path, damage: Callable[[bytes], bytes]) -> list[str]:
+    path = d / "ckpt" / "model.safetensors"
+    path.write_bytes(damage(path.read_bytes()))
+    return _run(d)
+
+
+def _rows(d: Path, content: str | bytes) -> list[str]:
+    path = d / "bad.jsonl"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return _run(d, data="bad.jsonl")
+
+
+def _file(d: Path, name: str) -> str:
+    (d / name).write_text("mine\n")
+    return str(d / name)
+
+
+def _reward(d: Path, body: str, name: str = "compute_score") -> list[str]:
+    (d / "reward.py").write_text(body)
+    return _run(d, reward=f"{d / 'reward.py'}:{name}")
+
+
+def _earlier_run(d: Path) -> Path:
+    run = d / "run"
+    (run / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run / "checkpoints" / "step-000001" / "index.json").write_text('{"step": 1}')
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    return run
+
+
+CASES = [
+    # Hugging Face directories (compiled by rpegc, which reads config.json)
+    Case("eps-negative", lambda d: _config(d, rms_norm_eps=-1), "rpegc", "rms_norm_eps = -1"),
+    Case("eps-string", lambda d: _config(d, rms_norm_eps="1e-6"), "rpegc", "rms_norm_eps = '1e-6'"),
+    Case("window-string", lambda d: _config(d, sliding_window="4096"), "rpegc", "sliding_window = '4096'"),
+    Case("tie-string", lambda d: _config(d, tie_word_embeddings="false"), "rpegc", "tie_word_embeddings"),
+    Case("weights-truncated", lambda d: _weights(d, lambda b: b[: len(b) // 2]), message="model.safetensors"),
+    Case("weights-empty", lambda d: _weights(d, lambda b: b""), message="model.safetensors"),
+    Case("weights-huge-header", lambda d: _weights(d, lambda b: (1 << 62).to_bytes(8, "little") + b[8:]),
+         message="model.safetensors"),
+    # datasets
+    Case("row-nan", lambda d: _rows(d, '{"prompt": "1+1=", "answer": NaN}\n'), message="NaN is not a JSON value"),
+    Case("row-deep", lambda d: _rows(d, '{"prompt": "1=", "answer": "1", "x": ' + "[" * 100000 + "]" * 100000 + "}\n"),
+         message="nests arrays or objects too deeply"),
+    Case("row-not-utf8", lambda d: _rows(d, b'{"prompt": "\xff"}\n'), message="not UTF-8"),
+    Case("row-long-prompt", lambda d: _rows(d, json.dumps({"prompt": "1+2=" * 2_000_000, "answer": "3"}) + "\n"),
+         message="characters, more than Lp = 16 tokens"),
+    # reward functions
+    Case("reward-exits", lambda d: _reward(d, "import sys\nsys.exit(3)\n" + GOOD_REWARD), message="sys.exit(3)"),
+    Case("reward-os-exit", lambda d: _reward(d, "import os\nos._exit(5)\n" + GOOD_REWARD), message="exit status 5"),
+    Case("reward-missing", lambda d: _reward(d, GOOD_REWARD, name="nope"), message="has no function 'nope'"),
+    Case("reward-signature", lambda d: _reward(d, "def compute_score(x):\n    return 1.0\n"), message="lacks"),
+    # RL settings the float32 arithmetic cannot hold
+    Case("kl-coef", lambda d: _run(d, "--rl", "kl_coef=1e300"), message="kl_coef must be <= 10000.0"),
+    Case("adam-eps", lambda d: _run(d, "--rl", "adam_eps=1e-320"), message="adam_eps must be >="),
+    Case("temperature", lambda d: _run(d, "--rl", "temperature=1e-300"), message="temperature must be >= 0.0001"),
+    Case("lr", lambda d: _run(d, "--lr", "1e300"), message="give a learning rate in (0, 1]"),
+    Case("rl-config-device", lambda d: _run(d, "--rl-config", "/dev/zero"), message="not a regular file"),
+    # run directories, exports, the secret file
+    Case("fresh-run-on-earlier", lambda d: _run(d, "--run-dir", str(_earlier_run(d))), message="holds an earlier run"),
+    Case("overwrite-alone", lambda d: _run(d, "--overwrite"), message="--overwrite"),
+    Case("export-into-checkpoints", lambda d: ["export", str(_earlier_run(d)),
+                                               str(d / "run" / "checkpoints" / "step-999999"), "--step", "1"],
+         message="cannot write the export"),
+    Case("export-into-final", lambda d: ["export", str(_earlier_run(d)), str(d / "run" / "final")],
+         message="cannot write the export"),
+    Case("secret-file-exists", lambda d: _run(d, "--store", "127.0.0.1:0", "--secret-file", _file(d, "notes.txt")),
+         message="the file exists"),
+    Case("plan-fifo", lambda d: os.mkfifo(d / "p.fifo") or [str(d / "p.fifo"), "--backend", "sim"],
+         message="not a regular file"),
+]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("base")
+    arith.write_checkpoint(str(d / "ckpt"), hidden=32, layers=2, max_positions=32)
+    arith.write_dataset(str(d / "train.jsonl"), 16, seed=2, chat=True)
+    return d
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    """Every file under `d` but a run directory's lock file (taken before a run is refused, and left, as flock
+    files are: removing one races with the next run opening it)."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_hostile_run_input_is_one_located_line_and_changes_nothing(base, tmp_path, capsys, case):
+    import shutil
+
+    d = tmp_path / "case"
+    shutil.copytree(base, d)
+    argv = case.setup(d)
+    capsys.readouterr()
+    before = _snapshot(d)
+    result = call_guarded(rpegc_main if case.tool == "rpegc" else run_main, argv, HANG_SECONDS)
+    err = capsys.readouterr().err
+    assert result == 1, f"{case.name}: {result}\n{err}"
+    first = err.strip().splitlines()[0] if err.strip() else ""
+    assert LOCATED.match(first) and "Traceback" not in err, f"{case.name}: {err}"
+    assert case.message in err, f"{case.name}: {err}"
+    assert _snapshot(d) == before, f"{case.name}: a file changed"
