@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from fixtures.hostile import call_guarded, mutants
+from fixtures.hostile import HOSTILE_VALUES, call_guarded, mutants
 from rpegc.cli import main as rpegc_main
 from rpegc.runtime.cli import main as run_main
 
@@ -35,8 +35,6 @@ PLAN_EXAMPLES = ("grpo-tiny", "ppo-tiny")
 LOCATED = re.compile(r"^\S.*?: error: \S")
 NEGATIVE_NUMBER = re.compile(r"(?<![\w.])-\d")
 NON_FINITE = re.compile(r"\b(nan|inf|infinity)\b", re.I)
-HOSTILE_VALUES = (float("nan"), float("inf"), -float("inf"), -1, -1e300, 1e300, 0, 1.5, "x", "", None,
-                  [], {}, True, 10**30)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,3 +168,49 @@ def test_a_hostile_run_input_is_one_located_line_and_changes_nothing(base, tmp_p
     assert LOCATED.match(first) and "Traceback" not in err, f"{case.name}: {err}"
     assert case.message in err, f"{case.name}: {err}"
     assert _snapshot(d) == before, f"{case.name}: a file changed"
+
+
+SEED = 20261205
+CONFIG_MUTANTS = 150
+
+
+def _read_checkpoint_config(directory: str) -> None:
+    """What reads a checkpoint's config.json before any worker starts: rpegc's shape, the backend's network
+    options and the RoPE tables transformers computes."""
+    from rpegc.core.ir.hf_config import hf_arch
+    from rpegc.runtime.backends.torch.hf import hf_net
+    from rpegc.runtime.backends.torch.hf_rope import rope_tables
+    from rpegc.runtime.backends.torch.models import NetOptions
+
+    hf_arch(directory)
+    hf_net(directory, NetOptions(max_seq=32))
+    rope_tables.cache_clear()
+    rope_tables(directory, 32)
+
+
+def test_mutated_checkpoint_configs_are_read_or_refused_with_a_located_error(base, tmp_path):
+    """Seeded mutants of config.json, a hostile value at a field or bytes mutated as tests/test_hostile_inputs.py
+    mutates programs: each is read, or refused with an RpegError naming the directory; no other exception."""
+    from fixtures.hostile import HOSTILE_VALUES, mutants
+    from rpegc.core.ir.errors import RpegError
+
+    text = (base / "ckpt" / "config.json").read_text()
+    config = json.loads(text)
+    rng = random.Random(SEED)
+    docs = []
+    for _ in range(CONFIG_MUTANTS // 2):
+        key = rng.choice(sorted(config))
+        docs.append(json.dumps({**config, key: rng.choice(HOSTILE_VALUES)}).encode())
+    docs += [data for _, data in mutants(CONFIG_MUTANTS - len(docs), SEED, [("config.json", text.encode())])]
+    escaped = []
+    for i, data in enumerate(docs):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        (d / "config.json").write_bytes(data)
+        try:
+            _read_checkpoint_config(str(d))
+        except RpegError:
+            continue
+        except Exception as e:  # noqa: BLE001 - what escapes is the finding
+            escaped.append(f"{data[:200]!r}: {type(e).__name__}: {e}"[:400])
+    assert not escaped, "\n".join(escaped)

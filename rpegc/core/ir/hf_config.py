@@ -69,9 +69,10 @@ def check_supported(config: dict, path: str, loc: Optional[Loc] = None) -> None:
         raise RpegError(loc, f"{path}: model_type {model_type!r} is not supported; rpegc builds the Llama family "
                              f"({', '.join(SUPPORTED_TYPES)})")
     for key, (what, accepted) in FIXED_FIELDS.items():
-        if config.get(key) not in accepted:
-            raise RpegError(loc, f"{path}: {key} = {config[key]!r} is not supported; rpegc builds {what} "
-                                 f"({key} = {accepted[0]!r})")
+        value = config.get(key)
+        if value not in accepted:
+            said = f"{key} = {value!r} is not supported" if key in config else f"{key} is missing"
+            raise RpegError(loc, f"{path}: {said}; rpegc builds {what} ({key} = {accepted[0]!r})")
     eps = config.get("rms_norm_eps", 1e-6)
     # a number in (0, 1): RMSNorm divides by sqrt(mean square + eps), so eps <= 0 divides by zero (NaN) on a zero row
     if type(eps) not in (int, float) or not 0 < eps < 1:
