@@ -214,3 +214,36 @@ def test_mutated_checkpoint_configs_are_read_or_refused_with_a_located_error(bas
         except Exception as e:  # noqa: BLE001 - what escapes is the finding
             escaped.append(f"{data[:200]!r}: {type(e).__name__}: {e}"[:400])
     assert not escaped, "\n".join(escaped)
+
+
+DATASET_MUTANTS = 120
+
+
+def test_mutated_datasets_are_read_or_refused_with_a_located_error(base, tmp_path):
+    """Seeded mutants of a JSONL dataset (a hostile value at a row's field, or mutated bytes) through the reader
+    every process runs before training (datasets.PromptDataset): read, or an RpegError; no other exception."""
+    from fixtures.hostile import HOSTILE_VALUES, mutants
+    from rpegc.core.ir.errors import RpegError
+    from rpegc.runtime.backends.torch.datasets import DataConfig, PromptDataset, load_tokenizer
+
+    tok = load_tokenizer(str(base / "ckpt"))
+    data = (base / "train.jsonl").read_bytes()
+    rows = [json.loads(line) for line in data.decode().splitlines()]
+    rng = random.Random(SEED)
+    docs = []
+    for _ in range(DATASET_MUTANTS // 2):
+        i, key = rng.randrange(len(rows)), rng.choice(["prompt", "answer", "data_source", "extra_info", "new"])
+        changed = rows[:i] + [{**rows[i], key: rng.choice(HOSTILE_VALUES)}] + rows[i + 1:]
+        docs.append("".join(json.dumps(r) + "\n" for r in changed).encode())
+    docs += [d for _, d in mutants(DATASET_MUTANTS - len(docs), SEED, [("train.jsonl", data)])]
+    escaped = []
+    for i, doc in enumerate(docs):
+        path = tmp_path / f"d{i}.jsonl"
+        path.write_bytes(doc)
+        try:
+            PromptDataset(DataConfig(path=str(path)), tok, 16, len(tok)).batch(4, seed=0, step=0)
+        except RpegError:
+            continue
+        except Exception as e:  # noqa: BLE001 - what escapes is the finding
+            escaped.append(f"{doc[:160]!r}: {type(e).__name__}: {e}"[:400])
+    assert not escaped, "\n".join(escaped)
