@@ -26,7 +26,7 @@ from xdsl.utils.arg_spec import ArgSpec, PipelineLexer, SpecTokenKind, parse_pip
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from rpegc.core.ir.errors import Loc, RpegError, render
+from rpegc.core.ir.errors import Loc, RpegError, render, utf8_text
 from rpegc.outputs import Output, OutputError, Outputs, check_outputs
 from rpegc.passes.program_pass import option_error, pass_message
 from rpegc.registry import PASSES as _RPEGC_PASSES
@@ -408,14 +408,7 @@ class RpegcMain(xDSLOptMain):
         return parse_mlir(self.ctx, self._decode(io), self.get_input_name(), implicit_module=not self.args.no_implicit_module)
 
     def _decode(self, io: IO[bytes]) -> str:
-        raw = io.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            line = raw[: err.start].count(b"\n") + 1
-            col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
-            raise RpegError(Loc(self.get_input_name(), line, col), "the file is not valid UTF-8 text") from None
-        text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark; columns count from after it
+        text = utf8_text(io.read(), self.get_input_name(), "the file is not valid UTF-8 text")
         self.sources[self.get_input_name()] = text
         return text
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError, utf8_text
 
 MIB = 1 << 20
 MAX_MODULE_BYTES = 1 << 30  # a module or plan (.rpeg, .json, .mlir): one of 150,000 containers is 6 MB
@@ -55,11 +55,4 @@ def read_input(path: str, what: str, limit: int) -> bytes:
 
 def read_input_text(path: str, what: str, limit: int) -> str:
     """`read_input` decoded as UTF-8, a leading byte-order mark dropped; a non-UTF-8 byte is located."""
-    raw = read_input(path, what, limit)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
-        raise RpegError(Loc(path, line, col), f"{what} is not UTF-8 text") from None
-    return text.removeprefix("\ufeff")
+    return utf8_text(read_input(path, what, limit), path, f"{what} is not UTF-8 text")

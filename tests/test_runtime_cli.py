@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from rpegc.runtime.cli import main
 from rpegc.syntax.json_form import program_to_json
+from fixtures import cli
 from fixtures.runtime_plans import disaggregated_plan, lower, scheduled
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+rpeg_run = functools.partial(cli.rpeg_run, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +21,6 @@ def plan_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("plans") / "ppo.exec.json"
     path.write_text(json.dumps(program_to_json(scheduled(disaggregated_plan(1), 4))))
     return str(path)
-
-
-def rpeg_run(*args):
-    code = "import sys; from rpegc.runtime.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 def test_run_then_verify_end_to_end(plan_file, tmp_path):

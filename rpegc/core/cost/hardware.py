@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rpegc.core.ir.geometry import TIERS
-from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError, utf8_text
 from rpegc.core.ir.toml_text import decode_error_position, key_position
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware"
@@ -144,13 +144,7 @@ def load_hardware(name_or_path: str, loc: Loc | None = None) -> Hardware:
         raw = path.read_bytes()
     except OSError as err:
         raise RpegError(loc, f"cannot read hardware profile '{path}': {err.strerror}; check the path") from None
-    try:
-        text = raw.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
-        raise RpegError(Loc(str(path), line, col), f"the hardware profile is not valid UTF-8 text{_for(loc)}; "
-                                                   "save it as UTF-8") from None
+    text = utf8_text(raw, str(path), f"the hardware profile is not valid UTF-8 text{_for(loc)}; save it as UTF-8")
     where = _Where(str(path), loc, text)
     try:
         data = tomllib.loads(text)

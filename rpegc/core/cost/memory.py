@@ -265,16 +265,15 @@ def _training_memory(arch: Arch, kind: str, wl: Workload, w_shard, b_loc, layers
             held = live * (layers_local * (layer + s_t * d) + s_t * d)
         else:  # the segment inputs and the stage's output; one segment recomputed at a time
             held = live * (n_ckpt + 1) * s_t * d + c * layer + (c - 1) * s_t * d
-    # what the backward pass still holds of the activations when it reaches the first layers, beside nearly all the
-    # gradients: the first segment recomputed (or the first layer's saved tensors)
-    last = tokens * (layer + s_t * d if c is None else c * layer + (c - 1) * s_t * d)
-    if opts.accounting == "backend":  # the first layer's input gradients and temporaries: about its saved tensors
-        last = last + tokens * layer
     M_act = tokens * held
     working = 0.0 if train.persistent_weights else M_w
     state = M_opt + (M_w if train.persistent_weights else 0.0)
     transient = M_act + working + M_grad  # spec 6.4
     if opts.accounting == "backend":
+        # what the backward pass still holds of the activations when it reaches the first layers, beside nearly all
+        # the gradients: the first segment recomputed (or the first layer's saved tensors), and the first layer's
+        # input gradients and temporaries (about its saved tensors)
+        last = tokens * (layer + s_t * d if c is None else c * layer + (c - 1) * s_t * d) + tokens * layer
         if kind in LM_HEAD_KINDS:
             M_act = M_act + head_piece_bytes(arch, wl, s_t, b_loc)
         # the optimizer step turns one 16-bit gradient at a time into float32 (master_weights.MasterWeights.step); a

@@ -89,3 +89,21 @@ def render(error: RpegError, source: str | None) -> str:
                 text += f"\n{line}\n{' ' * max(0, col - 1)}^"
         parts.append(text)
     return "\n".join(parts)
+
+
+def utf8_text(raw: bytes, path: str, message: str) -> str:
+    """`raw` decoded as UTF-8 with a leading byte-order mark dropped (columns count from after it); a byte that is
+    not UTF-8 is an RpegError saying `message`, located at its line and column of `path`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise RpegError(Loc(path, line, col), message) from None
+    return text.removeprefix("\ufeff")
+
+
+def error_line(e: BaseException) -> str:
+    """An exception raised inside a library as one line: its type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__

@@ -62,7 +62,7 @@ from rpegc.runtime.plan import RunPlan
 from rpegc.runtime.backends.torch.finite import finite_tensor
 from rpegc.runtime.backends.torch.inbox import warn
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
-from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, STEP_NAME
+from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, complete_checkpoints
 from rpegc.runtime.backends.torch.safetensors_stream import write_safetensors
 
 FORMAT = "rpeg-torch-checkpoint/2"
@@ -106,17 +106,6 @@ def adam_key(model: str, name: str, state: str) -> str:
 
 def rng_key(rank: int) -> str:
     return f"rng/{rank}"
-
-
-def complete_checkpoints(run_dir: str) -> list[tuple[int, str]]:
-    """(step, directory) of every complete checkpoint, oldest first (a .partial is not one)."""
-    root = os.path.join(run_dir, CHECKPOINT_DIR)
-    out = []
-    for name in os.listdir(root) if os.path.isdir(root) else ():
-        m = STEP_NAME.match(name)
-        if m and os.path.isdir(os.path.join(root, name)):
-            out.append((int(m.group(1)), os.path.join(root, name)))
-    return sorted(out)
 
 
 def latest_checkpoint(run_dir: str) -> Optional[str]:

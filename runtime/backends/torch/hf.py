@@ -24,12 +24,11 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.errors import RpegError, error_line
 from rpegc.core.ir.hf_config import arch_of_config, hf_config_path, read_hf_config
 from rpegc.core.ir.program import Arch
 from rpegc.inputs import read_input_text
 from rpegc.runtime.backends.torch.finite import finite_tensor
-from rpegc.runtime.backends.torch.hf_rope import error_line
 from rpegc.runtime.backends.torch.layout import Layout, Piece, rank_pieces
 from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, arch_net, build_model, check_arch,
                                                 install_weights, seeded_parameter)

@@ -7,7 +7,7 @@ import functools
 import torch
 from torch import Tensor
 
-from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.errors import RpegError, error_line
 
 
 def offline_config(directory: str):
@@ -18,12 +18,6 @@ def offline_config(directory: str):
         return AutoConfig.from_pretrained(directory, local_files_only=True)
     except Exception as e:  # OSError, ValueError, and what a value of the wrong type raises inside transformers
         raise RpegError(None, f"transformers cannot read the config of {directory}: {error_line(e)}") from None
-
-
-def error_line(e: Exception) -> str:
-    """An exception raised inside a library as one line: its type and the first line of its message."""
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 @functools.lru_cache(maxsize=16)

@@ -63,15 +63,16 @@ class HeapMeter:
     """The most bytes the C heap held allocated (`heap_in_use`) since `start` or `reset`, read every `period_s` by a
     daemon thread. On the CPU torch allocates tensors with malloc, so this is what the process's tensors, gloo's
     buffers and the interpreter's large objects weigh, whichever thread allocates or frees them, and not the freed
-    memory glibc keeps for reuse (which the resident size holds). torch's
-    profiler counts tensor bytes too but misses the frees made on other threads (gloo's, after a collective), so it
-    overcounts a process that communicates. The sampler runs whenever the main thread releases the GIL, as torch's
-    kernels do; a peak shorter than `period_s` between two reads can be missed."""
+    memory glibc keeps for reuse (which the resident size holds). torch's profiler counts tensor bytes too but
+    misses the frees made on other threads (gloo's, after a collective), so it overcounts a process that
+    communicates. The sampler runs whenever the main thread releases the GIL, as torch's kernels do; a peak shorter
+    than `period_s` between two reads can be missed."""
 
     def __init__(self, period_s: float = RUN_SAMPLE_S) -> None:
         self.period_s = period_s
         self.base = heap_in_use()
         self._max = self.base or 0
+        self._lock = threading.Lock()  # a read and its update of _max, against a reset between them
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -87,21 +88,22 @@ class HeapMeter:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            now = heap_in_use() or 0
-            if now > self._max:
-                self._max = now
+            self._read()
             time.sleep(self.period_s)
+
+    def _read(self) -> int:
+        with self._lock:
+            self._max = max(self._max, heap_in_use() or 0)
+            return self._max
 
     def reset(self) -> None:
         """Start a new high-water mark from what the heap holds now."""
-        self._max = heap_in_use() or 0
+        with self._lock:
+            self._max = heap_in_use() or 0
 
     def peak(self) -> Optional[int]:
         """The most bytes held since the last reset (or the start), this moment included."""
-        if not self.available:
-            return None
-        self._max = max(self._max, heap_in_use() or 0)
-        return self._max
+        return self._read() if self.available else None
 
     def stop(self) -> None:
         self._stop.set()

@@ -71,11 +71,21 @@ def _read_pid(fd: int) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
+def complete_checkpoints(run_dir: str) -> list[tuple[int, str]]:
+    """(step, directory) of every complete checkpoint, oldest first (a .partial is not one)."""
+    root = os.path.join(run_dir, CHECKPOINT_DIR)
+    out = []
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        m = STEP_NAME.match(name)
+        if m and os.path.isdir(os.path.join(root, name)):
+            out.append((int(m.group(1)), os.path.join(root, name)))
+    return sorted(out)
+
+
 def earlier_run(run_dir: str) -> list[str]:
     """What an earlier run left in `run_dir` that a fresh run there would replace (empty: nothing)."""
     found = []
-    root = os.path.join(run_dir, CHECKPOINT_DIR)
-    steps = [n for n in os.listdir(root) if STEP_NAME.match(n)] if os.path.isdir(root) else []
+    steps = complete_checkpoints(run_dir)
     if steps:
         found.append(f"{len(steps)} checkpoint(s)")
     if os.path.lexists(os.path.join(run_dir, FINAL)):

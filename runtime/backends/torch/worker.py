@@ -67,7 +67,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.errors import RpegError, error_line
 from rpegc.core.ir.training import Training
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import local_rank, rank_and_world, synchronize, worker_device
@@ -923,8 +923,8 @@ def _error_text(e: Exception, cmd: dict) -> str:
     if isinstance(e, CommandError):
         return str(e)
     if _out_of_memory(e):
-        return (f"out of memory: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__} (the "
-                "cost model's estimate is checked against each worker before launch unless --no-memory-check)")
+        return (f"out of memory: {error_line(e)} (the cost model's estimate is checked against each worker before "
+                "launch unless --no-memory-check)")
     return traceback.format_exc(limit=8)
 
 
