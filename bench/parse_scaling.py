@@ -2,7 +2,8 @@
 
 Two generated inputs, each at sizes N = 1k, 4k, 16k, 64k (--quick: 1k, 4k):
   * `containers`: examples/ppo-8gpu.rpeg with N extra unused containers (one line each), through
-    `parse`, `check_graph` (verify-wellformed's check) and the driver `rpegc FILE -p verify-wellformed`;
+    `parse`, `check_graph` (verify-wellformed's check), the driver `rpegc FILE -p verify-wellformed` and the
+    driver through the whole lowering (`lower_s`: LOWER below, issue 33's 150k-container program);
   * `workload-keys`: one line `rpeg.workload {B = 1, B = 1, ...}` with N keys, rejected at the repeated key
     (the time to the error, and the length of the printed error).
 Times are `time.process_time()` of this process (the load of a shared machine does not count). The
@@ -23,6 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "ppo-8gpu.rpeg")
+LOWER = "verify-wellformed,unroll{k=4},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 
 
 def containers_text(n: int) -> str:
@@ -42,8 +44,8 @@ def timed(fn):
     return time.process_time() - start, out
 
 
-def driver(text: str) -> tuple[float, int, int]:
-    """(seconds, exit code, characters written to stderr) of `rpegc FILE -p verify-wellformed -o /dev/null`."""
+def driver(text: str, pipeline: str = "verify-wellformed") -> tuple[float, int, int]:
+    """(seconds, exit code, characters written to stderr) of `rpegc FILE -p PIPELINE -o /dev/null`."""
     from rpegc.cli import main
 
     with tempfile.NamedTemporaryFile("w", suffix=".rpeg", delete=False, encoding="utf-8") as f:
@@ -51,7 +53,7 @@ def driver(text: str) -> tuple[float, int, int]:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            sec, code = timed(lambda: main([f.name, "-p", "verify-wellformed", "-o", os.devnull]))
+            sec, code = timed(lambda: main([f.name, "-p", pipeline, "-o", os.devnull]))
     finally:
         os.unlink(f.name)
     return sec, int(code or 0), len(err.getvalue())
@@ -75,8 +77,10 @@ def measure(case: str, n: int) -> dict:
     if case == "containers":
         row["verify_s"], errors = timed(lambda: check_graph(program))
         assert not errors, errors[0]
+        row["lower_s"], code, _ = driver(text, LOWER)
+        assert code == 0
     else:
-        row["verify_s"] = ""
+        row["verify_s"] = row["lower_s"] = ""
     row["driver_s"], row["exit"], row["stderr_chars"] = driver(text)
     row["driver_us_per_item"] = round(row["driver_s"] / n * 1e6, 1)
     return row
@@ -99,11 +103,12 @@ def main() -> int:
             rows.append(row)
             print(f"{case:14s} n={n:6d} {row['bytes']:9d} B  parse {row['parse_s']:7.2f} s  "
                   f"driver {row['driver_s']:7.2f} s  growth x{row['growth'] or '-'}  "
+                  f"lower {row['lower_s'] and round(row['lower_s'], 2) or '-'} s  "
                   f"stderr {row['stderr_chars']} chars", flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "parse_scaling_quick.csv" if args.quick else "parse_scaling.csv")
-    fields = ["case", "n", "bytes", "parse_s", "verify_s", "driver_s", "driver_us_per_item", "growth", "exit",
-              "stderr_chars"]
+    fields = ["case", "n", "bytes", "parse_s", "verify_s", "driver_s", "driver_us_per_item", "growth", "lower_s",
+              "exit", "stderr_chars"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()

@@ -84,13 +84,33 @@ def program_to_module(p: Program) -> ModuleOp:
     return ModuleOp(program_ops(p), attributes={FILE_ATTR: StringAttr(p.file)})
 
 
-def replace_module(module: ModuleOp, p: Program) -> None:
-    """Replace the body of `module` in place by the ops of `p` (a ModulePass mutates its module)."""
+def replace_module(module: ModuleOp, p: Program, before: Optional[Program] = None) -> None:
+    """Replace the body of `module` in place by the ops of `p` (a ModulePass mutates its module).
+
+    `before` is the Program read from `module`: a graph, cluster, plan or exec graph of `p` that is the very
+    object `before` holds keeps its op, untouched (a pass that only adds an exec graph would otherwise rebuild
+    every container of the graph, ~60 us each).
+    """
+    kept = _unchanged_sections(module, p, before) if before is not None else {}
     block = module.body.block
     for op in reversed(list(block.ops)):
-        block.erase_op(op)
-    block.add_ops(program_ops(p))
+        if op in kept.values():
+            block.detach_op(op)
+        else:
+            block.erase_op(op)
+    block.add_ops(_Builder().program_ops(p, kept))
     module.attributes[FILE_ATTR] = StringAttr(p.file)
+
+
+def _unchanged_sections(module: ModuleOp, p: Program, before: Program) -> dict[type[Operation], Operation]:
+    """The module's single-instance ops (graph, cluster, plan, exec graph) whose section `p` holds unchanged."""
+    same = {
+        rpeg.GraphOp: p.graph is before.graph,
+        rpeg.ClusterOp: p.cluster is before.cluster,
+        rpeg.PlanOp: p.plan is before.plan,
+        ex.ExecGraphOp: p.exec is before.exec,
+    }
+    return {type(op): op for op in module.ops if same.get(type(op), False)}
 
 
 def program_ops(p: Program) -> list[Operation]:
@@ -188,17 +208,19 @@ class _Builder:
             regions=list(regions),
         )
 
-    def program_ops(self, p: Program) -> list[Operation]:
+    def program_ops(self, p: Program, kept: Optional[dict[type[Operation], Operation]] = None) -> list[Operation]:
+        """The ops of `p`, taking a section's op from `kept` (by op class) where it holds one."""
+        kept = kept or {}
         ops: list[Operation] = [self.workload_op(p.workload)]
         ops.extend(self.model_op(m) for m in p.models)
         if p.graph is not None:
-            ops.append(self.graph_op(p.graph))
+            ops.append(kept.get(rpeg.GraphOp) or self.graph_op(p.graph))
         if p.cluster is not None:
-            ops.append(self.cluster_op(p.cluster))
+            ops.append(kept.get(rpeg.ClusterOp) or self.cluster_op(p.cluster))
         if p.plan is not None:
-            ops.append(self.plan_op(p.plan))
+            ops.append(kept.get(rpeg.PlanOp) or self.plan_op(p.plan))
         if p.exec is not None:
-            ops.append(self.exec_graph_op(p.exec))
+            ops.append(kept.get(ex.ExecGraphOp) or self.exec_graph_op(p.exec))
         return ops
 
     def workload_op(self, w: Workload) -> Operation:

@@ -1,7 +1,9 @@
 """What every rpegc pass shares: run a `rpegc/core` function on the module's plain-data form.
 
 A pass converts the xDSL module to a `Program`, applies one core function, and writes the result back into the
-same ModuleOp (a ModulePass mutates its module). User errors from the core (`RpegError`) become
+same ModuleOp (a ModulePass mutates its module): a top-level op whose section the function left unchanged is kept
+as it is, every other one is built anew, and no op is ever changed in place (the driver relies on that to verify
+only the new ones between passes, see `rpegc/cli.py`). User errors from the core (`RpegError`) become
 `RpegPassError`, an xDSL `PassFailedException` that still carries the located error so the driver can print
 the source line and a caret.
 
@@ -47,11 +49,12 @@ def transform(pass_name: str, module: ModuleOp, fn: Callable[[Program], Program]
     """Apply `fn` to the module's Program and write the result back; returns the new Program."""
     from rpegc.dialects.convert import replace_module
 
+    before = read_program(module)
     try:
-        result = fn(read_program(module))
+        result = fn(before)
     except RpegError as err:
         raise RpegPassError(pass_name, err) from None
-    replace_module(module, result)
+    replace_module(module, result, before)
     return result
 
 

@@ -265,6 +265,25 @@ def test_replace_module_mutates_the_given_module() -> None:
     assert_same(module_to_program(module), first)
 
 
+def test_replace_module_keeps_the_ops_of_sections_left_unchanged() -> None:
+    module = program_to_module(full_program())
+    before = module_to_program(module)
+    ops = {type(op): op for op in module.ops}
+    after = dataclasses.replace(before, exec=dataclasses.replace(before.exec, steps=before.exec.steps + 1))
+    replace_module(module, after, before)
+    module.verify()
+    now = {type(op): op for op in module.ops}
+    assert now[rpeg.GraphOp] is ops[rpeg.GraphOp] and now[rpeg.PlanOp] is ops[rpeg.PlanOp]
+    assert now[rpeg.ClusterOp] is ops[rpeg.ClusterOp]
+    assert now[ex.ExecGraphOp] is not ops[ex.ExecGraphOp] and ops[ex.ExecGraphOp].parent is None
+    assert_same(module_to_program(module), after)
+    # A graph equal to the one read but not the same object is built anew: only identity proves it untouched.
+    again = module_to_program(module)
+    replace_module(module, dataclasses.replace(again, graph=dataclasses.replace(again.graph)), again)
+    assert next(op for op in module.ops if isinstance(op, rpeg.GraphOp)) is not now[rpeg.GraphOp]
+    assert_same(module_to_program(module), after)
+
+
 def test_loc_of_reads_the_op_position() -> None:
     module = program_to_module(full_program())
     by_name = {op.name: op for op in module.walk()}

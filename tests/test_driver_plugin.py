@@ -56,6 +56,14 @@ def test_plugin_pass_accepts_a_graph_within_its_limit():
     assert "exec.graph @ppo steps = 1 {" in result.stdout
 
 
+def test_a_plugin_pass_that_edits_an_op_in_place_is_verified_after():
+    # The graph op is kept unchanged through unroll, so verifying only new ops would miss the plugin's edit.
+    result = run("rpegc", str(PPO), "-p", "verify-wellformed,unroll{k=1},retype-in-place,split-quantiles",
+                 plugin=True)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == f'{PPO}: error: "two" should be of base attribute integer'
+
+
 def test_without_the_plugin_the_pass_is_unknown():
     result = run("rpegc", str(PPO), "-p", "max-vertices{n=5}")
     assert result.returncode == 1

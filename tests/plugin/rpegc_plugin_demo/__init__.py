@@ -1,7 +1,9 @@
 """A researcher's plugin package: one extra pass, registered through the `xdsl.universe` entry point, and one
 extra rpeg-run backend, registered through `rpegc.backends`.
 
-`max-vertices{n=N}` fails with a located error when the graph has more than N vertices; `--backend slow-sim
+`max-vertices{n=N}` fails with a located error when the graph has more than N vertices; `retype-in-place` edits
+the graph's first container op in place into one that does not verify (a plugin may edit ops in place, so the
+driver verifies the whole module after it); `--backend slow-sim
 --slowdown X` is the sim backend with every node X times slower. rpegc finds both with no change to rpegc
 itself (tests/test_driver_plugin.py).
 """
@@ -32,7 +34,21 @@ class MaxVerticesPass(ModulePass):
         check(self.name, op, limit)
 
 
-UNIVERSE = Universe(all_passes={"max-vertices": lambda: MaxVerticesPass})
+@dataclass(frozen=True)
+class RetypeInPlacePass(ModulePass):
+    name = "retype-in-place"
+
+    def apply(self, ctx, op) -> None:
+        from xdsl.dialects.builtin import StringAttr
+
+        from rpegc.dialects import rpeg
+
+        container = next(o for o in op.walk() if isinstance(o, rpeg.ContainerOp))
+        container.properties["bytes_per_elem"] = StringAttr("two")
+
+
+UNIVERSE = Universe(all_passes={"max-vertices": lambda: MaxVerticesPass,
+                                "retype-in-place": lambda: RetypeInPlacePass})
 
 
 class SlowSim(SimBackend):
