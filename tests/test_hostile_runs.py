@@ -247,3 +247,160 @@ def test_mutated_datasets_are_read_or_refused_with_a_located_error(base, tmp_pat
         except Exception as e:  # noqa: BLE001 - what escapes is the finding
             escaped.append(f"{doc[:160]!r}: {type(e).__name__}: {e}"[:400])
     assert not escaped, "\n".join(escaped)
+
+
+WEIGHT_MUTANTS = 120
+
+
+def _framed(header: bytes, data: bytes) -> bytes:
+    return len(header).to_bytes(8, "little") + header + data
+
+
+def _weight_mutants(blob: bytes, rng: random.Random) -> list[bytes]:
+    """Damaged copies of a safetensors file: its JSON header mutated (a field given a hostile value, or its bytes
+    mutated and re-framed), its length field wrong, its data flipped or cut, the file cut anywhere."""
+    from fixtures.hostile import HOSTILE_VALUES, mutants
+
+    size = int.from_bytes(blob[:8], "little")
+    header, data = blob[8:8 + size], blob[8 + size:]
+    entries = json.loads(header)
+    names = sorted(k for k in entries if k != "__metadata__")
+    out = []
+    for _ in range(WEIGHT_MUTANTS // 4):
+        name, field = rng.choice(names), rng.choice(["dtype", "shape", "data_offsets"])
+        value = rng.choice([*HOSTILE_VALUES, "F16", "BF16", "I64", "BOOL", "F8_E4M3", [1], [0, 0], [-1, 8],
+                            entries[name][field][::-1]])
+        changed = {**entries, name: {**entries[name], field: value}}
+        out.append(_framed(json.dumps(changed).encode(), data))
+    out += [_framed(h, data) for _, h in mutants(WEIGHT_MUTANTS // 4, SEED, [("header", header)])]
+    for _ in range(WEIGHT_MUTANTS // 4):
+        length = rng.choice([0, 1, size - 1, size + 1, size + len(data), 2**63 - 1, rng.randrange(2**40)])
+        out.append(length.to_bytes(8, "little") + blob[8:])
+    while len(out) < WEIGHT_MUTANTS:
+        cut = bytearray(blob[: rng.randrange(len(blob) + 1)] if rng.random() < 0.3 else blob)
+        for _ in range(rng.randrange(1, 6)):  # flipped data bytes; 0xff in a float's exponent makes NaN or inf
+            if len(cut) > 8 + size:
+                cut[rng.randrange(8 + size, len(cut))] = rng.choice([0xFF, 0x7F, 0x80, 0x00, rng.randrange(256)])
+        out.append(bytes(cut))
+    return out
+
+
+def _read_weights(directory: str) -> None:
+    """What a worker does with a checkpoint's weights: the model from its config, every tensor read."""
+    from rpegc.core.ir.hf_config import hf_arch
+    from rpegc.runtime.backends.torch.hf import initial_model
+    from rpegc.runtime.backends.torch.models import NetOptions
+
+    initial_model(hf_arch(directory), "policy", 0, directory, NetOptions(max_seq=32))
+
+
+def test_mutated_weights_are_read_or_refused_with_a_located_error(base, tmp_path):
+    """Seeded mutants of model.safetensors and of a weight index through the reader every worker runs
+    (hf.HFWeights via initial_model): read, or an RpegError naming the file; never a non-finite weight."""
+    import shutil
+
+    from fixtures.hostile import HOSTILE_VALUES, mutants
+    from rpegc.core.ir.errors import RpegError
+
+    blob = (base / "ckpt" / "model.safetensors").read_bytes()
+    rng = random.Random(SEED)
+    escaped, refused = [], 0
+    index = json.dumps({"weight_map": {k: "model.safetensors" for k in json.loads(blob[8:8 + int.from_bytes(
+        blob[:8], "little")]) if k != "__metadata__"}}).encode()
+    cases = [("model.safetensors", b) for b in _weight_mutants(blob, rng)]
+    cases += [("model.safetensors.index.json", json.dumps({"weight_map": rng.choice(HOSTILE_VALUES)}).encode())
+              for _ in range(10)]
+    cases += [("model.safetensors.index.json", m) for _, m in mutants(30, SEED, [("index", index)])]
+    for i, (name, data) in enumerate(cases):
+        d = tmp_path / f"w{i}"
+        shutil.copytree(base / "ckpt", d)
+        (d / name).write_bytes(data)
+        try:
+            _read_weights(str(d))
+        except RpegError as e:
+            refused += 1
+            assert str(d) in str(e), str(e)
+            continue
+        except Exception as e:  # noqa: BLE001 - what escapes is the finding
+            escaped.append(f"{name} #{i}: {type(e).__name__}: {e}"[:400])
+        shutil.rmtree(d)
+    assert not escaped, "\n".join(escaped)
+    assert refused > len(cases) // 2  # most damage is found, not read as weights
+
+
+TOKENIZER_MUTANTS = 80
+
+
+def test_mutated_tokenizers_are_loaded_or_refused_with_a_located_error(base, tmp_path):
+    """Seeded mutants of tokenizer.json and tokenizer_config.json (a hostile value at a field, or mutated bytes)
+    through what every process does with a tokenizer: load it, then tokenize a batch of the dataset."""
+    import shutil
+
+    from fixtures.hostile import HOSTILE_VALUES, mutants
+    from rpegc.core.ir.errors import RpegError
+    from rpegc.runtime.backends.torch.datasets import DataConfig, PromptDataset, load_tokenizer
+
+    rng = random.Random(SEED)
+    cases = []
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        text = (base / "ckpt" / name).read_bytes()
+        doc = json.loads(text)
+        for _ in range(TOKENIZER_MUTANTS // 4):
+            key = rng.choice(sorted(doc))
+            cases.append((name, json.dumps({**doc, key: rng.choice(HOSTILE_VALUES)}).encode()))
+        cases += [(name, m) for _, m in mutants(TOKENIZER_MUTANTS // 4, SEED, [(name, text)])]
+    escaped = []
+    for i, (name, data) in enumerate(cases):
+        d = tmp_path / f"t{i}"
+        shutil.copytree(base / "ckpt", d)
+        (d / name).write_bytes(data)
+        try:
+            tok = load_tokenizer(str(d))
+            cfg = DataConfig(path=str(base / "train.jsonl"), tokenizer=str(d))
+            PromptDataset(cfg, tok, 16, 27).batch(4, seed=0, step=0)
+        except RpegError:
+            continue
+        except Exception as e:  # noqa: BLE001 - what escapes is the finding
+            escaped.append(f"{name} #{i} {data[:120]!r}: {type(e).__name__}: {e}"[:400])
+        finally:
+            shutil.rmtree(d)
+    assert not escaped, "\n".join(escaped)
+
+
+WORKER_MUTANTS = 6
+
+
+def test_weight_mutants_stop_a_real_run_as_the_reader_says(base, tmp_path, capsys):
+    """A few of those mutants in real runs, where 2 worker processes read the weights: a mutant the reader refuses
+    stops the run with one located line (exit 1), one it reads trains (exit 0); never a traceback or a hang."""
+    import shutil
+
+    from rpegc.core.ir.errors import RpegError
+
+    blob = (base / "ckpt" / "model.safetensors").read_bytes()
+    verdicts: dict[bool, list[bytes]] = {True: [], False: []}
+    for data in _weight_mutants(blob, random.Random(SEED + 1)):
+        probe = tmp_path / "probe"
+        shutil.copytree(base / "ckpt", probe)
+        (probe / "model.safetensors").write_bytes(data)
+        try:
+            _read_weights(str(probe))
+            verdicts[True].append(data)
+        except RpegError:
+            verdicts[False].append(data)
+        shutil.rmtree(probe)
+    picked = [(True, verdicts[True][0])] + [(False, m) for m in random.Random(SEED).sample(verdicts[False],
+                                                                                             WORKER_MUTANTS - 1)]
+    for i, (reads, data) in enumerate(picked):
+        d = tmp_path / f"r{i}"
+        shutil.copytree(base, d)
+        (d / "ckpt" / "model.safetensors").write_bytes(data)
+        argv = _run(d, "--steps", "1")
+        capsys.readouterr()
+        result = call_guarded(run_main, argv, HANG_SECONDS)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        if reads:
+            assert result == 0, err
+        else:
+            assert result == 1 and LOCATED.match(err.strip().splitlines()[0]) and "model.safetensors" in err, err

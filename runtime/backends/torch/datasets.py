@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError, error_line
 from rpegc.runtime.backends.torch.models import derive_seed
 
 TRUNCATIONS = ("error", "left", "right", "drop")
@@ -205,9 +205,8 @@ def load_tokenizer(directory: str):
         raise RpegError(None, f"tokenizer directory {directory} does not exist")
     try:
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RpegError(None, f"no tokenizer could be loaded from {directory}: {first}") from None
+    except Exception as e:  # noqa: BLE001 - the Rust tokenizers library raises a bare Exception for a bad file
+        raise RpegError(None, f"no tokenizer could be loaded from {directory}: {error_line(e)}") from None
 
 
 def special_ids(tokenizer, where: str) -> tuple[int, int]:
