@@ -457,9 +457,6 @@ def _check_bindings(p: Program, n: ExecNode, phases: int) -> None:
     if n.kind == "op":
         _check_op_bindings(p, n)
         return
-    if n.version_out:  # it would be ignored: a transfer's copy is the version it reads (`_outputs`)
-        raise RpegError(n.loc, f"{n.kind} node {n.id} publishes {_shown(n.version_out[0])}; a transfer publishes no "
-                               "version, its copy is the one it moves (`version_in`)")
     if n.kind == "reshard" or n.version_in:
         _moved_version(n)
         if n.data_in or n.data_out:

@@ -40,6 +40,7 @@ class Case:
     setup: Callable[[Path], list[str]]  # makes its files in the case directory; returns the command's argv
     tool: str = "run"  # run: rpeg-run; rpegc: the compiler
     message: str = ""  # what the error line must hold
+    absent: str = ""  # what it must not hold (e.g. "worker": refused before any worker starts)
 
 
 def _plan(d: Path, hf: str = "ckpt") -> str:
@@ -63,6 +64,14 @@ def _config(d: Path, **changes) -> list[str]:
     config.update(changes)
     (d / "ckpt" / "config.json").write_text(json.dumps(config))
     return [str(d / "g.rpeg"), "-p", LOWER, "-o", str(d / "out.rpeg")]
+
+
+def _run_with_config(d: Path, **changes) -> list[str]:
+    """rpeg-run on the compiled GRPO plan whose checkpoint's config.json then gets `changes` (what only the
+    run reads, such as the RoPE scaling that transformers interprets)."""
+    argv = _run(d)
+    _config(d, **changes)
+    return argv
 
 
 def _weights(d: Path, damage: Callable[[bytes], bytes]) -> list[str]:
@@ -101,6 +110,8 @@ CASES = [
     Case("eps-string", lambda d: _config(d, rms_norm_eps="1e-6"), "rpegc", "rms_norm_eps = '1e-6'"),
     Case("window-string", lambda d: _config(d, sliding_window="4096"), "rpegc", "sliding_window = '4096'"),
     Case("tie-string", lambda d: _config(d, tie_word_embeddings="false"), "rpegc", "tie_word_embeddings"),
+    Case("rope-unknown", lambda d: _run_with_config(d, rope_scaling={"rope_type": "weird", "factor": 2.0}),
+         message="cannot build the rotary embedding", absent="worker"),
     Case("weights-truncated", lambda d: _weights(d, lambda b: b[: len(b) // 2]), message="model.safetensors"),
     Case("weights-empty", lambda d: _weights(d, lambda b: b""), message="model.safetensors"),
     Case("weights-huge-header", lambda d: _weights(d, lambda b: (1 << 62).to_bytes(8, "little") + b[8:]),
@@ -166,7 +177,7 @@ def test_a_hostile_run_input_is_one_located_line_and_changes_nothing(base, tmp_p
     assert result == 1, f"{case.name}: {result}\n{err}"
     first = err.strip().splitlines()[0] if err.strip() else ""
     assert LOCATED.match(first) and "Traceback" not in err, f"{case.name}: {err}"
-    assert case.message in err, f"{case.name}: {err}"
+    assert case.message in err and not (case.absent and case.absent in err), f"{case.name}: {err}"
     assert _snapshot(d) == before, f"{case.name}: a file changed"
 
 

@@ -247,3 +247,16 @@ def test_controller_handles_completions_one_at_a_time(policy):
     assert verify(plan, result.trace) == []
     if policy == "plan":
         assert result.makespan == p.exec.schedule.makespan
+
+
+def test_a_clock_that_would_overflow_is_a_located_error():
+    """Times are bounded (<= 1e9 s) when read, but a backend built on the sim may stretch them (the plugin's
+    slow-sim `--slowdown 1e308`): the simulated clock then stops with an error at the node, not at inf."""
+
+    class Stretched(SimBackend):
+        def factor(self, node_id: str) -> float:
+            return 1e308
+
+    plan = build_run_plan(scheduled(colocated_plan(0), 1))
+    with pytest.raises(RpegError, match="the simulated clock overflows"):
+        run(plan, Stretched(), RunOptions(policy="alg2"))

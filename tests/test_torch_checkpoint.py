@@ -170,6 +170,7 @@ def test_a_damaged_shard_file_is_a_one_line_error_naming_it(tmp_path, damage):
     ("{not json", "cannot read the checkpoint index"),
     ('{"format": "other"}', "not a torch-backend index"),
     ("BROKEN_SHARDS", "its shards cover"),
+    ("BAD_DTYPE", "has dtype 'float99', which is not a torch dtype"),
 ])
 def test_a_broken_index_is_a_one_line_error_naming_it(tmp_path, text, message):
     d = str(tmp_path)
@@ -181,6 +182,10 @@ def test_a_broken_index_is_a_one_line_error_naming_it(tmp_path, text, message):
         index = json.load(open(path))
         key = ckpt.weights_key("actor", 1, "embed.weight")
         index["tensors"][key]["shards"] = [{"file": "rank-00000.safetensors", "offsets": [0, 0], "shape": [1, 1]}]
+        open(path, "w").write(json.dumps(index))
+    elif text == "BAD_DTYPE":  # found where the index is read (the controller, on resume), not by a worker later
+        index = json.load(open(path))
+        index["tensors"][ckpt.weights_key("actor", 1, "embed.weight")]["dtype"] = "float99"
         open(path, "w").write(json.dumps(index))
     else:
         open(path, "w").write(text)

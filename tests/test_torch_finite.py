@@ -78,7 +78,9 @@ def test_a_worker_reports_a_non_finite_quantity_with_its_step_and_a_located_erro
     assert text == ("step 3: the gradient norm is nan, so the run stops before the step is applied or saved "
                     "(the last checkpoint stays)")
     assert _error_text(RpegError(None, "no such model"), {}) == "no such model"
-    assert _error_text(RpegError(Loc("d/config.json", 3, 5), "bad field"), {}) == "d/config.json:3:5: error: bad field"
+    assert _error_text(RpegError(Loc("d/config.json", 3, 5), "bad field"), {}) == "d/config.json:3:5: bad field"
+    # a file without a line: no `:0:0: error:` inside the run's own `error:` line
+    assert _error_text(RpegError(Loc("run/index.json", 0, 0), "bad dtype"), {}) == "run/index.json: bad dtype"
     assert _error_text(CommandError("cannot run"), {}) == "cannot run"
 
 

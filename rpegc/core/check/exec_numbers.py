@@ -1,6 +1,7 @@
 """What an exec graph's numbers must be, for every tool that reads one (rpegc's readers and rpeg-run): its nodes'
 steps end where the plan says, times are finite, non-negative and at most MAX_TIME_S, a scheduled node has both a
-start and a finish, payloads are integers, phase shares lie in (0, 1], and memory and schedule reports are finite."""
+start and a finish, payloads are integers, phase shares lie in (0, 1], memory and schedule reports are finite, and
+a transfer (Comm, Reshard) publishes no weights version."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ def check_exec(p: Program) -> None:
         return
     check_exec_steps(p)
     check_exec_numbers(p)
+    check_transfer_versions(p)
+
+
+def check_transfer_versions(p: Program) -> None:
+    """Only an Op publishes a weights version; a transfer's copy is the version it moves (its `version_in`), so a
+    `version_out` on one would be silently ignored by the runtime."""
+    g = p.exec
+    assert g is not None
+    for n in g.nodes:
+        if n.kind != "op" and n.version_out:
+            model, version = n.version_out[0]
+            raise RpegError(n.loc, f"{n.kind} node {n.id} publishes @{model} version {version}; a transfer publishes "
+                                   "no version, its copy is the one it moves (`version_in`)")
 
 
 def check_exec_steps(p: Program) -> None:

@@ -38,6 +38,13 @@ class RpegError(Exception):
     def __str__(self) -> str:
         return f"{self.loc}: error: {self.message}"
 
+    def quoted(self) -> str:
+        """The message with its location, for quoting inside another message (a worker's error in the run's):
+        `file:line:col: msg`, `file: msg` without a line, the message alone without a file."""
+        if self.loc.line > 0:
+            return f"{self.loc}: {self.message}"
+        return self.message if self.loc.file in ("", UNKNOWN_LOC.file) else f"{self.loc.file}: {self.message}"
+
 
 class RpegErrors(RpegError):
     """Several independent located errors found in one check (e.g. the verifier reports all)."""

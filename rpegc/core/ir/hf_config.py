@@ -20,7 +20,7 @@ import os
 import stat
 from typing import Any, Optional
 
-from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError, error_line
 from rpegc.core.ir.program import Arch
 
 CONFIG = "config.json"
@@ -56,7 +56,7 @@ def read_hf_config(directory: str, loc: Optional[Loc] = None) -> dict:
     except FileNotFoundError:
         raise RpegError(loc, f"{path} does not exist: hf = \"...\" names a checkpoint directory with {CONFIG}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise RpegError(loc, f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise RpegError(loc, f"cannot read {path}: {error_line(e)}") from None
     if not isinstance(config, dict):
         raise RpegError(loc, f"{path} is not a JSON object")
     return config

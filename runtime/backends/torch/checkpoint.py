@@ -56,7 +56,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.errors import Loc, RpegError, error_line
 from rpegc.outputs import PendingDirectory, write_text
 from rpegc.runtime.plan import RunPlan
 from rpegc.runtime.backends.torch.finite import finite_tensor
@@ -318,7 +318,15 @@ def read_index(directory: str, fmt: str = FORMAT) -> dict:
         if why or unknown:
             raise CheckpointError(path, f"the index entry of {key} is broken: "
                                   f"{f'its shards {why}' if why else f'unknown file {unknown[0]}'}")
+        if index_dtype(entry) is None:
+            raise CheckpointError(path, f"{key} has dtype {entry.get('dtype')!r}, which is not a torch dtype")
     return index
+
+
+def index_dtype(entry: dict) -> Optional[torch.dtype]:
+    """The torch dtype an index entry names (e.g. "float32"), or None."""
+    dtype = getattr(torch, str(entry.get("dtype")), None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def verify_files(directory: str, index: dict) -> None:
@@ -378,7 +386,7 @@ class Reader:
             except FileNotFoundError:
                 raise CheckpointError(path, "a shard file of the checkpoint is missing") from None
             except Exception as e:  # SafetensorError: a header that is not safetensors, a truncated file
-                raise CheckpointError(path, f"the shard file is broken: {str(e).splitlines()[0]}") from None
+                raise CheckpointError(path, f"the shard file is broken: {error_line(e)}") from None
             self._open[name] = f
         return f
 
@@ -390,10 +398,8 @@ class Reader:
         shape = tuple(entry["shape"])
         if box is None:
             box = ((0,) * len(shape), shape)
-        dtype = getattr(torch, str(entry.get("dtype")), None)
-        if not isinstance(dtype, torch.dtype):
-            raise CheckpointError(os.path.join(self.directory, INDEX), f"{key} has dtype {entry.get('dtype')!r}, "
-                                                                        "which is not a torch dtype")
+        dtype = index_dtype(entry)
+        assert dtype is not None  # read_index checked every entry
         out = torch.empty(box[1], dtype=dtype)
         for s in entry["shards"]:
             ov = intersect_box(box, (tuple(s["offsets"]), tuple(s["shape"])))
@@ -410,7 +416,7 @@ class Reader:
             except CheckpointError:
                 raise
             except Exception as e:
-                raise CheckpointError(path, f"cannot read {key} from the shard file: {str(e).splitlines()[0]}") from None
+                raise CheckpointError(path, f"cannot read {key} from the shard file: {error_line(e)}") from None
             if part.dtype != dtype:
                 raise CheckpointError(path, f"{key} is {part.dtype} in the file, the index says {entry['dtype']}")
             dst = tuple(slice(o - bo, o - bo + e) for o, e, bo in zip(ov[0], ov[1], box[0]))

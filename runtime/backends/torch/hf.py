@@ -63,6 +63,9 @@ def hf_net(directory: str, base: NetOptions) -> NetOptions:
     if window is not None and window < base.max_seq:
         raise RpegError(None, f"{directory}: sliding_window = {window} is shorter than Lp + Lr = {base.max_seq}; "
                               "rpegc builds full attention (raise Lp + Lr within the window, or use another model)")
+    from rpegc.runtime.backends.torch.hf_rope import rope_tables
+
+    rope_tables(directory, base.max_seq)  # an unknown rope_type or scaling: refused before any worker starts
     return dataclasses.replace(base, mlp="swiglu", positions="rope", norm_eps=float(config.get("rms_norm_eps", 1e-6)),
                                hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from rpegc.core.ir.errors import error_line
 from rpegc.runtime.backends.base import BackendError
 from rpegc.runtime.backends.torch.messages import Endpoint, read_link
 
@@ -46,7 +47,7 @@ class StoreInbox:
                     self.endpoint.store.check(["res"])  # only timed out: keep waiting
                     continue
                 except Exception:
-                    self.failure = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    self.failure = error_line(e)
                     return
             if env.msg["type"] == "eof":
                 if env.sender == "controller":

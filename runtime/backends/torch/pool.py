@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.errors import RpegError, error_line
 from rpegc.runtime.backends.torch.inbox import PipeInbox, StoreInbox, warn
 from rpegc.runtime.backends.torch.messages import NODE_COMMANDS, Endpoint, new_secret, write_secret
 from rpegc.runtime.backends.torch.processes import forkserver_pid
@@ -108,7 +108,7 @@ class WorkerPool:
                                         timeout=timedelta(seconds=self.timeout_s), master_listen_fd=fd)
         except (RuntimeError, OSError) as err:  # DistNetworkError is a RuntimeError: port taken, bad host
             self._remove_secret()
-            raise RpegError(None, f"cannot serve the control store at {host}:{port}: {str(err).splitlines()[0]}; "
+            raise RpegError(None, f"cannot serve the control store at {host}:{port}: {error_line(err)}; "
                                   "choose a free port on this host (--store HOST:PORT)") from None
         self.world = world
         self._chan = Endpoint(self._store, secret, "controller", warn)

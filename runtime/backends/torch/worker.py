@@ -919,7 +919,7 @@ def _error_text(e: Exception, cmd: dict) -> str:
         return (f"step {cmd.get('step')}: {e}, so the run stops before the step is applied or saved "
                 "(the last checkpoint stays)")
     if isinstance(e, RpegError):
-        return e.message if e.loc.file in ("", "<unknown>") else str(e)
+        return e.quoted()
     if isinstance(e, CommandError):
         return str(e)
     if _out_of_memory(e):
@@ -969,7 +969,7 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
     try:
         store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=120))
     except RuntimeError as e:  # DistNetworkError: nothing serves the address within the timeout
-        raise RpegError(None, f"cannot reach the control store at {host}:{port}: {str(e).splitlines()[0]}") from None
+        raise RpegError(None, f"cannot reach the control store at {host}:{port}: {error_line(e)}") from None
     links = {"res": link, f"cmd/{rank}": link} if link is not None else {}
     channel = Endpoint(store, secret if secret is not None else read_secret(secret_file), f"worker-{rank}", _log(rank),
                        links=links)
@@ -985,15 +985,15 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
     try:
         device = worker_device(setup.dist_backend, rank, env)
     except RpegError as e:
-        return _setup_failed(channel, rank, e.message)
+        return _setup_failed(channel, rank, e.quoted())
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL starts: its communicators bind to the current device
     dist.init_process_group(setup.dist_backend, store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=setup.world, timeout=timedelta(seconds=setup.timeout_s))
     try:
         worker = Worker(setup, rank, channel, device)
-    except Exception:
-        return _setup_failed(channel, rank, traceback.format_exc(limit=8))
+    except Exception as e:  # a located error (a checkpoint, a config), else the traceback of a bug
+        return _setup_failed(channel, rank, _error_text(e, {}))
     if device.type == "cpu":  # after the process groups exist: their threads stay free (pinning.py)
         core = pin_cpu_worker(local_rank(rank, env, setup.world), local_workers(setup.world, env), setup.dist_backend)
         _log(rank)(f"main thread bound to core {core}" if core is not None else "not bound to a core (more "
@@ -1012,7 +1012,7 @@ def spawn_main(host: str, port: int, rank: int, world: int, log_path: str, secre
     try:
         code = run_worker(host, port, rank, world, {}, secret=secret, link=link)  # GPU = rank modulo the GPUs
     except RpegError as e:
-        print(f"rpeg-torch-worker {rank}: error: {e.message}", flush=True)
+        print(f"rpeg-torch-worker {rank}: error: {e.quoted()}", flush=True)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -1036,7 +1036,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         code = run_worker(host, int(port), args.rank, args.world, dict(os.environ), secret_file=args.secret_file)
     except RpegError as e:
-        print(f"rpeg-torch-worker {args.rank}: error: {e.message}", file=sys.stderr)
+        print(f"rpeg-torch-worker {args.rank}: error: {e.quoted()}", file=sys.stderr)
         code = 2
     sys.stdout.flush()
     os._exit(code)
