@@ -30,8 +30,10 @@ from xdsl.ir import Attribute, Block, Operation, Region
 
 from rpegc.core.ir.errors import UNKNOWN_LOC, Loc, RpegError
 from rpegc.core.ir.gc_pause import without_gc
-from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
-from rpegc.core.ir.program import Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex, Workload
+from rpegc.core.ir.exec_graph import (DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, ScheduleReport,
+                                      microtask_of, microtask_text)
+from rpegc.core.ir.program import (Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
+                                   Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.core.ir.training import NO_TRAIN_SPEC, TrainSpec
 from rpegc.dialects import exec as ex
@@ -308,6 +310,8 @@ class _Builder:
             )
             for pl in p.placements
         ]
+        places += [self.op(rpeg.FuseOp, f.loc, {"vertices": ArrayAttr(tuple(self.sym(v) for v in f.vertices))})
+                   for f in p.fusions]
         props = {"ident": StringAttr(p.name), "graph": self.sym(p.graph), "cluster": self.sym(p.cluster)}
         return self.op(rpeg.PlanOp, p.loc, props, [_region(places)])
 
@@ -319,12 +323,19 @@ class _Builder:
         if g.schedule is not None:
             keys = ("makespan", "score", "score_pen", "util", "p_eff")
             body.append(self.op(ex.ScheduleOp, g.loc, {k: _float(getattr(g.schedule, k)) for k in keys}))
+        body.extend(self.fusion_op(f) for f in g.fusions)
         props = {
             "graph": self.sym(g.graph),
             "steps": _int(g.steps),
             "lowered": UnitAttr() if g.lowered else None,
         }
         return self.op(ex.ExecGraphOp, g.loc, props, [_region(body)])
+
+    def fusion_op(self, f: ExecFusion) -> Operation:
+        stages = ArrayAttr(tuple(ArrayAttr(tuple(StringAttr(microtask_text(t)) for t in order)) for order in f.stages))
+        props = {"ident": StringAttr(f.id), "members": ArrayAttr(tuple(self.sym(m) for m in f.members)),
+                 "stages": stages}
+        return self.op(ex.FusionOp, f.loc, props)
 
     def node_op(self, n: ExecNode) -> Operation:
         cls = ex.NODE_OPS.get(n.kind)
@@ -569,9 +580,14 @@ def _cluster(op: rpeg.ClusterOp) -> Cluster:
 
 def _plan(op: rpeg.PlanOp) -> Plan:
     placements: list[Placement] = []
+    fusions: list[Fuse] = []
     for child in op.body.block.ops:
+        if isinstance(child, rpeg.FuseOp):
+            fusions.append(Fuse(tuple(v.string_value() for v in child.vertices.data), loc=loc_from(child.location)))
+            continue
         if not isinstance(child, rpeg.PlaceOp):
-            raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.plan; use rpeg.place")
+            raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.plan; use rpeg.place or "
+                                           "rpeg.fuse")
         placements.append(
             Placement(
                 child.vertex.string_value(),
@@ -586,6 +602,7 @@ def _plan(op: rpeg.PlanOp) -> Plan:
         cluster=op.cluster.string_value(),
         placements=tuple(placements),
         loc=loc_from(op.location),
+        fusions=tuple(fusions),
     )
 
 
@@ -598,6 +615,7 @@ def _exec_graph(op: ex.ExecGraphOp) -> ExecGraph:
     edges: list[ExecEdge] = []
     memory: Optional[MemoryReport] = None
     schedule: Optional[ScheduleReport] = None
+    fusions: list[ExecFusion] = []
     for child in op.body.block.ops:
         kind = type(child)
         if kind in _NODE_KINDS:
@@ -608,6 +626,8 @@ def _exec_graph(op: ex.ExecGraphOp) -> ExecGraph:
             memory = _memory(child)
         elif isinstance(child, ex.ScheduleOp):
             schedule = _schedule(child)
+        elif isinstance(child, ex.FusionOp):
+            fusions.append(_fusion(child))
         else:
             raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside exec.graph; move it out")
     return ExecGraph(
@@ -618,8 +638,15 @@ def _exec_graph(op: ex.ExecGraphOp) -> ExecGraph:
         lowered=op.lowered is not None,
         memory=memory,
         schedule=schedule,
+        fusions=tuple(fusions),
         loc=loc_from(op.location),
     )
+
+
+def _fusion(op: ex.FusionOp) -> ExecFusion:
+    stages = tuple(tuple(microtask_of(t.data, s) for t in order.data) for s, order in enumerate(op.stages.data))
+    return ExecFusion(text(op.ident), tuple(m.string_value() for m in op.members.data), stages,
+                      loc=loc_from(op.location))
 
 
 def _opt_float(attr: Optional[Attribute]) -> Optional[float]:

@@ -28,7 +28,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
-from rpegc.core.ir.exec_graph import DataRef
+from rpegc.core.ir.exec_graph import MICROTASK_PATTERN, DataRef
 from rpegc.core.ir.program import ROLES
 from rpegc.dialects.attrs import AllocAttr, I64Attr, ModelIntAttr, StrategyAttr, Text, TrainAttr, int_of, parse_text
 from rpegc.dialects.rpeg import LocatedOp, check_member
@@ -248,11 +248,29 @@ class ScheduleOp(LocatedOp):
     traits = traits_def(HasParent(ExecGraphOp))
 
 
+@irdl_op_definition
+class FusionOp(LocatedOp):
+    """`exec.fusion`: Op nodes run as one fused operator; per pipeline stage, its microtasks in order, each written
+    as in the text form (`F1.3`: member 1's forward of microbatch 3; docs/stage-fusion.md)."""
+
+    name = "exec.fusion"
+    ident = prop_def(Text)
+    members = prop_def(ArrayAttr[SymbolRefAttr])
+    stages = prop_def(ArrayAttr[ArrayAttr[StringAttr]])
+    traits = traits_def(HasParent(ExecGraphOp))
+
+    def verify_(self) -> None:
+        for order in self.stages.data:
+            for task in order.data:
+                if MICROTASK_PATTERN.fullmatch(task.data) is None:
+                    raise VerifyException(f"{self.name}: '{task.data}' is not a microtask such as F0.1")
+
+
 NODE_OPS = {"op": OpNodeOp, "comm": CommOp, "reshard": ReshardOp}
 EDGE_OPS = {"data": DataEdgeOp, "pub": PublishEdgeOp, "order": OrderEdgeOp, "dep": DepEdgeOp}
 
 EXEC = Dialect(
     "exec",
-    [ExecGraphOp, *NODE_OPS.values(), *EDGE_OPS.values(), MemoryOp, ScheduleOp],
+    [ExecGraphOp, *NODE_OPS.values(), *EDGE_OPS.values(), MemoryOp, ScheduleOp, FusionOp],
     [DataRefAttr],
 )

@@ -247,6 +247,15 @@ class PlaceOp(LocatedOp):
     traits = traits_def(HasParent(PlanOp))
 
 
+@irdl_op_definition
+class FuseOp(LocatedOp):
+    """`rpeg.fuse`: training vertices the plan runs as one fused operator (docs/stage-fusion.md)."""
+
+    name = "rpeg.fuse"
+    vertices = prop_def(ArrayAttr[SymbolRefAttr])
+    traits = traits_def(HasParent(PlanOp))
+
+
 GRAPH_BODY_OPS = (
     ContainerOp,
     WeightsOp,
@@ -262,6 +271,6 @@ GRAPH_BODY_OPS = (
 
 RPEG = Dialect(
     "rpeg",
-    [WorkloadOp, ModelOp, GraphOp, *GRAPH_BODY_OPS, ClusterOp, PlanOp, PlaceOp],
+    [WorkloadOp, ModelOp, GraphOp, *GRAPH_BODY_OPS, ClusterOp, PlanOp, PlaceOp, FuseOp],
     [NumAttr, SymAttr, BinOpAttr, AllocAttr, StrategyAttr, TrainAttr, ArchAttr, ModelIntAttr, QuantileAttr],
 )

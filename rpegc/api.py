@@ -43,8 +43,9 @@ def load(path: str) -> Program:
     from rpegc.core.check.exec_numbers import check_exec
 
     if path.endswith(".mlir"):
-        return from_mlir(text, path)
-    program = from_json(text, path) if path.endswith(".json") else parse(text, path)
+        program = from_mlir(text, path)
+    else:
+        program = from_json(text, path) if path.endswith(".json") else parse(text, path)
     check_exec(program)
     return program
 

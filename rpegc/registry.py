@@ -27,6 +27,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "split-quantiles": _lazy("rpegc.passes.split_quantiles", "SplitQuantilesPass"),
     "insert-comm": _lazy("rpegc.passes.insert_comm", "InsertCommPass"),
     "insert-reshard": _lazy("rpegc.passes.insert_reshard", "InsertReshardPass"),
+    "fuse-stages": _lazy("rpegc.passes.fuse_stages", "FuseStagesPass"),
     "annotate-cost": _lazy("rpegc.passes.annotate_cost", "AnnotateCostPass"),
     "schedule": _lazy("rpegc.passes.schedule", "SchedulePass"),
 }

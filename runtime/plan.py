@@ -224,6 +224,9 @@ def _check_program(p: Program) -> None:
     if not p.exec.nodes:
         raise RpegError(where, "the exec graph has no nodes; nothing to run")
     check_exec(p)
+    if p.exec.fusions:  # run apart, the members would not run as the plan prices them (docs/stage-fusion.md)
+        raise RpegError(p.exec.fusions[0].loc, f"exec.fusion @{p.exec.fusions[0].id}: this runtime does not execute "
+                                               "fused operators yet; compile the plan without fuse-stages to run it")
     for n in p.exec.nodes:
         if n.alloc is None:
             raise RpegError(n.loc, f"node {n.id} has no allocation; every node must be placed before it can run")

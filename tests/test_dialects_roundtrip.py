@@ -11,10 +11,11 @@ from xdsl.printer import Printer
 from xdsl.dialects.builtin import UnknownLoc
 
 from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
-from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.exec_graph import (ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, Microtask,
+                                      ScheduleReport)
 from rpegc.core.ir.expr import BinOp, Num, Sym
-from rpegc.core.ir.program import (Arch, Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
-                                   Workload)
+from rpegc.core.ir.program import (Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
+                                   Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.dialects import exec as ex
 from rpegc.dialects import rpeg
@@ -110,7 +111,10 @@ def full_exec() -> ExecGraph:
         feasible=False,
     )
     schedule = ScheduleReport(makespan=12.5, score=1.2e5, score_pen=1.25e5, util=0.61, p_eff=3.2)
-    return ExecGraph("ppo", 2, nodes, edges, lowered=True, memory=memory, schedule=schedule, loc=at(30))
+    stages = ((Microtask(0, "F", 0, 0), Microtask(1, "F", 0, 0), Microtask(0, "B", 0, 0), Microtask(1, "B", 0, 0)),)
+    fusions = (ExecFusion("fuse0#0", ("train#0", "gen#0"), stages, loc=at(16, 3)),)
+    return ExecGraph("ppo", 2, nodes, edges, lowered=True, memory=memory, schedule=schedule, fusions=fusions,
+                     loc=at(30))
 
 
 def full_program() -> Program:
@@ -126,6 +130,7 @@ def full_program() -> Program:
             "p", "ppo", "c64",
             (Placement("gen", A0, S0, loc=at(22, 3)), Placement("train", A1, S1, loc=at(23, 3))),
             loc=at(21),
+            fusions=(Fuse(("train", "gen"), loc=at(24, 3)),),
         ),
         exec=full_exec(),
         file=F,
@@ -226,7 +231,7 @@ def test_exec_nodes_and_edges_keep_their_interleaved_order() -> None:
     assert kinds == [
         "exec.op", "exec.op", "exec.op", "exec.comm", "exec.comm", "exec.reshard",
         "exec.dep", "exec.data", "exec.publish", "exec.order", "exec.dep",
-        "exec.memory", "exec.schedule",
+        "exec.memory", "exec.schedule", "exec.fusion",
     ]
     back = module_to_program(module).exec
     assert [n.kind for n in back.nodes] == [n.kind for n in eg.nodes]

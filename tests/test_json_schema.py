@@ -45,7 +45,8 @@ def test_schema_keys_are_the_readers_keys():
     assert set(node["required"]) == set(json_form._NODE_REQUIRED)
     assert set(node["properties"]) == set(json_form._NODE_REQUIRED + json_form._NODE_OPTIONAL)
     assert set(s["properties"]) == {"workload", "models", "format", "format_version", "rpeg_graph", "cluster", "plan",
-                                    "edge_attrs", "memory", "schedule", "graph", "steps", "lowered", "nodes", "edges"}
+                                    "edge_attrs", "memory", "schedule", "graph", "steps", "lowered", "nodes", "edges",
+                                    "fusions"}
 
 
 def scheduled_doc():
@@ -77,7 +78,14 @@ SCHEMA_BAD = [
     (lambda d: d["nodes"][0].update(fraction=0), "nodes[0].fraction", r"expected a number > 0"),
     (lambda d: d["nodes"][0].update(colour=1), "nodes[0].colour", r"unknown key 'colour'"),
     (lambda d: d["workload"].update(B=0), "workload.B", r"expected an integer >= 1"),
+    (lambda d: d.update(fusions=[_fusion(d, [["X0.1"]])]), "fusions[0].stages[0][0]", r"expected a microtask"),
+    (lambda d: d.update(fusions=[_fusion(d, [], members=1)]), "fusions[0].members", r"at least two members"),
+    (lambda d: d["plan"].update(fusions=[["train"]]), "plan.fusions[0]", r"at least two training vertices"),
 ]
+
+
+def _fusion(d, stages, members=2):
+    return {"id": "fuse0#0", "members": [n["id"] for n in d["nodes"][:members]], "stages": stages}
 
 
 def leaves(errors):

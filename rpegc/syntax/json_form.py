@@ -30,7 +30,8 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "cluster": null | {"name": str, "racks": int, "nodes": int, "gpus": int, "hardware": str},
       "plan": null | {"name": str, "graph": str, "cluster": str,
                       "placements": [{"vertex": str, "origin": [r, n, g], "extent": [r, n, g],
-                                      "dp": int, "pp": int, "tp": int, "mb": int, "train"?: TRAIN}]},
+                                      "dp": int, "pp": int, "tp": int, "mb": int, "train"?: TRAIN}],
+                      "fusions"?: [[str]]},     // rpeg.fuse: training vertices run as one fused operator
 
       // only for a module with an exec.graph (the unrolled / lowered DAG):
       "graph": str,                     // name of the RPEG the DAG was unrolled from
@@ -65,12 +66,15 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "memory": {"peak": {device: bytes}, "persistent": {device: bytes}, "transient": {device: bytes},
                  "m_eff": float, "r_peak": float, "feasible": bool},            // optional
       "schedule": {"makespan": float, "score": float, "score_pen": float,
-                   "util": float, "p_eff": float}                                // optional
+                   "util": float, "p_eff": float},                               // optional
+      "fusions": [{"id": str, "members": [node_id], "stages": [[MICROTASK]]}]  // optional: exec.fusion
     }
 
 TRAIN is an object of the training fields stated (rpegc/core/ir/training.py), each optional, at least one:
 {"precision": "mixed" | "fp32", "zero": 0 | 1 | 2, "recompute": "none" | "interval" | "full",
 "schedule": "1f1b" | "gpipe"}; written only when a field is stated.
+MICROTASK is a fused member's forward or backward of a microbatch on the stage whose list holds it, as in the text
+syntax: "F1.3" is member 1's forward of microbatch 3, "B0.2" member 0's backward of microbatch 2.
 EXPR is a size expression in the text syntax, e.g. "B*R" or "(Lp + Lr)/2". When reading, a node
 may give "devices" without "alloc": the allocation is rebuilt from the device box (the module's
 cluster is needed); given both, they must agree. Unknown keys are errors.
@@ -100,10 +104,13 @@ from rpegc.core.ir.exec_graph import (
     NODE_KINDS,
     DataRef,
     ExecEdge,
+    ExecFusion,
     ExecGraph,
     ExecNode,
     MemoryReport,
     ScheduleReport,
+    microtask_of,
+    microtask_text,
 )
 from rpegc.core.ir.expr import Expr
 from rpegc.syntax import json_text
@@ -111,8 +118,8 @@ from rpegc.core.ir.hf_config import hf_arch
 from rpegc.core.ir.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
 from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
-                                   Arch, Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
-                                   Workload, arch_flag_default)
+                                   Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
+                                   Vertex, Workload, arch_flag_default)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, coords
 from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
@@ -192,6 +199,7 @@ def _plan_json(plan: Plan) -> dict:
              **_strategy_json(pl.strategy)}
             for pl in plan.placements
         ],
+        **({"fusions": [list(f.vertices) for f in plan.fusions]} if plan.fusions else {}),
     }
 
 
@@ -234,6 +242,9 @@ def _exec_json(g: ExecGraph, cluster: Optional[Cluster]) -> dict:
         s = g.schedule
         out["schedule"] = {"makespan": s.makespan, "score": s.score, "score_pen": s.score_pen,
                            "util": s.util, "p_eff": s.p_eff}
+    if g.fusions:
+        out["fusions"] = [{"id": f.id, "members": list(f.members),
+                           "stages": [[microtask_text(t) for t in order] for order in f.stages]} for f in g.fusions]
     return out
 
 
@@ -431,7 +442,7 @@ def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program
         d,
         "",
         ("workload", "models"),
-        ("format", "format_version", "rpeg_graph", "cluster", "plan", "edge_attrs", "memory", "schedule")
+        ("format", "format_version", "rpeg_graph", "cluster", "plan", "edge_attrs", "memory", "schedule", "fusions")
         + exec_keys,
     )
     if "format" in top and top["format"] != FORMAT:
@@ -450,9 +461,10 @@ def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program
             if key not in top:
                 raise r.error("", f"missing key '{key}': a module with exec nodes needs graph, steps, nodes and edges")
         exec_graph = _read_exec(r, top, cluster)
-    elif any(k in top for k in ("edge_attrs", "memory", "schedule")):
+    elif any(k in top for k in ("edge_attrs", "memory", "schedule", "fusions")):
         raise r.error(
-            "", "'edge_attrs', 'memory' and 'schedule' belong to an exec graph; add 'graph', 'steps', 'nodes', 'edges'"
+            "", "'edge_attrs', 'memory', 'schedule' and 'fusions' belong to an exec graph; add 'graph', 'steps', "
+            "'nodes', 'edges'"
         )
     return Program(workload=workload, models=models, graph=graph, cluster=cluster, plan=plan, exec=exec_graph, file=file)
 
@@ -631,7 +643,7 @@ def _box(r: _Reader, o: dict, path: str) -> Alloc:
 
 
 def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
-    o = r.obj(v, path, ("name", "graph", "cluster", "placements"))
+    o = r.obj(v, path, ("name", "graph", "cluster", "placements"), ("fusions",))
     placements = []
     for i, x in enumerate(r.list_(o["placements"], _join(path, "placements"))):
         pp = f"{path}.placements[{i}]"
@@ -647,7 +659,43 @@ def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
         cluster=r.str_(o["cluster"], _join(path, "cluster")),
         placements=tuple(placements),
         loc=r.loc,
+        fusions=tuple(_read_fuse(r, f, fp) for f, fp in _listed(r, o.get("fusions", []), _join(path, "fusions"))),
     )
+
+
+def _read_fuse(r: _Reader, v: Any, path: str) -> Fuse:
+    names = tuple(r.str_(x, xp) for x, xp in _listed(r, v, path))
+    if len(names) < 2:
+        raise r.error(path, f"a fusion names at least two training vertices, got {len(names)}")
+    return Fuse(names, loc=r.loc)
+
+
+def _listed(r: _Reader, v: Any, path: str) -> list[tuple[Any, str]]:
+    """The elements of list `v` with their paths."""
+    return [(x, f"{path}[{i}]") for i, x in enumerate(r.list_(v, path))]
+
+
+def _read_fusion(r: _Reader, v: Any, path: str, node_ids: set[str]) -> ExecFusion:
+    o = r.obj(v, path, ("id", "members", "stages"))
+    members = []
+    for m, mp in _listed(r, o["members"], _join(path, "members")):
+        name = r.str_(m, mp)
+        if name not in node_ids:
+            raise r.error(mp, f"unknown node id '{name}'; a fusion's members are nodes of 'nodes'")
+        members.append(name)
+    if len(members) < 2:
+        raise r.error(_join(path, "members"), f"a fusion has at least two members, got {len(members)}")
+    stages = []
+    for s, (order, sp) in enumerate(_listed(r, o["stages"], _join(path, "stages"))):
+        tasks = []
+        for t, tp in _listed(r, order, sp):
+            try:
+                tasks.append(microtask_of(r.str_(t, tp), s))
+            except ValueError:
+                raise r.error(tp, f"expected a microtask such as \"F0.1\" (member 0's forward of microbatch 1), "
+                                  f"got {_kind(t)}") from None
+        stages.append(tuple(tasks))
+    return ExecFusion(r.str_(o["id"], _join(path, "id")), tuple(members), tuple(stages), loc=r.at(path))
 
 
 _NODE_REQUIRED = ("id", "kind", "step")
@@ -792,6 +840,7 @@ def _read_exec(r: _Reader, top: dict, cluster: Optional[Cluster]) -> ExecGraph:
         lowered=r.bool_(top.get("lowered", False), "lowered"),
         memory=r.opt(top.get("memory"), "memory", lambda v, p: _read_memory(r, v, p)),
         schedule=r.opt(top.get("schedule"), "schedule", lambda v, p: _read_schedule(r, v, p)),
+        fusions=tuple(_read_fusion(r, f, fp, seen) for f, fp in _listed(r, top.get("fusions", []), "fusions")),
         loc=r.at("steps"),
     )
 

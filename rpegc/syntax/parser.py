@@ -25,11 +25,12 @@ from rpegc.core.ir import presets
 from rpegc.core.ir.hf_config import hf_arch
 from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
 from rpegc.core.ir.gc_pause import without_gc
-from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
+from rpegc.core.ir.exec_graph import (DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, Microtask,
+                                      ScheduleReport, microtask_of)
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
 from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
-                                   Arch, Container, Edge, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
-                                   Workload)
+                                   Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
+                                   Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
@@ -254,6 +255,8 @@ class _ExecParts:
     device_seen: dict[tuple[int, str], Loc] = field(default_factory=dict)
     first_device: Optional[Loc] = None
     schedule: Optional[tuple[ScheduleReport, Loc]] = None
+    fusions: list[ExecFusion] = field(default_factory=list)
+    fusion_locs: dict[str, Loc] = field(default_factory=dict)
 
 
 class _Builder:
@@ -827,9 +830,13 @@ class _Builder:
     def plan(self, item: Tree) -> tuple[Plan, Ref, Ref, list[Ref]]:
         name_tok, graph_tok, cluster_tok, *body = item.children
         placements: list[Placement] = []
+        fusions: list[Fuse] = []
         vertex_refs: list[Ref] = []
         seen: dict[str, Loc] = {}
         for p in body:
+            if p.data == "fuse":
+                fusions.append(self.fuse(p, vertex_refs))
+                continue
             try:
                 v_tok, origin_tree, extent_tree, strat_tree = p.children
                 vertex = self.name(v_tok)
@@ -844,8 +851,20 @@ class _Builder:
                 placements.append(Placement(vertex, Alloc(origin, extent), strategy, loc=loc))
             except _StatementError:
                 continue
-        plan = Plan(self.name(name_tok), self.name(graph_tok), self.name(cluster_tok), tuple(placements), loc=self.loc(item))
+        plan = Plan(self.name(name_tok), self.name(graph_tok), self.name(cluster_tok), tuple(placements),
+                    loc=self.loc(item), fusions=tuple(fusions))
         return plan, (plan.graph, self.loc(graph_tok)), (plan.cluster, self.loc(cluster_tok)), vertex_refs
+
+    def fuse(self, tree: Tree, vertex_refs: list[Ref]) -> Fuse:
+        """`rpeg.fuse (@a, @b, ...)`: its vertices, each once (whether they may fuse is a plan rule)."""
+        names: list[str] = []
+        for tok in tree.children:
+            name = self.name(tok)
+            if name in names:
+                self.report(self.loc(tok), f"rpeg.fuse names @{name} twice; name each vertex once")
+            names.append(name)
+            vertex_refs.append((name, self.loc(tok)))
+        return Fuse(tuple(names), loc=self.loc(tree))
 
     def triple(self, tree: Tree, what: str, owner: str, minimum: int) -> tuple[int, int, int]:
         """`(rack, node, gpu)`; messages read e.g. "origin node of @gen must not be negative"."""
@@ -939,6 +958,7 @@ class _Builder:
             lowered=lowered_tree is not None,
             memory=memory,
             schedule=parts.schedule[0] if parts.schedule else None,
+            fusions=tuple(parts.fusions),
             loc=self.loc(item),
         )
         parts.refs["graph"] = [(graph.graph, self.loc(name_tok))]
@@ -967,6 +987,13 @@ class _Builder:
             parts.memory = (values, loc)
         elif kind == "exec_device":
             self.exec_device(stmt, parts)
+        elif kind == "exec_fusion":
+            fusion = self.exec_fusion(stmt, parts.refs)
+            if fusion.id in parts.fusion_locs:
+                self.fail(loc, f"exec fusion @{fusion.id} is defined twice (first at {parts.fusion_locs[fusion.id]}); "
+                               "fusion ids are unique")
+            parts.fusion_locs[fusion.id] = loc
+            parts.fusions.append(fusion)
         elif kind == "exec_schedule":
             if parts.schedule is not None:
                 self.fail(loc, f"exec.schedule is given twice (first at {parts.schedule[1]}); keep one")
@@ -992,6 +1019,24 @@ class _Builder:
             parts.device_seen[(dev, key)] = attrs[key].loc
             parts.devices[key].append((dev, value))
         parts.first_device = parts.first_device or self.loc(stmt)
+
+    def exec_fusion(self, stmt: Tree, refs: dict[str, list[Ref]]) -> ExecFusion:
+        """`exec.fusion @id (@member, ...) stages [[F0.0, ...], ...]` (what the order means is checked later)."""
+        id_tok, *rest = stmt.children
+        member_toks = [t for t in rest if isinstance(t, Token)]
+        members = tuple(self.name(t) for t in member_toks)
+        refs["node"] += [(m, self.loc(t)) for m, t in zip(members, member_toks)]
+        stage_trees = [t for t in rest if isinstance(t, Tree)]
+        stages = tuple(tuple(self.microtask(t, s) for t in tree.children if t is not None)
+                       for s, tree in enumerate(stage_trees))
+        return ExecFusion(self.name(id_tok), members, stages, loc=self.loc(stmt))
+
+    def microtask(self, tok: Token, stage: int) -> Microtask:
+        """`F1.3` in the list of stage `stage`: member 1's forward of microbatch 3 there."""
+        t = microtask_of(str(tok), stage)  # the grammar's MICROTASK has its form
+        if max(t.member, t.micro) > MAX_SIZE:
+            self.fail(self.loc(tok), f"microtask {tok} counts above {MAX_SIZE}")
+        return t
 
     def exec_node(self, stmt: Tree, refs: dict[str, list[Ref]]) -> ExecNode:
         kw_tree, id_tok, *clauses = stmt.children

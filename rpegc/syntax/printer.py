@@ -19,7 +19,7 @@ import re
 from typing import Iterable, Optional
 
 from rpegc.core.ir import presets
-from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport
+from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, microtask_text
 from rpegc.core.ir.expr import Expr
 from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Graph, Model, Plan, Program, Workload, arch_flag_default
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
@@ -236,6 +236,7 @@ def _plan(p: Plan) -> list[str]:
     names = _pad([sym(pl.vertex) for pl in p.placements])
     for name, pl in zip(names, p.placements):
         out.append(f"{INDENT}{name} {_alloc('at', pl.alloc)} {_strategy_flat(pl.strategy)}")
+    out += [f"{INDENT}rpeg.fuse ({', '.join(sym(v) for v in f.vertices)})" for f in p.fusions]
     out.append("}")
     return out
 
@@ -250,6 +251,7 @@ def exec_graph_lines(g: ExecGraph) -> list[str]:
     out = [head]
     out += [INDENT + node_line(n) for n in g.nodes]
     out += [INDENT + edge_line(e) for e in g.edges]
+    out += [INDENT + fusion_line(f) for f in g.fusions]
     if g.memory is not None:
         out += [INDENT + line for line in _memory_lines(g.memory)]
     if g.schedule is not None:
@@ -260,6 +262,11 @@ def exec_graph_lines(g: ExecGraph) -> list[str]:
         )
     out.append("}")
     return out
+
+
+def fusion_line(f: ExecFusion) -> str:
+    stages = ", ".join("[" + ", ".join(microtask_text(t) for t in order) + "]" for order in f.stages)
+    return f"exec.fusion {sym(f.id)} ({', '.join(sym(m) for m in f.members)}) stages [{stages}]"
 
 
 def _default_vertex(node: ExecNode) -> Optional[str]:

@@ -1,12 +1,13 @@
 """What an exec graph's numbers must be, for every tool that reads one (rpegc's readers and rpeg-run): its nodes'
 steps end where the plan says, times are finite, non-negative and at most MAX_TIME_S, a scheduled node has both a
 start and a finish, payloads are integers, phase shares lie in (0, 1], memory and schedule reports are finite, and
-a transfer (Comm, Reshard) publishes no weights version."""
+a transfer (Comm, Reshard) publishes no weights version; fusions follow rpegc/core/check/fusion_rules.py."""
 
 from __future__ import annotations
 
 import math
 
+from rpegc.core.check.fusion_rules import check_exec_fusions
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Program
 
@@ -18,6 +19,9 @@ def check_exec(p: Program) -> None:
     check_exec_steps(p)
     check_exec_numbers(p)
     check_transfer_versions(p)
+    errors = check_exec_fusions(p)
+    if errors:
+        raise errors[0]
 
 
 def check_transfer_versions(p: Program) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rpegc.core.check.fusion_rules import check_plan_fusions
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Model, Placement, Program, Workload
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
@@ -169,7 +170,7 @@ def check_plan(p: Program) -> list[RpegError]:
         if name not in placed:
             errors.append(RpegError(plan.loc, f"vertex @{name} has no placement in plan @{plan.name}; add "
                                               f"'@{name} at (...) extent (...) dp = .. pp = .. tp = .. mb = ..'"))
-    return errors
+    return errors + check_plan_fusions(p)
 
 
 def check_placement(placement: Placement, model: Model, workload: Workload, cluster: Cluster) -> list[RpegError]:

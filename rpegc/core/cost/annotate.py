@@ -16,6 +16,7 @@ from rpegc.core.ir.errors import UNKNOWN_LOC, RpegError
 from rpegc.core.ir.exec_graph import ExecGraph, ExecNode, MemoryReport
 from rpegc.core.ir.expr import evaluate
 from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.fused import fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import Program
@@ -40,8 +41,25 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
         else:
             t = transfer_time(node, p, hw, opts)
         nodes.append(node.with_(time=float(t)))
-    mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts)
+    fused = fusion_times(p, times)
+    nodes = [n.with_(time=fused[n.id]) if n.id in fused else n for n in nodes]
+    groups = tuple(tuple(eg.node(m).vertex for m in f.members) for f in eg.fusions)
+    mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts, groups)
     return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))
+
+
+def fusion_times(p: Program, times: dict[OpPlacement, OpTime]) -> dict[str, float]:
+    """T_op of every fusion of `p.exec` (docs/stage-fusion.md), for each of its member nodes: they occupy their
+    devices together, from the fusion's start to its end. `times` holds every member's placement."""
+    out: dict[str, float] = {}
+    for f in p.exec.fusions:
+        nodes = [p.exec.node(m) for m in f.members]
+        member_times = tuple(times[_placement(n, p)] for n in nodes)
+        pipes = tuple(member_pipeline(t, n.strategy.mb, p.workload.training(n.strategy.train).forward_equivalents)
+                      for t, n in zip(member_times, nodes))
+        total = fused_time(member_times, pipes, f.stages).total
+        out.update({m: total for m in f.members})
+    return out
 
 
 def transfer_time(node: ExecNode, p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> float:

@@ -104,10 +104,13 @@ def device_memory_arrays(
     terms: tuple[OpTerms, ...],
     models: Mapping[str, Model],
     tau: Mapping[str, int],
+    fused: tuple[tuple[int, ...], ...] = (),
 ) -> MemoryArrays:
     """peak(d) = sum_m S(m, d) + max_{v: d in sigma(v)} A(v, d) for every device of B configurations (spec
     6.5-6.6): operator i has role roles[i], model op_models[i], devices masks[i] (B x #D booleans) and
-    memory terms[i] (arrays of length B, or of length 1 for every configuration alike)."""
+    memory terms[i] (arrays of length B, or of length 1 for every configuration alike). Each group of `fused`
+    (operator indices on the same devices) runs as one fused operator, whose A(v, d) is the sum of its members'
+    (docs/stage-fusion.md)."""
     B, n = masks[0].shape if masks else (1, 0)
     residency: dict[str, np.ndarray] = {}
     persistent_by_model: dict[str, np.ndarray] = {}
@@ -119,10 +122,16 @@ def device_memory_arrays(
         persistent = persistent + state
     transient = np.zeros((B, n))
     owner = np.full((B, n), -1)
-    for i, (model, mask, t) in enumerate(zip(op_models, masks, terms)):
+    own = []
+    for model, t in zip(op_models, terms):
         res = residency[model]
         holds_copy = (res == SHADOW) | (res == FROZEN)
-        a = np.where(holds_copy, t.transient_with_copy[:, None], t.transient[:, None])
+        own.append(np.where(holds_copy, t.transient_with_copy[:, None], t.transient[:, None]))
+    for group in fused:  # the members' transients coexist
+        total = sum(own[i] for i in group)
+        for i in group:
+            own[i] = total
+    for i, (mask, a) in enumerate(zip(masks, own)):
         larger = mask & (a > transient)  # the first operator of the largest A(v, d) owns the device
         transient = np.where(larger, a, transient)
         owner = np.where(larger, i, owner)
@@ -211,9 +220,10 @@ def device_memory(
     wl: Workload,
     hw: Hardware,
     opts: CostOptions = DEFAULT_OPTIONS,
+    fused: tuple[tuple[str, ...], ...] = (),
 ) -> DeviceMemory:
     """peak(d) = sum_m S(m, d) + max_{v: d in sigma(v)} A(v, d) for every device (spec 6.6): the one
-    configuration `ops` places, through `device_memory_arrays`."""
+    configuration `ops` places, through `device_memory_arrays`; `fused` names the vertices of each fusion."""
     n = cluster.num_devices
     mems = tuple(
         op_memory(op.role, models[op.model].arch, models[op.model].kind, wl,
@@ -228,7 +238,7 @@ def device_memory(
         masks.append(mask)
     arrays = device_memory_arrays(tuple(op.role for op in ops), tuple(op.model for op in ops), tuple(masks),
                                   tuple(OpTerms.of(m, wl.s_b, opts) for m in mems),
-                                  models, tau)
+                                  models, tau, _fused_indices(ops, fused))
     peak = arrays.peak[0]
     m_eff = hw.M_eff
     return DeviceMemory(
@@ -244,3 +254,9 @@ def device_memory(
         r_peak=memory_ratio(peak, m_eff),
         feasible=bool(np.all(peak <= m_eff)),
     )
+
+
+def _fused_indices(ops: tuple[OpPlacement, ...], fused: tuple[tuple[str, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """The indices into `ops` of each fusion's members (named by vertex), each fusion once (every step repeats it)."""
+    index = {op.vertex: i for i, op in enumerate(ops)}
+    return tuple(dict.fromkeys(tuple(index[v] for v in group if v in index) for group in fused))

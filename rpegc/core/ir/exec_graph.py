@@ -9,6 +9,7 @@ nodes and plain `dep` edges. When lowering is complete every edge is a `dep` edg
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -64,6 +65,49 @@ class ExecNode:
         return replace(self, **changes)
 
 
+FORWARD, BACKWARD = "F", "B"
+
+
+@dataclass(frozen=True, order=True)
+class Microtask:
+    """Member `member` (an index into a fusion's members)'s forward (F) or backward (B, recomputation included) of
+    microbatch `micro` on pipeline stage `stage` (docs/stage-fusion.md)."""
+
+    member: int
+    kind: str
+    micro: int
+    stage: int
+
+
+Schedule = tuple[tuple[Microtask, ...], ...]  # per pipeline stage, the order it runs its microtasks in
+MICROTASK_PATTERN = re.compile(r"([FB])([0-9]+)\.([0-9]+)")
+
+
+def microtask_text(t: Microtask) -> str:
+    """How every form writes a microtask (its stage is the list's): "F1.3" is member 1's forward of microbatch 3."""
+    return f"{t.kind}{t.member}.{t.micro}"
+
+
+def microtask_of(text: str, stage: int) -> Microtask:
+    """The microtask `text` (as `microtask_text` writes it) in the list of `stage`; ValueError if it is not one."""
+    match = MICROTASK_PATTERN.fullmatch(text)
+    if match is None:
+        raise ValueError(f"'{text}' is not a microtask such as F0.1 (member 0's forward of microbatch 1)")
+    return Microtask(int(match[2]), match[1], int(match[3]), stage)
+
+
+@dataclass(frozen=True)
+class ExecFusion:
+    """Training Op nodes of one step run as one fused operator (`fuse-stages`): every stage of their devices runs
+    `stages[s]`, the members' microtasks interleaved. The members keep their nodes (bindings, versions, edges); they
+    start together and finish together, after the fused time."""
+
+    id: str
+    members: tuple[str, ...]  # Op node ids; Microtask.member indexes this
+    stages: Schedule
+    loc: Loc = loc_field()
+
+
 @dataclass(frozen=True)
 class ExecEdge:
     src: str
@@ -105,6 +149,7 @@ class ExecGraph:
     lowered: bool = False  # set by insert-reshard once Comm and Reshard insertion is complete
     memory: Optional[MemoryReport] = None
     schedule: Optional[ScheduleReport] = None
+    fusions: tuple[ExecFusion, ...] = ()
     loc: Loc = loc_field()
 
     def node(self, node_id: str) -> ExecNode:

@@ -192,12 +192,21 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Fuse:
+    """Training vertices the plan runs as one fused operator in every step (`rpeg.fuse`, docs/stage-fusion.md)."""
+
+    vertices: tuple[str, ...]
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     graph: str
     cluster: str
     placements: tuple[Placement, ...]
     loc: Loc = loc_field()
+    fusions: tuple[Fuse, ...] = ()
 
     def placement(self, vertex: str) -> Placement:
         return first_by_name(self, "placements", self.placements, lambda p: p.vertex)[vertex]

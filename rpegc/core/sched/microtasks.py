@@ -21,17 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FORWARD, BACKWARD = "F", "B"
-
-
-@dataclass(frozen=True, order=True)
-class Microtask:
-    """Member `member`'s forward or backward (`kind`) of microbatch `micro` on pipeline stage `stage`."""
-
-    member: int
-    kind: str
-    micro: int
-    stage: int
+from rpegc.core.ir.exec_graph import BACKWARD, FORWARD, Microtask, Schedule
 
 
 @dataclass(frozen=True)
@@ -43,8 +33,6 @@ class MemberPipeline:
     forward: float
     backward: float
 
-
-Schedule = tuple[tuple[Microtask, ...], ...]  # per stage, the order it runs its microtasks in
 
 
 def _needs(t: Microtask, pp: int) -> tuple[Microtask, ...]:

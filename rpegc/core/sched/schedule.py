@@ -50,9 +50,26 @@ def rank_group(node: ExecNode, index: int) -> tuple:
 
 
 def schedule_exec(graph: ExecGraph, cluster: Cluster) -> Schedule:
-    """Run Alg. 5 on an annotated exec graph; node i of the result is `graph.nodes[i]`."""
+    """Run Alg. 5 on an annotated exec graph; node i of the result is `graph.nodes[i]`. The members of a fusion are
+    one unit of the schedule (they run together on the same devices, for the fusion's time): the first stands for
+    all, their edges are its edges, and the others get its start and finish."""
+    head = {m: f.members[0] for f in graph.fusions for m in f.members}
+    units = [n for n in graph.nodes if head.get(n.id, n.id) == n.id]
+    sched = _schedule_units(graph, units, head, cluster)
+    if len(units) == len(graph.nodes):
+        return sched
+    unit = {n.id: i for i, n in enumerate(units)}
+    at = [unit[head.get(n.id, n.id)] for n in graph.nodes]
+    members: list[list[int]] = [[] for _ in units]
+    for i, u in enumerate(at):
+        members[u].append(i)
+    return replace(sched, start=tuple(sched.start[u] for u in at), finish=tuple(sched.finish[u] for u in at),
+                   order=tuple(i for u in sched.order for i in members[u]))
+
+
+def _schedule_units(graph: ExecGraph, nodes: list[ExecNode], head: dict[str, str], cluster: Cluster) -> Schedule:
     index: dict[str, int] = {}
-    for i, node in enumerate(graph.nodes):
+    for i, node in enumerate(nodes):
         if node.id in index:
             raise RpegError(node.loc, f"node id {node.id} is used twice; give every exec node a unique id")
         index[node.id] = i
@@ -64,13 +81,14 @@ def schedule_exec(graph: ExecGraph, cluster: Cluster) -> Schedule:
             raise RpegError(node.loc, f"node {node.id} has time {node.time}; times must be finite and non-negative")
     edges = []
     for e in graph.edges:
-        for end in (e.src, e.dst):
+        src, dst = head.get(e.src, e.src), head.get(e.dst, e.dst)
+        for end in (src, dst):
             if end not in index:
                 raise RpegError(
                     e.loc, f"edge {e.src} -> {e.dst} refers to unknown node {end}; declare it or remove the edge"
                 )
-        edges.append((index[e.src], index[e.dst]))
-    nodes = graph.nodes
+        if src != dst:
+            edges.append((index[src], index[dst]))
     return greedy_schedule(
         times=[n.time for n in nodes],
         is_transfer=[n.kind != "op" for n in nodes],
