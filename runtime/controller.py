@@ -136,14 +136,20 @@ def planned_key(n: RunNode) -> tuple:
 
 
 def device_order_edges(plan: RunPlan, reserved: list[tuple[int, ...]]) -> set[tuple[int, int]]:
-    """(previous, next) pairs of consecutive nodes on each device in the plan's order."""
-    by_device: dict[int, list[int]] = {}
+    """(previous, next) pairs of consecutive nodes on each device in the plan's order; the members of a fusion
+    are one unit there (they run together): the unit before them precedes each, each precedes the unit after."""
+    members = {i: g for g in plan.fusion_groups() for i in g}
+    by_device: dict[int, list[tuple[int, ...]]] = {}
     for n in sorted(plan.nodes, key=planned_key):
+        unit = members.get(n.index, (n.index,))
         for d in reserved[n.index]:
-            by_device.setdefault(d, []).append(n.index)
+            seq = by_device.setdefault(d, [])
+            if not seq or seq[-1] != unit:
+                seq.append(unit)
     edges: set[tuple[int, int]] = set()
     for seq in by_device.values():
-        edges.update(zip(seq, seq[1:]))
+        for before, after in zip(seq, seq[1:]):
+            edges.update((before[0], v) for v in after)
     return edges
 
 
@@ -177,6 +183,7 @@ class _Run:
                 if v not in nodes[u].succs:
                     self.succs[u].append(v)
                     self.remaining[v] += 1
+        self.fused = {i: g for g in plan.fusion_groups() for i in g}  # member -> its fusion's members
         self.keys = [dispatch_key(n) for n in nodes]
         self.preds: list[list[int]] = [[] for _ in nodes]
         for u, vs in enumerate(self.succs):
@@ -250,12 +257,21 @@ class _Run:
             waiting = []
             for entry in ready:
                 i = entry[1]
+                if self.issued[i]:
+                    continue  # a member of a fusion dispatched with another member
+                group = self.fused.get(i)
+                if group is not None and any(self.remaining[j] for j in group):
+                    waiting.append(entry)  # a fusion starts when all its members can
+                    continue
                 m = self.masks[i]
                 if m & busy:
                     waiting.append(entry)
                     continue
                 busy |= m
-                self.dispatch(nodes[i])
+                if group is None:
+                    self.dispatch(nodes[i])
+                else:
+                    self.dispatch_fused([nodes[j] for j in group])
             ready = waiting
             if self.lookahead:
                 busy |= self.chain()
@@ -293,8 +309,8 @@ class _Run:
         while self.candidates:
             entry = self.candidates.pop(0)
             i = entry[1]
-            if self.remaining[i] == 0:
-                continue  # every predecessor finished: it is (or becomes) ready the usual way
+            if self.remaining[i] == 0 or i in self.fused:
+                continue  # it is (or becomes) ready the usual way; a fusion's members are never chained
             after = [p for p in self.preds[i] if self.in_flight(p)]
             if 1 + max((self.queue_depth(p, depth) for p in after), default=0) > self.lookahead:
                 deferred.append(entry)  # too far ahead for now: offered again after the next completions
@@ -347,12 +363,25 @@ class _Run:
                 bisect.insort(self.candidates, (self.keys[s], s))
 
     def dispatch(self, n: RunNode) -> None:
-        for a in n.inputs:
-            if a not in self.present:
-                raise RuntimeError(f"controller bug: {n.id} dispatched before {a.label} is present")
+        self.check_present(n)
         d = self.dispatch_of(n)
         self.issue(n, self.backend.now())
         self.backend.submit(d)
+
+    def dispatch_fused(self, members: list[RunNode]) -> None:
+        """The members of one fusion, handed to the backend as one operator."""
+        for n in members:
+            self.check_present(n)
+        ds = tuple(self.dispatch_of(n) for n in members)
+        at = self.backend.now()
+        for n in members:
+            self.issue(n, at)
+        self.backend.submit_fused(ds)
+
+    def check_present(self, n: RunNode) -> None:
+        for a in n.inputs:
+            if a not in self.present:
+                raise RuntimeError(f"controller bug: {n.id} dispatched before {a.label} is present")
 
     def complete(self, c: Completion) -> int:
         i = self.running.pop(c.node, None)

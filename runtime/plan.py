@@ -129,6 +129,12 @@ class RunPlan:
             return None
         return max(n.node.finish for n in self.nodes)  # type: ignore[type-var]
 
+    def fusion_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The node indices of every fusion this plan runs (docs/stage-fusion.md): its members run as one unit, from
+        one start to one finish. A fusion's members are one step's, so a plan of some steps runs all or none."""
+        fusions = self.program.exec.fusions if self.program.exec is not None else ()
+        return tuple(tuple(self.index[m] for m in f.members) for f in fusions if all(m in self.index for m in f.members))
+
     def pred_ids(self) -> dict[str, tuple[str, ...]]:
         """Each node's predecessors, by node id."""
         return {n.id: tuple(self.nodes[i].id for i in n.preds) for n in self.nodes}
@@ -224,9 +230,6 @@ def _check_program(p: Program) -> None:
     if not p.exec.nodes:
         raise RpegError(where, "the exec graph has no nodes; nothing to run")
     check_exec(p)
-    if p.exec.fusions:  # run apart, the members would not run as the plan prices them (docs/stage-fusion.md)
-        raise RpegError(p.exec.fusions[0].loc, f"exec.fusion @{p.exec.fusions[0].id}: this runtime does not execute "
-                                               "fused operators yet; compile the plan without fuse-stages to run it")
     for n in p.exec.nodes:
         if n.alloc is None:
             raise RpegError(n.loc, f"node {n.id} has no allocation; every node must be placed before it can run")

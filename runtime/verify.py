@@ -9,7 +9,9 @@
               or ran with another (dp, pp, tp, mb), or bound other artifacts than the plan's
 - timing      start before dispatch, or finish before start
 - dependency  a node started before a predecessor finished
-- device      two nodes held one device at the same time (also `worker` for worker ranks)
+- device      two nodes held one device at the same time (also `worker` for worker ranks); the members of a
+              fusion hold theirs together, as one operator
+- fusion      the members of a fusion (exec.fusion) did not start together and finish together
 - version     a node consumed or produced another parameter version than the plan's version_in /
               version_out
 - version-rule a consumer at step k did not read max(0, k - tau(m)) (a training node of m: k;
@@ -35,8 +37,8 @@ from rpegc.runtime.plan import RunNode, RunPlan
 from rpegc.runtime.trace import NodeRecord, Trace
 
 RULES = (
-    "plan-hash", "node-set", "binding", "timing", "dependency", "device", "worker", "version", "version-rule",
-    "update-order", "release", "order",
+    "plan-hash", "node-set", "binding", "timing", "dependency", "device", "worker", "fusion", "version",
+    "version-rule", "update-order", "release", "order",
 )
 
 
@@ -74,6 +76,7 @@ def verify(plan: RunPlan, trace: Trace) -> list[Violation]:
         out += _versions(plan, n, r)
     out += _exclusive(plan, recs, "device", lambda r: r.devices)
     out += _exclusive(plan, recs, "worker", lambda r: r.workers)
+    out += _fusions(plan, recs)
     out += _update_order(plan, recs)
     out += _releases(plan, trace)
     if h.policy == "plan" and plan.scheduled:
@@ -177,7 +180,18 @@ def _versions(plan: RunPlan, n: RunNode, r: NodeRecord) -> list[Violation]:
     return out
 
 
+def _fusions(plan: RunPlan, recs: dict[str, NodeRecord]) -> list[Violation]:
+    out = []
+    for group in plan.fusion_groups():
+        rs = [recs[plan.nodes[i].id] for i in group if plan.nodes[i].id in recs]
+        if len({(r.start, r.finish) for r in rs}) > 1:
+            out.append(Violation("fusion", tuple(r.id for r in rs), "the members of a fusion ran apart: " + ", ".join(
+                f"{r.id} {r.start}-{r.finish}" for r in rs) + "; they run as one operator"))
+    return out
+
+
 def _exclusive(plan: RunPlan, recs: dict[str, NodeRecord], rule: str, held) -> list[Violation]:
+    fused = {plan.nodes[i].id: g for g in plan.fusion_groups() for i in g}
     by_unit: dict[int, list[NodeRecord]] = {}
     for n in plan.nodes:
         r = recs.get(n.id)
@@ -189,7 +203,8 @@ def _exclusive(plan: RunPlan, recs: dict[str, NodeRecord], rule: str, held) -> l
         rs.sort(key=lambda r: (r.start, r.finish))
         last: Optional[NodeRecord] = None
         for r in rs:
-            if last is not None and r.start < last.finish and last.start < r.finish:
+            together = last is not None and last.id in fused and fused.get(r.id) == fused[last.id]
+            if last is not None and r.start < last.finish and last.start < r.finish and not together:
                 clashes.setdefault((last.id, r.id), []).append(unit)
             if last is None or r.finish > last.finish:
                 last = r

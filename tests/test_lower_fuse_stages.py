@@ -1,6 +1,6 @@
 """fuse-stages and what reads its fusions (issue 34, items 1-3): the plan's rules for `rpeg.fuse`, the exec fusion's
-checks, the fused time on the members, their summed transient memory, the scheduler running the members as one
-unit, and rpeg-run refusing a fused plan until the runtime executes one (docs/stage-fusion.md)."""
+checks, the fused time on the members, their summed transient memory and the scheduler running the members as one
+unit (docs/stage-fusion.md); tests/test_runtime_fused.py runs the result."""
 
 from __future__ import annotations
 
@@ -125,10 +125,3 @@ def test_the_scheduler_runs_the_members_as_one_unit():
             if e.dst in (actor.id, critic.id):
                 assert p.exec.node(e.src).finish <= actor.start + 1e-12
     assert p.exec.schedule.makespan == max(n.finish for n in p.exec.nodes)
-
-
-def test_rpeg_run_refuses_a_fused_plan_until_the_runtime_runs_one():
-    p = api.run_pipeline(SOURCE, LOWER + ",fuse-stages,annotate-cost,schedule", "ppo-fused-2.rpeg")
-    with pytest.raises(RpegError, match="does not execute fused operators yet") as e:
-        build_run_plan(p)
-    assert e.value.loc == p.exec.fusions[0].loc

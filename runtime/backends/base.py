@@ -132,6 +132,12 @@ class Backend(ABC):
         else:
             self.reshard(d)
 
+    def submit_fused(self, ds: tuple[Dispatch, ...]) -> None:
+        """Start the members `ds` of one fusion (exec.fusion) as one operator: they start together and their
+        Completions, one per member, come back together. A backend that cannot refuses the plan in `start`."""
+        raise BackendError(ds[0].node.node.loc, f"the {self.name} backend does not run fused operators "
+                                                "(exec.fusion); compile the plan without fuse-stages")
+
     def chain(self, d: Dispatch, after: tuple[str, ...]) -> bool:
         """Start `d` now although its predecessors `after` (node ids, submitted or chained) may not have finished,
         if this backend guarantees that `d` starts (its last worker begins it) only after each of them finished;

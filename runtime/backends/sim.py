@@ -19,6 +19,7 @@ import heapq
 import math
 import random
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -117,10 +118,19 @@ class SimBackend(Backend):
                     d.node.node.loc, f"node {d.id} needs {a.label}, which is not present (released or never made)"
                 )
 
-    def _schedule(self, d: Dispatch, start: float) -> None:
-        t = d.node.node.time
+    def submit_fused(self, ds: tuple[Dispatch, ...]) -> None:
+        """The members of a fusion run as one operator: one duration (the first member's time, which every member
+        carries, and its jitter), one start and one finish for all."""
+        for d in ds:
+            self._check_inputs(d, set())
+        for d in ds:
+            self._schedule(d, self._clock, timed_as=ds[0])
+
+    def _schedule(self, d: Dispatch, start: float, timed_as: Optional[Dispatch] = None) -> None:
+        timed_as = timed_as or d
+        t = timed_as.node.node.time
         assert t is not None
-        f = self.factor(d.id)
+        f = self.factor(timed_as.id)
         finish = start + (t if f == 1.0 else t * f)
         if not math.isfinite(finish):
             raise BackendError(

@@ -215,6 +215,10 @@ class TorchBackend(Backend):
     def prepare(self, plan: RunPlan) -> RunPlan:
         """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The
         checkpoint may come from another plan of the same run (same identity: program, seed, options)."""
+        if plan.fusion_groups():  # run apart, its members would not run as the plan prices them
+            f = plan.program.exec.fusions[0]  # type: ignore[union-attr]
+            raise RpegError(f.loc, f"exec.fusion @{f.id}: the torch backend does not execute fused operators yet; "
+                                   "compile the plan without fuse-stages (the sim backend runs it)")
         self._claim_run_dir()
         if not self.resume:
             return plan
