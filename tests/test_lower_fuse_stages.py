@@ -100,7 +100,8 @@ def test_an_exec_fusion_that_cannot_run_is_refused_by_every_reader(tmp_path):
 def test_members_take_the_fused_time_and_their_transients_add_up():
     p = lowered()
     hw = load_hardware("cpu")
-    fused, apart = annotate(p, hw), annotate(lowered(fuse=False), hw)
+    unfused_source = _with_plan("  rpeg.fuse (@train_actor, @train_critic)\n", "")
+    fused, apart = annotate(p, hw), annotate(lowered(unfused_source, fuse=False), hw)
     actor, critic = (fused.exec.node(f"train_{m}#0") for m in ("actor", "critic"))
     times = tuple(placement_time(p, OpPlacement(n.vertex, "training", n.model, n.alloc, n.strategy), hw)
                   for n in (actor, critic))
@@ -125,3 +126,20 @@ def test_the_scheduler_runs_the_members_as_one_unit():
             if e.dst in (actor.id, critic.id):
                 assert p.exec.node(e.src).finish <= actor.start + 1e-12
     assert p.exec.schedule.makespan == max(n.finish for n in p.exec.nodes)
+
+
+def test_a_plan_fusion_left_unlowered_is_not_priced_apart():
+    p = lowered(fuse=False)
+    with pytest.raises(RpegError, match="run fuse-stages after insert-reshard") as e:
+        annotate(p, load_hardware("cpu"))
+    assert e.value.loc == p.plan.fusions[0].loc
+
+
+def test_explain_shows_the_fusion_and_both_members_memory():
+    p = api.run_pipeline(SOURCE, LOWER + ",fuse-stages,annotate-cost,schedule", "ppo-fused-2.rpeg")
+    text = api.explain(p)
+    head, row = text.split("Fused operators")[1].splitlines()[1:3]
+    assert row.split()[:3] == ["fuse0", "train_actor,", "train_critic"]
+    assert row.split()[3] == f"{p.exec.node('train_actor#0').time:.4e}"  # T_fused: what annotate-cost gave
+    assert "train_actor activations" in text and "train_critic activations" in text
+    assert "materialized" not in text.split("Memory per device")[1]  # the critic's transient is its own, not weights

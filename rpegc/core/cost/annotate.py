@@ -29,6 +29,10 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
     """`p` with `time` on every exec node and `exec.memory` filled in."""
     eg = _lowered_exec(p)
     _require_graph_and_cluster(p)
+    if p.plan is not None and p.plan.fusions and not eg.fusions:  # priced apart, they would run apart too
+        f = p.plan.fusions[0]
+        raise RpegError(f.loc, f"the plan fuses {', '.join('@' + v for v in f.vertices)}, but the exec graph has no "
+                               "exec.fusion; run fuse-stages after insert-reshard")
     quantile_tokens = _quantile_tokens(p)
     times: dict[OpPlacement, OpTime] = {}
     nodes = []
@@ -43,9 +47,16 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
         nodes.append(node.with_(time=float(t)))
     fused = fusion_times(p, times)
     nodes = [n.with_(time=fused[n.id]) if n.id in fused else n for n in nodes]
-    groups = tuple(tuple(eg.node(m).vertex for m in f.members) for f in eg.fusions)
-    mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts, groups)
+    mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts,
+                        fused_vertices(p))
     return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))
+
+
+def fused_vertices(p: Program) -> tuple[tuple[str, ...], ...]:
+    """The vertices of each fusion of `p.exec` (every step repeats them: once each)."""
+    if p.exec is None:
+        return ()
+    return tuple(dict.fromkeys(tuple(p.exec.node(m).vertex for m in f.members) for f in p.exec.fusions))
 
 
 def fusion_times(p: Program, times: dict[OpPlacement, OpTime]) -> dict[str, float]:
@@ -124,7 +135,8 @@ def program_placements(p: Program) -> tuple[OpPlacement, ...]:
 
 def program_memory(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> DeviceMemory:
     """Device memory of the placed operators of `p` (spec 6.5-6.6)."""
-    return device_memory(program_placements(p), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts)
+    return device_memory(program_placements(p), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts,
+                         fused_vertices(p))
 
 
 def _lowered_exec(p: Program) -> ExecGraph:

@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from rpegc.core.cost.annotate import placement_time, program_memory, program_placements, transfer_time
+from rpegc.core.cost.fused import fused_time, member_pipeline
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.geometry import alloc_ids, id_ranges
 from rpegc.core.cost.hardware import Hardware
@@ -35,6 +36,8 @@ def explain(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> st
     out += _time_table(p, placements, hw, opts)
     if p.exec is not None:
         out += ["", "Transfers in the executable graph"] + _transfer_lines(p, hw, opts)
+    if p.exec is not None and p.exec.fusions:
+        out += ["", "Fused operators (docs/stage-fusion.md; every step alike)"] + _fusion_lines(p, hw, opts)
     out += ["", f"Memory per device (GiB; usable M_eff = {_gib(mem.m_eff)} of M_GPU = {_gib(hw.M_GPU)})"]
     out += _memory_lines(mem, p.cluster.num_devices, p.workload)
     out += ["", _verdict(mem, p.workload)]
@@ -69,6 +72,24 @@ def _time_table(p, placements, hw, opts) -> list[str]:
             rows.append([f"  prefill {float(pf.T_gemm):.4e} s (F_eff {float(pf.F_eff):.3e}), decode {float(dec.T_gemm):.4e} s "
                          f"(F_eff {float(dec.F_eff):.3e}, eta {float(dec.eta):.3g})"])
     return _table(head, rows)
+
+
+def _fusion_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
+    """Each fusion of step 0: its members, its time against theirs apart, and its schedule's makespan."""
+    rows = []
+    placements = {pl.vertex: pl for pl in program_placements(p)}
+    for f in p.exec.fusions:
+        nodes = [p.exec.node(m) for m in f.members]
+        if nodes[0].step != 0:
+            continue
+        times = tuple(placement_time(p, placements[n.vertex], hw, opts) for n in nodes)
+        pipes = tuple(member_pipeline(t, n.strategy.mb, p.workload.training(n.strategy.train).forward_equivalents)
+                      for t, n in zip(times, nodes))
+        fused = fused_time(times, pipes, f.stages)
+        apart = sum(fused.unfused)
+        rows.append([f.id.split("#")[0], ", ".join(n.vertex for n in nodes), f"{fused.total:.4e}", f"{apart:.4e}",
+                     f"{-100 * fused.saved / apart:+.1f}%", f"{fused.makespan:.4e}"])
+    return _table(["fusion", "members", "T_fused", "T apart", "change", "microtask makespan"], rows)
 
 
 def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
@@ -106,17 +127,20 @@ def _device_items(mem: DeviceMemory, d: int, wl: Workload) -> list[tuple[str, fl
         if code in _PERSISTENT_LABEL and mem.persistent_by_model[model][d] > 0:
             items.append((f"{model} {_PERSISTENT_LABEL[code]}", float(mem.persistent_by_model[model][d])))
     i = int(mem.transient_owner[d])
-    if i >= 0:
-        op, m = mem.ops[i], mem.op_memory[i]
-        parts = [("activations", m.M_act)]
-        if op.role == "training":
-            parts += [("working weights", m.M_w * (not op.training(wl).persistent_weights)), ("gradients", m.M_grad)]
-        if op.role == "generation":
-            parts.append(("KV cache", m.M_kv))
-        materialized = float(mem.transient[d]) - float(m.A_core)
+    if i >= 0:  # the operator of the largest A(v, d), with the other members of its fusion (their transients add up)
+        owners = next((g for g in mem.fused if i in g), (i,))
+        for j in owners:
+            op, m = mem.ops[j], mem.op_memory[j]
+            parts = [("activations", m.M_act)]
+            if op.role == "training":
+                parts += [("working weights", m.M_w * (not op.training(wl).persistent_weights)),
+                          ("gradients", m.M_grad)]
+            if op.role == "generation":
+                parts.append(("KV cache", m.M_kv))
+            items += [(f"{op.vertex} {label}", float(v)) for label, v in parts if float(v) > 0]
+        materialized = float(mem.transient[d]) - sum(float(mem.op_memory[j].A_core) for j in owners)
         if materialized > 0:
-            parts.append(("materialized weights", materialized))
-        items += [(f"{op.vertex} {label}", float(v)) for label, v in parts if float(v) > 0]
+            items.append((f"{mem.ops[i].vertex} materialized weights", materialized))
     return items
 
 

@@ -63,6 +63,7 @@ class DeviceMemory:
     m_eff: float
     r_peak: float
     feasible: bool
+    fused: tuple[tuple[int, ...], ...] = ()  # indices into `ops` of each fusion's members (their transients add up)
 
 
 @dataclass(frozen=True)
@@ -236,9 +237,10 @@ def device_memory(
         mask = np.zeros((1, n), dtype=bool)
         mask[0, alloc_ids(op.alloc, cluster)] = True
         masks.append(mask)
+    groups = _fused_indices(ops, fused)
     arrays = device_memory_arrays(tuple(op.role for op in ops), tuple(op.model for op in ops), tuple(masks),
                                   tuple(OpTerms.of(m, wl.s_b, opts) for m in mems),
-                                  models, tau, _fused_indices(ops, fused))
+                                  models, tau, groups)
     peak = arrays.peak[0]
     m_eff = hw.M_eff
     return DeviceMemory(
@@ -253,6 +255,7 @@ def device_memory(
         m_eff=m_eff,
         r_peak=memory_ratio(peak, m_eff),
         feasible=bool(np.all(peak <= m_eff)),
+        fused=groups,
     )
 
 
