@@ -1,7 +1,7 @@
 """A fused plan in the runtime (issue 34, item 5, the controller's part; docs/stage-fusion.md): the controller hands a
 fusion's members to the backend as one operator, the sim backend runs them from one start to one finish and replays
-the schedule exactly, `verify` accepts members holding their devices together and flags members that ran apart, and
-the torch backend refuses a fused plan before anything starts (it does not interleave microtasks yet)."""
+the schedule exactly, and `verify` accepts members holding their devices together and flags members that ran apart
+(tests/test_torchrun_fused.py runs one on the torch backend)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from rpegc import api
-from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.sim import SimBackend
 from rpegc.runtime.controller import RunOptions, device_order_edges, reserved_devices, run
 from rpegc.runtime.plan import build_run_plan
@@ -63,12 +62,3 @@ def test_the_plan_order_treats_a_fusion_as_one_unit(plan):
         assert not any((u, v) in edges for u in group for v in group)  # no member waits for another
         before = {u for u, v in edges if v == group[0]}
         assert before and all((u, v) in edges for u in before for v in group)
-
-
-def test_the_torch_backend_refuses_a_fused_plan_before_anything_starts(plan):
-    pytest.importorskip("torch")
-    from rpegc.runtime.backends.torch.backend import TorchBackend
-
-    with pytest.raises(RpegError, match="does not execute fused operators yet") as e:
-        TorchBackend().prepare(plan)
-    assert e.value.loc == plan.program.exec.fusions[0].loc

@@ -41,6 +41,7 @@ from typing import ContextManager, Optional
 import torch
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.exec_graph import microtask_text
 from rpegc.core.ir.program import Program
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.backends.torch.options import TorchOptions
@@ -215,10 +216,6 @@ class TorchBackend(Backend):
     def prepare(self, plan: RunPlan) -> RunPlan:
         """On --resume: the plan from the last checkpoint's step on; otherwise the plan itself. The
         checkpoint may come from another plan of the same run (same identity: program, seed, options)."""
-        if plan.fusion_groups():  # run apart, its members would not run as the plan prices them
-            f = plan.program.exec.fusions[0]  # type: ignore[union-attr]
-            raise RpegError(f.loc, f"exec.fusion @{f.id}: the torch backend does not execute fused operators yet; "
-                                   "compile the plan without fuse-stages (the sim backend runs it)")
         self._claim_run_dir()
         if not self.resume:
             return plan
@@ -280,6 +277,7 @@ class TorchBackend(Backend):
             self.warnings.append(f"graph @{p.graph.name} names no algorithm; running {self.cfg.algorithm.upper()}, "
                                  f"which its shape implies (add `rpeg.algorithm {self.cfg.algorithm}` to the graph)")
         self.routes = Routes(plan, self.cfg, self.models, self.shapes, self.fields)
+        self.fusion_of = {m: f for f in p.exec.fusions for m in f.members} if p.exec is not None else {}
         self.rank_of = self.routes.rank_of
         self.device_of = {i: d for d, i in self.rank_of.items()}
 
@@ -516,6 +514,28 @@ class TorchBackend(Backend):
 
     def run_op(self, d: Dispatch) -> None:
         self._issue(d, self.routes.op_command(d))
+
+    def submit_fused(self, ds: tuple[Dispatch, ...]) -> None:
+        """The members of a fusion as one command per rank (`worker.cmd_fused`): their op commands, built in turn (a
+        member's rows moved for one are where the next finds them), and the fusion's microtask order per stage."""
+        commands = []
+        for d in ds:
+            c = self.routes.op_command(d)
+            self.routes.holdings.update(c.holdings)
+            commands.append(c)
+        ranks = sorted(commands[0].commands)
+        if any(sorted(c.commands) != ranks for c in commands):
+            raise BackendError(ds[0].node.node.loc, f"the members of the fusion of {ds[0].id} run on different ranks")
+        for d, c in zip(ds, commands):
+            self._pending[d.id] = _Pending(d, set(c.commands), c.ends or frozenset(c.commands), since=self.now())
+            for cmd in c.commands.values():
+                cmd["ranks"] = ranks
+        fusion = self.fusion_of[ds[0].id]
+        stages = [[microtask_text(t) for t in order] for order in fusion.stages]
+        for r in ranks:
+            members = [c.commands[r] for c in commands]
+            self.pool.send(r, {"type": "fused", "node": ds[0].id, "tag": members[0]["tag"], "ranks": ranks,
+                               "members": members, "stages": stages})
 
     def transfer(self, d: Dispatch) -> None:
         self._issue(d, self.routes.transfer_command(d))

@@ -11,11 +11,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rpegc.core.ir.errors import RpegError
+
 
 # What a point-to-point message carries; with the microbatch key it makes the message's tag, so every
 # receive matches exactly one send whatever order the transfers complete in.
 ACTIVATION, GRADIENT, TOKENS = 0, 1, 2
 _KINDS = 3
+NAMESPACE_TAGS = 1 << 24  # tags of one fused member's pipeline messages (far more than microbatches x kinds)
 
 
 @dataclass(frozen=True)
@@ -54,16 +57,22 @@ class StageLink:
     a pair in the same (step, microbatch) order, which is what order matching needs.
     """
 
-    def __init__(self, pm: Stage, microbatches: int):
+    def __init__(self, pm: Stage, microbatches: int, namespace: int = 0):
+        """`namespace`: the fused member (docs/stage-fusion.md) whose messages these are: two members' pipelines
+        share their process groups, so each member's tags are its own."""
         self.pm, self.microbatches = pm, microbatches
+        self.base = namespace * NAMESPACE_TAGS
         self._sent: list[tuple[dist.Work, Tensor]] = []
         self._posted: dict[int, tuple[dist.Work, Tensor]] = {}
         self.post_ahead = pm.pp_group is None or dist.get_backend(pm.pp_group) != "nccl"
+        if namespace and not self.post_ahead:  # NCCL matches a pair's messages in issue order, ignoring tags
+            raise RpegError(None, "fused members interleave their messages, which needs gloo's tags; NCCL matches "
+                               "a pair's messages in the order they are issued")
 
     def tag(self, kind: int, key: tuple[int, ...]) -> int:
         """(kind, step, microbatch) as one integer; (j,) keys are step 0."""
         step, j = (0, key[0]) if len(key) == 1 else key
-        return (step * self.microbatches + j) * _KINDS + kind
+        return self.base + (step * self.microbatches + j) * _KINDS + kind
 
     def send(self, x: Tensor, dst: int, kind: int, key: tuple[int, ...]) -> None:
         x = x.detach().contiguous()

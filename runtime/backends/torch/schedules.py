@@ -13,9 +13,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.torch.generation import Rollout, Sampler, Sampling, check_generation
 from rpegc.runtime.backends.torch.finite import require_finite
 from rpegc.runtime.backends.torch.host_memory import release_freed
+from rpegc.runtime.backends.torch.interleave import FINISH, await_turn, current_member
 from rpegc.runtime.backends.torch.layout import split_rows
 from rpegc.runtime.backends.torch.models import LM_HEAD_KINDS, SCALAR_HEAD_KINDS, ModelOutput
 from rpegc.runtime.backends.torch.master_weights import MasterWeights
@@ -150,6 +152,24 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
 
 
 LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
+FORWARD, BACKWARD = "F", "B"
+
+
+def _microtask_order(pm: ParallelModel, schedule: str, n: int, fused) -> list[tuple[str, int]]:
+    """This stage's forwards and backwards of n microbatches: 1F1B (pp - p - 1 warm-up forwards, then one forward
+    and one backward, then the remaining backwards) or GPipe (every forward, then every backward); a fused member's
+    as its fusion orders them on this stage (docs/stage-fusion.md)."""
+    if fused is not None:
+        order = fused[0].order(fused[1])
+        if sorted(j for kind, j in order if kind == FORWARD) != list(range(n)):
+            raise RpegError(None, f"this replica trains {n} microbatch(es) of the fused member, the plan's order has "
+                               f"{sum(kind == FORWARD for kind, _ in order)}; give each replica at least mb rows")
+        return order
+    warmup = n if schedule == "gpipe" else min(pm.layout.pp - pm.p - 1, n)
+    order = [(FORWARD, j) for j in range(warmup)]
+    for j in range(n - warmup):
+        order += [(FORWARD, warmup + j), (BACKWARD, j)]
+    return order + [(BACKWARD, j) for j in range(n - warmup, n)]
 
 
 def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: Experience,
@@ -170,7 +190,8 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     n = len(exp)
     chunks = [c for c in split_rows(0, n, max(1, min(microbatches, n))) if c[1] > c[0]] if n else []
     pm.module.train()
-    link = StageLink(pm, len(chunks))
+    fused = current_member()
+    link = StageLink(pm, len(chunks), namespace=0 if fused is None else fused[1])
     live: dict[int, tuple[Optional[Tensor], Optional[Tensor], Tensor]] = {}  # microbatch -> (loss, input, output)
     sums = torch.zeros(len(stat_keys), dtype=torch.float64, device=pm.device)
     rows = [exp.forward_rows * (hi - lo) for lo, hi in chunks]  # what each microbatch's forward pass carries
@@ -200,14 +221,10 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
             link.send(inp.grad, pm.prev, GRADIENT, (j,))
         release_freed()  # the recomputed segments' activations
 
-    warmup = len(chunks) if schedule == "gpipe" else min(pm.layout.pp - pm.p - 1, len(chunks))
-    for j in range(warmup):
-        forward(j)
-    for j in range(len(chunks) - warmup):
-        forward(warmup + j)
-        backward(j)
-    for j in range(len(chunks) - warmup, len(chunks)):
-        backward(j)
+    for kind, j in _microtask_order(pm, schedule, len(chunks), fused):
+        await_turn(kind, j)  # a fused member's turn (interleave.py); nothing otherwise
+        (forward if kind == FORWARD else backward)(j)
+    await_turn(FINISH)
     link.close()
     if pm.is_last and stat_keys:  # the loss terms, before any gradient is reduced or applied
         for key, value in zip(stat_keys, sums.tolist()):

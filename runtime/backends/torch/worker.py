@@ -68,6 +68,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError, error_line
+from rpegc.core.ir.exec_graph import microtask_of
+from rpegc.runtime.backends.torch.interleave import Interleave, run_members
 from rpegc.core.ir.training import Training
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import local_rank, rank_and_world, synchronize, worker_device
@@ -264,8 +266,11 @@ class Worker:
                     if peak is not None and now is not None and self.meter.heap is not None else "")
             print(f"[{start:9.3f} -> {self.now():9.3f}] {cmd['type']} {node or cmd.get('label', '')}{held}", flush=True)
         if node is not None or cmd["type"] == "export":
-            info.update(type="done", node=node, rank=self.rank, start=start, finish=self.now(), mem=self.memory())
-            self.report(info)
+            finish = self.now()
+            for report in info.pop("members", None) or [info]:  # a fusion: each member, with its start and finish
+                report.update(type="done", node=report.get("node", node), rank=self.rank, start=start,
+                              finish=finish, mem=self.memory())
+                self.report(report)
 
     def maybe_fail(self, cmd: dict) -> None:
         """The failure-injection hook of the tests: "kill:NODE[:RANK]" or "raise:NODE[:RANK]" makes worker
@@ -674,6 +679,16 @@ class Worker:
         if "reward_stats" in report:
             out["reward_stats"] = report["reward_stats"]
         return out
+
+    def cmd_fused(self, cmd: dict) -> dict:
+        """The members of a fusion (their op commands) as one operator: each in a thread of its own, taking turns in
+        the order of this rank's pipeline stage (interleave.py); one report per member."""
+        members = cmd["members"]
+        _, p, _ = members[0]["layout"].coord(self.rank)
+        order = [microtask_of(t, p) for t in cmd["stages"][p]]
+        inter = Interleave(len(members), [(t.member, t.kind, t.micro) for t in order])
+        results = run_members(inter, [lambda c=c: self.cmd_op(c) for c in members])
+        return {"members": [dict(info, node=c["node"]) for c, info in zip(members, results)]}
 
     def chunks(self, cmd: dict, lo: int, hi: int) -> list[tuple[int, int]]:
         n = hi - lo
