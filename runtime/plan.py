@@ -24,8 +24,8 @@ payloads are >= 0, and the memory and schedule reports hold finite, non-negative
 Plan hash (`rpeg-plan-hash/3`): sha256 of a canonical JSON of everything a run depends on — the
 workload, the models, the cluster shape and hardware, staleness budgets, every node's structure,
 placement (allocation, layout, microbatches), payload, versions, data bindings, predicted time, start and finish
-(exact float values), every edge with its kind, the memory and schedule reports, and (for a scheduled
-plan) the planned execution order. Any change to the plan, a re-annotation included, gives another
+(exact float values), every edge with its kind, the memory and schedule reports, (for a scheduled
+plan) the planned execution order, and every fusion's members and microtask orders. Any change to the plan, a re-annotation included, gives another
 hash, so a trace verifies only against the very plan it ran.
 """
 
@@ -42,7 +42,7 @@ from rpegc.core.check.wellformed import check_program
 from rpegc.core.cost.hardware import load_hardware
 from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
 from rpegc.inputs import MAX_MODULE_BYTES, read_input_text
-from rpegc.core.ir.exec_graph import DataRef, ExecNode
+from rpegc.core.ir.exec_graph import DataRef, ExecNode, microtask_text
 from rpegc.core.lower.rules import container_payload, data_bytes, data_read, data_written, phase_shares, weight_bytes
 from rpegc.core.ir.program import Program
 from rpegc.core.ir.geometry import Alloc
@@ -604,5 +604,8 @@ def plan_hash(p: Program) -> str:
         "schedule": None if s is None else [s.makespan, s.score, s.score_pen, s.util, s.p_eff],
         "planned_order": planned_order,
     }
+    if g.fusions:  # the fused microtask schedule (Sec. VII); absent from an unfused plan, whose hash stays as it was
+        doc["fusions"] = [[f.id, list(f.members), [[microtask_text(t) for t in order] for order in f.stages]]
+                          for f in g.fusions]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -62,3 +62,16 @@ def test_the_plan_order_treats_a_fusion_as_one_unit(plan):
         assert not any((u, v) in edges for u in group for v in group)  # no member waits for another
         before = {u for u, v in edges if v == group[0]}
         assert before and all((u, v) in edges for u in before for v in group)
+
+
+def test_the_plan_hash_covers_the_fused_microtask_orders(plan):
+    from rpegc.runtime.plan import plan_hash
+
+    p = plan.program
+    f = p.exec.fusions[0]
+    swapped = (f.stages[0][1:2] + f.stages[0][:1] + f.stages[0][2:],) + f.stages[1:]
+    other = dataclasses.replace(p, exec=dataclasses.replace(
+        p.exec, fusions=(dataclasses.replace(f, stages=swapped),) + p.exec.fusions[1:]))
+    assert plan_hash(other) != plan_hash(p) == plan.hash
+    unfused = dataclasses.replace(p, exec=dataclasses.replace(p.exec, fusions=()))
+    assert plan_hash(unfused) != plan.hash
