@@ -16,7 +16,8 @@ Record types, in file order:
     {"type": "node", "id": str, "kind": str, "step": int, "dispatch": float, "start": float,
      "finish": float, "devices": [int], "workers": [int], "strategy": [dp, pp, tp, mb] | null,
      "consumed": {model: version}, "produced": {model: version}, "bytes": int,
-     "inputs": [label], "outputs": [label]}                              // in completion order
+     "inputs": [label], "outputs": [label],                              // in completion order
+     "microtasks": [[rank, stage, "F" | "B", microbatch, start, finish]]} // optional: a fused member's, per rank
     {"type": "release", "artifact": label, "time": float, "after": node id | null}
     {"type": "step", "step": int, "finish": float, "predicted_finish": float | null, "nodes": int}
     {"type": "summary", "steps": int, "nodes": int, "makespan": float,
@@ -75,6 +76,8 @@ class NodeRecord:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     line: int = 0  # line in the trace file (0: built in memory)
+    # a fused member's microtasks as its workers ran them: (rank, stage, "F" | "B", microbatch, start, finish)
+    microtasks: tuple[tuple[int, int, str, int, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ def node_record(r: NodeRecord) -> dict:
         "strategy": list(r.strategy) if r.strategy is not None else None,
         "consumed": dict(r.consumed), "produced": dict(r.produced), "bytes": r.bytes,
         "inputs": list(r.inputs), "outputs": list(r.outputs),
+        **({"microtasks": [list(t) for t in r.microtasks]} if r.microtasks else {}),
     }
 
 
@@ -245,7 +249,7 @@ FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "install": (("type", "artifact", "time"), ()),
     "release": (("type", "artifact", "time"), ("after",)),
     "node": (("type", "id", "kind", "step", "dispatch", "start", "finish", "devices", "workers", "consumed",
-              "produced", "bytes"), ("strategy", "inputs", "outputs")),
+              "produced", "bytes"), ("strategy", "inputs", "outputs", "microtasks")),
     "step": (("type", "step", "finish", "nodes"), ("predicted_finish",)),
     "summary": (("type", "steps", "nodes", "makespan"), ("predicted_makespan", "wall_s", "peak_memory")),
 }
@@ -426,5 +430,19 @@ def _read_node(r: _Rec) -> NodeRecord:
         start=start, finish=finish, devices=r.ints("devices"), workers=r.ints("workers"),
         strategy=strategy,
         consumed=r.versions("consumed"), produced=r.versions("produced"), bytes=r.integer("bytes"),
-        inputs=r.strs("inputs"), outputs=r.strs("outputs"), line=r.line,
+        inputs=r.strs("inputs"), outputs=r.strs("outputs"), line=r.line, microtasks=_read_microtasks(r),
     )
+
+
+def _read_microtasks(r: "_Rec") -> tuple[tuple[int, int, str, int, float, float], ...]:
+    out = []
+    for t in r.raw.get("microtasks", []) if isinstance(r.raw.get("microtasks", []), list) else [None]:
+        ok = (isinstance(t, list) and len(t) == 6 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                          for x in (t[0], t[1], t[3]))
+              and t[2] in ("F", "B") and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                             and math.isfinite(x) and x >= 0 for x in t[4:]) and t[5] >= t[4])
+        if not ok:
+            raise r.error("'microtasks' must be a list of [rank, stage, \"F\" or \"B\", microbatch, start, finish] "
+                          "with finish >= start >= 0", "microtasks")
+        out.append((t[0], t[1], t[2], t[3], float(t[4]), float(t[5])))
+    return tuple(out)

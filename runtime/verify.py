@@ -11,7 +11,9 @@
 - dependency  a node started before a predecessor finished
 - device      two nodes held one device at the same time (also `worker` for worker ranks); the members of a
               fusion hold theirs together, as one operator
-- fusion      the members of a fusion (exec.fusion) did not start together and finish together
+- fusion      the members of a fusion (exec.fusion) did not start together and finish together, or (where the
+              trace records the members' microtasks, as the torch backend's does) a worker ran its stage's
+              microtasks in another order than the fusion's, overlapping, or not all of them
 - version     a node consumed or produced another parameter version than the plan's version_in /
               version_out
 - version-rule a consumer at step k did not read max(0, k - tau(m)) (a training node of m: k;
@@ -182,12 +184,42 @@ def _versions(plan: RunPlan, n: RunNode, r: NodeRecord) -> list[Violation]:
 
 def _fusions(plan: RunPlan, recs: dict[str, NodeRecord]) -> list[Violation]:
     out = []
+    fusions = {f.members: f for f in plan.program.exec.fusions} if plan.program.exec is not None else {}
     for group in plan.fusion_groups():
         rs = [recs[plan.nodes[i].id] for i in group if plan.nodes[i].id in recs]
+        ids = tuple(r.id for r in rs)
         if len({(r.start, r.finish) for r in rs}) > 1:
-            out.append(Violation("fusion", tuple(r.id for r in rs), "the members of a fusion ran apart: " + ", ".join(
+            out.append(Violation("fusion", ids, "the members of a fusion ran apart: " + ", ".join(
                 f"{r.id} {r.start}-{r.finish}" for r in rs) + "; they run as one operator"))
+        if len(rs) == len(group) and any(r.microtasks for r in rs):
+            why = _microtask_order(fusions[ids], rs)
+            if why:
+                out.append(Violation("fusion", ids, why))
     return out
+
+
+def _microtask_order(fusion, rs: list[NodeRecord]) -> str:
+    """Why the members' recorded microtasks are not the fusion's order on every worker ('' when they are)."""
+    by_rank: dict[int, list[tuple[float, float, int, str, int, int]]] = {}
+    for member, r in enumerate(rs):
+        for rank, stage, kind, micro, start, finish in r.microtasks:
+            by_rank.setdefault(rank, []).append((start, finish, member, kind, micro, stage))
+        if set(r.workers) - set(by_rank):
+            return f"{r.id} has no microtask records from worker(s) {sorted(set(r.workers) - set(by_rank))}"
+    for rank, ran in sorted(by_rank.items()):
+        ran.sort()
+        stages = {t[5] for t in ran}
+        stage = min(stages)
+        if len(stages) > 1 or stage >= len(fusion.stages):
+            return f"worker {rank} reports microtasks of stage(s) {sorted(stages)}, one stage of {len(fusion.stages)}"
+        plan_order = [(t.member, t.kind, t.micro) for t in fusion.stages[stage]]
+        rounds = len(ran) // max(1, len(plan_order))
+        if [(m, k, j) for _, _, m, k, j, _ in ran] != plan_order * rounds or rounds * len(plan_order) != len(ran):
+            return f"worker {rank} ran stage {stage}'s microtasks in another order than the fusion's"
+        for a, b in zip(ran, ran[1:]):
+            if b[0] < a[1]:
+                return f"worker {rank} ran two microtasks at once ({a[3]}{a[2]}.{a[4]} and {b[3]}{b[2]}.{b[4]})"
+    return ""
 
 
 def _exclusive(plan: RunPlan, recs: dict[str, NodeRecord], rule: str, held) -> list[Violation]:

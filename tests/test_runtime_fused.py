@@ -75,3 +75,17 @@ def test_the_plan_hash_covers_the_fused_microtask_orders(plan):
     assert plan_hash(other) != plan_hash(p) == plan.hash
     unfused = dataclasses.replace(p, exec=dataclasses.replace(p.exec, fusions=()))
     assert plan_hash(unfused) != plan.hash
+
+
+@pytest.mark.parametrize("bad", [[[0, 0, "X", 0, 1.0, 2.0]], [[0, 0, "F", 0, 2.0, 1.0]], [[0, -1, "F", 0, 1.0, 2.0]],
+                                 [[0, 0, "F", 0]], "F0.0"])
+def test_a_malformed_microtask_record_is_a_located_trace_error(plan, bad):
+    from rpegc.core.ir.errors import RpegError
+    from rpegc.runtime.trace import trace_from_records, trace_records
+
+    records = trace_records(run(plan, SimBackend(), RunOptions(policy="plan")).trace)
+    i = next(k for k, r in enumerate(records) if r["type"] == "node")
+    records[i] = {**records[i], "microtasks": bad}
+    with pytest.raises(RpegError, match="'microtasks' must be a list of") as e:
+        trace_from_records([(k + 1, r) for k, r in enumerate(records)], "t.jsonl")
+    assert e.value.loc.line == i + 1

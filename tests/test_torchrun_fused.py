@@ -68,3 +68,26 @@ def test_the_members_ran_together_and_the_trace_verifies(runs):
         assert (actor["start"], actor["finish"]) == (critic["start"], critic["finish"])
     verified = rpeg_run("verify", plan, str(trace))
     assert verified.returncode == 0, verified.stderr
+
+
+def test_the_trace_records_each_microtask_and_verify_checks_their_order(runs):
+    import dataclasses
+
+    from rpegc.runtime.plan import load_plan
+    from rpegc.runtime.trace import read_trace
+    from rpegc.runtime.verify import verify
+
+    _, _, trace_path, plan_path = runs["fused"]
+    plan, trace = load_plan(plan_path), read_trace(str(trace_path))
+    fusion = plan.program.exec.fusions[0]
+    actor = trace.nodes[fusion.members[0]]
+    critic = trace.nodes[fusion.members[1]]
+    for rec in (actor, critic):
+        assert {t[0] for t in rec.microtasks} == set(rec.workers)  # every worker of the member reported
+    assert verify(plan, trace) == []
+    # the critic's first microtask on worker 0 moved before everything: another order than the plan's
+    first = min(t[4] for t in actor.microtasks if t[0] == 0)
+    moved = tuple((r, s, k, j, first - 1e-3, first - 5e-4) if (r, k, j) == (0, "F", 0) else (r, s, k, j, a, b)
+                  for r, s, k, j, a, b in critic.microtasks)
+    tampered = dataclasses.replace(trace, nodes={**trace.nodes, critic.id: dataclasses.replace(critic, microtasks=moved)})
+    assert [v.rule for v in verify(plan, tampered)] == ["fusion"]

@@ -98,6 +98,7 @@ class Completion:
     bytes: int = 0  # bytes actually moved (Comm/Reshard), 0 for Op nodes
     versions_in: tuple[tuple[str, int], ...] = ()  # versions the workers actually read
     versions_out: tuple[tuple[str, int], ...] = ()  # versions the workers actually produced
+    microtasks: tuple[tuple[int, int, str, int, float, float], ...] = ()  # a fused member's (trace.NodeRecord)
 
 
 class BackendError(RpegError):

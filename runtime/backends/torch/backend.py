@@ -124,6 +124,7 @@ class _Pending:
     versions_out: dict = field(default_factory=dict)
     since: float = 0.0  # when it could start: sent, or the last node it is chained after finished
     after: tuple[str, ...] = ()  # the nodes it is chained after
+    microtasks: list = field(default_factory=list)  # a fused member's, as its ranks report them
 
 
 class TorchBackend(Backend):
@@ -417,6 +418,7 @@ class TorchBackend(Backend):
         pend.bytes += int(msg.get("bytes", 0))
         pend.versions_in.update(msg.get("versions_in") or {})
         pend.versions_out.update(msg.get("versions_out") or {})
+        pend.microtasks += [tuple(t) for t in msg.get("microtasks") or ()]
         if msg.get("metrics"):
             d0 = pend.dispatch
             assert d0 is not None
@@ -466,7 +468,8 @@ class TorchBackend(Backend):
         assert d is not None
         out = d.versions_out if d.node.kind != "op" else tuple(sorted(pend.versions_out.items()))
         self._ready.append(Completion(node=node, start=pend.start, finish=pend.finish, bytes=pend.bytes,
-                                      versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out))
+                                      versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out,
+                                      microtasks=tuple(sorted(pend.microtasks, key=lambda t: (t[0], t[4], t[5])))))
         self._completed += 1
         if self._is_training(d):
             assert self.exports is not None

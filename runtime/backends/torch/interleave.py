@@ -31,8 +31,10 @@ class Interleave:
     """Turns among `members` threads: their start turns, then `round` (this stage's microtasks as (member, kind,
     microbatch), and each member's finish turn) again and again."""
 
-    def __init__(self, members: int, round_turns: Sequence[Turn]):
+    def __init__(self, members: int, round_turns: Sequence[Turn], clock: Callable[[], float] = lambda: 0.0):
         self.members = members
+        self.clock = clock  # the worker's clock, for the microtasks' records
+        self.records: list[list[tuple[str, int, float, float]]] = [[] for _ in range(members)]
         self.start = [(i, START, -1) for i in range(members)]
         self.round = list(round_turns) + [(i, FINISH, -1) for i in range(members)]
         self.pos = 0
@@ -94,6 +96,19 @@ class Interleave:
 def _text(turn: Turn) -> str:
     member, kind, j = turn
     return f"its {kind} turn" if j < 0 else f"{kind}{member}.{j}"
+
+
+def record(kind: str, micro: int, start: float) -> None:
+    """A fused member's microtask (kind, micro) ran from `start` (the interleave's clock) until now."""
+    here = _CURRENT.get()
+    if here is not None:
+        here[0].records[here[1]].append((kind, micro, start, here[0].clock()))
+
+
+def now() -> float:
+    """The clock of the calling fused member's interleave (0 outside a fusion)."""
+    here = _CURRENT.get()
+    return here[0].clock() if here is not None else 0.0
 
 
 def current_member() -> Optional[tuple[Interleave, int]]:

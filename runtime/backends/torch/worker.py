@@ -686,9 +686,10 @@ class Worker:
         members = cmd["members"]
         _, p, _ = members[0]["layout"].coord(self.rank)
         order = [microtask_of(t, p) for t in cmd["stages"][p]]
-        inter = Interleave(len(members), [(t.member, t.kind, t.micro) for t in order])
+        inter = Interleave(len(members), [(t.member, t.kind, t.micro) for t in order], self.now)
         results = run_members(inter, [lambda c=c: self.cmd_op(c) for c in members])
-        return {"members": [dict(info, node=c["node"]) for c, info in zip(members, results)]}
+        return {"members": [dict(info, node=c["node"], microtasks=[[self.rank, p, *t] for t in inter.records[i]])
+                            for i, (c, info) in enumerate(zip(members, results))]}
 
     def chunks(self, cmd: dict, lo: int, hi: int) -> list[tuple[int, int]]:
         n = hi - lo
