@@ -25,8 +25,8 @@ Plan hash (`rpeg-plan-hash/3`): sha256 of a canonical JSON of everything a run d
 workload, the models, the cluster shape and hardware, staleness budgets, every node's structure,
 placement (allocation, layout, microbatches), payload, versions, data bindings, predicted time, start and finish
 (exact float values), every edge with its kind, the memory and schedule reports, (for a scheduled
-plan) the planned execution order, and every fusion's members and microtask orders. Any change to the plan, a re-annotation included, gives another
-hash, so a trace verifies only against the very plan it ran.
+plan) the planned execution order, and every fusion's members and microtask orders. Any change to the plan, a
+re-annotation included, gives another hash, so a trace verifies only against the very plan it ran.
 """
 
 from __future__ import annotations

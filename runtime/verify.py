@@ -202,10 +202,11 @@ def _microtask_order(fusion, rs: list[NodeRecord]) -> str:
     """Why the members' recorded microtasks are not the fusion's order on every worker ('' when they are)."""
     by_rank: dict[int, list[tuple[float, float, int, str, int, int]]] = {}
     for member, r in enumerate(rs):
+        missing = set(r.workers) - {t[0] for t in r.microtasks}
+        if missing:
+            return f"{r.id} has no microtask records from worker(s) {sorted(missing)}"
         for rank, stage, kind, micro, start, finish in r.microtasks:
             by_rank.setdefault(rank, []).append((start, finish, member, kind, micro, stage))
-        if set(r.workers) - set(by_rank):
-            return f"{r.id} has no microtask records from worker(s) {sorted(set(r.workers) - set(by_rank))}"
     for rank, ran in sorted(by_rank.items()):
         ran.sort()
         stages = {t[5] for t in ran}
@@ -213,8 +214,8 @@ def _microtask_order(fusion, rs: list[NodeRecord]) -> str:
         if len(stages) > 1 or stage >= len(fusion.stages):
             return f"worker {rank} reports microtasks of stage(s) {sorted(stages)}, one stage of {len(fusion.stages)}"
         plan_order = [(t.member, t.kind, t.micro) for t in fusion.stages[stage]]
-        rounds = len(ran) // max(1, len(plan_order))
-        if [(m, k, j) for _, _, m, k, j, _ in ran] != plan_order * rounds or rounds * len(plan_order) != len(ran):
+        rounds = len(ran) // max(1, len(plan_order))  # one round of the stage's order per optimizer step
+        if [(m, k, j) for _, _, m, k, j, _ in ran] != plan_order * rounds:
             return f"worker {rank} ran stage {stage}'s microtasks in another order than the fusion's"
         for a, b in zip(ran, ran[1:]):
             if b[0] < a[1]:

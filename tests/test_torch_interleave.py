@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from rpegc.runtime.backends.torch.interleave import (FINISH, Interleave, InterleaveError, await_turn,
-                                                      current_member, run_members)
+                                                      current_member, microtask, run_members)
 
 ROUND = [(0, "F", 0), (0, "F", 1), (1, "F", 0), (0, "B", 0), (1, "B", 0), (0, "B", 1)]
 
@@ -65,3 +65,19 @@ def test_a_failing_member_stops_the_others_with_its_error():
 
     with pytest.raises(ValueError, match="boom"):
         run_members(Interleave(2, ROUND), [boom, member(1, 1, [], [])])
+
+
+def test_a_microtask_waits_for_its_turn_and_is_recorded_on_the_interleaves_clock():
+    ticks = iter(range(100))
+    inter = Interleave(1, [(0, "F", 0), (0, "B", 0)], clock=lambda: float(next(ticks)))
+
+    def body():
+        for kind, j in inter.order(0):
+            with microtask(kind, j):
+                pass
+        await_turn(FINISH)
+
+    run_members(inter, [body])
+    assert inter.records == [[("F", 0, 0.0, 1.0), ("B", 0, 2.0, 3.0)]]
+    with microtask("F", 0):  # outside a fusion: only the body
+        pass

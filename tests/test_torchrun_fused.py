@@ -91,3 +91,7 @@ def test_the_trace_records_each_microtask_and_verify_checks_their_order(runs):
                   for r, s, k, j, a, b in critic.microtasks)
     tampered = dataclasses.replace(trace, nodes={**trace.nodes, critic.id: dataclasses.replace(critic, microtasks=moved)})
     assert [v.rule for v in verify(plan, tampered)] == ["fusion"]
+    # a worker whose records of one member are missing
+    partial = tuple(t for t in critic.microtasks if t[0] != 1)
+    lost = dataclasses.replace(trace, nodes={**trace.nodes, critic.id: dataclasses.replace(critic, microtasks=partial)})
+    assert [v.message for v in verify(plan, lost)] == [f"{critic.id} has no microtask records from worker(s) [1]"]

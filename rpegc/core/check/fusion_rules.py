@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import BACKWARD, FORWARD, ExecFusion, ExecGraph, Microtask
+from rpegc.core.ir.geometry import Alloc, Strategy
 from rpegc.core.ir.program import Program
 from rpegc.core.sched.microtasks import MemberPipeline, microtask_times
 
@@ -53,8 +54,7 @@ def _fuse_problem(p: Program, names: tuple[str, ...], fused: dict[str, object]) 
     first = placed[names[0]]
     for name in names[1:]:
         pl = placed[name]
-        if pl.alloc != first.alloc or (pl.strategy.dp, pl.strategy.pp, pl.strategy.tp) != (
-                first.strategy.dp, first.strategy.pp, first.strategy.tp):
+        if not _same_stages(pl.alloc, pl.strategy, first.alloc, first.strategy):
             return (f"@{name} is placed at {pl.alloc.origin} extent {pl.alloc.extent} with dp = {pl.strategy.dp} "
                     f"pp = {pl.strategy.pp} tp = {pl.strategy.tp}, @{names[0]} at {first.alloc.origin} extent "
                     f"{first.alloc.extent} with dp = {first.strategy.dp} pp = {first.strategy.pp} tp = "
@@ -64,6 +64,11 @@ def _fuse_problem(p: Program, names: tuple[str, ...], fused: dict[str, object]) 
         if schedule != "1f1b":
             return f"@{name} trains with schedule = {schedule}; fused members train with schedule = 1f1b"
     return ""
+
+
+def _same_stages(a: Alloc, s: Strategy, b: Alloc, t: Strategy) -> bool:
+    """Two operators whose pipeline stages are the same devices: one allocation, one dp, pp and tp."""
+    return a == b and (s.dp, s.pp, s.tp) == (t.dp, t.pp, t.tp)
 
 
 def check_exec_fusions(p: Program) -> list[RpegError]:
@@ -81,34 +86,33 @@ def check_exec_fusions(p: Program) -> list[RpegError]:
 
 
 def _fusion_problem(g: ExecGraph, f: ExecFusion, seen: dict[str, str]) -> str:
-    ids = {n.id for n in g.nodes}
+    nodes = []
     for m in f.members:
         if m in seen:
             return f"@{m} is a member of @{seen[m]} too; a node joins one fusion"
         seen[m] = f.id
-        if m not in ids:
+        try:
+            nodes.append(g.node(m))
+        except KeyError:
             return f"unknown member @{m}"
-    nodes = [g.node(m) for m in f.members]
-    if any(n.kind != "op" or n.role != "training" or n.strategy is None for n in nodes):
+    if any(n.kind != "op" or n.role != "training" or n.strategy is None or n.alloc is None for n in nodes):
         return "every member is a placed training Op node"
     if len({n.step for n in nodes}) > 1 or len({n.model for n in nodes}) < len(nodes):
         return "the members are one step's training of different models"
     first = nodes[0]
-    assert first.strategy is not None
-    if any(n.alloc != first.alloc or (n.strategy.dp, n.strategy.pp, n.strategy.tp) != (  # type: ignore[union-attr]
-            first.strategy.dp, first.strategy.pp, first.strategy.tp) for n in nodes):
+    if any(not _same_stages(n.alloc, n.strategy, first.alloc, first.strategy) for n in nodes):  # type: ignore[arg-type]
         return "the members share their allocation, dp, pp and tp"
-    pp = first.strategy.pp
+    pp, mbs = first.strategy.pp, [n.strategy.mb for n in nodes]  # type: ignore[union-attr]
     if len(f.stages) != pp:
         return f"it lists {len(f.stages)} stage(s); the members have pp = {pp}"
     for s, order in enumerate(f.stages):
-        expected = sorted(Microtask(i, k, j, s) for i, n in enumerate(nodes) for j in range(n.strategy.mb)  # type: ignore[union-attr]
+        expected = sorted(Microtask(i, k, j, s) for i, mb in enumerate(mbs) for j in range(mb)
                           for k in (FORWARD, BACKWARD))
         if sorted(order) != expected:
             return (f"stage {s} must run each member's forward and backward of each of its microbatches once "
-                    f"(mb = {', '.join(str(n.strategy.mb) for n in nodes)})")  # type: ignore[union-attr]
+                    f"(mb = {', '.join(map(str, mbs))})")
     try:
-        microtask_times(f.stages, tuple(MemberPipeline(n.strategy.mb, 1.0, 1.0) for n in nodes))  # type: ignore[union-attr]
+        microtask_times(f.stages, tuple(MemberPipeline(mb, 1.0, 1.0) for mb in mbs))
     except ValueError as e:
         return str(e)
     return ""

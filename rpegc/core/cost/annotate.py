@@ -9,20 +9,22 @@ their stored payload; Reshard nodes get T_reshard of their model. Op times are c
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable, Sequence
 
 from rpegc.core.ir.geometry import Alloc, replica_tier, span_tier
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.errors import UNKNOWN_LOC, RpegError
-from rpegc.core.ir.exec_graph import ExecGraph, ExecNode, MemoryReport
+from rpegc.core.ir.exec_graph import ExecFusion, ExecGraph, ExecNode, MemoryReport
 from rpegc.core.ir.expr import evaluate
 from rpegc.core.cost.hardware import Hardware
-from rpegc.core.cost.fused import fused_time, member_pipeline
+from rpegc.core.cost.fused import FusedTime, fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import Program
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
 from rpegc.core.cost.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
 from rpegc.core.cost.work import check_role_kind
+from rpegc.core.sched.microtasks import MemberPipeline
 
 
 def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> Program:
@@ -38,7 +40,7 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
     nodes = []
     for node in eg.nodes:
         if node.kind == "op":
-            placement = _placement(node, p)
+            placement = node_placement(node, p)
             if placement not in times:
                 times[placement] = placement_time(p, placement, hw, opts)
             t = _op_node_time(node, times[placement], quantile_tokens, p)
@@ -64,13 +66,22 @@ def fusion_times(p: Program, times: dict[OpPlacement, OpTime]) -> dict[str, floa
     devices together, from the fusion's start to its end. `times` holds every member's placement."""
     out: dict[str, float] = {}
     for f in p.exec.fusions:
-        nodes = [p.exec.node(m) for m in f.members]
-        member_times = tuple(times[_placement(n, p)] for n in nodes)
-        pipes = tuple(member_pipeline(t, n.strategy.mb, p.workload.training(n.strategy.train).forward_equivalents)
-                      for t, n in zip(member_times, nodes))
-        total = fused_time(member_times, pipes, f.stages).total
+        total = fusion_time(p, f, lambda n: times[node_placement(n, p)]).total
         out.update({m: total for m in f.members})
     return out
+
+
+def fusion_time(p: Program, f: ExecFusion, time_of: Callable[[ExecNode], OpTime]) -> FusedTime:
+    """The fused time of `f`, its members priced by `time_of`."""
+    nodes = [p.exec.node(m) for m in f.members]
+    times = tuple(time_of(n) for n in nodes)
+    return fused_time(times, member_pipelines(p, nodes, times), f.stages)
+
+
+def member_pipelines(p: Program, nodes: Sequence[ExecNode], times: Sequence[OpTime]) -> tuple[MemberPipeline, ...]:
+    """The microtasks of each fused member node, priced `times` (its microbatches, its forward-equivalent passes)."""
+    return tuple(member_pipeline(t, n.strategy.mb, p.workload.training(n.strategy.train).forward_equivalents)
+                 for t, n in zip(times, nodes))
 
 
 def transfer_time(node: ExecNode, p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> float:
@@ -119,7 +130,7 @@ def program_placements(p: Program) -> tuple[OpPlacement, ...]:
     """The placed operators of `p`: from its exec graph when present, else from graph + plan."""
     _require_graph_and_cluster(p)
     if p.exec is not None:
-        return tuple(dict.fromkeys(_placement(n, p) for n in p.exec.nodes if n.kind == "op"))
+        return tuple(dict.fromkeys(node_placement(n, p) for n in p.exec.nodes if n.kind == "op"))
     if p.plan is None:
         raise RpegError(p.graph.loc, "the module has no plan to cost; add an rpeg.plan or run optimize")
     out = []
@@ -166,7 +177,8 @@ def _model(p: Program, name: str, node: ExecNode):
         raise RpegError(node.loc, f"node '{node.id}' uses undeclared model '{name}'; declare it with rpeg.model") from None
 
 
-def _placement(node: ExecNode, p: Program) -> OpPlacement:
+def node_placement(node: ExecNode, p: Program) -> OpPlacement:
+    """The placed operator an Op node runs (its allocation inside the cluster, its role fit for its model)."""
     if node.alloc is None or node.strategy is None or node.role is None or node.model is None:
         raise RpegError(node.loc, f"op node '{node.id}' has no allocation or strategy; give vertex '{node.vertex}' a placement in the plan")
     model = _model(p, node.model, node)

@@ -12,8 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from rpegc.core.cost.annotate import placement_time, program_memory, program_placements, transfer_time
-from rpegc.core.cost.fused import fused_time, member_pipeline
+from rpegc.core.cost.annotate import (fusion_time, node_placement, placement_time, program_memory, program_placements,
+                                     transfer_time)
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.geometry import alloc_ids, id_ranges
 from rpegc.core.cost.hardware import Hardware
@@ -77,15 +77,11 @@ def _time_table(p, placements, hw, opts) -> list[str]:
 def _fusion_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     """Each fusion of step 0: its members, its time against theirs apart, and its schedule's makespan."""
     rows = []
-    placements = {pl.vertex: pl for pl in program_placements(p)}
     for f in p.exec.fusions:
         nodes = [p.exec.node(m) for m in f.members]
         if nodes[0].step != 0:
             continue
-        times = tuple(placement_time(p, placements[n.vertex], hw, opts) for n in nodes)
-        pipes = tuple(member_pipeline(t, n.strategy.mb, p.workload.training(n.strategy.train).forward_equivalents)
-                      for t, n in zip(times, nodes))
-        fused = fused_time(times, pipes, f.stages)
+        fused = fusion_time(p, f, lambda n: placement_time(p, node_placement(n, p), hw, opts))
         apart = sum(fused.unfused)
         rows.append([f.id.split("#")[0], ", ".join(n.vertex for n in nodes), f"{fused.total:.4e}", f"{apart:.4e}",
                      f"{-100 * fused.saved / apart:+.1f}%", f"{fused.makespan:.4e}"])

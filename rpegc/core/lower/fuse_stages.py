@@ -10,11 +10,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rpegc.core.check.fusion_rules import check_plan_fusions
-from rpegc.core.cost.annotate import placement_time
-from rpegc.core.cost.fused import member_pipeline
+from rpegc.core.cost.annotate import member_pipelines, node_placement, placement_time
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
-from rpegc.core.cost.residency import OpPlacement
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import ExecFusion, ExecNode
 from rpegc.core.ir.program import Program
@@ -45,15 +43,11 @@ def fuse_stages(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -
                                           "the training of each step")
             if stages is None:  # every step places its members alike
                 stages = _stages(p, members, hw, opts)  # type: ignore[arg-type]
-            fusions.append(ExecFusion(f"fuse{i}#{step}", tuple(m.id for m in members), stages,  # type: ignore[union-attr]
-                                      loc=fuse.loc))
+            ids = tuple(m.id for m in members)  # type: ignore[union-attr]
+            fusions.append(ExecFusion(f"fuse{i}#{step}", ids, stages, loc=fuse.loc))
     return replace(p, exec=replace(p.exec, fusions=tuple(fusions)))
 
 
 def _stages(p: Program, members: list[ExecNode], hw: Hardware, opts: CostOptions):
-    pipes = []
-    for n in members:
-        assert n.strategy is not None and n.alloc is not None and n.model is not None and n.vertex is not None
-        t = placement_time(p, OpPlacement(n.vertex, "training", n.model, n.alloc, n.strategy), hw, opts)
-        pipes.append(member_pipeline(t, n.strategy.mb, p.workload.training(n.strategy.train).forward_equivalents))
-    return fused_schedule(tuple(pipes), members[0].strategy.pp)  # type: ignore[union-attr]
+    times = tuple(placement_time(p, node_placement(n, p), hw, opts) for n in members)
+    return fused_schedule(member_pipelines(p, members, times), members[0].strategy.pp)  # type: ignore[union-attr]

@@ -34,7 +34,6 @@ class MemberPipeline:
     backward: float
 
 
-
 def _needs(t: Microtask, pp: int) -> tuple[Microtask, ...]:
     """The microtasks of other stages (or the same stage's forward) that `t` waits for."""
     if t.kind == FORWARD:
@@ -94,21 +93,15 @@ def live_peak(schedule: Schedule, members: tuple[MemberPipeline, ...], weights: 
     return peak
 
 
-def _all_microtasks(members: tuple[MemberPipeline, ...], pp: int) -> list[Microtask]:
-    return [Microtask(i, k, j, s) for i, m in enumerate(members) for j in range(m.mb) for s in range(pp)
-            for k in (FORWARD, BACKWARD)]
-
-
 def list_schedule(members: tuple[MemberPipeline, ...], pp: int) -> Schedule:
     """Each stage in turn of time starts the ready microtask that can start earliest (module docstring's ties),
     keeping every member within 1F1B's live bound pp - s on stage s and its microbatches in order per kind."""
-    pending = _all_microtasks(members, pp)
     finish: dict[Microtask, float] = {}
     free = [0.0] * pp
     live = [[0] * len(members) for _ in range(pp)]
     next_micro = {(i, k, s): 0 for i in range(len(members)) for k in (FORWARD, BACKWARD) for s in range(pp)}
     orders: list[list[Microtask]] = [[] for _ in range(pp)]
-    left = len(pending)
+    left = 2 * pp * sum(m.mb for m in members)  # every member's forward and backward of each microbatch, each stage
     while left:
         best = None
         for i, m in enumerate(members):

@@ -12,6 +12,7 @@ members; the turns of a member that has finished are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 from typing import Callable, Optional, Sequence
@@ -98,19 +99,6 @@ def _text(turn: Turn) -> str:
     return f"its {kind} turn" if j < 0 else f"{kind}{member}.{j}"
 
 
-def record(kind: str, micro: int, start: float) -> None:
-    """A fused member's microtask (kind, micro) ran from `start` (the interleave's clock) until now."""
-    here = _CURRENT.get()
-    if here is not None:
-        here[0].records[here[1]].append((kind, micro, start, here[0].clock()))
-
-
-def now() -> float:
-    """The clock of the calling fused member's interleave (0 outside a fusion)."""
-    here = _CURRENT.get()
-    return here[0].clock() if here is not None else 0.0
-
-
 def current_member() -> Optional[tuple[Interleave, int]]:
     """(the interleave, this thread's member) inside a fused member's thread, else None."""
     return _CURRENT.get()
@@ -121,6 +109,21 @@ def await_turn(kind: str, micro: int = -1) -> None:
     here = _CURRENT.get()
     if here is not None:
         here[0].point(here[1], kind, micro)
+
+
+@contextlib.contextmanager
+def microtask(kind: str, micro: int):
+    """Run the body as the calling fused member's microtask (kind, micro): after waiting for its turn, and recorded
+    with its start and finish on the interleave's clock. Outside a fusion, just the body."""
+    here = _CURRENT.get()
+    if here is None:
+        yield
+        return
+    inter, member = here
+    inter.point(member, kind, micro)
+    start = inter.clock()
+    yield
+    inter.records[member].append((kind, micro, start, inter.clock()))
 
 
 def run_members(inter: Interleave, members: Sequence[Callable[[], object]]) -> list[object]:

@@ -14,11 +14,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.exec_graph import BACKWARD, FORWARD
 from rpegc.runtime.backends.torch.generation import Rollout, Sampler, Sampling, check_generation
 from rpegc.runtime.backends.torch.finite import require_finite
 from rpegc.runtime.backends.torch.host_memory import release_freed
-from rpegc.runtime.backends.torch.interleave import FINISH, await_turn, current_member, record
-from rpegc.runtime.backends.torch.interleave import now as fused_clock
+from rpegc.runtime.backends.torch.interleave import FINISH, await_turn, current_member, microtask
 from rpegc.runtime.backends.torch.layout import split_rows
 from rpegc.runtime.backends.torch.models import LM_HEAD_KINDS, SCALAR_HEAD_KINDS, ModelOutput
 from rpegc.runtime.backends.torch.master_weights import MasterWeights
@@ -153,7 +153,6 @@ def generate(pm: ParallelModel, prompts: Tensor, chunks: Sequence[tuple[int, int
 
 
 LossFn = Callable[[StageView, Experience], tuple[Tensor, dict[str, float]]]
-FORWARD, BACKWARD = "F", "B"
 
 
 def _microtask_order(pm: ParallelModel, schedule: str, n: int, fused) -> list[tuple[str, int]]:
@@ -223,10 +222,8 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
         release_freed()  # the recomputed segments' activations
 
     for kind, j in _microtask_order(pm, schedule, len(chunks), fused):
-        await_turn(kind, j)  # a fused member's turn (interleave.py); nothing otherwise
-        began = fused_clock()
-        (forward if kind == FORWARD else backward)(j)
-        record(kind, j, began)
+        with microtask(kind, j):  # a fused member's turn, recorded (interleave.py); nothing otherwise
+            (forward if kind == FORWARD else backward)(j)
     await_turn(FINISH)
     link.close()
     if pm.is_last and stat_keys:  # the loss terms, before any gradient is reduced or applied
