@@ -14,14 +14,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-LOWER := unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
+LOWER := unroll{k=8},split-quantiles,insert-comm,insert-reshard,fuse-stages,annotate-cost,schedule
 # The demo gives the optimizer 15 s; `rpegc FILE -O` runs the same pipeline with the default 60 s budget.
 DEMO_PIPELINE := verify-wellformed,optimize{budget=15 seed=0},$(LOWER)
 
 TINY_OPT := verify-wellformed,optimize{budget=5 seed=0 steps=20 summary=false}
-TINY_LOWER := unroll{k=20},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
+TINY_LOWER := unroll{k=20},split-quantiles,insert-comm,insert-reshard,fuse-stages,annotate-cost,schedule
 ARITH_OPT := verify-wellformed,optimize{budget=5 seed=0 steps=60 summary=false}
-ARITH_LOWER := unroll{k=60},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule
+ARITH_LOWER := unroll{k=60},split-quantiles,insert-comm,insert-reshard,fuse-stages,annotate-cost,schedule
 
 demo: $(STAMP)
 	@mkdir -p $(OUT)

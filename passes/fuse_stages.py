@@ -25,6 +25,8 @@ class FuseStagesPass(CostModelPass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         def run(p: Program) -> Program:
+            if p.plan is None or not p.plan.fusions:  # nothing to fuse: no hardware needed (e.g. no cluster yet)
+                return p
             return fuse_stages(p, self.program_hardware(p), self.cost_options())
 
         transform(self.name, op, run)

@@ -35,7 +35,7 @@ from rpegc.tools.dot import DETAILS as DOT_DETAILS
 
 EMITS = ("rpeg", "mlir", "json", "dot")
 PRESET_PIPELINE = (
-    "verify-wellformed,optimize,unroll{k=8},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+    "verify-wellformed,optimize,unroll{k=8},split-quantiles,insert-comm,insert-reshard,fuse-stages,annotate-cost,schedule"
 )
 
 
@@ -195,7 +195,7 @@ def check_pass_options(spec: str, refs: list[PassRef], available, where: Loc) ->
 # Reshard nodes inserted). Structural passes rewrite G° and need the cyclic stage.
 STRUCTURAL = ("share-actor-critic", "optimize")
 LOWERING = ("split-quantiles", "insert-comm", "insert-reshard")
-FULL_PIPELINE = "unroll{k=..}, split-quantiles, insert-comm, insert-reshard, annotate-cost"
+FULL_PIPELINE = "unroll{k=..}, split-quantiles, insert-comm, insert-reshard, fuse-stages, annotate-cost"
 
 
 def check_pass_order(spec: str, refs: list[PassRef], program) -> None:
@@ -231,6 +231,11 @@ def check_pass_order(spec: str, refs: list[PassRef], program) -> None:
             elif name == "insert-reshard" and "unroll" in ran and "insert-comm" not in ran:
                 fail = "insert-reshard needs insert-comm first; the lowering order is split-quantiles, " \
                        "insert-comm, insert-reshard"
+        elif name == "fuse-stages":
+            if stage != "lowered":
+                fail = f"fuse-stages needs a lowered module; run {FULL_PIPELINE.rsplit(', ', 2)[0]} first"
+            elif "annotate-cost" in ran:
+                fail = "fuse-stages changes what annotate-cost prices; run it before annotate-cost"
         elif name == "annotate-cost":
             if stage != "lowered":
                 fail = f"annotate-cost needs a lowered module; run {FULL_PIPELINE.rsplit(', ', 1)[0]} first"

@@ -356,9 +356,10 @@ def _verify_main(args: argparse.Namespace) -> int:
 
 def gantt_panels(plan: RunPlan, trace) -> list:
     """(name, bars) panels: the predicted schedule, and the measured steady state, its clock shifted so
-    that 0 is the end of start-up (rpegc.runtime.report.startup_time), where the schedule starts."""
+    that 0 is the end of start-up (rpegc.runtime.report.startup_time), where the schedule starts; a fused member's
+    measured microtasks are drawn over its block."""
     from rpegc.runtime.report import startup_time
-    from rpegc.tools.gantt import bars_from_program, node_bar
+    from rpegc.tools.gantt import bars_from_program, microtask_bars, node_bar
 
     ids = set(plan.index)
     panels = []
@@ -366,6 +367,11 @@ def gantt_panels(plan: RunPlan, trace) -> list:
         panels.append(("predicted", [b for b in bars_from_program(plan.program) if b.node in ids]))
     t0 = startup_time(trace)
     measured = [node_bar(plan.node(r.id).node, r.devices, r.start - t0, r.finish - t0) for r in trace.nodes.values()]
+    device_of = {rank: device for device, rank in trace.header.workers.items()}
+    for i, r in enumerate(trace.nodes.values()):  # a fused member's microtasks over its block (docs/stage-fusion.md)
+        if r.microtasks:
+            measured[i] = dataclasses.replace(measured[i], label="", short="")  # its microtasks say what ran
+            measured += microtask_bars(plan.node(r.id).node.vertex or r.id, r.step, r.microtasks, device_of, t0)
     name = "measured" if trace.header.clock == "sim" else f"measured, after start-up ({t0:.3g} s)"
     panels.append((name, measured))
     return panels

@@ -218,7 +218,7 @@ def _check_program(p: Program) -> None:
     where = p.exec.loc if p.exec is not None else Loc(p.file, 0, 0)
     if p.exec is None:
         raise RpegError(where, "the module has no exec.graph; compile it first: unroll{k=..}, split-quantiles, "
-                               "insert-comm, insert-reshard, annotate-cost, schedule")
+                               "insert-comm, insert-reshard, fuse-stages, annotate-cost, schedule")
     if not p.exec.lowered:
         raise RpegError(where, "the exec graph is not lowered (no Comm/Reshard insertion yet); run insert-comm and "
                                "insert-reshard before executing it")

@@ -143,3 +143,21 @@ def test_explain_shows_the_fusion_and_both_members_memory():
     assert row.split()[3] == f"{p.exec.node('train_actor#0').time:.4e}"  # T_fused: what annotate-cost gave
     assert "train_actor activations" in text and "train_critic activations" in text
     assert "materialized" not in text.split("Memory per device")[1]  # the critic's transient is its own, not weights
+
+
+def test_members_joined_by_data_edges_may_not_fuse():
+    """F5: a fusion runs its members together, so a member may not wait for another's output."""
+    source = (SOURCE.replace("  %v        = rpeg.container values[B*R, Lr]\n",
+                             "  %v        = rpeg.container values[B*R, Lr]\n  %adv      = rpeg.container values[B*R, Lr]\n")
+              .replace("%r, %v) writes(%W_actor)", "%r, %v) writes(%W_actor, %adv)")
+              .replace("reads(%W_critic, %Y, %logp, %logp_ref, %r, %v)", "reads(%W_critic, %Y, %logp, %logp_ref, %r, %v, %adv)")
+              .replace("  rpeg.publish @train_actor", "  rpeg.data @train_actor -> @train_critic (%adv)\n  rpeg.publish @train_actor"))
+    p = api.parse(source, "joined.rpeg")
+    errors = check_plan_fusions(p)
+    assert errors and "data edges lead from @train_actor to @train_critic" in errors[0].message
+    with pytest.raises(RpegError, match="neither may wait for the other"):
+        lowered(source)
+    apart = api.run_pipeline(source.replace("  rpeg.fuse (@train_actor, @train_critic)\n", ""), LOWER, "joined.rpeg")
+    joined = dataclasses.replace(apart.exec, fusions=lowered().exec.fusions)
+    assert any("a path leads from @train_actor#0 to @train_critic#0" in e.message
+               for e in check_exec_fusions(dataclasses.replace(apart, exec=joined)))

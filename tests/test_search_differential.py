@@ -1,7 +1,9 @@
 """The one-implementation rule (DESIGN.md Sec. 3): for random legal plans, the pass pipeline
 (unroll -> split-quantiles -> insert-comm -> insert-reshard -> annotate-cost -> schedule), the compact
 reference evaluator and the batched numpy evaluator give the same makespan, device peaks and scores, and the
-two compact paths the same critical-path weights (the search's single-vertex kernel).
+two compact paths the same critical-path weights (the search's single-vertex kernel). With stage fusion on, the
+compact paths price a plan fused where its placement allows and keep the better; the fused price equals the pass
+pipeline's with fuse-stages.
 
 Plans are biased toward shared allocations and layouts so that every lowering case occurs: bare edges,
 Comm, Reshard, shadow pairs, reuse of installed weights, quantile splitting on disjoint devices."""
@@ -22,9 +24,10 @@ from rpegc.core.cost.hardware import load_hardware
 from fixtures.lowering import lower
 from rpegc.core.ir.geometry import Cluster
 from rpegc.core.sched.schedule import schedule_program
+from rpegc.core.lower.fuse_stages import fuse_stages
 from rpegc.core.lower.unroll import unroll
 from rpegc.search.batched import BatchEvaluator
-from rpegc.search.compact import CompactVariant
+from rpegc.search.compact import CompactVariant, better
 from rpegc.search.directory import build_directory
 from rpegc.search.space import ordered_vertices, structural_candidates
 from rpegc.syntax.parser import parse
@@ -53,13 +56,14 @@ PROGRAMS = {
 }
 
 
-def compiled(p, variant_index: int, steps: int, split: bool = True, opts: CostOptions = OPTS) -> CompactVariant:
+def compiled(p, variant_index: int, steps: int, split: bool = True, opts: CostOptions = OPTS,
+             fuse: bool = False) -> CompactVariant:
     variants = structural_candidates(p, (0, 1), True)
     variant = variants[variant_index % len(variants)]
     hw = load_hardware(p.cluster.hardware)
     vertices = ordered_vertices(variant.program)
     dirs = tuple(build_directory(variant.program, v, hw, opts, memory_filter=False) for v in vertices)
-    return CompactVariant(variant, dirs, hw, opts, steps, split)
+    return CompactVariant(variant, dirs, hw, opts, steps, split, fuse)
 
 
 @st.composite
@@ -80,9 +84,10 @@ def choices(draw, cv: CompactVariant):
     return tuple(out)
 
 
-def pipeline(cv: CompactVariant, choice):
-    p = replace(cv.program, plan=cv.to_plan(choice))
-    r = schedule_program(annotate(lower(unroll(p, cv.steps), split=cv.split), cv.hw, cv.opts))
+def pipeline(cv: CompactVariant, choice, fused=()):
+    p = replace(cv.program, plan=cv.to_plan(choice, fused=fused))
+    r = schedule_program(annotate(fuse_stages(lower(unroll(p, cv.steps), split=cv.split), cv.hw, cv.opts), cv.hw,
+                                  cv.opts))
     return r.exec.schedule, r.exec.memory
 
 
@@ -94,9 +99,10 @@ def check_identical(cv: CompactVariant, plans) -> None:
     be = BatchEvaluator(cv)
     batch = be.evaluate(np.array(plans), keep=True)
     for i, choice in enumerate(plans):
-        assert np.array_equal(be.critical_weights(choice), cv.critical_weights(choice))
-        sched, mem = pipeline(cv, choice)
         ref = cv.evaluate(choice)
+        assert ref.fused == batch.fused[i]
+        assert np.array_equal(be.critical_weights(choice), cv.critical_weights(choice, ref.fused))
+        sched, mem = pipeline(cv, choice, ref.fused)
         peaks = tuple(x for _, x in mem.peak)
         assert ref.makespan == sched.makespan == batch.makespan[i]  # the same float operations
         assert ref.peak == peaks and np.array_equal(batch.peak[i], np.array(peaks))
@@ -153,7 +159,47 @@ def test_superset_relays_cover_lowering_cases():
     choice[by_name["train_ac"]] = train
     choice = tuple(choice)
     allocs, strats = cv.placement(choice)
-    phase, pub, _ = cv.pattern(allocs, strats)
+    phase, pub, _, _ = cv.pattern(allocs, strats)
     assert any(phase)  # gen and ref_inf are on different nodes: quantile phases
     assert pub == (None, 0)  # at step 1 critic_inf reuses the node that installs the weights on gen's devices
     check_identical(cv, [choice])
+
+
+@pytest.mark.parametrize("opts", [OPTS, OTHER], ids=["spec", "other"])
+@SETTINGS
+@given(data=st.data(), variant=st.integers(0, 3), steps=st.integers(1, 3))
+def test_fused_plans_pipeline_equals_compact_paths(data, variant, steps, opts):
+    """PPO plans whose actor and critic training share devices and layout: priced fused (fuse-stages in the pipeline)
+    and apart, both paths agree with the pipeline, and the evaluation keeps the better of the two."""
+    cv = compiled(PROGRAMS["ppo"], variant, steps, True, opts, fuse=True)
+    a, b = cv.fusion_pairs[0]  # variants 0-3: ac = 0, two training vertices
+    plans = []
+    for choice in data.draw(st.lists(choices(cv), min_size=1, max_size=6)):
+        same = [i for i, (al, s) in enumerate(zip(cv.dirs[b].allocs, cv.dirs[b].strategies))
+                if al == cv.dirs[a].allocs[choice[a]] and s.layout() == cv.dirs[a].strategies[choice[a]].layout()]
+        if same:
+            choice = choice[:b] + (data.draw(st.sampled_from(same)),) + choice[b + 1:]
+        plans.append(choice)
+    check_identical(cv, plans)
+    for choice in plans:
+        groups = cv.fusion_groups(choice, *cv.placement(choice))
+        apart, fused = cv.evaluate_as(choice, ()), cv.evaluate_as(choice, groups)
+        sched, mem = pipeline(cv, choice, fused.fused)
+        assert fused.makespan == sched.makespan and fused.r_peak == mem.r_peak
+        assert cv.evaluate(choice) == (fused if fused.fused and better(fused, apart) else apart)
+
+
+def test_fusion_chosen_where_it_pays():
+    """A plan with actor and critic training on the same 8 GPUs (2 nodes) with pp = 2 is priced fused, and faster."""
+    cv = compiled(PROGRAMS["ppo"], 0, 2, fuse=True)
+    a, b = cv.fusion_pairs[0]
+    pick = next(i for i, s in enumerate(cv.dirs[a].strategies) if s.pp == 2 and s.mb >= 4
+                and cv.dirs[a].allocs[i].extent == (1, 2, 4))
+    same = [i for i, (al, s) in enumerate(zip(cv.dirs[b].allocs, cv.dirs[b].strategies))
+            if al == cv.dirs[a].allocs[pick] and s.layout() == cv.dirs[a].strategies[pick].layout()]
+    choice = tuple(pick if v == a else same[0] if v == b else 0 for v in range(len(cv.vertices)))
+    apart, fused = cv.evaluate_as(choice, ()), cv.evaluate_as(choice, ((a, b),))
+    assert fused.fused == ((a, b),) and fused.makespan < apart.makespan
+    assert cv.evaluate(choice).fused == (((a, b),) if better(fused, apart) else ())
+    off = compiled(PROGRAMS["ppo"], 0, 2)
+    assert off.evaluate(choice).fused == () and off.evaluate(choice).makespan == apart.makespan

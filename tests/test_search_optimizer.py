@@ -1,5 +1,6 @@
 """The optimizer (Sec. VI, App. A-J, Alg. 1/7): structural candidates, baselines, determinism, feasibility,
-gains over the baselines, the infeasible case, and the ablation switches of Table IV (A1-A9)."""
+gains over the baselines, the infeasible case, the ablation switches of Table IV (A1-A9), and stage fusion as a
+plan choice (A10 turns it off)."""
 
 from __future__ import annotations
 
@@ -180,9 +181,9 @@ def test_bad_options_are_user_errors(ppo, options, words):
 
 
 def test_unknown_ablation_lists_the_known_ones():
-    assert parse_ablations("a1, A9") == {"A1", "A9"}
-    with pytest.raises(RpegError, match="A10.*A1 \\(response-length"):
-        parse_ablations("A10")
+    assert parse_ablations("a1, A9, a10") == {"A1", "A9", "A10"}
+    with pytest.raises(RpegError, match="A11.*A1 \\(response-length.*A10 \\(no stage fusion"):
+        parse_ablations("A11")
 
 
 # --- ablations actually change behaviour (Table IV) --------------------------------------------------
@@ -279,3 +280,68 @@ def test_the_double_kernel_moves_two_vertices_that_share_devices(ppo):
                 assert masks[u] & masks[w] or alone(u) or alone(w)  # apart only when the first had no neighbour
                 moved += 1
     assert moved > 0
+
+
+# --- stage fusion: a plan choice of the evaluator (A10 turns it off) -----------------------------------------
+
+def fusing_workload():
+    """PPO on 2 CPU workers with a 43.7M actor and 6.1M other models (bench/stage_fusion.py)."""
+    from fixtures.programs import load_bench
+
+    return load_bench("stage_fusion").fusing_workload()
+
+
+def fused_choice(cv):
+    """Both trainers on both workers as 2-stage pipelines of 4 microbatches (ZeRO 0, no recomputation), every other
+    vertex at its fastest candidate."""
+    def pick(v):
+        d = cv.dirs[v]
+        return next(i for i, (a, s) in enumerate(zip(d.allocs, d.strategies))
+                    if a.extent == (1, 1, 2) and (s.dp, s.pp, s.tp, s.mb) == (1, 2, 1, 4) and s.train.recompute == "none")
+    return tuple(pick(v) if cv.vertices[v].role == "training" else 0 for v in range(len(cv.vertices)))
+
+
+def test_the_optimizer_writes_the_fusion_it_chose_and_what_it_gained():
+    """A plan whose trainers fuse to its advantage comes out of the optimizer with `rpeg.fuse`, the summary says so,
+    and the pass pipeline (with fuse-stages) prices it as the search did."""
+    from rpegc.core.lower.fuse_stages import fuse_stages
+    from rpegc.search.compact import better
+    from rpegc.search.report import summary_rows
+
+    p, hw = fusing_workload()
+    hw = replace(hw, M_GPU=2e9)
+    evaluator = Evaluator(hw, CostOptions(), 8, fuse=True)
+    variant = structural_candidates(optimizer.base_structure(p), (0,), False)[0]
+    cv = evaluator.compile(variant)
+    choice = fused_choice(cv)
+    apart, fused = cv.evaluate_as(choice, ()), cv.evaluate_as(choice, cv.fusion_groups(choice, *cv.placement(choice)))
+    assert fused.fused and better(fused, apart) and fused.makespan < apart.makespan
+    r = optimizer._result(evaluator, SearchConfig(), variant, choice, None, None, 0.0, "search")
+    assert [f.vertices for f in r.program.plan.fusions] == [("train_actor", "train_critic")]
+    assert r.evaluation.fused and r.fusion.chosen and r.fusion.apart == apart
+    gain = fused.makespan / apart.makespan - 1.0
+    assert dict(summary_rows(r))["stage fusion"] == (
+        f"@train_actor + @train_critic fused: makespan {fused.makespan:.3f} s against {apart.makespan:.3f} s apart "
+        f"({gain:+.1%})")
+    low = fuse_stages(lower(unroll(r.program, 8)), hw)
+    assert len(low.exec.fusions) == 8
+    assert schedule_program(annotate(low, hw)).exec.schedule.makespan == r.evaluation.makespan
+    baseline = optimizer._result(evaluator, SearchConfig(), variant, choice, None, None, 0.0, "concurrent")
+    assert not baseline.program.plan.fusions and baseline.evaluation == replace(apart, peak=baseline.evaluation.peak)
+
+
+def test_the_search_fuses_exactly_where_it_pays_and_A10_never():
+    """Whatever plan a search returns, it runs fused if and only if fusing that placement prices better; with A10 no
+    plan is ever priced fused."""
+    from rpegc.search.compact import better
+    from rpegc.search.report import summary_rows
+
+    p, hw = fusing_workload()
+    for evals in (1000, 3000):
+        r = optimize(p, OptimizeOptions(budget_s=0, evals=evals, seed=0, ac=False, jobs=1), hw)
+        f = r.fusion
+        assert f.enabled and f.chosen == (f.fused is not None and better(f.fused, f.apart))
+        assert bool(r.program.plan.fusions) == f.chosen == bool(r.evaluation.fused)
+    off = optimize(p, OptimizeOptions(budget_s=0, evals=1000, seed=0, ac=False, jobs=1, ablate=frozenset({"A10"})), hw)
+    assert not off.program.plan.fusions and not off.evaluation.fused and not off.fusion.enabled
+    assert "not searched" in dict(summary_rows(off))["stage fusion"]

@@ -95,3 +95,25 @@ def test_the_trace_records_each_microtask_and_verify_checks_their_order(runs):
     partial = tuple(t for t in critic.microtasks if t[0] != 1)
     lost = dataclasses.replace(trace, nodes={**trace.nodes, critic.id: dataclasses.replace(critic, microtasks=partial)})
     assert [v.message for v in verify(plan, lost)] == [f"{critic.id} has no microtask records from worker(s) [1]"]
+
+
+def test_the_gantt_chart_draws_each_microtask_over_its_member(runs, tmp_path):
+    from rpegc.runtime.cli import gantt_panels
+    from rpegc.runtime.plan import load_plan
+    from rpegc.runtime.trace import read_trace
+    from rpegc.tools.gantt import draw_bars
+
+    _, _, trace_path, plan_path = runs["fused"]
+    plan, trace = load_plan(plan_path), read_trace(str(trace_path))
+    (_, predicted), (_, measured) = gantt_panels(plan, trace)
+    fusions = plan.program.exec.fusions
+    blocks = [b for b in predicted if b.kind == "training"]
+    assert [b.label for b in blocks] == [f"{f.id}: train_actor + train_critic" for f in fusions]  # one per fusion
+    for vertex in ("train_actor", "train_critic"):
+        ran = [t for r in trace.nodes.values() if plan.node(r.id).node.vertex == vertex for t in r.microtasks]
+        bars = [b for b in measured if b.kind == vertex]
+        assert sorted((b.devices, b.label) for b in bars) == sorted(
+            (((d for d, rank in trace.header.workers.items() if rank == t[0]).__next__(),), f"{t[2]}{t[3]}")
+            for t in ran)
+    draw_bars([("predicted", predicted), ("measured", measured)], str(tmp_path / "fused.png"))
+    assert (tmp_path / "fused.png").stat().st_size > 0

@@ -4,6 +4,10 @@ A chart is drawn from plain `Bar`s (device ids, start, finish, kind, label), so 
 a measured trace beside the predicted schedule: `draw_bars([("predicted", bars_from_program(p)),
 ("measured", bars_from_trace)], "run.png")`. Panels share the time axis and the device rows.
 
+Fused training operators (stage fusion) are one block in a predicted schedule, labelled with their fusion; a
+measured trace adds each worker's microtasks on top of the members' blocks (`microtask_bars`), one colour per member
+and labelled F/B with the microbatch, so the interleaving shows.
+
 Large clusters stay legible: devices that take part in exactly the same bars collapse into one row
 ("GPUs 0-31"), and if there are still too many rows, whole nodes with the same bars share a row.
 Uses matplotlib's object API (no pyplot), so importing this module changes no global state.
@@ -29,7 +33,7 @@ KIND_COLOURS = {
     "comm": "#8C8C8C",
     "reshard": "#8172B2",
 }
-OTHER_COLOUR = "#CCB974"
+OTHER_COLOURS = ("#CCB974", "#DD8452", "#64B5CD", "#937860", "#DA8BC3")  # other kinds (fused members), in order
 FORMATS = (".png", ".svg", ".pdf")
 
 _FONT = 7.0  # points, text on bars
@@ -62,16 +66,32 @@ def bars_from_program(p: Program) -> list[Bar]:
     """The scheduled nodes of `p.exec` as bars; role colours Op nodes, kind colours transfers."""
     if p.exec is None or p.cluster is None:
         raise RpegError(None, "nothing to draw: the module needs a cluster and a scheduled executable graph")
+    fused = {m: f for f in p.exec.fusions for m in f.members}
     bars = []
     for n in p.exec.nodes:
+        f = fused.get(n.id)
+        if f is not None and n.id != f.members[0]:
+            continue  # the first member's bar stands for the fusion
         if n.start is None or n.finish is None:
             raise RpegError(
                 n.loc, f"node {n.id} has no start/finish; run the schedule pass before drawing a Gantt chart"
             )
         if n.alloc is None:
             raise RpegError(n.loc, f"node {n.id} has no allocation, so it has no device row")
-        bars.append(node_bar(n, n.alloc.devices(p.cluster), n.start, n.finish))
+        bar = node_bar(n, n.alloc.devices(p.cluster), n.start, n.finish)
+        if f is not None:
+            members = " + ".join(p.exec.node(m).vertex or m for m in f.members)
+            bar = Bar(bar.devices, bar.start, bar.finish, bar.kind, f"{f.id}: {members}", f.id, n.id)
+        bars.append(bar)
     return bars
+
+
+def microtask_bars(member: str, index: int, microtasks, device_of_rank: dict[int, int], shift: float = 0.0) -> list[Bar]:
+    """The microtasks a fused member's workers ran ((rank, stage, "F" | "B", microbatch, start, finish), a trace's
+    record), as bars on the workers' devices: kind = the member's vertex (one colour each), label e.g. "F3"."""
+    return [Bar((device_of_rank[rank],), start - shift, finish - shift, member, f"{kind}{micro}", f"{kind}{micro}",
+                f"{member}/{index}")
+            for rank, _stage, kind, micro, start, finish in microtasks]
 
 
 def node_bar(n, devices: tuple[int, ...], start: float, finish: float) -> Bar:
@@ -166,9 +186,9 @@ def _draw_panel(ax, bars: Sequence[Bar], row_of: dict[int, int], px_per_s: float
     """Rectangles (one per contiguous run of rows) and, where they fit without overlapping, labels."""
     labelled: dict[int, list[tuple[float, float]]] = {}
     for bar in bars:
-        colour = KIND_COLOURS.get(bar.kind, OTHER_COLOUR)
         if bar.kind not in kinds_seen:
             kinds_seen.append(bar.kind)
+        colour = _colour(bar.kind, kinds_seen)
         runs = _runs(sorted({row_of[d] for d in bar.devices}))
         for first, last in runs:
             ax.add_patch(
@@ -199,6 +219,14 @@ def _draw_panel(ax, bars: Sequence[Bar], row_of: dict[int, int], px_per_s: float
         ax.text(
             mid, (first + last + 1) / 2, text, ha="center", va="center", fontsize=_FONT, color="white", clip_on=True
         )
+
+
+def _colour(kind: str, kinds_seen: Sequence[str]) -> str:
+    """A role's or transfer's colour; other kinds (fused members' microtasks) take the next of OTHER_COLOURS."""
+    if kind in KIND_COLOURS:
+        return KIND_COLOURS[kind]
+    others = [k for k in kinds_seen if k not in KIND_COLOURS]
+    return OTHER_COLOURS[others.index(kind) % len(OTHER_COLOURS)] if kind in others else OTHER_COLOURS[0]
 
 
 def draw_bars(
@@ -261,8 +289,8 @@ def draw_bars(
     axes[-1].set_xlabel("time (s)")
     for ax in axes[:-1]:
         ax.tick_params(axis="x", labelbottom=False)
-    kinds_seen.sort(key=lambda k: list(KIND_COLOURS).index(k) if k in KIND_COLOURS else len(KIND_COLOURS))
-    handles = [Patch(facecolor=KIND_COLOURS.get(k, OTHER_COLOUR), label=k) for k in kinds_seen]
+    handles = [Patch(facecolor=_colour(k, kinds_seen), label=k) for k in sorted(
+        kinds_seen, key=lambda k: list(KIND_COLOURS).index(k) if k in KIND_COLOURS else len(KIND_COLOURS))]
     if handles:
         fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False,
                    bbox_to_anchor=(1 - _RIGHT_IN / _WIDTH_IN, 1 - 0.05 / height))

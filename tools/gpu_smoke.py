@@ -50,7 +50,7 @@ import torch
 from rpegc.tools.measure import device_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
+PIPELINE = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,fuse-stages,annotate-cost,schedule"
 B, R, LP, LR, MB = 8, 2, 4, 6, 2
 RTOL, ATOL = 1e-4, 1e-5  # float32 forward passes on two devices
 WEIGHTS_ATOL = 1e-3  # after an Adam step, whose first update is ~lr * sign(g): noise near g = 0 shows

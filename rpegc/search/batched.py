@@ -19,6 +19,8 @@ semantics as `compact.CompactVariant.evaluate`, vectorised across configurations
   head's rank; `row_scheduler.downstream_ranks`), lower order key, encoded as one unique priority.
 - Device memory is `residency.device_peaks`, the core's form for many configurations (the rules of
   `device_memory_arrays` once per set of operators covering a device, not once per device).
+- Stage fusion (`compact`): the plans whose placement lets training vertices fuse are evaluated a second time as
+  fused patterns, and each keeps the better of its two evaluations (`compact.better`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 from rpegc.core.cost.transfer import comm_node_time_at
-from rpegc.search.compact import DATA_COMM, OPERATOR, PUBLICATION, CompactVariant, Superset
+from rpegc.search.compact import DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups, Superset
 
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
 _COMM, _DEP, _RESHARD = (ACTIONS.index(a) for a in (COMM, DEP, RESHARD))
@@ -58,6 +60,7 @@ class BatchResult:
     r_peak: np.ndarray
     feasible: np.ndarray
     peak: np.ndarray
+    fused: tuple[FusionGroups, ...]  # per configuration, the fusions it runs (compact.Evaluation.fused)
 
     def __len__(self) -> int:
         return len(self.makespan)
@@ -178,11 +181,44 @@ class BatchEvaluator:
     def evaluate(self, choices, keep: bool = False) -> BatchResult:
         """With `keep`, the schedules of this batch are kept for `critical_weights` (the last KEEP_PLANS)."""
         ch = np.asarray(choices, dtype=np.int64).reshape(-1, self.V)
-        B = len(ch)
         allocs = self._allocs(ch)
+        result, kept = self._evaluate(ch, allocs, None, keep)
+        rows = self._may_fuse(ch, allocs)
+        groups = [self.cv.fusion_groups(c, *self.cv.placement(c)) for c in (tuple(ch[r].tolist()) for r in rows)]
+        if len(rows):
+            fused, kept_fused = self._evaluate(ch[rows], allocs.rows(rows), groups, keep)
+            wins = np.array([bool(f) for f in fused.fused]) & (  # compact.better, row by row
+                (fused.feasible > result.feasible[rows])
+                | ((fused.feasible == result.feasible[rows]) & (fused.score_pen > result.score_pen[rows])))
+            result = _merge(result, fused, rows[wins], wins)
+            won = {tuple(ch[r].tolist()) for r in rows[wins]}
+            kept.update((k, v) for k, v in kept_fused.items() if k in won)
+        self._kept.update(kept)
+        while len(self._kept) > KEEP_PLANS:  # the oldest first (dicts keep insertion order)
+            del self._kept[next(iter(self._kept))]
+        return result
+
+    def _may_fuse(self, ch: np.ndarray, allocs: Allocations) -> np.ndarray:
+        """The rows where some pair of `CompactVariant.fusion_pairs` is placed alike on 1F1B (their fusion groups
+        are not empty)."""
+        cv = self.cv
+        some = np.zeros(len(ch), dtype=bool)
+        if not cv.fuse:
+            return np.nonzero(some)[0]
+        for a, b in cv.fusion_pairs:
+            some |= (allocs.same[:, a, b] & allocs.same_layout[:, a, b] & cv.pipelined[a][ch[:, a]]
+                     & cv.pipelined[b][ch[:, b]])
+        return np.nonzero(some)[0]
+
+    def _evaluate(self, ch: np.ndarray, allocs: Allocations, fused: Optional[list[FusionGroups]], keep: bool):
+        """The configurations `ch`, with the fusions `fused` (per row; None: apart), and their schedules when `keep`."""
+        B = len(ch)
         busy = np.empty(B)
         op_time = np.empty(B)
         keys, inverse = self._patterns(ch, allocs)
+        if fused is not None:
+            keys, inverse = self._fused_patterns(keys, inverse, fused)
+        kept: dict = {}
         parts = []
         groups = [(np.nonzero(inverse == g)[0], self._graph(self.cv.superset(key))) for g, key in enumerate(keys)]
         src = self._source_times(groups, ch, allocs)
@@ -201,8 +237,9 @@ class BatchEvaluator:
             out = _run(_stack(sub, len(rows), self.V), overlap[rows], record=keep)
             makespan[rows] = out[0] if keep else out
             if keep:
-                self._keep(ch, sub, rows, out[1], out[2], overlap)
-        peak = self._memory(ch)
+                _keep(kept, ch, sub, rows, out[1], out[2], overlap)
+        groups = [key[3] for key in keys]
+        peak = self._memory(ch, groups, inverse)
         cv = self.cv
         m_eff = cv.hw.M_eff
         r_peak = peak.max(axis=1) / m_eff
@@ -217,15 +254,8 @@ class BatchEvaluator:
             r_peak=r_peak,
             feasible=np.all(peak <= m_eff, axis=1),
             peak=peak,
-        )
-
-    def _keep(self, ch, sub, rows, start, finish, overlap) -> None:
-        for local, G, T, cls, _ in sub:
-            for i, k in enumerate(local):
-                r = rows[k]
-                self._kept[tuple(ch[r].tolist())] = (G, T[i], cls[i], start[k], finish[k], overlap[r])
-        while len(self._kept) > KEEP_PLANS:  # the oldest first (dicts keep insertion order)
-            del self._kept[next(iter(self._kept))]
+            fused=tuple(groups[g] for g in inverse),
+        ), kept
 
     def critical_weights(self, choice) -> Optional[np.ndarray]:
         """`CompactVariant.critical_weights` of a plan of a recent batch evaluated with `keep`, from its kept
@@ -294,6 +324,19 @@ class BatchEvaluator:
                 keys.append(key)
         return keys, group[inverse.reshape(-1)]
 
+    def _fused_patterns(self, keys: list, inverse: np.ndarray, fused: list[FusionGroups]):
+        """The patterns of rows whose plain pattern is keys[inverse[r]] run with the fusions fused[r] (those the
+        pattern allows: `CompactVariant.fused_pattern`), grouped."""
+        out: list = []
+        index: dict = {}
+        combined = np.empty(len(inverse), dtype=np.int64)
+        for r, (g, groups) in enumerate(zip(inverse, fused)):
+            key = self.cv.fused_pattern(keys[g], groups)
+            combined[r] = index.setdefault(key, len(out))
+            if combined[r] == len(out):
+                out.append(key)
+        return out, combined
+
     # --- node times ----------------------------------------------------------------------------------
 
     def _graph(self, s: Superset) -> _Graph:
@@ -350,11 +393,17 @@ class BatchEvaluator:
         as_resh = np.zeros((B, len(col)), dtype=bool)
         cv = self.cv
         for key, k in col.items():
+            if key[0] == "relay":  # a fused member after the first: its fusion's first member runs it
+                relay[:, k] = True
+                continue
+            sel = np.concatenate(users[key])
+            if key[0] == "fused":  # a fusion's first member: the fusion's time on the rows of the groups fusing it
+                t[sel, k] = self._fused_times(key[1], ch[sel])
+                continue
             if len(key) == 2:  # an operator: (vertex, phase), phase 0 the whole op
                 v, q = key
                 t[:, k] = cv.t_whole[v][ch[:, v]] if q == 0 else cv.t_phase[v][ch[:, v], q - 1]
                 continue
-            sel = np.concatenate(users[key])
             if len(sel) == B:
                 t[:, k], relay[:, k], as_resh[:, k] = self._transfer(allocs, ch, key)
             else:
@@ -382,6 +431,17 @@ class BatchEvaluator:
         op_time = T[:, G.is_op].sum(axis=1)
         return T, cls, prio, busy, op_time
 
+    def _fused_times(self, group: tuple[int, ...], ch: np.ndarray) -> np.ndarray:
+        """`CompactVariant.fused_time` of `group` on every row of `ch` (once per distinct placement of its members)."""
+        entries, inverse = np.unique(ch[:, list(group)], axis=0, return_inverse=True)
+        times = np.empty(len(entries))
+        for i, row in enumerate(entries):
+            choice = [0] * self.V
+            for v, c in zip(group, row):
+                choice[v] = int(c)
+            times[i] = self.cv.fused_time(group, tuple(choice))
+        return times[inverse.reshape(-1)]
+
     @staticmethod
     def _class_overlap(allocs: Allocations) -> np.ndarray:
         """B x (V+1) x (V+1): allocations sharing a device; class V (relays) reserves nothing."""
@@ -392,13 +452,42 @@ class BatchEvaluator:
 
     # --- device memory -------------------------------------------------------------------------------
 
-    def _memory(self, ch: np.ndarray) -> np.ndarray:
-        """`residency.device_peaks` of every configuration: peak per device (B x devices)."""
+    def _memory(self, ch: np.ndarray, groups: list[FusionGroups], inverse: np.ndarray) -> np.ndarray:
+        """`residency.device_peaks` of every configuration: peak per device (B x devices); row r runs the fusions
+        groups[inverse[r]] (once per distinct set of fusions)."""
         cv = self.cv
-        masks = tuple(self.devmask[v][ch[:, v]] for v in range(self.V))
-        terms = tuple(OpTerms(*(getattr(self.mem[v], f)[ch[:, v]] for f in _TERMS)) for v in range(self.V))
-        return device_peaks(tuple(v.role for v in cv.vertices), tuple(v.model for v in cv.vertices), masks, terms,
-                            cv.models, cv.tau)
+        peak = np.empty((len(ch), self.ndev))
+        for fused in dict.fromkeys(groups):
+            rows = np.nonzero(np.array([groups[g] == fused for g in inverse], dtype=bool))[0]
+            sub = ch[rows]
+            masks = tuple(self.devmask[v][sub[:, v]] for v in range(self.V))
+            terms = tuple(OpTerms(*(getattr(self.mem[v], f)[sub[:, v]] for f in _TERMS)) for v in range(self.V))
+            peak[rows] = device_peaks(tuple(v.role for v in cv.vertices), tuple(v.model for v in cv.vertices), masks,
+                                      terms, cv.models, cv.tau, fused)
+        return peak
+
+
+def _keep(kept: dict, ch, sub, rows, start, finish, overlap) -> None:
+    """Each configuration's schedule of one run of `_run`, by its choice."""
+    for local, G, T, cls, _ in sub:
+        for i, k in enumerate(local):
+            r = rows[k]
+            kept[tuple(ch[r].tolist())] = (G, T[i], cls[i], start[k], finish[k], overlap[r])
+
+
+def _merge(apart: BatchResult, fused: BatchResult, rows: np.ndarray, wins: np.ndarray) -> BatchResult:
+    """`apart` with the rows `rows` taken from `fused` (its rows where `wins`)."""
+    out = {}
+    for f in fields(BatchResult):
+        if f.name == "fused":
+            continue
+        column = getattr(apart, f.name).copy()
+        column[rows] = getattr(fused, f.name)[wins]
+        out[f.name] = column
+    runs = list(apart.fused)
+    for r, groups in zip(rows, (g for g, w in zip(fused.fused, wins) if w)):
+        runs[r] = groups
+    return BatchResult(**out, fused=tuple(runs))
 
 
 @dataclass(frozen=True)
@@ -525,9 +614,7 @@ def prepare_graph(s: Superset) -> _Graph:
     pos_reshard = np.array([rank_of[k] if k is not None else rank_of[s.key[i]] for i, k in enumerate(s.reshard_key)],
                            dtype=np.int64)
     index: dict = {}
-    source = np.array([index.setdefault((s.vertex[i], s.phase[i]) if s.kind[i] == OPERATOR else
-                                        (s.kind[i], s.src[i], s.vertex[i], s.nbytes[i], s.model[i]), len(index))
-                       for i in range(n)], dtype=np.int64)
+    source = np.array([index.setdefault(_source_key(s, i), len(index)) for i in range(n)], dtype=np.int64)
     is_op = np.array([k == OPERATOR for k in s.kind], dtype=bool)
     return _Graph(
         n=n,
@@ -547,6 +634,16 @@ def prepare_graph(s: Superset) -> _Graph:
         vertex=np.array(s.vertex, dtype=np.int64),
         preds=tuple(tuple(p) for p in preds),
     )
+
+
+def _source_key(s: Superset, i: int) -> tuple:
+    """What sets node i's time: ("fused", vertices) for a fusion's first member, ("relay",) for its other members,
+    (vertex, phase) for an operator, (kind, src, dst, nbytes, model) for a transfer."""
+    if s.kind[i] == OPERATOR:
+        return ("fused", s.fusion[i]) if s.fusion[i] is not None else (s.vertex[i], s.phase[i])
+    if s.kind[i] == FUSED_MEMBER:
+        return ("relay",)
+    return (s.kind[i], s.src[i], s.vertex[i], s.nbytes[i], s.model[i])
 
 
 def _chain_cover(n: int, topo: list[int], succs, preds):

@@ -21,6 +21,13 @@ with the same EST, so the list scheduler places the real nodes in the same order
 the lowered graph (argument in tests/test_search_compact.py; tests/test_search_differential.py checks it
 against the pass pipeline). Order keys reproduce the node order the lowering passes create (Comm and
 Reshard nodes right before their consumer, in creation order), so the last tie-breaker agrees too.
+
+Stage fusion (docs/stage-fusion.md) is a plan choice the evaluator makes exactly: where a placement lets training
+vertices fuse (`fusion_groups`: fusion rules F1-F3 on pipelines, no path between them), the plan is priced fused and
+apart and the better one is kept (`better`; `Evaluation.fused` says which). A fused pattern's superset is the unfused
+one with each step's members made one unit, as `schedule.schedule_exec` makes them: the first member's node takes the
+fusion's time and every member's predecessors, the others become relays right after it (their successors wait for
+the unit).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
+from rpegc.core.cost.fused import fuse_operators
 from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.exec_graph import ExecNode
 from rpegc.core.ir.expr import evaluate as evaluate_expr
@@ -52,7 +60,7 @@ from rpegc.core.lower.rules import (
     weight_bytes,
 )
 from rpegc.core.cost.params import param_count
-from rpegc.core.ir.program import Placement, Plan, Program
+from rpegc.core.ir.program import Fuse, Placement, Plan, Program
 from rpegc.core.ir.geometry import Alloc, Strategy
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, prepare_schedule, run_schedule
@@ -64,8 +72,10 @@ from rpegc.search.space import Variant, ordered_vertices
 
 Choice = tuple[int, ...]  # one directory index per vertex, in the variant's vertex order
 
-# Superset node kinds: an operator, a data Comm, a publication Comm or Reshard, a pair Reshard.
-OPERATOR, DATA_COMM, PUBLICATION, PAIR_RESHARD = 0, 1, 2, 3
+# Superset node kinds: an operator, a data Comm, a publication Comm or Reshard, a pair Reshard, and a fused member
+# that is not its fusion's first (always a relay: the first member's node runs the fusion).
+OPERATOR, DATA_COMM, PUBLICATION, PAIR_RESHARD, FUSED_MEMBER = 0, 1, 2, 3, 4
+FusionGroups = tuple[tuple[int, ...], ...]  # vertex indices of each fusion, ascending
 RELAY_KEY = (-1,)  # order key of a relay: below every real node
 STRUCTURE_CACHE = 2048  # prepared scheduler structures kept per variant
 
@@ -82,6 +92,13 @@ class Evaluation:
     r_peak: float
     feasible: bool
     peak: Optional[tuple[float, ...]] = None  # per device, by flat id (the batched path leaves it out)
+    fused: FusionGroups = ()  # the fusions the plan runs (vertex indices): where they paid, see `better`
+
+
+def better(a: Evaluation, b: Evaluation) -> bool:
+    """Whether a plan priced `a` is kept over the same plan priced `b` (fused against apart): a memory-feasible one
+    over an infeasible one, else the higher Score_pen (Eq. 5); a tie keeps `b`, the members apart."""
+    return (a.feasible, a.score_pen) > (b.feasible, b.score_pen)
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,7 @@ class Superset:
     vertex: tuple[int, ...]  # the vertex whose allocation the node reserves (Op: its own; others: consumer)
     src: tuple[int, ...]  # DATA_COMM/PUBLICATION: source vertex; PAIR_RESHARD: the pair's first vertex; OPERATOR: -1
     phase: tuple[int, ...]  # OPERATOR: quantile phase q (1-based) or 0 for a whole operator
+    fusion: tuple[Optional[tuple[int, ...]], ...]  # OPERATOR running a fusion: its vertices (None otherwise)
     role: tuple[str, ...]  # OPERATOR role ("" otherwise)
     nbytes: tuple[int, ...]  # DATA_COMM payload
     model: tuple[Optional[str], ...]  # PUBLICATION/PAIR_RESHARD: the model moved
@@ -149,10 +167,13 @@ class CompactVariant:
     opts: CostOptions
     steps: int
     split: bool = True
+    fuse: bool = False  # price a plan fused too where its placement lets training vertices fuse
     _supersets: dict = field(default_factory=dict, repr=False)
     _reshard_times: dict = field(default_factory=dict, repr=False)
     _implied: dict = field(default_factory=dict, repr=False)
     _structures: dict = field(default_factory=dict, repr=False)
+    _fused_times: dict = field(default_factory=dict, repr=False)
+    _linked: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         p = self.program
@@ -180,6 +201,9 @@ class CompactVariant:
         self.relation_pairs = self._relation_pairs()
         self.num_devices = p.cluster.num_devices
         self._phase_tables()
+        self.fusion_pairs = self._fusion_pairs()
+        self.pipelined = tuple(np.array([self._one_f_one_b(s) for s in d.strategies], dtype=bool)
+                               if d.role == "training" else None for d in self.dirs)
 
     # --- compile-time facts ----------------------------------------------------------------------
 
@@ -262,6 +286,18 @@ class CompactVariant:
                                                self.tokens[-1]))
         return float(inference_phase_time(t.T_op, self.shares[q - 1]))
 
+    def _fusion_pairs(self) -> tuple[tuple[int, int], ...]:
+        """Vertex pairs that may fuse wherever they are placed alike (rule F1: training vertices of two trainable
+        models), ascending."""
+        training = [i for i, v in enumerate(self.vertices) if v.role == "training" and v.model in self.trainable]
+        return tuple((a, b) for k, a in enumerate(training) for b in training[k + 1:]
+                     if self.vertices[a].model != self.vertices[b].model)
+
+    def _one_f_one_b(self, s: Strategy) -> bool:
+        """Rule F3, fused members train on the 1F1B schedule, with pipelines to fuse: with one stage there is no bubble
+        for another member to fill, so a fusion could only add up their memory (the search does not price it)."""
+        return s.pp >= 2 and self.program.workload.training(s.train).schedule == "1f1b"
+
     # --- per-plan facts ----------------------------------------------------------------------------
 
     def placement(self, choice: Choice) -> tuple[list[Alloc], list[Strategy]]:
@@ -301,7 +337,43 @@ class CompactVariant:
                 pair.append(relay)
             else:
                 pair.append(ABSENT)
-        return (phase, tuple(pub), tuple(pair))
+        return (phase, tuple(pub), tuple(pair), ())
+
+    def fusion_groups(self, choice: Choice, allocs: Sequence[Alloc], strats: Sequence[Strategy]) -> FusionGroups:
+        """The training vertices this placement lets fuse (rules F1-F3): one group per allocation and layout holding
+        two or more of them as 1F1B pipelines, each model once (a group where a model repeats does not fuse)."""
+        groups: dict[tuple, list[int]] = {}
+        for a, b in self.fusion_pairs:
+            if (allocs[a] == allocs[b] and strats[a].layout() == strats[b].layout()
+                    and self.pipelined[a][choice[a]] and self.pipelined[b][choice[b]]):
+                members = groups.setdefault((allocs[a], strats[a].layout()), [])
+                members += [v for v in (a, b) if v not in members]
+        out = [tuple(sorted(g)) for g in groups.values()]
+        return tuple(sorted(g for g in out if len({self.vertices[v].model for v in g}) == len(g)))
+
+    def fused_pattern(self, pattern: tuple, groups: FusionGroups) -> tuple:
+        """`pattern` with the fusions of `groups` whose members no path links in its graph (a fusion runs its
+        members together, so neither may wait for the other)."""
+        if not groups:
+            return pattern
+        key = (pattern, groups)
+        ok = self._linked.get(key)
+        if ok is None:
+            ok = self._linked[key] = tuple(g for g in groups if not _linked(self.superset(pattern), self, g))
+        return pattern[:3] + (ok,)
+
+    def fused_time(self, group: tuple[int, ...], choice: Choice) -> float:
+        """T_op of the fusion of the vertices `group` placed as `choice` says (core `fuse_operators`)."""
+        entries = tuple((self.dirs[v], choice[v]) for v in group)
+        key = tuple((id(d.op_times[c]), d.strategies[c]) for d, c in entries)  # OpTime objects live with `dirs`
+        t = self._fused_times.get(key)
+        if t is None:
+            strats = [d.strategies[c] for d, c in entries]
+            wl = self.program.workload
+            _, fused = fuse_operators(tuple(d.op_times[c] for d, c in entries), tuple(s.mb for s in strats),
+                                      tuple(wl.training(s.train).forward_equivalents for s in strats), strats[0].pp)
+            t = self._fused_times[key] = fused.total
+        return t
 
     def superset(self, pattern: tuple) -> Superset:
         s = self._supersets.get(pattern)
@@ -334,11 +406,19 @@ class CompactVariant:
         for i in range(s.n):
             kind, v = s.kind[i], s.vertex[i]
             if kind == OPERATOR:
-                q = s.phase[i]
-                t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
+                q, group = s.phase[i], s.fusion[i]
+                if group is not None:
+                    t = self.fused_time(group, choice)
+                else:
+                    t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
                 times.append(t)
                 reserved.append(self.dirs[v].masks[choice[v]])
                 keys.append(s.key[i])
+                continue
+            if kind == FUSED_MEMBER:
+                times.append(0.0)
+                reserved.append(0)
+                keys.append(RELAY_KEY)
                 continue
             spec = (kind, s.src[i], v, s.nbytes[i], s.model[i])
             hit = memo.get(spec)
@@ -375,14 +455,16 @@ class CompactVariant:
             return self.reshard_time(model, a_v), True
         return None, False
 
-    def memory(self, allocs, strats):
+    def memory(self, allocs, strats, fused: FusionGroups = ()):
         p = self.program
         ops = tuple(OpPlacement(v.name, v.role, v.model, a, s) for v, a, s in zip(self.vertices, allocs, strats))
-        return device_memory(ops, self.models, self.tau, p.cluster, p.workload, self.hw, self.opts)
+        names = tuple(tuple(self.vertices[v].name for v in g) for g in fused)
+        return device_memory(ops, self.models, self.tau, p.cluster, p.workload, self.hw, self.opts, names)
 
-    def schedule(self, choice: Choice) -> tuple[Superset, list[float], list[int], Schedule]:
+    def schedule(self, choice: Choice, fused: FusionGroups = ()) -> tuple[Superset, list[float], list[int], Schedule]:
+        """The schedule of `choice` with the fusions `fused` (those its pattern allows: `Superset.pattern[3]`)."""
         allocs, strats = self.placement(choice)
-        s = self.superset(self.pattern(allocs, strats))
+        s = self.superset(self.fused_pattern(self.pattern(allocs, strats), fused))
         times, reserved, keys = self.node_times(s, choice, allocs, strats)
         return s, times, reserved, run_schedule(self._prepared(s, choice, reserved, keys), times)
 
@@ -404,13 +486,24 @@ class CompactVariant:
         return replace(structure, sizes=tuple(m.bit_count() for m in reserved))
 
     def evaluate(self, choice: Choice) -> Evaluation:
-        """The reference path: one configuration, core functions only."""
+        """The reference path: one configuration, core functions only; fused too where it may and pays."""
         allocs, strats = self.placement(choice)
-        _, _, _, sched = self.schedule(choice)
-        mem = self.memory(allocs, strats)
-        return self._evaluation(sched.makespan, sched.busy, sched.op_time, mem.r_peak, mem.feasible, mem.peak)
+        apart = self.evaluate_as(choice, ())
+        groups = self.fusion_groups(choice, allocs, strats) if self.fuse else ()
+        if not groups:
+            return apart
+        fused = self.evaluate_as(choice, groups)
+        return fused if fused.fused and better(fused, apart) else apart
 
-    def _evaluation(self, makespan, busy, op_time, r_peak, feasible, peak) -> Evaluation:
+    def evaluate_as(self, choice: Choice, fused: FusionGroups) -> Evaluation:
+        """`choice` priced with the fusions `fused` that its pattern allows (none: the members apart)."""
+        allocs, strats = self.placement(choice)
+        s, _, _, sched = self.schedule(choice, fused)
+        groups = s.pattern[3]
+        mem = self.memory(allocs, strats, groups)
+        return self._evaluation(sched.makespan, sched.busy, sched.op_time, mem.r_peak, mem.feasible, mem.peak, groups)
+
+    def _evaluation(self, makespan, busy, op_time, r_peak, feasible, peak, fused: FusionGroups = ()) -> Evaluation:
         w = self.program.workload
         raw = score(makespan, self.steps, w.B, w.R, w.Lp, w.Lr)
         return Evaluation(
@@ -422,11 +515,13 @@ class CompactVariant:
             r_peak=float(r_peak),
             feasible=bool(feasible),
             peak=tuple(np.asarray(peak, dtype=np.float64).tolist()),
+            fused=fused,
         )
 
-    def critical_weights(self, choice: Choice) -> np.ndarray:
-        """Per vertex: its Op time on the critical path of the schedule (A-J2f single-vertex kernel)."""
-        s, times, reserved, sched = self.schedule(choice)
+    def critical_weights(self, choice: Choice, fused: FusionGroups = ()) -> np.ndarray:
+        """Per vertex: its Op time on the critical path of the schedule (A-J2f single-vertex kernel); a fusion's
+        time counts for its first member."""
+        s, times, reserved, sched = self.schedule(choice, fused)
         preds: list[list[int]] = [[] for _ in range(s.n)]
         for a, b in s.edges:
             preds[b].append(a)
@@ -445,11 +540,12 @@ class CompactVariant:
 
     # --- plans ----------------------------------------------------------------------------------------
 
-    def to_plan(self, choice: Choice, name: str = "opt") -> Plan:
+    def to_plan(self, choice: Choice, name: str = "opt", fused: FusionGroups = ()) -> Plan:
         p = self.program
         allocs, strats = self.placement(choice)
         placements = tuple(Placement(v.name, a, s) for v, a, s in zip(self.vertices, allocs, strats))
-        return Plan(name, p.graph.name, p.cluster.name, placements)
+        fusions = tuple(Fuse(tuple(self.vertices[v].name for v in g)) for g in fused)
+        return Plan(name, p.graph.name, p.cluster.name, placements, fusions=fusions)
 
     def choice_of(self, plan: Plan) -> Optional[Choice]:
         """The directory indices of an existing plan, None if some placement is not a candidate."""
@@ -580,8 +676,21 @@ def _reaches(succ: dict[str, list[str]], a: str, b: str) -> bool:
     return False
 
 
+def _linked(s: Superset, cv: CompactVariant, group: tuple[int, ...]) -> bool:
+    """Whether a path joins two members of `group` in some step of the superset `s` (unfused)."""
+    succ: dict[int, list[int]] = {}
+    for a, b in s.edges:
+        succ.setdefault(a, []).append(b)
+    index = {name: i for i, name in enumerate(s.names)}
+    for step in range(cv.steps):
+        nodes = [index[f"{cv.vertices[v].name}#{step}"] for v in group]
+        if any(_reaches(succ, a, b) for a in nodes for b in nodes if a != b):
+            return True
+    return False
+
+
 def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
-    phase_bits, pub_reuse, pair_decisions = pattern
+    phase_bits, pub_reuse, pair_decisions, fused = pattern
     p = cv.program
     vindex = cv.vindex
     sp = split_stage(cv, phase_bits)
@@ -646,10 +755,14 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
         b.edge(c, vi)
         if decision == NODE and e.producer is not None:
             b.edge(producer_index[e.producer], c)
+    for group in fused:
+        for step in range(cv.steps):
+            b.fuse([op_index[f"{cv.vertices[v].name}#{step}"] for v in group], group)
     return b.build(pattern)
 
 
-_COLUMNS = ("kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names")
+_COLUMNS = ("kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names",
+            "fusion")
 
 
 class _Builder:
@@ -661,13 +774,22 @@ class _Builder:
         i = len(self.cols["kind"])
         group = group if group is not None else ("node", i)
         for col, value in zip(
-            _COLUMNS, (kind, vertex, src, phase, role, nbytes, model, step, key, reshard_key, group, name)
+            _COLUMNS, (kind, vertex, src, phase, role, nbytes, model, step, key, reshard_key, group, name, None)
         ):
             self.cols[col].append(value)
         return i
 
     def edge(self, a: int, b: int) -> None:
         self.edges.append((a, b))
+
+    def fuse(self, members: list[int], group: tuple[int, ...]) -> None:
+        """One step's fused members as one unit (`schedule.schedule_exec`): the first runs the fusion and waits for
+        every member's predecessors; each other member becomes a relay right after it."""
+        head, others = members[0], set(members[1:])
+        self.cols["fusion"][head] = group
+        for m in others:
+            self.cols["kind"][m] = FUSED_MEMBER
+        self.edges = [(a, head if b in others else b) for a, b in self.edges] + [(head, m) for m in members[1:]]
 
     def build(self, pattern: tuple) -> Superset:
         c = self.cols
@@ -677,6 +799,7 @@ class _Builder:
             vertex=tuple(c["vertex"]),
             src=tuple(c["src"]),
             phase=tuple(c["phase"]),
+            fusion=tuple(c["fusion"]),
             role=tuple(c["role"]),
             nbytes=tuple(c["nbytes"]),
             model=tuple(c["model"]),

@@ -58,6 +58,7 @@ class Evaluator:
     rules: DirectoryRules = DirectoryRules()
     batch_threshold: int = BATCH_THRESHOLD
     keep_schedules: bool = False  # keep each batch's schedules for `critical_weights` (the search's kernels)
+    fuse: bool = False  # price plans fused too where their placement lets training vertices fuse (stage fusion)
     stats: EvalStats = field(default_factory=EvalStats)
     _dirs: DirectoryCache = field(init=False)
     _compiled: dict = field(default_factory=dict, repr=False)
@@ -72,7 +73,8 @@ class Evaluator:
         if cv is None:
             p = variant.program
             dirs = self._dirs.directories(p, ordered_vertices(p))
-            cv = self._compiled[variant.key] = CompactVariant(variant, dirs, self.hw, self.opts, self.steps, self.split)
+            cv = self._compiled[variant.key] = CompactVariant(variant, dirs, self.hw, self.opts, self.steps, self.split,
+                                                            self.fuse)
         return cv
 
     def batched(self, variant: Variant) -> BatchEvaluator:
@@ -119,7 +121,7 @@ class Evaluator:
         r = self.batched(variant).evaluate(np.array(todo, dtype=np.int64), keep=self.keep_schedules)
         return [
             Evaluation(float(r.makespan[i]), float(r.score[i]), float(r.score_pen[i]), float(r.util[i]),
-                       float(r.p_eff[i]), float(r.r_peak[i]), bool(r.feasible[i]))
+                       float(r.p_eff[i]), float(r.r_peak[i]), bool(r.feasible[i]), fused=r.fused[i])
             for i in range(len(todo))
         ]
 
@@ -128,11 +130,18 @@ class Evaluator:
         in it (the same weights, without scheduling it again), else by the reference path."""
         be = self._batched.get(variant.key)
         w = be.critical_weights(choice) if be is not None else None
-        return self.compile(variant).critical_weights(choice) if w is None else w
+        if w is not None:
+            return w
+        known = self.cached(variant, choice)
+        return self.compile(variant).critical_weights(choice, () if known is None else known.fused)
 
     def detailed(self, variant: Variant, choice: Choice) -> Evaluation:
         """The reference evaluation with per-device peaks (for reports), not counted or cached."""
         return self.compile(variant).evaluate(choice)
+
+    def detailed_apart(self, variant: Variant, choice: Choice) -> Evaluation:
+        """`detailed` with no fusion: the plan's operators each run alone."""
+        return self.compile(variant).evaluate_as(choice, ())
 
     def known(self) -> Iterable[tuple[tuple, Evaluation]]:
         return self._cache.items()

@@ -14,7 +14,12 @@ never worse than a feasible baseline.
 
 Ablations (Table IV, App. B): A1 no response-length splitting, A2 no bounded asynchrony (tau = 0 only),
 A3 fixed microbatch counts, A4 no pair moves, A5 no warm restarts, A6 uniform vertex selection, A7 no
-polish, A8 hard memory rejection, A9 geometric cooling.
+polish, A8 hard memory rejection, A9 geometric cooling; beyond the paper's table, A10 no stage fusion.
+
+Stage fusion is a plan-level choice (docs/stage-fusion.md): whether two training operators may fuse depends on the
+placement (the same devices and layout, rules F1-F3), not on the structure y, so the evaluator decides it for every
+plan it prices, exactly, by pricing the plan fused and apart and keeping the better (`compact.better`). The
+baselines run their operators apart, as the systems they stand for do.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ ABLATIONS = {
     "A7": "no polish",
     "A8": "hard memory rejection",
     "A9": "geometric cooling",
+    "A10": "no stage fusion",
 }
 BASELINES = ("none", "greedy", "concurrent")
 PROCESS_MIN_EVALS = 20_000  # with jobs=0, smaller evaluation budgets are searched in this process
@@ -93,6 +99,17 @@ class VariantStats:
 
 
 @dataclass(frozen=True)
+class FusionOutcome:
+    """Stage fusion in the chosen plan: the training vertices its placement lets fuse, and its price both ways."""
+
+    enabled: bool  # fusion was a choice of this search (ablation A10 off)
+    groups: tuple[tuple[str, ...], ...]  # the vertices of each fusion the placement allows
+    fused: Optional[Evaluation]  # the plan priced with those fusions (None when there are none)
+    apart: Evaluation  # the plan priced with every operator alone
+    chosen: bool  # the plan runs them fused
+
+
+@dataclass(frozen=True)
 class OptimizeResult:
     program: Program  # G°(y*) with the chosen plan, ready for unroll and lowering
     variant: Variant
@@ -111,6 +128,7 @@ class OptimizeResult:
     variant_stats: tuple[VariantStats, ...] = ()
     polish_evaluations: int = 0  # uncached evaluations of the final polish (part of the budget)
     jobs: int = 1  # processes the search ran in
+    fusion: Optional[FusionOutcome] = None
 
 
 def parse_ablations(text: str) -> frozenset[str]:
@@ -177,7 +195,8 @@ def optimize(
     taus = (0,) if "A2" in ablate else options.taus
     split = "A1" not in ablate
     rules = DirectoryRules(MB_FIXED if "A3" in ablate else MB_TUNED, options.search_zero, options.search_recompute)
-    evaluator = Evaluator(hw, cost, options.steps, split=split, rules=rules)  # baselines and the report
+    fuse = "A10" not in ablate
+    evaluator = Evaluator(hw, cost, options.steps, split=split, rules=rules, fuse=fuse)  # baselines and the report
     config = search_config(options)
     reference = _written_variant(structure, 0 if "A2" in ablate else None)
     greedy = _baseline(evaluator, reference, greedy_plan, options.baseline == "greedy")
@@ -187,7 +206,7 @@ def optimize(
         return _result(evaluator, config, reference, chosen.choice, greedy, concurrent, start, options.baseline)
     variants = tuple(structural_candidates(structure, taus, options.ac))
     board = Board(variants, config)
-    problem = Problem(variants, hw, cost, options.steps, split, rules, config, options.seed)
+    problem = Problem(variants, hw, cost, options.steps, split, rules, config, options.seed, fuse)
     # C* never falls behind a baseline: the greedy plan is evaluated (and kept as an elite) in its variant.
     extra = {i: (greedy.choice,) for i, v in enumerate(variants) if greedy is not None and v.key == reference.key}
     end = start + options.budget_s if options.budget_s > 0 else None
@@ -286,13 +305,14 @@ def _baseline(evaluator: Evaluator, variant: Variant, make: Callable, required: 
         if required:
             raise
         return None
-    return BaselineResult(plan.name, plan.choice, evaluator.detailed(variant, plan.choice))
+    return BaselineResult(plan.name, plan.choice, evaluator.detailed_apart(variant, plan.choice))
 
 
 def _result(evaluator: Evaluator, config: SearchConfig, variant: Variant, choice: Choice, greedy, concurrent,
             start: float, source: str, board: Optional[Board] = None) -> OptimizeResult:
-    e = evaluator.detailed(variant, choice)
-    program = replace(variant.program, plan=evaluator.compile(variant).to_plan(choice))
+    e = evaluator.detailed(variant, choice) if source == "search" else evaluator.detailed_apart(variant, choice)
+    program = replace(variant.program, plan=evaluator.compile(variant).to_plan(choice, fused=e.fused))
+    fusion = _fusion_outcome(evaluator, variant, choice, e, source == "search")
     best_raw = max(board.best_raw if board else 0.0, e.score if e.feasible else 0.0)
     value = config.value(e, best_raw)
     stats, per_variant, rounds, chains = EvalStats(), (), 0, 0
@@ -315,7 +335,19 @@ def _result(evaluator: Evaluator, config: SearchConfig, variant: Variant, choice
         rounds=rounds,
         chains=chains,
         source=source,
+        fusion=fusion,
     )
+
+
+def _fusion_outcome(evaluator: Evaluator, variant: Variant, choice: Choice, chosen: Evaluation,
+                    searched: bool) -> FusionOutcome:
+    cv = evaluator.compile(variant)
+    enabled = evaluator.fuse and searched
+    possible = cv.fusion_groups(choice, *cv.placement(choice))
+    fused = cv.evaluate_as(choice, possible) if possible else None
+    groups = fused.fused if fused is not None else ()
+    names = tuple(tuple(cv.vertices[v].name for v in g) for g in groups)
+    return FusionOutcome(enabled, names, fused if groups else None, cv.evaluate_as(choice, ()), bool(chosen.fused))
 
 
 def _infeasible(structure: Program, peak: float) -> RpegError:

@@ -1,7 +1,8 @@
 """The optimizer's summary table and progress bar (stderr), as plain rows and as a rich rendering.
 
 Rows: the chosen structure, best score and objective, how each training vertex trains in the chosen plan (its
-ZeRO stage and recomputation are plan choices), gains over the greedy and concurrent baselines
+ZeRO stage and recomputation are plan choices), whether its training operators run fused (stage fusion) and what
+that gained, gains over the greedy and concurrent baselines
 (Sec. VIII-B; "OOM" when a baseline does not fit), makespan, peak memory, utilization, evaluations,
 evaluations per second, the cache hit rate, and per structural variant its best plan and what the search
 spent on it (evaluations, chains, seconds).
@@ -43,6 +44,26 @@ def _training_rows(result: OptimizeResult) -> list[tuple[str, str]]:
     return rows
 
 
+def _fusion_row(result: OptimizeResult) -> list[tuple[str, str]]:
+    """Stage fusion in the chosen plan: fused and what it gained, or why not."""
+    f = result.fusion
+    if f is None:
+        return []
+    which = "; ".join(" + ".join("@" + v for v in g) for g in f.groups)
+    if f.chosen and f.fused is not None:
+        gain = f.fused.makespan / f.apart.makespan - 1.0
+        text = (f"{which} fused: makespan {f.fused.makespan:.3f} s against {f.apart.makespan:.3f} s apart "
+                f"({gain:+.1%})")
+    elif f.fused is None:
+        text = "no training operators share devices and layout in this plan" + ("" if f.enabled else " (not searched)")
+    elif not f.enabled:
+        text = f"{which} could fuse: {f.fused.makespan:.3f} s against {f.apart.makespan:.3f} s apart (not searched)"
+    else:
+        text = (f"{which} could fuse, apart is better: {f.fused.makespan:.3f} s fused against "
+                f"{f.apart.makespan:.3f} s apart" + ("" if f.fused.feasible else " (fused does not fit)"))
+    return [("stage fusion", text)]
+
+
 def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
     e = result.evaluation
     peak = max(e.peak) if e.peak else e.r_peak
@@ -52,6 +73,7 @@ def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
         ("score", f"{e.score:,.0f} tokens/s  (makespan {e.makespan:.3f} s over the horizon)"),
         ("objective", f"{result.objective} = {result.value:,.4g}"),
         *_training_rows(result),
+        *_fusion_row(result),
         ("gain over greedy", _gain(result, result.greedy)),
         ("gain over concurrent", _gain(result, result.concurrent)),
         ("memory peak", f"{peak / GIB:.1f} GiB per GPU, r_peak = {e.r_peak:.3f}" + ("" if e.feasible else "  (OOM)")),

@@ -50,6 +50,7 @@ class Problem:
     rules: DirectoryRules
     config: SearchConfig
     seed: int
+    fuse: bool = True  # stage fusion where a placement allows it (ablation A10 turns it off)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Worker:
         self.problem = problem
         self.on_round = on_round
         self.evaluator = Evaluator(problem.hw, problem.cost, problem.steps, split=problem.split, rules=problem.rules,
-                                   keep_schedules=problem.config.critical_path)
+                                   keep_schedules=problem.config.critical_path, fuse=problem.fuse)
         self.searches: dict[int, VariantSearch] = {}
         self.reported: dict[int, tuple[int, int]] = {}  # per variant: chains and rounds reported so far
         self.templated: set[int] = set()  # variants whose template seeds were made (templates.py)

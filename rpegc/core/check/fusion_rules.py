@@ -6,9 +6,11 @@ A plan fuses training vertices that
   F2  are placed on the same allocation with the same dp, pp and tp (their stages are the same devices; the
       microbatch counts may differ);
   F3  train on the 1F1B schedule (the fused order keeps each member within 1F1B's live bound);
-  F4  appear in one fusion each.
-An exec fusion's members are training Op nodes of one step, placed as F2 says, and its stages hold every microtask
-of every member exactly once (pp lists; mb_m forwards and backwards of member m on each) in an order that can run.
+  F4  appear in one fusion each;
+  F5  are not joined by a path of data edges (a fusion runs its members together: neither may wait for the other).
+An exec fusion's members are training Op nodes of one step, placed as F2 says, that no path of the exec graph joins,
+and its stages hold every microtask of every member exactly once (pp lists; mb_m forwards and backwards of member m
+on each) in an order that can run.
 """
 
 from __future__ import annotations
@@ -63,7 +65,29 @@ def _fuse_problem(p: Program, names: tuple[str, ...], fused: dict[str, object]) 
         schedule = p.workload.training(placed[name].strategy.train).schedule
         if schedule != "1f1b":
             return f"@{name} trains with schedule = {schedule}; fused members train with schedule = 1f1b"
+    joined = _joined(((e.src, e.dst) for e in p.graph.data_edges), names)
+    if joined:
+        return (f"data edges lead from @{joined[0]} to @{joined[1]}; fused members run together, so neither may "
+                "wait for the other")
     return ""
+
+
+def _joined(edges, members) -> tuple[str, str] | None:
+    """A pair (a, b) of `members` such that a path of `edges` leads from a to b, None when there is none."""
+    succ: dict[str, list[str]] = {}
+    for a, b in edges:
+        succ.setdefault(a, []).append(b)
+    targets = set(members)
+    for a in members:
+        stack, seen = [a], {a}
+        while stack:
+            for y in succ.get(stack.pop(), ()):
+                if y in targets:
+                    return a, y
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+    return None
 
 
 def _same_stages(a: Alloc, s: Strategy, b: Alloc, t: Strategy) -> bool:
@@ -102,6 +126,9 @@ def _fusion_problem(g: ExecGraph, f: ExecFusion, seen: dict[str, str]) -> str:
     first = nodes[0]
     if any(not _same_stages(n.alloc, n.strategy, first.alloc, first.strategy) for n in nodes):  # type: ignore[arg-type]
         return "the members share their allocation, dp, pp and tp"
+    joined = _joined(((e.src, e.dst) for e in g.edges), f.members)
+    if joined:
+        return f"a path leads from @{joined[0]} to @{joined[1]}; fused members run together"
     pp, mbs = first.strategy.pp, [n.strategy.mb for n in nodes]  # type: ignore[union-attr]
     if len(f.stages) != pp:
         return f"it lists {len(f.stages)} stage(s); the members have pp = {pp}"

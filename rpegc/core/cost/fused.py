@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rpegc.core.cost.optime import OpTime
-from rpegc.core.sched.microtasks import MemberPipeline, Schedule, makespan
+from rpegc.core.sched.microtasks import MemberPipeline, Schedule, fused_schedule, makespan
 
 
 def member_pipeline(t: OpTime, mb: int, forward_equivalents: int) -> MemberPipeline:
@@ -49,3 +49,12 @@ def fused_time(times: tuple[OpTime, ...], members: tuple[MemberPipeline, ...], s
     """The fusion of the operators priced `times`, whose microtasks are `members`, running `schedule`."""
     return FusedTime(makespan=makespan(schedule, members), unshared=tuple(unshared_time(t) for t in times),
                      unfused=tuple(float(t.T_op) for t in times))
+
+
+def fuse_operators(times: tuple[OpTime, ...], mbs: tuple[int, ...], forward_equivalents: tuple[int, ...],
+                   pp: int) -> tuple[Schedule, FusedTime]:
+    """The microtask order a fusion of the operators priced `times` runs on its `pp` stages (`fused_schedule`), each
+    member with its microbatch count and forward-equivalent passes, and the fusion's time under that order."""
+    members = tuple(member_pipeline(t, mb, fe) for t, mb, fe in zip(times, mbs, forward_equivalents))
+    stages = fused_schedule(members, pp)
+    return stages, fused_time(times, members, stages)

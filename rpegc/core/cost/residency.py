@@ -149,6 +149,7 @@ def device_peaks(
     terms: tuple[OpTerms, ...],
     models: Mapping[str, Model],
     tau: Mapping[str, int],
+    fused: tuple[tuple[int, ...], ...] = (),
 ) -> np.ndarray:
     """`device_memory_arrays(...).peak` (B x #D), computed once per covering instead of once per device.
 
@@ -156,14 +157,14 @@ def device_peaks(
     the batch's distinct coverings (a handful, against hundreds of devices at 512 GPUs), each row seeing only
     the coverings its devices have, and the peaks are indexed back to the devices."""
     if not masks or len(masks) > MAX_COVERING_OPS:
-        return device_memory_arrays(roles, op_models, masks, terms, models, tau).peak
+        return device_memory_arrays(roles, op_models, masks, terms, models, tau, fused).peak
     B = masks[0].shape[0]
     index, bits = device_coverings(masks)
     present = np.zeros((B, len(bits)), dtype=bool)
     rows = np.arange(B)[:, None]
     present[rows, index] = True
     covering_masks = tuple(bits[None, :, i] & present for i in range(len(masks)))
-    return device_memory_arrays(roles, op_models, covering_masks, terms, models, tau).peak[rows, index]
+    return device_memory_arrays(roles, op_models, covering_masks, terms, models, tau, fused).peak[rows, index]
 
 
 def device_coverings(masks: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:

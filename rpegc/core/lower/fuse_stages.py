@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rpegc.core.check.fusion_rules import check_plan_fusions
-from rpegc.core.cost.annotate import member_pipelines, node_placement, placement_time
+from rpegc.core.cost.annotate import node_placement, placement_time
+from rpegc.core.cost.fused import fuse_operators
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import ExecFusion, ExecNode
 from rpegc.core.ir.program import Program
-from rpegc.core.sched.microtasks import fused_schedule
 
 
 def fuse_stages(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> Program:
@@ -50,4 +50,8 @@ def fuse_stages(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -
 
 def _stages(p: Program, members: list[ExecNode], hw: Hardware, opts: CostOptions):
     times = tuple(placement_time(p, node_placement(n, p), hw, opts) for n in members)
-    return fused_schedule(member_pipelines(p, members, times), members[0].strategy.pp)  # type: ignore[union-attr]
+    strategies = [n.strategy for n in members]
+    stages, _ = fuse_operators(times, tuple(s.mb for s in strategies),  # type: ignore[union-attr]
+                               tuple(p.workload.training(s.train).forward_equivalents for s in strategies),  # type: ignore[union-attr]
+                               strategies[0].pp)  # type: ignore[union-attr]
+    return stages

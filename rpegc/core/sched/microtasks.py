@@ -19,6 +19,7 @@ T_gemm (mb + pp - 1) / mb (spec 3.3) when every microtask of a kind takes the sa
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from rpegc.core.ir.exec_graph import BACKWARD, FORWARD, Microtask, Schedule
@@ -95,36 +96,49 @@ def live_peak(schedule: Schedule, members: tuple[MemberPipeline, ...], weights: 
 
 def list_schedule(members: tuple[MemberPipeline, ...], pp: int) -> Schedule:
     """Each stage in turn of time starts the ready microtask that can start earliest (module docstring's ties),
-    keeping every member within 1F1B's live bound pp - s on stage s and its microbatches in order per kind."""
+    keeping every member within 1F1B's live bound pp - s on stage s and its microbatches in order per kind.
+
+    A candidate is the next microtask of one (member, kind, stage); its start changes only when its stage starts
+    something or what it needs finishes, so candidates sit in a heap and a start recomputes just those (an entry whose
+    candidate changed since it was pushed is stale and skipped): O(n log n) for n microtasks, not a scan per start."""
     finish: dict[Microtask, float] = {}
     free = [0.0] * pp
     live = [[0] * len(members) for _ in range(pp)]
     next_micro = {(i, k, s): 0 for i in range(len(members)) for k in (FORWARD, BACKWARD) for s in range(pp)}
+    version = dict.fromkeys(next_micro, 0)
     orders: list[list[Microtask]] = [[] for _ in range(pp)]
-    left = 2 * pp * sum(m.mb for m in members)  # every member's forward and backward of each microbatch, each stage
-    while left:
-        best = None
-        for i, m in enumerate(members):
-            for s in range(pp):
-                for k in (BACKWARD, FORWARD):
-                    j = next_micro[(i, k, s)]
-                    if j >= m.mb or (k == FORWARD and live[s][i] >= pp - s):
-                        continue
-                    t = Microtask(i, k, j, s)
-                    needs = _needs(t, pp)
-                    if any(n not in finish for n in needs):
-                        continue
-                    start = max([free[s], *(finish[n] for n in needs)])
-                    key = (start, k != BACKWARD, i, j, s)
-                    if best is None or key < best[0]:
-                        best = (key, t)
-        assert best is not None, "a 1F1B member always has a ready microtask"
-        (start, *_), t = best
+    heap: list = []
+
+    def push(i: int, k: str, s: int) -> None:
+        version[(i, k, s)] += 1
+        j = next_micro[(i, k, s)]
+        if j >= members[i].mb or (k == FORWARD and live[s][i] >= pp - s):
+            return
+        t = Microtask(i, k, j, s)
+        needs = _needs(t, pp)
+        if any(n not in finish for n in needs):
+            return
+        start = max([free[s], *(finish[n] for n in needs)])
+        heapq.heappush(heap, ((start, k != BACKWARD, i, j, s), version[(i, k, s)], t))
+
+    for i, k, s in next_micro:
+        push(i, k, s)
+    while heap:
+        (start, *_), seen, t = heapq.heappop(heap)
+        if seen != version[(t.member, t.kind, t.stage)]:
+            continue
         finish[t] = free[t.stage] = start + _duration(t, members)
         live[t.stage][t.member] += 1 if t.kind == FORWARD else -1
         next_micro[(t.member, t.kind, t.stage)] += 1
         orders[t.stage].append(t)
-        left -= 1
+        for i in range(len(members)):  # the stage is busy until t finishes
+            push(i, FORWARD, t.stage)
+            push(i, BACKWARD, t.stage)
+        if t.stage + 1 < pp:
+            push(t.member, FORWARD, t.stage + 1)
+        if t.kind == BACKWARD and t.stage > 0:
+            push(t.member, BACKWARD, t.stage - 1)
+    assert sum(map(len, orders)) == 2 * pp * sum(m.mb for m in members), "a 1F1B member always has a ready microtask"
     return tuple(tuple(o) for o in orders)
 
 
