@@ -140,11 +140,36 @@ def test_parquet_rows_read_as_jsonl_rows_do(tok, tmp_path):
     assert a.examples == b.examples
 
 
+def test_a_verl_parquet_needs_no_data_options(tok, tmp_path):
+    """verl's layout (chat-message prompt, reward_model.ground_truth, data_source, extra_info) with the defaults."""
+    pytest.importorskip("pyarrow.parquet")
+    path = arith.write_dataset(str(tmp_path / "verl.parquet"), 6, seed=3)
+    plain = arith.write_dataset(str(tmp_path / "plain.jsonl"), 6, seed=3, chat=True)
+    verl, jsonl = dataset(tok, path, shuffle=False), dataset(tok, plain, shuffle=False)
+    assert [e.answer for e in verl.examples] == [e.answer for e in jsonl.examples] == [
+        p.answer for p in arith.problems(6, 3, 9, "+")]
+    assert [e.ids for e in verl.examples] == [e.ids for e in jsonl.examples]  # the same chat-templated prompts
+    assert [e.extra["index"] for e in verl.examples] == list(range(6)) and verl.examples[0].source == "arith"
+
+
+def test_auto_answer_key_takes_the_first_rows_layout_for_every_row(tok, tmp_path):
+    mixed = [{"prompt": "1+2=", "reward_model": {"ground_truth": "3"}}, {"prompt": "2+2=", "answer": "4"}]
+    with pytest.raises(RpegError, match="row 2 has no 'reward_model.ground_truth'") as e:
+        dataset(tok, rows_file(tmp_path, mixed))
+    assert e.value.loc.line == 2
+    with pytest.raises(RpegError, match="row 1 has neither 'reward_model.ground_truth' .verl's layout. nor 'answer'"):
+        dataset(tok, rows_file(tmp_path, [{"prompt": "1+2=", "solution": "3"}]))
+    # a preference dataset needs no ground truth
+    pairs = PromptDataset(DataConfig(path=rows_file(tmp_path, [{"prompt": "1+2=", "chosen": "3", "rejected": "4"}])),
+                          tok, 12, 64, pair_len=4)
+    assert pairs.examples[0].answer is None
+
+
 @pytest.mark.parametrize("content,match,line", [
     ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', "not a JSON object", 2),
     ('["a list"]\n', "must be a JSON object", 1),
     ('{"answer": "2"}\n', "has no 'prompt'", 1),
-    ('{"prompt": "1+1="}\n', "has no 'answer'", 1),
+    ('{"prompt": "1+1="}\n', "has neither 'reward_model.ground_truth' (verl's layout) nor 'answer'", 1),
     ('{"prompt": 5, "answer": "5"}\n', "must be text or a list of chat messages", 1),
     ('{"prompt": [{"role": "user"}], "answer": "5"}\n', "must be text or a list of chat messages", 1),
     # issue 33: what Python's json reads but JSON is not, and what it cannot read

@@ -73,27 +73,31 @@ def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("real")
     arith.write_checkpoint(str(d / "ckpt"), hidden=32, layers=2, max_positions=32)
     arith.write_dataset(str(d / "train.jsonl"), 32, seed=2, chat=True, max_operand=20)
+    arith.write_dataset(str(d / "train.parquet"), 32, seed=2, max_operand=20)  # verl's layout
     (d / "reward.py").write_text(REWARD)
     return d
 
 
-@pytest.mark.parametrize("name,text,function", [("grpo", grpo_text, "flaky"), ("ppo", ppo_text, "compute_score")])
-def test_a_checkpoint_trains_on_a_dataset_with_a_plugin_reward_and_exports(workdir, tmp_path, name, text, function):
+@pytest.mark.parametrize("name,text,function,data", [("grpo", grpo_text, "flaky", "train.parquet"),
+                                                     ("ppo", ppo_text, "compute_score", "train.jsonl")])
+def test_a_checkpoint_trains_on_a_dataset_with_a_plugin_reward_and_exports(workdir, tmp_path, name, text, function,
+                                                                            data):
     """GRPO's verifier raises on every third ground truth: those calls score 0, are counted per step and
-    summed in the summary, and the run goes on."""
+    summed in the summary, and the run goes on. GRPO reads a Parquet file in verl's layout, PPO a JSONL file of
+    prompts and answers; neither gives a data option."""
     d = workdir
     (d / f"{name}.rpeg").write_text(text())
     proc = cli("rpegc.cli", f"{name}.rpeg", "-p", lowering(2), "-o", f"{name}.exec.rpeg", cwd=d)
     assert proc.returncode == 0, proc.stderr
     run_dir = f"run-{name}"
-    proc = cli("rpegc.runtime.cli", f"{name}.exec.rpeg", "--backend", "torch", "--data", "train.jsonl",
+    proc = cli("rpegc.runtime.cli", f"{name}.exec.rpeg", "--backend", "torch", "--data", data,
                "--reward", f"reward.py:{function}", "--run-dir", run_dir, "--trace", f"{name}.jsonl",
                "--rl", "lr_actor=1e-3", "--rl", "lr_critic=1e-3", cwd=d)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verification: OK" in proc.stdout and "Traceback" not in proc.stderr
     with open(d / f"{name}.jsonl") as f:
         header = json.loads(f.readline())["options"]
-    assert header["data"]["path"] == str(d / "train.jsonl") and header["reward"].endswith(f"reward.py:{function}")
+    assert header["data"]["path"] == str(d / data) and header["reward"].endswith(f"reward.py:{function}")
     metrics = [json.loads(line) for line in open(d / run_dir / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [0, 1]
     assert all(0 <= m["accuracy"] <= 1 for m in metrics)

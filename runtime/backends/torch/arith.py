@@ -90,12 +90,28 @@ def problems(n: int, seed: int, max_operand: int = 9, ops: str = "+") -> list[Pr
 
 
 def write_dataset(path: str, n: int, seed: int = 0, *, chat: bool = False, max_operand: int = 9, ops: str = "+") -> str:
-    """`n` arithmetic prompts with their answers as JSONL; chat=True writes the prompt as one user message."""
+    """`n` arithmetic prompts with their answers as JSONL; chat=True writes the prompt as one user message; a path
+    ending in .parquet gets verl's layout (`verl_row`)."""
+    found = problems(n, seed, max_operand, ops)
+    if path.endswith(".parquet"):
+        import pyarrow
+        import pyarrow.parquet
+
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist([verl_row(p, i) for i, p in enumerate(found)]), path)
+        return path
     with open(path, "w", encoding="utf-8") as f:
-        for p in problems(n, seed, max_operand, ops):
+        for p in found:
             prompt = [{"role": "user", "content": p.text}] if chat else p.text
             f.write(json.dumps({"prompt": prompt, "answer": p.answer, "data_source": "arith"}) + "\n")
     return path
+
+
+def verl_row(p, index: int) -> dict:
+    """A problem as verl's data preprocessing writes a row (e.g. `examples/data_preprocess/gsm8k.py`): the prompt as
+    chat messages, the ground truth under `reward_model`, and `extra_info`."""
+    return {"data_source": "arith", "prompt": [{"role": "user", "content": p.text}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": p.answer},
+            "extra_info": {"split": "train", "index": index}}
 
 
 def corpus(n: int = 2000, seed: int = 1, max_operand: int = 99) -> list[str]:

@@ -1,10 +1,11 @@
 """Prompt datasets: JSONL or Parquet files tokenized with the checkpoint's tokenizer (issue 15, item 4).
 
 Paper Sec. II: every RL step draws B prompts and generates R responses to each. A dataset file holds one
-example per row (JSONL line or Parquet row), in verl's layout by default: the prompt under `prompt` (text,
-or chat messages [{"role", "content"}, ...]), the ground truth under `answer` (a dotted key reaches into
-nested columns: verl's `reward_model.ground_truth`), `data_source` and `extra_info` passed on to the reward
-function. `DataConfig` names the columns and the rules; `--rl-config`'s `[data]` table and
+example per row (JSONL line or Parquet row): the prompt under `prompt` (text, or chat messages
+[{"role", "content"}, ...]), the ground truth under verl's `reward_model.ground_truth` or a plain `answer`
+(`answer_key = "auto"`, the default, takes whichever the file's first row has, and every row must have it; a dotted
+key reaches into nested columns), `data_source` and `extra_info` passed on to the reward function. A Parquet file as
+verl's data preprocessing writes it therefore trains with no `[data]` table. `DataConfig` names the columns and the rules; `--rl-config`'s `[data]` table and
 `--rl data.NAME=VALUE` set it (runtime/backends/torch/rl_options.py).
 
 Rules, all explicit: a prompt is the tokenizer's encoding of its text, or of the chat template applied to
@@ -38,6 +39,8 @@ from rpegc.core.ir.errors import Loc, RpegError, error_line
 from rpegc.runtime.backends.torch.models import derive_seed
 
 TRUNCATIONS = ("error", "left", "right", "drop")
+AUTO = "auto"
+AUTO_ANSWER_KEYS = ("reward_model.ground_truth", "answer")  # verl's layout, then the plain one
 MAX_ROW_BYTES = 64 << 20  # a JSONL row: a prompt of Lp tokens, its answer and extra info are far smaller
 TOKEN_MARGIN = 16  # tokens kept beyond Lp where an over-long prompt is cut before tokenising (see _fit)
 CHAT_TEMPLATES = ("auto", "always", "never")
@@ -50,7 +53,8 @@ class DataConfig:
 
     path: Optional[str] = None
     prompt_key: str = "prompt"
-    answer_key: str = "answer"  # "" : the rows carry no ground truth
+    answer_key: str = AUTO  # "auto": AUTO_ANSWER_KEYS, whichever the first row has (a preference dataset: or none);
+    # "": the rows carry no ground truth
     chosen_key: str = "chosen"  # DPO: the preferred response's text
     rejected_key: str = "rejected"  # DPO: the other response's text
     source_key: str = "data_source"
@@ -175,6 +179,19 @@ def _parquet_rows(path: str) -> list[tuple[int, dict]]:
     return list(enumerate(table.to_pylist(), 1))
 
 
+def _answer_key(obj: dict, loc: Loc, row: int, required: bool) -> str:
+    """The ground truth's key of a file whose first row is `obj` (answer_key = "auto"); a preference dataset's rows
+    need none (`required` False: "" when the row has neither)."""
+    for key in AUTO_ANSWER_KEYS:
+        if _lookup(obj, key)[0]:
+            return key
+    if not required:
+        return ""
+    raise RpegError(loc, f"row {row} has neither '{AUTO_ANSWER_KEYS[0]}' (verl's layout) nor '{AUTO_ANSWER_KEYS[1]}'; "
+                         "name the ground truth's column with data.answer_key, or set it to \"\" if the rows carry "
+                         "none")
+
+
 def _lookup(obj: dict, key: str) -> tuple[bool, Any]:
     """obj[key] with dots reaching into nested objects: (found, value)."""
     cur: Any = obj
@@ -243,6 +260,9 @@ class PromptDataset:
         self.examples: list[Example] = []
         self.dropped = 0
         for row, obj in read_rows(cfg.path):
+            if self.cfg.answer_key == AUTO:
+                key = _answer_key(obj, Loc(cfg.path, row, 1), row, required=pair_len is None)
+                self.cfg = dataclasses.replace(self.cfg, answer_key=key)
             ex = self._example(row, obj)
             if ex is not None:
                 self.examples.append(ex)
