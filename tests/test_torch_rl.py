@@ -10,8 +10,8 @@ from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.program import Arch  # noqa: E402
 from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
 from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
-from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss,  # noqa: E402
-                                            compute_advantages, critic_loss, default_rl_config, gae,
+from rpegc.runtime.backends.torch.rl import (LOSS_AGG_MODES, Experience, RLConfig, actor_loss,  # noqa: E402
+                                            aggregate, compute_advantages, critic_loss, default_rl_config, gae,
                                             epoch_stats, grpo_advantages, kl_estimate, masked_moments,
                                             minibatch_rows, minibatch_steps, policy_loss, response_forward,
                                             token_rewards, value_loss, whiten)
@@ -55,8 +55,46 @@ def test_kl_estimators():
     k3 = kl_estimate(logp, ref, "k3")
     torch.testing.assert_close(k3, t(math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1.0 - 1))
     assert (k3 >= 0).all() and kl_estimate(ref, ref, "k3").eq(0).all()
-    with pytest.raises(RpegError, match="k1, k3"):
-        kl_estimate(logp, ref, "k2")
+    torch.testing.assert_close(kl_estimate(logp, ref, "k2"), t(0.125, 0.5))  # (log ratio)^2 / 2
+    with pytest.raises(RpegError, match="k1, k2, k3"):
+        kl_estimate(logp, ref, "k4")
+    with pytest.raises(RpegError, match="loss_agg_mode 'mean'; use one of token-mean, seq-mean-token-sum"):
+        default_rl_config("grpo", loss_agg_mode="mean")
+
+
+def oracle_aggregate(terms, mask, mode):
+    """The aggregations written out per sequence. As verl's `agg_loss` (verl/trainer/ppo/core_algos.py) on one
+    batch: token-mean sum(l m) / sum(m); seq-mean-token-sum: the mean over sequences of sum_t l m; seq-mean-token-
+    mean: the mean over sequences of sum_t l m / sum_t m (GRPO, Shao et al. 2024, Eq. 3). seq-mean-token-sum-norm is
+    Dr. GRPO's objective (Liu et al. 2025, Sec. 3.1: the 1/|o_i| dropped, the mean over the G responses kept, the
+    token sums divided by a constant, here Lr): sum(l m) / (N Lr). verl divides each micro-batch's token sum by Lr
+    alone and averages the micro-batches, a scale that depends on the micro-batch size; rpegc's does not."""
+    rows = [(sum(float(l) * float(m) for l, m in zip(tr, mr)), sum(float(m) for m in mr)) for tr, mr in zip(terms, mask)]
+    n, lr = len(rows), len(mask[0])
+    if mode == "token-mean":
+        return sum(s for s, _ in rows) / sum(c for _, c in rows)
+    if mode == "seq-mean-token-sum":
+        return sum(s for s, _ in rows) / n
+    if mode == "seq-mean-token-mean":
+        return sum(s / c for s, c in rows) / n
+    return sum(s for s, _ in rows) / (n * lr)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_loss_aggregation_matches_the_formulas_and_shards_sum_to_the_whole(mode):
+    g = torch.Generator().manual_seed(7)
+    terms = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0],
+                         [1, 0, 0, 0, 0]], dtype=torch.float64)
+    exp = Experience(torch.zeros(6, 7, dtype=torch.long), mask, mask, mask, torch.zeros(6))
+    whole = float(exp.loss_count(mode))
+    want = oracle_aggregate(terms.tolist(), mask.tolist(), mode)
+    assert aggregate(terms, mask, whole, mode).item() == pytest.approx(want, rel=1e-12)
+    # shards (replicas, microbatches) divide by the whole batch's normaliser, the sum of theirs
+    parts = [exp.rows(slice(a, b)) for a, b in ((0, 1), (1, 4), (4, 6))]
+    assert sum(float(p.loss_count(mode)) for p in parts) == whole
+    total = sum(aggregate(terms[a:b], mask[a:b], whole, mode).item() for a, b in ((0, 1), (1, 4), (4, 6)))
+    assert total == pytest.approx(want, rel=1e-12)
 
 
 def test_ppo_clipped_loss_matches_a_hand_computed_example():
@@ -118,9 +156,9 @@ def experience(algorithm):
     return compute_advantages(exp, default_rl_config(algorithm), group_size=2)
 
 
-def grads(model, loss_fn, exp, shards):
+def grads(model, loss_fn, exp, shards, agg="token-mean"):
     model.zero_grad()
-    n = exp.num_tokens  # the GLOBAL token count, whatever the shard
+    n = float(exp.loss_count(agg))  # the GLOBAL normaliser (e.g. token count), whatever the shard
     size = exp.sequences.shape[0] // shards
     for i in range(shards):
         loss = loss_fn(model, exp.rows(slice(i * size, (i + 1) * size)), n)
@@ -128,13 +166,17 @@ def grads(model, loss_fn, exp, shards):
     return {k: p.grad.clone() for k, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("algorithm, kind", [("ppo", "policy"), ("grpo", "policy"), ("ppo", "actor_critic"),
-                                             ("ppo", "critic")])
-def test_sharded_losses_sum_to_the_whole_batch_gradient(algorithm, kind):
-    """Data-parallel replicas or microbatches summing their gradients reproduce the single-process update."""
+@pytest.mark.parametrize("algorithm, kind, agg", [("ppo", "policy", "token-mean"), ("grpo", "policy", "token-mean"),
+                                                  ("ppo", "actor_critic", "token-mean"), ("ppo", "critic", "token-mean"),
+                                                  ("grpo", "policy", "seq-mean-token-mean"),
+                                                  ("ppo", "actor_critic", "seq-mean-token-sum"),
+                                                  ("grpo", "policy", "seq-mean-token-sum-norm")])
+def test_sharded_losses_sum_to_the_whole_batch_gradient(algorithm, kind, agg):
+    """Data-parallel replicas or microbatches summing their gradients reproduce the single-process update, under
+    every loss aggregation."""
     exp = experience(algorithm)
     assert exp.mask.eq(0).any()  # variable-length responses: shards hold different token counts
-    cfg = default_rl_config(algorithm, entropy_coef=0.01)
+    cfg = default_rl_config(algorithm, entropy_coef=0.01, loss_agg_mode=agg)
     model = build_model(ARCH, kind, 0, NetOptions(max_seq=LP + LR))
     if kind == "critic":
         def loss_fn(m, e, n):
@@ -142,9 +184,9 @@ def test_sharded_losses_sum_to_the_whole_batch_gradient(algorithm, kind):
     else:
         def loss_fn(m, e, n):
             return actor_loss(m, e, cfg, n)[0]
-    whole = grads(model, loss_fn, exp, 1)
+    whole = grads(model, loss_fn, exp, 1, agg)
     for shards in (2, 4):
-        for k, g in grads(model, loss_fn, exp, shards).items():
+        for k, g in grads(model, loss_fn, exp, shards, agg).items():
             torch.testing.assert_close(g, whole[k], atol=1e-6, rtol=1e-5)
 
 

@@ -111,3 +111,7 @@ def test_a_torch_run_records_the_effective_settings_and_checks_them_first(tmp_pa
     proc = subprocess.run(run + ["--rl", "clip_eps=-1", "--trace", "t2.jsonl"], cwd=tmp_path, capture_output=True,
                           text=True)
     assert proc.returncode == 1 and "clip_eps must be > 0.0" in proc.stderr and not (tmp_path / "t2.jsonl").exists()
+    proc = subprocess.run(run + ["--rl", "loss_agg_mode=mean", "--trace", "t3.jsonl"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and not (tmp_path / "t3.jsonl").exists()
+    assert proc.stderr.count("\n") == 1 and "unknown loss_agg_mode 'mean'; use one of token-mean" in proc.stderr

@@ -75,13 +75,16 @@ def test_ppo_with_reshards_pipelined_inference_and_whitening_over_replicas_match
     assert any(b > 0 for b in moved.values()) and any(b == 0 for b in moved.values())
 
 
-@pytest.mark.parametrize("fields", ["zero = 2 recompute = full", "zero = 0 recompute = none schedule = gpipe"])
-def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, fields):
+@pytest.mark.parametrize("fields, loss", [
+    ("zero = 2 recompute = full", {"loss_agg_mode": "seq-mean-token-mean", "kl_estimator": "k2"}),
+    ("zero = 0 recompute = none schedule = gpipe", {"loss_agg_mode": "seq-mean-token-sum-norm"})])
+def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, fields, loss):
     """A trainer on dp 2 x pp 2 with 4 microbatches, training as the plan's placement says: ZeRO-2 reducing after
     each microbatch's backward with every layer recomputed, or ZeRO-0 without recomputation on the GPipe schedule.
     Both give the statistics and weights of the single-process reference (the bounds above: four microbatches on
     two replicas sum the gradients in another order than one batch, and with Adam's default eps 2 of the 105k
-    weights differed by up to 1e-4, so both sides run with eps = 1e-5 as the PPO test does)."""
+    weights differed by up to 1e-4, so both sides run with eps = 1e-5 as the PPO test does). Each runs a loss
+    aggregation other than token-mean: per-sequence weights and a normaliser summed over the replicas' shards."""
     text = open("examples/grpo-tiny.rpeg").read().replace(
         "@train_actor at (0, 0, 0) extent (1, 1, 4) dp = 1 pp = 2 tp = 2 mb = 2",
         f"@train_actor at (0, 0, 0) extent (1, 1, 4) dp = 2 pp = 2 tp = 1 mb = 4 {fields}")
@@ -89,7 +92,7 @@ def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, f
     plan = compile_plan(tmp_path, "grpo-trained.rpeg", steps=2, text=text)
     train = next(n.node.strategy.train for n in plan.nodes if n.kind == "op" and n.node.role == "training")
     assert " ".join(f"{k} = {v}" for k, v in train.items()) == fields  # the exec plan carries them
-    rl = {"adam_eps": 1e-5}
+    rl = {"adam_eps": 1e-5, **loss}
     backend, _ = run_torch(plan, rl=rl)
     assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
 

@@ -2,11 +2,18 @@
 
 Paper Sec. II (PPO and GRPO stages) and App. B (hyper-parameters: one PPO epoch, actor/critic learning
 rate 1e-6, zero weight decay, gradient clipping at 1.0, PPO clip 0.2, gamma = 1, GAE lambda = 0.95,
-KL coefficient 0.01). Losses are token means over the GLOBAL batch: each takes `num_tokens`, the
-number of response tokens in the whole batch, and returns sum(local terms) / num_tokens. A shard's
-gradient is then exactly its share of the full-batch gradient, so summing gradients over data-parallel
-replicas and microbatches (an all-reduce SUM, or a mean times the replica count) reproduces the
-single-process update.
+KL coefficient 0.01). Losses are aggregated over the GLOBAL batch (`loss_agg_mode`, verl's names): each takes
+`num_tokens`, the normaliser of the whole batch (`loss_normaliser`, summed over replicas), and returns
+sum(local terms x token weights) / normaliser. A shard's gradient is then exactly its share of the full-batch
+gradient, so summing gradients over data-parallel replicas and microbatches (an all-reduce SUM, or a mean times
+the replica count) reproduces the single-process update. The modes:
+  token-mean               sum_it l_it m_it / sum_it m_it                  (every token alike; DAPO's choice)
+  seq-mean-token-sum       sum_it l_it m_it / N                            (a sequence's tokens summed)
+  seq-mean-token-mean      sum_i (sum_t l_it m_it / sum_t m_it) / N        (GRPO's 1/|o_i| per sequence)
+  seq-mean-token-sum-norm  sum_it l_it m_it / (N Lr)                       (Dr. GRPO: a constant length, Lr; verl
+                                                                           divides per micro-batch by Lr alone)
+with N sequences and m the response mask (Liu et al. 2025, "Understanding R1-Zero-Like Training", Sec. 3.1, for
+why the per-sequence 1/|o_i| biases the update toward long wrong answers).
 
 Conventions: response token t of a sequence with prompt length Lp sits at position Lp + t and is
 predicted from position Lp + t - 1; the value V(s_t) of the state before token t is read at that same
@@ -27,7 +34,8 @@ from rpegc.core.ir.program import ALGORITHMS
 from rpegc.runtime.backends.torch.generation import Sampling
 from rpegc.runtime.backends.torch.models import TransformerModel
 
-KL_ESTIMATORS = ("k1", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 # A sum over data-parallel replicas (all-reduce SUM); the identity in a single process.
 Reduce = Callable[[Tensor], Tensor]
@@ -72,6 +80,7 @@ class RLConfig:
     adam_betas: tuple[float, float] = field(default=(0.9, 0.999))
     adam_eps: float = 1e-8
     grpo_eps: float = 1e-6
+    loss_agg_mode: str = "token-mean"  # how a loss's per-token terms become one number (module docstring)
     dpo_beta: float = 0.1  # DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)
 
     @property
@@ -97,6 +106,8 @@ def check_rl_config(cfg: RLConfig) -> None:
         raise RpegError(None, f"unknown RL algorithm '{cfg.algorithm}'; use one of {', '.join(ALGORITHMS)}")
     if cfg.kl_estimator not in KL_ESTIMATORS:
         raise RpegError(None, f"unknown KL estimator '{cfg.kl_estimator}'; use one of {', '.join(KL_ESTIMATORS)}")
+    if cfg.loss_agg_mode not in LOSS_AGG_MODES:
+        raise RpegError(None, f"unknown loss_agg_mode '{cfg.loss_agg_mode}'; use one of {', '.join(LOSS_AGG_MODES)}")
     if cfg.algorithm in ("grpo", "dpo") and cfg.kl_in_reward:
         raise RpegError(None, f"{cfg.algorithm.upper()} has no per-token reward to put the KL penalty into; "
                         "set kl_in_reward = false")
@@ -256,10 +267,13 @@ def last_token_scores(model: TransformerModel, sequences: Tensor, prompt_len: in
 
 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
-    """Per-token KL(pi || pi_ref) estimate from samples of pi: k1 = log(pi/pi_ref) (unbiased, can be
-    negative); k3 = pi_ref/pi - log(pi_ref/pi) - 1 (unbiased, always >= 0; Schulman's estimator)."""
+    """Per-token KL(pi || pi_ref) estimate from samples of pi (Schulman, "Approximating KL Divergence", 2020):
+    k1 = log(pi/pi_ref) (unbiased, can be negative); k2 = (log(pi/pi_ref))^2 / 2 (biased, low variance, >= 0);
+    k3 = pi_ref/pi - log(pi_ref/pi) - 1 (unbiased, always >= 0)."""
     if estimator == "k1":
         return logp - ref_logp
+    if estimator == "k2":
+        return 0.5 * (logp - ref_logp) ** 2
     if estimator == "k3":
         d = ref_logp - logp
         return torch.exp(d) - d - 1
@@ -324,36 +338,59 @@ def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tenso
 
 
 # ---------------------------------------------------------------------------------------------------
-# Losses (sum over local tokens / global token count)
+# Losses (sum over local tokens x weights / the global normaliser)
+
+
+def token_weights(mask: Tensor, mode: str) -> Tensor:
+    """Each response token's weight in a loss aggregated by `mode`: its mask, divided by its sequence's token count
+    for seq-mean-token-mean."""
+    if mode == "seq-mean-token-mean":
+        return mask / mask.sum(-1, keepdim=True).clamp(min=1)
+    return mask
+
+
+def loss_normaliser(mask: Tensor, mode: str) -> Tensor:
+    """What a loss aggregated by `mode` is divided by, for the sequences of `mask` (a 0-d tensor; summed over the
+    shards of a batch it is the batch's): its tokens (token-mean), its sequences, or sequences x Lr."""
+    if mode == "token-mean":
+        return mask.sum()
+    rows = torch.tensor(float(mask.shape[0]), dtype=mask.dtype, device=mask.device)
+    return rows * mask.shape[1] if mode == "seq-mean-token-sum-norm" else rows
+
+
+def aggregate(terms: Tensor, mask: Tensor, normaliser: float, mode: str = "token-mean") -> Tensor:
+    """sum of per-token `terms` weighted by `token_weights` / the batch's `normaliser` (module docstring)."""
+    return (terms * token_weights(mask, mode)).sum() / normaliser
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
-                num_tokens: float) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate: mean over tokens of max(-A r, -A clip(r, 1-eps, 1+eps)), r = pi/pi_old."""
+                num_tokens: float, agg: str = "token-mean") -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate: the aggregate (`agg`) over tokens of max(-A r, -A clip(r, 1-eps, 1+eps)), r = pi/pi_old."""
     ratio = torch.exp(logp - old_logp)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - clip_eps, 1 + clip_eps)
-    loss = (torch.maximum(unclipped, clipped) * mask).sum() / num_tokens
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, num_tokens, agg)
     clip_count = ((clipped > unclipped).float() * mask).sum().item()
     return loss, {"clipped_tokens": clip_count}
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: Optional[float],
-               num_tokens: float) -> Tensor:
+               num_tokens: float, agg: str = "token-mean") -> Tensor:
     """0.5 (V - R)^2, or with clipping 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)."""
     err = (values - returns) ** 2
     if clip is not None:
         clipped = old_values + (values - old_values).clamp(-clip, clip)
         err = torch.maximum(err, (clipped - returns) ** 2)
-    return 0.5 * (err * mask).sum() / num_tokens
+    return 0.5 * aggregate(err, mask, num_tokens, agg)
 
 
-def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str, num_tokens: float) -> Tensor:
-    return (kl_estimate(logp, ref_logp, estimator) * mask).sum() / num_tokens
+def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str, num_tokens: float,
+            agg: str = "token-mean") -> Tensor:
+    return aggregate(kl_estimate(logp, ref_logp, estimator), mask, num_tokens, agg)
 
 
-def entropy_bonus(entropy: Tensor, mask: Tensor, num_tokens: float) -> Tensor:
-    return (entropy * mask).sum() / num_tokens
+def entropy_bonus(entropy: Tensor, mask: Tensor, num_tokens: float, agg: str = "token-mean") -> Tensor:
+    return aggregate(entropy, mask, num_tokens, agg)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -388,9 +425,9 @@ class Experience:
     def num_tokens(self) -> float:
         return float(self.mask.sum().item())
 
-    def loss_count(self) -> Tensor:
-        """The response tokens the losses are means over."""
-        return self.mask.sum()
+    def loss_count(self, agg: str = "token-mean") -> Tensor:
+        """What the losses aggregated by `agg` are divided by, for these rows (`loss_normaliser`)."""
+        return loss_normaliser(self.mask, agg)
 
     def __len__(self) -> int:
         return self.sequences.shape[0]
@@ -423,34 +460,35 @@ def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: 
 
 def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
                num_tokens: float) -> tuple[Tensor, dict[str, float]]:
-    """The loss of an actor (or shared actor-critic) training vertex on `exp`, over `num_tokens` global tokens.
+    """The loss of an actor (or shared actor-critic) training vertex on `exp`, `num_tokens` the batch's normaliser.
 
     policy loss; + kl_coef * KL loss unless the KL is in the reward; - entropy_coef * entropy;
     + value_coef * value loss when the model also has a value head (shared actor-critic).
     """
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature,
                            with_entropy=cfg.entropy_coef != 0, pads=exp.pads)
-    loss, stats = policy_loss(fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg.clip_eps, num_tokens)
+    agg = cfg.loss_agg_mode
+    loss, stats = policy_loss(fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg.clip_eps, num_tokens, agg)
     stats["policy_loss"] = loss.item()
     if not cfg.kl_in_reward:
-        kl = kl_loss(fwd.logprobs, exp.ref_logprobs, exp.mask, cfg.kl_estimator, num_tokens)
+        kl = kl_loss(fwd.logprobs, exp.ref_logprobs, exp.mask, cfg.kl_estimator, num_tokens, agg)
         loss = loss + cfg.kl_coef * kl
         stats["kl_loss"] = kl.item()
     if cfg.entropy_coef != 0:
-        ent = entropy_bonus(fwd.entropy, exp.mask, num_tokens)
+        ent = entropy_bonus(fwd.entropy, exp.mask, num_tokens, agg)
         loss = loss - cfg.entropy_coef * ent
         stats["entropy"] = ent.item()
     if fwd.values is not None:
-        vl = value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens)
+        vl = value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens, agg)
         loss = loss + cfg.value_coef * vl
         stats["value_loss"] = vl.item()
     return loss, stats
 
 
 def critic_loss(model: TransformerModel, exp: Experience, cfg: RLConfig, num_tokens: float) -> Tensor:
-    """The loss of a critic training vertex on `exp`, over `num_tokens` global tokens."""
+    """The loss of a critic training vertex on `exp`, `num_tokens` the batch's normaliser."""
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature, pads=exp.pads)
-    return value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens)
+    return value_loss(fwd.values, exp.values, exp.returns, exp.mask, cfg.value_clip, num_tokens, cfg.loss_agg_mode)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -462,8 +500,9 @@ class Rows(Protocol):
 
     def rows(self, index: slice | Tensor) -> "Rows": ...
 
-    def loss_count(self) -> Tensor:
-        """What its loss is a mean over, locally (response tokens, or pairs), as a 0-d tensor on its device."""
+    def loss_count(self, agg: str) -> Tensor:
+        """What its loss aggregated by `agg` is divided by, locally (e.g. response tokens, or pairs), as a 0-d tensor
+        on its device."""
         ...
 
 
@@ -494,7 +533,7 @@ def minibatch_steps(cfg: RLConfig, batch: Rows, lo: int, hi: int,
     `loss_count`, summed over replicas by `reduce`) and `step` returns (statistics, pre-clip gradient norm).
     Returns the last epoch's statistics (`epoch_stats`) and its mean norm."""
     subs = [batch.rows(minibatch_rows(lo, hi, cfg.ppo_minibatches, k)) for k in range(cfg.ppo_minibatches)]
-    sizes = reduce(torch.stack([sub.loss_count().double() for sub in subs])).tolist()
+    sizes = reduce(torch.stack([sub.loss_count(cfg.loss_agg_mode).double() for sub in subs])).tolist()
     total = sum(sizes)
     results: list[tuple[dict[str, float], float]] = []
     for _ in range(cfg.ppo_epochs):

@@ -110,8 +110,8 @@ class PairRows:
                         on(batch.rejected_mask[lo:hi]), on(ref_chosen), on(ref_rejected),
                         None if batch.pads is None else on(batch.pads[lo:hi]))
 
-    def loss_count(self) -> Tensor:
-        """The pairs the DPO loss is a mean over."""
+    def loss_count(self, agg: str = "token-mean") -> Tensor:
+        """The pairs the DPO loss is a mean over (its loss is per pair, so no token aggregation applies)."""
         return torch.tensor(float(len(self)), device=self.chosen.device)
 
     def rows(self, index: slice | Tensor) -> "PairRows":
