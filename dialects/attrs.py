@@ -35,7 +35,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
-from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch
+from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, Arch
 from rpegc.core.ir.geometry import Alloc, Strategy
 from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
@@ -314,10 +314,11 @@ class TrainAttr(ParametrizedAttribute):
 @irdl_attr_definition
 class ArchAttr(ParametrizedAttribute):
     """A model architecture: `#rpeg.arch<layers = 32, hidden = 4096, ..., kv_heads = 32, gated = 1, qkv_bias = 0,
-    tied = 0, norms = 1>` (the flags of program.Arch as 1 or 0)."""
+    tied = 0, norms = 1, qk_norm = 0, head_dim = 0>` (the flags of program.Arch as 1 or 0; head_dim its head_size,
+    0 for hidden / heads)."""
 
     name = "rpeg.arch"
-    KEYS: ClassVar[tuple[str, ...]] = ARCH_SIZES + ARCH_FLAGS
+    KEYS: ClassVar[tuple[str, ...]] = ARCH_SIZES + ARCH_FLAGS + (HEAD_DIM,)
     layers: IntAttr
     hidden: IntAttr
     ffn: IntAttr
@@ -328,14 +329,17 @@ class ArchAttr(ParametrizedAttribute):
     qkv_bias: IntAttr
     tied: IntAttr
     norms: IntAttr
+    qk_norm: IntAttr
+    head_dim: IntAttr
 
     @staticmethod
     def from_arch(a: Arch) -> ArchAttr:
-        return ArchAttr(*(IntAttr(int(getattr(a, k))) for k in ArchAttr.KEYS))
+        return ArchAttr(*(IntAttr(int(getattr(a, k))) for k in ARCH_SIZES + ARCH_FLAGS), IntAttr(a.head_size))
 
     def to_arch(self) -> Arch:
         values = dict(zip(self.KEYS, (p.data for p in self.parameters)))
-        return Arch(**{k: values[k] for k in ARCH_SIZES}, **{k: bool(values[k]) for k in ARCH_FLAGS})
+        return Arch(**{k: values[k] for k in ARCH_SIZES}, **{k: bool(values[k]) for k in ARCH_FLAGS},
+                    head_size=values[HEAD_DIM])
 
     def print_parameters(self, printer: Printer) -> None:
         _print_keyed_ints(printer, self.KEYS, tuple(p.data for p in self.parameters))

@@ -101,11 +101,14 @@ def test_layer_activations_counts_what_a_block_saves_per_token():
     from rpegc.core.cost.memory import layer_saved_bytes
     from rpegc.core.ir.program import Arch
 
-    for gated in (True, False):
-        arch = Arch(layers=1, hidden=64, ffn=256, vocab=8, heads=4, kv_heads=2, gated=gated, tied=False, norms=True)
+    qwen3 = dict(qk_norm=True, head_size=24)  # per-head q/k norms, a head dimension other than hidden / heads
+    for gated, extra in ((True, {}), (False, {}), (True, qwen3), (True, dict(qk_norm=True))):
+        arch = Arch(layers=1, hidden=64, ffn=256, vocab=8, heads=4, kv_heads=2, gated=gated, tied=False, norms=True,
+                    **extra)
         for dtype, s_t in ((torch.float32, 4), (torch.bfloat16, 2)):
             per_token, other = mod.saved_bytes(arch, dtype)
-            assert per_token == layer_saved_bytes(arch, 1, s_t) and other >= 0, (gated, dtype)
+            assert per_token == layer_saved_bytes(arch, 1, s_t) and other >= 0, (gated, extra, dtype)
+    arch = Arch(layers=1, hidden=64, ffn=256, vocab=8, heads=4, kv_heads=2, gated=False, tied=False, norms=True)
     d, f, h = arch.hidden, arch.ffn, arch.heads
     assert layer_saved_bytes(arch, 1, 4) == 4 * (9 * d + 2 * f + h + 2)  # the two-projection FFN's count
     out = subprocess.run([sys.executable, str(BENCH / "layer_activations.py")], capture_output=True, text=True,

@@ -1,5 +1,6 @@
 """Exact shapes (issue 32, item 4): N_m is `transformers`' `num_parameters()` for every supported config (Llama,
-Mistral, Qwen2; grouped-query attention, tied or untied LM head, Qwen2's q/k/v biases), W_shard at one stage is what
+Mistral, Qwen2, Qwen3; grouped-query attention, tied or untied LM head, Qwen2's q/k/v biases, Qwen3's q/k norms and a
+head_dim other than hidden / heads), W_shard at one stage is what
 the torch backend holds, and work counts grouped-query projections as 2 d^2 + 2 d d_kv."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rpegc.core.ir.hf_config import arch_of_config
 from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import MODEL_KINDS, Arch
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @st.composite
@@ -26,7 +27,11 @@ def hf_configs(draw) -> dict:
     head_dim = draw(st.sampled_from((4, 8, 16)))
     kv_heads = draw(st.integers(1, 4))
     heads = kv_heads * draw(st.integers(1, 4))
-    return dict(model_type=draw(st.sampled_from(MODEL_TYPES)), hidden_size=heads * head_dim,
+    model_type = draw(st.sampled_from(MODEL_TYPES))
+    extra = {}
+    if model_type == "qwen3":  # a head dimension of its own, often not hidden / heads
+        extra["head_dim"] = draw(st.sampled_from((4, 8, 16)))
+    return dict(model_type=model_type, hidden_size=heads * head_dim, **extra,
                 num_attention_heads=heads, num_key_value_heads=kv_heads,
                 intermediate_size=draw(st.integers(1, 96)), num_hidden_layers=draw(st.integers(1, 3)),
                 vocab_size=draw(st.integers(2, 300)), tie_word_embeddings=draw(st.booleans()))
@@ -35,11 +40,11 @@ def hf_configs(draw) -> dict:
 def transformers_model(config: dict):
     transformers = pytest.importorskip("transformers")
     kinds = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-             "qwen2": transformers.Qwen2Config}
+             "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
     fields = {k: v for k, v in config.items() if k != "model_type"}
     hf = kinds[config["model_type"]](**fields, hidden_act="silu")
     classes = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM,
-               "qwen2": transformers.Qwen2ForCausalLM}
+               "qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
     return classes[config["model_type"]](hf), hf
 
 
@@ -48,7 +53,8 @@ def transformers_model(config: dict):
 def test_n_m_is_transformers_parameter_count(config):
     model, hf = transformers_model(config)
     arch = arch_of_config(hf.to_dict(), "config.json")
-    assert arch.qkv_bias == (config["model_type"] == "qwen2")
+    assert arch.qkv_bias == (config["model_type"] == "qwen2") and arch.qk_norm == (config["model_type"] == "qwen3")
+    assert arch.head_dim == config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
     assert arch.tied == config["tie_word_embeddings"]
     assert param_count(arch, "policy") == model.num_parameters()
     assert param_count(arch, "reference") == model.num_parameters()
@@ -70,7 +76,8 @@ def archs(draw) -> Arch:
     heads = kv_heads * draw(st.integers(1, 3))
     return Arch(layers=draw(st.integers(1, 3)), hidden=heads * head_dim, ffn=draw(st.integers(1, 40)),
                 vocab=draw(st.integers(2, 80)), heads=heads, kv_heads=kv_heads, gated=draw(st.booleans()),
-                qkv_bias=draw(st.booleans()), tied=draw(st.booleans()), norms=True)
+                qkv_bias=draw(st.booleans()), tied=draw(st.booleans()), norms=True, qk_norm=draw(st.booleans()),
+                head_size=draw(st.sampled_from((0, 2, 6))))
 
 
 @settings(max_examples=40, deadline=None)

@@ -241,3 +241,19 @@ def test_preference_rows_need_both_responses_within_lr(tok, tmp_path):
         PromptDataset(DataConfig(path=long, answer_key=""), tok, 12, 64, pair_len=4)
     cut = PromptDataset(DataConfig(path=long, answer_key="", truncation="right"), tok, 12, 64, pair_len=4)
     assert len(cut.examples[0].rejected) == 4
+
+
+def test_chat_template_keyword_arguments_reach_the_template(tmp_path):
+    """data.chat_template_kwargs, e.g. Qwen3's enable_thinking: the template sees them (here a template that opens an
+    empty think block when thinking is off, as Qwen3's does)."""
+    d = tmp_path / "tok"
+    arith.write_tokenizer(str(d))
+    tok = load_tokenizer(str(d))
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                         "{% if enable_thinking is defined and not enable_thinking %}=={% endif %}")
+    path = rows_file(tmp_path, [{"prompt": "1+2", "answer": "3"}])
+    plain = PromptDataset(DataConfig(path=path), tok, 12, 64).examples[0].ids
+    off = PromptDataset(DataConfig(path=path, chat_template_kwargs=(("enable_thinking", False),)), tok, 12, 64)
+    def ids(text):
+        return tuple(tok(text, add_special_tokens=False)["input_ids"])
+    assert plain == ids("1+2") and off.examples[0].ids == ids("1+2==")

@@ -82,19 +82,23 @@ def test_a_checkpoint_step_exports_its_master(hf_run, tmp_path):
     assert torch.equal(exported.model.layers[0].self_attn.q_proj.weight.detach(), master)
 
 
-def test_a_rope_model_built_from_the_rpeg_shape_exports_as_llama():
-    """The config of a model without a checkpoint: a LlamaConfig of its shape with the backend's RoPE theta
-    and norm epsilon, under which the backend's weights give the backend's logits."""
+@pytest.mark.parametrize("extra", [{}, {"qk_norm": True, "head_size": 24}], ids=["llama", "qwen3"])
+def test_a_rope_model_built_from_the_rpeg_shape_exports_as_llama(extra):
+    """The config of a model without a checkpoint: a LlamaConfig of its shape (a Qwen3Config with per-head q/k norms)
+    with the backend's RoPE theta and norm epsilon, under which the backend's weights give the backend's logits."""
+    import dataclasses
+
+    from rpegc.runtime.backends.torch.checkpoint import _plain
     from rpegc.runtime.backends.torch.export import hf_config
     from rpegc.runtime.backends.torch.hf import hf_name
     from rpegc.runtime.backends.torch.models import build_model, export_weights
 
-    arch = lookup("tiny")
+    arch = dataclasses.replace(lookup("tiny"), **extra)
     net = NetOptions(max_seq=12)
     weights = export_weights(build_model(arch, "policy", 5, net))
-    spec = {"kind": "policy", "arch": {k: getattr(arch, k) for k in ("layers", "hidden", "ffn", "vocab", "heads",
-                                                                    "kv_heads", "gated")}}
+    spec = {"kind": "policy", "arch": _plain(arch)}  # as a run's identity records it
     config = hf_config(spec, {"positions": "rope", "workload": {"Lp": 4, "Lr": 8}})
+    assert config.model_type == ("qwen3" if extra else "llama") and config.head_dim == arch.head_dim
     hf = transformers.AutoModelForCausalLM.from_config(config).eval()
     hf.load_state_dict({hf_name(n): t for n, t in weights.items()}, strict=False)
     x = torch.randint(0, arch.vocab, (2, 12), generator=torch.Generator().manual_seed(3))

@@ -115,3 +115,13 @@ def test_a_torch_run_records_the_effective_settings_and_checks_them_first(tmp_pa
                           capture_output=True, text=True)
     assert proc.returncode == 1 and not (tmp_path / "t3.jsonl").exists()
     assert proc.stderr.count("\n") == 1 and "unknown loss_agg_mode 'mean'; use one of token-mean" in proc.stderr
+
+
+def test_chat_template_kwargs_are_a_table_in_the_file_or_json_on_the_command_line(tmp_path):
+    (tmp_path / "rl.toml").write_text("[data]\nchat_template_kwargs = {enable_thinking = false, name = \"x\"}\n")
+    assert read_rl_file(str(tmp_path / "rl.toml")).data["chat_template_kwargs"] == (("enable_thinking", False),
+                                                                                  ("name", "x"))
+    got = parse_overrides(['data.chat_template_kwargs={"enable_thinking": true}'])
+    assert got.data["chat_template_kwargs"] == (("enable_thinking", True),)
+    with pytest.raises(RpegError, match="chat_template_kwargs must be a table of names to true/false, numbers or"):
+        parse_overrides(["data.chat_template_kwargs=enable_thinking"])

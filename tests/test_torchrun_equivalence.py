@@ -97,6 +97,23 @@ def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, f
     assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
 
 
+def test_a_qwen3_shaped_model_trained_with_tp_and_pp_matches_the_reference(tmp_path):
+    """Per-head q/k norms and a head dimension (24) other than hidden / heads (16): training pp 2 x tp 2, reference
+    inference tp 2. Each TP rank normalises its own heads with the replicated norm weights, so their gradients are
+    summed over the TP group; the reference trains the whole model in one process."""
+    qwen3 = 'arch = "tiny", head_dim = 24, qk_norm = true'
+    text = open("examples/grpo-tiny.rpeg").read().replace('arch = "tiny", kind = policy', f"{qwen3}, kind = policy")
+    text = text.replace('arch = "tiny", kind = reference', f"{qwen3}, kind = reference")
+    plan = compile_plan(tmp_path, "grpo-qwen3.rpeg", steps=2, text=text)
+    arch = next(m.arch for m in plan.program.models if m.kind == "policy")
+    assert (arch.qk_norm, arch.head_dim, arch.hidden // arch.heads) == (True, 24, 16)
+    rl = {"adam_eps": 1e-5}
+    backend, _ = run_torch(plan, rl=rl)
+    assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
+    moved = backend.final_weights[model_names(plan)["actor"]]["layers.0.attn.q_norm.weight"]
+    assert (moved - 1).abs().max() > 1e-4  # the norms trained
+
+
 def test_staleness_one_changes_only_the_versions_generation_reads(tmp_path):
     text = open("examples/grpo-tiny.rpeg").read().replace("rpeg.staleness {@actor = 0}", "rpeg.staleness {@actor = 1}")
     plan = compile_plan(tmp_path, "grpo-tau1.rpeg", steps=3, text=text)

@@ -117,7 +117,7 @@ from rpegc.syntax import json_text
 from rpegc.core.ir.hf_config import hf_arch
 from rpegc.core.ir.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
-from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
+from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
                                    Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
                                    Vertex, Workload, arch_flag_default)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, coords
@@ -158,7 +158,8 @@ def _model_json(m: Model) -> dict:
         "kind": m.kind,
         "trainable": m.trainable,
         "preset": m.preset,
-        "arch": {k: getattr(m.arch, k) for k in ARCH_SIZES + ARCH_FLAGS},
+        "arch": {**{k: getattr(m.arch, k) for k in ARCH_SIZES + ARCH_FLAGS},
+                 **({HEAD_DIM: m.arch.head_size} if m.arch.head_size else {})},
         **({"hf": m.hf} if m.hf is not None else {}),
     }
 
@@ -488,11 +489,12 @@ def _read_model(r: _Reader, v: Any, path: str) -> Model:
     hf = r.opt(o.get("hf"), _join(path, "hf"), r.str_)
     given = None
     if o.get("arch") is not None:
-        a = r.obj(o["arch"], _join(path, "arch"), ARCH_SIZES, ARCH_FLAGS)
+        a = r.obj(o["arch"], _join(path, "arch"), ARCH_SIZES, ARCH_FLAGS + (HEAD_DIM,))
         base = lookup_preset(preset) if preset is not None else None
         flags = {f: r.bool_(a[f], f"{path}.arch.{f}") if f in a else
                  (getattr(base, f) if base is not None else arch_flag_default(f)) for f in ARCH_FLAGS}
-        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in ARCH_SIZES}, **flags)
+        head = r.int_(a[HEAD_DIM], f"{path}.arch.{HEAD_DIM}", 1) if HEAD_DIM in a else 0
+        given = Arch(**{k: r.int_(a[k], f"{path}.arch.{k}", 1) for k in ARCH_SIZES}, **flags, head_size=head)
     if hf is not None:
         try:
             arch = hf_arch(hf)

@@ -28,7 +28,7 @@ from rpegc.core.ir.gc_pause import without_gc
 from rpegc.core.ir.exec_graph import (DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, Microtask,
                                       ScheduleReport, microtask_of)
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
-from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
+from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
                                    Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
                                    Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
@@ -535,18 +535,20 @@ class _Builder:
         name = self.name(sym)
         loc = self.loc(item)
         what = f"model @{name}"
-        attrs = self.attrs(attr_tree, what, ("arch", "hf", "kind", "trainable") + ARCH_SIZES + ARCH_FLAGS)
+        attrs = self.attrs(attr_tree, what, ("arch", "hf", "kind", "trainable") + ARCH_SIZES + (HEAD_DIM,) + ARCH_FLAGS)
         kind_attr = self.need(attrs, "kind", what, loc, f"rpeg.model @{name} {{arch = \"llama2-7b\", kind = policy}}")
         kind = self.attr_word(kind_attr, what, MODEL_KINDS)
         trainable = self.attr_bool(attrs["trainable"], what) if "trainable" in attrs else False
         fields: dict = {k: self.attr_int(attrs[k], what, maximum=MAX_SIZE) for k in ARCH_SIZES if k in attrs}
+        if HEAD_DIM in attrs:  # Arch.head_size: a head dimension other than hidden / heads
+            fields["head_size"] = self.attr_int(attrs[HEAD_DIM], what, maximum=MAX_SIZE)
         for flag in ARCH_FLAGS:  # what the network has beyond [PF]'s count (program.Arch); absent: the spec's form
             if flag in attrs:
                 fields[flag] = self.attr_bool(attrs[flag], what)
         preset = None
         if "hf" in attrs:
             directory = self.attr_text_value(attrs["hf"], what)
-            given = [k for k in ("arch",) + ARCH_SIZES + ARCH_FLAGS if k in attrs]
+            given = [k for k in ("arch",) + ARCH_SIZES + (HEAD_DIM,) + ARCH_FLAGS if k in attrs]
             if given:
                 self.fail(attrs[given[0]].at, f"{what} reads its architecture from hf = \"{directory}\"; "
                                               f"drop {', '.join(given)}")
@@ -564,7 +566,7 @@ class _Builder:
                     f"unknown arch preset '{preset}'{_close(preset, presets.names())}; "
                     f"known presets: {', '.join(presets.names())} (or give layers, hidden, ffn, vocab, heads)",
                 )
-            values = {k: getattr(base, k) for k in ARCH_SIZES + ARCH_FLAGS}
+            values = {k: getattr(base, k) for k in ARCH_SIZES + ARCH_FLAGS + ("head_size",)}
             values.update(fields)
         else:
             missing = [k for k in ARCH_SIZES[:-1] if k not in fields]

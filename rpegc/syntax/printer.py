@@ -21,7 +21,7 @@ from typing import Iterable, Optional
 from rpegc.core.ir import presets
 from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, microtask_text
 from rpegc.core.ir.expr import Expr
-from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Graph, Model, Plan, Program, Workload, arch_flag_default
+from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, Graph, Model, Plan, Program, Workload, arch_flag_default
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
 _EDGE_WORDS = {"data": "exec.data", "pub": "exec.publish", "order": "exec.order", "dep": "exec.dep"}
@@ -168,9 +168,11 @@ def _model_attrs(m: Model) -> list[tuple[str, Optional[str]]]:
         pairs.append(("arch", _string(m.preset)))
         # A preset with overrides (e.g. a shallower llama) prints only what differs.
         pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_SIZES if getattr(m.arch, f) != getattr(base, f)]
+        pairs += [(HEAD_DIM, str(m.arch.head_size))] if m.arch.head_size != base.head_size else []
         pairs += [(f, str(getattr(m.arch, f)).lower()) for f in ARCH_FLAGS if getattr(m.arch, f) != getattr(base, f)]
     else:
         pairs += [(f, str(getattr(m.arch, f))) for f in ARCH_SIZES]
+        pairs += [(HEAD_DIM, str(m.arch.head_size))] if m.arch.head_size else []
         pairs += [(f, str(getattr(m.arch, f)).lower()) for f in ARCH_FLAGS
                   if getattr(m.arch, f) != arch_flag_default(f)]
     pairs.append(("kind", _word(m.kind)))

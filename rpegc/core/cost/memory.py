@@ -97,14 +97,21 @@ def layer_saved_bytes(arch: Arch, tp, s_t: int):
     """Bytes per token one transformer layer of the torch backend saves for its backward pass, its input aside
     (bench/layer_activations.py counts them with autograd's saved-tensor hooks; tests/test_bench_smoke.py holds the
     two equal): in the working dtype (s_t bytes) the two RMSNorms' inputs and outputs with the attention's residual
-    sum (5 d, replicated over TP), the attention's q, k, v (k, v repeated to every head) and output (4 d / P_t), the
+    sum (5 d, replicated over TP), the attention's q, k, v (k, v repeated to every head) and output (4 d_q / P_t), the
     FFN's d_ff-wide tensors (gate, up, their SiLU and product: 4 d_ff / P_t; two without a gate); in float32 the
     attention's log-sum-exp per head and the norms' reciprocal RMS (4 (heads / P_t + 2)); in a 16-bit dtype 6 d
-    bytes more: the norms compute their statistic on a float32 copy of their input (in float32 the input itself)."""
+    bytes more: the norms compute their statistic on a float32 copy of their input (in float32 the input itself).
+    Per-head q/k norms (Qwen3) save, over d_q + d_kv per P_t, their normalised output in the working dtype and their
+    input in float32 (the input itself in float32, its float32 copy in a 16-bit dtype), and a float32 reciprocal RMS
+    per head, (heads + kv_heads) / P_t."""
     d = arch.hidden
     ffn = (4 if arch.gated else 2) * arch.ffn / tp
     upcast = 6 * d if s_t < FP32 else 0
-    return s_t * (5 * d + 4 * d / tp + ffn) + FP32 * (arch.heads / tp + 2) + upcast
+    saved = s_t * (5 * d + 4 * arch.q_width / tp + ffn) + FP32 * (arch.heads / tp + 2) + upcast
+    if arch.qk_norm:
+        width = (arch.q_width + arch.kv_width) / tp
+        saved = saved + (s_t + FP32) * width + FP32 * (arch.heads + arch.kv_heads) / tp
+    return saved
 
 
 def live_microbatches(train: Training, pp, mb):
@@ -128,7 +135,7 @@ def buffer_width(arch: Arch, tp, opts: CostOptions = DEFAULT_OPTIONS):
     wide tensors (gate, up and their product) where the spec's holds two."""
     d = arch.hidden
     f = ffn_matrices(arch)
-    width = np.maximum(2 * d + 6 * d / tp, 2 * d + f * arch.ffn / tp)
+    width = np.maximum(2 * d + 6 * arch.q_width / tp, 2 * d + f * arch.ffn / tp)
     if opts.recompute_buffer_third_term:
         width = np.maximum(width, 2 * d + f * arch.ffn)
     return width
@@ -142,9 +149,9 @@ def head_act_width(arch: Arch, kind: str, opts: CostOptions = DEFAULT_OPTIONS) -
 
 
 def kv_width(arch: Arch, tp):
-    """Per-rank K (or V) width: d/P_t for MHA, ceil(n_kv/P_t) d_h for GQA ([A22])."""
+    """Per-rank K (or V) width: d_q/P_t for MHA (d/P_t), ceil(n_kv/P_t) d_h for GQA ([A22])."""
     if arch.kv_heads == arch.heads:
-        return arch.hidden / tp
+        return arch.q_width / tp
     return np.ceil(arch.kv_heads / tp) * arch.head_dim
 
 

@@ -2,8 +2,8 @@
 
 [PF] counts four d x d attention projections, two FFN projections and one V x d matrix. The counts here are
 exact for the networks the presets and checkpoints describe (`Arch`'s flags): grouped-query attention (q and o
-d x d, k and v d x d_kv), a gated FFN's third matrix, Qwen2's q/k/v biases, the RMSNorm weights and an untied LM
-head. With the flags' defaults they are [PF]'s, so the spec's worked example holds. For a checkpoint N_m equals
+d x d_q, k and v d x d_kv), a gated FFN's third matrix, Qwen2's q/k/v biases, the RMSNorm weights (Qwen3's per-head
+q/k norms too) and an untied LM head. With the flags' defaults they are [PF]'s, so the spec's worked example holds. For a checkpoint N_m equals
 `transformers`' `num_parameters()` (tests/test_cost_params.py).
 """
 
@@ -21,9 +21,10 @@ def ffn_matrices(arch: Arch) -> int:
 
 
 def attention_params(arch: Arch) -> int:
-    """Weights of one layer's attention projections: 2 d^2 + 2 d d_kv (q and o, k and v); 4 d^2 for MHA."""
+    """Weights of one layer's attention projections: 2 d d_q + 2 d d_kv (q and o, k and v); 4 d^2 for MHA with
+    d_q = d."""
     d = arch.hidden
-    return 2 * d * d + 2 * d * arch.kv_width
+    return 2 * d * arch.q_width + 2 * d * arch.kv_width
 
 
 def layer_gemm_params(arch: Arch) -> int:
@@ -34,13 +35,16 @@ def layer_gemm_params(arch: Arch) -> int:
 
 def layer_sharded_params(arch: Arch) -> int:
     """Parameters of one layer that tensor parallelism divides: the GEMM weights and the q/k/v biases."""
-    bias = (arch.hidden + 2 * arch.kv_width) if arch.qkv_bias else 0
+    bias = (arch.q_width + 2 * arch.kv_width) if arch.qkv_bias else 0
     return layer_gemm_params(arch) + bias
 
 
 def layer_replicated_params(arch: Arch) -> int:
-    """Parameters of one layer every TP rank holds whole: the two RMSNorm weights (when counted)."""
-    return 2 * arch.hidden if arch.norms else 0
+    """Parameters of one layer every TP rank holds whole: the two RMSNorm weights and the q/k norms' (when
+    counted)."""
+    if not arch.norms:
+        return 0
+    return 2 * arch.hidden + (2 * arch.head_dim if arch.qk_norm else 0)
 
 
 def layer_params(arch: Arch) -> int:

@@ -13,9 +13,9 @@ from rpegc.core.ir.program import Arch, Workload
 
 
 def backbone_flops_per_token(arch: Arch, ell):
-    """C_bb(ell) = 2 L (W_layer + ell d) (spec: W_layer = 4 d^2 + 2 d d_ff; 2 d^2 + 2 d d_kv with GQA; 3 d d_ff gated):
-    projections plus causal attention averaged per token."""
-    return 2 * arch.layers * (layer_gemm_params(arch) + ell * arch.hidden)
+    """C_bb(ell) = 2 L (W_layer + ell d_q) (spec: W_layer = 4 d^2 + 2 d d_ff; 2 d d_q + 2 d d_kv with GQA; 3 d d_ff
+    gated; d_q = d unless the head dimension is given): projections plus causal attention averaged per token."""
+    return 2 * arch.layers * (layer_gemm_params(arch) + ell * arch.q_width)
 
 
 def head_flops_per_sequence(arch: Arch, kind: str, ell, ac_heads: str = "both"):
@@ -48,9 +48,9 @@ def forward_flops_per_token(arch: Arch, kind: str, ell, ac_heads: str = "both"):
 
 
 def prefill_flops_per_rollout(arch: Arch, L_p):
-    """C_pf^roll = 2 L L_p (4d^2 + 2 d d_ff + L_p d) + 2 V d (the LM head emits the first token)."""
+    """C_pf^roll = 2 L L_p (4d^2 + 2 d d_ff + L_p d_q) + 2 V d (the LM head emits the first token)."""
     d = arch.hidden
-    return 2 * arch.layers * L_p * (layer_gemm_params(arch) + L_p * d) + 2 * arch.vocab * d
+    return 2 * arch.layers * L_p * (layer_gemm_params(arch) + L_p * arch.q_width) + 2 * arch.vocab * d
 
 
 def decode_flops_per_rollout(arch: Arch, L_p, L_r, opts: CostOptions = DEFAULT_OPTIONS):
@@ -58,7 +58,7 @@ def decode_flops_per_rollout(arch: Arch, L_p, L_r, opts: CostOptions = DEFAULT_O
     L, d = arch.layers, arch.hidden
     steps = L_r - 1
     context_sum = steps * L_p + steps * L_r // 2  # sum_{t=1..L_r-1} (L_p + t)
-    attention = 2 * opts.decode_attention_factor * L * d * context_sum
+    attention = 2 * opts.decode_attention_factor * L * arch.q_width * context_sum
     return 2 * steps * L * layer_gemm_params(arch) + attention + 2 * steps * arch.vocab * d
 
 

@@ -9,8 +9,8 @@ rest (RoPE theta and scaling, norm epsilon, tied embeddings) through `transforme
 Supported: the Llama family of decoder-only transformers as the backend builds them (RMSNorm, RoPE with
 rotate-half, grouped-query attention, a gated SiLU FFN, no biases but Qwen2's on the query, key and value
 projections): `model_type` llama, mistral (no sliding window shorter than the sequence: checked by the
-backend) or qwen2. Anything else is an error naming the
-field. A relative path is taken from the current directory, like any file argument.
+backend), qwen2 or qwen3 (an RMSNorm over each head's query and key; a `head_dim` other than hidden / heads; every
+layer full attention). Anything else is an error naming the field. A relative path is taken from the current directory, like any file argument.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from rpegc.core.ir.errors import Loc, RpegError, error_line
 from rpegc.core.ir.program import Arch
 
 CONFIG = "config.json"
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+QK_NORM_TYPES = ("qwen3",)  # an RMSNorm over each head's query and key
 # field -> (what the backend builds, the values it accepts); a config with another value is refused
 FIXED_FIELDS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "hidden_act": ("a gated SiLU FFN", ("silu",)),
@@ -80,12 +81,14 @@ def check_supported(config: dict, path: str, loc: Optional[Loc] = None) -> None:
     window = config.get("sliding_window")
     if window is not None and (type(window) is not int or window < 1):
         raise RpegError(loc, f"{path}: sliding_window = {window!r} must be a positive integer or null")
-    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     head_dim = config.get("head_dim")
-    if head_dim is not None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0 \
-            and head_dim * heads != hidden:
-        raise RpegError(loc, f"{path}: head_dim = {head_dim} with {heads} heads is not hidden_size = {hidden}; "
-                             "rpegc needs head_dim = hidden_size / num_attention_heads")
+    if head_dim is not None and (type(head_dim) is not int or head_dim < 1):
+        raise RpegError(loc, f"{path}: head_dim = {head_dim!r} must be a positive integer or null")
+    layer_types = config.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list)
+                                    or any(t != "full_attention" for t in layer_types)):
+        raise RpegError(loc, f"{path}: layer_types = {layer_types!r} is not supported; rpegc builds full attention "
+                             "in every layer (\"full_attention\")")
 
 
 def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
@@ -103,10 +106,16 @@ def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
     tied = config.get("tie_word_embeddings", False)  # transformers' default for these model types
     if not isinstance(tied, bool):
         raise RpegError(loc, f"{path}: tie_word_embeddings = {tied!r} must be true or false")
-    return Arch(layers=values["num_hidden_layers"], hidden=values["hidden_size"], ffn=values["intermediate_size"],
-                vocab=values["vocab_size"], heads=values["num_attention_heads"],
-                kv_heads=values["num_key_value_heads"], gated=True, qkv_bias=config["model_type"] == "qwen2",
-                tied=tied, norms=True)
+    hidden, heads = values["hidden_size"], values["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    if heads % values["num_key_value_heads"]:
+        raise RpegError(loc, f"{path}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = "
+                             f"{values['num_key_value_heads']}")
+    return Arch(layers=values["num_hidden_layers"], hidden=hidden, ffn=values["intermediate_size"],
+                vocab=values["vocab_size"], heads=heads, kv_heads=values["num_key_value_heads"], gated=True,
+                qkv_bias=config["model_type"] == "qwen2", tied=tied, norms=True,
+                qk_norm=config["model_type"] in QK_NORM_TYPES,
+                head_size=0 if head_dim * heads == hidden else head_dim)
 
 
 def hf_arch(directory: str, loc: Optional[Loc] = None) -> Arch:

@@ -64,8 +64,10 @@ class Arch:
     - `gated`: the FFN has a gate projection (SwiGLU: gate, up and down, three d x d_ff matrices, the Llama family);
     - `qkv_bias`: the query, key and value projections have biases (Qwen2);
     - `tied`: the LM head is the embedding matrix (counted once); False: a separate V x d head;
-    - `norms`: the RMSNorm weights (two per layer and the final one, d each) are counted.
-    Grouped-query attention (`kv_heads` < `heads`) is always counted: q and o are d x d, k and v d x d_kv.
+    - `norms`: the RMSNorm weights (two per layer and the final one, d each) are counted;
+    - `qk_norm`: an RMSNorm over each head's query and key (Qwen3), head_dim weights each, counted with `norms`.
+    Grouped-query attention (`kv_heads` < `heads`) is always counted: q and o are d x d_q, k and v d x d_kv, with
+    d_q = heads x head_dim; the head dimension is hidden / heads unless `head_size` gives it (Qwen3's head_dim).
     """
 
     layers: int
@@ -78,10 +80,18 @@ class Arch:
     qkv_bias: bool = False
     tied: bool = True
     norms: bool = False
+    qk_norm: bool = False
+    head_size: int = 0  # the head dimension where it is not hidden / heads (written `head_dim`); 0: hidden / heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """d_q = n_h d_h: the output width of the query projection (and the input width of the output one); d unless
+        the head dimension is given."""
+        return self.heads * self.head_dim
 
     @property
     def kv_width(self) -> int:
@@ -91,7 +101,8 @@ class Arch:
 
 # The shape fields and the flags of an Arch, in the order every form (text, JSON, MLIR) writes them.
 ARCH_SIZES = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
-ARCH_FLAGS = ("gated", "qkv_bias", "tied", "norms")
+ARCH_FLAGS = ("gated", "qkv_bias", "tied", "norms", "qk_norm")
+HEAD_DIM = "head_dim"  # the optional size every form writes for Arch.head_size where it is not hidden / heads
 
 
 def arch_flag_default(flag: str) -> bool:

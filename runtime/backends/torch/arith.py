@@ -137,20 +137,26 @@ def write_tokenizer(directory: str, vocab_size: int = 64):
     return fast
 
 
+MODELS = ("llama", "qwen3")
+
+
 def write_checkpoint(directory: str, *, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                     ffn: Optional[int] = None, max_positions: int = 64, seed: int = 0, tie: bool = False) -> str:
-    """A randomly initialised Llama model and the arithmetic tokenizer, saved in `directory`."""
+                     ffn: Optional[int] = None, max_positions: int = 64, seed: int = 0, tie: bool = False,
+                     model: str = "llama", head_dim: Optional[int] = None) -> str:
+    """A randomly initialised Llama (or Qwen3: per-head q/k norms, `head_dim` of its own) model and the arithmetic
+    tokenizer, saved in `directory`."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = write_tokenizer(directory)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=ffn or 2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         max_position_embeddings=max_positions, tie_word_embeddings=tie,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(model, vocab_size=len(tokenizer), hidden_size=hidden,
+                                  intermediate_size=ffn or 2 * hidden, num_hidden_layers=layers,
+                                  num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                  head_dim=head_dim or hidden // heads, max_position_embeddings=max_positions,
+                                  tie_word_embeddings=tie, bos_token_id=tokenizer.bos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(directory)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
     return directory
 
 
@@ -253,6 +259,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     make.add_argument("--chat", action="store_true", help="prompts as chat messages (the template applies either way)")
     make.add_argument("--hidden", type=int, default=64)
     make.add_argument("--layers", type=int, default=2)
+    make.add_argument("--model", choices=MODELS, default="llama",
+                      help="the checkpoint's family: llama (default) or qwen3 (per-head q/k norms, head_dim 32)")
     make.add_argument("--warm-up", type=int, default=0, metavar="STEPS",
                       help="supervised warm-up steps (batch 64) so that an RL run's reward can move (default 0)")
     check = sub.add_parser("check", help="greedy accuracy of a Hugging Face directory on a test file")
@@ -276,7 +284,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     hf_logging.disable_progress_bar()
     os.makedirs(args.dir, exist_ok=True)
-    write_checkpoint(os.path.join(args.dir, "ckpt"), hidden=args.hidden, layers=args.layers)
+    write_checkpoint(os.path.join(args.dir, "ckpt"), hidden=args.hidden, layers=args.layers, model=args.model,
+                     head_dim=32 if args.model == "qwen3" else None)
     if args.warm_up > 0:
         loss = warm_up(os.path.join(args.dir, "ckpt"), steps=args.warm_up)
         print(f"warm-up: {args.warm_up} supervised steps, last loss {loss:.3f}")
@@ -284,7 +293,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     write_dataset(os.path.join(args.dir, "test.jsonl"), 64, seed=1, chat=args.chat)
     with open(os.path.join(args.dir, "grpo.rpeg"), "w", encoding="utf-8") as f:
         f.write(GRPO_PROGRAM.format(B=8, R=8, Lp=12, Lr=4, ckpt=os.path.join(args.dir, "ckpt")))
-    print(f"wrote {args.dir}/ckpt (Llama, hidden {args.hidden}, {args.layers} layers, tokenizer), "
+    family = "Qwen3" if args.model == "qwen3" else "Llama"
+    print(f"wrote {args.dir}/ckpt ({family}, hidden {args.hidden}, {args.layers} layers, tokenizer), "
           f"{args.dir}/train.jsonl ({args.rows} prompts), {args.dir}/test.jsonl (64) and {args.dir}/grpo.rpeg "
           "(GRPO on 2 workers)")
     return 0

@@ -61,6 +61,9 @@ class DataConfig:
     extra_key: str = "extra_info"
     tokenizer: Optional[str] = None  # a directory; default: the actor's `hf` checkpoint
     chat_template: str = "auto"
+    # keyword arguments of the chat template, e.g. Qwen3's (("enable_thinking", False),); [data]'s
+    # chat_template_kwargs = {enable_thinking = false}
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     truncation: str = "error"
     shuffle: bool = True
 
@@ -355,7 +358,8 @@ class PromptDataset:
                 raise RpegError(loc, "a chat prompt needs a tokenizer with a chat template "
                                 "(data.chat_template = never turns it off)")
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           **dict(self.cfg.chat_template_kwargs))
             return list(tok(text, add_special_tokens=False)["input_ids"])
         return list(tok(prompt)["input_ids"])
 

@@ -6,7 +6,8 @@ index when the model is large) plus the tokenizer files of the checkpoint the mo
 final weights (RUN_DIR/final/) or those of a checkpoint (`--step N`), read whole by `checkpoint.load_full`
 (which checks every file's size and SHA-256). A model that came from a checkpoint (`hf = "DIR"`) keeps DIR's
 config, with untied embeddings (the backend trains the LM head apart from the embedding); a model built from
-the `.rpeg` shape becomes a LlamaConfig of that shape with the backend's RoPE theta and norm epsilon.
+the `.rpeg` shape becomes a LlamaConfig (a Qwen3Config with per-head q/k norms) of that shape with the backend's RoPE
+theta and norm epsilon.
 
 Models with an LM head are exported (policy, reference, actor_critic's LM part); a critic's or reward model's
 per-token value head has no `transformers` class that would give the same values, so those are refused.
@@ -67,7 +68,7 @@ def pick_model(models: dict, model: Optional[str]) -> str:
 
 def hf_config(spec: dict, run: dict):
     """The transformers config of an exported model."""
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import AutoConfig, LlamaConfig, Qwen3Config
 
     if spec.get("hf"):
         config = AutoConfig.from_pretrained(spec["hf"], local_files_only=True)
@@ -78,10 +79,12 @@ def hf_config(spec: dict, run: dict):
                               f"positions = {run.get('positions')!r} has no Llama equivalent; only gated (SwiGLU) "
                               "models with RoPE are exported")
     a, w, net = spec["arch"], run["workload"], NetOptions(max_seq=1)
-    return LlamaConfig(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["ffn"],
-                       num_hidden_layers=a["layers"], num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],
-                       max_position_embeddings=int(w["Lp"]) + int(w["Lr"]), rms_norm_eps=net.norm_eps,
-                       rope_theta=net.rope_theta, tie_word_embeddings=False)
+    kind = Qwen3Config if a.get("qk_norm") else LlamaConfig  # per-head q/k norms: Qwen3's block
+    return kind(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["ffn"],
+                num_hidden_layers=a["layers"], num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],
+                head_dim=a.get("head_size") or a["hidden"] // a["heads"],
+                max_position_embeddings=int(w["Lp"]) + int(w["Lr"]), rms_norm_eps=net.norm_eps,
+                rope_theta=net.rope_theta, tie_word_embeddings=False)
 
 
 def _weights(tensors: dict[str, torch.Tensor], model: str, version: Optional[int]) -> dict[str, torch.Tensor]:

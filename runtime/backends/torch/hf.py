@@ -4,7 +4,7 @@ RoPE tables of its rope type and scaling, tied embeddings) and its version 0 is 
 rank reads only the slices its layout gives it (safetensors `get_slice`).
 
 The backend's blocks are the Llama family's (rpegc/core/ir/hf_config.py says what is supported; Qwen2's query,
-key and value biases included); this module maps the names: `model.layers.i.self_attn.q_proj.weight` is
+key and value biases and Qwen3's per-head query and key norms included); this module maps the names: `model.layers.i.self_attn.q_proj.weight` is
 `layers.i.attn.wq.weight`, and so on. Tied
 embeddings are read into both the embedding and the LM head, which then train as two parameters (a tied
 pair across pipeline stages would need a gradient all-reduce between the first and the last stage).
@@ -40,7 +40,8 @@ _BLOCK = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post
           "attn.wv.weight": "self_attn.v_proj.weight", "attn.wo.weight": "self_attn.o_proj.weight",
           "mlp.w_gate.weight": "mlp.gate_proj.weight", "mlp.w_up.weight": "mlp.up_proj.weight",
           "mlp.w_down.weight": "mlp.down_proj.weight", "attn.wq.bias": "self_attn.q_proj.bias",
-          "attn.wk.bias": "self_attn.k_proj.bias", "attn.wv.bias": "self_attn.v_proj.bias"}
+          "attn.wk.bias": "self_attn.k_proj.bias", "attn.wv.bias": "self_attn.v_proj.bias",
+          "attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"}
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
         "lm_head.weight": "lm_head.weight", "value_head.weight": "score.weight"}
 

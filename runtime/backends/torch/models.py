@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from rpegc.core.cost.memory import segment_layers
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import MODEL_KINDS, Arch, Workload
+from rpegc.runtime.backends.torch.tensor_parallel import copy_to_tp
 
 LM_HEAD_KINDS = ("policy", "reference", "actor_critic")
 SCALAR_HEAD_KINDS = ("critic", "reward", "actor_critic")
@@ -130,13 +131,17 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        # A tensor-parallel group whose ranks each normalise only their own heads with this (replicated) weight
+        # (Qwen3's q/k norms): its gradient is the sum of theirs (`parallel.build_stage_module` sets it).
+        self.grad_group = None
 
     def forward(self, x: Tensor) -> Tensor:
         # The statistic in float32 (as LLaMA does): a bf16 mean is not only coarse, the CPU reduces it in
         # another order for another batch size, which would make a sequence's logits depend on its
         # replica's or microbatch's size. A no-op for float32 modules.
         h = x.float()
-        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        w = self.weight if self.grad_group is None else copy_to_tp(self.weight, self.grad_group)
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
 
 
 def rope_tables(max_seq: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -185,7 +190,7 @@ def positioned_rope(cos: Tensor, sin: Tensor, positions: Tensor) -> tuple[Tensor
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: Arch, qkv_bias: bool = False):
+    def __init__(self, arch: Arch, qkv_bias: bool = False, norm_eps: float = 1e-6):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = arch.heads, arch.kv_heads, arch.head_dim
         d = arch.hidden
@@ -193,6 +198,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(d, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.wv = nn.Linear(d, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(self.heads * self.head_dim, d, bias=False)
+        # Qwen3: an RMSNorm over each head's query and key, before RoPE (one head_dim weight, shared by the heads,
+        # so a tensor-parallel shard holds it whole)
+        self.q_norm = RMSNorm(self.head_dim, norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, norm_eps) if arch.qk_norm else None
 
     def forward(self, x: Tensor, rope: Optional[tuple[Tensor, Tensor]], mask: Tensor,
                 cache: Optional[KVCache], layer: int) -> Tensor:
@@ -201,8 +210,11 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         # Head counts come from the projections' widths, so a tensor-parallel shard that holds a
         # subset of the heads (column-sharded wq/wk/wv, row-sharded wo) runs this code unchanged.
-        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -234,7 +246,7 @@ class Block(nn.Module):
     def __init__(self, arch: Arch, opts: NetOptions):
         super().__init__()
         self.attn_norm = RMSNorm(arch.hidden, opts.norm_eps)
-        self.attn = Attention(arch, opts.qkv_bias)
+        self.attn = Attention(arch, opts.qkv_bias, opts.norm_eps)
         self.mlp_norm = RMSNorm(arch.hidden, opts.norm_eps)
         self.mlp = MLP(arch, opts.mlp)
 
@@ -373,10 +385,12 @@ def param_shapes(arch: Arch, kind: str, opts: NetOptions) -> dict[str, tuple[int
     for i in range(arch.layers):
         block = {"attn_norm.weight": (d,), "attn.wq.weight": (q, d), "attn.wq.bias": (q,), "attn.wk.weight": (kv, d),
                  "attn.wk.bias": (kv,), "attn.wv.weight": (kv, d), "attn.wv.bias": (kv,), "attn.wo.weight": (d, q),
+                 "attn.q_norm.weight": (arch.head_dim,), "attn.k_norm.weight": (arch.head_dim,),
                  "mlp_norm.weight": (d,), "mlp.w_gate.weight": (arch.ffn, d), "mlp.w_up.weight": (arch.ffn, d),
                  "mlp.w_down.weight": (d, arch.ffn)}
         for name, shape in block.items():
-            if (name.endswith(".bias") and not opts.qkv_bias) or (name.startswith("mlp.w_gate") and opts.mlp != "swiglu"):
+            if (name.endswith(".bias") and not opts.qkv_bias) or (name.startswith("mlp.w_gate") and opts.mlp != "swiglu") \
+                    or (name.startswith(("attn.q_norm", "attn.k_norm")) and not arch.qk_norm):
                 continue
             shapes[f"layers.{i}.{name}"] = shape
     shapes["norm.weight"] = (d,)
@@ -403,15 +417,15 @@ def check_arch(arch: Arch, kind: str, opts: NetOptions) -> None:
         raise RpegError(None, f"unknown position kind '{opts.positions}'; use one of {', '.join(POSITION_KINDS)}")
     if min(arch.layers, arch.hidden, arch.ffn, arch.vocab, arch.heads, arch.kv_heads, opts.max_seq) < 1:
         raise RpegError(None, f"architecture {arch} has a non-positive size; every field must be >= 1")
-    if arch.hidden % arch.heads:
+    if arch.hidden % arch.heads and not arch.head_size:
         raise RpegError(None, f"hidden = {arch.hidden} is not divisible by heads = {arch.heads}; "
-                        "choose heads that divide hidden")
+                        "choose heads that divide hidden, or give head_dim")
     if arch.heads % arch.kv_heads:
         raise RpegError(None, f"heads = {arch.heads} is not divisible by kv_heads = {arch.kv_heads}; "
                         "choose kv_heads that divide heads")
     if opts.positions == "rope" and arch.head_dim % 2:
-        raise RpegError(None, f"RoPE needs an even head dimension, got hidden/heads = {arch.head_dim}; "
-                        "change hidden or heads, or use learned positions")
+        raise RpegError(None, f"RoPE needs an even head dimension, got {arch.head_dim}; "
+                        "change hidden, heads or head_dim, or use learned positions")
 
 
 def seeded_parameter(name: str, shape: tuple[int, ...], seed: int, std: float, layers: int) -> Tensor:

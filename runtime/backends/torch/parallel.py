@@ -103,6 +103,8 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
                 setattr(block.attn, name, tp_linear("column", getattr(block.attn, name), layout.tp, tp_group, tp_impl,
                                                      device))
             block.attn.wo = tp_linear("row", block.attn.wo, layout.tp, tp_group, tp_impl, device)
+            if block.attn.q_norm is not None:  # each rank normalises its own heads: the weights' gradients add up
+                block.attn.q_norm.grad_group = block.attn.k_norm.grad_group = tp_group
             if block.mlp.kind == "swiglu":
                 block.mlp.w_gate = tp_linear("column", block.mlp.w_gate, layout.tp, tp_group, tp_impl, device)
             block.mlp.w_up = tp_linear("column", block.mlp.w_up, layout.tp, tp_group, tp_impl, device)

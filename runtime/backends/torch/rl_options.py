@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import tomllib
 import types
@@ -91,6 +92,8 @@ def coerce(name: str, value: Any, where: str, cls: type = RLConfig) -> Any:
             hint = ": the algorithm is the program's (its graph), not a hyper-parameter"
         what = "RL setting" if cls is RLConfig else "data setting"
         raise RpegError(None, f"{where}: unknown {what} '{name}'{hint}")
+    if name == TEMPLATE_KWARGS:
+        return _template_kwargs(value, where)
     t = fields[name]
     optional = typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in typing.get_args(t)
     base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
@@ -102,6 +105,25 @@ def coerce(name: str, value: Any, where: str, cls: type = RLConfig) -> Any:
         raise RpegError(None, f"{where}: {name} must be {_type_name(t)}, got {value!r}") from None
     _check_range(name, out, where)
     return out
+
+
+TEMPLATE_KWARGS = "chat_template_kwargs"
+
+
+def _template_kwargs(value: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    """data.chat_template_kwargs: a table (TOML) or a JSON object (--rl) of names to true/false, numbers or strings,
+    as sorted (name, value) pairs."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, (bool, int, float, str)) for k, v in value.items()):
+        raise RpegError(None, f"{where}: {TEMPLATE_KWARGS} must be a table of names to true/false, numbers or "
+                              f"strings, e.g. {{enable_thinking = false}} (--rl 'data.{TEMPLATE_KWARGS}="
+                              f"{{\"enable_thinking\": false}}'), got {value!r}")
+    return tuple(sorted(value.items()))
 
 
 def _convert(t: Any, value: Any) -> Any:

@@ -28,6 +28,11 @@ class _CopyToTP(torch.autograd.Function):
         return grad, None
 
 
+def copy_to_tp(x: Tensor, group) -> Tensor:
+    """`x` unchanged, its gradient summed over the TP `group` (what each rank's share of the work contributed)."""
+    return _CopyToTP.apply(x, group)
+
+
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, group) -> Tensor:
@@ -48,7 +53,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_local)) if bias else None  # sharded with the output rows
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(_CopyToTP.apply(x, self.group), self.weight, self.bias)
+        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
