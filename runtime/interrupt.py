@@ -84,9 +84,10 @@ class RunState:
 
 def resume_command(plan: str, argv: Sequence[str], run_dir: str) -> str:
     """`rpeg-run PLAN --backend torch --resume RUN_DIR` plus the options of `argv` that the run's identity
-    depends on (seed, RL settings, prompts, reward, steps, checkpointing, parallel implementation)."""
+    depends on (seed, RL settings, prompts, reward, steps, checkpointing, parallel implementation), and the
+    experiment trackers it logs to."""
     keep = ("--seed", "--lr", "--rl-config", "--rl", "--reward", "--data", "--task", "--steps", "--checkpoint-every",
-            "--keep-checkpoints", "--tp-impl", "--dist-backend", "--policy", "--reserve")
+            "--keep-checkpoints", "--tp-impl", "--dist-backend", "--policy", "--reserve", "--log")
     words = ["rpeg-run", plan, "--backend", "torch", "--resume", run_dir]
     args = list(argv)
     for i, a in enumerate(args):

@@ -5,9 +5,10 @@ run's clock when the step's last node finished), `step_s` (since the previous st
 run's first step), `tokens_per_s` (response tokens generated in the step / step_s) and every metric the
 workers reported (reward and its std, score, kl, response length and tokens, policy/value/KL losses,
 entropy, clip fraction, grad norms: runtime/backends/torch/worker.py `op_training`). A resumed run keeps the
-lines of the steps before the checkpoint and continues the file. When TensorBoard's writer can be imported
-(`torch.utils.tensorboard`, which needs the `tensorboard` package), the same values go to
-RUN_DIR/tensorboard/ as scalars `metric` at global step `step`.
+lines of the steps before the checkpoint and continues the file. The same values (every field but `step`) go to
+the experiment trackers of `rpeg-run --log` under the same names at global step `step`, with the run's config
+(runtime/trackers.py); without --log, to TensorBoard (RUN_DIR/tensorboard/) when the `tensorboard` package is
+installed. A tracker that fails in the middle of a run is dropped with a warning: the run and metrics.jsonl go on.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Optional
+from typing import Optional, Sequence
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.trackers import (FAILED, FINISHED, TENSORBOARD_DIR, Tracker, close_quietly, default_trackers,
+                                    open_trackers, warn)
 
 FILE = "metrics.jsonl"
-TENSORBOARD = "tensorboard"
+TENSORBOARD = TENSORBOARD_DIR
 
 
 def metrics_path(run_dir: str) -> str:
@@ -46,9 +51,11 @@ def keep_before(run_dir: str, step: int) -> None:
 
 
 class MetricsLog:
-    """Appends the steps of a run to RUN_DIR/metrics.jsonl (and TensorBoard when available)."""
+    """Appends the steps of a run to RUN_DIR/metrics.jsonl and sends them to its trackers (`trackers`: the names
+    of `rpeg-run --log`; None: TensorBoard when installed) with the run's `config`."""
 
-    def __init__(self, run_dir: str, first_step: int = 0):
+    def __init__(self, run_dir: str, first_step: int = 0, trackers: Optional[Sequence[str]] = None,
+                 config: Optional[dict] = None):
         os.makedirs(run_dir, exist_ok=True)
         if first_step:
             keep_before(run_dir, first_step)
@@ -56,7 +63,8 @@ class MetricsLog:
             os.remove(metrics_path(run_dir))  # a fresh run owns its directory
         self.path = metrics_path(run_dir)
         self.last_finish: Optional[float] = None
-        self.board = _tensorboard(os.path.join(run_dir, TENSORBOARD))
+        self.trackers: list[Tracker] = _open(run_dir, trackers, dict(config or {}), first_step)
+        self.closed = False
 
     def write(self, step: int, finish: float, metrics: dict[str, float]) -> None:
         record: dict = {"step": step, "time_s": finish}
@@ -69,20 +77,36 @@ class MetricsLog:
                        and math.isfinite(v)})
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=False) + "\n")
-        if self.board is not None:
-            for k, v in record.items():
-                if k != "step":
-                    self.board.add_scalar(k, v, step)
-            self.board.flush()
+        values = {k: v for k, v in record.items() if k != "step"}
+        for t in list(self.trackers):
+            self._log(t, step, values)
 
-    def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
+    def _log(self, t: Tracker, step: int, values: dict[str, float]) -> None:
+        """One tracker's step; a tracker that fails is closed as failed and dropped, with one warning."""
+        try:
+            t.log(step, values)
+        except Exception as e:
+            self.trackers.remove(t)
+            warn(f"--log {t.name}: logging step {step} failed ({type(e).__name__}: {str(e).strip()[:200]}); "
+                 f"{t.name} gets no more steps of this run, metrics.jsonl keeps them all")
+            close_quietly(t, FAILED)
+
+    def close(self, status: str = FINISHED) -> None:
+        """Close every tracker run once, with the run's outcome (trackers.FINISHED, FAILED or KILLED)."""
+        if self.closed:
+            return
+        self.closed = True
+        for t in self.trackers:
+            problem = close_quietly(t, status)
+            if problem:
+                warn(problem)
 
 
-def _tensorboard(directory: str):
+def _open(run_dir: str, names: Optional[Sequence[str]], config: dict, first_step: int) -> list[Tracker]:
+    """The trackers `names` asks for (a one-line error if one cannot start); None: TensorBoard if it starts."""
+    if names is not None:
+        return open_trackers(names, run_dir, config, first_step)
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is not installed: the JSONL file only
-        return None
-    return SummaryWriter(directory)
+        return open_trackers(default_trackers(), run_dir, config, first_step)
+    except RpegError:  # tensorboard is installed but its writer cannot be imported: the JSONL file only, as before
+        return []

@@ -43,16 +43,31 @@ def test_a_fresh_run_starts_the_file_and_a_resume_keeps_the_steps_before_it(tmp_
 
 
 def test_a_torch_run_writes_a_line_per_step(tmp_path):
+    """... and `--log wandb,mlflow` sends the same lines, with the run's config, to both trackers (offline)."""
     pytest.importorskip("torch")
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from fixtures.trackers import mlflow_history, mlflow_runs, wandb_runs
+
     pipeline = "verify-wellformed,unroll{k=3},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
     run = [sys.executable, "-m", "rpegc.cli", os.path.join(ROOT, "examples", "grpo-tiny-2.rpeg"), "-p", pipeline,
            "-o", "g.exec.rpeg"]
     assert subprocess.run(run, cwd=tmp_path, capture_output=True).returncode == 0
     proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.cli", "g.exec.rpeg", "--backend", "torch",
-                           "--run-dir", "run", "--quiet"], cwd=tmp_path, capture_output=True, text=True)
+                           "--run-dir", "run", "--quiet", "--log", "wandb,mlflow"], cwd=tmp_path, capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
+    assert not any(name in proc.stderr.lower() for name in ("wandb", "w&b", "mlflow")), proc.stderr  # quiet
     steps = lines(tmp_path / "run")
     assert [r["step"] for r in steps] == [0, 1, 2]
     for key in ("reward", "reward_std", "kl", "response_length", "policy_loss", "clip_frac", "actor_grad_norm"):
         assert all(key in r for r in steps), key
     assert all(r["tokens_per_s"] > 0 and r["step_s"] > 0 for r in steps[1:])
+
+    by_step = {r["step"]: {k: v for k, v in r.items() if k != "step"} for r in steps}
+    (wb,) = wandb_runs(str(tmp_path / "run"))
+    assert wb.history == by_step and wb.exit_code == 0
+    assert wb.config["algorithm"] == "grpo" and wb.config["rl"]["clip_eps"] > 0 and wb.config["seed"] == 0
+    (ml,) = mlflow_runs(str(tmp_path / "run"))
+    assert ml.info.status == "FINISHED" and ml.data.params["plan_hash"] == wb.config["plan_hash"]
+    assert mlflow_history(str(tmp_path / "run"), ml.info.run_id, by_step[1]) == by_step

@@ -29,6 +29,7 @@ from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
 from rpegc.runtime.backends.torch.options import LR_MAX, TorchOptions
 from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
+from rpegc.runtime.trackers import KINDS, NONE, check_installed, parse_log
 
 
 def _add_options(t: argparse._ArgumentGroup) -> None:
@@ -74,6 +75,11 @@ def _add_options(t: argparse._ArgumentGroup) -> None:
                         "or --rl data.NAME=VALUE; runtime/backends/torch/datasets.py); default: the toy --task")
     t.add_argument("--task", choices=("pattern", "reverse"), default="pattern",
                    help="the built-in toy task without --data (default pattern)")
+    trackers = "; ".join(f"{k.name}: {k.help}" for k in KINDS.values())
+    t.add_argument("--log", metavar="TRACKERS", default=None,
+                   help="with --run-dir: also send metrics.jsonl's per-step values and the run's config to these "
+                        f"experiment trackers, comma-separated ({trackers}); {NONE}: metrics.jsonl only (default: "
+                        "tensorboard when its package is installed)")
 
 
 def _check(o: TorchOptions) -> None:
@@ -85,9 +91,20 @@ def _check(o: TorchOptions) -> None:
     if o.overwrite and not o.run_dir:
         raise RpegError(None, "--overwrite replaces an earlier run in --run-dir DIR; give --run-dir (--resume "
                               "continues a run instead)")
+    _check_log(o)
     if o.secret_file and os.path.lexists(o.secret_file):
         raise RpegError(None, f"--secret-file {o.secret_file}: the file exists; the run writes its control secret "
                               "there and removes it at the end, so name a path that does not exist")
+
+
+def _check_log(o: TorchOptions) -> None:
+    """--log: known tracker names, a run directory to write under, and each tracker's package installed."""
+    if o.log is None:
+        return
+    names = parse_log(o.log)
+    if names and not (o.run_dir or o.resume):
+        raise RpegError(None, f"--log {o.log}: the trackers write under the run directory; give --run-dir DIR")
+    check_installed(names)
 
 
 def _inputs(o: TorchOptions) -> list[str]:

@@ -52,6 +52,7 @@ from rpegc.runtime.backends.torch.peak_memory import WorkerPeak, peak_lines
 from rpegc.runtime.backends.torch.pool import WorkerPool
 from rpegc.runtime.backends.torch.processes import stop_forkserver
 from rpegc.runtime.metrics_log import MetricsLog
+from rpegc.runtime.trackers import FAILED, FINISHED, KILLED, parse_log
 from rpegc.runtime.plan import Artifact, RunPlan
 from rpegc.runtime.backends.torch import checkpoint as ckpt
 from rpegc.runtime.backends.torch.device import DIST_BACKEND_CHOICES, choose_dist_backend
@@ -138,7 +139,8 @@ class TorchBackend(Backend):
                  dist_backend: str = "gloo", rl: Optional[dict] = None, data: Optional[dict] = None,
                  launcher: str = "local",
                  store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
-                 memory_check: bool = True, control: str = "auto", overwrite: bool = False):
+                 memory_check: bool = True, control: str = "auto", overwrite: bool = False,
+                 trackers: Optional[tuple[str, ...]] = None):
         if tp_impl not in ("auto",) + TP_IMPLS:
             raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
         if checkpoint_every < 0:
@@ -167,6 +169,7 @@ class TorchBackend(Backend):
         self.exports: Optional[Exports] = None  # checkpoints and final weights, once started
         self.warnings: list[str] = []
         self._metrics_log: Optional[MetricsLog] = None  # RUN_DIR/metrics.jsonl
+        self.trackers = trackers  # --log: where the metrics also go (runtime/trackers.py); None: the default
         self._resume_dir: Optional[str] = None
         self._resume_index: Optional[dict] = None
         self._failed = False
@@ -187,7 +190,8 @@ class TorchBackend(Backend):
                    resume=bool(o.resume), lr=o.lr, tp_impl=o.tp_impl, reward=o.reward or "rule", task=o.task,
                    dist_backend=o.dist_backend, launcher="external" if o.store else "local", store=o.store,
                    secret_file=o.secret_file, keep_checkpoints=2 if o.keep_checkpoints is None else o.keep_checkpoints,
-                   memory_check=not o.no_memory_check, overwrite=o.overwrite)
+                   memory_check=not o.no_memory_check, overwrite=o.overwrite,
+                   trackers=parse_log(o.log) if o.log is not None else None)
 
     # -- plan ------------------------------------------------------------------------------------
 
@@ -205,6 +209,16 @@ class TorchBackend(Backend):
                "reward": cfg.reward}
         out["data"] = dataclasses.asdict(cfg.data) if cfg.data.path is not None else {"task": cfg.task}
         return out
+
+    def tracker_config(self, plan: RunPlan, dist_backend: str, tp_impl: str) -> dict:
+        """The run's config as the experiment trackers record it: the plan, its hash, the seed, the backend's
+        settings and what the trace header records (RL hyper-parameters, prompts, reward)."""
+        header = self.header_options(plan)
+        return {"plan": os.path.abspath(plan.file), "plan_hash": plan.hash, "steps": plan.steps,
+                "plan_steps": plan.plan_steps, "devices": len(plan.devices), "backend": self.name,
+                "seed": self.seed, "algorithm": self.cfg.algorithm, "run_dir": os.path.abspath(self.run_dir or "."),
+                "resumed": self.resume, "checkpoint_every": self.checkpoint_every,
+                "keep_checkpoints": self.keep_checkpoints, "tp_impl": tp_impl, **header, "dist_backend": dist_backend}
 
     def stop_signals(self) -> ContextManager:
         """SIGINT/SIGTERM stop the run cleanly: the workers finish or drop their step (runtime/interrupt.py)."""
@@ -297,9 +311,10 @@ class TorchBackend(Backend):
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
-        if self.run_dir:
-            self._metrics_log = MetricsLog(self.run_dir, first_step=plan.first_step)
         tp_impl = self._resolve_tp_impl()
+        if self.run_dir:  # the trackers start here, before any worker does
+            self._metrics_log = MetricsLog(self.run_dir, first_step=plan.first_step, trackers=self.trackers,
+                                           config=self.tracker_config(plan, dist_backend, tp_impl))
         self._t0 = time.time()
         self._pending: dict[str, _Pending] = {}
         self._ready: list[Completion] = []
@@ -649,6 +664,7 @@ class TorchBackend(Backend):
         self.pool.kill_now()
 
     def shutdown(self) -> None:
+        outcome = FAILED  # of the run, as the trackers record it
         try:
             if self._stopped:
                 return
@@ -657,9 +673,12 @@ class TorchBackend(Backend):
                 if finished and not self._failed and not self._interrupted:
                     assert self.exports is not None
                     self.exports.collect_final(self._drain_exports)
+                    outcome = FINISHED
             finally:
                 self._stop_workers()
         finally:
+            if self._metrics_log is not None:  # also when the run failed before its workers started
+                self._metrics_log.close(KILLED if self._interrupted else outcome)
             self._release_run_dir()
 
     def _stop_workers(self) -> None:
@@ -669,8 +688,6 @@ class TorchBackend(Backend):
         fast = self._failed or self._interrupted
         self.pool.stop(grace_s=1.0 if fast else 10.0, kill_grace_s=1.0 if self._interrupted else 3.0,
                        keep_logs=self._failed)
-        if self._metrics_log is not None:
-            self._metrics_log.close()
         if self._interrupted:
             stop_forkserver()
 

@@ -30,3 +30,4 @@ class TorchOptions:
     reward: Optional[str] = None
     data: Optional[str] = None
     task: str = "pattern"
+    log: Optional[str] = None  # --log: comma-separated experiment trackers (runtime/trackers.py); None: the default
