@@ -24,7 +24,10 @@ B, T = 2, 64
 
 def saved_bytes(arch: Arch, dtype: torch.dtype) -> tuple[float, int]:
     """(bytes per token, other bytes) one block saves for its backward pass."""
-    block = Block(arch, NetOptions(max_seq=T, positions="rope", mlp="swiglu" if arch.gated else "gelu")).to(dtype)
+    gemma = arch.post_norms  # Gemma's block: its norms apply 1 + w in float32, its gate is tanh-GELU
+    mlp = ("geglu" if gemma else "swiglu") if arch.gated else "gelu"
+    net = NetOptions(max_seq=T, positions="rope", mlp=mlp, norm_offset=gemma, attn_scale=0.1 if gemma else None)
+    block = Block(arch, net).to(dtype)
     x = torch.randn(B, T, arch.hidden, dtype=dtype, requires_grad=True)
     cos, sin = rope_tables(T, arch.head_dim, 10000.0)
     skip = {p.untyped_storage().data_ptr() for p in block.parameters()} | {x.untyped_storage().data_ptr()}

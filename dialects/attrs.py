@@ -314,7 +314,7 @@ class TrainAttr(ParametrizedAttribute):
 @irdl_attr_definition
 class ArchAttr(ParametrizedAttribute):
     """A model architecture: `#rpeg.arch<layers = 32, hidden = 4096, ..., kv_heads = 32, gated = 1, qkv_bias = 0,
-    tied = 0, norms = 1, qk_norm = 0, head_dim = 0>` (the flags of program.Arch as 1 or 0; head_dim its head_size,
+    tied = 0, norms = 1, qk_norm = 0, post_norms = 0, head_dim = 0>` (the flags of program.Arch as 1 or 0; head_dim its head_size,
     0 for hidden / heads)."""
 
     name = "rpeg.arch"
@@ -330,6 +330,7 @@ class ArchAttr(ParametrizedAttribute):
     tied: IntAttr
     norms: IntAttr
     qk_norm: IntAttr
+    post_norms: IntAttr
     head_dim: IntAttr
 
     @staticmethod

@@ -102,7 +102,9 @@ def test_layer_activations_counts_what_a_block_saves_per_token():
     from rpegc.core.ir.program import Arch
 
     qwen3 = dict(qk_norm=True, head_size=24)  # per-head q/k norms, a head dimension other than hidden / heads
-    for gated, extra in ((True, {}), (False, {}), (True, qwen3), (True, dict(qk_norm=True))):
+    gemma3 = dict(qk_norm=True, post_norms=True, head_size=24)  # and Gemma's four norms of 1 + w
+    for gated, extra in ((True, {}), (False, {}), (True, qwen3), (True, dict(qk_norm=True)), (True, gemma3),
+                         (True, dict(post_norms=True))):
         arch = Arch(layers=1, hidden=64, ffn=256, vocab=8, heads=4, kv_heads=2, gated=gated, tied=False, norms=True,
                     **extra)
         for dtype, s_t in ((torch.float32, 4), (torch.bfloat16, 2)):

@@ -18,7 +18,7 @@ from rpegc.core.ir.hf_config import arch_of_config
 from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import MODEL_KINDS, Arch
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 @st.composite
@@ -29,7 +29,7 @@ def hf_configs(draw) -> dict:
     heads = kv_heads * draw(st.integers(1, 4))
     model_type = draw(st.sampled_from(MODEL_TYPES))
     extra = {}
-    if model_type == "qwen3":  # a head dimension of its own, often not hidden / heads
+    if model_type in ("qwen3", "gemma3_text"):  # a head dimension of its own, often not hidden / heads
         extra["head_dim"] = draw(st.sampled_from((4, 8, 16)))
     return dict(model_type=model_type, hidden_size=heads * head_dim, **extra,
                 num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -40,11 +40,13 @@ def hf_configs(draw) -> dict:
 def transformers_model(config: dict):
     transformers = pytest.importorskip("transformers")
     kinds = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-             "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
+             "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+             "gemma3_text": transformers.Gemma3TextConfig}
     fields = {k: v for k, v in config.items() if k != "model_type"}
     hf = kinds[config["model_type"]](**fields, hidden_act="silu")
     classes = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM,
-               "qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
+               "qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM,
+               "gemma3_text": transformers.Gemma3ForCausalLM}
     return classes[config["model_type"]](hf), hf
 
 
@@ -53,7 +55,9 @@ def transformers_model(config: dict):
 def test_n_m_is_transformers_parameter_count(config):
     model, hf = transformers_model(config)
     arch = arch_of_config(hf.to_dict(), "config.json")
-    assert arch.qkv_bias == (config["model_type"] == "qwen2") and arch.qk_norm == (config["model_type"] == "qwen3")
+    assert arch.qkv_bias == (config["model_type"] == "qwen2")
+    assert arch.qk_norm == (config["model_type"] in ("qwen3", "gemma3_text"))
+    assert arch.post_norms == (config["model_type"] == "gemma3_text")
     assert arch.head_dim == config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
     assert arch.tied == config["tie_word_embeddings"]
     assert param_count(arch, "policy") == model.num_parameters()
@@ -77,6 +81,7 @@ def archs(draw) -> Arch:
     return Arch(layers=draw(st.integers(1, 3)), hidden=heads * head_dim, ffn=draw(st.integers(1, 40)),
                 vocab=draw(st.integers(2, 80)), heads=heads, kv_heads=kv_heads, gated=draw(st.booleans()),
                 qkv_bias=draw(st.booleans()), tied=draw(st.booleans()), norms=True, qk_norm=draw(st.booleans()),
+                post_norms=draw(st.booleans()),
                 head_size=draw(st.sampled_from((0, 2, 6))))
 
 

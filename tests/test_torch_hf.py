@@ -48,6 +48,13 @@ CONFIGS = {
     "qwen2": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True)),  # q/k/v biases
     # per-head q/k norms and a head dimension (24) that is not hidden / heads (16)
     "qwen3": ("qwen3", dict(num_key_value_heads=2, head_dim=24, tie_word_embeddings=False)),
+    # Gemma 3: norms after the sub-layers too (1 + w), the embedding scaled, tanh-GELU gates, q/k norms, a query
+    # scale of its own, and sliding-window layers (a window of 6 keys, shorter than the sequences) with their own RoPE
+    "gemma3": ("gemma3_text", dict(num_key_value_heads=2, head_dim=24, sliding_window=6, query_pre_attn_scalar=32,
+                                   layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=True,
+                                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                    "sliding_attention": {"rope_type": "default",
+                                                                          "rope_theta": 1e4}})),
 }
 
 
@@ -117,7 +124,11 @@ def _config_error(tmp_path, **changes) -> str:
     ({"mlp_bias": True}, "mlp_bias = True"),
     ({"head_dim": 0}, "head_dim = 0 must be a positive integer or null"),
     ({"model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]},
-     "layer_types = ['full_attention', 'sliding_attention'] is not supported; rpegc builds full attention"),
+     "layer_types = ['full_attention', 'sliding_attention'] is not supported; rpegc builds \"full_attention\" layers"),
+    ({"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 16,
+      "final_logit_softcapping": 30.0}, "final_logit_softcapping = 30.0 is not supported"),
+    ({"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": "16"},
+     "query_pre_attn_scalar = '16' must be a positive number"),
     ({"hidden_size": ...}, "lacks hidden_size"),
     ({"num_hidden_layers": 0}, "num_hidden_layers = 0 must be"),
     # values that trained NaN or raised inside transformers (issue 33, items 2 and 3)
@@ -188,7 +199,7 @@ def test_logits_equal_transformers(checkpoints, name):
     torch.testing.assert_close(mine, ref, rtol=0, atol=LOGIT_ATOL)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "llama3-rope-scaling", "qwen3"])
+@pytest.mark.parametrize("name", ["llama-gqa", "llama3-rope-scaling", "qwen3", "gemma3"])
 def test_greedy_decoding_with_the_kv_cache_gives_generates_tokens(checkpoints, name):
     """Decoding `generate`'s own tokens through the backend's KV cache: each step's logits equal
     `transformers`' logits at that position (so cache and positions are right), and each step's argmax is
@@ -232,7 +243,7 @@ def _left_padded(vocab: int, lengths: list[int], width: int, seed: int) -> tuple
     return x, pads
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2", "qwen3", "gemma3"])
 def test_left_padded_prompts_give_the_logits_transformers_gives_with_its_attention_mask(checkpoints, name):
     """A batch of prompts of different lengths, left-padded (as verl and `generate` batch them): at every
     real position the logits equal `transformers`' with the attention mask and the positions it derives
@@ -280,7 +291,7 @@ LAYOUTS = [Layout((0, 1), 2, 1, 1), Layout((0, 1), 1, 1, 2), Layout((0, 1), 1, 2
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda L: L.short())
 @pytest.mark.parametrize("kind,name", [("policy", "llama-gqa"), ("critic", "llama-gqa"), ("policy", "qwen2"),
-                                       ("policy", "qwen3")])
+                                       ("policy", "qwen3"), ("policy", "gemma3")])
 def test_every_rank_reads_exactly_its_pieces(checkpoints, layout, kind, name):
     path = checkpoints[name]
     arch = hf_arch(path)
@@ -334,9 +345,10 @@ def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int
 @pytest.mark.parametrize("name,pp,tp,impl", [("llama-gqa", 1, 2, "torch"), ("llama-gqa", 2, 1, "torch"),
                                              ("qwen2", 1, 2, "torch"), ("qwen2", 1, 2, "megatron"),
                                              ("qwen3", 1, 2, "torch"), ("qwen3", 2, 1, "torch"),
-                                             ("qwen3", 1, 2, "megatron")],
+                                             ("qwen3", 1, 2, "megatron"), ("gemma3", 1, 2, "torch"),
+                                             ("gemma3", 2, 1, "torch"), ("gemma3", 1, 2, "megatron")],
                          ids=["tp2", "pp2", "qwen2-tp2", "qwen2-tp2-megatron", "qwen3-tp2", "qwen3-pp2",
-                              "qwen3-tp2-megatron"])
+                              "qwen3-tp2-megatron", "gemma3-tp2", "gemma3-pp2", "gemma3-tp2-megatron"])
 def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints, tmp_path, name, pp, tp, impl):
     import torch.multiprocessing as mp
 

@@ -648,7 +648,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
                           " ".join(f"{s:.6g}" for s in r.measured)])
 
 
-_OLD_CSV_FLAGS = {"gated": 1, "qkv_bias": 0, "tied": 0, "norms": 1, "qk_norm": 0}
+_OLD_CSV_FLAGS = {"gated": 1, "qkv_bias": 0, "tied": 0, "norms": 1, "qk_norm": 0, "post_norms": 0}
 
 
 def _csv_train(c: Case, field: str) -> str:

@@ -103,14 +103,19 @@ def layer_saved_bytes(arch: Arch, tp, s_t: int):
     bytes more: the norms compute their statistic on a float32 copy of their input (in float32 the input itself).
     Per-head q/k norms (Qwen3) save, over d_q + d_kv per P_t, their normalised output in the working dtype and their
     input in float32 (the input itself in float32, its float32 copy in a 16-bit dtype), and a float32 reciprocal RMS
-    per head, (heads + kv_heads) / P_t."""
+    per head, (heads + kv_heads) / P_t. Gemma's block (`post_norms`) has four norms, each applying 1 + w in float32:
+    one saves its float32 input and normalised value and the reciprocal RMS, 8 d + 4 bytes, where the Llama-style
+    norm of the count above saves (4 + s_t) d + 4; its q/k norms save 8 bytes per element of their width."""
     d = arch.hidden
     ffn = (4 if arch.gated else 2) * arch.ffn / tp
     upcast = 6 * d if s_t < FP32 else 0
     saved = s_t * (5 * d + 4 * arch.q_width / tp + ffn) + FP32 * (arch.heads / tp + 2) + upcast
+    if arch.post_norms:
+        saved = saved + 4 * (2 * FP32 * d + FP32) - 2 * ((FP32 + s_t) * d + FP32)
     if arch.qk_norm:
         width = (arch.q_width + arch.kv_width) / tp
-        saved = saved + (s_t + FP32) * width + FP32 * (arch.heads + arch.kv_heads) / tp
+        per_element = 2 * FP32 if arch.post_norms else s_t + FP32
+        saved = saved + per_element * width + FP32 * (arch.heads + arch.kv_heads) / tp
     return saved
 
 

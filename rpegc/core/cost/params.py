@@ -40,11 +40,11 @@ def layer_sharded_params(arch: Arch) -> int:
 
 
 def layer_replicated_params(arch: Arch) -> int:
-    """Parameters of one layer every TP rank holds whole: the two RMSNorm weights and the q/k norms' (when
-    counted)."""
+    """Parameters of one layer every TP rank holds whole: the two RMSNorm weights (four with post-norms) and the
+    q/k norms' (when counted)."""
     if not arch.norms:
         return 0
-    return 2 * arch.hidden + (2 * arch.head_dim if arch.qk_norm else 0)
+    return (4 if arch.post_norms else 2) * arch.hidden + (2 * arch.head_dim if arch.qk_norm else 0)
 
 
 def layer_params(arch: Arch) -> int:

@@ -9,8 +9,11 @@ rest (RoPE theta and scaling, norm epsilon, tied embeddings) through `transforme
 Supported: the Llama family of decoder-only transformers as the backend builds them (RMSNorm, RoPE with
 rotate-half, grouped-query attention, a gated SiLU FFN, no biases but Qwen2's on the query, key and value
 projections): `model_type` llama, mistral (no sliding window shorter than the sequence: checked by the
-backend), qwen2 or qwen3 (an RMSNorm over each head's query and key; a `head_dim` other than hidden / heads; every
-layer full attention). Anything else is an error naming the field. A relative path is taken from the current directory, like any file argument.
+backend), qwen2, qwen3 (an RMSNorm over each head's query and key; a `head_dim` other than hidden / heads; every
+layer full attention) or gemma3_text (Gemma 3's text model: q/k norms, norms after the attention and the FFN as well
+as before, weights applied as 1 + w, the embedding scaled by sqrt(d), a gated tanh-GELU FFN, the query scaled by
+query_pre_attn_scalar, sliding-window and full-attention layers with their own RoPE; no logit soft-capping).
+Anything else is an error naming the field. A relative path is taken from the current directory, like any file argument.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from rpegc.core.ir.errors import Loc, RpegError, error_line
 from rpegc.core.ir.program import Arch
 
 CONFIG = "config.json"
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-QK_NORM_TYPES = ("qwen3",)  # an RMSNorm over each head's query and key
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+QK_NORM_TYPES = ("qwen3", "gemma3_text")  # an RMSNorm over each head's query and key
+GEMMA_TYPES = ("gemma3_text",)  # Gemma's block (module docstring)
+LAYER_TYPES = {"gemma3_text": ("full_attention", "sliding_attention")}  # default: full attention only
 # field -> (what the backend builds, the values it accepts); a config with another value is refused
 FIXED_FIELDS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "hidden_act": ("a gated SiLU FFN", ("silu",)),
@@ -33,6 +38,14 @@ FIXED_FIELDS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mlp_bias": ("an FFN without biases", (False, None)),
     "use_sliding_window": ("full attention", (False, None)),
     "pretraining_tp": ("unsliced projections", (1, None)),
+}
+# Gemma's own fields: the FFN's activation is `hidden_activation`, and the soft-capping rpegc does not build
+GEMMA_FIXED_FIELDS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "hidden_activation": ("a gated tanh-GELU FFN", ("gelu_pytorch_tanh",)),
+    "attention_bias": ("attention without biases", (False, None)),
+    "attn_logit_softcapping": ("attention without logit soft-capping", (None,)),
+    "final_logit_softcapping": ("an LM head without logit soft-capping", (None,)),
+    "use_bidirectional_attention": ("causal attention", (False, None)),
 }
 MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; refuse to read a device or a huge file
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "num_attention_heads")
@@ -69,7 +82,8 @@ def check_supported(config: dict, path: str, loc: Optional[Loc] = None) -> None:
     if model_type not in SUPPORTED_TYPES:
         raise RpegError(loc, f"{path}: model_type {model_type!r} is not supported; rpegc builds the Llama family "
                              f"({', '.join(SUPPORTED_TYPES)})")
-    for key, (what, accepted) in FIXED_FIELDS.items():
+    fixed = GEMMA_FIXED_FIELDS if model_type in GEMMA_TYPES else FIXED_FIELDS
+    for key, (what, accepted) in fixed.items():
         value = config.get(key)
         if value not in accepted:
             said = f"{key} = {value!r} is not supported" if key in config else f"{key} is missing"
@@ -85,10 +99,13 @@ def check_supported(config: dict, path: str, loc: Optional[Loc] = None) -> None:
     if head_dim is not None and (type(head_dim) is not int or head_dim < 1):
         raise RpegError(loc, f"{path}: head_dim = {head_dim!r} must be a positive integer or null")
     layer_types = config.get("layer_types")
-    if layer_types is not None and (not isinstance(layer_types, list)
-                                    or any(t != "full_attention" for t in layer_types)):
-        raise RpegError(loc, f"{path}: layer_types = {layer_types!r} is not supported; rpegc builds full attention "
-                             "in every layer (\"full_attention\")")
+    allowed = LAYER_TYPES.get(model_type, ("full_attention",))
+    if layer_types is not None and (not isinstance(layer_types, list) or any(t not in allowed for t in layer_types)):
+        raise RpegError(loc, f"{path}: layer_types = {layer_types!r} is not supported; rpegc builds "
+                             + " and ".join(f'"{t}"' for t in allowed) + " layers")
+    scalar = config.get("query_pre_attn_scalar")
+    if model_type in GEMMA_TYPES and (type(scalar) not in (int, float) or not 0 < scalar < 1e12):
+        raise RpegError(loc, f"{path}: query_pre_attn_scalar = {scalar!r} must be a positive number")
 
 
 def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
@@ -103,7 +120,8 @@ def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
     bad = [f"{k} = {v!r}" for k, v in values.items() if type(v) is not int or v < 1]
     if bad:
         raise RpegError(loc, f"{path}: {', '.join(bad)} must be positive integers")
-    tied = config.get("tie_word_embeddings", False)  # transformers' default for these model types
+    # transformers' default: untied for the Llama family, tied for Gemma
+    tied = config.get("tie_word_embeddings", config.get("model_type") in GEMMA_TYPES)
     if not isinstance(tied, bool):
         raise RpegError(loc, f"{path}: tie_word_embeddings = {tied!r} must be true or false")
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
@@ -114,7 +132,7 @@ def arch_of_config(config: dict, path: str, loc: Optional[Loc] = None) -> Arch:
     return Arch(layers=values["num_hidden_layers"], hidden=hidden, ffn=values["intermediate_size"],
                 vocab=values["vocab_size"], heads=heads, kv_heads=values["num_key_value_heads"], gated=True,
                 qkv_bias=config["model_type"] == "qwen2", tied=tied, norms=True,
-                qk_norm=config["model_type"] in QK_NORM_TYPES,
+                qk_norm=config["model_type"] in QK_NORM_TYPES, post_norms=config["model_type"] in GEMMA_TYPES,
                 head_size=0 if head_dim * heads == hidden else head_dim)
 
 

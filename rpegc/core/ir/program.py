@@ -65,7 +65,9 @@ class Arch:
     - `qkv_bias`: the query, key and value projections have biases (Qwen2);
     - `tied`: the LM head is the embedding matrix (counted once); False: a separate V x d head;
     - `norms`: the RMSNorm weights (two per layer and the final one, d each) are counted;
-    - `qk_norm`: an RMSNorm over each head's query and key (Qwen3), head_dim weights each, counted with `norms`.
+    - `qk_norm`: an RMSNorm over each head's query and key (Qwen3, Gemma 3), head_dim weights each, counted with
+      `norms`;
+    - `post_norms`: two more RMSNorms per layer, on the attention's and the FFN's outputs (Gemma 3), d each.
     Grouped-query attention (`kv_heads` < `heads`) is always counted: q and o are d x d_q, k and v d x d_kv, with
     d_q = heads x head_dim; the head dimension is hidden / heads unless `head_size` gives it (Qwen3's head_dim).
     """
@@ -81,6 +83,7 @@ class Arch:
     tied: bool = True
     norms: bool = False
     qk_norm: bool = False
+    post_norms: bool = False
     head_size: int = 0  # the head dimension where it is not hidden / heads (written `head_dim`); 0: hidden / heads
 
     @property
@@ -101,7 +104,7 @@ class Arch:
 
 # The shape fields and the flags of an Arch, in the order every form (text, JSON, MLIR) writes them.
 ARCH_SIZES = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
-ARCH_FLAGS = ("gated", "qkv_bias", "tied", "norms", "qk_norm")
+ARCH_FLAGS = ("gated", "qkv_bias", "tied", "norms", "qk_norm", "post_norms")
 HEAD_DIM = "head_dim"  # the optional size every form writes for Arch.head_size where it is not hidden / heads
 
 

@@ -117,7 +117,8 @@ def export(run_dir: str, out: str, model: Optional[str] = None, step: Optional[i
     hf_logging.disable_progress_bar()  # rpeg-run prints one line when the export is done
     config = hf_config(spec, identity.get("run") or {})
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    state = {hf_name(n): t for n, t in weights.items() if not n.startswith("value_head.")}
+    post_norms = bool(spec["arch"].get("post_norms"))  # Gemma names its norms otherwise
+    state = {hf_name(n, post_norms=post_norms): t for n, t in weights.items() if not n.startswith("value_head.")}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if "rotary" not in k]:
         raise RpegError(None, f"the weights of @{name} do not fit {type(hf).__name__}: missing {missing[:3]}, "

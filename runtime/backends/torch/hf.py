@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError, error_line
-from rpegc.core.ir.hf_config import arch_of_config, hf_config_path, read_hf_config
+from rpegc.core.ir.hf_config import GEMMA_TYPES, arch_of_config, hf_config_path, read_hf_config
 from rpegc.core.ir.program import Arch
 from rpegc.inputs import read_input_text
 from rpegc.runtime.backends.torch.finite import finite_tensor
@@ -46,11 +46,19 @@ _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.
         "lm_head.weight": "lm_head.weight", "value_head.weight": "score.weight"}
 
 
-def hf_name(name: str, tied: bool = False) -> Optional[str]:
-    """The checkpoint's name of backend parameter `name` (None: not in a checkpoint, the value head's bias)."""
+# Gemma's block (Arch.post_norms) names its four norms otherwise: post_attention_layernorm is the attention's output
+# norm there, and the FFN's input norm is pre_feedforward_layernorm
+_POST_NORM_BLOCK = {**_BLOCK, "attn_post_norm.weight": "post_attention_layernorm.weight",
+                    "mlp_norm.weight": "pre_feedforward_layernorm.weight",
+                    "mlp_post_norm.weight": "post_feedforward_layernorm.weight"}
+
+
+def hf_name(name: str, tied: bool = False, post_norms: bool = False) -> Optional[str]:
+    """The checkpoint's name of backend parameter `name` (None: not in a checkpoint, the value head's bias);
+    `post_norms`: Gemma's block."""
     if name.startswith("layers."):
         _, i, rest = name.split(".", 2)
-        return f"model.layers.{i}.{_BLOCK[rest]}"
+        return f"model.layers.{i}.{(_POST_NORM_BLOCK if post_norms else _BLOCK)[rest]}"
     if name == "lm_head.weight" and tied:
         return _TOP["embed.weight"]
     return _TOP.get(name)
@@ -67,8 +75,19 @@ def hf_net(directory: str, base: NetOptions) -> NetOptions:
     from rpegc.runtime.backends.torch.hf_rope import rope_tables
 
     rope_tables(directory, base.max_seq)  # an unknown rope_type or scaling: refused before any worker starts
-    return dataclasses.replace(base, mlp="swiglu", positions="rope", norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                               hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
+    net = dataclasses.replace(base, mlp="swiglu", positions="rope", norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+                              hf=os.path.abspath(directory), qkv_bias=config.get("model_type") == "qwen2")
+    if config.get("model_type") not in GEMMA_TYPES:
+        return net
+    layers = arch_of_config(config, hf_config_path(directory)).layers
+    types = config.get("layer_types") or ["full_attention"] * layers
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if sliding:
+        rope_tables(directory, base.max_seq, "sliding_attention")
+    return dataclasses.replace(net, mlp="geglu", norm_offset=True, embed_scale=True,
+                               attn_scale=float(config["query_pre_attn_scalar"]) ** -0.5,
+                               sliding_window=config.get("sliding_window") if sliding else None,
+                               sliding_layers=sliding)
 
 
 MAX_INDEX_BYTES = 64 << 20  # a weight map of a few thousand tensor names
@@ -80,7 +99,8 @@ class HFWeights:
     def __init__(self, directory: str, kind: str, seed: int, net: NetOptions):
         self.directory, self.kind, self.seed, self.net = directory, kind, seed, net
         config = read_hf_config(directory)  # once: its shape and whether the LM head is the embedding
-        self.layers = arch_of_config(config, hf_config_path(directory)).layers
+        arch = arch_of_config(config, hf_config_path(directory))
+        self.layers, self.post_norms = arch.layers, arch.post_norms
         self.tied = bool(config.get("tie_word_embeddings", False))
         self._open: dict[str, object] = {}
         self.files = self._weight_map()
@@ -128,7 +148,7 @@ class HFWeights:
 
     def read(self, name: str, shape: tuple[int, ...], piece: Optional[Piece] = None) -> Tensor:
         """Backend parameter `name` (full shape `shape`), or its piece, in float32."""
-        key = hf_name(name, self.tied)
+        key = hf_name(name, self.tied, self.post_norms)
         if name.startswith("value_head.") and (key is None or key not in self.files):
             full = seeded_parameter(name, shape, self.seed, self.net.init_std, self.layers)
             return full if piece is None or piece.dim is None else full.narrow(piece.dim, piece.lo, piece.hi - piece.lo)

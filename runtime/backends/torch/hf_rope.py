@@ -21,13 +21,20 @@ def offline_config(directory: str):
 
 
 @functools.lru_cache(maxsize=16)
-def rope_tables(directory: str, max_seq: int) -> tuple[Tensor, Tensor]:
+def rope_tables(directory: str, max_seq: int, layer_type: str = "full_attention") -> tuple[Tensor, Tensor]:
     """cos, sin [max_seq, head_dim] in float32 as `transformers`' own rotary embedding computes them for the
-    config's rope type and scaling (attention scaling included), positions 0..max_seq-1."""
+    config's rope type and scaling (attention scaling included), positions 0..max_seq-1; for a config with RoPE
+    parameters per layer type (Gemma 3), those of `layer_type`."""
     config = offline_config(directory)
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     try:  # an unknown rope_type or a malformed scaling raises inside transformers
+        if getattr(config, "model_type", None) == "gemma3_text":
+            from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+            rotary = Gemma3RotaryEmbedding(config)
+            cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_seq).unsqueeze(0), layer_type)
+            return cos[0].contiguous(), sin[0].contiguous()
         rotary = LlamaRotaryEmbedding(config)
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_seq).unsqueeze(0))
     except Exception as e:

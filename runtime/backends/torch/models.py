@@ -38,7 +38,8 @@ from rpegc.runtime.backends.torch.tensor_parallel import copy_to_tp
 
 LM_HEAD_KINDS = ("policy", "reference", "actor_critic")
 SCALAR_HEAD_KINDS = ("critic", "reward", "actor_critic")
-MLP_KINDS = ("swiglu", "gelu")
+MLP_KINDS = ("swiglu", "geglu", "gelu")
+GATED_MLPS = ("swiglu", "geglu")  # a gate projection (Arch.gated)
 POSITION_KINDS = ("rope", "learned")
 # The `.rpeg` workload's tensor format -> the dtype of serving copies and serving forwards (the cost model's
 # s_b bytes per parameter). Training always keeps float32 masters and Adam state and computes in float32:
@@ -79,6 +80,14 @@ class NetOptions:
     init_std: float = 0.02
     hf: Optional[str] = None  # a Hugging Face checkpoint directory: its config's RoPE tables (hf.py)
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
+    # Gemma's block (hf.py sets these from a gemma3_text config): norm weights applied as 1 + w with the product in
+    # float32, the embedding times sqrt(d), the query scaled by attn_scale instead of head_dim ** -0.5, and per
+    # layer full attention or a sliding window of `sliding_window` keys with RoPE tables of its own
+    norm_offset: bool = False
+    embed_scale: bool = False
+    attn_scale: Optional[float] = None
+    sliding_window: Optional[int] = None
+    sliding_layers: tuple[int, ...] = ()  # the layers that attend through the sliding window
 
 
 @dataclass
@@ -127,10 +136,10 @@ class KVCache:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: bool = False):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.offset = eps, offset  # offset (Gemma): the weight applies as 1 + w, in float32
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
         # A tensor-parallel group whose ranks each normalise only their own heads with this (replicated) weight
         # (Qwen3's q/k norms): its gradient is the sum of theirs (`parallel.build_stage_module` sets it).
         self.grad_group = None
@@ -141,7 +150,10 @@ class RMSNorm(nn.Module):
         # replica's or microbatch's size. A no-op for float32 modules.
         h = x.float()
         w = self.weight if self.grad_group is None else copy_to_tp(self.weight, self.grad_group)
-        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
+        normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (normed * (1.0 + w.float())).to(x.dtype)
+        return normed.to(x.dtype) * w
 
 
 def rope_tables(max_seq: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -182,6 +194,15 @@ def attention_mask(pads: Optional[Tensor], start: int, t: int, device: torch.dev
     return ((causal & real) | itself).unsqueeze(1)
 
 
+def window_mask(mask: Tensor, start: int, t: int, window: Optional[int]) -> Tensor:
+    """`mask` (attention_mask's) restricted to the last `window` keys of each query, itself included (a sliding-window
+    layer: key j is seen from query i when i - window < j <= i, on positions counted with the pads, as transformers
+    does)."""
+    keys = torch.arange(mask.shape[-1], device=mask.device)
+    queries = start + torch.arange(t, device=mask.device)
+    return mask & (keys.unsqueeze(0) > queries.unsqueeze(1) - window)
+
+
 def positioned_rope(cos: Tensor, sin: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
     """The RoPE tables at `positions` ([t] -> [t, hd]; per-row [b, t] -> [b, 1, t, hd] for apply_rope)."""
     if positions.dim() == 1:
@@ -190,8 +211,10 @@ def positioned_rope(cos: Tensor, sin: Tensor, positions: Tensor) -> tuple[Tensor
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: Arch, qkv_bias: bool = False, norm_eps: float = 1e-6):
+    def __init__(self, arch: Arch, qkv_bias: bool = False, norm_eps: float = 1e-6, norm_offset: bool = False,
+                 scale: Optional[float] = None):
         super().__init__()
+        self.scale = scale  # None: SDPA's head_dim ** -0.5
         self.heads, self.kv_heads, self.head_dim = arch.heads, arch.kv_heads, arch.head_dim
         d = arch.hidden
         self.wq = nn.Linear(d, self.heads * self.head_dim, bias=qkv_bias)
@@ -200,8 +223,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.heads * self.head_dim, d, bias=False)
         # Qwen3: an RMSNorm over each head's query and key, before RoPE (one head_dim weight, shared by the heads,
         # so a tensor-parallel shard holds it whole)
-        self.q_norm = RMSNorm(self.head_dim, norm_eps) if arch.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, norm_eps) if arch.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, norm_eps, norm_offset) if arch.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, norm_eps, norm_offset) if arch.qk_norm else None
 
     def forward(self, x: Tensor, rope: Optional[tuple[Tensor, Tensor]], mask: Tensor,
                 cache: Optional[KVCache], layer: int) -> Tensor:
@@ -223,7 +246,7 @@ class Attention(nn.Module):
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -231,7 +254,7 @@ class MLP(nn.Module):
     def __init__(self, arch: Arch, kind: str):
         super().__init__()
         self.kind = kind
-        if kind == "swiglu":
+        if kind in GATED_MLPS:
             self.w_gate = nn.Linear(arch.hidden, arch.ffn, bias=False)
         self.w_up = nn.Linear(arch.hidden, arch.ffn, bias=False)
         self.w_down = nn.Linear(arch.ffn, arch.hidden, bias=False)
@@ -239,20 +262,28 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "swiglu":
             return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        if self.kind == "geglu":  # Gemma: the gate through the tanh approximation of GELU
+            return self.w_down(F.gelu(self.w_gate(x), approximate="tanh") * self.w_up(x))
         return self.w_down(F.gelu(self.w_up(x)))
 
 
 class Block(nn.Module):
     def __init__(self, arch: Arch, opts: NetOptions):
         super().__init__()
-        self.attn_norm = RMSNorm(arch.hidden, opts.norm_eps)
-        self.attn = Attention(arch, opts.qkv_bias, opts.norm_eps)
-        self.mlp_norm = RMSNorm(arch.hidden, opts.norm_eps)
+        off = opts.norm_offset
+        self.attn_norm = RMSNorm(arch.hidden, opts.norm_eps, off)
+        self.attn = Attention(arch, opts.qkv_bias, opts.norm_eps, off, opts.attn_scale)
+        # Gemma: a norm on each sub-layer's output too, before the residual add
+        self.attn_post_norm = RMSNorm(arch.hidden, opts.norm_eps, off) if arch.post_norms else None
+        self.mlp_norm = RMSNorm(arch.hidden, opts.norm_eps, off)
         self.mlp = MLP(arch, opts.mlp)
+        self.mlp_post_norm = RMSNorm(arch.hidden, opts.norm_eps, off) if arch.post_norms else None
 
     def forward(self, x: Tensor, rope, mask: Tensor, cache: Optional[KVCache], layer: int) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer)
-        return x + self.mlp(self.mlp_norm(x))
+        a = self.attn(self.attn_norm(x), rope, mask, cache, layer)
+        x = x + (a if self.attn_post_norm is None else self.attn_post_norm(a))
+        m = self.mlp(self.mlp_norm(x))
+        return x + (m if self.mlp_post_norm is None else self.mlp_post_norm(m))
 
 
 class TransformerModel(nn.Module):
@@ -270,7 +301,7 @@ class TransformerModel(nn.Module):
         self.embed = nn.Embedding(arch.vocab, arch.hidden) if embeds else None
         self.pos_embed = nn.Embedding(opts.max_seq, arch.hidden) if opts.positions == "learned" and embeds else None
         self.layers = nn.ModuleList(Block(arch, opts) if first <= i < last else nn.Module() for i in range(arch.layers))
-        self.norm = RMSNorm(arch.hidden, opts.norm_eps) if ends else None
+        self.norm = RMSNorm(arch.hidden, opts.norm_eps, opts.norm_offset) if ends else None
         self.lm_head = nn.Linear(arch.hidden, arch.vocab, bias=False) if kind in LM_HEAD_KINDS and ends else None
         self.value_head = nn.Linear(arch.hidden, 1) if kind in SCALAR_HEAD_KINDS and ends else None
         self.recompute = "interval"  # how a training forward recomputes (training.RECOMPUTES; the trainer sets it)
@@ -289,10 +320,16 @@ class TransformerModel(nn.Module):
                 from rpegc.runtime.backends.torch.hf_rope import rope_tables as hf_rope_tables
 
                 cos, sin = hf_rope_tables(self.opts.hf, self.opts.max_seq)
+                local = hf_rope_tables(self.opts.hf, self.opts.max_seq, "sliding_attention") \
+                    if self.opts.sliding_layers else (cos, sin)
             else:
                 cos, sin = rope_tables(self.opts.max_seq, self.arch.head_dim, self.opts.rope_theta)
+                local = (cos, sin)
         self.register_buffer("rope_cos", cos.to(device=device, dtype=dtype), persistent=False)
         self.register_buffer("rope_sin", sin.to(device=device, dtype=dtype), persistent=False)
+        # the sliding-window layers' tables (Gemma: another base); the same tables elsewhere
+        self.register_buffer("rope_cos_local", local[0].to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin_local", local[1].to(device=device, dtype=dtype), persistent=False)
 
     @property
     def has_lm_head(self) -> bool:
@@ -315,6 +352,8 @@ class TransformerModel(nn.Module):
             raise RpegError(None, f"sequence of {start + t} positions exceeds the model's max_seq "
                             f"{self.opts.max_seq}; build the model with max_seq >= Lp + Lr")
         h = self.embed(tokens)
+        if self.opts.embed_scale:  # Gemma: sqrt(d), rounded to the embedding's dtype as transformers does
+            h = h * torch.tensor(self.arch.hidden ** 0.5, dtype=h.dtype)
         if self.pos_embed is not None:
             h = h + self.pos_embed(position_ids(pads, start, t, tokens.device))
         return h
@@ -324,10 +363,13 @@ class TransformerModel(nn.Module):
         """Blocks first..last-1 (a pipeline stage); does not advance the cache."""
         last = len(self.layers) if last is None else last
         t = h.shape[1]
-        rope = None
+        rope = (None, None)  # (full-attention layers, sliding-window layers)
         if self.rope_cos is not None:
-            rope = positioned_rope(self.rope_cos, self.rope_sin, position_ids(pads, start, t, h.device))
-        mask = attention_mask(pads, start, t, h.device)
+            positions = position_ids(pads, start, t, h.device)
+            rope = (positioned_rope(self.rope_cos, self.rope_sin, positions),
+                    positioned_rope(self.rope_cos_local, self.rope_sin_local, positions))
+        full = attention_mask(pads, start, t, h.device)
+        mask = (full, window_mask(full, start, t, self.opts.sliding_window) if self.opts.sliding_layers else full)
         if not (self.training and cache is None and torch.is_grad_enabled()):
             return self._segment(h, rope, mask, first, last, cache)
         # Training recomputes activations as its `Training` says and the cost model prices (spec 2.2 [A1], 6.2
@@ -343,10 +385,12 @@ class TransformerModel(nn.Module):
                            preserve_rng_state=False)
         return h
 
-    def _segment(self, h: Tensor, rope, mask: Tensor, first: int, last: int,
+    def _segment(self, h: Tensor, rope, mask, first: int, last: int,
                  cache: Optional[KVCache] = None) -> Tensor:
+        """Blocks first..last-1; `rope` and `mask` hold the full-attention layers' and the sliding-window ones'."""
         for i in range(first, last):
-            h = self.layers[i](h, rope, mask, cache, i)
+            w = int(i in self.opts.sliding_layers)
+            h = self.layers[i](h, rope[w], mask[w], cache, i)
         return h
 
     def heads(self, h: Tensor) -> ModelOutput:
@@ -386,11 +430,12 @@ def param_shapes(arch: Arch, kind: str, opts: NetOptions) -> dict[str, tuple[int
         block = {"attn_norm.weight": (d,), "attn.wq.weight": (q, d), "attn.wq.bias": (q,), "attn.wk.weight": (kv, d),
                  "attn.wk.bias": (kv,), "attn.wv.weight": (kv, d), "attn.wv.bias": (kv,), "attn.wo.weight": (d, q),
                  "attn.q_norm.weight": (arch.head_dim,), "attn.k_norm.weight": (arch.head_dim,),
-                 "mlp_norm.weight": (d,), "mlp.w_gate.weight": (arch.ffn, d), "mlp.w_up.weight": (arch.ffn, d),
-                 "mlp.w_down.weight": (d, arch.ffn)}
+                 "attn_post_norm.weight": (d,), "mlp_norm.weight": (d,), "mlp.w_gate.weight": (arch.ffn, d),
+                 "mlp.w_up.weight": (arch.ffn, d), "mlp.w_down.weight": (d, arch.ffn), "mlp_post_norm.weight": (d,)}
         for name, shape in block.items():
-            if (name.endswith(".bias") and not opts.qkv_bias) or (name.startswith("mlp.w_gate") and opts.mlp != "swiglu") \
-                    or (name.startswith(("attn.q_norm", "attn.k_norm")) and not arch.qk_norm):
+            if (name.endswith(".bias") and not opts.qkv_bias) or (name.startswith("mlp.w_gate") and opts.mlp not in GATED_MLPS) \
+                    or (name.startswith(("attn.q_norm", "attn.k_norm")) and not arch.qk_norm) \
+                    or (name.endswith("post_norm.weight") and not arch.post_norms):
                 continue
             shapes[f"layers.{i}.{name}"] = shape
     shapes["norm.weight"] = (d,)
@@ -402,9 +447,11 @@ def param_shapes(arch: Arch, kind: str, opts: NetOptions) -> dict[str, tuple[int
 
 
 def arch_net(arch: Arch, opts: NetOptions) -> NetOptions:
-    """`opts` with the MLP `arch` has: SwiGLU for a gated FFN, GELU for the spec's two-projection one (so the
-    backend runs what the cost model prices)."""
-    return dataclasses.replace(opts, mlp="swiglu" if arch.gated else "gelu")
+    """`opts` with the MLP `arch` has: SwiGLU for a gated FFN (or the checkpoint's gated kind, Gemma's GeGLU), GELU for
+    the spec's two-projection one (so the backend runs what the cost model prices)."""
+    if arch.gated:
+        return dataclasses.replace(opts, mlp=opts.mlp if opts.mlp in GATED_MLPS else "swiglu")
+    return dataclasses.replace(opts, mlp="gelu")
 
 
 def check_arch(arch: Arch, kind: str, opts: NetOptions) -> None:

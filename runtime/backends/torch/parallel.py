@@ -58,7 +58,8 @@ from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch.device import CPU
 from rpegc.runtime.backends.torch.layout import Layout, rank_pieces, replica_owner, shard_dim, stage_bounds
 from rpegc.runtime.backends.torch.master_weights import sum_of_squares
-from rpegc.runtime.backends.torch.models import KVCache, NetOptions, TransformerModel, param_shapes, seeded_parameter
+from rpegc.runtime.backends.torch.models import (GATED_MLPS, KVCache, NetOptions, TransformerModel, param_shapes,
+                                                seeded_parameter)
 from rpegc.runtime.backends.torch.pipeline import ACTIVATION, StageEvent, StageLink
 from rpegc.runtime.backends.torch.tensor_parallel import canonical_name, tp_linear
 
@@ -105,7 +106,7 @@ def build_stage_module(arch: Arch, kind: str, net: NetOptions, layout: Layout, r
             block.attn.wo = tp_linear("row", block.attn.wo, layout.tp, tp_group, tp_impl, device)
             if block.attn.q_norm is not None:  # each rank normalises its own heads: the weights' gradients add up
                 block.attn.q_norm.grad_group = block.attn.k_norm.grad_group = tp_group
-            if block.mlp.kind == "swiglu":
+            if block.mlp.kind in GATED_MLPS:
                 block.mlp.w_gate = tp_linear("column", block.mlp.w_gate, layout.tp, tp_group, tp_impl, device)
             block.mlp.w_up = tp_linear("column", block.mlp.w_up, layout.tp, tp_group, tp_impl, device)
             block.mlp.w_down = tp_linear("row", block.mlp.w_down, layout.tp, tp_group, tp_impl, device)
