@@ -262,3 +262,110 @@ def test_the_pieced_head_log_probs_have_the_gradients_of_the_whole_computation(m
     want = torch.autograd.grad(loss(whole, whole_entropy), (hidden, head.weight))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+# --- GRPO's variants: each against its paper's formula, written out here -----------------------------------------
+
+
+def test_rloo_and_dr_grpo_advantages_follow_their_formulas():
+    from rpegc.runtime.backends.torch.rl import compute_advantages
+
+    scores = t(1.0, 0.0, 0.25, 1.0, 0.5, 0.5, 0.5, 0.9)
+    mask = torch.ones(8, 3)
+    exp = Experience(torch.zeros(8, 5, dtype=torch.long), mask, mask, mask, scores)
+    r = scores.tolist()
+
+    def advantages(**cfg):
+        return compute_advantages(exp, default_rl_config("grpo", **cfg), group_size=4).advantages[:, 0].tolist()
+
+    # RLOO (Ahmadian et al. 2024, Eq. 5): r_i less the mean of the other R - 1 rewards of its prompt
+    loo = [r[i] - (sum(r[g:g + 4]) - r[i]) / 3 for g in (0, 4) for i in range(g, g + 4)]
+    assert advantages(adv_estimator="rloo") == pytest.approx(loo, abs=1e-6)
+    # Dr. GRPO (Liu et al. 2025, Eq. 3): r_i less the group mean, no std
+    centred = [r[i] - sum(r[g:g + 4]) / 4 for g in (0, 4) for i in range(g, g + 4)]
+    assert advantages(norm_adv_by_std=False) == pytest.approx(centred, abs=1e-6)
+
+
+def _whitened(x, mask):
+    vals = [v for row, mrow in zip(x, mask) for v, m in zip(row, mrow) if m]
+    mean = sum(vals) / len(vals)
+    var = sum((v - mean) ** 2 for v in vals) / len(vals)
+    return [[(v - mean) / math.sqrt(var + 1e-8) * m for v, m in zip(row, mrow)] for row, mrow in zip(x, mask)]
+
+
+def test_reinforce_plus_plus_advantages_follow_their_formulas():
+    """REINFORCE++ (Hu 2025, Eq. 6-7): discounted returns of the per-token rewards (the score on the last token and
+    the KL penalty -beta k1 on every token), normalised over the whole batch; with a group baseline (Sec. 3.2) the
+    score less its group's mean on every token, normalised over the batch."""
+    from rpegc.runtime.backends.torch.rl import compute_advantages
+
+    mask = t([1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1])
+    logp, ref = t([-1.0, -2.0, -0.5], [-1.5, -1.0, 0.0], [-0.2, 0.0, 0.0], [-0.3, -0.4, -0.6]), torch.full((4, 3), -1.0)
+    scores = t(1.0, 0.0, 0.5, 0.25)
+    exp = Experience(torch.zeros(4, 5, dtype=torch.long), mask, logp, ref, scores)
+    cfg = default_rl_config("grpo", adv_estimator="reinforce_plus_plus", kl_in_reward=True, kl_estimator="k1",
+                            kl_coef=0.1, gamma=0.9)
+    got = compute_advantages(exp, cfg, group_size=2).advantages.tolist()
+    returns = []
+    for i, (lrow, mrow) in enumerate(zip(logp.tolist(), mask.tolist())):
+        n = int(sum(mrow))
+        rewards = [-0.1 * (lrow[k] + 1.0) + (scores[i].item() if k == n - 1 else 0.0) for k in range(n)]
+        ret = [sum(0.9 ** (j - k) * rewards[j] for j in range(k, n)) for k in range(n)]
+        returns.append(ret + [0.0] * (3 - n))
+    want = _whitened(returns, mask.tolist())
+    assert got == [pytest.approx(row, abs=1e-5) for row in want]
+    base = default_rl_config("grpo", adv_estimator="reinforce_plus_plus_baseline")
+    got = compute_advantages(exp, base, group_size=2).advantages.tolist()
+    s = scores.tolist()
+    centred = [[(s[i] - (s[i - i % 2] + s[i - i % 2 + 1]) / 2) * m for m in mrow] for i, mrow in enumerate(mask.tolist())]
+    assert got == [pytest.approx(row, abs=1e-5) for row in _whitened(centred, mask.tolist())]
+
+
+def test_clip_higher_clips_the_ratio_above_at_its_own_bound():
+    """DAPO (Yu et al. 2025, Eq. 10): clip(r, 1 - eps_low, 1 + eps_high)."""
+    old, logp = t([0.0, 0.0]), torch.log(t([1.5, 0.5]))
+    adv, mask = t([1.0, -1.0]), t([1, 1])
+    loss, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, num_tokens=2, clip_eps_high=0.28)
+    assert loss.item() == pytest.approx((-1.28 + 0.8) / 2, abs=1e-6)  # 1.5 clipped at 1.28; 0.5 at 1 - 0.2
+
+
+def test_gspo_is_the_sequence_level_clipped_objective():
+    """GSPO (Zheng et al. 2025, Eq. 5-7): per sequence s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|), the loss the mean over
+    sequences of max(-A_i s_i, -A_i clip(s_i, 1 - eps, 1 + eps)); with seq-mean-token-mean the token form gives that
+    value and gradient."""
+    from rpegc.runtime.backends.torch.rl import POLICY_LOSSES, sequence_ratio
+
+    mask = t([1, 1, 1], [1, 1, 0], [1, 0, 0])
+    old = t([-1.0, -1.2, -0.7], [-0.5, -0.9, 0.0], [-2.0, 0.0, 0.0])
+    logp = (old + t([0.3, -0.1, 0.2], [-0.4, 0.05, 0.0], [0.1, 0.0, 0.0])).requires_grad_()
+    adv = t(1.0, -0.5, 2.0).unsqueeze(-1) * mask
+    cfg = default_rl_config("grpo", policy_loss="gspo", loss_agg_mode="seq-mean-token-mean")
+    loss, _ = POLICY_LOSSES["gspo"](logp, old, adv, mask, cfg, 3.0)
+    loss.backward()
+    ours = logp.grad.clone()
+    logp2 = logp.detach().clone().requires_grad_()
+    n = mask.sum(-1)
+    s = torch.exp(((logp2 - old) * mask).sum(-1) / n)
+    a = adv[:, 0]
+    want = torch.maximum(-a * s, -a * s.clamp(0.8, 1.2)).mean()
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), abs=1e-6)
+    torch.testing.assert_close(ours, logp2.grad * mask, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(sequence_ratio(logp.detach(), old, mask)[:, 0], s.detach())
+
+
+def test_variants_are_registered_and_checked():
+    from rpegc.runtime.backends.torch.rl import ADV_ESTIMATORS, POLICY_LOSSES
+
+    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
+    assert set(POLICY_LOSSES) == {"ppo", "gspo"}
+    with pytest.raises(RpegError, match="unknown adv_estimator 'ppo'; use one of gae, grpo, rloo"):
+        default_rl_config("grpo", adv_estimator="ppo")
+    with pytest.raises(RpegError, match="adv_estimator 'gae' needs critic; under GRPO use one of grpo, rloo"):
+        default_rl_config("grpo", adv_estimator="gae")
+    with pytest.raises(RpegError, match="adv_estimator 'rloo' has no critic; under PPO use one of gae"):
+        default_rl_config("ppo", adv_estimator="rloo")
+    with pytest.raises(RpegError, match="adv_estimator 'grpo' has no per-token reward to put the KL penalty into"):
+        default_rl_config("grpo", kl_in_reward=True)
+    with pytest.raises(RpegError, match="unknown policy_loss 'gpo'"):
+        default_rl_config("grpo", policy_loss="gpo")

@@ -76,15 +76,19 @@ def test_ppo_with_reshards_pipelined_inference_and_whitening_over_replicas_match
 
 
 @pytest.mark.parametrize("fields, loss", [
-    ("zero = 2 recompute = full", {"loss_agg_mode": "seq-mean-token-mean", "kl_estimator": "k2"}),
-    ("zero = 0 recompute = none schedule = gpipe", {"loss_agg_mode": "seq-mean-token-sum-norm"})])
+    ("zero = 2 recompute = full", {"loss_agg_mode": "seq-mean-token-mean", "kl_estimator": "k2", "policy_loss": "gspo",
+                                   "adv_estimator": "rloo", "clip_eps_high": 0.28}),
+    ("zero = 0 recompute = none schedule = gpipe", {"loss_agg_mode": "seq-mean-token-sum-norm",
+                                                    "adv_estimator": "reinforce_plus_plus_baseline"})])
 def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, fields, loss):
     """A trainer on dp 2 x pp 2 with 4 microbatches, training as the plan's placement says: ZeRO-2 reducing after
     each microbatch's backward with every layer recomputed, or ZeRO-0 without recomputation on the GPipe schedule.
     Both give the statistics and weights of the single-process reference (the bounds above: four microbatches on
     two replicas sum the gradients in another order than one batch, and with Adam's default eps 2 of the 105k
     weights differed by up to 1e-4, so both sides run with eps = 1e-5 as the PPO test does). Each runs a loss
-    aggregation other than token-mean: per-sequence weights and a normaliser summed over the replicas' shards."""
+    aggregation other than token-mean (per-sequence weights and a normaliser summed over the replicas' shards) and a
+    GRPO variant: GSPO's sequence ratios with RLOO's baseline and DAPO's clip-higher, or REINFORCE++ with a group
+    baseline, whose advantages are whitened with statistics summed over the replicas."""
     text = open("examples/grpo-tiny.rpeg").read().replace(
         "@train_actor at (0, 0, 0) extent (1, 1, 4) dp = 1 pp = 2 tp = 2 mb = 2",
         f"@train_actor at (0, 0, 0) extent (1, 1, 4) dp = 2 pp = 2 tp = 1 mb = 4 {fields}")
@@ -100,14 +104,15 @@ def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, f
 def test_a_qwen3_shaped_model_trained_with_tp_and_pp_matches_the_reference(tmp_path):
     """Per-head q/k norms and a head dimension (24) other than hidden / heads (16): training pp 2 x tp 2, reference
     inference tp 2. Each TP rank normalises its own heads with the replicated norm weights, so their gradients are
-    summed over the TP group; the reference trains the whole model in one process."""
+    summed over the TP group; the reference trains the whole model in one process. The advantages are REINFORCE++'s:
+    discounted returns of per-token rewards with the KL penalty in them, whitened over the batch."""
     qwen3 = 'arch = "tiny", head_dim = 24, qk_norm = true'
     text = open("examples/grpo-tiny.rpeg").read().replace('arch = "tiny", kind = policy', f"{qwen3}, kind = policy")
     text = text.replace('arch = "tiny", kind = reference', f"{qwen3}, kind = reference")
     plan = compile_plan(tmp_path, "grpo-qwen3.rpeg", steps=2, text=text)
     arch = next(m.arch for m in plan.program.models if m.kind == "policy")
     assert (arch.qk_norm, arch.head_dim, arch.hidden // arch.heads) == (True, 24, 16)
-    rl = {"adam_eps": 1e-5}
+    rl = {"adam_eps": 1e-5, "adv_estimator": "reinforce_plus_plus", "kl_in_reward": True, "kl_estimator": "k1"}
     backend, _ = run_torch(plan, rl=rl)
     assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
     moved = backend.final_weights[model_names(plan)["actor"]]["layers.0.attn.q_norm.weight"]

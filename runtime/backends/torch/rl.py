@@ -81,6 +81,10 @@ class RLConfig:
     adam_eps: float = 1e-8
     grpo_eps: float = 1e-6
     loss_agg_mode: str = "token-mean"  # how a loss's per-token terms become one number (module docstring)
+    adv_estimator: str = "gae"  # ADV_ESTIMATORS: gae (PPO), grpo, rloo, reinforce_plus_plus(_baseline)
+    norm_adv_by_std: bool = True  # grpo: divide by the group's std (False: Dr. GRPO, Liu et al. 2025)
+    policy_loss: str = "ppo"  # POLICY_LOSSES: ppo (token ratios) or gspo (sequence ratios, Zheng et al. 2025)
+    clip_eps_high: Optional[float] = None  # the ratio's upper clip 1 + clip_eps_high (DAPO's clip-higher; None: clip_eps)
     dpo_beta: float = 0.1  # DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)
 
     @property
@@ -91,7 +95,8 @@ class RLConfig:
 def default_rl_config(algorithm: str, **overrides) -> RLConfig:
     """App. B defaults for `algorithm`; GRPO moves the KL into the loss (k3) and needs no whitening."""
     if algorithm == "grpo":
-        base = RLConfig(algorithm="grpo", kl_estimator="k3", kl_in_reward=False, whiten_advantages=False)
+        base = RLConfig(algorithm="grpo", kl_estimator="k3", kl_in_reward=False, whiten_advantages=False,
+                        adv_estimator="grpo")
     elif algorithm == "dpo":  # no rollouts, rewards or advantages: the KL anchor is in the loss itself
         base = RLConfig(algorithm="dpo", kl_in_reward=False, whiten_advantages=False)
     else:
@@ -108,9 +113,23 @@ def check_rl_config(cfg: RLConfig) -> None:
         raise RpegError(None, f"unknown KL estimator '{cfg.kl_estimator}'; use one of {', '.join(KL_ESTIMATORS)}")
     if cfg.loss_agg_mode not in LOSS_AGG_MODES:
         raise RpegError(None, f"unknown loss_agg_mode '{cfg.loss_agg_mode}'; use one of {', '.join(LOSS_AGG_MODES)}")
-    if cfg.algorithm in ("grpo", "dpo") and cfg.kl_in_reward:
-        raise RpegError(None, f"{cfg.algorithm.upper()} has no per-token reward to put the KL penalty into; "
-                        "set kl_in_reward = false")
+    for name, table, what in ((cfg.adv_estimator, ADV_ESTIMATORS, "adv_estimator"),
+                              (cfg.policy_loss, POLICY_LOSSES, "policy_loss")):
+        if name not in table:
+            raise RpegError(None, f"unknown {what} '{name}'; use one of {', '.join(table)}")
+    if cfg.algorithm != "dpo":
+        estimator = ADV_ESTIMATORS[cfg.adv_estimator]
+        if estimator.needs_critic != (cfg.algorithm == "ppo"):
+            fits = [n for n, e in ADV_ESTIMATORS.items() if e.needs_critic == (cfg.algorithm == "ppo")]
+            raise RpegError(None, f"adv_estimator '{cfg.adv_estimator}' {'needs' if estimator.needs_critic else 'has no'}"
+                                  f" critic; under {cfg.algorithm.upper()} use one of {', '.join(fits)}")
+        if cfg.kl_in_reward and not estimator.token_rewards:
+            raise RpegError(None, f"adv_estimator '{cfg.adv_estimator}' has no per-token reward to put the KL penalty "
+                                  "into; set kl_in_reward = false (or use reinforce_plus_plus)")
+    if cfg.algorithm == "dpo" and cfg.kl_in_reward:
+        raise RpegError(None, "DPO has no per-token reward to put the KL penalty into; set kl_in_reward = false")
+    if cfg.clip_eps_high is not None and cfg.clip_eps_high <= 0:
+        raise RpegError(None, f"clip_eps_high must be > 0, got {cfg.clip_eps_high}")
     if cfg.dpo_beta <= 0:
         raise RpegError(None, f"dpo_beta must be > 0, got {cfg.dpo_beta}")
     cfg.sampling.check()
@@ -321,19 +340,26 @@ def whiten(x: Tensor, mask: Tensor, moments: Tensor, eps: float = 1e-8) -> Tenso
     return ((x.double() - mean) * torch.rsqrt(var + eps)).to(x.dtype) * mask
 
 
-def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
-    """(r - mean_group) / (std_group + eps) per sequence; sequences g*R..g*R+R-1 form group g.
-
-    std is the unbiased sample standard deviation (as DeepSeekMath/verl). Needs whole groups.
-    """
+def _groups(scores: Tensor, group_size: int, what: str) -> Tensor:
+    """The scores as [groups, R] (sequences g*R..g*R+R-1 form group g); whole groups of R >= 2 are needed."""
     if group_size < 2:
-        raise RpegError(None, f"GRPO compares the rollouts of one prompt and needs R >= 2, got R = {group_size}; "
+        raise RpegError(None, f"{what} compares the rollouts of one prompt and needs R >= 2, got R = {group_size}; "
                         "raise R in the workload")
     if scores.shape[0] % group_size:
         raise RpegError(None, f"{scores.shape[0]} scores do not form whole groups of R = {group_size}; "
-                        "shard GRPO batches along prompts, not rollouts")
-    groups = scores.double().view(-1, group_size)
-    adv = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True) + eps)
+                        f"shard {what} batches along prompts, not rollouts")
+    return scores.double().view(-1, group_size)
+
+
+def grpo_advantages(scores: Tensor, group_size: int, eps: float = 1e-6, by_std: bool = True) -> Tensor:
+    """(r - mean_group) / (std_group + eps) per sequence; sequences g*R..g*R+R-1 form group g (`by_std` False:
+    r - mean_group, Dr. GRPO).
+
+    std is the unbiased sample standard deviation (as DeepSeekMath/verl). Needs whole groups.
+    """
+    groups = _groups(scores, group_size, "GRPO")
+    centred = groups - groups.mean(-1, keepdim=True)
+    adv = centred / (groups.std(-1, keepdim=True) + eps) if by_std else centred
     return adv.view(-1).to(torch.float32)
 
 
@@ -364,14 +390,52 @@ def aggregate(terms: Tensor, mask: Tensor, normaliser: float, mode: str = "token
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
-                num_tokens: float, agg: str = "token-mean") -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate: the aggregate (`agg`) over tokens of max(-A r, -A clip(r, 1-eps, 1+eps)), r = pi/pi_old."""
-    ratio = torch.exp(logp - old_logp)
+                num_tokens: float, agg: str = "token-mean", clip_eps_high: Optional[float] = None,
+                ratio: Optional[Tensor] = None) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate: the aggregate (`agg`) over tokens of max(-A r, -A clip(r, 1 - eps, 1 + eps_high)),
+    r = pi/pi_old per token (or the `ratio` given, GSPO's); eps_high = eps unless given (DAPO's clip-higher,
+    Yu et al. 2025, Sec. 3.1)."""
+    ratio = torch.exp(logp - old_logp) if ratio is None else ratio
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    clipped = -advantages * ratio.clamp(1 - clip_eps, 1 + high)
     loss = aggregate(torch.maximum(unclipped, clipped), mask, num_tokens, agg)
     clip_count = ((clipped > unclipped).float() * mask).sum().item()
     return loss, {"clipped_tokens": clip_count}
+
+
+def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's importance ratio (Zheng et al. 2025, Eq. 7), one per sequence and on each of its tokens:
+    s_i = exp(mean_t log(pi/pi_old)), its gradient that of the tokens' own log-probabilities (the token form,
+    s_i sg[pi_t] / pi_t, equal in value), the log-ratio clamped at 10 as verl's `gspo` loss does."""
+    log_seq = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    return torch.exp((logp - logp.detach() + log_seq.detach()).clamp(max=10.0))
+
+
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, "RLConfig", float], tuple[Tensor, dict[str, float]]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register `fn(logp, old_logp, advantages, mask, cfg, normaliser) -> (loss, stats)` as `--rl policy_loss=NAME`
+    (verl's register_policy_loss)."""
+    def register(fn: PolicyLoss) -> PolicyLoss:
+        POLICY_LOSSES[name] = fn
+        return fn
+    return register
+
+
+@register_policy_loss("ppo")
+def ppo_policy_loss(logp, old_logp, advantages, mask, cfg, num_tokens):
+    return policy_loss(logp, old_logp, advantages, mask, cfg.clip_eps, num_tokens, cfg.loss_agg_mode, cfg.clip_eps_high)
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(logp, old_logp, advantages, mask, cfg, num_tokens):
+    """GSPO: the clipped surrogate on sequence-level ratios (GSPO's objective averages each sequence's tokens:
+    loss_agg_mode = seq-mean-token-mean, as verl's gspo loss fixes it)."""
+    return policy_loss(logp, old_logp, advantages, mask, cfg.clip_eps, num_tokens, cfg.loss_agg_mode,
+                       cfg.clip_eps_high, ratio=sequence_ratio(logp, old_logp, mask))
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: Optional[float],
@@ -441,21 +505,90 @@ class Experience:
                              "advantages", "returns", "pads")))
 
 
+@dataclass(frozen=True)
+class AdvEstimator:
+    """An advantage estimator: `fn(exp, cfg, group_size, reduce) -> Experience` with advantages (and returns with a
+    critic); `needs_critic`: it reads values; `token_rewards`: it reads per-token rewards (so a KL penalty can go
+    into them)."""
+
+    fn: Callable[["Experience", "RLConfig", int, Reduce], "Experience"]
+    needs_critic: bool = False
+    token_rewards: bool = False
+
+
+ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+
+
+def register_adv_est(name: str, needs_critic: bool = False, token_rewards: bool = False):
+    """Register an advantage estimator as `--rl adv_estimator=NAME` (verl's register_adv_est)."""
+    def register(fn):
+        ADV_ESTIMATORS[name] = AdvEstimator(fn, needs_critic, token_rewards)
+        return fn
+    return register
+
+
 def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce = _identity) -> Experience:
-    """Fill advantages (and returns for PPO). `reduce` sums whitening statistics over replicas; GRPO
-    needs whole groups of `group_size` rollouts in `exp`."""
-    if cfg.algorithm == "grpo":
-        adv = grpo_advantages(exp.scores, group_size, cfg.grpo_eps).unsqueeze(-1) * exp.mask
-        return replace(exp, advantages=adv, returns=None)
+    """Fill advantages (and returns with a critic) by `cfg.adv_estimator`. `reduce` sums whitening statistics over
+    replicas; the group estimators need whole groups of `group_size` rollouts in `exp`."""
+    return ADV_ESTIMATORS[cfg.adv_estimator].fn(exp, cfg, group_size, reduce)
+
+
+def _token_rewards(exp: Experience, cfg: RLConfig) -> Tensor:
+    kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, cfg.kl_estimator) if cfg.kl_in_reward else None
+    return token_rewards(exp.scores, kl, exp.mask, cfg.kl_coef)
+
+
+@register_adv_est("gae", needs_critic=True, token_rewards=True)
+def _gae_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce) -> Experience:
+    """PPO: GAE over per-token rewards and the critic's values, whitened over the batch."""
     if exp.values is None:
         raise RpegError(None, "PPO advantages need critic values; add a critic (or actor_critic) inference vertex "
                         "or use GRPO")
-    kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, cfg.kl_estimator) if cfg.kl_in_reward else None
-    rewards = token_rewards(exp.scores, kl, exp.mask, cfg.kl_coef)
-    adv, returns = gae(rewards, exp.values, exp.mask, cfg.gamma, cfg.lam)
+    adv, returns = gae(_token_rewards(exp, cfg), exp.values, exp.mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
         adv = whiten(adv, exp.mask, reduce(masked_moments(adv, exp.mask)))
     return replace(exp, advantages=adv, returns=returns)
+
+
+@register_adv_est("grpo")
+def _grpo_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce) -> Experience:
+    """GRPO (Shao et al. 2024): each sequence's score against its group's, over the group's std unless
+    norm_adv_by_std = false (Dr. GRPO)."""
+    adv = grpo_advantages(exp.scores, group_size, cfg.grpo_eps, cfg.norm_adv_by_std)
+    return replace(exp, advantages=adv.unsqueeze(-1) * exp.mask, returns=None)
+
+
+@register_adv_est("rloo")
+def _rloo_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce) -> Experience:
+    """RLOO (Ahmadian et al. 2024, Eq. 5): each sequence's score against the mean of its group's other ones,
+    r_i - (sum_j r_j - r_i) / (R - 1) = R / (R - 1) (r_i - mean)."""
+    groups = _groups(exp.scores, group_size, "RLOO")
+    adv = (groups - groups.mean(-1, keepdim=True)) * group_size / (group_size - 1)
+    return replace(exp, advantages=adv.reshape(-1).to(exp.mask.dtype).unsqueeze(-1) * exp.mask, returns=None)
+
+
+@register_adv_est("reinforce_plus_plus", token_rewards=True)
+def _reinforce_pp_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce) -> Experience:
+    """REINFORCE++ (Hu 2025, Eq. 6-7): the discounted return of the per-token rewards (KL penalty included when in
+    the reward), whitened over the whole batch (statistics summed over replicas)."""
+    rewards = _token_rewards(exp, cfg)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[-1])):
+        running = rewards[:, t] + cfg.gamma * running * exp.mask[:, t]
+        returns[:, t] = running
+    returns = returns * exp.mask
+    return replace(exp, advantages=whiten(returns, exp.mask, reduce(masked_moments(returns, exp.mask))),
+                   returns=None)
+
+
+@register_adv_est("reinforce_plus_plus_baseline")
+def _reinforce_pp_baseline_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce) -> Experience:
+    """REINFORCE++ with a group baseline (Hu 2025, Sec. 3.2): the score less its group's mean on every token,
+    whitened over the whole batch."""
+    groups = _groups(exp.scores, group_size, "REINFORCE++ with a group baseline")
+    adv = (groups - groups.mean(-1, keepdim=True)).reshape(-1).to(exp.mask.dtype).unsqueeze(-1) * exp.mask
+    return replace(exp, advantages=whiten(adv, exp.mask, reduce(masked_moments(adv, exp.mask))), returns=None)
 
 
 def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
@@ -468,7 +601,8 @@ def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature,
                            with_entropy=cfg.entropy_coef != 0, pads=exp.pads)
     agg = cfg.loss_agg_mode
-    loss, stats = policy_loss(fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg.clip_eps, num_tokens, agg)
+    loss, stats = POLICY_LOSSES[cfg.policy_loss](fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg,
+                                                 num_tokens)
     stats["policy_loss"] = loss.item()
     if not cfg.kl_in_reward:
         kl = kl_loss(fwd.logprobs, exp.ref_logprobs, exp.mask, cfg.kl_estimator, num_tokens, agg)
