@@ -165,13 +165,12 @@ def test_superset_relays_cover_lowering_cases():
     check_identical(cv, [choice])
 
 
-@pytest.mark.parametrize("opts", [OPTS, OTHER], ids=["spec", "other"])
 @SETTINGS
-@given(data=st.data(), variant=st.integers(0, 3), steps=st.integers(1, 3))
-def test_fused_plans_pipeline_equals_compact_paths(data, variant, steps, opts):
+@given(data=st.data(), variant=st.integers(0, 3), steps=st.integers(1, 3), other=st.booleans())
+def test_fused_plans_pipeline_equals_compact_paths(data, variant, steps, other):
     """PPO plans whose actor and critic training share devices and layout: priced fused (fuse-stages in the pipeline)
     and apart, both paths agree with the pipeline, and the evaluation keeps the better of the two."""
-    cv = compiled(PROGRAMS["ppo"], variant, steps, True, opts, fuse=True)
+    cv = compiled(PROGRAMS["ppo"], variant, steps, True, OTHER if other else OPTS, fuse=True)
     a, b = cv.fusion_pairs[0]  # variants 0-3: ac = 0, two training vertices
     plans = []
     for choice in data.draw(st.lists(choices(cv), min_size=1, max_size=6)):

@@ -344,11 +344,10 @@ def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int
 
 @pytest.mark.parametrize("name,pp,tp,impl", [("llama-gqa", 1, 2, "torch"), ("llama-gqa", 2, 1, "torch"),
                                              ("qwen2", 1, 2, "torch"), ("qwen2", 1, 2, "megatron"),
-                                             ("qwen3", 1, 2, "torch"), ("qwen3", 2, 1, "torch"),
-                                             ("qwen3", 1, 2, "megatron"), ("gemma3", 1, 2, "torch"),
-                                             ("gemma3", 2, 1, "torch"), ("gemma3", 1, 2, "megatron")],
-                         ids=["tp2", "pp2", "qwen2-tp2", "qwen2-tp2-megatron", "qwen3-tp2", "qwen3-pp2",
-                              "qwen3-tp2-megatron", "gemma3-tp2", "gemma3-pp2", "gemma3-tp2-megatron"])
+                                             ("qwen3", 1, 2, "torch"), ("gemma3", 2, 1, "torch"),
+                                             ("gemma3", 1, 2, "megatron")],
+                         ids=["tp2", "pp2", "qwen2-tp2", "qwen2-tp2-megatron", "qwen3-tp2", "gemma3-pp2",
+                              "gemma3-tp2-megatron"])
 def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints, tmp_path, name, pp, tp, impl):
     import torch.multiprocessing as mp
 

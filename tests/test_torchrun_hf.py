@@ -47,12 +47,6 @@ def grpo_text() -> str:
     return re.sub(r'arch = "tiny", kind = (policy|reference)', r'hf = "ckpt", kind = \1', text)
 
 
-def qwen3_text() -> str:
-    """GRPO on a Qwen3 checkpoint (per-head q/k norms, head_dim 16 of hidden 32 with 4 heads) whose chat template
-    gets keyword arguments from the data settings."""
-    return grpo_text().replace('hf = "ckpt"', 'hf = "qwen3"')
-
-
 def ppo_text() -> str:
     text = (EXAMPLES / "ppo-tiny.rpeg").read_text()
     text = re.sub(r"^rpeg\.workload .*$", WORKLOAD, text, count=1, flags=re.M)
@@ -78,7 +72,6 @@ def cli(*args: str, cwd) -> subprocess.CompletedProcess:
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("real")
     arith.write_checkpoint(str(d / "ckpt"), hidden=32, layers=2, max_positions=32)
-    arith.write_checkpoint(str(d / "qwen3"), hidden=32, layers=2, max_positions=32, model="qwen3", head_dim=16)
     arith.write_dataset(str(d / "train.jsonl"), 32, seed=2, chat=True, max_operand=20)
     arith.write_dataset(str(d / "train.parquet"), 32, seed=2, max_operand=20)  # verl's layout
     (d / "reward.py").write_text(REWARD)
@@ -86,8 +79,7 @@ def workdir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,text,function,data", [("grpo", grpo_text, "flaky", "train.parquet"),
-                                                     ("ppo", ppo_text, "compute_score", "train.jsonl"),
-                                                     ("qwen3", qwen3_text, "compute_score", "train.parquet")])
+                                                     ("ppo", ppo_text, "compute_score", "train.jsonl")])
 def test_a_checkpoint_trains_on_a_dataset_with_a_plugin_reward_and_exports(workdir, tmp_path, name, text, function,
                                                                             data):
     """GRPO's verifier raises on every third ground truth: those calls score 0, are counted per step and
@@ -98,16 +90,14 @@ def test_a_checkpoint_trains_on_a_dataset_with_a_plugin_reward_and_exports(workd
     proc = cli("rpegc.cli", f"{name}.rpeg", "-p", lowering(2), "-o", f"{name}.exec.rpeg", cwd=d)
     assert proc.returncode == 0, proc.stderr
     run_dir = f"run-{name}"
-    template = ["--rl", 'data.chat_template_kwargs={"enable_thinking": false}'] if name == "qwen3" else []
     proc = cli("rpegc.runtime.cli", f"{name}.exec.rpeg", "--backend", "torch", "--data", data,
                "--reward", f"reward.py:{function}", "--run-dir", run_dir, "--trace", f"{name}.jsonl",
-               "--rl", "lr_actor=1e-3", "--rl", "lr_critic=1e-3", *template, cwd=d)
+               "--rl", "lr_actor=1e-3", "--rl", "lr_critic=1e-3", cwd=d)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verification: OK" in proc.stdout and "Traceback" not in proc.stderr
     with open(d / f"{name}.jsonl") as f:
         header = json.loads(f.readline())["options"]
     assert header["data"]["path"] == str(d / data) and header["reward"].endswith(f"reward.py:{function}")
-    assert header["data"]["chat_template_kwargs"] == ([["enable_thinking", False]] if template else [])
     metrics = [json.loads(line) for line in open(d / run_dir / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [0, 1]
     assert all(0 <= m["accuracy"] <= 1 for m in metrics)
@@ -125,7 +115,7 @@ def test_a_checkpoint_trains_on_a_dataset_with_a_plugin_reward_and_exports(workd
     assert os.path.exists(out / "tokenizer.json") and os.path.exists(out / "tokenizer_config.json")
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
-    path = str(d / ("qwen3" if name == "qwen3" else "ckpt"))
+    path = str(d / "ckpt")
     prompt = tok.apply_chat_template([{"role": "user", "content": "3+4="}], tokenize=False, add_generation_prompt=True)
     x = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
     final = ckpt.load_final(str(d / run_dir))["actor"]
