@@ -369,3 +369,21 @@ def test_variants_are_registered_and_checked():
         default_rl_config("grpo", kl_in_reward=True)
     with pytest.raises(RpegError, match="unknown policy_loss 'gpo'"):
         default_rl_config("grpo", policy_loss="gpo")
+
+
+def test_dapo_overlong_shaping_punishes_the_last_tokens_of_the_budget():
+    """DAPO (Yu et al. 2025, Eq. 13): R_length(y) = 0 if |y| <= L_max - L_cache, (L_max - L_cache - |y|) / L_cache up
+    to L_max; here L_max = Lr = 6, L_cache = 4, the penalty factor 0.5; then GRPO's advantages of the shaped scores."""
+    from rpegc.runtime.backends.torch.rl import compute_advantages, overlong_shaping
+
+    lengths = [1, 2, 3, 4, 5, 6]
+    mask = torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lengths])
+    want = [0.5 * min(0.0, (6 - 4 - n) / 4) for n in lengths]
+    assert overlong_shaping(mask, 4, 0.5).tolist() == pytest.approx(want)
+    exp = Experience(torch.zeros(6, 8, dtype=torch.long), mask, mask, mask, torch.zeros(6))
+    cfg = default_rl_config("grpo", overlong_buffer=4, overlong_penalty=0.5, norm_adv_by_std=False)
+    got = compute_advantages(exp, cfg, group_size=3).advantages[:, 0].tolist()
+    centred = [want[i] - sum(want[i - i % 3:i - i % 3 + 3]) / 3 for i in range(6)]
+    assert got == pytest.approx(centred, abs=1e-6)
+    with pytest.raises(RpegError, match="overlong_buffer and overlong_penalty must be >= 0"):
+        default_rl_config("grpo", overlong_buffer=-1)

@@ -79,7 +79,8 @@ def test_ppo_with_reshards_pipelined_inference_and_whitening_over_replicas_match
     ("zero = 2 recompute = full", {"loss_agg_mode": "seq-mean-token-mean", "kl_estimator": "k2", "policy_loss": "gspo",
                                    "adv_estimator": "rloo", "clip_eps_high": 0.28}),
     ("zero = 0 recompute = none schedule = gpipe", {"loss_agg_mode": "seq-mean-token-sum-norm",
-                                                    "adv_estimator": "reinforce_plus_plus_baseline"})])
+                                                    "adv_estimator": "reinforce_plus_plus_baseline",
+                                                    "overlong_buffer": 3})])
 def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, fields, loss):
     """A trainer on dp 2 x pp 2 with 4 microbatches, training as the plan's placement says: ZeRO-2 reducing after
     each microbatch's backward with every layer recomputed, or ZeRO-0 without recomputation on the GPipe schedule.
@@ -88,7 +89,8 @@ def test_the_training_fields_of_the_plan_train_the_reference_weights(tmp_path, f
     weights differed by up to 1e-4, so both sides run with eps = 1e-5 as the PPO test does). Each runs a loss
     aggregation other than token-mean (per-sequence weights and a normaliser summed over the replicas' shards) and a
     GRPO variant: GSPO's sequence ratios with RLOO's baseline and DAPO's clip-higher, or REINFORCE++ with a group
-    baseline, whose advantages are whitened with statistics summed over the replicas."""
+    baseline, whose advantages are whitened with statistics summed over the replicas, of scores with DAPO's
+    overlong shaping."""
     text = open("examples/grpo-tiny.rpeg").read().replace(
         "@train_actor at (0, 0, 0) extent (1, 1, 4) dp = 1 pp = 2 tp = 2 mb = 2",
         f"@train_actor at (0, 0, 0) extent (1, 1, 4) dp = 2 pp = 2 tp = 1 mb = 4 {fields}")

@@ -85,6 +85,8 @@ class RLConfig:
     norm_adv_by_std: bool = True  # grpo: divide by the group's std (False: Dr. GRPO, Liu et al. 2025)
     policy_loss: str = "ppo"  # POLICY_LOSSES: ppo (token ratios) or gspo (sequence ratios, Zheng et al. 2025)
     clip_eps_high: Optional[float] = None  # the ratio's upper clip 1 + clip_eps_high (DAPO's clip-higher; None: clip_eps)
+    overlong_buffer: int = 0  # DAPO's soft overlong punishment over the last this many of Lr tokens (0: off)
+    overlong_penalty: float = 1.0  # its penalty at Lr tokens
     dpo_beta: float = 0.1  # DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)
 
     @property
@@ -130,6 +132,9 @@ def check_rl_config(cfg: RLConfig) -> None:
         raise RpegError(None, "DPO has no per-token reward to put the KL penalty into; set kl_in_reward = false")
     if cfg.clip_eps_high is not None and cfg.clip_eps_high <= 0:
         raise RpegError(None, f"clip_eps_high must be > 0, got {cfg.clip_eps_high}")
+    if cfg.overlong_buffer < 0 or cfg.overlong_penalty < 0:
+        raise RpegError(None, f"overlong_buffer and overlong_penalty must be >= 0, got {cfg.overlong_buffer}, "
+                              f"{cfg.overlong_penalty}")
     if cfg.dpo_beta <= 0:
         raise RpegError(None, f"dpo_beta must be > 0, got {cfg.dpo_beta}")
     cfg.sampling.check()
@@ -528,9 +533,20 @@ def register_adv_est(name: str, needs_critic: bool = False, token_rewards: bool 
 
 
 def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce = _identity) -> Experience:
-    """Fill advantages (and returns with a critic) by `cfg.adv_estimator`. `reduce` sums whitening statistics over
-    replicas; the group estimators need whole groups of `group_size` rollouts in `exp`."""
+    """Fill advantages (and returns with a critic) by `cfg.adv_estimator`, from the scores shaped by
+    `overlong_shaping`. `reduce` sums whitening statistics over replicas; the group estimators need whole groups of
+    `group_size` rollouts in `exp`."""
+    if cfg.overlong_buffer:
+        exp = replace(exp, scores=exp.scores + overlong_shaping(exp.mask, cfg.overlong_buffer, cfg.overlong_penalty))
     return ADV_ESTIMATORS[cfg.adv_estimator].fn(exp, cfg, group_size, reduce)
+
+
+def overlong_shaping(mask: Tensor, buffer: int, penalty: float) -> Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): 0 for a response of at most Lr - buffer tokens, then
+    down linearly to -penalty at Lr tokens, per sequence (Lr is the mask's width, the most a response holds)."""
+    lr = mask.shape[-1]
+    exceed = mask.sum(-1) - (lr - buffer)
+    return (-exceed.clamp(min=0) / buffer * penalty).to(torch.float32)
 
 
 def _token_rewards(exp: Experience, cfg: RLConfig) -> Tensor:
