@@ -387,3 +387,46 @@ def test_dapo_overlong_shaping_punishes_the_last_tokens_of_the_budget():
     assert got == pytest.approx(centred, abs=1e-6)
     with pytest.raises(RpegError, match="overlong_buffer and overlong_penalty must be >= 0"):
         default_rl_config("grpo", overlong_buffer=-1)
+
+
+PLUGIN = '''
+from rpegc.runtime.backends.torch.rl import register_adv_est, register_policy_loss, policy_loss
+from dataclasses import replace
+
+
+@register_adv_est("plugin_sign")
+def sign(exp, cfg, group_size, reduce):
+    return replace(exp, advantages=exp.scores.sign().unsqueeze(-1) * exp.mask, returns=None)
+
+
+@register_policy_loss("plugin_unclipped")
+def unclipped(logp, old_logp, advantages, mask, cfg, n):
+    return policy_loss(logp, old_logp, advantages, mask, 1e9, n, cfg.loss_agg_mode)
+'''
+
+
+def test_a_plugin_registers_an_estimator_and_a_loss_through_an_entry_point(tmp_path, monkeypatch):
+    """An installed package's entry point of the group rpegc.rl is imported when a name is missing (in every process
+    that looks one up); what it registers is selected by --rl like the built-in ones."""
+    from rpegc.runtime.backends.torch import rl as rl_module
+    from rpegc.runtime.backends.torch.rl import ADV_ESTIMATORS, ENTRY_POINT_GROUP, POLICY_LOSSES, compute_advantages
+
+    (tmp_path / "my_rl.py").write_text(PLUGIN)
+    dist = tmp_path / "my_rl-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-rl\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nmine = my_rl\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(rl_module, "ADV_ESTIMATORS", dict(ADV_ESTIMATORS))  # what the plugin adds goes with the test
+    monkeypatch.setattr(rl_module, "POLICY_LOSSES", dict(POLICY_LOSSES))
+    import sys
+    monkeypatch.delitem(sys.modules, "my_rl", raising=False)
+    cfg = default_rl_config("grpo", adv_estimator="plugin_sign", policy_loss="plugin_unclipped")
+    mask = torch.ones(2, 3)
+    exp = Experience(torch.zeros(2, 5, dtype=torch.long), mask, mask, mask, t(0.5, -2.0))
+    assert compute_advantages(exp, cfg, group_size=2).advantages[:, 0].tolist() == [1.0, -1.0]
+    assert "plugin_unclipped" in rl_module.POLICY_LOSSES
+    (tmp_path / "my_rl.py").write_text("raise ImportError('broken plugin')\n")
+    monkeypatch.delitem(sys.modules, "my_rl", raising=False)
+    with pytest.raises(RpegError, match="the RL plugin mine .my_rl. failed to load: ImportError: broken plugin"):
+        default_rl_config("grpo", adv_estimator="still_missing")

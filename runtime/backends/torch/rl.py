@@ -35,6 +35,7 @@ from rpegc.runtime.backends.torch.generation import Sampling
 from rpegc.runtime.backends.torch.models import TransformerModel
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+ENTRY_POINT_GROUP = "rpegc.rl"  # plugins: a module that registers estimators and losses when it is imported
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 # A sum over data-parallel replicas (all-reduce SUM); the identity in a single process.
@@ -118,7 +119,10 @@ def check_rl_config(cfg: RLConfig) -> None:
     for name, table, what in ((cfg.adv_estimator, ADV_ESTIMATORS, "adv_estimator"),
                               (cfg.policy_loss, POLICY_LOSSES, "policy_loss")):
         if name not in table:
-            raise RpegError(None, f"unknown {what} '{name}'; use one of {', '.join(table)}")
+            load_plugins()
+        if name not in table:
+            raise RpegError(None, f"unknown {what} '{name}'; use one of {', '.join(table)} (or an estimator or loss a "
+                                  f"plugin of the entry-point group {ENTRY_POINT_GROUP} registers)")
     if cfg.algorithm != "dpo":
         estimator = ADV_ESTIMATORS[cfg.adv_estimator]
         if estimator.needs_critic != (cfg.algorithm == "ppo"):
@@ -532,10 +536,26 @@ def register_adv_est(name: str, needs_critic: bool = False, token_rewards: bool 
     return register
 
 
+def load_plugins() -> None:
+    """Import every module of the entry-point group `rpegc.rl` not imported yet (a plugin registers its estimators and
+    losses with `register_adv_est` / `register_policy_loss` when imported): each process, the workers included, looks
+    them up when a name is missing."""
+    import importlib.metadata
+
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except (Exception, SystemExit) as e:
+            raise RpegError(None, f"the RL plugin {ep.name} ({ep.value}) failed to load: {type(e).__name__}: {e}") \
+                from None
+
+
 def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce = _identity) -> Experience:
     """Fill advantages (and returns with a critic) by `cfg.adv_estimator`, from the scores shaped by
     `overlong_shaping`. `reduce` sums whitening statistics over replicas; the group estimators need whole groups of
     `group_size` rollouts in `exp`."""
+    if cfg.adv_estimator not in ADV_ESTIMATORS:
+        load_plugins()
     if cfg.overlong_buffer:
         exp = replace(exp, scores=exp.scores + overlong_shaping(exp.mask, cfg.overlong_buffer, cfg.overlong_penalty))
     return ADV_ESTIMATORS[cfg.adv_estimator].fn(exp, cfg, group_size, reduce)
@@ -617,6 +637,8 @@ def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature,
                            with_entropy=cfg.entropy_coef != 0, pads=exp.pads)
     agg = cfg.loss_agg_mode
+    if cfg.policy_loss not in POLICY_LOSSES:
+        load_plugins()
     loss, stats = POLICY_LOSSES[cfg.policy_loss](fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg,
                                                  num_tokens)
     stats["policy_loss"] = loss.item()
