@@ -430,3 +430,24 @@ def test_a_plugin_registers_an_estimator_and_a_loss_through_an_entry_point(tmp_p
     monkeypatch.delitem(sys.modules, "my_rl", raising=False)
     with pytest.raises(RpegError, match="the RL plugin mine .my_rl. failed to load: ImportError: broken plugin"):
         default_rl_config("grpo", adv_estimator="still_missing")
+
+
+@pytest.mark.parametrize("variant", ["dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_a_graph_names_a_grpo_variant_and_runs_grpo_with_its_settings(variant):
+    """rpeg.algorithm VARIANT: a GRPO-shaped graph, GRPO's run with the variant's settings, which --rl overrides."""
+    from rpegc.core.check.wellformed import check_program
+    from rpegc.runtime.backends.torch.backend import run_config
+    from rpegc.runtime.backends.torch.rl import VARIANT_SETTINGS
+    from rpegc.syntax.parser import parse
+
+    text = open("examples/grpo-tiny.rpeg").read().replace("rpeg.algorithm grpo", f"rpeg.algorithm {variant}")
+    program = parse(text, "v.rpeg")
+    assert check_program(program) == []
+    cfg = run_config(program, rl={"kl_coef": 0.005})
+    assert (cfg.algorithm, cfg.variant, cfg.rl.algorithm, cfg.rl.kl_coef) == ("grpo", variant, "grpo", 0.005)
+    for key, value in VARIANT_SETTINGS[variant].items():
+        if key != "kl_coef":
+            assert getattr(cfg.rl, key) == value, key
+    ppo = open("examples/ppo-tiny.rpeg").read().replace("rpeg.algorithm ppo", f"rpeg.algorithm {variant}")
+    errors = check_program(parse(ppo, "p.rpeg"))
+    assert any(f"names algorithm {variant}, but GRPO samples rollouts and has no critic" in e.message for e in errors)

@@ -22,7 +22,8 @@ from typing import Optional
 
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.expr import evaluate
-from rpegc.core.ir.program import ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program, Vertex, container_shape
+from rpegc.core.ir.program import (ALGORITHM_FAMILIES, ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program,
+                                   Vertex, container_shape)
 
 GENERATIVE_KINDS = ("policy", "actor_critic")  # kinds with an LM head (spec 2.3)
 _EPS = 1e-9
@@ -542,14 +543,15 @@ def fitting_algorithms(p: Program, g: Graph) -> tuple[str, ...]:
 
 
 def _check_algorithm(ctx: _Context) -> list[RpegError]:
-    name = ctx.g.algorithm
+    named = ctx.g.algorithm
+    name = ALGORITHM_FAMILIES.get(named, named) if named is not None else None  # a variant has its family's shape
     if name is None or name in fitting_algorithms(ctx.p, ctx.g):
         return []
     why = {"ppo": "PPO samples rollouts and trains a critic: it needs a generation vertex and a critic or "
                   "actor_critic model's vertex",
            "grpo": "GRPO samples rollouts and has no critic: it needs a generation vertex and no critic vertex",
            "dpo": "DPO trains on given preference pairs: it has no generation vertex"}[name]
-    return [RpegError(ctx.g.algorithm_loc, f"graph @{ctx.g.name} names algorithm {name}, but {why}")]
+    return [RpegError(ctx.g.algorithm_loc, f"graph @{ctx.g.name} names algorithm {named}, but {why}")]
 
 
 def _check_training(ctx: _Context) -> list[RpegError]:

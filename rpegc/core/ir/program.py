@@ -24,8 +24,11 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ROLES = ("generation", "inference", "training")
 MODEL_KINDS = ("policy", "reference", "critic", "reward", "actor_critic")
-# The RL algorithms a graph may name (`rpeg.algorithm NAME`); the torch backend runs each (its algorithms/).
-ALGORITHMS = ("ppo", "grpo", "dpo")
+# The RL algorithms a graph may name (`rpeg.algorithm NAME`), each of the family whose graph shape it has: GRPO's
+# variants are GRPO-shaped (the torch backend gives each its settings: rl.VARIANT_SETTINGS).
+ALGORITHM_FAMILIES = {"ppo": "ppo", "grpo": "grpo", "dpo": "dpo", "dr_grpo": "grpo", "dapo": "grpo", "gspo": "grpo",
+                      "rloo": "grpo", "reinforce_pp": "grpo", "reinforce_pp_baseline": "grpo"}
+ALGORITHMS = tuple(ALGORITHM_FAMILIES)
 # Element kinds of data containers. They only name what the runtime finds inside; the byte size is
 # s_b per element unless a container says otherwise (spec 5.1: token ids count s_b bytes too).
 ELEMENT_KINDS = ("tokens", "logprobs", "values", "rewards", "advantages", "scalars")

@@ -82,7 +82,7 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
     overrides = dict(rl or {})
     if lr is not None:
         overrides.update(lr_actor=lr, lr_critic=lr)
-    cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, **overrides))
+    cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, cfg.variant, **overrides))
     check_run_config(cfg)
     return cfg
 

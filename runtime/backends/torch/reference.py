@@ -38,7 +38,7 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.presets import lookup
-from rpegc.core.ir.program import Arch, Program, Workload
+from rpegc.core.ir.program import ALGORITHM_FAMILIES, Arch, Program, Workload
 from rpegc.core.ir.training import TrainSpec
 from rpegc.runtime.backends.torch.generation import expand_rollouts, generate
 from rpegc.runtime.backends.torch.hf import initial_model
@@ -69,7 +69,7 @@ class RunConfig:
     `training_dtype` (bf16 mixed precision or float32; fp16 is refused for training). `*_hf` name the checkpoints of models given as `hf = "DIR"`.
     """
 
-    algorithm: str
+    algorithm: str  # the family: ppo, grpo or dpo
     actor: Arch
     workload: Workload
     rl: RLConfig
@@ -83,6 +83,7 @@ class RunConfig:
     tau_critic: int = 0
     data: DataConfig = DataConfig()
     algorithm_inferred: bool = False  # the graph names no algorithm (rpeg.algorithm): the runtime warns
+    variant: Optional[str] = None  # the GRPO variant the graph names (rl.VARIANT_SETTINGS), None for the family itself
     # Hugging Face checkpoint directories version 0 of each model is read from (None: built from the seed)
     actor_hf: Optional[str] = None
     reference_hf: Optional[str] = None
@@ -192,7 +193,7 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     generates = (program.graph is None or not program.graph.vertices
                  or any(v.role == "generation" for v in program.graph.vertices))
     named = program.graph.algorithm if program.graph is not None else None
-    name = named or ("ppo" if shared or critic else "grpo" if generates else "dpo")
+    name = ALGORITHM_FAMILIES[named] if named else ("ppo" if shared or critic else "grpo" if generates else "dpo")
     reward_model = by_kind.get("reward")
     if reward == "model" and not reward_model:
         raise RpegError(None, "reward = 'model' needs a model of kind reward in the program")
@@ -204,8 +205,9 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     def hf(models) -> Optional[str]:
         return os.path.abspath(models[0].hf) if models and models[0].hf is not None else None
 
-    cfg = RunConfig(algorithm=name, actor=actor[0].arch, workload=program.workload,
-                    rl=rl or default_rl_config(name), critic=critic[0].arch if critic else None,
+    variant = named if named != name else None
+    cfg = RunConfig(algorithm=name, variant=variant, actor=actor[0].arch, workload=program.workload,
+                    rl=rl or default_rl_config(name, variant), critic=critic[0].arch if critic else None,
                     shared_actor_critic=shared, reward=reward,
                     reward_arch=reward_model[0].arch if reward_model else None, task=task,
                     positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data,
@@ -229,12 +231,12 @@ def _trained_precision(program: Program, model: str) -> Optional[str]:
     return None
 
 
-def toy_rl_config(algorithm: str, **overrides) -> RLConfig:
-    """App. B defaults except the learning rate: 1e-6 is for 8B-70B models; the tiny toy actor needs 5e-3
-    (measured: 1e-2 learns faster but GRPO then often collapses onto a partial pattern)."""
+def toy_rl_config(algorithm: str, variant: Optional[str] = None, **overrides) -> RLConfig:
+    """App. B defaults (and a GRPO `variant`'s settings) except the learning rate: 1e-6 is for 8B-70B models; the
+    tiny toy actor needs 5e-3 (measured: 1e-2 learns faster but GRPO then often collapses onto a partial pattern)."""
     lr = {"lr_actor": 5e-3, "lr_critic": 5e-3}
     lr.update(overrides)
-    return default_rl_config(algorithm, **lr)
+    return default_rl_config(algorithm, variant, **lr)
 
 
 def toy_config(algorithm: str, *, B: Optional[int] = None, R: Optional[int] = None, Lp: int = 4, Lr: int = 6,

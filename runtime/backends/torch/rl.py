@@ -95,8 +95,24 @@ class RLConfig:
         return Sampling(self.temperature, self.top_p, self.top_k)
 
 
-def default_rl_config(algorithm: str, **overrides) -> RLConfig:
-    """App. B defaults for `algorithm`; GRPO moves the KL into the loss (k3) and needs no whitening."""
+# GRPO's variants as `rpeg.algorithm NAME` (program.ALGORITHM_FAMILIES): their papers' settings over GRPO's
+VARIANT_SETTINGS: dict[str, dict] = {
+    # Liu et al. 2025 (Understanding R1-Zero-Like Training): no std scaling, no length normalisation
+    "dr_grpo": dict(norm_adv_by_std=False, loss_agg_mode="seq-mean-token-sum-norm"),
+    # Yu et al. 2025 (DAPO): clip-higher, token-level loss, no KL term (dynamic sampling: not built)
+    "dapo": dict(clip_eps_high=0.28, loss_agg_mode="token-mean", kl_coef=0.0),
+    # Zheng et al. 2025 (GSPO): sequence-level ratios clipped at 3e-4 / 4e-4, each sequence's tokens averaged
+    "gspo": dict(policy_loss="gspo", clip_eps=3e-4, clip_eps_high=4e-4, loss_agg_mode="seq-mean-token-mean"),
+    "rloo": dict(adv_estimator="rloo"),  # Ahmadian et al. 2024
+    # Hu 2025 (REINFORCE++): the KL penalty in the per-token reward, batch-whitened returns
+    "reinforce_pp": dict(adv_estimator="reinforce_plus_plus", kl_in_reward=True, kl_estimator="k1"),
+    "reinforce_pp_baseline": dict(adv_estimator="reinforce_plus_plus_baseline"),
+}
+
+
+def default_rl_config(algorithm: str, variant: Optional[str] = None, **overrides) -> RLConfig:
+    """App. B defaults for `algorithm`; GRPO moves the KL into the loss (k3) and needs no whitening; a GRPO
+    `variant` (VARIANT_SETTINGS) changes GRPO's; `overrides` come last."""
     if algorithm == "grpo":
         base = RLConfig(algorithm="grpo", kl_estimator="k3", kl_in_reward=False, whiten_advantages=False,
                         adv_estimator="grpo")
@@ -104,7 +120,7 @@ def default_rl_config(algorithm: str, **overrides) -> RLConfig:
         base = RLConfig(algorithm="dpo", kl_in_reward=False, whiten_advantages=False)
     else:
         base = RLConfig(algorithm=algorithm)
-    cfg = replace(base, **overrides)
+    cfg = replace(base, **{**VARIANT_SETTINGS.get(variant or "", {}), **overrides})
     check_rl_config(cfg)
     return cfg
 
