@@ -16,7 +16,7 @@ Uses matplotlib's object API (no pyplot), so importing this module changes no gl
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from matplotlib.figure import Figure
@@ -81,12 +81,13 @@ def bars_from_program(p: Program) -> list[Bar]:
         bar = node_bar(n, n.alloc.devices(p.cluster), n.start, n.finish)
         if f is not None:
             members = " + ".join(p.exec.node(m).vertex or m for m in f.members)
-            bar = Bar(bar.devices, bar.start, bar.finish, bar.kind, f"{f.id}: {members}", f.id, n.id)
+            bar = replace(bar, label=f"{f.id}: {members}", short=f.id)
         bars.append(bar)
     return bars
 
 
-def microtask_bars(member: str, index: int, microtasks, device_of_rank: dict[int, int], shift: float = 0.0) -> list[Bar]:
+def microtask_bars(member: str, index: int, microtasks, device_of_rank: dict[int, int],
+                   shift: float = 0.0) -> list[Bar]:
     """The microtasks a fused member's workers ran ((rank, stage, "F" | "B", microbatch, start, finish), a trace's
     record), as bars on the workers' devices: kind = the member's vertex (one colour each), label e.g. "F3"."""
     return [Bar((device_of_rank[rank],), start - shift, finish - shift, member, f"{kind}{micro}", f"{kind}{micro}",

@@ -39,7 +39,8 @@ from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 from rpegc.core.cost.transfer import comm_node_time_at
-from rpegc.search.compact import DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups, Superset
+from rpegc.search.compact import (DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups,
+                                  Superset, kept_over)
 
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
 _COMM, _DEP, _RESHARD = (ACTIONS.index(a) for a in (COMM, DEP, RESHARD))
@@ -187,9 +188,8 @@ class BatchEvaluator:
         groups = [self.cv.fusion_groups(c, *self.cv.placement(c)) for c in (tuple(ch[r].tolist()) for r in rows)]
         if len(rows):
             fused, kept_fused = self._evaluate(ch[rows], allocs.rows(rows), groups, keep)
-            wins = np.array([bool(f) for f in fused.fused]) & (  # compact.better, row by row
-                (fused.feasible > result.feasible[rows])
-                | ((fused.feasible == result.feasible[rows]) & (fused.score_pen > result.score_pen[rows])))
+            wins = np.array([bool(f) for f in fused.fused]) & kept_over(
+                fused.feasible, fused.score_pen, result.feasible[rows], result.score_pen[rows])
             result = _merge(result, fused, rows[wins], wins)
             won = {tuple(ch[r].tolist()) for r in rows[wins]}
             kept.update((k, v) for k, v in kept_fused.items() if k in won)

@@ -37,6 +37,7 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
+from rpegc.core.check.fusion_rules import path_between, same_stages
 from rpegc.core.cost.fused import fuse_operators
 from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.exec_graph import ExecNode
@@ -95,10 +96,16 @@ class Evaluation:
     fused: FusionGroups = ()  # the fusions the plan runs (vertex indices): where they paid, see `better`
 
 
+def kept_over(feasible_a, pen_a, feasible_b, pen_b):
+    """Whether a plan priced (feasible_a, Score_pen pen_a) is kept over the same plan priced (feasible_b, pen_b) (fused
+    against apart): a memory-feasible one over an infeasible one, else the higher Score_pen (Eq. 5); a tie keeps b,
+    the members apart. Elementwise on arrays (the batched path)."""
+    return (feasible_a > feasible_b) | ((feasible_a == feasible_b) & (pen_a > pen_b))
+
+
 def better(a: Evaluation, b: Evaluation) -> bool:
-    """Whether a plan priced `a` is kept over the same plan priced `b` (fused against apart): a memory-feasible one
-    over an infeasible one, else the higher Score_pen (Eq. 5); a tie keeps `b`, the members apart."""
-    return (a.feasible, a.score_pen) > (b.feasible, b.score_pen)
+    """`kept_over` of two evaluations."""
+    return bool(kept_over(a.feasible, a.score_pen, b.feasible, b.score_pen))
 
 
 @dataclass(frozen=True)
@@ -344,7 +351,7 @@ class CompactVariant:
         two or more of them as 1F1B pipelines, each model once (a group where a model repeats does not fuse)."""
         groups: dict[tuple, list[int]] = {}
         for a, b in self.fusion_pairs:
-            if (allocs[a] == allocs[b] and strats[a].layout() == strats[b].layout()
+            if (same_stages(allocs[a], strats[a], allocs[b], strats[b])
                     and self.pipelined[a][choice[a]] and self.pipelined[b][choice[b]]):
                 members = groups.setdefault((allocs[a], strats[a].layout()), [])
                 members += [v for v in (a, b) if v not in members]
@@ -368,10 +375,8 @@ class CompactVariant:
         key = tuple((id(d.op_times[c]), d.strategies[c]) for d, c in entries)  # OpTime objects live with `dirs`
         t = self._fused_times.get(key)
         if t is None:
-            strats = [d.strategies[c] for d, c in entries]
-            wl = self.program.workload
-            _, fused = fuse_operators(tuple(d.op_times[c] for d, c in entries), tuple(s.mb for s in strats),
-                                      tuple(wl.training(s.train).forward_equivalents for s in strats), strats[0].pp)
+            _, fused = fuse_operators(tuple(d.op_times[c] for d, c in entries),
+                                      tuple(d.strategies[c] for d, c in entries), self.program.workload)
             t = self._fused_times[key] = fused.total
         return t
 
@@ -678,15 +683,9 @@ def _reaches(succ: dict[str, list[str]], a: str, b: str) -> bool:
 
 def _linked(s: Superset, cv: CompactVariant, group: tuple[int, ...]) -> bool:
     """Whether a path joins two members of `group` in some step of the superset `s` (unfused)."""
-    succ: dict[int, list[int]] = {}
-    for a, b in s.edges:
-        succ.setdefault(a, []).append(b)
     index = {name: i for i, name in enumerate(s.names)}
-    for step in range(cv.steps):
-        nodes = [index[f"{cv.vertices[v].name}#{step}"] for v in group]
-        if any(_reaches(succ, a, b) for a in nodes for b in nodes if a != b):
-            return True
-    return False
+    return any(path_between(s.edges, [index[f"{cv.vertices[v].name}#{step}"] for v in group]) is not None
+               for step in range(cv.steps))
 
 
 def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
@@ -761,8 +760,8 @@ def build_superset(cv: CompactVariant, pattern: tuple) -> Superset:
     return b.build(pattern)
 
 
-_COLUMNS = ("kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups", "names",
-            "fusion")
+_COLUMNS = ("kind", "vertex", "src", "phase", "role", "nbytes", "model", "step", "key", "reshard_key", "groups",
+            "names", "fusion")
 
 
 class _Builder:

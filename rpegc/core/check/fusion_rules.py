@@ -56,7 +56,7 @@ def _fuse_problem(p: Program, names: tuple[str, ...], fused: dict[str, object]) 
     first = placed[names[0]]
     for name in names[1:]:
         pl = placed[name]
-        if not _same_stages(pl.alloc, pl.strategy, first.alloc, first.strategy):
+        if not same_stages(pl.alloc, pl.strategy, first.alloc, first.strategy):
             return (f"@{name} is placed at {pl.alloc.origin} extent {pl.alloc.extent} with dp = {pl.strategy.dp} "
                     f"pp = {pl.strategy.pp} tp = {pl.strategy.tp}, @{names[0]} at {first.alloc.origin} extent "
                     f"{first.alloc.extent} with dp = {first.strategy.dp} pp = {first.strategy.pp} tp = "
@@ -65,14 +65,14 @@ def _fuse_problem(p: Program, names: tuple[str, ...], fused: dict[str, object]) 
         schedule = p.workload.training(placed[name].strategy.train).schedule
         if schedule != "1f1b":
             return f"@{name} trains with schedule = {schedule}; fused members train with schedule = 1f1b"
-    joined = _joined(((e.src, e.dst) for e in p.graph.data_edges), names)
+    joined = path_between(((e.src, e.dst) for e in p.graph.data_edges), names)
     if joined:
         return (f"data edges lead from @{joined[0]} to @{joined[1]}; fused members run together, so neither may "
                 "wait for the other")
     return ""
 
 
-def _joined(edges, members) -> tuple[str, str] | None:
+def path_between(edges, members) -> tuple[str, str] | None:
     """A pair (a, b) of `members` such that a path of `edges` leads from a to b, None when there is none."""
     succ: dict[str, list[str]] = {}
     for a, b in edges:
@@ -90,9 +90,9 @@ def _joined(edges, members) -> tuple[str, str] | None:
     return None
 
 
-def _same_stages(a: Alloc, s: Strategy, b: Alloc, t: Strategy) -> bool:
-    """Two operators whose pipeline stages are the same devices: one allocation, one dp, pp and tp."""
-    return a == b and (s.dp, s.pp, s.tp) == (t.dp, t.pp, t.tp)
+def same_stages(a: Alloc, s: Strategy, b: Alloc, t: Strategy) -> bool:
+    """Two operators whose pipeline stages are the same devices: one allocation, one layout (dp, pp, tp)."""
+    return a == b and s.layout() == t.layout()
 
 
 def check_exec_fusions(p: Program) -> list[RpegError]:
@@ -124,9 +124,9 @@ def _fusion_problem(g: ExecGraph, f: ExecFusion, seen: dict[str, str]) -> str:
     if len({n.step for n in nodes}) > 1 or len({n.model for n in nodes}) < len(nodes):
         return "the members are one step's training of different models"
     first = nodes[0]
-    if any(not _same_stages(n.alloc, n.strategy, first.alloc, first.strategy) for n in nodes):  # type: ignore[arg-type]
+    if any(not same_stages(n.alloc, n.strategy, first.alloc, first.strategy) for n in nodes):  # type: ignore[arg-type]
         return "the members share their allocation, dp, pp and tp"
-    joined = _joined(((e.src, e.dst) for e in g.edges), f.members)
+    joined = path_between(((e.src, e.dst) for e in g.edges), f.members)
     if joined:
         return f"a path leads from @{joined[0]} to @{joined[1]}; fused members run together"
     pp, mbs = first.strategy.pp, [n.strategy.mb for n in nodes]  # type: ignore[union-attr]

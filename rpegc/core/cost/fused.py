@@ -11,8 +11,11 @@ T_gemm / (mb n_fe) and its backward (recomputation included) T_gemm (n_fe - 1) /
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from rpegc.core.cost.optime import OpTime
+from rpegc.core.ir.geometry import Strategy
+from rpegc.core.ir.program import Workload
 from rpegc.core.sched.microtasks import MemberPipeline, Schedule, fused_schedule, makespan
 
 
@@ -51,10 +54,12 @@ def fused_time(times: tuple[OpTime, ...], members: tuple[MemberPipeline, ...], s
                      unfused=tuple(float(t.T_op) for t in times))
 
 
-def fuse_operators(times: tuple[OpTime, ...], mbs: tuple[int, ...], forward_equivalents: tuple[int, ...],
-                   pp: int) -> tuple[Schedule, FusedTime]:
-    """The microtask order a fusion of the operators priced `times` runs on its `pp` stages (`fused_schedule`), each
-    member with its microbatch count and forward-equivalent passes, and the fusion's time under that order."""
-    members = tuple(member_pipeline(t, mb, fe) for t, mb, fe in zip(times, mbs, forward_equivalents))
-    stages = fused_schedule(members, pp)
+def fuse_operators(times: tuple[OpTime, ...], strategies: Sequence[Strategy],
+                   wl: Workload) -> tuple[Schedule, FusedTime]:
+    """The microtask order a fusion of the operators priced `times` and placed with `strategies` (one allocation and
+    layout) runs on its stages (`fused_schedule`), each member with its microbatch count and its training's
+    forward-equivalent passes, and the fusion's time under that order."""
+    members = tuple(member_pipeline(t, s.mb, wl.training(s.train).forward_equivalents)
+                    for t, s in zip(times, strategies))
+    stages = fused_schedule(members, strategies[0].pp)
     return stages, fused_time(times, members, stages)

@@ -50,8 +50,5 @@ def fuse_stages(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -
 
 def _stages(p: Program, members: list[ExecNode], hw: Hardware, opts: CostOptions):
     times = tuple(placement_time(p, node_placement(n, p), hw, opts) for n in members)
-    strategies = [n.strategy for n in members]
-    stages, _ = fuse_operators(times, tuple(s.mb for s in strategies),  # type: ignore[union-attr]
-                               tuple(p.workload.training(s.train).forward_equivalents for s in strategies),  # type: ignore[union-attr]
-                               strategies[0].pp)  # type: ignore[union-attr]
+    stages, _ = fuse_operators(times, [n.strategy for n in members], p.workload)  # type: ignore[misc]
     return stages
