@@ -7,9 +7,10 @@ OUT    := out
 
 .PHONY: demo test install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-oracle.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -e '.[dev,runtime]'
+	$(BIN)/python -m pip install -q --no-deps -r requirements-oracle.txt
 	@touch $(STAMP)
 
 install: $(STAMP)

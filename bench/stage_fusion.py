@@ -19,7 +19,7 @@ About 6 minutes (--quick: tiny models, one run each, the fusing workload only: u
 from __future__ import annotations
 
 # workloads first: it pins numpy to one thread before numpy is imported.
-from workloads import SEARCH_DEFAULTS, common_args, print_table, search, table_x, write_csv
+from workloads import SEARCH_DEFAULTS, common_args, print_table, table_x, write_csv
 
 import subprocess
 import sys

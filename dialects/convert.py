@@ -227,7 +227,7 @@ class _Builder:
 
     def workload_op(self, w: Workload) -> Operation:
         props = {"B": _int(w.B), "R": _int(w.R), "Lp": _int(w.Lp), "Lr": _int(w.Lr), "dtype": StringAttr(w.dtype),
-                 "train": _train(w.train)}
+                 "train": _train(w.train), "oversample": _int(w.oversample) if w.oversample != 1 else None}
         return self.op(rpeg.WorkloadOp, w.loc, props)
 
     def model_op(self, m: Model) -> Operation:
@@ -456,7 +456,7 @@ def _fl(attr: FloatAttr) -> float:
 
 def _workload(op: rpeg.WorkloadOp) -> Workload:
     return Workload(int_of(op.B), int_of(op.R), int_of(op.Lp), int_of(op.Lr), op.dtype.data, loc=loc_from(op.location),
-                    train=_spec(op.train))
+                    train=_spec(op.train), oversample=1 if op.oversample is None else int_of(op.oversample))
 
 
 def _train(t: TrainSpec) -> Optional[TrainAttr]:

@@ -39,7 +39,8 @@ from rpegc.dialects.attrs import (
     Text,
     TrainAttr,
 )
-from rpegc.core.ir.program import ALGORITHMS, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
+from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
+from rpegc.core.ir.program import DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
 
 
 def check_member(op_name: str, field: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -62,6 +63,7 @@ class WorkloadOp(LocatedOp):
     Lr = prop_def(I64Attr)
     dtype = prop_def(StringAttr)
     train = opt_prop_def(TrainAttr)  # the training fields of every training operator, when any is stated
+    oversample = opt_prop_def(I64Attr)  # dynamic sampling's draws per step in units of B, when not 1
 
     def verify_(self) -> None:
         check_member(self.name, "dtype", self.dtype.data, tuple(DTYPE_BYTES))
@@ -192,14 +194,15 @@ class StalenessOp(LocatedOp):
 
 @irdl_op_definition
 class AlgorithmOp(LocatedOp):
-    """`rpeg.algorithm`: the RL algorithm the graph runs (ppo, grpo, dpo)."""
+    """`rpeg.algorithm`: the RL algorithm the graph runs (core/ir/algorithms.py: built-in or a plugin's)."""
 
     name = "rpeg.algorithm"
     algorithm = prop_def(StringAttr)
     traits = traits_def(HasParent(GraphOp))
 
     def verify_(self) -> None:
-        check_member(self.name, "algorithm", self.algorithm.data, ALGORITHMS)
+        if algorithm_family(self.algorithm.data) is None:
+            check_member(self.name, "algorithm", self.algorithm.data, algorithm_names())
 
 
 @irdl_op_definition

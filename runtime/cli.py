@@ -213,7 +213,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             return
         pred = f" (predicted {s.predicted_finish:.6g} s)" if s.predicted_finish is not None else ""
         measured = backend.step_metrics(s.step)
-        extra = "".join(f", {k} {measured[k]:.4g}" for k in ("reward", "policy_loss", "value_loss", "dpo_loss", "reward_accuracy") if k in measured)
+        extra = "".join(f", {k} {measured[k]:.4g}" for k in ("reward", "policy_loss", "value_loss", "dpo_loss",
+                                                             "reward_accuracy", "informative_groups") if k in measured)
         print(f"step {s.step} done ({s.steps_done}/{s.steps_total}) at t = {s.finish:.6g} s{pred}, "
               f"wall {s.wall_s:.3f} s{extra}", flush=True)
 

@@ -583,7 +583,7 @@ def plan_hash(p: Program) -> str:
     m, s = g.memory, g.schedule
     doc = {
         "format": HASH_FORMAT,
-        "workload": [w.B, w.R, w.Lp, w.Lr, w.dtype],
+        "workload": [w.B, w.R, w.Lp, w.Lr, w.dtype] + ([w.oversample] if w.oversample != 1 else []),
         "models": sorted([x.name, x.kind, x.trainable, [getattr(x.arch, k) for k in _ARCH_KEYS]] for x in p.models),
         "graph": g.graph,
         "steps": g.steps,

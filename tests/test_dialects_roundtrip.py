@@ -119,7 +119,7 @@ def full_exec() -> ExecGraph:
 
 def full_program() -> Program:
     return Program(
-        workload=Workload(512, 2, 128, 384, "fp16", loc=at(1)),
+        workload=Workload(512, 2, 128, 384, "fp16", loc=at(1), oversample=3),
         models=(
             Model("actor", "policy", True, ARCH, preset="llama2-7b", loc=at(2)),
             Model("rm", "reward", False, ARCH, loc=at(3)),

@@ -62,7 +62,8 @@ from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E4
 from rpegc.runtime.backends.torch.models import (NetOptions, build_model, cast_weights,  # noqa: E402
                                                 export_weights, install_weights, serving_dtype)
 from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
-from rpegc.runtime.backends.torch.reference import (ReferenceTrainer, RunConfig, run_reference,  # noqa: E402
+from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
+from rpegc.runtime.backends.torch.reference import (RunConfig, run_reference,  # noqa: E402
                                                    toy_config, toy_rl_config)
 from rpegc.runtime.backends.torch.rl import response_forward  # noqa: E402
 from rpegc.runtime.backends.torch.worker import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402

@@ -9,9 +9,10 @@ torch = pytest.importorskip("torch")
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Graph, Model, Program, Workload  # noqa: E402
-from rpegc.runtime.backends.torch.reference import (ReferenceTrainer, config_from_program, run_reference,  # noqa: E402
+from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
+from rpegc.runtime.backends.torch.reference import (config_from_program, run_reference,  # noqa: E402
                                                    toy_config)
-from rpegc.runtime.backends.torch.rl import default_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.tasks import make_task  # noqa: E402
 
 torch.set_num_threads(1)

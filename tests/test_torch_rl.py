@@ -10,8 +10,9 @@ from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.program import Arch  # noqa: E402
 from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
 from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl import (LOSS_AGG_MODES, Experience, RLConfig, actor_loss,  # noqa: E402
-                                            aggregate, compute_advantages, critic_loss, default_rl_config, gae,
+                                            aggregate, compute_advantages, critic_loss, gae,
                                             epoch_stats, grpo_advantages, kl_estimate, masked_moments,
                                             minibatch_rows, minibatch_steps, policy_loss, response_forward,
                                             token_rewards, value_loss, whiten)
@@ -133,7 +134,7 @@ def test_whitening_from_summed_shard_moments_equals_whole_batch_whitening():
     mask = (torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) > 0.3).float()
     whole = whiten(x, mask, masked_moments(x, mask))
     sel = mask.bool()
-    assert whole[sel].mean().abs() < 1e-5 and (whole[sel].pow(2).mean() - 1).abs() < 1e-4
+    assert whole[sel].mean().abs() < 1e-5 and (whole[sel].var() - 1).abs() < 1e-4  # the unbiased variance
     moments = masked_moments(x[:2], mask[:2]) + masked_moments(x[2:], mask[2:])
     torch.testing.assert_close(whiten(x[:2], mask[:2], moments), whole[:2])
 
@@ -289,7 +290,7 @@ def test_rloo_and_dr_grpo_advantages_follow_their_formulas():
 def _whitened(x, mask):
     vals = [v for row, mrow in zip(x, mask) for v, m in zip(row, mrow) if m]
     mean = sum(vals) / len(vals)
-    var = sum((v - mean) ** 2 for v in vals) / len(vals)
+    var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)  # the sample variance, as verl's masked_whiten
     return [[(v - mean) / math.sqrt(var + 1e-8) * m for v, m in zip(row, mrow)] for row, mrow in zip(x, mask)]
 
 
@@ -390,6 +391,7 @@ def test_dapo_overlong_shaping_punishes_the_last_tokens_of_the_budget():
 
 
 PLUGIN = '''
+from rpegc.runtime.backends.torch.algorithms import GRPO, register_algorithm
 from rpegc.runtime.backends.torch.rl import register_adv_est, register_policy_loss, policy_loss
 from dataclasses import replace
 
@@ -402,13 +404,22 @@ def sign(exp, cfg, group_size, reduce):
 @register_policy_loss("plugin_unclipped")
 def unclipped(logp, old_logp, advantages, mask, cfg, n):
     return policy_loss(logp, old_logp, advantages, mask, 1e9, n, cfg.loss_agg_mode)
+
+
+register_algorithm(GRPO("sign_grpo", dict(adv_estimator="plugin_sign", policy_loss="plugin_unclipped"), "a test"))
 '''
 
 
-def test_a_plugin_registers_an_estimator_and_a_loss_through_an_entry_point(tmp_path, monkeypatch):
+def test_a_plugin_registers_an_estimator_a_loss_and_an_algorithm_through_an_entry_point(tmp_path, monkeypatch):
     """An installed package's entry point of the group rpegc.rl is imported when a name is missing (in every process
-    that looks one up); what it registers is selected by --rl like the built-in ones."""
+    that looks one up, the compiler's included); the estimator and loss it registers are selected by --rl like the
+    built-in ones, the algorithm it registers by the graph (`rpeg.algorithm`), checked against its family's shape."""
+    from rpegc.core.check.wellformed import check_program
+    from rpegc.core.ir import algorithms as families
+    from rpegc.runtime.backends.torch import algorithms as algs
     from rpegc.runtime.backends.torch import rl as rl_module
+    from rpegc.runtime.backends.torch.backend import run_config
+    from rpegc.syntax.parser import parse
     from rpegc.runtime.backends.torch.rl import ADV_ESTIMATORS, ENTRY_POINT_GROUP, POLICY_LOSSES, compute_advantages
 
     (tmp_path / "my_rl.py").write_text(PLUGIN)
@@ -419,6 +430,8 @@ def test_a_plugin_registers_an_estimator_and_a_loss_through_an_entry_point(tmp_p
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(rl_module, "ADV_ESTIMATORS", dict(ADV_ESTIMATORS))  # what the plugin adds goes with the test
     monkeypatch.setattr(rl_module, "POLICY_LOSSES", dict(POLICY_LOSSES))
+    monkeypatch.setattr(algs, "ALGORITHMS", dict(algs.ALGORITHMS))
+    monkeypatch.setattr(families, "_FAMILY_OF", dict(families._FAMILY_OF))
     import sys
     monkeypatch.delitem(sys.modules, "my_rl", raising=False)
     cfg = default_rl_config("grpo", adv_estimator="plugin_sign", policy_loss="plugin_unclipped")
@@ -426,6 +439,17 @@ def test_a_plugin_registers_an_estimator_and_a_loss_through_an_entry_point(tmp_p
     exp = Experience(torch.zeros(2, 5, dtype=torch.long), mask, mask, mask, t(0.5, -2.0))
     assert compute_advantages(exp, cfg, group_size=2).advantages[:, 0].tolist() == [1.0, -1.0]
     assert "plugin_unclipped" in rl_module.POLICY_LOSSES
+    text = open("examples/grpo-tiny.rpeg").read().replace("rpeg.algorithm grpo", "rpeg.algorithm sign_grpo")
+    program = parse(text, "plugin.rpeg")
+    assert check_program(program) == []
+    cfg = run_config(program)
+    assert (cfg.algorithm, cfg.rl.algorithm, cfg.rl.adv_estimator, cfg.rl.policy_loss) == (
+        "sign_grpo", "grpo", "plugin_sign", "plugin_unclipped")
+    ppo = open("examples/ppo-tiny.rpeg").read().replace("rpeg.algorithm ppo", "rpeg.algorithm sign_grpo")
+    assert any("names algorithm sign_grpo, but GRPO samples rollouts and has no critic" in e.message
+               for e in check_program(parse(ppo, "p.rpeg")))
+    with pytest.raises(RpegError, match="unknown algorithm 'sign_grp'"):
+        parse(text.replace("sign_grpo", "sign_grp"), "typo.rpeg")
     (tmp_path / "my_rl.py").write_text("raise ImportError('broken plugin')\n")
     monkeypatch.delitem(sys.modules, "my_rl", raising=False)
     with pytest.raises(RpegError, match="the RL plugin mine .my_rl. failed to load: ImportError: broken plugin"):
@@ -434,20 +458,27 @@ def test_a_plugin_registers_an_estimator_and_a_loss_through_an_entry_point(tmp_p
 
 @pytest.mark.parametrize("variant", ["dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])
 def test_a_graph_names_a_grpo_variant_and_runs_grpo_with_its_settings(variant):
-    """rpeg.algorithm VARIANT: a GRPO-shaped graph, GRPO's run with the variant's settings, which --rl overrides."""
+    """rpeg.algorithm VARIANT: a GRPO-shaped graph, GRPO's run with the variant's settings, which --rl overrides;
+    `--rl algorithm=VARIANT` chooses it for a graph that names GRPO (an algorithm of another family is an error)."""
     from rpegc.core.check.wellformed import check_program
     from rpegc.runtime.backends.torch.backend import run_config
-    from rpegc.runtime.backends.torch.rl import VARIANT_SETTINGS
+    from rpegc.runtime.backends.torch.algorithms import algorithm
     from rpegc.syntax.parser import parse
 
     text = open("examples/grpo-tiny.rpeg").read().replace("rpeg.algorithm grpo", f"rpeg.algorithm {variant}")
     program = parse(text, "v.rpeg")
     assert check_program(program) == []
     cfg = run_config(program, rl={"kl_coef": 0.005})
-    assert (cfg.algorithm, cfg.variant, cfg.rl.algorithm, cfg.rl.kl_coef) == ("grpo", variant, "grpo", 0.005)
-    for key, value in VARIANT_SETTINGS[variant].items():
+    assert (cfg.algorithm, cfg.alg.family, cfg.rl.algorithm, cfg.rl.kl_coef) == (variant, "grpo", "grpo", 0.005)
+    for key, value in algorithm(variant).settings.items():
         if key != "kl_coef":
             assert getattr(cfg.rl, key) == value, key
+    chosen = run_config(parse(text.replace(f"rpeg.algorithm {variant}", "rpeg.algorithm grpo"), "g.rpeg"),
+                        rl={"algorithm": variant})  # --rl algorithm=VARIANT on a GRPO graph
+    assert (chosen.algorithm, chosen.rl) == (variant, run_config(program).rl)
+    with pytest.raises(RpegError, match=f"--rl algorithm=ppo: ppo is of the PPO family, but the graph has GRPO's "
+                                        f"shape .rpeg.algorithm {variant}.; choose one of grpo, dr_grpo"):
+        run_config(program, rl={"algorithm": "ppo"})
     ppo = open("examples/ppo-tiny.rpeg").read().replace("rpeg.algorithm ppo", f"rpeg.algorithm {variant}")
     errors = check_program(parse(ppo, "p.rpeg"))
     assert any(f"names algorithm {variant}, but GRPO samples rollouts and has no critic" in e.message for e in errors)

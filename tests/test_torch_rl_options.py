@@ -28,7 +28,7 @@ def test_values_take_their_fields_types():
 @pytest.mark.parametrize("pair,match", [
     ("clip_eps", "give NAME=VALUE"),
     ("clip_epss=0.1", "did you mean clip_eps"),
-    ("algorithm=ppo", "the algorithm is the program's"),
+    ("algorithm=dapoo", "unknown algorithm 'dapoo'; use one of ppo, grpo, dpo"),
     ("ppo_epochs=1.5", "ppo_epochs must be an integer"),
     ("kl_in_reward=yes", "must be true or false"),
     ("lr_actor=0", "lr_actor must be > 0.0"),

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.runtime.backends.torch.algorithms.dpo import dpo_loss, sides  # noqa: E402
 from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
-from rpegc.runtime.backends.torch.reference import DPOTrainer, run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.algorithms.dpo import DPOTrainer  # noqa: E402
+from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
 from fixtures.torch_runs import STAT_ABS, STAT_REL, compile_plan, run_torch  # noqa: E402
 from fixtures.dpo import GRAPH, TWO, preference_rows

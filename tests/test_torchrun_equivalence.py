@@ -11,38 +11,22 @@ many such entries (measured: 1e-3 after 3 steps with Adam's eps = 1e-8), so the 
 with eps = 1e-5 (measured difference then 5e-6); GRPO needs nothing (measured 1e-5 with the defaults).
 """
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
 from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
-from rpegc.runtime.backends.torch.reference import ReferenceTrainer, run_reference  # noqa: E402
-from fixtures.torch_runs import PPO4, STAT_ABS, STAT_REL, compile_plan, model_names, run_torch
+from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from fixtures.torch_runs import PPO4, STAT_REL, assert_same_run, compile_plan, logits_of, model_names, run_torch
 
 
 def chained(plan, trace) -> list[str]:
     """Nodes handed to their workers before a predecessor finished (chained dispatch, controller.py)."""
     preds, recs = plan.pred_ids(), trace.nodes
     return [r.id for r in recs.values() if any(recs[p].finish > r.dispatch for p in preds.get(r.id, ()) if p in recs)]
-
-
-def assert_same_run(plan, backend, rl, weights_atol, **config):
-    cfg = run_config(plan.program, rl=rl, **config)
-    ref = run_reference(cfg, plan.steps, seed=0)
-    for k, want in enumerate(ref.metrics):
-        got = backend.metrics[k]
-        for key in ("reward", "kl", "policy_loss", "kl_loss", "value_loss", "actor_grad_norm", "critic_grad_norm",
-                    "reward_std", "response_length", "accuracy"):
-            if key in want:
-                assert got[key] == pytest.approx(want[key], rel=STAT_REL, abs=STAT_ABS), (k, key)
-    initial = ReferenceTrainer(cfg, seed=0).weights()
-    for role, name in model_names(plan).items():
-        want, got = ref.weights[role], backend.final_weights[name]
-        assert set(got) == set(want)
-        for n in want:
-            torch.testing.assert_close(got[n], want[n], rtol=0, atol=weights_atol, msg=f"{role} {n}")
-        moved = max((want[n] - initial[role][n]).abs().max().item() for n in want)
-        assert moved > 100 * weights_atol  # the runs trained: agreement is not the identity
 
 
 def test_grpo_with_phases_comm_dp_tp_and_pipeline_matches_the_reference(tmp_path):
@@ -119,6 +103,47 @@ def test_a_qwen3_shaped_model_trained_with_tp_and_pp_matches_the_reference(tmp_p
     assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
     moved = backend.final_weights[model_names(plan)["actor"]]["layers.0.attn.q_norm.weight"]
     assert (moved - 1).abs().max() > 1e-4  # the norms trained
+
+
+def test_a_gemma3_checkpoint_with_a_sliding_window_trained_with_dr_grpo_on_tp_and_pp_matches_the_reference(tmp_path):
+    """A random Gemma 3 text checkpoint (`gemma3_text`, written by transformers: the .rpeg arch fields express only its
+    post-norms, q/k norms and head_dim; its sliding window, GeGLU FFN, 1 + w norms, sqrt(d) embedding scale and
+    query_pre_attn_scalar live in config.json): layer 0 sees the last 4 keys of Lp + Lr = 10, layer 1 all of them,
+    head_dim 24 of hidden 32, the query scaled by 20 ** -0.5, tied embeddings. Training on the plan's pp 2 x tp 2 (the
+    sliding-window layer on one stage, the full one on the other; each TP rank with 2 of the 4 heads and the
+    replicated q/k norms), reference inference tp 2, under `rpeg.algorithm dr_grpo` (no std scaling, token sums over
+    the constant N x Lr): the statistics and weights of the single-process reference. Bounds: STAT_REL for the
+    statistics; for the weights, Adam's first sign-like step (module docstring) made Adam's default eps give 2.8e-5,
+    so both sides run eps = 1e-5 as the Qwen3 test does (measured 5e-6; bound 2e-5, and the weights moved ~1e-2)."""
+    pytest.importorskip("transformers")
+    from rpegc.runtime.backends.torch import arith
+    from rpegc.runtime.backends.torch.hf import hf_net
+    from rpegc.runtime.backends.torch.models import NetOptions
+
+    ckpt = str(tmp_path / "gemma3")
+    arith.write_checkpoint(ckpt, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=24, max_positions=32, tie=True,
+                           model="gemma3_text", sliding_window=4, query_pre_attn_scalar=20)
+    text = open("examples/grpo-tiny.rpeg").read().replace("rpeg.algorithm grpo", "rpeg.algorithm dr_grpo")
+    for kind in ("policy", "reference"):
+        text = text.replace(f'arch = "tiny", kind = {kind}', f'hf = "{ckpt}", kind = {kind}')
+    plan = compile_plan(tmp_path, "grpo-gemma3.rpeg", steps=2, text=text)
+    arch = next(m.arch for m in plan.program.models if m.kind == "policy")
+    assert (arch.post_norms, arch.qk_norm, arch.head_dim, arch.tied) == (True, True, 24, True)
+    rl = {"adam_eps": 1e-5}
+    cfg = run_config(plan.program, rl=rl)
+    assert (cfg.rl.norm_adv_by_std, cfg.rl.loss_agg_mode) == (False, "seq-mean-token-sum-norm")  # Dr. GRPO's
+    net = hf_net(ckpt, NetOptions(max_seq=10))
+    assert (net.mlp, net.embed_scale, net.sliding_window, net.sliding_layers) == ("geglu", True, 4, (0,))
+    # the window matters: version 0's logits over Lp + Lr positions change when layer 0 sees every key
+    x = torch.randint(9, arch.vocab, (2, 10), generator=torch.Generator().manual_seed(0))
+    initial = ReferenceTrainer(cfg, seed=0).weights()["actor"]
+    full = dataclasses.replace(net, sliding_layers=(), sliding_window=None)
+    assert (logits_of(initial, arch, net, x) - logits_of(initial, arch, full, x)).abs().max() > 1e-2  # measured 0.3
+    backend, _ = run_torch(plan, rl=rl)
+    assert_same_run(plan, backend, rl=rl, weights_atol=2e-5)
+    trained = backend.final_weights[model_names(plan)["actor"]]
+    for name in ("layers.0.attn_post_norm.weight", "layers.1.mlp_post_norm.weight", "layers.0.attn.k_norm.weight"):
+        assert (trained[name] - initial[name]).abs().max() > 1e-4, name  # Gemma's norms trained (from 0: 1 + w)
 
 
 def test_staleness_one_changes_only_the_versions_generation_reads(tmp_path):

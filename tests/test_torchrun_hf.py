@@ -159,6 +159,35 @@ def test_the_demos_arithmetic_grpo_raises_the_held_out_accuracy(tmp_path):
     assert proc.returncode == 1 and "exists and is not an empty directory" in proc.stderr
 
 
+def test_arith_make_writes_a_gemma3_checkpoint_and_the_grpo_variant_named(tmp_path, capsys):
+    """`arith make --model gemma3_text --algorithm dapo --oversample 2` (the README's Gemma 3 example; nothing trains
+    here): a Gemma 3 config the compiler prices (post-norms, q/k norms, head_dim 32) and the backend builds, its first
+    layer seeing the last 8 keys of the program's Lp + Lr = 16 and its last full attention, and `rpeg.algorithm dapo`
+    with dynamic sampling in a program that lowers. --algorithm takes GRPO's family only."""
+    from rpegc.cli import main as rpegc_main
+    from rpegc.syntax.parser import parse
+
+    d = tmp_path / "gemma3"
+    assert arith.main(["make", str(d), "--model", "gemma3_text", "--algorithm", "dapo", "--oversample", "2",
+                       "--rows", "8"]) == 0
+    assert "(Gemma 3, hidden 64, 2 layers, tokenizer)" in capsys.readouterr().out
+    config = json.loads((d / "ckpt" / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["tie_word_embeddings"] and config["head_dim"] == 32
+    assert config["layer_types"] == ["sliding_attention", "full_attention"] and config["sliding_window"] == 8
+    program = parse((d / "grpo.rpeg").read_text(), str(d / "grpo.rpeg"))
+    assert (program.graph.algorithm, program.workload.oversample) == ("dapo", 2)
+    arch = next(m.arch for m in program.models if m.kind == "policy")
+    assert (arch.post_norms, arch.qk_norm, arch.head_dim, arch.tied, arch.hidden) == (True, True, 32, True, 64)
+    max_seq = program.workload.Lp + program.workload.Lr
+    net = hf_net(str(d / "ckpt"), NetOptions(max_seq=max_seq))
+    assert (net.mlp, net.sliding_layers, net.sliding_window) == ("geglu", (0,), 8) and 8 < max_seq
+    assert rpegc_main([str(d / "grpo.rpeg"), "-p", lowering(1), "-o", str(tmp_path / "g.exec.rpeg")]) == 0
+    assert arith.GRPO_ALGORITHMS[0] == "grpo" and not {"ppo", "dpo"} & set(arith.GRPO_ALGORITHMS)
+    with pytest.raises(SystemExit) as e:
+        arith.main(["make", str(tmp_path / "ppo"), "--algorithm", "ppo"])
+    assert e.value.code == 2 and "invalid choice: 'ppo'" in capsys.readouterr().err
+
+
 def test_dpo_trains_a_checkpoint_on_a_preference_dataset_and_exports(workdir, tmp_path):
     """DPO through the CLI: the checkpoint as policy and reference, a JSONL file of (prompt, chosen, rejected)
     chat rows, 2 workers; each step sees the same 8 pairs (B = the rows), on which the loss falls; the export

@@ -9,7 +9,8 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
 
     {
       "format": "rpegc-program", "format_version": 1,
-      "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32", "train"?: TRAIN},
+      "workload": {"B": int, "R": int, "Lp": int, "Lr": int, "dtype": "bf16" | "fp16" | "fp32", "train"?: TRAIN,
+                   "oversample"?: int},
       "models": [{"name": str, "kind": MODEL_KIND, "trainable": bool, "preset": str | null,
                   "arch": {"layers", "hidden", "ffn", "vocab", "heads", "kv_heads": int,
                            "gated", "qkv_bias", "tied", "norms": bool},
@@ -117,7 +118,8 @@ from rpegc.syntax import json_text
 from rpegc.core.ir.hf_config import hf_arch
 from rpegc.core.ir.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
-from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
+from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
+from rpegc.core.ir.program import (ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
                                    Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
                                    Vertex, Workload, arch_flag_default)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, coords
@@ -141,7 +143,8 @@ def program_to_json(p: Program) -> dict:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "workload": {"B": p.workload.B, "R": p.workload.R, "Lp": p.workload.Lp, "Lr": p.workload.Lr,
-                     "dtype": p.workload.dtype, **_train_json(p.workload.train)},
+                     "dtype": p.workload.dtype, **_train_json(p.workload.train),
+                     **({"oversample": p.workload.oversample} if p.workload.oversample != 1 else {})},
         "models": [_model_json(m) for m in p.models],
         "rpeg_graph": _graph_json(p.graph) if p.graph is not None else None,
         "cluster": _cluster_json(p.cluster) if p.cluster is not None else None,
@@ -471,7 +474,7 @@ def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program
 
 
 def _read_workload(r: _Reader, v: Any) -> Workload:
-    o = r.obj(v, "workload", ("B", "R", "Lp", "Lr"), ("dtype", "train"))
+    o = r.obj(v, "workload", ("B", "R", "Lp", "Lr"), ("dtype", "train", "oversample"))
     return Workload(
         B=r.int_(o["B"], "workload.B", 1),
         R=r.int_(o["R"], "workload.R", 1),
@@ -480,6 +483,7 @@ def _read_workload(r: _Reader, v: Any) -> Workload:
         dtype=r.str_(o.get("dtype", "bf16"), "workload.dtype", tuple(DTYPE_BYTES)),
         loc=r.loc,
         train=_read_train(r, o, "workload"),
+        oversample=r.int_(o.get("oversample", 1), "workload.oversample", 1),
     )
 
 
@@ -581,9 +585,18 @@ def _read_graph(r: _Reader, v: Any, path: str) -> Graph:
         loc=r.loc,
         staleness_loc=r.loc,
         quantiles_loc=r.loc,
-        algorithm=r.opt(o.get("algorithm"), _join(path, "algorithm"), lambda x, p: r.str_(x, p, ALGORITHMS)),
+        algorithm=r.opt(o.get("algorithm"), _join(path, "algorithm"), lambda x, p: _algorithm(r, x, p)),
         algorithm_loc=r.loc,
     )
+
+
+
+def _algorithm(r: _Reader, value: Any, path: str) -> str:
+    """A graph's algorithm: a built-in one or a plugin's (core/ir/algorithms.py)."""
+    name = r.str_(value, path)
+    if algorithm_family(name) is None:
+        r.str_(name, path, algorithm_names())  # the error naming the choices
+    return name
 
 
 def _read_cluster(r: _Reader, v: Any, path: str) -> Cluster:

@@ -28,7 +28,8 @@ from rpegc.core.ir.gc_pause import without_gc
 from rpegc.core.ir.exec_graph import (DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, Microtask,
                                       ScheduleReport, microtask_of)
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
-from rpegc.core.ir.program import (ALGORITHMS, ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
+from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
+from rpegc.core.ir.program import (ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
                                    Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
                                    Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
@@ -56,6 +57,7 @@ MAX_EXPR_DEPTH = 200
 # Sizes (batch, lengths, cluster shape, architecture, parallel degrees, allocations, steps) above this
 # describe no real system; bounding them keeps the checks that enumerate divisors instant.
 MAX_SIZE = 2**40
+MAX_OVERSAMPLE = 64  # dynamic sampling's draws per step, in units of B (DAPO's recipes draw about 3)
 MAX_INT64 = 2**63 - 1  # the module's integers are MLIR's i64
 
 
@@ -518,7 +520,7 @@ class _Builder:
     def workload(self, item: Tree) -> Workload:
         loc = self.loc(item)
         what = "rpeg.workload"
-        attrs = self.attrs(item.children[0], what, ("B", "R", "Lp", "Lr", "dtype") + TRAIN_FIELDS)
+        attrs = self.attrs(item.children[0], what, ("B", "R", "Lp", "Lr", "dtype", "oversample") + TRAIN_FIELDS)
         example = "rpeg.workload {B = 512, R = 1, Lp = 128, Lr = 384, dtype = bf16}"
         values = {k: self.attr_int(self.need(attrs, k, what, loc, example), what, maximum=MAX_SIZE) for k in SYMBOLS}
         dtype = self.attr_word(attrs["dtype"], what, tuple(DTYPE_BYTES)) if "dtype" in attrs else "bf16"
@@ -528,7 +530,9 @@ class _Builder:
                 a = attrs[key]
                 train[key] = (self.train_choice(key, self.attr_int(a, what, minimum=None), a.at, what) if key == "zero"
                               else self.attr_word(a, what, TRAIN_CHOICES[key]))
-        return Workload(values["B"], values["R"], values["Lp"], values["Lr"], dtype, loc=loc, train=TrainSpec(**train))
+        oversample = self.attr_int(attrs["oversample"], what, maximum=MAX_OVERSAMPLE) if "oversample" in attrs else 1
+        return Workload(values["B"], values["R"], values["Lp"], values["Lr"], dtype, loc=loc, train=TrainSpec(**train),
+                        oversample=oversample)
 
     def model(self, item: Tree) -> Model:
         sym, attr_tree = item.children
@@ -685,9 +689,11 @@ class _Builder:
                 self.fail(loc, f"rpeg.algorithm is given twice in graph @{parts.name} (first at {parts.algorithm[1]}); "
                           "keep one")
             name = str(stmt.children[0])
-            if name not in ALGORITHMS:
-                self.fail(self.loc(stmt.children[0]), f"unknown algorithm '{name}'{_close(name, ALGORITHMS)}; "
-                          f"use one of {', '.join(ALGORITHMS)}")
+            if algorithm_family(name) is None:
+                names = algorithm_names()
+                self.fail(self.loc(stmt.children[0]), f"unknown algorithm '{name}'{_close(name, names)}; "
+                          f"use one of {', '.join(names)} (or one a plugin of the entry-point group rpegc.rl "
+                          "registers)")
             parts.algorithm = (name, loc)
         elif kind == "quantiles":
             if parts.quantiles is not None:

@@ -156,7 +156,9 @@ def _bindings(versions: tuple[tuple[str, int], ...], data: tuple[DataRef, ...]) 
 
 def _workload(w: Workload) -> str:
     train = "".join(f", {k} = {v}" for k, v in w.train.items())
-    return f"rpeg.workload {{B = {w.B}, R = {w.R}, Lp = {w.Lp}, Lr = {w.Lr}, dtype = {_word(w.dtype)}{train}}}"
+    drawn = f", oversample = {w.oversample}" if w.oversample != 1 else ""
+    return (f"rpeg.workload {{B = {w.B}, R = {w.R}, Lp = {w.Lp}, Lr = {w.Lr}, dtype = {_word(w.dtype)}{drawn}"
+            f"{train}}}")
 
 
 def _model_attrs(m: Model) -> list[tuple[str, Optional[str]]]:

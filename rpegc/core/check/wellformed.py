@@ -22,7 +22,8 @@ from typing import Optional
 
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.expr import evaluate
-from rpegc.core.ir.program import (ALGORITHM_FAMILIES, ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program,
+from rpegc.core.ir.algorithms import algorithm_family
+from rpegc.core.ir.program import (ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program,
                                    Vertex, container_shape)
 
 GENERATIVE_KINDS = ("policy", "actor_critic")  # kinds with an LM head (spec 2.3)
@@ -544,7 +545,7 @@ def fitting_algorithms(p: Program, g: Graph) -> tuple[str, ...]:
 
 def _check_algorithm(ctx: _Context) -> list[RpegError]:
     named = ctx.g.algorithm
-    name = ALGORITHM_FAMILIES.get(named, named) if named is not None else None  # a variant has its family's shape
+    name = algorithm_family(named) if named is not None else None  # a variant has its family's shape
     if name is None or name in fitting_algorithms(ctx.p, ctx.g):
         return []
     why = {"ppo": "PPO samples rollouts and trains a critic: it needs a generation vertex and a critic or "

@@ -192,7 +192,8 @@ class OpMemory:
 def op_memory(role: str, arch: Arch, kind: str, wl: Workload, *, dp, pp, tp, mb, train: Optional[Training] = None,
               opts: CostOptions = DEFAULT_OPTIONS) -> OpMemory:
     """The memory terms of spec 6.1-6.4 for one operator; a training operator's as `train` says (the workload's
-    training by default)."""
+    training by default). Generation and inference hold the rows a step draws (`Workload.for_role`)."""
+    wl = wl.for_role(role)
     s_b = wl.s_b
     BR = wl.B * wl.R
     b_loc = BR / (dp * mb)

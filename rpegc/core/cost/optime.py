@@ -187,8 +187,10 @@ def op_time(
     """T_op of one Op vertex (spec 3); a training operator's as `train` says (the workload's training by default).
 
     `span_tier` is tier(sigma(v)) (DP collectives, inter-node PP boundaries); `pp_tier` overrides
-    the latter (option A8 "replica"). `gpus_per_node` is the cluster's N_g.
+    the latter (option A8 "replica"). `gpus_per_node` is the cluster's N_g. Generation and inference run on the
+    rows a step draws (`Workload.for_role`: dynamic sampling's over-sampling).
     """
+    wl = wl.for_role(role)
     pp_tier = span_tier if pp_tier is None else pp_tier
     train = (train if train is not None else wl.training()) if role == "training" else None
     # Element bytes of what the operator computes on: the working dtype of a training operator (float32 under

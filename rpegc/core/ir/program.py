@@ -8,7 +8,7 @@ so a module that went through print and parse again compares equal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Optional
 
@@ -24,11 +24,6 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ROLES = ("generation", "inference", "training")
 MODEL_KINDS = ("policy", "reference", "critic", "reward", "actor_critic")
-# The RL algorithms a graph may name (`rpeg.algorithm NAME`), each of the family whose graph shape it has: GRPO's
-# variants are GRPO-shaped (the torch backend gives each its settings: rl.VARIANT_SETTINGS).
-ALGORITHM_FAMILIES = {"ppo": "ppo", "grpo": "grpo", "dpo": "dpo", "dr_grpo": "grpo", "dapo": "grpo", "gspo": "grpo",
-                      "rloo": "grpo", "reinforce_pp": "grpo", "reinforce_pp_baseline": "grpo"}
-ALGORITHMS = tuple(ALGORITHM_FAMILIES)
 # Element kinds of data containers. They only name what the runtime finds inside; the byte size is
 # s_b per element unless a container says otherwise (spec 5.1: token ids count s_b bytes too).
 ELEMENT_KINDS = ("tokens", "logprobs", "values", "rewards", "advantages", "scalars")
@@ -36,6 +31,15 @@ ELEMENT_KINDS = ("tokens", "logprobs", "values", "rewards", "advantages", "scala
 
 @dataclass(frozen=True)
 class Workload:
+    """One RL step's work: B prompts (the batch a step trains on), R responses each, prompt and response lengths
+    Lp and Lr, the element type.
+
+    `oversample` (DAPO's dynamic sampling, Yu et al. 2025) is how many times B prompts a step may draw: generation
+    and inference run on oversample x B prompts (`drawn`), and the trainers keep B of them, preferring the groups
+    whose rewards differ (a group of equal rewards has no advantage to learn from). The cost model prices what runs:
+    generation and inference operators (`for_role`) and every data container (sizes evaluate `B` as the drawn
+    prompts, `env`) at the drawn rows, training at B; the score counts the B trained prompts."""
+
     B: int
     R: int
     Lp: int
@@ -43,6 +47,18 @@ class Workload:
     dtype: str = "bf16"
     loc: Loc = loc_field()
     train: TrainSpec = NO_TRAIN_SPEC  # the training fields of every training operator (a placement's override them)
+    oversample: int = 1  # prompts drawn per step, in units of B (dynamic sampling; 1: exactly B)
+
+    @property
+    def drawn(self) -> int:
+        """The prompts a step's generation draws."""
+        return self.B * self.oversample
+
+    def for_role(self, role: str) -> "Workload":
+        """The workload an operator of `role` runs: training B prompts, generation and inference the drawn ones."""
+        if self.oversample == 1 or role == "training":
+            return self
+        return replace(self, B=self.drawn, oversample=1)
 
     @property
     def s_b(self) -> int:
@@ -54,7 +70,8 @@ class Workload:
 
     @property
     def env(self) -> dict[str, int]:
-        return {"B": self.B, "R": self.R, "Lp": self.Lp, "Lr": self.Lr}
+        """The symbols of size expressions: the data containers hold the drawn rows."""
+        return {"B": self.drawn, "R": self.R, "Lp": self.Lp, "Lr": self.Lr}
 
 
 @dataclass(frozen=True)
@@ -185,7 +202,7 @@ class Graph:
     loc: Loc = loc_field()
     staleness_loc: Loc = loc_field()
     quantiles_loc: Loc = loc_field()
-    algorithm: Optional[str] = None  # ALGORITHMS; None: the runtime infers it from the graph (and warns)
+    algorithm: Optional[str] = None  # one algorithms.algorithm_family knows; None: the runtime infers it (and warns)
     algorithm_loc: Loc = loc_field()
 
     def vertex(self, name: str) -> Vertex:

@@ -4,9 +4,10 @@ No weights or data can be downloaded here, so tests and the demo make their own 
 `write_dataset` writes JSONL rows `{"prompt": "12+7=", "answer": "19", "data_source": "arith"}` (or chat
 messages), `write_tokenizer` trains a small BPE tokenizer with `tokenizers` on a generated arithmetic corpus
 (digits kept apart, so numbers are digit sequences; `<pad>`, `<s>`, `</s>` special; a chat template), and
-`write_checkpoint` saves a randomly initialised Llama model with `transformers` next to the tokenizer: a
-directory `hf = "DIR"` names, as a user's own checkpoint would be. `python -m rpegc.runtime.backends.torch.arith
-DIR` writes all of it and a GRPO program for 2 CPU workers (`main`).
+`write_checkpoint` saves a randomly initialised Llama (or Qwen3, or Gemma 3 text) model with `transformers` next to
+the tokenizer: a directory `hf = "DIR"` names, as a user's own checkpoint would be. `python -m
+rpegc.runtime.backends.torch.arith make DIR` writes all of it and a GRPO program (or one of GRPO's variants:
+`--algorithm`) for 2 CPU workers (`main`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
+from rpegc.core.ir.algorithms import BUILT_IN
+
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n{% else %}"
                  "A: {{ m['content'] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}")
 SPECIALS = ("<pad>", "<s>", "</s>")
@@ -24,8 +27,8 @@ SPECIALS = ("<pad>", "<s>", "</s>")
 # GRPO on 2 CPU workers (one per core of a 2-core host) with the checkpoint as actor and reference; the reward
 # vertex is priced as a model but scores with the reward function the run names (--reward math). The reward
 # model is the `tiny` preset: it never runs then, and costs next to nothing to build.
-GRPO_PROGRAM = """// GRPO on the arithmetic prompts of `python -m rpegc.runtime.backends.torch.arith`: 2 CPU workers.
-rpeg.workload {{B = {B}, R = {R}, Lp = {Lp}, Lr = {Lr}, dtype = fp32}}
+GRPO_PROGRAM = """// {algorithm} on the arithmetic prompts of `python -m rpegc.runtime.backends.torch.arith`: 2 workers.
+rpeg.workload {{B = {B}, R = {R}, Lp = {Lp}, Lr = {Lr}, dtype = fp32{drawn}}}
 
 rpeg.model @actor  {{hf = "{ckpt}", kind = policy, trainable}}
 rpeg.model @ref    {{hf = "{ckpt}", kind = reference}}
@@ -55,7 +58,7 @@ rpeg.graph @grpo {{
   rpeg.data @reward_inf -> @train_actor (%r)
   rpeg.publish @train_actor -> @gen (%W_actor)
   rpeg.staleness {{@actor = 0}}
-  rpeg.algorithm grpo
+  rpeg.algorithm {algorithm}
 }}
 
 rpeg.cluster @cpu2 {{racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}}
@@ -137,24 +140,39 @@ def write_tokenizer(directory: str, vocab_size: int = 64):
     return fast
 
 
-MODELS = ("llama", "qwen3")
+MODELS = ("llama", "qwen3", "gemma3_text")
+# The RL algorithms `make --algorithm` may name: GRPO and its variants (GRPO's graph, the variant paper's settings)
+GRPO_ALGORITHMS = tuple(a for a, family in BUILT_IN.items() if family == "grpo")
+
+
+def gemma3_layer_types(layers: int) -> list[str]:
+    """Gemma 3's attention per layer, at a small model's depth: sliding-window and full-attention layers in turn, the
+    last one full (Gemma 3 has five sliding-window layers per full one: at 2 layers that would leave no full one)."""
+    return ["sliding_attention" if (layers - 1 - i) % 2 else "full_attention" for i in range(layers)]
 
 
 def write_checkpoint(directory: str, *, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                      ffn: Optional[int] = None, max_positions: int = 64, seed: int = 0, tie: bool = False,
-                     model: str = "llama", head_dim: Optional[int] = None) -> str:
-    """A randomly initialised Llama (or Qwen3: per-head q/k norms, `head_dim` of its own) model and the arithmetic
-    tokenizer, saved in `directory`."""
+                     model: str = "llama", head_dim: Optional[int] = None, sliding_window: int = 8,
+                     query_pre_attn_scalar: Optional[float] = None) -> str:
+    """A randomly initialised Llama (or Qwen3: per-head q/k norms, `head_dim` of its own; or Gemma 3's text model,
+    `gemma3_text`: its four norms of 1 + w, q/k norms, the embedding scaled by sqrt(d), a tanh-GELU FFN, the query
+    scaled by `query_pre_attn_scalar` (default: head_dim, as Gemma 3 1B-12B), and `gemma3_layer_types`: layers that
+    see the last `sliding_window` keys beside full-attention ones) model and the arithmetic tokenizer, saved in
+    `directory`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = write_tokenizer(directory)
+    head_dim = head_dim or hidden // heads
+    gemma = dict(sliding_window=sliding_window, layer_types=gemma3_layer_types(layers),
+                 query_pre_attn_scalar=query_pre_attn_scalar or head_dim) if model == "gemma3_text" else {}
     config = AutoConfig.for_model(model, vocab_size=len(tokenizer), hidden_size=hidden,
                                   intermediate_size=ffn or 2 * hidden, num_hidden_layers=layers,
                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                  head_dim=head_dim or hidden // heads, max_position_embeddings=max_positions,
+                                  head_dim=head_dim, max_position_embeddings=max_positions,
                                   tie_word_embeddings=tie, bos_token_id=tokenizer.bos_token_id,
-                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **gemma)
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(directory)
     return directory
@@ -260,7 +278,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     make.add_argument("--hidden", type=int, default=64)
     make.add_argument("--layers", type=int, default=2)
     make.add_argument("--model", choices=MODELS, default="llama",
-                      help="the checkpoint's family: llama (default) or qwen3 (per-head q/k norms, head_dim 32)")
+                      help="the checkpoint's family: llama (default), qwen3 (per-head q/k norms, head_dim 32) or "
+                           "gemma3_text (Gemma 3: head_dim 32, tied embeddings, layers alternating a sliding window "
+                           "of 8 keys and full attention)")
+    make.add_argument("--algorithm", choices=GRPO_ALGORITHMS, default="grpo",
+                      help="the program's rpeg.algorithm: grpo (default) or one of its variants")
+    make.add_argument("--oversample", type=int, default=1, metavar="K",
+                      help="dynamic sampling: draw K x B prompts per step and train B of them, preferring groups whose "
+                           "rewards differ (the workload's oversample; DAPO's; default 1: off)")
     make.add_argument("--warm-up", type=int, default=0, metavar="STEPS",
                       help="supervised warm-up steps (batch 64) so that an RL run's reward can move (default 0)")
     check = sub.add_parser("check", help="greedy accuracy of a Hugging Face directory on a test file")
@@ -278,25 +303,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     if os.path.exists(args.dir) and (not os.path.isdir(args.dir) or os.listdir(args.dir)):
         print(f"arith: error: {args.dir} exists and is not an empty directory", file=sys.stderr)
         return 1
-    if args.rows < 1 or args.warm_up < 0 or args.hidden < 4 or args.hidden % 4 or args.layers < 1:
-        print("arith: error: --rows >= 1, --warm-up >= 0, --layers >= 1 and --hidden a multiple of 4 (>= 4) are "
-              "needed", file=sys.stderr)
+    if (args.rows < 1 or args.warm_up < 0 or args.hidden < 4 or args.hidden % 4 or args.layers < 1
+            or args.oversample < 1):
+        print("arith: error: --rows >= 1, --warm-up >= 0, --layers >= 1, --oversample >= 1 and --hidden a multiple "
+              "of 4 (>= 4) are needed", file=sys.stderr)
         return 1
     hf_logging.disable_progress_bar()
     os.makedirs(args.dir, exist_ok=True)
     write_checkpoint(os.path.join(args.dir, "ckpt"), hidden=args.hidden, layers=args.layers, model=args.model,
-                     head_dim=32 if args.model == "qwen3" else None)
+                     head_dim=32 if args.model in ("qwen3", "gemma3_text") else None,
+                     tie=args.model == "gemma3_text")  # Gemma ties its LM head to the embedding
     if args.warm_up > 0:
         loss = warm_up(os.path.join(args.dir, "ckpt"), steps=args.warm_up)
         print(f"warm-up: {args.warm_up} supervised steps, last loss {loss:.3f}")
     write_dataset(os.path.join(args.dir, "train.jsonl"), args.rows, seed=0, chat=args.chat)
     write_dataset(os.path.join(args.dir, "test.jsonl"), 64, seed=1, chat=args.chat)
     with open(os.path.join(args.dir, "grpo.rpeg"), "w", encoding="utf-8") as f:
-        f.write(GRPO_PROGRAM.format(B=8, R=8, Lp=12, Lr=4, ckpt=os.path.join(args.dir, "ckpt")))
-    family = "Qwen3" if args.model == "qwen3" else "Llama"
+        drawn = f", oversample = {args.oversample}" if args.oversample != 1 else ""
+        f.write(GRPO_PROGRAM.format(B=8, R=8, Lp=12, Lr=4, ckpt=os.path.join(args.dir, "ckpt"),
+                                    algorithm=args.algorithm, drawn=drawn))
+    family = {"llama": "Llama", "qwen3": "Qwen3", "gemma3_text": "Gemma 3"}[args.model]
     print(f"wrote {args.dir}/ckpt ({family}, hidden {args.hidden}, {args.layers} layers, tokenizer), "
           f"{args.dir}/train.jsonl ({args.rows} prompts), {args.dir}/test.jsonl (64) and {args.dir}/grpo.rpeg "
-          "(GRPO on 2 workers)")
+          f"({args.algorithm} on 2 workers)")
     return 0
 
 

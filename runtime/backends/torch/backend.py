@@ -41,6 +41,7 @@ from typing import ContextManager, Optional
 import torch
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.torch.algorithms import ALGORITHMS, Algorithm, algorithm
 from rpegc.core.ir.exec_graph import microtask_text
 from rpegc.core.ir.program import Program
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
@@ -61,7 +62,6 @@ from rpegc.runtime.backends.torch.routing import Command, Holding, Routes
 from rpegc.runtime.backends.torch.run_dir import RunDirLock, check_fresh_run
 from rpegc.runtime.backends.torch.models import derive_seed, param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
-from rpegc.runtime.backends.torch.algorithms import algorithm
 from rpegc.runtime.backends.torch.datasets import DataConfig
 from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
@@ -82,9 +82,21 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
     overrides = dict(rl or {})
     if lr is not None:
         overrides.update(lr_actor=lr, lr_critic=lr)
-    cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, cfg.variant, **overrides))
+    if "algorithm" in overrides:  # another algorithm of the graph's family (--rl algorithm=dapo on a GRPO graph)
+        cfg = dataclasses.replace(cfg, algorithm=_same_family(cfg.alg, overrides.pop("algorithm")))
+    cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, **overrides))
     check_run_config(cfg)
     return cfg
+
+def _same_family(graph: Algorithm, name: str) -> str:
+    """`name`, if its algorithm has the graph's family (its shape)."""
+    chosen = algorithm(name)
+    if chosen.family != graph.family:
+        raise RpegError(None, f"--rl algorithm={name}: {name} is of the {chosen.family.upper()} family, but the graph "
+                              f"has {graph.family.upper()}'s shape (rpeg.algorithm {graph.name}); choose one of "
+                              f"{', '.join(n for n, a in ALGORITHMS.items() if a.family == graph.family)}")
+    return name
+
 
 def _absolute_paths(data: DataConfig) -> DataConfig:
     return dataclasses.replace(data, **{k: os.path.abspath(getattr(data, k)) for k in ("path", "tokenizer")
@@ -285,9 +297,9 @@ class TorchBackend(Backend):
         w = self.cfg.workload
         if self.cfg.data.path is not None:  # a dataset's errors (a row, B, the tokenizer) before any worker starts
             prompts = open_prompts(self.cfg.data, self.cfg.task, self.cfg.actor.vocab, w.Lp, w.Lr,
-                                   pairs=self.cfg.algorithm == "dpo")
-            prompts.step_examples(w.B, self.seed, 0)
-        self.fields = algorithm(self.cfg.algorithm).vertex_fields(p, self.cfg)
+                                   pairs=not self.cfg.alg.generates)
+            prompts.step_examples(w.drawn, self.seed, 0)
+        self.fields = self.cfg.alg.vertex_fields(p, self.cfg)
         if self.cfg.algorithm_inferred and not any(w.startswith("graph @") for w in self.warnings):
             self.warnings.append(f"graph @{p.graph.name} names no algorithm; running {self.cfg.algorithm.upper()}, "
                                  f"which its shape implies (add `rpeg.algorithm {self.cfg.algorithm}` to the graph)")

@@ -29,8 +29,7 @@ checkpoint).
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
 import torch
@@ -38,22 +37,14 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.presets import lookup
-from rpegc.core.ir.program import ALGORITHM_FAMILIES, Arch, Program, Workload
+from rpegc.core.ir.program import Arch, Program, Workload
 from rpegc.core.ir.training import TrainSpec
-from rpegc.runtime.backends.torch.generation import expand_rollouts, generate
-from rpegc.runtime.backends.torch.hf import initial_model
-from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, cast_weights, derive_seed,
-                                                export_weights, install_weights, serving_dtype)
-from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, check_rl_config, compute_advantages,
-                                            critic_loss, default_rl_config, kl_estimate, last_token_scores,
-                                            minibatch_steps, response_forward)
-from rpegc.runtime.backends.torch.master_weights import train_whole, training_dtype
-from rpegc.runtime.backends.torch.algorithms import algorithm
-from rpegc.runtime.backends.torch.algorithms.dpo import DPOTrainer
+from rpegc.runtime.backends.torch.models import NetOptions, serving_dtype
+from rpegc.runtime.backends.torch.rl import RLConfig
+from rpegc.runtime.backends.torch.master_weights import training_dtype
+from rpegc.runtime.backends.torch.algorithms import Algorithm, algorithm
 from rpegc.runtime.backends.torch.datasets import DataConfig, check_data_config
-from rpegc.runtime.backends.torch.prompts import open_prompts
-from rpegc.runtime.backends.torch.rewards import (NOT_FUNCTIONS, accuracy_sums, load_reward, probe_reward,
-                                                  score_responses)
+from rpegc.runtime.backends.torch.rewards import NOT_FUNCTIONS, load_reward, probe_reward
 
 
 @dataclass(frozen=True)
@@ -69,7 +60,7 @@ class RunConfig:
     `training_dtype` (bf16 mixed precision or float32; fp16 is refused for training). `*_hf` name the checkpoints of models given as `hf = "DIR"`.
     """
 
-    algorithm: str  # the family: ppo, grpo or dpo
+    algorithm: str  # the registered algorithm (algorithms/): ppo, grpo, dpo, a GRPO variant or a plugin's
     actor: Arch
     workload: Workload
     rl: RLConfig
@@ -83,7 +74,6 @@ class RunConfig:
     tau_critic: int = 0
     data: DataConfig = DataConfig()
     algorithm_inferred: bool = False  # the graph names no algorithm (rpeg.algorithm): the runtime warns
-    variant: Optional[str] = None  # the GRPO variant the graph names (rl.VARIANT_SETTINGS), None for the family itself
     # Hugging Face checkpoint directories version 0 of each model is read from (None: built from the seed)
     actor_hf: Optional[str] = None
     reference_hf: Optional[str] = None
@@ -92,6 +82,11 @@ class RunConfig:
     # the precision the plan trains the actor and the critic in (core/ir/training.py; None: the workload's)
     actor_precision: Optional[str] = None
     critic_precision: Optional[str] = None
+
+    @property
+    def alg(self) -> Algorithm:
+        """What its vertices compute."""
+        return algorithm(self.algorithm)
 
     @property
     def reward_function(self) -> bool:
@@ -123,28 +118,30 @@ class RunConfig:
 
 
 def check_run_config(cfg: RunConfig) -> None:
-    check_rl_config(cfg.rl)
-    if cfg.rl.algorithm != cfg.algorithm:
+    alg = cfg.alg
+    if cfg.rl.algorithm != alg.family:
         raise RpegError(None, f"run algorithm '{cfg.algorithm}' but RL config for '{cfg.rl.algorithm}'; "
                         "build the RL config with default_rl_config(algorithm)")
+    alg.rl_config(**{f.name: getattr(cfg.rl, f.name) for f in fields(cfg.rl)})  # the settings' checks
     if cfg.shared_actor_critic and cfg.critic is not None:
         raise RpegError(None, "a shared actor_critic model replaces the separate critic; keep only one of them")
-    algorithm(cfg.algorithm).check(cfg)
+    alg.check(cfg)
+    alg.check_oversample(cfg.workload)
     check_data_config(cfg.data)
     if cfg.data.path is not None and cfg.data.tokenizer is None:
         raise RpegError(None, f"dataset {cfg.data.path} needs a tokenizer: give the actor an hf checkpoint "
                         "directory (its tokenizer is used) or set data.tokenizer")
-    if algorithm(cfg.algorithm).generates:
+    if alg.generates:
         check_reward(cfg)
     if min(cfg.tau_actor, cfg.tau_critic) < 0:
         raise RpegError(None, "staleness bounds must be >= 0")
     w = cfg.workload
     if min(w.B, w.R, w.Lp, w.Lr) < 1:
         raise RpegError(w.loc, f"workload needs B, R, Lp, Lr >= 1, got {w.B}, {w.R}, {w.Lp}, {w.Lr}")
-    rows = w.B if cfg.algorithm == "dpo" else w.B * w.R
+    rows = alg.step_rows(w)
     if cfg.rl.ppo_minibatches > rows:
-        raise RpegError(None, f"ppo_minibatches = {cfg.rl.ppo_minibatches} exceeds the {rows} "
-                        f"{'pairs' if cfg.algorithm == 'dpo' else 'sequences'} of a step; use at most {rows}")
+        raise RpegError(None, f"ppo_minibatches = {cfg.rl.ppo_minibatches} exceeds the {rows} {alg.row_noun()} of a "
+                        f"step; use at most {rows}")
     serving_dtype(w)  # an unsupported dtype fails here, before any worker starts
     cfg.training_dtype("actor")
     cfg.training_dtype("critic")
@@ -193,7 +190,7 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     generates = (program.graph is None or not program.graph.vertices
                  or any(v.role == "generation" for v in program.graph.vertices))
     named = program.graph.algorithm if program.graph is not None else None
-    name = ALGORITHM_FAMILIES[named] if named else ("ppo" if shared or critic else "grpo" if generates else "dpo")
+    name = named or ("ppo" if shared or critic else "grpo" if generates else "dpo")
     reward_model = by_kind.get("reward")
     if reward == "model" and not reward_model:
         raise RpegError(None, "reward = 'model' needs a model of kind reward in the program")
@@ -205,9 +202,8 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
     def hf(models) -> Optional[str]:
         return os.path.abspath(models[0].hf) if models and models[0].hf is not None else None
 
-    variant = named if named != name else None
-    cfg = RunConfig(algorithm=name, variant=variant, actor=actor[0].arch, workload=program.workload,
-                    rl=rl or default_rl_config(name, variant), critic=critic[0].arch if critic else None,
+    cfg = RunConfig(algorithm=name, actor=actor[0].arch, workload=program.workload,
+                    rl=rl or algorithm(name).rl_config(), critic=critic[0].arch if critic else None,
                     shared_actor_critic=shared, reward=reward,
                     reward_arch=reward_model[0].arch if reward_model else None, task=task,
                     positions=positions, tau_actor=tau_actor, tau_critic=tau_critic, data=data,
@@ -231,26 +227,27 @@ def _trained_precision(program: Program, model: str) -> Optional[str]:
     return None
 
 
-def toy_rl_config(algorithm: str, variant: Optional[str] = None, **overrides) -> RLConfig:
-    """App. B defaults (and a GRPO `variant`'s settings) except the learning rate: 1e-6 is for 8B-70B models; the
-    tiny toy actor needs 5e-3 (measured: 1e-2 learns faster but GRPO then often collapses onto a partial pattern)."""
+def toy_rl_config(name: str, **overrides) -> RLConfig:
+    """Algorithm `name`'s settings (App. B's defaults, a variant's paper's) except the learning rate: 1e-6 is for
+    8B-70B models; the tiny toy actor needs 5e-3 (measured: 1e-2 learns faster but GRPO then often collapses onto a partial pattern)."""
     lr = {"lr_actor": 5e-3, "lr_critic": 5e-3}
     lr.update(overrides)
-    return default_rl_config(algorithm, variant, **lr)
+    return algorithm(name).rl_config(**lr)
 
 
-def toy_config(algorithm: str, *, B: Optional[int] = None, R: Optional[int] = None, Lp: int = 4, Lr: int = 6,
+def toy_config(name: str, *, B: Optional[int] = None, R: Optional[int] = None, Lp: int = 4, Lr: int = 6,
                shared_actor_critic: bool = False, task: str = "pattern", positions: str = "learned",
                dtype: str = "fp32", **rl_overrides) -> RunConfig:
     """The demo run: the `tiny` preset learning a verifiable `task`; by default 64 sequences per step for GRPO
     (B = 16 prompts x R = 4 rollouts) and 32 for PPO (B = 32, R = 1). Learned positions: with RoPE the
     tiny actor cannot tell response positions apart and stalls on a partial pattern."""
     tiny = lookup("tiny")
-    R = R if R is not None else (4 if algorithm == "grpo" else 1)
-    B = B if B is not None else (16 if algorithm == "grpo" else 32)
-    critic = tiny if algorithm == "ppo" and not shared_actor_critic else None
-    cfg = RunConfig(algorithm=algorithm, actor=tiny, workload=Workload(B=B, R=R, Lp=Lp, Lr=Lr, dtype=dtype),
-                    rl=toy_rl_config(algorithm, **rl_overrides), critic=critic,
+    family = algorithm(name).family
+    R = R if R is not None else (4 if family == "grpo" else 1)
+    B = B if B is not None else (16 if family == "grpo" else 32)
+    critic = tiny if family == "ppo" and not shared_actor_critic else None
+    cfg = RunConfig(algorithm=name, actor=tiny, workload=Workload(B=B, R=R, Lp=Lp, Lr=Lr, dtype=dtype),
+                    rl=toy_rl_config(name, **rl_overrides), critic=critic,
                     shared_actor_critic=shared_actor_critic, task=task, positions=positions)
     check_run_config(cfg)
     return cfg
@@ -264,150 +261,9 @@ class ReferenceResult:
     weights: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 
 
-class VersionStore:
-    """Published versions of one trainable model: version v = weights after v training steps, kept as
-    serving copies in `dtype` (what the workers' published entries hold)."""
-
-    def __init__(self, weights: dict[str, Tensor], dtype: torch.dtype):
-        self.dtype = dtype
-        self.versions = {0: cast_weights(weights, dtype)}
-        self.latest = 0
-
-    def publish(self, weights: dict[str, Tensor], keep: int) -> None:
-        self.latest += 1
-        self.versions[self.latest] = cast_weights(weights, self.dtype)
-        for v in [v for v in self.versions if v < self.latest - keep]:
-            del self.versions[v]
-
-    def for_step(self, step: int, tau: int) -> tuple[int, dict[str, Tensor]]:
-        v = max(0, step - tau)
-        return v, self.versions[v]
-
-
-class ReferenceTrainer:
-    """Models, optimizers and published versions of one run; `step(k)` runs RL step k on the whole batch."""
-
-    def __init__(self, cfg: RunConfig, seed: int):
-        check_run_config(cfg)
-        self.cfg, self.seed = cfg, seed
-        w = cfg.workload
-        net = cfg.net
-        self.prompts = open_prompts(cfg.data, cfg.task, cfg.actor.vocab, w.Lp, w.Lr)
-        self.reward_fn = load_reward(cfg.reward) if cfg.reward_function else None
-        serving = cfg.serving_dtype
-
-        def serving_model(arch: Arch, kind: str, model_seed: int, hf: Optional[str]) -> TransformerModel:
-            # built in float32 (from the seed or the checkpoint), then cast: the values a worker's version-0 copy holds
-            return initial_model(arch, kind, model_seed, hf, net).to(serving).requires_grad_(False)
-
-        actor_kind = "actor_critic" if cfg.shared_actor_critic else "policy"
-        actor_seed = derive_seed(seed, "actor")
-        # trained models (actor, critic) compute in the training dtype over float32 masters, as the workers do
-        self.actor = initial_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf, net)
-        self.actor_master = train_whole(self.actor, cfg.training_dtype("actor"), cfg.rl.lr_actor, cfg.rl)
-        self.reference = serving_model(cfg.actor, "reference", actor_seed, cfg.reference_hf)
-        self.actor_versions = VersionStore(self.actor_master.export(), serving)
-        self.stale_actor = serving_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf)
-        self.critic: Optional[TransformerModel] = None
-        if cfg.critic is not None:
-            critic_seed = derive_seed(seed, "critic")
-            self.critic = initial_model(cfg.critic, "critic", critic_seed, cfg.critic_hf, net)
-            self.critic_master = train_whole(self.critic, cfg.training_dtype("critic"), cfg.rl.lr_critic, cfg.rl)
-            self.critic_versions = VersionStore(self.critic_master.export(), serving)
-            self.stale_critic = serving_model(cfg.critic, "critic", critic_seed, cfg.critic_hf)
-        self.reward_model = None
-        if cfg.reward == "model":
-            self.reward_model = serving_model(cfg.reward_arch, "reward", derive_seed(seed, "reward"), cfg.reward_hf)
-
-    def _at_version(self, model: TransformerModel, store: VersionStore, step: int, tau: int) -> TransformerModel:
-        _, weights = store.for_step(step, tau)
-        install_weights(model, weights)
-        return model
-
-    @torch.no_grad()
-    def collect(self, step: int) -> tuple[Experience, Tensor, tuple[float, int]]:
-        """Generation and inference vertices of step k: (experience, the verifier's scores, the (sum, count)
-        of the accuracies the reward function gave)."""
-        cfg, w = self.cfg, self.cfg.workload
-        batch = self.prompts.batch(w.B, self.seed, step)
-        prompts = expand_rollouts(batch.tokens, w.R)
-        pads = None if batch.pads is None else expand_rollouts(batch.pads, w.R)
-        gen_model = self._at_version(self.stale_actor, self.actor_versions, step, cfg.tau_actor)
-        rollout = generate(gen_model, prompts, range(w.B * w.R), seed=self.seed, step=step, max_new_tokens=w.Lr,
-                           sampling=cfg.rl.sampling, eos_id=self.prompts.eos_id, pad_id=self.prompts.pad_id,
-                           pads=pads)
-        ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature, pads=pads).logprobs
-        scored = None
-        if self.reward_model is not None:
-            scores = last_token_scores(self.reward_model, rollout.sequences, w.Lp, rollout.mask, pads)
-        if cfg.has_rule:
-            task_scores, scored = score_responses(self.prompts, self.reward_fn, batch, rollout.sequences,
-                                                  rollout.mask, range(w.B * w.R), w.R)
-        else:
-            task_scores = scores
-        if self.reward_model is None:
-            scores = task_scores
-        values = None
-        if self.critic is not None:
-            critic = self._at_version(self.stale_critic, self.critic_versions, step, cfg.tau_critic)
-            values = response_forward(critic, rollout.sequences, w.Lp, pads=pads).values
-        elif cfg.shared_actor_critic:
-            values = response_forward(gen_model, rollout.sequences, w.Lp, pads=pads).values
-        exp = Experience(sequences=rollout.sequences, mask=rollout.mask, old_logprobs=rollout.logprobs,
-                         ref_logprobs=ref_logp, scores=scores, values=values, pads=pads)
-        return exp, task_scores, accuracy_sums(scored)
-
-    def train(self, exp: Experience) -> dict[str, float]:
-        """Actor (or shared actor-critic) and critic training vertices on the whole batch."""
-        cfg = self.cfg
-
-        def actor_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
-            loss, stats = actor_loss(self.actor, e, cfg.rl, n)
-            loss.backward()
-            return stats, self.actor_master.step(cfg.rl)
-
-        stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), actor_step, counts=("clipped_tokens",))
-        metrics = dict(stats, actor_grad_norm=norm, clip_frac=stats["clipped_tokens"] / exp.num_tokens)
-        if self.critic is not None:
-            def critic_step(e: Experience, n: float) -> tuple[dict[str, float], float]:
-                vl = critic_loss(self.critic, e, cfg.rl, n)
-                vl.backward()
-                return {"value_loss": vl.item()}, self.critic_master.step(cfg.rl)
-
-            stats, norm = minibatch_steps(cfg.rl, exp, 0, len(exp), critic_step)
-            metrics.update(value_loss=stats["value_loss"], critic_grad_norm=norm)
-        keep = max(cfg.tau_actor, cfg.tau_critic)
-        self.actor_versions.publish(export_weights(self.actor), keep)
-        if self.critic is not None:
-            self.critic_versions.publish(export_weights(self.critic), keep)
-        return metrics
-
-    def step(self, step: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        exp, task_scores, (acc_sum, acc_n) = self.collect(step)
-        exp = compute_advantages(exp, self.cfg.rl, self.cfg.workload.R)
-        kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
-        metrics = {"step": float(step), "reward": float(task_scores.mean()), "score": float(exp.scores.mean()),
-                   "kl": float((kl * exp.mask).sum() / exp.num_tokens),
-                   "reward_std": float(task_scores.double().std(unbiased=False)),
-                   "response_length": float(exp.num_tokens) / task_scores.numel(),
-                   "response_tokens": float(exp.num_tokens)}
-        if acc_n:
-            metrics["accuracy"] = acc_sum / acc_n
-        metrics.update(self.train(exp))
-        metrics["time_s"] = time.perf_counter() - t0
-        return metrics
-
-    def weights(self) -> dict[str, dict[str, Tensor]]:
-        """The float32 master weights of the trained models (not their serving copies)."""
-        out = {"actor": self.actor_master.export()}
-        if self.critic is not None:
-            out["critic"] = self.critic_master.export()
-        return out
-
-
 def run_reference(cfg: RunConfig, steps: int, seed: int) -> ReferenceResult:
     """Run `steps` RL steps from scratch; per-step metrics and the final weights."""
-    trainer = DPOTrainer(cfg, seed) if cfg.algorithm == "dpo" else ReferenceTrainer(cfg, seed)
+    check_run_config(cfg)
+    trainer = cfg.alg.reference_trainer(cfg, seed)
     metrics = [trainer.step(k) for k in range(steps)]
     return ReferenceResult(metrics=metrics, weights=trainer.weights())

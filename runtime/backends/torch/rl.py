@@ -30,12 +30,12 @@ from torch import Tensor, nn
 
 from rpegc.core.cost.memory import LOGPROB_PIECE  # the cost model counts two such pieces
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.ir.program import ALGORITHMS
+from rpegc.core.ir.algorithms import FAMILIES, PLUGIN_GROUP, load_plugins
 from rpegc.runtime.backends.torch.generation import Sampling
 from rpegc.runtime.backends.torch.models import TransformerModel
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
-ENTRY_POINT_GROUP = "rpegc.rl"  # plugins: a module that registers estimators and losses when it is imported
+ENTRY_POINT_GROUP = PLUGIN_GROUP  # plugins: modules that register estimators, losses and algorithms when imported
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 # A sum over data-parallel replicas (all-reduce SUM); the identity in a single process.
@@ -95,39 +95,10 @@ class RLConfig:
         return Sampling(self.temperature, self.top_p, self.top_k)
 
 
-# GRPO's variants as `rpeg.algorithm NAME` (program.ALGORITHM_FAMILIES): their papers' settings over GRPO's
-VARIANT_SETTINGS: dict[str, dict] = {
-    # Liu et al. 2025 (Understanding R1-Zero-Like Training): no std scaling, no length normalisation
-    "dr_grpo": dict(norm_adv_by_std=False, loss_agg_mode="seq-mean-token-sum-norm"),
-    # Yu et al. 2025 (DAPO): clip-higher, token-level loss, no KL term (dynamic sampling: not built)
-    "dapo": dict(clip_eps_high=0.28, loss_agg_mode="token-mean", kl_coef=0.0),
-    # Zheng et al. 2025 (GSPO): sequence-level ratios clipped at 3e-4 / 4e-4, each sequence's tokens averaged
-    "gspo": dict(policy_loss="gspo", clip_eps=3e-4, clip_eps_high=4e-4, loss_agg_mode="seq-mean-token-mean"),
-    "rloo": dict(adv_estimator="rloo"),  # Ahmadian et al. 2024
-    # Hu 2025 (REINFORCE++): the KL penalty in the per-token reward, batch-whitened returns
-    "reinforce_pp": dict(adv_estimator="reinforce_plus_plus", kl_in_reward=True, kl_estimator="k1"),
-    "reinforce_pp_baseline": dict(adv_estimator="reinforce_plus_plus_baseline"),
-}
-
-
-def default_rl_config(algorithm: str, variant: Optional[str] = None, **overrides) -> RLConfig:
-    """App. B defaults for `algorithm`; GRPO moves the KL into the loss (k3) and needs no whitening; a GRPO
-    `variant` (VARIANT_SETTINGS) changes GRPO's; `overrides` come last."""
-    if algorithm == "grpo":
-        base = RLConfig(algorithm="grpo", kl_estimator="k3", kl_in_reward=False, whiten_advantages=False,
-                        adv_estimator="grpo")
-    elif algorithm == "dpo":  # no rollouts, rewards or advantages: the KL anchor is in the loss itself
-        base = RLConfig(algorithm="dpo", kl_in_reward=False, whiten_advantages=False)
-    else:
-        base = RLConfig(algorithm=algorithm)
-    cfg = replace(base, **{**VARIANT_SETTINGS.get(variant or "", {}), **overrides})
-    check_rl_config(cfg)
-    return cfg
-
-
 def check_rl_config(cfg: RLConfig) -> None:
-    if cfg.algorithm not in ALGORITHMS:
-        raise RpegError(None, f"unknown RL algorithm '{cfg.algorithm}'; use one of {', '.join(ALGORITHMS)}")
+    """The errors of settings any algorithm has (each algorithm adds its own: `Algorithm.check_rl`)."""
+    if cfg.algorithm not in FAMILIES:
+        raise RpegError(None, f"unknown RL algorithm family '{cfg.algorithm}'; use one of {', '.join(FAMILIES)}")
     if cfg.kl_estimator not in KL_ESTIMATORS:
         raise RpegError(None, f"unknown KL estimator '{cfg.kl_estimator}'; use one of {', '.join(KL_ESTIMATORS)}")
     if cfg.loss_agg_mode not in LOSS_AGG_MODES:
@@ -139,17 +110,6 @@ def check_rl_config(cfg: RLConfig) -> None:
         if name not in table:
             raise RpegError(None, f"unknown {what} '{name}'; use one of {', '.join(table)} (or an estimator or loss a "
                                   f"plugin of the entry-point group {ENTRY_POINT_GROUP} registers)")
-    if cfg.algorithm != "dpo":
-        estimator = ADV_ESTIMATORS[cfg.adv_estimator]
-        if estimator.needs_critic != (cfg.algorithm == "ppo"):
-            fits = [n for n, e in ADV_ESTIMATORS.items() if e.needs_critic == (cfg.algorithm == "ppo")]
-            raise RpegError(None, f"adv_estimator '{cfg.adv_estimator}' {'needs' if estimator.needs_critic else 'has no'}"
-                                  f" critic; under {cfg.algorithm.upper()} use one of {', '.join(fits)}")
-        if cfg.kl_in_reward and not estimator.token_rewards:
-            raise RpegError(None, f"adv_estimator '{cfg.adv_estimator}' has no per-token reward to put the KL penalty "
-                                  "into; set kl_in_reward = false (or use reinforce_plus_plus)")
-    if cfg.algorithm == "dpo" and cfg.kl_in_reward:
-        raise RpegError(None, "DPO has no per-token reward to put the KL penalty into; set kl_in_reward = false")
     if cfg.clip_eps_high is not None and cfg.clip_eps_high <= 0:
         raise RpegError(None, f"clip_eps_high must be > 0, got {cfg.clip_eps_high}")
     if cfg.overlong_buffer < 0 or cfg.overlong_penalty < 0:
@@ -358,10 +318,11 @@ def masked_moments(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def whiten(x: Tensor, mask: Tensor, moments: Tensor, eps: float = 1e-8) -> Tensor:
-    """(x - mean) / sqrt(var + eps) with the batch statistics `moments` (from `masked_moments`)."""
+    """(x - mean) / sqrt(var + eps) with the batch statistics `moments` (from `masked_moments`); var is the unbiased
+    sample variance over the masked tokens, as verl's `masked_whiten` (tests/test_torch_rl_verl.py)."""
     total, total_sq, count = moments.unbind()
     mean = total / count
-    var = (total_sq / count - mean * mean).clamp(min=0)
+    var = (total_sq / count - mean * mean).clamp(min=0) * count / (count - 1).clamp(min=1)
     return ((x.double() - mean) * torch.rsqrt(var + eps)).to(x.dtype) * mask
 
 
@@ -552,20 +513,6 @@ def register_adv_est(name: str, needs_critic: bool = False, token_rewards: bool 
     return register
 
 
-def load_plugins() -> None:
-    """Import every module of the entry-point group `rpegc.rl` not imported yet (a plugin registers its estimators and
-    losses with `register_adv_est` / `register_policy_loss` when imported): each process, the workers included, looks
-    them up when a name is missing."""
-    import importlib.metadata
-
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()
-        except (Exception, SystemExit) as e:
-            raise RpegError(None, f"the RL plugin {ep.name} ({ep.value}) failed to load: {type(e).__name__}: {e}") \
-                from None
-
-
 def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: Reduce = _identity) -> Experience:
     """Fill advantages (and returns with a critic) by `cfg.adv_estimator`, from the scores shaped by
     `overlong_shaping`. `reduce` sums whitening statistics over replicas; the group estimators need whole groups of
@@ -575,6 +522,25 @@ def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: 
     if cfg.overlong_buffer:
         exp = replace(exp, scores=exp.scores + overlong_shaping(exp.mask, cfg.overlong_buffer, cfg.overlong_penalty))
     return ADV_ESTIMATORS[cfg.adv_estimator].fn(exp, cfg, group_size, reduce)
+
+
+def keep_informative(scores: Tensor, group_size: int, oversample: int) -> tuple[Tensor, Tensor]:
+    """DAPO's dynamic sampling (Yu et al. 2025, Sec. 3.2) over a step's drawn rows: (the indices of the rows kept, and
+    per slot whether it found an informative group).
+
+    The drawn rows are slots of `oversample` consecutive groups of `group_size` rollouts (one slot per trained
+    prompt); each slot keeps its first group whose scores are not all equal (a group of equal scores has zero
+    group-relative advantage everywhere), else its first group, so a step trains B prompts whatever it draws and a
+    replica selects from its own slots (the same rows whatever the layout). DAPO instead draws batches until B
+    informative groups are found; slots bound the draws by the plan's `oversample` and select the same groups on
+    any number of replicas."""
+    groups = scores.reshape(-1, oversample, group_size)
+    informative = groups.amax(-1) != groups.amin(-1)  # [slots, oversample]
+    found = informative.any(-1)
+    first = torch.where(found, informative.to(torch.int8).argmax(-1), 0)  # argmax: the first maximal entry
+    group = torch.arange(len(groups), device=scores.device) * oversample + first
+    rows = (group[:, None] * group_size + torch.arange(group_size, device=scores.device)).reshape(-1)
+    return rows, found
 
 
 def overlong_shaping(mask: Tensor, buffer: int, penalty: float) -> Tensor:

@@ -23,6 +23,7 @@ import types
 import typing
 from typing import Any, Optional, Sequence
 
+from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.toml_text import decode_error_position, key_position
 from rpegc.inputs import read_input_text
@@ -30,8 +31,8 @@ from rpegc.runtime.backends.torch.datasets import DataConfig
 from rpegc.runtime.backends.torch.options import LR_MAX
 from rpegc.runtime.backends.torch.rl import RLConfig
 
-# what the plan and the program fix, not a hyper-parameter
-NOT_SETTABLE = ("algorithm",)
+# `algorithm = NAME` chooses another registered algorithm of the graph's family (a GRPO graph runs DAPO)
+ALGORITHM = "algorithm"
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: an epsilon below it is zero in the arithmetic
 # (name, lowest, lowest allowed?) for numbers with a lower bound; upper bounds below. The training arithmetic is
 # float32, so the bounds keep every setting where it stays finite: Adam moves each weight by about the learning rate
@@ -64,7 +65,7 @@ class Settings:
 def settable(cls: type = RLConfig) -> dict[str, Any]:
     """name -> type of every field of `cls` (RLConfig or DataConfig) a user may set."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in NOT_SETTABLE}
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _type_name(t: Any) -> str:
@@ -88,12 +89,15 @@ def coerce(name: str, value: Any, where: str, cls: type = RLConfig) -> Any:
     if name not in fields:
         close = difflib.get_close_matches(name, fields, n=1)
         hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(fields))}"
-        if name in NOT_SETTABLE:
-            hint = ": the algorithm is the program's (its graph), not a hyper-parameter"
         what = "RL setting" if cls is RLConfig else "data setting"
         raise RpegError(None, f"{where}: unknown {what} '{name}'{hint}")
     if name == TEMPLATE_KWARGS:
         return _template_kwargs(value, where)
+    if name == ALGORITHM and cls is RLConfig:
+        if not isinstance(value, str) or algorithm_family(value) is None:
+            raise RpegError(None, f"{where}: unknown algorithm {value!r}; use one of {', '.join(algorithm_names())} "
+                                  "(or one a plugin of the entry-point group rpegc.rl registers)")
+        return value
     t = fields[name]
     optional = typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in typing.get_args(t)
     base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t

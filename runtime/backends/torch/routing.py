@@ -54,7 +54,7 @@ class Routes:
         self.models, self.shapes, self.fields = models, shapes, fields
         self.rank_of = {d: i for i, d in enumerate(plan.devices)}
         w = cfg.workload
-        self.rows_total = w.B * w.R
+        self.rows_total = w.drawn * w.R  # the containers hold the drawn rows (dynamic sampling)
         self.holdings: dict[Artifact, Holding] = {}
         self._tag = 0
         self.layouts: dict[int, Layout] = {}  # Op node index -> its workers' layout
@@ -104,7 +104,7 @@ class Routes:
         while len(cum) <= q:
             cum.append(1.0)
         cum[q] = 1.0
-        return (round(cum[phase - 1] * w.B) * w.R, round(cum[phase] * w.B) * w.R)
+        return (round(cum[phase - 1] * w.drawn) * w.R, round(cum[phase] * w.drawn) * w.R)
 
     def node_rows(self, n: RunNode) -> tuple[int, int]:
         return self.phase_rows(n.node.phase, n.node.nphases)
@@ -116,9 +116,9 @@ class Routes:
         return self.phase_rows(a.phase, nphases)
 
     def group_of(self, n: RunNode) -> int:
-        """Rows a replica must keep together: GRPO's training needs every rollout of a prompt."""
-        if n.kind == "op" and n.node.role == "training" and self.cfg.algorithm == "grpo":
-            return self.cfg.workload.R
+        """Rows a replica must keep together (GRPO's training needs every rollout of a prompt)."""
+        if n.kind == "op" and n.node.role == "training":
+            return self.cfg.alg.training_group(self.cfg.workload)
         return 1
 
     def op_rows(self, i: int) -> dict[int, tuple[int, int]]:

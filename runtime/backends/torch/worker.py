@@ -83,14 +83,11 @@ from rpegc.runtime.backends.torch.master_weights import MasterWeights, training_
 from rpegc.runtime.backends.torch.models import cast_weights, check_arch, param_shapes
 from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, seeded_shard
 from rpegc.runtime.backends.torch.peak_memory import PeakMeter
-from rpegc.runtime.backends.torch.finite import NonFiniteError, require_finite
-from rpegc.runtime.backends.torch.schedules import generate, infer, train_step
+from rpegc.runtime.backends.torch.finite import NonFiniteError
+from rpegc.runtime.backends.torch.schedules import generate, infer
 from rpegc.runtime.backends.torch.reference import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
-from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, compute_advantages, critic_loss,
-                                            kl_estimate, last_token_scores, minibatch_steps, response_forward)
-from rpegc.runtime.backends.torch.algorithms import algorithm
-from rpegc.runtime.backends.torch.algorithms.dpo import PAIR_SUMS, PairRows, pair_loss, pair_metrics
+from rpegc.runtime.backends.torch.rl import last_token_scores, response_forward
 from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch
 from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.rewards import accuracy_sums, load_reward, score_responses
@@ -195,8 +192,9 @@ class Worker:
         # (model, version) -> (layout, this rank's float32 pieces), on the CPU
         self.window: dict[tuple[str, int], tuple[Layout, dict[str, Tensor]]] = {}
         w = self.run.workload
-        self.dpo = self.run.algorithm == "dpo"
-        self.prompts = open_prompts(self.run.data, self.run.task, self.run.actor.vocab, w.Lp, w.Lr, pairs=self.dpo)
+        self.alg = self.run.alg  # what the vertices compute (algorithms/)
+        self.prompts = open_prompts(self.run.data, self.run.task, self.run.actor.vocab, w.Lp, w.Lr,
+                                    pairs=not self.alg.generates)
         self.reward_fn = load_reward(self.run.reward) if self.run.reward_function else None
         self._batches: dict[int, PromptBatch] = {}  # the prompts of the steps in flight
         self._pairs: dict[int, PairBatch] = {}  # DPO: the preference pairs of the steps in flight
@@ -706,8 +704,9 @@ class Worker:
         return cache[step]
 
     def step_batch(self, step: int) -> PromptBatch:
-        """Step `step`'s prompts, as every process draws them."""
-        return self._recent(self._batches, step, lambda: self.prompts.batch(self.run.workload.B, self.setup.seed, step))
+        """Step `step`'s prompts (all it draws), as every process draws them."""
+        w = self.run.workload
+        return self._recent(self._batches, step, lambda: self.prompts.batch(w.drawn, self.setup.seed, step))
 
     def step_pairs(self, step: int) -> PairBatch:
         """DPO: step `step`'s preference pairs, as every process draws them."""
@@ -734,32 +733,13 @@ class Worker:
                         pad_id=self.prompts.pad_id, pads=pads)
         out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
         if "values" in cmd["fields"]:
-            out["values"] = self._forward_field(cmd, pm, out, "values", lo, hi, pads)
+            out["values"] = self.forward_field(cmd, pm, out, "values", lo, hi, pads)
         return out
 
     def op_inference(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> tuple[dict[str, Tensor], dict]:
         """The fields of an inference vertex, and what a reward function's calls report (accuracy sums,
         failures) from one rank of each replica."""
-        out: dict[str, Tensor] = {}
-        report: dict = {}
-        if self.dpo:  # the reference scores one side of the step's preference pairs (its field names it)
-            for f in cmd["fields"]:
-                side, base = f.split("_", 1)
-                data, pads = self.pair_rows(cmd["step"], side, lo, hi)
-                out[f] = self._forward_field(cmd, pm, data, base, lo, hi, pads, temperature=1.0)
-            return out, report
-        data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
-        pads = self.row_pads(cmd["step"], lo, hi)
-        for f in cmd["fields"]:
-            if f in ("scores", "task_scores") and self.run.reward == "model" and (f == "scores" or not self.run.has_rule):
-                if "model_scores" not in report:  # a dataset has no rule: the model's score is also the reward
-                    report["model_scores"] = self._forward_field(cmd, pm, data, "scores", lo, hi, pads)
-                out[f] = report["model_scores"]
-            elif f in ("scores", "task_scores"):
-                out[f] = self.verifier_scores(cmd, pm, data, lo, hi, report)
-            else:
-                out[f] = self._forward_field(cmd, pm, data, f, lo, hi, pads)
-        return out, report
+        return self.alg.inference(self, cmd, pm, lo, hi)
 
     def verifier_scores(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
                         report: dict) -> Tensor:
@@ -774,8 +754,8 @@ class Worker:
                                           "first_failure": scored.failures.first}
         return report["verifier"]
 
-    def _forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
-                       hi: int, pads: Optional[Tensor], temperature: Optional[float] = None) -> Tensor:
+    def forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
+                      hi: int, pads: Optional[Tensor], temperature: Optional[float] = None) -> Tensor:
         """A teacher-forced field (log-probs, values, reward-model scores) for the rows, in pipelined microbatches;
         log-probs at the sampling temperature unless `temperature` is given."""
         lp = self.run.workload.Lp
@@ -795,7 +775,7 @@ class Worker:
                 fns.append(lambda v, s=seqs, p=p: response_forward(v, s, lp, temp, pads=p).logprobs)
         return infer(pm, fns, rows) if fns else self.empty(f, 0)
 
-    def _dp_sum(self, pm: ParallelModel):
+    def dp_sum(self, pm: ParallelModel):
         def reduce(t: Tensor) -> Tensor:
             t = t.clone()
             if pm.dp_group is not None:
@@ -852,80 +832,8 @@ class Worker:
             st.shares = cmd["output"]
         return version
 
-    def op_dpo_training(self, cmd: dict, lo: int, hi: int) -> dict:
-        """DPO's policy update on pairs lo..hi-1 of the step, with the reference log-probs the inference
-        vertices wrote."""
-        st, e = self.loaded_state(cmd)
-        pm, rl = st.pm, self.run.rl
-        ref = self.rows_of(cmd["inputs"], lo, hi, ["chosen_ref_logprobs", "rejected_ref_logprobs"])
-        rows = PairRows.of(self.step_pairs(cmd["step"]), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"], lo,
-                           hi, self.device)
-        dp_sum = self._dp_sum(pm)
-        lp, beta = self.run.workload.Lp, rl.dpo_beta
-        keys = algorithm("dpo").stat_keys["policy"]
-
-        def step(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
-            return train_step(pm, st.master, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
-                              keys, st.train.schedule)
-
-        stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=dp_sum)
-        num_pairs = float(self.run.workload.B)
-        version = self.publish(cmd, st)
-        metrics = pair_metrics(stats, num_pairs, norm)
-        return {"bytes": 0, "versions_in": {cmd["model"]: e.version}, "versions_out": {cmd["model"]: version},
-                "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
-
     def op_training(self, cmd: dict, lo: int, hi: int) -> dict:
-        if self.dpo:
-            return self.op_dpo_training(cmd, lo, hi)
-        model = cmd["model"]
-        spec = self.setup.models[model]
-        rl = self.run.rl
-        st, e = self.loaded_state(cmd)
-        pm = st.pm
-        names = list(algorithm(self.run.algorithm).training_fields(self.run.has_critic))
-        data = self.rows_of(cmd["inputs"], lo, hi, names)
-        exp = Experience(sequences=data["sequences"], mask=data["mask"], old_logprobs=data["old_logprobs"],
-                         ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"),
-                         pads=self.row_pads(cmd["step"], lo, hi))
-        for name in ("scores", "old_logprobs", "ref_logprobs", "values"):
-            if getattr(exp, name) is not None:
-                require_finite(f"the {name.replace('_', ' ')} it trains on", getattr(exp, name))
-        dp_sum = self._dp_sum(pm)
-        num_tokens = float(dp_sum(exp.mask.double().sum()))
-        exp = compute_advantages(exp, rl, self.run.workload.R, reduce=dp_sum)
-        require_finite("the advantages", exp.advantages)
-        keys = algorithm(self.run.algorithm).stat_keys[spec.kind]
-        if spec.kind != "critic":
-            keys += (() if rl.kl_in_reward else ("kl_loss",)) + (("entropy",) if rl.entropy_coef else ())
-
-        def step(sub: Experience, n: float) -> tuple[dict[str, float], float]:
-            def loss_fn(view, e):
-                if spec.kind != "critic":
-                    return actor_loss(view, e, rl, n)
-                loss = critic_loss(view, e, rl, n)
-                return loss, {"value_loss": loss.item()}
-
-            return train_step(pm, st.master, loss_fn, sub, cmd["mb"], rl, keys, st.train.schedule)
-
-        stats, norm = minibatch_steps(rl, exp, lo, hi, step, counts=("clipped_tokens",), reduce=dp_sum)
-        version = self.publish(cmd, st)
-        kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
-        task_scores = data["task_scores"].double()
-        sums = dp_sum(torch.stack([task_scores.sum(), exp.scores.double().sum(), (kl * exp.mask).double().sum(),
-                                   torch.tensor(float(hi - lo), dtype=torch.float64, device=self.device),
-                                   task_scores.pow(2).sum()]))
-        mean = float(sums[0] / sums[3])
-        metrics = {"reward": mean, "score": float(sums[1] / sums[3]), "kl": float(sums[2] / num_tokens),
-                   "reward_std": max(0.0, float(sums[4] / sums[3]) - mean * mean) ** 0.5,
-                   "response_length": num_tokens / float(sums[3]), "response_tokens": num_tokens}
-        if spec.kind == "critic":
-            metrics.update(value_loss=stats["value_loss"], critic_grad_norm=norm)
-        else:
-            metrics.update({k: v for k, v in stats.items() if k != "clipped_tokens"})
-            metrics.update(clip_frac=stats["clipped_tokens"] / num_tokens, actor_grad_norm=norm)
-        return {"bytes": 0, "versions_in": {model: e.version}, "versions_out": {model: version},
-                "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+        return self.alg.train(self, cmd, lo, hi)
 
 
 def _error_text(e: Exception, cmd: dict) -> str:

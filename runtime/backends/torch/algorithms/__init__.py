@@ -1,26 +1,57 @@
-"""PPO, GRPO and DPO as named algorithms of the torch backend (issue 15, item 6).
+"""The algorithms of the torch backend, registered by name as verl registers its estimators and losses.
 
 Paper Sec. II: an RL post-training algorithm is a graph of generation, inference and training vertices; what
-each vertex computes depends on the algorithm. Each module here holds one `Algorithm` (base.py): the fields its
-vertices write into each data container (by role, model kind and element type; for DPO also by which side of
-the preference pairs a vertex reads), the fields its training vertices must read, its checks of a run, its
-training losses and metrics, and its step of the single-process reference oracle. The math lives in rl.py
-(PPO and GRPO: advantages and clipped losses) and dpo.py (the DPO loss); the worker and the reference call it
-through these objects.
+each vertex computes depends on the algorithm. Each is one `Algorithm` (base.py): the fields its vertices write
+into each data container, the fields its training vertices must read, its RL settings and checks, what its
+inference and training vertices compute in a worker, and its single-process reference oracle. The families are
+rollout.py's (PPO, ppo.py; GRPO and its variants, grpo.py) and dpo.py's; the math is rl.py's and dpo.py's. Workers,
+the reference and the backend call the registered object, never a branch on a name.
+
+A plugin (a module of the entry-point group `rpegc.rl`, core/ir/algorithms.py) registers an algorithm of its own
+with `register_algorithm`, e.g. `register_algorithm(GRPO("my_grpo", dict(adv_estimator="my_estimator")))`; a
+graph then names it (`rpeg.algorithm my_grpo`).
 """
 
 from __future__ import annotations
 
+from rpegc.core.ir.algorithms import declare_algorithm, load_plugins
+from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.torch.algorithms.base import Algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import DPO
-from rpegc.runtime.backends.torch.algorithms.grpo import GRPO
+from rpegc.runtime.backends.torch.algorithms.grpo import GRPO, VARIANTS
 from rpegc.runtime.backends.torch.algorithms.ppo import PPO
+from rpegc.runtime.backends.torch.rl import RLConfig
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (PPO(), GRPO(), DPO())}
+# The registry (process-wide, as the estimators' and losses' are): name -> algorithm
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register_algorithm(alg: Algorithm) -> Algorithm:
+    """Register `alg` under its name (a graph may then name it); returns it."""
+    if not alg.family:
+        raise RpegError(None, f"algorithm '{alg.name}' has no family: subclass PPO, GRPO or DPO")
+    declare_algorithm(alg.name, alg.family)
+    ALGORITHMS[alg.name] = alg
+    return alg
+
+
+for _alg in (PPO(), GRPO(), DPO(), *VARIANTS):
+    register_algorithm(_alg)
 
 
 def algorithm(name: str) -> Algorithm:
+    """The algorithm registered as `name` (the plugins imported first if it is not)."""
+    if name not in ALGORITHMS:
+        load_plugins()
+    if name not in ALGORITHMS:
+        raise RpegError(None, f"unknown RL algorithm '{name}'; use one of {', '.join(ALGORITHMS)} (or one a plugin "
+                              "of the entry-point group rpegc.rl registers)")
     return ALGORITHMS[name]
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "algorithm"]
+def default_rl_config(name: str, **overrides) -> RLConfig:
+    """Algorithm `name`'s settings (its family's defaults, then its paper's), then `overrides`; checked."""
+    return algorithm(name).rl_config(**overrides)
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "GRPO", "PPO", "DPO", "algorithm", "default_rl_config", "register_algorithm"]

@@ -22,14 +22,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.ir.program import Container, Program, Vertex
-from rpegc.runtime.backends.torch.algorithms.base import Algorithm
+from rpegc.core.ir.program import Container, Program, Vertex, Workload
+from rpegc.runtime.backends.torch.algorithms.base import Algorithm, Worker
+from rpegc.runtime.backends.torch.parallel import ParallelModel
 from rpegc.runtime.backends.torch.datasets import PairBatch
 from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.hf import initial_model
 from rpegc.runtime.backends.torch.models import derive_seed
 from rpegc.runtime.backends.torch.master_weights import train_whole
-from rpegc.runtime.backends.torch.rl import minibatch_steps, response_forward
+from rpegc.runtime.backends.torch.rl import RLConfig, minibatch_steps, response_forward
+from rpegc.runtime.backends.torch.schedules import train_step
+
 
 SIDES = ("chosen", "rejected")
 # `dpo_loss`'s statistics that are sums over pairs (the loss itself is a mean)
@@ -52,9 +55,58 @@ def sides(program: Program) -> dict[str, str]:
 
 
 class DPO(Algorithm):
-    name = "dpo"
+    name = family = "dpo"
+    paper = "Rafailov et al. 2023, Direct Preference Optimization"
     generates = False
     stat_keys = {"policy": ("dpo_loss",) + PAIR_SUMS}
+
+    def base_rl(self) -> RLConfig:
+        # no rollouts, rewards or advantages: the KL anchor is in the loss itself
+        return RLConfig(algorithm="dpo", kl_in_reward=False, whiten_advantages=False)
+
+    def check_rl(self, cfg: RLConfig) -> None:
+        if cfg.kl_in_reward:
+            raise RpegError(None, "DPO has no per-token reward to put the KL penalty into; set kl_in_reward = false")
+
+    def step_rows(self, w: Workload) -> int:
+        return w.B
+
+    def row_noun(self) -> str:
+        return "pairs"
+
+    def inference(self, worker: Worker, cmd: dict, pm: ParallelModel, lo: int,
+                  hi: int) -> tuple[dict[str, Tensor], dict]:
+        """The reference scores one side of the step's preference pairs (its field names it)."""
+        out: dict[str, Tensor] = {}
+        for f in cmd["fields"]:
+            side, base = f.split("_", 1)
+            data, pads = worker.pair_rows(cmd["step"], side, lo, hi)
+            out[f] = worker.forward_field(cmd, pm, data, base, lo, hi, pads, temperature=1.0)
+        return out, {}
+
+    def train(self, worker: Worker, cmd: dict, lo: int, hi: int) -> dict:
+        """The policy update on pairs lo..hi-1 of the step, with the reference log-probs the inference vertices
+        wrote."""
+        st, e = worker.loaded_state(cmd)
+        pm, rl = st.pm, worker.run.rl
+        ref = worker.rows_of(cmd["inputs"], lo, hi, ["chosen_ref_logprobs", "rejected_ref_logprobs"])
+        rows = PairRows.of(worker.step_pairs(cmd["step"]), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"],
+                           lo, hi, worker.device)
+        lp, beta = worker.run.workload.Lp, rl.dpo_beta
+        keys = self.stat_keys["policy"]
+
+        def step(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
+            return train_step(pm, st.master, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
+                              keys, st.train.schedule)
+
+        stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=worker.dp_sum(pm))
+        version = worker.publish(cmd, st)
+        metrics = pair_metrics(stats, float(worker.run.workload.B), norm)
+        return {"bytes": 0, "versions_in": {cmd["model"]: e.version}, "versions_out": {cmd["model"]: version},
+                "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+
+    def reference_trainer(self, cfg, seed: int) -> "DPOTrainer":
+        return DPOTrainer(cfg, seed)
 
     def container_fields(self, program: Program, vertex: Vertex, container: Container) -> Optional[tuple[str, ...]]:
         kind = program.model(vertex.model).kind
