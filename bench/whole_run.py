@@ -1,7 +1,7 @@
 """Issue 14, items 5 and 6: whole-run validation and the paper's Table V on the torch backend, measured.
 
 Item 5 (whole-run fidelity): every plan below is compiled with the calibrated CPU profile (the cluster's
-`hardware = "cpu"`, rpegc/hardware/cpu.toml, written by rpeg-calibrate on this machine), executed by
+`hardware = "cpu"`: this machine's profile, rpegc/core/cost/machine.py), executed by
 `rpeg-run`'s controller on the torch backend with 2 worker processes (one per core of a 2-core host: never
 more workers than cores) and compared on the steady state (rpegc.runtime.report): the median interval
 between step completions after the first step, measured against the schedule's. The workloads are
@@ -117,7 +117,7 @@ def program_text(workload: str, spec: PlanSpec) -> str:
 
 def pipeline(optimize: str, steps: int, hardware: Optional[str]) -> str:
     """The lowering, with `optimize` (its options; "" for none) first, and the profile `hardware` (None:
-    the cluster's own, rpegc/hardware/cpu.toml) for both the optimizer and the cost annotation."""
+    the cluster's own: this machine's, rpegc/core/cost/machine.py) for both the optimizer and the cost annotation."""
     hw = f'hardware="{hardware}"' if hardware else ""
     opt = f"optimize{{{' '.join(x for x in (optimize, hw) if x)}}}," if optimize else ""
     return PIPELINE.format(optimize=opt, k=steps, annotate=f"annotate-cost{{{hw}}}" if hw else "annotate-cost")
@@ -376,7 +376,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="GRPO only, two plans, 4 steps, one repeat")
     ap.add_argument("--workloads", default=",".join(PLANS), help="comma-separated subset of " + ", ".join(PLANS))
     ap.add_argument("--hardware", default=None, metavar="TOML",
-                    help="profile to predict with (default: the cluster's, rpegc/hardware/cpu.toml); calibrate "
+                    help="profile to predict with (default: the cluster's, this machine's profile); calibrate "
                          "this machine first with `rpeg-calibrate -o FILE`")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--no-plot", action="store_true")

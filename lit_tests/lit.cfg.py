@@ -12,6 +12,8 @@ config.excludes = ["lit.cfg.py", "Inputs"]
 # Tests run the rpegc, filecheck and xdsl-opt of the environment lit itself runs in.
 bin_dir = os.path.dirname(sys.executable)
 config.environment["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+# Goldens price `hardware = "cpu"` with the shipped reference profile, not this machine's (tests/conftest.py).
+config.environment["RPEGC_CPU_PROFILE"] = "cpu-reference"
 config.substitutions.append(("%examples", os.path.join(os.path.dirname(config.test_source_root), "examples")))
 # LLVM's own mlir-opt (Debian's mlir-19-tools, which .ci/run installs): tests that need it say
 # `REQUIRES: mlir-opt` and are reported unsupported where it is missing.

@@ -240,6 +240,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
     for line in _summary_lines(cmp, result.trace, plan):
         print(line)
+    if result.trace.header.clock == "wall" and plan.program.cluster is not None:  # measured against predicted
+        print(_profile_line(plan.program))
     for line in backend.memory_summary():
         print(line)
     rewards = backend.reward_summary()
@@ -307,6 +309,14 @@ def _summary_lines(cmp, trace, plan: RunPlan) -> list[str]:
     lines.append(_makespan_line(cmp.measured_makespan, None if over else cmp.predicted_makespan,
                                 None if over or steady is not None else cmp.mean_abs_rel_error, h.clock))
     return lines
+
+
+def _profile_line(program) -> str:
+    """Whose machine the predictions were priced for (the plan's cluster's profile)."""
+    from rpegc.core.cost.hardware import program_hardware
+
+    hw = program_hardware(program, what="the prediction")
+    return f"predictions priced with hardware '{program.cluster.hardware}' = '{hw.name}': {hw.provenance()}"
 
 
 def _steady_line(steady, err: Optional[float], compared: bool = True) -> str:

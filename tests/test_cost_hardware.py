@@ -18,13 +18,14 @@ GOOD = (PROFILE_DIR / "gh200.toml").read_text()
 
 
 def test_shipped_profiles():
-    assert profile_names() == ["a100-40g", "cpu", "gh200", "h100-80g", "h200"]
-    # cpu: calibrated by rpeg-calibrate on this project's 2-core machines (bench/validation/cpu.toml).
-    # cpu states no gpus_per_node: CPU worker processes, any number per node (examples/ppo-tiny.rpeg runs 4).
-    per_node = {"gh200": 4, "a100-40g": 8, "h100-80g": 8, "h200": 8, "cpu": None}
+    assert profile_names() == ["a100-40g", "cpu", "cpu-reference", "gh200", "h100-80g", "h200"]
+    # cpu-reference: calibrated by rpeg-calibrate on this project's 2-core VM; `cpu` is this machine's profile, pinned
+    # to cpu-reference in the suite (tests/conftest.py). No gpus_per_node: CPU worker processes, any number per node
+    # (examples/ppo-tiny.rpeg runs 4).
+    per_node = {"gh200": 4, "a100-40g": 8, "h100-80g": 8, "h200": 8, "cpu-reference": None}
     for name in profile_names():
         hw = load_hardware(name)
-        assert hw.name == name and hw.gpus_per_node == per_node[name]
+        assert hw.name == ("cpu-reference" if name == "cpu" else name) and hw.gpus_per_node == per_node[hw.name]
         assert hw.eps_rt == 0.10
         assert 0 < hw.M_eff < hw.M_GPU
         # Slower tiers never beat faster ones in a shipped profile.

@@ -278,11 +278,11 @@ def test_mutated_traces_in_rpeg_run_verify(lowered, tmp_path, capsys):
 
 
 def test_mutated_hardware_profiles_in_annotate_cost(tmp_path, capsys):
-    profile = (ROOT / "rpegc" / "hardware" / "cpu.toml").read_bytes()
+    profile = (ROOT / "rpegc" / "hardware" / "cpu-reference.toml").read_bytes()
     program = _example("grpo-tiny").replace(b'hardware = "cpu"', b'hardware = "hw.toml"')  # beside the program
     rng = random.Random(SEED + 3)
     numbers = list(re.finditer(rb"(?<== )[0-9][0-9.e+-]*", profile))
-    variants = [(what, data) for what, data in mutants(30, SEED + 3, [("cpu.toml", profile)])]
+    variants = [(what, data) for what, data in mutants(30, SEED + 3, [("cpu-reference.toml", profile)])]
     for _ in range(30):
         m = rng.choice(numbers)
         value = rng.choice((b"0", b"-1", b"1e300", b"nan", b"inf", b'"x"', b"1e-300", b"true"))

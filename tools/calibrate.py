@@ -48,6 +48,7 @@ import numpy as np
 
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost import machine
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
@@ -426,6 +427,16 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         link_gap_s=CPU_LINK_GAP_S,
         rounds=5,  # a shared VM's speed drifts over minutes: five passes pool more of it
     )
+
+
+def machine_plan(eta_from: str = "layers") -> SweepPlan:
+    """`rpeg-calibrate --machine` (what `hardware = "cpu"` runs on first use, core/cost/machine.py): the CPU
+    campaign's keys on fewer points and passes, well under a minute on 2 cores; the full campaign stays for
+    validation."""
+    three = {k: CPU_LAYER_ARCHS[k] for k in ("d64", "d128", "d256")}
+    forwards = _layer_forwards(three, ((1, 32), (8, 32), (8, 128)), (1, 4, 16), CPU_DECODE_CONTEXT)
+    return dataclasses.replace(cpu_plan(eta_from=eta_from), copy_bytes=(1 << 26,), forwards=forwards,
+                               message_bytes=_geometric(1 << 8, 1 << 22, 4), min_time=0.01, repeats=3, rounds=2)
 
 
 def gpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
@@ -962,6 +973,8 @@ def profile_text(cal: Calibration) -> str:
         f'date = "{cal.date}"                 # when the campaign ran',
         f'host = "{platform.node()}"          # where it ran',
         f'machine = "{platform.machine()}"    # CPU architecture',
+        f'machine_key = "{machine.machine_key()}"  # what a CPU profile depends on (core/cost/machine.py): '
+        + ", ".join(f"{k} {v}" for k, v in machine.machine_identity().items() if k != "flags"),
         f'torch = "{_torch_version()}"        # the kernels measured',
         f'backend = "{cal.backend}"           # torch.distributed backend of the links',
         f"devices = {cal.devices}                  # worker processes (CPU) or CUDA devices",
@@ -1038,6 +1051,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                     help="gloo = CPU worker processes, nccl = CUDA devices (auto: nccl if CUDA is visible)")
     ap.add_argument("--quick", action="store_true", help="a tiny sweep for smoke tests (seconds, rough values)")
+    ap.add_argument("--machine", action="store_true",
+                    help="calibrate this machine's CPU profile, the one `hardware = \"cpu\"` names, into the user's "
+                         "cache (what the first use of `cpu` runs; this refreshes it): a shorter campaign, under a "
+                         "minute")
     ap.add_argument("--eta-from", choices=ETA_SOURCES, default="layers",
                     help="fit F_peak, gamma_M, gamma_K on forwards of the backend's layers (default), or the gammas "
                          "on isolated GEMMs and F_peak on the forwards (the paper's split)")
@@ -1062,6 +1079,15 @@ DEFAULT_OUTPUT = "cpu.toml"
 
 def check_cli_outputs(args: argparse.Namespace) -> Path:
     """The profile and --raw paths, checked before anything is measured; the profile path to write."""
+    if args.machine:
+        if args.output is not None:
+            raise OutputError(args.output, "--machine writes this machine's cached profile; drop -o (or drop "
+                                           "--machine to write a profile of your own)")
+        path = machine.cached_profile_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if args.raw is not None:
+            check_outputs([Output(args.raw, "the raw measurements")])
+        return path
     if args.output is None and Path(DEFAULT_OUTPUT).exists():
         raise OutputError(DEFAULT_OUTPUT, f"cannot write the profile: {DEFAULT_OUTPUT} exists and the default "
                                           f"output never replaces a file; pass -o {DEFAULT_OUTPUT} to replace it, "
@@ -1085,14 +1111,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RpegError(None, f"--devices must be >= 1, got {devices}")
         if backend == "nccl" and devices > available:
             raise RpegError(None, f"--devices {devices} but only {available} CUDA devices are visible; lower it")
-        plan = dataclasses.replace((gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from),
-                                   statistic=args.statistic)
+        if args.machine and backend == "nccl":
+            raise RpegError(None, "--machine calibrates the CPU profile `hardware = \"cpu\"` names; pass --backend "
+                                  "gloo on a machine with CUDA devices")
+        if args.machine and not args.quick:
+            plan = dataclasses.replace(machine_plan(args.eta_from), statistic=args.statistic)
+        else:
+            plan = dataclasses.replace((gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from),
+                                       statistic=args.statistic)
         # CPU workers share the host's caches, memory and (on a VM) possibly physical cores: measured
         # here, a layer call is 1.7x slower with the neighbour busy. In a plan every device is busy most
         # of the time, so that is the throughput to calibrate; GPUs do not share compute.
         concurrent = args.concurrent if args.concurrent is not None else backend == "gloo"
         links = load_hardware(args.links_from) if args.links_from is not None else None
-        cal = calibrate(devices, backend, plan, name=args.name or output.stem, quiet=args.quiet,
+        name = args.name or (machine.CPU if args.machine else output.stem)
+        cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
                         concurrent=concurrent, links_from=links)
         text = profile_text(cal)
         Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one

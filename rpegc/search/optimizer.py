@@ -129,6 +129,7 @@ class OptimizeResult:
     polish_evaluations: int = 0  # uncached evaluations of the final polish (part of the budget)
     jobs: int = 1  # processes the search ran in
     fusion: Optional[FusionOutcome] = None
+    hardware: Optional[Hardware] = None  # the profile it priced with (the summary says whose machine it is)
 
 
 def parse_ablations(text: str) -> frozenset[str]:
@@ -336,6 +337,7 @@ def _result(evaluator: Evaluator, config: SearchConfig, variant: Variant, choice
         chains=chains,
         source=source,
         fusion=fusion,
+        hardware=evaluator.hw,
     )
 
 

@@ -74,6 +74,7 @@ def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
         ("objective", f"{result.objective} = {result.value:,.4g}"),
         *_training_rows(result),
         *_fusion_row(result),
+        *([("hardware", f"'{result.hardware.name}': {result.hardware.provenance()}")] if result.hardware else []),
         ("gain over greedy", _gain(result, result.greedy)),
         ("gain over concurrent", _gain(result, result.concurrent)),
         ("memory peak", f"{peak / GIB:.1f} GiB per GPU, r_peak = {e.r_peak:.3f}" + ("" if e.feasible else "  (OOM)")),

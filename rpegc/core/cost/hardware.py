@@ -27,6 +27,7 @@ import numpy as np
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import Loc, RpegError, utf8_text
 from rpegc.core.ir.toml_text import decode_error_position, key_position
+from rpegc.core.cost import machine
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware"
 
@@ -97,6 +98,19 @@ class Hardware:
     source: str = "<dict>"
     t_layer: float = 0.0  # s per layer per forward call (optional key, see _OPTIONAL_COMPUTE_KEYS)
     F_peak_fp32: float | None = None  # float32 GEMM ceiling (optional key); None: F_peak
+    # Where it was calibrated ([meta]; free-form there, read when they are strings): rpeg-calibrate writes them
+    calibrated: str = ""  # meta.date
+    host: str = ""  # meta.host
+    machine_key: str = ""  # meta.machine_key: machine.machine_key() of the calibrating machine (CPU profiles)
+
+    def provenance(self) -> str:
+        """Whose machine the profile describes, for the summaries: this one's, or which other one's."""
+        when = f", calibrated {self.calibrated[:10]}" if self.calibrated else ""
+        if self.machine_key and self.machine_key == machine.machine_key():
+            return f"this machine's profile ({self.source}{when})"
+        if self.machine_key or self.host:
+            return f"another machine's profile ({self.host or 'unknown host'}{when}; {self.source})"
+        return f"shipped profile ({self.source})"
 
     def peak(self, fp32: bool) -> float:
         """The GEMM ceiling of a computation in float32 (`fp32`) or in the workload's dtype."""
@@ -128,8 +142,8 @@ def _pick(values: tuple[float, float, float], tier):
 
 
 def profile_names() -> list[str]:
-    """Names of the profiles shipped in rpegc/hardware/."""
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+    """The profile names: `cpu` (this machine's) and those shipped in rpegc/hardware/."""
+    return sorted([machine.CPU, *(p.stem for p in PROFILE_DIR.glob("*.toml"))])
 
 
 def load_hardware(name_or_path: str, loc: Loc | None = None) -> Hardware:
@@ -186,6 +200,9 @@ def _for(loc: Loc | None) -> str:
 
 
 def _resolve(name_or_path: str, loc: Loc | None) -> Path:
+    if name_or_path == machine.CPU:  # this machine's profile, or the one $RPEGC_CPU_PROFILE pins
+        pin = machine.pinned()
+        return _resolve(pin, loc) if pin not in (None, machine.CPU) else machine.machine_profile(loc)
     looks_like_path = name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path
     if not looks_like_path:
         shipped = PROFILE_DIR / f"{name_or_path}.toml"
@@ -194,7 +211,7 @@ def _resolve(name_or_path: str, loc: Loc | None) -> Path:
         raise RpegError(
             loc,
             f"unknown hardware profile '{name_or_path}'; use one of {', '.join(profile_names())} "
-            "or a path to a .toml profile",
+            f"or a path to a .toml profile" + (f" (in ${machine.PIN_ENV})" if name_or_path == machine.pinned() else ""),
         )
     path = Path(name_or_path)
     if not path.is_absolute() and loc is not None and loc.line > 0:
@@ -253,7 +270,9 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
     for key in ("name", "description"):
         if key in d and not isinstance(d[key], str):
             raise where.error(key, f"key '{key}' must be a string, got {d[key]!r}")
+    meta = d.get("meta") if isinstance(d.get("meta"), Mapping) else {}
     return Hardware(
+        calibrated=_text(meta, "date"), host=_text(meta, "host"), machine_key=_text(meta, "machine_key"),
         name=d.get("name", Path(where.source).stem),
         alpha_coll=links["alpha_collective"],
         beta_coll=links["beta_collective"],
@@ -264,6 +283,10 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
         source=where.source,
         **values,
     )
+
+
+def _text(meta: Mapping[str, Any], key: str) -> str:
+    return meta[key] if isinstance(meta.get(key), str) else ""
 
 
 def _table(d: Mapping[str, Any], key: str, where: _Where, prefix: str = "") -> Mapping[str, Any]:
