@@ -49,3 +49,18 @@ def test_generation_and_inference_are_priced_at_the_drawn_prompts_training_at_b(
             assert (node.time, node.bytes) == (twice[i].time, twice[i].bytes), i
             if node.kind == "op" or node.container is not None:
                 assert node.time > once[i].time, i
+
+
+@pytest.mark.parametrize("source, change, why", [
+    ("examples/ppo-tiny.rpeg", None, "is not GRPO-shaped (ppo)"),
+    ("examples/grpo-tiny.rpeg", ("R = 4", "R = 1"), "has R = 1"),
+])
+def test_oversample_needs_a_grpo_shaped_graph_with_groups(source, change, why):
+    from rpegc.core.check.wellformed import check_program
+
+    text = re.sub(r"(rpeg\.workload \{[^}]*)\}", r"\1, oversample = 2}", open(source).read(), count=1)
+    if change is not None:
+        text = text.replace(*change, 1)
+    errors = [e.message for e in check_program(parse(text, "o.rpeg"))]
+    assert any("oversample = 2 (dynamic sampling)" in m and why in m for m in errors), errors
+    assert check_program(parse(workload(16, 2), "g.rpeg")) == []

@@ -57,6 +57,7 @@ def check_graph(p: Program) -> list[RpegError]:
         _check_quantiles,
         _check_sizes,
         _check_algorithm,
+        _check_oversample,
         _check_training,
     ):
         errors += check(ctx)
@@ -553,6 +554,23 @@ def _check_algorithm(ctx: _Context) -> list[RpegError]:
            "grpo": "GRPO samples rollouts and has no critic: it needs a generation vertex and no critic vertex",
            "dpo": "DPO trains on given preference pairs: it has no generation vertex"}[name]
     return [RpegError(ctx.g.algorithm_loc, f"graph @{ctx.g.name} names algorithm {named}, but {why}")]
+
+
+def _check_oversample(ctx: _Context) -> list[RpegError]:
+    """Dynamic sampling (`oversample`, program.Workload) keeps groups of a GRPO-shaped graph whose rewards differ."""
+    w = ctx.p.workload
+    if w.oversample == 1:
+        return []
+    named = ctx.g.algorithm
+    family = algorithm_family(named) if named is not None else None
+    shaped = (family or "grpo") == "grpo" and "grpo" in fitting_algorithms(ctx.p, ctx.g)
+    if shaped and w.R >= 2:
+        return []
+    why = f"has R = {w.R}" if shaped else f"is not GRPO-shaped ({named or 'no algorithm named'})"
+    return [RpegError(w.loc, f"oversample = {w.oversample} (dynamic sampling) keeps, of every {w.oversample} groups of "
+                             f"R responses drawn, one whose rewards differ: it needs a graph of GRPO's family (a "
+                             f"generation vertex, no critic) and R >= 2, but graph @{ctx.g.name} {why}; remove "
+                             "oversample")]
 
 
 def _check_training(ctx: _Context) -> list[RpegError]:

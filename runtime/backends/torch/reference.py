@@ -126,7 +126,6 @@ def check_run_config(cfg: RunConfig) -> None:
     if cfg.shared_actor_critic and cfg.critic is not None:
         raise RpegError(None, "a shared actor_critic model replaces the separate critic; keep only one of them")
     alg.check(cfg)
-    alg.check_oversample(cfg.workload)
     check_data_config(cfg.data)
     if cfg.data.path is not None and cfg.data.tokenizer is None:
         raise RpegError(None, f"dataset {cfg.data.path} needs a tokenizer: give the actor an hf checkpoint "

@@ -89,13 +89,6 @@ class Algorithm:
     def check(self, cfg) -> None:
         """The errors of a run this algorithm defines (RpegError)."""
 
-    def check_oversample(self, w: Workload) -> None:
-        """Dynamic sampling selects among groups of responses: GRPO's family only (grpo.py)."""
-        if w.oversample > 1:
-            raise RpegError(w.loc, f"dynamic sampling (oversample = {w.oversample}) selects among groups of responses "
-                                   f"and needs an algorithm of GRPO's family; {self.name.upper()} trains what it "
-                                   "draws: remove oversample")
-
     def step_rows(self, w: Workload) -> int:
         """The rows a training step trains on: sequences (pairs for DPO)."""
         return w.B * w.R

@@ -42,11 +42,6 @@ class GRPO(RolloutAlgorithm):
         if cfg.has_critic:
             raise RpegError(None, "GRPO uses group-relative advantages and no critic; remove the critic model")
 
-    def check_oversample(self, w: Workload) -> None:
-        if w.oversample > 1 and w.R < 2:
-            raise RpegError(w.loc, f"dynamic sampling (oversample = {w.oversample}) keeps groups whose rewards differ; "
-                                   f"it needs R >= 2 responses per prompt, got R = {w.R}")
-
 
 VARIANTS = (
     GRPO("dr_grpo", dict(norm_adv_by_std=False, loss_agg_mode="seq-mean-token-sum-norm"), "Liu et al. 2025"),
