@@ -54,6 +54,13 @@ class Worker(Protocol):
         """The trained version, published; its number."""
 
 
+def training_report(model: str, version_in: int, version_out: int, pm: ParallelModel, metrics: dict) -> dict:
+    """What a training vertex reports: the versions it read and wrote, and the step's metrics from one rank (the last
+    pipeline stage's first tensor- and data-parallel rank; the others report none)."""
+    return {"bytes": 0, "versions_in": {model: version_in}, "versions_out": {model: version_out},
+            "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+
+
 class Algorithm:
     """One registered algorithm. A subclass is a family's computation (rollout.py: PPO and GRPO; dpo.py); an
     instance is one algorithm of it, with the settings its paper gives over the family's defaults."""

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Container, Program, Vertex, Workload
-from rpegc.runtime.backends.torch.algorithms.base import Algorithm, Worker
+from rpegc.runtime.backends.torch.algorithms.base import Algorithm, Worker, training_report
 from rpegc.runtime.backends.torch.parallel import ParallelModel
 from rpegc.runtime.backends.torch.datasets import PairBatch
 from rpegc.runtime.backends.torch.prompts import open_prompts
@@ -102,8 +102,7 @@ class DPO(Algorithm):
         stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=worker.dp_sum(pm))
         version = worker.publish(cmd, st)
         metrics = pair_metrics(stats, float(worker.run.workload.B), norm)
-        return {"bytes": 0, "versions_in": {cmd["model"]: e.version}, "versions_out": {cmd["model"]: version},
-                "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+        return training_report(cmd["model"], e.version, version, pm, metrics)
 
     def reference_trainer(self, cfg, seed: int) -> "DPOTrainer":
         return DPOTrainer(cfg, seed)

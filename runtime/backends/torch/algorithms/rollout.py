@@ -13,7 +13,7 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch, Container, Program, Vertex, Workload
-from rpegc.runtime.backends.torch.algorithms.base import Algorithm, Worker
+from rpegc.runtime.backends.torch.algorithms.base import Algorithm, Worker, training_report
 from rpegc.runtime.backends.torch.parallel import ParallelModel
 from rpegc.runtime.backends.torch.finite import require_finite
 from rpegc.runtime.backends.torch.generation import expand_rollouts, generate
@@ -156,8 +156,7 @@ class RolloutAlgorithm(Algorithm):
         else:
             metrics.update({k: v for k, v in stats.items() if k != "clipped_tokens"})
             metrics.update(clip_frac=stats["clipped_tokens"] / num_tokens, actor_grad_norm=norm)
-        return {"bytes": 0, "versions_in": {model: e.version}, "versions_out": {model: version},
-                "metrics": metrics if pm.is_last and pm.t == 0 and pm.d == 0 else None}
+        return training_report(model, e.version, version, pm, metrics)
 
 
 class VersionStore:
