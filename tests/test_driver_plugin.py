@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from fixtures.plugins import install_plugin
+
 ROOT = pathlib.Path(__file__).parent.parent
 PLUGIN = ROOT / "tests" / "plugin"
 PPO = ROOT / "examples" / "ppo.rpeg"
@@ -111,11 +113,7 @@ def test_a_plugin_backend_runs_plans_with_its_own_options(tmp_path):
                                   "a BackendSpec called 'broken'"),
 ])
 def test_a_broken_backend_plugin_is_a_one_line_error(tmp_path, target, message):
-    (tmp_path / "broken_backend.py").write_text("NOT_A_SPEC = 42\n")
-    info = tmp_path / "broken_backend-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-backend\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[rpegc.backends]\nbroken = {target}\n")
+    install_plugin(tmp_path, "broken_backend", "NOT_A_SPEC = 42\n", "rpegc.backends", {"broken": target})
     result = run("rpeg-run", str(PPO), plugin=tmp_path)
     assert result.returncode == 1
     lines = result.stderr.splitlines()

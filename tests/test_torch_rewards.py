@@ -13,6 +13,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.torch.datasets import Example
 from rpegc.runtime.backends.torch.rewards import (ENTRY_POINT_GROUP, exact_match, load_reward, math_answer, probe_reward,
                                                  score_texts)
+from fixtures.plugins import install_plugin
 
 
 def test_exact_match_compares_stripped_text():
@@ -44,11 +45,8 @@ def test_a_plugin_comes_from_a_file_or_a_module(tmp_path, monkeypatch):
 
 
 def test_an_entry_point_names_an_installed_plugin(tmp_path, monkeypatch):
-    (tmp_path / "plugin_rewards.py").write_text("def score(**kwargs):\n    return 0.5\n")
-    dist = tmp_path / "plugin_rewards-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: plugin-rewards\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nhalf = plugin_rewards:score\n")
+    install_plugin(tmp_path, "plugin_rewards", "def score(**kwargs):\n    return 0.5\n", ENTRY_POINT_GROUP,
+                   {"half": "plugin_rewards:score"})
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_reward("half")() == 0.5
 

@@ -420,13 +420,11 @@ def test_a_plugin_registers_an_estimator_a_loss_and_an_algorithm_through_an_entr
     from rpegc.runtime.backends.torch import rl as rl_module
     from rpegc.runtime.backends.torch.backend import run_config
     from rpegc.syntax.parser import parse
-    from rpegc.runtime.backends.torch.rl import ADV_ESTIMATORS, ENTRY_POINT_GROUP, POLICY_LOSSES, compute_advantages
+    from rpegc.core.ir.algorithms import PLUGIN_GROUP
+    from rpegc.runtime.backends.torch.rl import ADV_ESTIMATORS, POLICY_LOSSES, compute_advantages
+    from fixtures.plugins import install_plugin
 
-    (tmp_path / "my_rl.py").write_text(PLUGIN)
-    dist = tmp_path / "my_rl-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-rl\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nmine = my_rl\n")
+    install_plugin(tmp_path, "my_rl", PLUGIN, PLUGIN_GROUP, {"mine": "my_rl"})
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(rl_module, "ADV_ESTIMATORS", dict(ADV_ESTIMATORS))  # what the plugin adds goes with the test
     monkeypatch.setattr(rl_module, "POLICY_LOSSES", dict(POLICY_LOSSES))

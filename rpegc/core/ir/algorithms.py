@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from rpegc.core.ir.errors import RpegError
 
@@ -36,11 +36,17 @@ def declare_algorithm(name: str, family: str) -> None:
     _FAMILY_OF[name] = family
 
 
+def registered(table: Mapping[str, Any], name: str) -> bool:
+    """Whether `name` is in the registry `table`, the plugins imported first when it is not (every registry of the
+    group, here and in the torch backend, looks a name up so: a worker process may meet a plugin's name first)."""
+    if name not in table:
+        load_plugins()
+    return name in table
+
+
 def algorithm_family(name: str) -> Optional[str]:
     """The family of algorithm `name` (None: no built-in algorithm and no plugin's has that name)."""
-    if name not in _FAMILY_OF:
-        load_plugins()
-    return _FAMILY_OF.get(name)
+    return _FAMILY_OF[name] if registered(_FAMILY_OF, name) else None
 
 
 def algorithm_names() -> tuple[str, ...]:

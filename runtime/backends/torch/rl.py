@@ -30,12 +30,11 @@ from torch import Tensor, nn
 
 from rpegc.core.cost.memory import LOGPROB_PIECE  # the cost model counts two such pieces
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.ir.algorithms import FAMILIES, PLUGIN_GROUP, load_plugins
+from rpegc.core.ir.algorithms import FAMILIES, PLUGIN_GROUP, registered
 from rpegc.runtime.backends.torch.generation import Sampling
 from rpegc.runtime.backends.torch.models import TransformerModel
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
-ENTRY_POINT_GROUP = PLUGIN_GROUP  # plugins: modules that register estimators, losses and algorithms when imported
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 # A sum over data-parallel replicas (all-reduce SUM); the identity in a single process.
@@ -105,11 +104,9 @@ def check_rl_config(cfg: RLConfig) -> None:
         raise RpegError(None, f"unknown loss_agg_mode '{cfg.loss_agg_mode}'; use one of {', '.join(LOSS_AGG_MODES)}")
     for name, table, what in ((cfg.adv_estimator, ADV_ESTIMATORS, "adv_estimator"),
                               (cfg.policy_loss, POLICY_LOSSES, "policy_loss")):
-        if name not in table:
-            load_plugins()
-        if name not in table:
+        if not registered(table, name):
             raise RpegError(None, f"unknown {what} '{name}'; use one of {', '.join(table)} (or an estimator or loss a "
-                                  f"plugin of the entry-point group {ENTRY_POINT_GROUP} registers)")
+                                  f"plugin of the entry-point group {PLUGIN_GROUP} registers)")
     if cfg.clip_eps_high is not None and cfg.clip_eps_high <= 0:
         raise RpegError(None, f"clip_eps_high must be > 0, got {cfg.clip_eps_high}")
     if cfg.overlong_buffer < 0 or cfg.overlong_penalty < 0:
@@ -517,8 +514,7 @@ def compute_advantages(exp: Experience, cfg: RLConfig, group_size: int, reduce: 
     """Fill advantages (and returns with a critic) by `cfg.adv_estimator`, from the scores shaped by
     `overlong_shaping`. `reduce` sums whitening statistics over replicas; the group estimators need whole groups of
     `group_size` rollouts in `exp`."""
-    if cfg.adv_estimator not in ADV_ESTIMATORS:
-        load_plugins()
+    registered(ADV_ESTIMATORS, cfg.adv_estimator)  # a worker imports the plugins at the first name it lacks
     if cfg.overlong_buffer:
         exp = replace(exp, scores=exp.scores + overlong_shaping(exp.mask, cfg.overlong_buffer, cfg.overlong_penalty))
     return ADV_ESTIMATORS[cfg.adv_estimator].fn(exp, cfg, group_size, reduce)
@@ -590,12 +586,7 @@ def _reinforce_pp_advantages(exp: Experience, cfg: RLConfig, group_size: int, re
     """REINFORCE++ (Hu 2025, Eq. 6-7): the discounted return of the per-token rewards (KL penalty included when in
     the reward), whitened over the whole batch (statistics summed over replicas)."""
     rewards = _token_rewards(exp, cfg)
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[-1])):
-        running = rewards[:, t] + cfg.gamma * running * exp.mask[:, t]
-        returns[:, t] = running
-    returns = returns * exp.mask
+    returns, _ = gae(rewards, torch.zeros_like(rewards), exp.mask, cfg.gamma, 1.0)  # no critic, lambda 1: returns
     return replace(exp, advantages=whiten(returns, exp.mask, reduce(masked_moments(returns, exp.mask))),
                    returns=None)
 
@@ -619,8 +610,7 @@ def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature,
                            with_entropy=cfg.entropy_coef != 0, pads=exp.pads)
     agg = cfg.loss_agg_mode
-    if cfg.policy_loss not in POLICY_LOSSES:
-        load_plugins()
+    registered(POLICY_LOSSES, cfg.policy_loss)  # a worker imports the plugins at the first name it lacks
     loss, stats = POLICY_LOSSES[cfg.policy_loss](fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg,
                                                  num_tokens)
     stats["policy_loss"] = loss.item()

@@ -14,7 +14,7 @@ graph then names it (`rpeg.algorithm my_grpo`).
 
 from __future__ import annotations
 
-from rpegc.core.ir.algorithms import declare_algorithm, load_plugins
+from rpegc.core.ir.algorithms import declare_algorithm, registered
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.torch.algorithms.base import Algorithm
 from rpegc.runtime.backends.torch.algorithms.dpo import DPO
@@ -41,9 +41,7 @@ for _alg in (PPO(), GRPO(), DPO(), *VARIANTS):
 
 def algorithm(name: str) -> Algorithm:
     """The algorithm registered as `name` (the plugins imported first if it is not)."""
-    if name not in ALGORITHMS:
-        load_plugins()
-    if name not in ALGORITHMS:
+    if not registered(ALGORITHMS, name):
         raise RpegError(None, f"unknown RL algorithm '{name}'; use one of {', '.join(ALGORITHMS)} (or one a plugin "
                               "of the entry-point group rpegc.rl registers)")
     return ALGORITHMS[name]
