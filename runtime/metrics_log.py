@@ -19,11 +19,10 @@ import os
 from typing import Optional, Sequence
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.runtime.trackers import (FAILED, FINISHED, TENSORBOARD_DIR, Tracker, close_quietly, default_trackers,
+from rpegc.runtime.trackers import (FAILED, FINISHED, Tracker, close_quietly, default_trackers,
                                     open_trackers, warn)
 
 FILE = "metrics.jsonl"
-TENSORBOARD = TENSORBOARD_DIR
 
 
 def metrics_path(run_dir: str) -> str:

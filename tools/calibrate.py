@@ -974,7 +974,7 @@ def profile_text(cal: Calibration) -> str:
         f'machine = "{platform.machine()}"    # CPU architecture',
         f'machine_key = "{machine.machine_key()}"  # what a CPU profile depends on (core/cost/machine.py): '
         + ", ".join(f"{k} {v}" for k, v in machine.machine_identity().items() if k != "flags"),
-        f'torch = "{_torch_version()}"        # the kernels measured',
+        f'torch = "{machine.package_version("torch")}"        # the kernels measured',
         f'backend = "{cal.backend}"           # torch.distributed backend of the links',
         f"devices = {cal.devices}                  # worker processes (CPU) or CUDA devices",
         f'dtype = "{p.dtype}"                 # element type of the compute measurements',
@@ -993,15 +993,6 @@ def profile_text(cal: Calibration) -> str:
         f"non_gemm_hidden = {p.ng_hidden}          # hidden size of the c_ng measurement",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _torch_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("torch")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def write_raw(cal: Calibration, path: Path) -> None:

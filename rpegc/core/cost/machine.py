@@ -54,11 +54,12 @@ def _cpu_fields() -> tuple[str, str]:
     return found.get("model name") or platform.processor(), " ".join(sorted(found.get("flags", "").split()))
 
 
-def _version(package: str) -> str:
+def package_version(package: str) -> str:
+    """The installed version of `package` ("unknown" if it is not installed), without importing it."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        return "absent"
+        return "unknown"
 
 
 @functools.cache  # constant for the process; the cache path is asked for on every `cpu` profile load
@@ -66,7 +67,7 @@ def machine_identity() -> dict[str, str]:
     """What a CPU profile's values depend on, as the profile's [meta] records it."""
     model, flags = _cpu_fields()
     return {"cpu": model, "cores": str(os.cpu_count() or 0), "machine": platform.machine(),
-            "flags": hashlib.sha256(flags.encode()).hexdigest()[:12], "torch": _version("torch"),
+            "flags": hashlib.sha256(flags.encode()).hexdigest()[:12], "torch": package_version("torch"),
             "python": platform.python_version()}
 
 
