@@ -58,6 +58,9 @@ def test_a_torch_run_writes_a_line_per_step(tmp_path):
                           text=True)
     assert proc.returncode == 0, proc.stderr
     assert not any(name in proc.stderr.lower() for name in ("wandb", "w&b", "mlflow")), proc.stderr  # quiet
+    # whose machine the predictions were priced for (the suite pins cpu-reference, tests/conftest.py)
+    assert ("predictions priced with hardware 'cpu' = 'cpu-reference': another machine's profile (vm, calibrated "
+            "2026-12-01;") in proc.stdout
     steps = lines(tmp_path / "run")
     assert [r["step"] for r in steps] == [0, 1, 2]
     for key in ("reward", "reward_std", "kl", "response_length", "policy_loss", "clip_frac", "actor_grad_norm"):

@@ -104,6 +104,9 @@ def test_same_seed_same_result_and_the_result_is_feasible_and_legal(ppo):
     assert a.evaluation.feasible and a.evaluation.r_peak <= 1.0
     assert check_plan(a.program) == []
     assert dict(a.program.graph.staleness) == dict(a.variant.tau)
+    from rpegc.search.report import summary_rows
+
+    assert dict(summary_rows(a))["hardware"].startswith("'gh200': shipped profile (")  # whose machine it priced
 
 
 def test_beats_or_equals_the_baselines_on_the_8gpu_ppo_example(ppo):
