@@ -32,8 +32,8 @@ from rpegc.core.ir.errors import UNKNOWN_LOC, Loc, RpegError
 from rpegc.core.ir.gc_pause import without_gc
 from rpegc.core.ir.exec_graph import (DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, ScheduleReport,
                                       microtask_of, microtask_text)
-from rpegc.core.ir.program import (Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile, Vertex,
-                                   Workload)
+from rpegc.core.ir.program import (Container, Edge, Fuse, Graph, Model, Placement, Plan, Pool, Program, Quantile,
+                                   Verifier, Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.core.ir.training import NO_TRAIN_SPEC, TrainSpec
 from rpegc.dialects import exec as ex
@@ -116,7 +116,7 @@ def _unchanged_sections(module: ModuleOp, p: Program, before: Program) -> dict[t
 
 
 def program_ops(p: Program) -> list[Operation]:
-    """The top-level ops of `p`: workload, models, graph, cluster, plan, exec graph."""
+    """The top-level ops of `p`: workload, models, verifiers, graph, cluster, plan, exec graph."""
     return _Builder().program_ops(p)
 
 
@@ -215,6 +215,7 @@ class _Builder:
         kept = kept or {}
         ops: list[Operation] = [self.workload_op(p.workload)]
         ops.extend(self.model_op(m) for m in p.models)
+        ops.extend(self.verifier_op(v) for v in p.verifiers)
         if p.graph is not None:
             ops.append(kept.get(rpeg.GraphOp) or self.graph_op(p.graph))
         if p.cluster is not None:
@@ -240,6 +241,14 @@ class _Builder:
             "hf": _str(m.hf),
         }
         return self.op(rpeg.ModelOp, m.loc, props)
+
+    def verifier_op(self, v: Verifier) -> Operation:
+        props = {
+            "ident": StringAttr(v.name),
+            "fn": StringAttr(v.fn),
+            "per_response": None if v.per_response is None else _float(v.per_response),
+        }
+        return self.op(rpeg.VerifierOp, v.loc, props)
 
     def graph_op(self, g: Graph) -> Operation:
         body: list[Operation] = [self.container_op(c) for c in g.containers]
@@ -310,6 +319,8 @@ class _Builder:
             )
             for pl in p.placements
         ]
+        places += [self.op(rpeg.PoolOp, pool.loc, {"vertex": self.sym(pool.vertex), "size": _int(pool.size)})
+                   for pool in p.pools]
         places += [self.op(rpeg.FuseOp, f.loc, {"vertices": ArrayAttr(tuple(self.sym(v) for v in f.vertices))})
                    for f in p.fusions]
         props = {"ident": StringAttr(p.name), "graph": self.sym(p.graph), "cluster": self.sym(p.cluster)}
@@ -357,6 +368,7 @@ class _Builder:
             "src_alloc": self.alloc(n.src_alloc),
             "src_strategy": self.strategy(n.src_strategy),
             "bytes": _int(n.bytes) if n.bytes else None,
+            "pool": None if n.pool is None else _int(n.pool),
             "fraction": None if n.fraction is None else self.float_attr(n.fraction),
             "version_in": self.model_ints(n.version_in),
             "version_out": self.model_ints(n.version_out),
@@ -399,6 +411,7 @@ def module_to_program(m: ModuleOp) -> Program:
     """The Program held by a module built by `program_to_module` (or parsed and verified)."""
     workload: Optional[Workload] = None
     models: list[Model] = []
+    verifiers: list[Verifier] = []
     found: dict[str, object] = {}
     for op in m.ops:
         if isinstance(op, rpeg.WorkloadOp):
@@ -406,6 +419,8 @@ def module_to_program(m: ModuleOp) -> Program:
             workload = _workload(op)
         elif isinstance(op, rpeg.ModelOp):
             models.append(_model(op))
+        elif isinstance(op, rpeg.VerifierOp):
+            verifiers.append(_verifier(op))
         elif isinstance(op, (rpeg.GraphOp, rpeg.ClusterOp, rpeg.PlanOp, ex.ExecGraphOp)):
             _check_single(op, op.name, op.name in found)
             found[op.name] = _TOP_LEVEL_READERS[type(op)](op)
@@ -413,7 +428,7 @@ def module_to_program(m: ModuleOp) -> Program:
             raise RpegError(
                 loc_of(op),
                 f"unexpected op '{op.name}' at module level; a module holds only rpeg.workload, "
-                "rpeg.model, rpeg.graph, rpeg.cluster, rpeg.plan and exec.graph",
+                "rpeg.model, rpeg.verifier, rpeg.graph, rpeg.cluster, rpeg.plan and exec.graph",
             )
     if workload is None:
         raise RpegError(UNKNOWN_LOC, "the module has no rpeg.workload; add one (B, R, Lp, Lr, dtype)")
@@ -426,6 +441,7 @@ def module_to_program(m: ModuleOp) -> Program:
         plan=found.get("rpeg.plan"),  # type: ignore[arg-type]
         exec=found.get("exec.graph"),  # type: ignore[arg-type]
         file=text(file_attr) if isinstance(file_attr, (StringAttr, BytesAttr)) else "<input>",
+        verifiers=tuple(verifiers),
     )
 
 
@@ -480,6 +496,15 @@ def _model(op: rpeg.ModelOp) -> Model:
         arch=op.arch.to_arch(),
         preset=_opt_text(op.preset),
         hf=_opt_text(op.hf),
+        loc=loc_from(op.location),
+    )
+
+
+def _verifier(op: rpeg.VerifierOp) -> Verifier:
+    return Verifier(
+        name=text(op.ident),
+        fn=text(op.fn),
+        per_response=_opt_float(op.per_response),
         loc=loc_from(op.location),
     )
 
@@ -581,13 +606,17 @@ def _cluster(op: rpeg.ClusterOp) -> Cluster:
 def _plan(op: rpeg.PlanOp) -> Plan:
     placements: list[Placement] = []
     fusions: list[Fuse] = []
+    pools: list[Pool] = []
     for child in op.body.block.ops:
         if isinstance(child, rpeg.FuseOp):
             fusions.append(Fuse(tuple(v.string_value() for v in child.vertices.data), loc=loc_from(child.location)))
             continue
+        if isinstance(child, rpeg.PoolOp):
+            pools.append(Pool(child.vertex.string_value(), int_of(child.size), loc=loc_from(child.location)))
+            continue
         if not isinstance(child, rpeg.PlaceOp):
-            raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.plan; use rpeg.place or "
-                                           "rpeg.fuse")
+            raise RpegError(loc_of(child), f"'{child.name}' cannot appear inside rpeg.plan; use rpeg.place, "
+                                           "rpeg.pool or rpeg.fuse")
         placements.append(
             Placement(
                 child.vertex.string_value(),
@@ -603,6 +632,7 @@ def _plan(op: rpeg.PlanOp) -> Plan:
         placements=tuple(placements),
         loc=loc_from(op.location),
         fusions=tuple(fusions),
+        pools=tuple(pools),
     )
 
 
@@ -685,6 +715,7 @@ def _node(op: ex.NodeFields, kind: str) -> ExecNode:
         src_alloc=None if src_alloc is None else src_alloc.to_alloc(),
         src_strategy=None if src_strategy is None else src_strategy.to_strategy(),
         bytes=0 if nbytes is None else int_of(nbytes),
+        pool=_opt_int(props.get("pool")),
         fraction=_opt_float(props.get("fraction")),
         version_in=_pairs(props.get("version_in")),
         version_out=_pairs(props.get("version_out")),

@@ -101,12 +101,13 @@ class NodeFields(LocatedOp):
     container = opt_prop_def(Text)
     phase = opt_prop_def(I64Attr)
     nphases = opt_prop_def(I64Attr)
-    alloc = opt_prop_def(AllocAttr)
+    alloc = opt_prop_def(AllocAttr)  # omitted for a verify op, and on a comm's host-pool side
     strategy = opt_prop_def(StrategyAttr)
     train = opt_prop_def(TrainAttr)  # an op's training fields, when its placement states any
     src_alloc = opt_prop_def(AllocAttr)
     src_strategy = opt_prop_def(StrategyAttr)
     bytes = opt_prop_def(I64Attr)  # omitted when 0
+    pool = opt_prop_def(I64Attr)  # a verify op: its worker processes on the host (its rpeg.pool's size)
     fraction = opt_prop_def(FloatAttr)
     version_in = opt_prop_def(ArrayAttr[ModelIntAttr])  # omitted when empty
     version_out = opt_prop_def(ArrayAttr[ModelIntAttr])
@@ -123,6 +124,8 @@ class NodeFields(LocatedOp):
             phase, nphases = int_of(self.phase), int_of(self.nphases)
             if not 1 <= phase <= nphases:
                 raise VerifyException(f"{self.name}: phase {phase} is outside 1..{nphases}")
+        if self.pool is not None and int_of(self.pool) < 1:
+            raise VerifyException(f"{self.name}: pool {int_of(self.pool)} must be >= 1 (worker processes)")
         for key in RESULT_ATTRS:
             value = self.attributes.get(key)
             if value is not None and not isinstance(value, FloatAttr):
@@ -131,7 +134,8 @@ class NodeFields(LocatedOp):
 
 @irdl_op_definition
 class OpNodeOp(NodeFields):
-    """`exec.op`: one step (or quantile phase) of an RPEG vertex."""
+    """`exec.op`: one step (or quantile phase) of an RPEG vertex; a verify vertex's runs on its host `pool`, with no
+    `alloc` or `strategy`."""
 
     name = "exec.op"
 

@@ -12,7 +12,7 @@ structure (enumerations, parents); graph semantics live in `rpegc/core`.
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr, SymbolRefAttr, UnitAttr
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, StringAttr, SymbolRefAttr, UnitAttr
 from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
@@ -38,6 +38,7 @@ from rpegc.dialects.attrs import (
     SymAttr,
     Text,
     TrainAttr,
+    int_of,
 )
 from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
 from rpegc.core.ir.program import DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES
@@ -83,6 +84,17 @@ class ModelOp(LocatedOp):
 
     def verify_(self) -> None:
         check_member(self.name, "kind", self.kind.data, MODEL_KINDS)
+
+
+@irdl_op_definition
+class VerifierOp(LocatedOp):
+    """`rpeg.verifier`: a reward function of response text run on host CPU processes (program.Verifier): what the
+    runtime calls (`fn`) and, unless the hardware profile calibrates it, the seconds one call takes."""
+
+    name = "rpeg.verifier"
+    ident = prop_def(Text)
+    fn = prop_def(Text)
+    per_response = opt_prop_def(FloatAttr)  # omitted when the calibration of a built-in gives the time
 
 
 @irdl_op_definition
@@ -148,7 +160,8 @@ class OutputOp(ContainerListFields):
 
 @irdl_op_definition
 class VertexOp(LocatedOp):
-    """`rpeg.vertex`: a generation, inference or training task over one model."""
+    """`rpeg.vertex`: a generation, inference or training task over one model, or a verify task whose `model`
+    names an `rpeg.verifier`."""
 
     name = "rpeg.vertex"
     ident = prop_def(Text)
@@ -228,7 +241,8 @@ class ClusterOp(LocatedOp):
 
 @irdl_op_definition
 class PlanOp(LocatedOp):
-    """`rpeg.plan`: the placement P of `graph` on `cluster` (Def. A.5); holds `rpeg.place` ops."""
+    """`rpeg.plan`: the placement P of `graph` on `cluster` (Def. A.5); holds `rpeg.place`, `rpeg.pool` and
+    `rpeg.fuse` ops."""
 
     name = "rpeg.plan"
     ident = prop_def(Text)
@@ -248,6 +262,21 @@ class PlaceOp(LocatedOp):
     strategy = prop_def(StrategyAttr)
     train = opt_prop_def(TrainAttr)  # the vertex's training fields, when its placement states any
     traits = traits_def(HasParent(PlanOp))
+
+
+@irdl_op_definition
+class PoolOp(LocatedOp):
+    """`rpeg.pool`: where a verify vertex runs: `size` worker processes on the controller's host (program.Pool)."""
+
+    name = "rpeg.pool"
+    vertex = prop_def(SymbolRefAttr)
+    size = prop_def(I64Attr)
+    traits = traits_def(HasParent(PlanOp))
+
+    def verify_(self) -> None:
+        size = int_of(self.size)
+        if size < 1:
+            raise VerifyException(f"{self.name}: size {size} must be >= 1 (worker processes)")
 
 
 @irdl_op_definition
@@ -274,6 +303,6 @@ GRAPH_BODY_OPS = (
 
 RPEG = Dialect(
     "rpeg",
-    [WorkloadOp, ModelOp, GraphOp, *GRAPH_BODY_OPS, ClusterOp, PlanOp, PlaceOp, FuseOp],
+    [WorkloadOp, ModelOp, VerifierOp, GraphOp, *GRAPH_BODY_OPS, ClusterOp, PlanOp, PlaceOp, PoolOp, FuseOp],
     [NumAttr, SymAttr, BinOpAttr, AllocAttr, StrategyAttr, TrainAttr, ArchAttr, ModelIntAttr, QuantileAttr],
 )

@@ -29,6 +29,8 @@ If no memory-feasible plan is found, the pass fails with the best peak reached a
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 from dataclasses import dataclass
 
@@ -105,8 +107,8 @@ class OptimizePass(CostModelPass):
             print_summary(result)
         plan = result.program.plan
         if p.plan is not None:  # keep the user's plan name and location for readable output
-            plan = type(plan)(p.plan.name, plan.graph, plan.cluster, plan.placements, p.plan.loc)
-        return type(p)(p.workload, result.program.models, result.program.graph, p.cluster, plan, None, p.file)
+            plan = dataclasses.replace(plan, name=p.plan.name, loc=p.plan.loc)
+        return dataclasses.replace(p, models=result.program.models, graph=result.program.graph, plan=plan, exec=None)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         transform(self.name, op, self.run)

@@ -203,7 +203,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     backend = spec.create(backend_options(spec, args))
     plan = backend.prepare(plan)
     print(f"rpeg-run: {args.plan} (plan {plan.hash[:12]}), {plan.steps} of {plan.plan_steps} step(s), "
-          f"{len(plan.nodes)} nodes on {len(plan.devices)} devices, backend {backend.name}")
+          f"{len(plan.nodes)} nodes on {_devices_text(plan)}, backend {backend.name}")
 
     done: list[int] = []
 
@@ -309,6 +309,13 @@ def _summary_lines(cmp, trace, plan: RunPlan) -> list[str]:
     lines.append(_makespan_line(cmp.measured_makespan, None if over else cmp.predicted_makespan,
                                 None if over or steady is not None else cmp.mean_abs_rel_error, h.clock))
     return lines
+
+
+def _devices_text(plan) -> str:
+    """'2 devices', or '1 device and a verifier pool' (its worker is one past the cluster's devices)."""
+    n = len(plan.model_devices)
+    text = f"{n} device{'s' if n != 1 else ''}"
+    return text + (" and a verifier pool" if len(plan.devices) > n else "")
 
 
 def _profile_line(program) -> str:

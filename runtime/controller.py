@@ -46,7 +46,7 @@ from typing import Callable, Optional
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.base import RESERVE_RULES, Backend, BackendError, Completion, Dispatch
-from rpegc.runtime.plan import Artifact, RunNode, RunPlan
+from rpegc.runtime.plan import Artifact, RunNode, RunPlan, node_devices
 from rpegc.runtime.trace import (
     ArtifactEvent,
     NodeRecord,
@@ -237,7 +237,7 @@ class _Run:
 
     def devices_of(self, a: Artifact) -> tuple[int, ...]:
         assert self.plan.program.cluster is not None
-        return a.alloc.devices(self.plan.program.cluster)
+        return node_devices(a.alloc, self.plan.program.cluster)
 
     # -- C: dispatch loop ------------------------------------------------------------------------
 

@@ -44,10 +44,12 @@ from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
 from rpegc.inputs import MAX_MODULE_BYTES, read_input_text
 from rpegc.core.ir.exec_graph import DataRef, ExecNode, microtask_text
 from rpegc.core.lower.rules import container_payload, data_bytes, data_read, data_written, phase_shares, weight_bytes
-from rpegc.core.ir.program import Program
+from rpegc.core.ir.program import VERIFY, Program
+from rpegc.core.cost.host import check_pool_transfers, pool_device
 from rpegc.core.ir.geometry import Alloc
 
 HASH_FORMAT = "rpeg-plan-hash/3"
+POOL_LABEL = "@pool"  # where an artifact of the host's verifier pool lives
 _ARCH_KEYS = ("layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
 
 
@@ -59,12 +61,14 @@ class Artifact:
     name: str  # container (data) or model (weights)
     index: int  # step (data) or version (weights)
     phase: Optional[int]  # quantile phase of a data artifact; None: the whole container
-    alloc: Alloc
+    alloc: Optional[Alloc]  # None: the host's verifier pool (cost/host.py)
 
     @property
     def label(self) -> str:
-        """Stable text form used in traces: `data %Y#3.q2 @(0,1,0)+(1,1,4)`, `weights @actor v2 @...`."""
-        where = f"@({','.join(map(str, self.alloc.origin))})+({','.join(map(str, self.alloc.extent))})"
+        """Stable text form used in traces: `data %Y#3.q2 @(0,1,0)+(1,1,4)`, `weights @actor v2 @...`, `data %Y#3
+        @pool` (the verifier pool)."""
+        where = (POOL_LABEL if self.alloc is None else
+                 f"@({','.join(map(str, self.alloc.origin))})+({','.join(map(str, self.alloc.extent))})")
         if self.kind == "data":
             phase = f".q{self.phase}" if self.phase is not None else ""
             return f"data %{self.name}#{self.index}{phase} {where}"
@@ -122,6 +126,11 @@ class RunPlan:
 
     def node(self, node_id: str) -> RunNode:
         return self.nodes[self.index[node_id]]
+
+    @property
+    def model_devices(self) -> tuple[int, ...]:
+        """The devices that run models: `devices` without the verifier pool's (the one id past the cluster's)."""
+        return tuple(d for d in self.devices if d < self.program.cluster.num_devices)
 
     @property
     def predicted_makespan(self) -> Optional[float]:
@@ -230,14 +239,16 @@ def _check_program(p: Program) -> None:
     if not p.exec.nodes:
         raise RpegError(where, "the exec graph has no nodes; nothing to run")
     check_exec(p)
+    check_pool_transfers(p.exec)  # a node without an allocation is the verifier pool's, or an error
     for n in p.exec.nodes:
-        if n.alloc is None:
-            raise RpegError(n.loc, f"node {n.id} has no allocation; every node must be placed before it can run")
-        if n.kind != "op" and n.src_alloc is None:
-            raise RpegError(n.loc, f"{n.kind} node {n.id} has no source allocation (`from ... extent ...`)")
+        if n.kind == "op" and n.role == VERIFY:
+            if n.pool is None or n.vertex is None:
+                raise RpegError(n.loc, f"verify node {n.id} needs its vertex and its pool (`pool = N`)")
+            continue
         if n.kind == "op" and (n.strategy is None or n.vertex is None):
             raise RpegError(n.loc, f"op node {n.id} needs its vertex and its parallel strategy (dp, pp, tp, mb)")
-        _check_inside(n, n.alloc, p)
+        if n.alloc is not None:
+            _check_inside(n, n.alloc, p)
         if n.src_alloc is not None:
             _check_inside(n, n.src_alloc, p)
 
@@ -300,8 +311,8 @@ def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] 
             succ_lists[u].append(v)
     ancestors = _ancestors(pred_idx)
     bound = _bind_artifacts(p, order, ancestors)
-    devices = [n.alloc.devices(p.cluster) for n in order]  # type: ignore[union-attr]
-    src_devices = [n.src_alloc.devices(p.cluster) if n.kind != "op" else () for n in order]  # type: ignore[union-attr]
+    devices = [node_devices(n.alloc, p.cluster) for n in order]
+    src_devices = [node_devices(n.src_alloc, p.cluster) if n.kind != "op" else () for n in order]
     nodes = tuple(
         RunNode(
             index=i,
@@ -333,6 +344,11 @@ def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] 
         scheduled=all(n.start is not None and n.finish is not None for n in order),
         devices=tuple(used),
     )
+
+
+def node_devices(alloc: Optional[Alloc], cluster) -> tuple[int, ...]:
+    """The flat device ids of an allocation; the verifier pool (None) is the one id past the cluster's devices."""
+    return (pool_device(cluster),) if alloc is None else alloc.devices(cluster)
 
 
 def _topological(nodes: list[ExecNode], preds: dict[str, set[str]], pos: dict[str, int]) -> list[ExecNode]:
@@ -604,6 +620,9 @@ def plan_hash(p: Program) -> str:
         "schedule": None if s is None else [s.makespan, s.score, s.score_pen, s.util, s.p_eff],
         "planned_order": planned_order,
     }
+    if p.verifiers:  # what a verify vertex runs and its stated time; absent without one, so other hashes stay
+        doc["verifiers"] = sorted([v.name, v.fn, v.per_response] for v in p.verifiers)
+        doc["pools"] = sorted([n.id, n.pool] for n in g.nodes if n.pool is not None)
     if g.fusions:  # the fused microtask schedule (Sec. VII); absent from an unfused plan, whose hash stays as it was
         doc["fusions"] = [[f.id, list(f.members), [[microtask_text(t) for t in order] for order in f.stages]]
                           for f in g.fusions]

@@ -62,8 +62,9 @@ def test_a_pin_names_a_profile_and_a_wrong_pin_says_where_it_came_from(monkeypat
 
 def test_the_key_follows_what_the_kernels_speed_depends_on():
     ident = machine.machine_identity()
-    assert set(ident) == {"cpu", "cores", "machine", "flags", "torch", "python"}
+    assert set(ident) == {"cpu", "cores", "machine", "flags", "torch", "python", "campaign"}
     assert machine.machine_key(ident) == machine.machine_key()
+    assert machine.machine_key({**ident, "campaign": "1"}) != machine.machine_key()  # a profile lacking keys
     assert machine.machine_key({**ident, "torch": "9.9"}) != machine.machine_key()
     assert machine.machine_key({**ident, "cores": "64"}) != machine.machine_key()
 

@@ -20,7 +20,7 @@ from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
 from rpegc.core.ir.exec_graph import EDGE_KINDS, DataRef, ExecEdge, ExecGraph, ExecNode, MemoryReport, ScheduleReport
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Num, Sym
 from rpegc.core.ir.program import (DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES, Arch, Container, Edge, Graph,
-                                   Model, Placement, Plan, Program, Quantile, Vertex, Workload)
+                                   Model, Placement, Plan, Pool, Program, Quantile, Verifier, Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.dialects.convert import make_context, module_to_program, program_to_module
 from rpegc.dialects.mlir_form import parse_mlir
@@ -56,6 +56,8 @@ data_refs = st.lists(st.builds(DataRef, names, st.one_of(st.none(), st.integers(
 workloads = st.builds(Workload, int64, int64, int64, int64, st.sampled_from(tuple(DTYPE_BYTES)), loc=locs)
 archs = st.builds(Arch, *(big,) * 6)
 models = st.builds(Model, names, st.sampled_from(MODEL_KINDS), st.booleans(), archs, opt(texts), loc=locs)
+verifiers = st.builds(Verifier, names, texts, opt(floats), loc=locs)
+pool_sizes = st.integers(min_value=1, max_value=2**63 - 1)  # an i64; rpeg.pool and exec.op reject sizes below 1
 data_containers = st.builds(
     Container, names, st.sampled_from(ELEMENT_KINDS), tuples_of(exprs, 3), opt(names), opt(int64), loc=locs
 )
@@ -79,7 +81,8 @@ graphs = st.builds(
 )
 clusters = st.builds(Cluster, names, int64, int64, int64, texts, loc=locs)
 plans = st.builds(
-    Plan, names, names, names, tuples_of(st.builds(Placement, names, allocs, strategies_, loc=locs)), loc=locs
+    Plan, names, names, names, tuples_of(st.builds(Placement, names, allocs, strategies_, loc=locs)), loc=locs,
+    pools=tuples_of(st.builds(Pool, names, pool_sizes, loc=locs), 3),
 )
 
 
@@ -106,6 +109,7 @@ def exec_nodes(draw) -> ExecNode:
         src_alloc=draw(opt(allocs)),
         src_strategy=draw(opt(strategies_)),
         bytes=draw(int64),
+        pool=draw(opt(pool_sizes)),
         fraction=draw(opt(floats)),
         version_in=draw(model_ints),
         version_out=draw(model_ints),
@@ -148,6 +152,7 @@ programs = st.builds(
     opt(plans),
     opt(exec_graphs),
     file=texts,
+    verifiers=tuples_of(verifiers, 3),
 )
 
 

@@ -6,16 +6,16 @@ import dataclasses
 from io import StringIO
 
 from xdsl.dialects.builtin import ModuleOp
-from rpegc.dialects.mlir_form import parse_mlir
+from rpegc.dialects.mlir_form import parse_mlir, print_mlir
 from xdsl.printer import Printer
 from xdsl.dialects.builtin import UnknownLoc
 
 from rpegc.core.ir.errors import UNKNOWN_LOC, Loc
-from rpegc.core.ir.exec_graph import (ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, Microtask,
+from rpegc.core.ir.exec_graph import (DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, Microtask,
                                       ScheduleReport)
 from rpegc.core.ir.expr import BinOp, Num, Sym
-from rpegc.core.ir.program import (Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
-                                   Vertex, Workload)
+from rpegc.core.ir.program import (Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Pool, Program,
+                                   Quantile, Verifier, Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.dialects import exec as ex
 from rpegc.dialects import rpeg
@@ -303,3 +303,97 @@ def test_loc_of_falls_back_to_the_enclosing_op() -> None:
     place = next(op for op in module.walk() if isinstance(op, rpeg.PlaceOp))
     place.location = UnknownLoc()
     assert loc_of(place) == at(21)
+
+
+# --- verify vertices: rpeg.verifier, rpeg.pool, exec op nodes on the host pool ---------------------------------
+
+
+def verify_program() -> Program:
+    """full_program with two verifiers, a verify vertex scoring the responses, its pool, and an exec graph whose
+    verify op runs on the pool (no alloc, no strategy) fed and drained by comm nodes with a host side."""
+    g = full_graph()
+    graph = dataclasses.replace(
+        g,
+        containers=g.containers + (Container("s", "rewards", (BinOp("*", Sym("B"), Sym("R")),), loc=at(9, 3)),),
+        vertices=g.vertices + (Vertex("score", "verify", "math", ("Y",), ("s",), loc=at(12, 30)),),
+        data_edges=g.data_edges + (Edge("gen", "score", "Y", loc=at(14, 30)), Edge("score", "train", "s")),
+    )
+    base = full_program()
+    plan = dataclasses.replace(base.plan, pools=(Pool("score", 2, loc=at(23, 30)),))
+    eg = base.exec
+    nodes = eg.nodes + (
+        ExecNode("c_in", "comm", 0, 3, container="Y", alloc=None, src_alloc=A0, bytes=4096, time=0.002,
+                 data_in=(DataRef("Y"),), data_out=(DataRef("Y"),), loc=at(14, 30)),
+        ExecNode("score#0", "op", 0, 3, vertex="score", role="verify", model="math", pool=2,
+                 data_in=(DataRef("Y"),), data_out=(DataRef("s"),), time=0.5, start=1.25, finish=1.75,
+                 loc=at(12, 30)),
+        ExecNode("c_out", "comm", 0, 2, container="s", alloc=A1, src_alloc=None, bytes=2048),
+    )
+    edges = eg.edges + (ExecEdge("gen#0", "c_in"), ExecEdge("c_in", "score#0"), ExecEdge("score#0", "c_out"),
+                        ExecEdge("c_out", "train#0"))
+    return dataclasses.replace(
+        base,
+        verifiers=(Verifier("math", "math", loc=at(3, 40)),
+                   Verifier("mine", "pkg.mod:score", per_response=0.004, loc=at(3, 60))),
+        graph=graph,
+        plan=plan,
+        exec=dataclasses.replace(eg, nodes=nodes, edges=edges),
+    )
+
+
+def test_verifiers_verify_vertex_and_pool_round_trip_with_locations() -> None:
+    p = verify_program()
+    module = program_to_module(p)
+    module.verify()
+    assert [op.name for op in module.ops][:5] == ["rpeg.workload", "rpeg.model", "rpeg.model", "rpeg.verifier",
+                                                  "rpeg.verifier"]
+    by_ident = {op.ident.data: op for op in module.ops if isinstance(op, rpeg.VerifierOp)}
+    assert by_ident["math"].per_response is None and by_ident["mine"].per_response.value.data == 0.004
+    plan_op = next(op for op in module.ops if isinstance(op, rpeg.PlanOp))
+    assert [op.name for op in plan_op.body.block.ops] == ["rpeg.place", "rpeg.place", "rpeg.pool", "rpeg.fuse"]
+    back = module_to_program(module)
+    assert_same(back, p)
+    assert back.verifier("mine").per_response == 0.004 and back.plan.pool("score").size == 2
+    assert back.graph.vertex("score").role == "verify" and back.plan.placements == p.plan.placements
+
+
+def test_verify_exec_nodes_keep_pool_and_absent_allocs() -> None:
+    module = program_to_module(verify_program())
+    nodes = {op.ident.data: op for op in module.walk() if isinstance(op, ex.NodeFields)}
+    score = nodes["score#0"]
+    assert int(score.pool.value.data) == 2 and score.alloc is None and score.strategy is None
+    assert nodes["c_in"].alloc is None and nodes["c_in"].src_alloc is not None
+    assert nodes["c_out"].src_alloc is None and nodes["c_out"].alloc is not None
+    assert all(op.pool is None for ident, op in nodes.items() if ident != "score#0")
+    back = module_to_program(module).exec
+    assert back.node("score#0") == verify_program().exec.node("score#0")
+    assert back.node("score#0").pool == 2 and back.node("score#0").alloc is None
+    assert back.node("c_in").alloc is None and back.node("c_out").src_alloc is None
+
+
+def test_verify_program_survives_generic_and_printed_mlir() -> None:
+    p = verify_program()
+    text = generic_text(program_to_module(p))
+    assert '"rpeg.verifier"' in text and '"rpeg.pool"' in text and "pool = 2 : i64" in text
+    parsed = parse_mlir(make_context(), text, "<t>")
+    parsed.verify()
+    assert_same(module_to_program(parsed), p)
+    assert generic_text(parsed) == text
+    printed = print_mlir(program_to_module(p))
+    assert_same(module_to_program(parse_mlir(make_context(), printed, "<t>")), p)
+
+
+def test_programs_without_verifiers_print_no_verify_ops_or_properties() -> None:
+    """The new ops and properties appear only where a program has verifiers, pools or pooled nodes."""
+    text = generic_text(program_to_module(full_program()))
+    assert "rpeg.verifier" not in text and "rpeg.pool" not in text and "pool =" not in text
+    assert "per_response" not in text
+
+
+def test_replace_module_keeps_verifiers() -> None:
+    module = program_to_module(full_program())
+    before = module_to_program(module)
+    p = verify_program()
+    replace_module(module, dataclasses.replace(p, graph=before.graph, cluster=before.cluster), before)
+    module.verify()
+    assert module_to_program(module).verifiers == p.verifiers

@@ -12,7 +12,7 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode, MemoryReport
 from rpegc.core.ir.expr import Sym
-from rpegc.core.ir.program import Arch, Container, Edge, Graph, Model, Program, Vertex, Workload
+from rpegc.core.ir.program import Arch, Container, Edge, Graph, Model, Plan, Pool, Program, Verifier, Vertex, Workload
 from rpegc.core.ir.geometry import Cluster
 from rpegc.dialects import exec as ex
 from rpegc.dialects import rpeg
@@ -151,3 +151,40 @@ def test_duplicate_top_level_op_is_reported_at_its_position() -> None:
 def test_unknown_exec_node_kind_is_reported() -> None:
     with pytest.raises(RpegError, match="kind 'barrier'"):
         module_with_nodes(op_node(kind="barrier"))
+
+
+def test_verify_vertex_verifier_and_pool_are_accepted() -> None:
+    score = Vertex("score", "verify", "math", ("X",), ("X",))
+    program = Program(WORKLOAD, MODELS, graph=dataclasses.replace(GRAPH, vertices=GRAPH.vertices + (score,)),
+                      plan=Plan("p", "g", "c", (), pools=(Pool("score", 1),)),
+                      verifiers=(Verifier("math", "math", per_response=0.0),))
+    program_to_module(program).verify()
+    module_with_nodes(op_node(vertex="score", role="verify", model="math", pool=1),
+                      ExecNode("c", "comm", 0, 0, container="X", src_alloc=None, alloc=None)).verify()
+
+
+def test_pool_sizes_must_be_positive() -> None:
+    module = program_to_module(Program(WORKLOAD, MODELS, plan=Plan("p", "g", "c", (), pools=(Pool("score", 0),))))
+    assert "rpeg.pool: size 0 must be >= 1" in verify_error(module)
+    module = module_with_nodes(op_node(vertex="score", role="verify", model="math", pool=-1))
+    assert "exec.op: pool -1 must be >= 1" in verify_error(module)
+
+
+def test_pool_op_needs_a_plan_parent() -> None:
+    module = program_to_module(Program(WORKLOAD, MODELS, plan=Plan("p", "g", "c", (), pools=(Pool("score", 2),))))
+    pool = next(op for op in module.walk() if isinstance(op, rpeg.PoolOp))
+    pool.detach()
+    module.body.block.add_op(pool)
+    assert "expects parent op 'rpeg.plan'" in verify_error(module)
+
+
+def test_verifier_op_inside_a_graph_is_a_located_error() -> None:
+    module = program_to_module(Program(WORKLOAD, MODELS, graph=GRAPH,
+                                       verifiers=(Verifier("math", "math", loc=Loc("a.rpeg", 2, 1)),)))
+    verifier = next(op for op in module.ops if isinstance(op, rpeg.VerifierOp))
+    graph = next(op for op in module.ops if isinstance(op, rpeg.GraphOp))
+    verifier.detach()
+    graph.body.block.add_op(verifier)
+    with pytest.raises(RpegError, match="'rpeg.verifier' cannot appear inside rpeg.graph") as info:
+        module_to_program(module)
+    assert info.value.loc == Loc("a.rpeg", 2, 1)

@@ -136,3 +136,16 @@ def test_cpu_worker_rows(tmp_path):
     assert [r.label for r in rows] == [f"worker {d}" for d in range(4)]
     collapsed = device_rows([bars], 4, collapse=True, unit="worker")
     assert [r.label for r in collapsed] == ["workers 0-1", "worker 2", "worker 3"]
+
+
+def test_a_verifier_pool_has_a_row_of_its_own(tmp_path):
+    """A verify node and the transfers into its pool draw on the row past the devices, labelled as the pool."""
+    from fixtures.torch_runs import compile_plan
+
+    plan = compile_plan(tmp_path, "v.rpeg", steps=2, text=open("examples/grpo-verify.rpeg").read())
+    bars = bars_from_program(plan.program)
+    pool = [b for b in bars if b.devices == (1,)]  # one device: the pool is id 1
+    assert {b.kind for b in pool} == {"verify", "comm"} and len(pool) == 4  # 2 steps: Y in, the verifier
+    rows = device_rows([bars], plan.program.cluster.num_devices, collapse=False)
+    assert [r.label for r in rows] == ["GPU 0", "verifier pool"]
+    draw_gantt(plan.program, str(tmp_path / "g.png"))

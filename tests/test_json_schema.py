@@ -7,24 +7,19 @@ from __future__ import annotations
 import copy
 import json
 import math
-from importlib import resources
 
 import jsonschema
 import pytest
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir import program
 from rpegc.syntax import json_form, json_text
 from rpegc.syntax.json_form import program_from_text, program_to_json
+from fixtures.json_schema import schema, schema_paths, validator
 from fixtures.runtime_plans import PROGRAMS, with_memory
 from fixtures.runtime_plans import disaggregated_plan, scheduled
 
 
-def schema() -> dict:
-    return json.loads(resources.files("rpegc.syntax").joinpath("rpegc-program.schema.json").read_text())
-
-
-def validator():
-    return jsonschema.Draft202012Validator(schema())
 
 
 def test_the_schema_is_valid_and_shipped():
@@ -44,9 +39,16 @@ def test_schema_keys_are_the_readers_keys():
     node = s["$defs"]["node"]
     assert set(node["required"]) == set(json_form._NODE_REQUIRED)
     assert set(node["properties"]) == set(json_form._NODE_REQUIRED + json_form._NODE_OPTIONAL)
-    assert set(s["properties"]) == {"workload", "models", "format", "format_version", "rpeg_graph", "cluster", "plan",
-                                    "edge_attrs", "memory", "schedule", "graph", "steps", "lowered", "nodes", "edges",
-                                    "fusions"}
+    assert set(s["properties"]) == {"workload", "models", "format", "format_version", "verifiers", "rpeg_graph",
+                                    "cluster", "plan", "edge_attrs", "memory", "schedule", "graph", "steps", "lowered",
+                                    "nodes", "edges", "fusions"}
+    plan = s["properties"]["plan"]["anyOf"][0]
+    assert set(plan["properties"]) == {"name", "graph", "cluster", "placements", "pools", "fusions"}
+    assert set(s["$defs"]["verifier"]["properties"]) == {"name", "fn", "per_response"}
+    assert set(s["$defs"]["pool"]["properties"]) == set(s["$defs"]["pool"]["required"]) == {"vertex", "size"}
+    roles = list(program.ROLES)
+    assert s["$defs"]["graph"]["properties"]["vertices"]["items"]["properties"]["role"]["enum"] == roles
+    assert node["properties"]["role"]["anyOf"][0]["enum"] == roles
 
 
 def scheduled_doc():
@@ -88,25 +90,6 @@ def _fusion(d, stages, members=2):
     return {"id": "fuse0#0", "members": [n["id"] for n in d["nodes"][:members]], "stages": stages}
 
 
-def leaves(errors):
-    """The innermost errors (an anyOf for a nullable value reports its alternatives in `context`)."""
-    for e in errors:
-        if e.context:
-            yield from leaves(e.context)
-        else:
-            yield e
-
-
-def schema_paths(d) -> set[str]:
-    out = set()
-    for e in leaves(validator().iter_errors(d)):
-        path = ""
-        for step in e.absolute_path:
-            path = json_text.join(path, step)
-        if e.validator == "additionalProperties":  # reported at the object; the reader names the key
-            path = json_text.join(path, e.message.split("'")[1])
-        out.add(path)
-    return out
 
 
 @pytest.mark.parametrize("change,path,message", SCHEMA_BAD, ids=[p for _, p, _ in SCHEMA_BAD])

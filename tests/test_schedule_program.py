@@ -142,7 +142,7 @@ def test_bad_inputs_are_located_user_errors():
     with pytest.raises(RpegError, match="cycle"):
         nodes = [op("a#0", 0, 0, "inference", ALL8, 1.0), op("b#0", 0, 1, "inference", ALL8, 1.0)]
         schedule_program(program(nodes, [("a#0", "b#0"), ("b#0", "a#0")]))
-    with pytest.raises(RpegError, match="no device allocation"):
+    with pytest.raises(RpegError, match="has no allocation; give it a destination allocation"):
         schedule_program(program([xfer("c0", "comm", 0, 0, LOW, None, 1.0)], []))
     with pytest.raises(RpegError, match="makespan is 0"):
         schedule_program(program([op("x#0", 0, 0, "inference", ALL8, 0.0)], []))

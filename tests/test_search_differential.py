@@ -50,9 +50,16 @@ def example(name: str, cluster: Cluster | None = None):
     return replace(p, cluster=cluster) if cluster is not None else p
 
 
+def verify_example(cluster: Cluster):
+    """grpo-verify with its verifier's time stated (a GPU profile calibrates none): a pool of host processes."""
+    text = (EXAMPLES / "grpo-verify.rpeg").read_text().replace('{fn = "rule"}', '{fn = "rule", per_response = 2e-4}')
+    return replace(parse(text, "grpo-verify.rpeg"), plan=None, cluster=cluster)
+
+
 PROGRAMS = {
     "ppo": example("ppo-8gpu.rpeg"),
     "grpo": example("grpo.rpeg", Cluster("c8", 1, 2, 4, "gh200")),
+    "verify": verify_example(Cluster("c8", 1, 2, 4, "gh200")),
 }
 
 

@@ -55,7 +55,8 @@ def test_example_is_wellformed_and_legal(name):
     p = load(name)
     assert [str(e) for e in check_graph(p)] == []
     assert [str(e) for e in check_plan(p)] == []
-    assert {pl.vertex for pl in p.plan.placements} == {v.name for v in p.graph.vertices}
+    placed = {pl.vertex for pl in p.plan.placements} | {pool.vertex for pool in p.plan.pools}
+    assert placed == {v.name for v in p.graph.vertices}
 
 
 @pytest.mark.parametrize("name", ["ppo", "grpo", "ppo-ac-shared"])

@@ -49,6 +49,7 @@ import numpy as np
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
+from rpegc.tools.verifier_timing import host_text
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
@@ -1061,7 +1062,31 @@ def build_parser() -> argparse.ArgumentParser:
                     help="copy the collective and p2p terms from this profile (a path or a shipped name) instead of "
                          "measuring them; needed on one CUDA device, which reaches no link")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--verifier", default=None, metavar="SPEC",
+                    help="only measure a reward function's seconds per response on this host (what "
+                         "`rpeg.verifier {per_response = ...}` states): SPEC as --reward of rpeg-run, scored over "
+                         "the ground truths of --data taken as responses; writes no profile")
+    ap.add_argument("--data", default=None, metavar="FILE", help="--verifier: a JSON-lines dataset")
+    ap.add_argument("--answer-key", default="answer", help="--verifier: the dataset's ground-truth field")
     return ap
+
+
+def measure_verifier(args: argparse.Namespace) -> int:
+    """`--verifier SPEC --data FILE`: t_resp of a reward function, printed with the line that states it."""
+    from rpegc.runtime.backends.torch.rewards import load_reward
+    from rpegc.tools.verifier_timing import measure_dataset
+
+    try:
+        if args.data is None:
+            raise RpegError(None, "--verifier needs --data FILE: the responses are the dataset's ground truths")
+        load_reward(args.verifier)
+        seconds = measure_dataset(args.verifier, args.data, args.answer_key)
+    except RpegError as err:
+        print(f"rpeg-calibrate: error: {err.message}", file=sys.stderr)
+        return 1
+    print(f"{args.verifier}: {seconds:.6g} s per response on one core of this host (median of the batches)")
+    print(f'state it in the module: rpeg.verifier @v {{fn = "{args.verifier}", per_response = {seconds:.3g}}}')
+    return 0
 
 
 DEFAULT_OUTPUT = "cpu.toml"
@@ -1092,6 +1117,8 @@ def check_cli_outputs(args: argparse.Namespace) -> Path:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verifier is not None:
+        return measure_verifier(args)
     try:
         output = check_cli_outputs(args)
         backend = default_backend() if args.backend == "auto" else args.backend
@@ -1117,7 +1144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         name = args.name or (machine.CPU if args.machine else output.stem)
         cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
                         concurrent=concurrent, links_from=links)
-        text = profile_text(cal)
+        text = profile_text(cal) + (host_text() if backend == "gloo" else "")  # verifier pools run on the host
         Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one
         write_text(str(output), text, "the profile")
         if args.raw:

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from rpegc.core.cost.host import pool_device
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.geometry import id_ranges
 from rpegc.core.ir.program import Program
@@ -76,9 +77,9 @@ def bars_from_program(p: Program) -> list[Bar]:
             raise RpegError(
                 n.loc, f"node {n.id} has no start/finish; run the schedule pass before drawing a Gantt chart"
             )
-        if n.alloc is None:
-            raise RpegError(n.loc, f"node {n.id} has no allocation, so it has no device row")
-        bar = node_bar(n, n.alloc.devices(p.cluster), n.start, n.finish)
+        # the verifier pool (no allocation: a verify node, a transfer into it) has the row past the devices
+        devices = (pool_device(p.cluster),) if n.alloc is None else n.alloc.devices(p.cluster)
+        bar = node_bar(n, devices, n.start, n.finish)
         if f is not None:
             members = " + ".join(p.exec.node(m).vertex or m for m in f.members)
             bar = replace(bar, label=f"{f.id}: {members}", short=f.id)
@@ -148,7 +149,7 @@ def device_rows(
     frozen = {d: frozenset(k) for d, k in keys.items()}
     devices = sorted(frozen)
     if not collapse:
-        return [Row((d,), f"{unit} {d}") for d in devices]
+        return [Row((d,), f"{unit} {d}" if d < num_devices else "verifier pool") for d in devices]
     groups = _group(frozen, [(d,) for d in devices])
     if len(groups) > max_rows and gpus_per_node:
         nodes = sorted({d // gpus_per_node for d in devices})
@@ -157,7 +158,7 @@ def device_rows(
     rows = []
     for group in groups:
         devs = tuple(sorted(d for unit in group for d in unit))
-        label = _device_label(devs, unit)
+        label = _device_label(devs, unit) if devs[0] < num_devices else "verifier pool"
         if len(group[0]) > 1:  # node-level rows
             node_ids = sorted({d // gpus_per_node for d in devs})
             label = f"node {node_ids[0]}" if len(node_ids) == 1 else f"nodes {id_ranges(node_ids)}"

@@ -98,7 +98,8 @@ class SearchConfig:
 
     def value(self, e: Evaluation, best_raw: float) -> float:
         """The search objective of an evaluation, given Score_star (`best_raw`)."""
-        return objective_value(e.score, e.util, e.r_peak, self.objective, best_raw, self.delta, hard=not self.soft_memory)
+        return objective_value(e.score, e.util, e.r_penalised, self.objective, best_raw, self.delta,
+                               hard=not self.soft_memory)
 
 
 @dataclass

@@ -33,20 +33,48 @@ class BaselinePlan:
     estimated_time: float  # the heuristic's own estimate (sum of group maxima of T_op)
 
 
+def host_allowed(cv: CompactVariant) -> int:
+    """The devices a baseline may use: all, except that the first node keeps a host core for each verifier pool
+    (cost/host.py; its last GPUs give theirs up). A GPU node's host has cores to spare: nothing is left out there."""
+    pools = sum(1 for on in cv.device_vertex if not on)
+    everything = (1 << cv.num_devices) - 1
+    if not pools or cv.host_cores is None:
+        return everything
+    gpus = cv.program.cluster.gpus
+    give_up = min(gpus - 1, max(0, gpus + pools - cv.host_cores))
+    return everything & ~(((1 << give_up) - 1) << (gpus - give_up))
+
+
 def greedy_plan(cv: CompactVariant) -> BaselinePlan:
-    """Fastest full-GPU-set choice per vertex (largest allocation if none covers every GPU)."""
+    """Fastest full-GPU-set choice per vertex (largest allocation if none covers every GPU; within the devices that
+    leave the verifier pools their host cores, `host_allowed`)."""
+    allowed = host_allowed(cv)
     options = []
     for d in cv.dirs:
-        full = int(d.sizes.max())
-        options.append([i for i in range(len(d)) if d.sizes[i] == full])
+        inside = [i for i in range(len(d)) if not d.masks[i] & ~allowed] or list(range(len(d)))
+        full = int(max(d.sizes[i] for i in inside))
+        options.append([i for i in inside if d.sizes[i] == full])
     choice = [opts[0] for opts in options]
-    choice = _repair_memory(cv, choice, options)
+    choice = fit_pools(cv, _repair_memory(cv, choice, options))
     total = sum(float(d.t_op[c]) for d, c in zip(cv.dirs, choice))
     return BaselinePlan("greedy", tuple(choice), total)
 
 
+def fit_pools(cv: CompactVariant, choice: list[int]) -> list[int]:
+    """Each verifier pool (cost/host.py) at the fastest size the host's cores leave beside the devices, else its
+    smallest (the plan is then infeasible; the search moves devices off the first node)."""
+    for v, on in enumerate(cv.device_vertex):
+        if on:
+            continue
+        d = cv.dirs[v]
+        fits = [c for c in range(len(d)) if cv.cores_fit(tuple(choice[:v]) + (c,) + tuple(choice[v + 1:]))]
+        choice[v] = fits[0] if fits else min(range(len(d)), key=lambda c: d.pools[c])
+    return choice
+
+
 def concurrency_groups(cv: CompactVariant) -> list[list[int]]:
-    """Vertices grouped by longest data-edge path from a source (vertex indices, topological order)."""
+    """Vertices grouped by longest data-edge path from a source (vertex indices, topological order); verify vertices
+    are in none."""
     g = cv.program.graph
     depth = {v.name: 0 for v in cv.vertices}
     for v in cv.vertices:  # topological order
@@ -54,8 +82,9 @@ def concurrency_groups(cv: CompactVariant) -> list[list[int]]:
             if e.src == v.name:
                 depth[e.dst] = max(depth[e.dst], depth[v.name] + 1)
     groups: dict[int, list[int]] = {}
-    for i, v in enumerate(cv.vertices):
-        groups.setdefault(depth[v.name], []).append(i)
+    for i, (v, on) in enumerate(zip(cv.vertices, cv.device_vertex)):
+        if on:  # a verifier pool shares no devices with anyone: it is sized after the devices (fit_pools)
+            groups.setdefault(depth[v.name], []).append(i)
     return [groups[k] for k in sorted(groups)]
 
 
@@ -66,14 +95,14 @@ def concurrent_plan(cv: CompactVariant) -> BaselinePlan:
     for options in per_group:
         for v, c in options[0][1]:
             choice[v] = c
-    choice = _repair_groups(cv, choice, per_group)
+    choice = fit_pools(cv, _repair_groups(cv, choice, per_group))
     estimate = sum(max(float(cv.dirs[v].t_op[choice[v]]) for v, _ in options[0][1]) for options in per_group)
     return BaselinePlan("concurrent", tuple(choice), estimate)
 
 
 def _group_options(cv: CompactVariant, members: list[int]) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
-    """Up to OPTIONS_PER_GROUP packable disjoint assignments, best estimated group time first."""
-    n_dev = cv.num_devices
+    """Up to OPTIONS_PER_GROUP packable disjoint assignments (inside `host_allowed`), best estimated group time first."""
+    n_dev = host_allowed(cv).bit_count()
     best_by_size: list[dict[int, int]] = []  # per member: size -> strategy group with the smallest T_op
     for v in members:
         d = cv.dirs[v]
@@ -114,7 +143,7 @@ def _pack(cv: CompactVariant, members: list[int], groups: list[int]) -> Optional
     """Aligned first fit, largest allocation first; None if the blocks do not fit side by side."""
     sizes = [int(cv.dirs[v].sizes[cv.dirs[v].by_strategy[g][0]]) for v, g in zip(members, groups)]
     order = sorted(range(len(members)), key=lambda k: (-sizes[k], k))
-    used = 0
+    used = ((1 << cv.num_devices) - 1) & ~host_allowed(cv)  # what the pools' cores rule out counts as taken
     picks: dict[int, int] = {}
     for k in order:
         d = cv.dirs[members[k]]

@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from rpegc.core.ir.geometry import pairwise_overlaps, span_tier_index
+from rpegc.core.ir.program import VERIFY
 from rpegc.core.lower.rules import (ACTIONS, COMM, DEP, RESHARD, data_codes, is_shadow, pair_codes, pairwise_same,
                                     publication_bytes_of, publication_codes)
 from rpegc.core.cost.memory import op_memory
@@ -62,6 +63,7 @@ class BatchResult:
     feasible: np.ndarray
     peak: np.ndarray
     fused: tuple[FusionGroups, ...]  # per configuration, the fusions it runs (compact.Evaluation.fused)
+    r_host: np.ndarray  # host-core ratio (compact.Evaluation.r_host)
 
     def __len__(self) -> int:
         return len(self.makespan)
@@ -138,8 +140,11 @@ class BatchEvaluator:
         self.extent = [np.array([a.extent for a in d.allocs], dtype=np.int64) for d in cv.dirs]
         self.size = [d.sizes for d in cv.dirs]
         self.layout = [np.array([s.layout() for s in d.strategies], dtype=np.int64) for d in cv.dirs]
-        self.words = [mask_words(d.masks, self.ndev) for d in cv.dirs]  # the masks as uint64 words, per vertex
-        self.devmask = [self._device_rows(w) for w in self.words]
+        # the masks as uint64 words, per vertex; one bit more than the devices: a verifier pool's (cost/host.py)
+        self.words = [mask_words(d.masks, self.ndev + 1) for d in cv.dirs]
+        self.devmask = [self._device_rows(w) for w in self.words]  # a pool's rows: no device
+        self.on_device = np.array(cv.device_vertex, dtype=np.int64)  # 0: a verify vertex (no device-seconds)
+        self.pool_size = [np.array(d.pools or (0,) * len(d), dtype=np.int64) for d in cv.dirs]
         self._memory_tables()
         self._reshard_tables: dict = {}
         self._pattern_of: dict = {}  # relations row (bytes) -> pattern: a pattern is a function of the relations
@@ -159,6 +164,9 @@ class BatchEvaluator:
         wl = cv.program.workload
         self.mem = []
         for v, d in zip(cv.vertices, cv.dirs):
+            if v.role == VERIFY:  # host processes: no device memory
+                self.mem.append(OpTerms(*(np.zeros(len(d)) for _ in _TERMS)))
+                continue
             m = cv.models[v.model]
             strategies = list(dict.fromkeys(d.strategies))
             terms = [OpTerms.of(op_memory(v.role, m.arch, m.kind, wl, dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb,
@@ -245,6 +253,7 @@ class BatchEvaluator:
         r_peak = peak.max(axis=1) / m_eff
         w = cv.program.workload
         raw = score(makespan, cv.steps, w.B, w.R, w.Lp, w.Lr)
+        r_host = self._host_ratio(ch)
         return BatchResult(
             makespan=makespan,
             score=raw,
@@ -252,10 +261,26 @@ class BatchEvaluator:
             util=utilization(busy, cv.num_devices, makespan),
             p_eff=p_eff(op_time, makespan),
             r_peak=r_peak,
-            feasible=np.all(peak <= m_eff, axis=1),
+            feasible=np.all(peak <= m_eff, axis=1) & (r_host <= 1.0),
             peak=peak,
             fused=tuple(groups[g] for g in inverse),
+            r_host=r_host,
         ), kept
+
+    def _host_ratio(self, ch: np.ndarray) -> np.ndarray:
+        """`CompactVariant.host_ratio` of every configuration."""
+        cv = self.cv
+        if all(cv.device_vertex):
+            return np.zeros(len(ch))
+        gpus = cv.program.cluster.gpus
+        used = np.zeros((len(ch), gpus), dtype=bool)
+        pools = np.zeros(len(ch), dtype=np.int64)
+        for v, on in enumerate(cv.device_vertex):
+            if on:
+                used |= self.devmask[v][ch[:, v], :gpus]
+            else:
+                pools += self.pool_size[v][ch[:, v]]
+        return (used.sum(axis=1) + pools) / cv.host_cores
 
     def critical_weights(self, choice) -> Optional[np.ndarray]:
         """`CompactVariant.critical_weights` of a plan of a recent batch evaluated with `keep`, from its kept
@@ -426,7 +451,7 @@ class BatchEvaluator:
         order = np.lexsort((pos, -rank, np.broadcast_to(G.is_op, (B, N))), axis=-1)  # transfers first
         prio = np.empty((B, N), dtype=np.int64)
         np.put_along_axis(prio, order, np.arange(N)[None, :], axis=1)
-        sizes = np.append(allocs_all.size[rows], np.zeros((B, 1), dtype=np.int64), axis=1)
+        sizes = np.append(allocs_all.size[rows] * self.on_device, np.zeros((B, 1), dtype=np.int64), axis=1)
         busy = (T * np.take_along_axis(sizes, cls, axis=1)).sum(axis=1)
         op_time = T[:, G.is_op].sum(axis=1)
         return T, cls, prio, busy, op_time
@@ -460,10 +485,13 @@ class BatchEvaluator:
         for fused in dict.fromkeys(groups):
             rows = np.nonzero(np.array([groups[g] == fused for g in inverse], dtype=bool))[0]
             sub = ch[rows]
-            masks = tuple(self.devmask[v][sub[:, v]] for v in range(self.V))
-            terms = tuple(OpTerms(*(getattr(self.mem[v], f)[sub[:, v]] for f in _TERMS)) for v in range(self.V))
-            peak[rows] = device_peaks(tuple(v.role for v in cv.vertices), tuple(v.model for v in cv.vertices), masks,
-                                      terms, cv.models, cv.tau, fused)
+            on = [v for v in range(self.V) if cv.device_vertex[v]]  # a verifier pool holds no device memory
+            at = {v: i for i, v in enumerate(on)}
+            masks = tuple(self.devmask[v][sub[:, v]] for v in on)
+            terms = tuple(OpTerms(*(getattr(self.mem[v], f)[sub[:, v]] for f in _TERMS)) for v in on)
+            peak[rows] = device_peaks(tuple(cv.vertices[v].role for v in on), tuple(cv.vertices[v].model for v in on),
+                                      masks, terms, cv.models, cv.tau,
+                                      tuple(tuple(at[v] for v in g) for g in fused))
         return peak
 
 

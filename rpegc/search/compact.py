@@ -61,7 +61,7 @@ from rpegc.core.lower.rules import (
     weight_bytes,
 )
 from rpegc.core.cost.params import param_count
-from rpegc.core.ir.program import Fuse, Placement, Plan, Program
+from rpegc.core.ir.program import VERIFY, Fuse, Placement, Plan, Pool, Program
 from rpegc.core.ir.geometry import Alloc, Strategy
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, prepare_schedule, run_schedule
@@ -94,6 +94,13 @@ class Evaluation:
     feasible: bool
     peak: Optional[tuple[float, ...]] = None  # per device, by flat id (the batched path leaves it out)
     fused: FusionGroups = ()  # the fusions the plan runs (vertex indices): where they paid, see `better`
+    r_host: float = 0.0  # host cores the first node's devices and verifier pools need / its cores (> 1: infeasible)
+
+    @property
+    def r_penalised(self) -> float:
+        """What the search penalises (Eq. 5): the larger of the memory and the host-core ratio, so that a plan whose
+        pools lack cores is steered off like one that lacks memory."""
+        return max(self.r_peak, self.r_host)
 
 
 def kept_over(feasible_a, pen_a, feasible_b, pen_b):
@@ -207,6 +214,8 @@ class CompactVariant:
         self.pair_instances = self._pair_instances()
         self.relation_pairs = self._relation_pairs()
         self.num_devices = p.cluster.num_devices
+        self.device_vertex = tuple(v.role != VERIFY for v in self.vertices)  # the others run on the host's pool
+        self.host_cores = self.hw.host_cores
         self._phase_tables()
         self.fusion_pairs = self._fusion_pairs()
         self.pipelined = tuple(np.array([self._one_f_one_b(s) for s in d.strategies], dtype=bool)
@@ -462,7 +471,8 @@ class CompactVariant:
 
     def memory(self, allocs, strats, fused: FusionGroups = ()):
         p = self.program
-        ops = tuple(OpPlacement(v.name, v.role, v.model, a, s) for v, a, s in zip(self.vertices, allocs, strats))
+        ops = tuple(OpPlacement(v.name, v.role, v.model, a, s)
+                    for v, a, s, on in zip(self.vertices, allocs, strats, self.device_vertex) if on)
         names = tuple(tuple(self.vertices[v].name for v in g) for g in fused)
         return device_memory(ops, self.models, self.tau, p.cluster, p.workload, self.hw, self.opts, names)
 
@@ -483,12 +493,13 @@ class CompactVariant:
         key = (s.pattern, tuple(map(id, keys)), venn_cells(masks))
         structure = self._structures.get(key)
         if structure is None:
-            structure = prepare_schedule(s.is_transfer, reserved, s.edges, s.groups, keys, s.names)
+            structure = prepare_schedule(s.is_transfer, reserved, s.edges, s.groups, keys, s.names, self.num_devices)
             if len(self._structures) >= STRUCTURE_CACHE:
                 self._structures.pop(next(iter(self._structures)))
             self._structures[key] = structure
             return structure
-        return replace(structure, sizes=tuple(m.bit_count() for m in reserved))
+        devices = (1 << self.num_devices) - 1  # a pool's resource bit is not a device (no device-seconds)
+        return replace(structure, sizes=tuple((m & devices).bit_count() for m in reserved))
 
     def evaluate(self, choice: Choice) -> Evaluation:
         """The reference path: one configuration, core functions only; fused too where it may and pays."""
@@ -506,7 +517,27 @@ class CompactVariant:
         s, _, _, sched = self.schedule(choice, fused)
         groups = s.pattern[3]
         mem = self.memory(allocs, strats, groups)
-        return self._evaluation(sched.makespan, sched.busy, sched.op_time, mem.r_peak, mem.feasible, mem.peak, groups)
+        r_host = self.host_ratio(choice)
+        return replace(self._evaluation(sched.makespan, sched.busy, sched.op_time, mem.r_peak,
+                                        mem.feasible and r_host <= 1.0, mem.peak, groups), r_host=r_host)
+
+    def host_ratio(self, choice: Choice) -> float:
+        """Host cores the plan needs on the first node (its devices there, its pools: cost/host.cores_needed) over the
+        cores it has; 0 without pools."""
+        if all(self.device_vertex):
+            return 0.0
+        used = 0
+        pools = 0
+        for d, c, on in zip(self.dirs, choice, self.device_vertex):
+            if on:
+                used |= d.masks[c]
+            else:
+                pools += d.pools[c]
+        first_node = (1 << self.program.cluster.gpus) - 1
+        return ((used & first_node).bit_count() + pools) / self.host_cores
+
+    def cores_fit(self, choice: Choice) -> bool:
+        return self.host_ratio(choice) <= 1.0
 
     def _evaluation(self, makespan, busy, op_time, r_peak, feasible, peak, fused: FusionGroups = ()) -> Evaluation:
         w = self.program.workload
@@ -548,15 +579,24 @@ class CompactVariant:
     def to_plan(self, choice: Choice, name: str = "opt", fused: FusionGroups = ()) -> Plan:
         p = self.program
         allocs, strats = self.placement(choice)
-        placements = tuple(Placement(v.name, a, s) for v, a, s in zip(self.vertices, allocs, strats))
+        placements = tuple(Placement(v.name, a, s)
+                           for v, a, s, on in zip(self.vertices, allocs, strats, self.device_vertex) if on)
+        pools = tuple(Pool(v.name, d.pools[c]) for v, d, c, on in zip(self.vertices, self.dirs, choice, self.device_vertex)
+                      if not on)
         fusions = tuple(Fuse(tuple(self.vertices[v].name for v in g)) for g in fused)
-        return Plan(name, p.graph.name, p.cluster.name, placements, fusions=fusions)
+        return Plan(name, p.graph.name, p.cluster.name, placements, fusions=fusions, pools=pools)
 
     def choice_of(self, plan: Plan) -> Optional[Choice]:
         """The directory indices of an existing plan, None if some placement is not a candidate."""
         out = []
         for v, d in zip(self.vertices, self.dirs):
             try:
+                if v.role == VERIFY:
+                    i = d.pool_index(plan.pool(v.name).size)
+                    if i is None:
+                        return None
+                    out.append(i)
+                    continue
                 pl = plan.placement(v.name)
             except KeyError:
                 return None

@@ -34,7 +34,8 @@ from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.optime import OpTime
-from rpegc.core.ir.program import Program, Vertex
+from rpegc.core.ir.program import VERIFY, Program, Vertex
+from rpegc.core.cost.host import pool_device, pool_sizes, search_alloc, verify_node_time
 from rpegc.core.ir.training import RECOMPUTES, ZERO_STAGES, TrainSpec
 from rpegc.core.ir.geometry import Alloc, Strategy, alloc_mask
 from rpegc.core.cost.residency import OpPlacement, device_memory
@@ -72,9 +73,14 @@ class VertexDirectory:
     strategy_of: np.ndarray  # group index per candidate
     best_infeasible_r_peak: float = 0.0  # smallest isolated r_peak among dropped candidates (diagnostics)
     dropped: int = 0
+    pools: tuple[int, ...] = ()  # a verify vertex's candidates: the pool size of each (cost/host.py); () otherwise
 
     def __len__(self) -> int:
         return len(self.allocs)
+
+    def pool_index(self, size: int) -> Optional[int]:
+        """Position of a verify vertex's pool of `size` processes, None if it is not a candidate."""
+        return self.pools.index(size) if size in self.pools else None
 
     def index(self, alloc: Alloc, strategy: Strategy) -> Optional[int]:
         """Position of (alloc, strategy) in the directory, None if it is not a candidate."""
@@ -99,12 +105,30 @@ class DirectoryCache:
         return tuple(self._directory(p, v) for v in vertices)
 
     def _directory(self, p: Program, v: Vertex) -> VertexDirectory:
-        m = p.model(v.model)
-        key = (v.name, v.role, v.model, m.kind, m.arch)
+        if v.role == VERIFY:  # a verifier, not a model
+            key: tuple = (v.name, v.role, v.model)
+        else:
+            m = p.model(v.model)
+            key = (v.name, v.role, v.model, m.kind, m.arch)
         d = self._cache.get(key)
         if d is None:
             d = self._cache[key] = build_directory(p, v, self.hw, self.opts, self.rules)
         return d
+
+
+def pool_directory(p: Program, v: Vertex, hw: Hardware) -> VertexDirectory:
+    """A verify vertex's candidates: its pool sizes (cost/host.py), fastest first, each at the pool's stand-in
+    allocation with the pool's resource bit and no device memory."""
+    sizes = pool_sizes(p, hw)
+    times = [verify_node_time(p, v.model, size, hw) for size in sizes]
+    order = sorted(range(len(sizes)), key=lambda i: (times[i], i))
+    alloc, strategy, k = search_alloc(p.cluster), Strategy(1, 1, 1, 1), len(sizes)
+    return VertexDirectory(
+        vertex=v.name, role=v.role, model=v.model, allocs=(alloc,) * k, strategies=(strategy,) * k,
+        op_times=(None,) * k, t_op=np.array([times[i] for i in order], dtype=np.float64),
+        isolated_peak=np.zeros(k), sizes=np.ones(k, dtype=np.int64),
+        masks=(1 << pool_device(p.cluster),) * k, by_strategy=(tuple(range(k)),),
+        strategy_of=np.zeros(k, dtype=np.int64), pools=tuple(sizes[i] for i in order))
 
 
 def _price(p: Program, v: Vertex, a: Alloc, s: Strategy, models, hw: Hardware, opts: CostOptions):
@@ -157,7 +181,10 @@ def build_directory(
 ) -> VertexDirectory:
     """X_cand(v) sorted by T_op (ties keep the core enumeration order).
 
-    `memory_filter=False` keeps every legal choice (to evaluate arbitrary legal plans)."""
+    `memory_filter=False` keeps every legal choice (to evaluate arbitrary legal plans). A verify vertex's choices are
+    its pool sizes (`pool_directory`)."""
+    if v.role == VERIFY:
+        return pool_directory(p, v, hw)
     if p.cluster is None:
         raise RpegError(p.graph.loc if p.graph else None, "the optimizer needs an rpeg.cluster to place vertices on")
     model = p.model(v.model)

@@ -121,7 +121,8 @@ class Evaluator:
         r = self.batched(variant).evaluate(np.array(todo, dtype=np.int64), keep=self.keep_schedules)
         return [
             Evaluation(float(r.makespan[i]), float(r.score[i]), float(r.score_pen[i]), float(r.util[i]),
-                       float(r.p_eff[i]), float(r.r_peak[i]), bool(r.feasible[i]), fused=r.fused[i])
+                       float(r.p_eff[i]), float(r.r_peak[i]), bool(r.feasible[i]), fused=r.fused[i],
+                       r_host=float(r.r_host[i]))
             for i in range(len(todo))
         ]
 

@@ -23,6 +23,9 @@ def _gain(result: OptimizeResult, base: Optional[BaselineResult]) -> str:
     if base is None:
         return "n/a"
     b = base.evaluation
+    if not b.feasible and b.r_host > 1.0 >= b.r_peak:
+        return (f"baseline leaves its verifier pool no host core ({b.r_host:.2f}x the cores); {b.score:,.0f} tok/s "
+                "if it had them")
     if not b.feasible:
         return f"baseline OOM (r_peak {b.r_peak:.2f}); {b.score:,.0f} tok/s if it fit"
     gain = result.evaluation.score / b.score - 1.0
@@ -42,6 +45,18 @@ def _training_rows(result: OptimizeResult) -> list[tuple[str, str]]:
             rows.append((f"training @{v.name}", f"{t.precision}, ZeRO-{t.zero}, recompute {t.recompute}, "
                                                 f"{t.schedule}"))
     return rows
+
+
+def _pool_rows(result: OptimizeResult) -> list[tuple[str, str]]:
+    """One row per verify vertex of the chosen plan: its pool and the host cores it shares (cost/host.py)."""
+    p = result.program
+    if p.plan is None or not p.plan.pools:
+        return []
+    cores = result.hardware.host_cores if result.hardware else None
+    left = f" of the host's {cores} cores" if cores else ""
+    return [(f"verifier @{pool.vertex}", f"a pool of {pool.size} host process{'es' if pool.size > 1 else ''}{left} "
+                                         f"(host cores needed: {result.evaluation.r_host:.0%})")
+            for pool in p.plan.pools]
 
 
 def _fusion_row(result: OptimizeResult) -> list[tuple[str, str]]:
@@ -73,6 +88,7 @@ def summary_rows(result: OptimizeResult) -> list[tuple[str, str]]:
         ("score", f"{e.score:,.0f} tokens/s  (makespan {e.makespan:.3f} s over the horizon)"),
         ("objective", f"{result.objective} = {result.value:,.4g}"),
         *_training_rows(result),
+        *_pool_rows(result),
         *_fusion_row(result),
         *([("hardware", f"'{result.hardware.name}': {result.hardware.provenance()}")] if result.hardware else []),
         ("gain over greedy", _gain(result, result.greedy)),

@@ -66,6 +66,8 @@ def templates(cv: CompactVariant) -> list[Template]:
                     per_vertex.append((g,))
                 elif role == "training":
                     per_vertex.append((trainer_blocks[train.index(v)],))
+                elif not cv.device_vertex[v]:  # a verifier pool: beside every block, on the host
+                    per_vertex.append(tuple(dict.fromkeys(cv.dirs[v].masks)))
                 else:
                     per_vertex.append(tuple(m for m in shared if m in masks[v]))
             if all(per_vertex):

@@ -18,12 +18,17 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
                   // reading: "arch" may be left out when "preset" names a known preset, or with "hf";
                   // an arch's absent flag is its preset's, else the spec's form (program.Arch)
                   // (a checkpoint directory: the arch is its config.json's; a given "arch" must agree)
+      "verifiers"?: [{"name": str, "fn": str, "per_response"?: number}],
+                  // rpeg.verifier: reward functions of response text run on host CPU processes; "fn" is what
+                  // the runtime calls, "per_response" the seconds of one call on one process (> 0; absent:
+                  // the hardware profile's calibration); written only when the module declares one
       "rpeg_graph": null | {            // the cyclic steady-state graph G°
           "name": str,
           "containers": [{"name": str, "elem": ELEMENT_KIND | "weights", "dims": [EXPR],
                           "model": str | null, "bytes_per_elem": int | null}],
           "inputs": [str], "outputs": [str],
           "vertices": [{"name": str, "role": ROLE, "model": str, "reads": [str], "writes": [str]}],
+                                        // "model": a device vertex's model; a "verify" vertex's verifier
           "data_edges": [{"src": str, "dst": str, "container": str}],
           "pub_edges":  [{"src": str, "dst": str, "container": str}],
           "staleness": {model: int},          // tau(m); models not listed have tau = 0
@@ -32,6 +37,8 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "plan": null | {"name": str, "graph": str, "cluster": str,
                       "placements": [{"vertex": str, "origin": [r, n, g], "extent": [r, n, g],
                                       "dp": int, "pp": int, "tp": int, "mb": int, "train"?: TRAIN}],
+                                      // the device vertices' placements (a verify vertex has a pool instead)
+                      "pools"?: [{"vertex": str, "size": int}],  // a verify vertex's host worker processes (>= 1)
                       "fusions"?: [[str]]},     // rpeg.fuse: training vertices run as one fused operator
 
       // only for a module with an exec.graph (the unrolled / lowered DAG):
@@ -42,9 +49,10 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
           "id": str, "kind": "op" | "comm" | "reshard", "vertex": str | null, "step": int,
           "phase": int | null, "role": ROLE | null, "model": str | null,
           "devices": [int] | null,      // flat ids (rack*N_n + node)*N_g + gpu of the allocation
-                                        // (Op: sigma(v); Comm/Reshard: destination); null: unplaced
+                                        // (Op: sigma(v); Comm/Reshard: destination); null: unplaced, or
+                                        // on the host (a verify Op; a Comm to the host's pool)
           "dp": int | null, "pp": int | null, "tp": int | null, "mb": int | null,
-                                        // Op: its plan; Reshard: the target layout; else null
+                                        // Op: its plan; Reshard: the target layout; else null (a verify Op too)
           "train": TRAIN,               // optional: an Op's training fields, when its placement states any
           "bytes": int,                 // Comm/Reshard payload, 0 for Op nodes
           "version_in": {model: int},   // Op: version read per model; Comm/Reshard: version moved
@@ -56,8 +64,10 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
           "container": str,             // optional: Comm's container
           "fraction": float,            // optional: quantile phase share f_q - f_{q-1}
           "nphases": int,               // optional: Q of a phase sub-node
+          "pool": int,                  // optional: a verify Op's host worker processes (its Pool's size)
           "alloc": {"origin": [r, n, g], "extent": [r, n, g]},       // optional (see "devices")
           "src_alloc": {"origin": [...], "extent": [...]},          // optional: Comm/Reshard source
+                                        // (absent on a Comm from the host's pool)
           "src_strategy": {"dp": int, "pp": int, "tp": int, "mb": int},  // optional: Reshard source layout
           "time": float, "start": float, "finish": float             // optional: annotate-cost, schedule
       }],
@@ -71,6 +81,8 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
       "fusions": [{"id": str, "members": [node_id], "stages": [[MICROTASK]]}]  // optional: exec.fusion
     }
 
+ROLE is "generation", "inference", "training" or "verify" (a reward function on host CPU processes: its vertex
+names a verifier, has a plan pool instead of a placement, and its Op nodes have no devices and no strategy).
 TRAIN is an object of the training fields stated (rpegc/core/ir/training.py), each optional, at least one:
 {"precision": "mixed" | "fp32", "zero": 0 | 1 | 2, "recompute": "none" | "interval" | "full",
 "schedule": "1f1b" | "gpipe"}; written only when a field is stated.
@@ -86,10 +98,11 @@ data; draft 2020-12). The reader below is hand-written (the runtime must not nee
 every schema violation is rejected at the same key path. Strictness: the text must be strict JSON
 (`rpegc.syntax.json_text.loads`: no NaN/Infinity, no number that overflows a double, nesting at most
 64 deep); integers are at most 2^53 - 1; times (time, start, finish), memory bytes, m_eff, r_peak,
-makespan, util and p_eff are finite and >= 0, fractions and quantile shares in (0, 1]. Beyond the
-schema the reader checks node ids are unique, edge endpoints exist, the edges are acyclic,
-finish >= start, and that the last step of the nodes is steps-1. Every error names the key
-path and the line and column of the value, e.g.
+makespan, util and p_eff are finite and >= 0, fractions and quantile shares in (0, 1], a verifier's
+per_response finite and > 0, pool sizes >= 1. Beyond the schema the reader checks node ids are unique,
+edge endpoints exist, the edges are acyclic, finish >= start, and that the last step of the nodes is
+steps-1 (whether a verifier, a pool or a role fits its vertex is verify-wellformed's check). Every error
+names the key path and the line and column of the value, e.g.
 `plan.json:1292:13: error: at nodes[17].bytes: expected an integer >= 0, got -1`.
 """
 
@@ -120,8 +133,8 @@ from rpegc.core.ir.presets import lookup as lookup_preset
 from rpegc.syntax.parser import parse_expr
 from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
 from rpegc.core.ir.program import (ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
-                                   Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
-                                   Vertex, Workload, arch_flag_default)
+                                   Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Pool, Program,
+                                   Quantile, Verifier, Vertex, Workload, arch_flag_default)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, coords
 from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
@@ -146,6 +159,7 @@ def program_to_json(p: Program) -> dict:
                      "dtype": p.workload.dtype, **_train_json(p.workload.train),
                      **({"oversample": p.workload.oversample} if p.workload.oversample != 1 else {})},
         "models": [_model_json(m) for m in p.models],
+        **({"verifiers": [_verifier_json(v) for v in p.verifiers]} if p.verifiers else {}),
         "rpeg_graph": _graph_json(p.graph) if p.graph is not None else None,
         "cluster": _cluster_json(p.cluster) if p.cluster is not None else None,
         "plan": _plan_json(p.plan) if p.plan is not None else None,
@@ -165,6 +179,10 @@ def _model_json(m: Model) -> dict:
                  **({HEAD_DIM: m.arch.head_size} if m.arch.head_size else {})},
         **({"hf": m.hf} if m.hf is not None else {}),
     }
+
+
+def _verifier_json(v: Verifier) -> dict:
+    return {"name": v.name, "fn": v.fn, **({"per_response": v.per_response} if v.per_response is not None else {})}
 
 
 def _graph_json(g: Graph) -> dict:
@@ -203,6 +221,7 @@ def _plan_json(plan: Plan) -> dict:
              **_strategy_json(pl.strategy)}
             for pl in plan.placements
         ],
+        **({"pools": [{"vertex": pool.vertex, "size": pool.size} for pool in plan.pools]} if plan.pools else {}),
         **({"fusions": [list(f.vertices) for f in plan.fusions]} if plan.fusions else {}),
     }
 
@@ -275,6 +294,7 @@ def _node_json(n: ExecNode, cluster: Optional[Cluster]) -> dict:
         "container": n.container,
         "fraction": n.fraction,
         "nphases": n.nphases,
+        "pool": n.pool,
         "alloc": _alloc_json(n.alloc) if n.alloc is not None else None,
         "src_alloc": _alloc_json(n.src_alloc) if n.src_alloc is not None else None,
         "src_strategy": _strategy_json(n.src_strategy) if n.src_strategy is not None else None,
@@ -446,8 +466,8 @@ def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program
         d,
         "",
         ("workload", "models"),
-        ("format", "format_version", "rpeg_graph", "cluster", "plan", "edge_attrs", "memory", "schedule", "fusions")
-        + exec_keys,
+        ("format", "format_version", "verifiers", "rpeg_graph", "cluster", "plan", "edge_attrs", "memory", "schedule",
+         "fusions") + exec_keys,
     )
     if "format" in top and top["format"] != FORMAT:
         raise r.error("format", f"expected '{FORMAT}', got {_kind(top['format'])}; this is not an rpegc program")
@@ -456,6 +476,7 @@ def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program
         raise r.error("format_version", f"unsupported version {_kind(version)}; this rpegc reads {FORMAT_VERSION}")
     workload = _read_workload(r, top["workload"])
     models = tuple(_read_model(r, m, f"models[{i}]") for i, m in enumerate(r.list_(top["models"], "models")))
+    verifiers = tuple(r.items(top, "verifiers", "", lambda v, p: _read_verifier(r, v, p)))
     graph = r.opt(top.get("rpeg_graph"), "rpeg_graph", lambda v, p: _read_graph(r, v, p))
     cluster = r.opt(top.get("cluster"), "cluster", lambda v, p: _read_cluster(r, v, p))
     plan = r.opt(top.get("plan"), "plan", lambda v, p: _read_plan(r, v, p))
@@ -470,7 +491,8 @@ def program_from_json(d: dict, file: str, text: Optional[str] = None) -> Program
             "", "'edge_attrs', 'memory', 'schedule' and 'fusions' belong to an exec graph; add 'graph', 'steps', "
             "'nodes', 'edges'"
         )
-    return Program(workload=workload, models=models, graph=graph, cluster=cluster, plan=plan, exec=exec_graph, file=file)
+    return Program(workload=workload, models=models, graph=graph, cluster=cluster, plan=plan, exec=exec_graph,
+                   file=file, verifiers=verifiers)
 
 
 def _read_workload(r: _Reader, v: Any) -> Workload:
@@ -520,6 +542,20 @@ def _read_model(r: _Reader, v: Any, path: str) -> Model:
         preset=preset,
         hf=hf,
         loc=r.loc,
+    )
+
+
+def _read_verifier(r: _Reader, v: Any, path: str) -> Verifier:
+    """A host reward function (rpeg.verifier); whether its `fn` resolves is the runtime's check."""
+    o = r.obj(v, path, ("name", "fn"), ("per_response",))
+    per_response = None
+    if "per_response" in o:  # absent: the hardware profile's calibrated time (null is not a number: an error)
+        per_response = r.float_(o["per_response"], _join(path, "per_response"), positive=True)
+    return Verifier(
+        name=r.str_(o["name"], _join(path, "name")),
+        fn=r.str_(o["fn"], _join(path, "fn")),
+        per_response=per_response,
+        loc=r.at(path),  # verify-wellformed's errors about the verifier point at it in the file
     )
 
 
@@ -658,7 +694,7 @@ def _box(r: _Reader, o: dict, path: str) -> Alloc:
 
 
 def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
-    o = r.obj(v, path, ("name", "graph", "cluster", "placements"), ("fusions",))
+    o = r.obj(v, path, ("name", "graph", "cluster", "placements"), ("pools", "fusions"))
     placements = []
     for i, x in enumerate(r.list_(o["placements"], _join(path, "placements"))):
         pp = f"{path}.placements[{i}]"
@@ -675,7 +711,15 @@ def _read_plan(r: _Reader, v: Any, path: str) -> Plan:
         placements=tuple(placements),
         loc=r.loc,
         fusions=tuple(_read_fuse(r, f, fp) for f, fp in _listed(r, o.get("fusions", []), _join(path, "fusions"))),
+        pools=tuple(r.items(o, "pools", path, lambda x, p: _read_pool(r, x, p))),
     )
+
+
+def _read_pool(r: _Reader, v: Any, path: str) -> Pool:
+    """A verify vertex's placement: `size` worker processes on the host (`@v pool = N`)."""
+    o = r.obj(v, path, ("vertex", "size"))
+    return Pool(vertex=r.str_(o["vertex"], _join(path, "vertex")), size=r.int_(o["size"], _join(path, "size"), 1),
+                loc=r.at(path))
 
 
 def _read_fuse(r: _Reader, v: Any, path: str) -> Fuse:
@@ -716,7 +760,8 @@ def _read_fusion(r: _Reader, v: Any, path: str, node_ids: set[str]) -> ExecFusio
 _NODE_REQUIRED = ("id", "kind", "step")
 _NODE_OPTIONAL = (
     "vertex", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb", "train", "bytes", "version_in", "version_out",
-    "data_in", "data_out", "order", "container", "fraction", "nphases", "alloc", "src_alloc", "src_strategy", "time", "start", "finish",
+    "data_in", "data_out", "order", "container", "fraction", "nphases", "pool", "alloc", "src_alloc", "src_strategy",
+    "time", "start", "finish",
 )
 
 
@@ -751,6 +796,7 @@ def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster], loc: O
         container=opt_str("container"),
         phase=opt_int("phase", 1),
         nphases=opt_int("nphases", 1),
+        pool=opt_int("pool", 1),
         alloc=alloc,
         strategy=_read_strategy(r, o, path, required=False),
         src_alloc=r.opt(o.get("src_alloc"), _join(path, "src_alloc"), lambda x, p: _read_alloc(r, x, p)),

@@ -14,6 +14,7 @@ import bisect
 import difflib
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -30,8 +31,8 @@ from rpegc.core.ir.exec_graph import (DataRef, ExecEdge, ExecFusion, ExecGraph, 
 from rpegc.core.ir.expr import SYMBOLS, BinOp, Expr, Num, Sym
 from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
 from rpegc.core.ir.program import (ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, DTYPE_BYTES, ELEMENT_KINDS, MODEL_KINDS, ROLES,
-                                   Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Program, Quantile,
-                                   Vertex, Workload)
+                                   VERIFY, Arch, Container, Edge, Fuse, Graph, Model, Placement, Plan, Pool, Program,
+                                   Quantile, Verifier, Vertex, Workload)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 from rpegc.core.ir.training import CHOICES as TRAIN_CHOICES, FIELDS as TRAIN_FIELDS, TrainSpec
 
@@ -238,6 +239,7 @@ class _GraphParts:
     container_refs: list[tuple[str, Loc]] = field(default_factory=list)
     vertex_refs: list[tuple[str, Loc]] = field(default_factory=list)
     model_refs: list[tuple[str, Loc]] = field(default_factory=list)
+    verifier_refs: list[tuple[str, Loc]] = field(default_factory=list)  # what verify vertices run
 
 
 Ref = tuple[str, Loc]
@@ -267,7 +269,8 @@ class _Builder:
         self.errors: list[RpegError] = []
         # Names of every definition statement, built or not: a reference to a definition that had its
         # own error is not reported again as unknown.
-        self.declared: dict[str, set[str]] = {"model": set(), "container": set(), "vertex": set(), "exec node": set()}
+        self.declared: dict[str, set[str]] = {"model": set(), "verifier": set(), "container": set(), "vertex": set(),
+                                              "exec node": set()}
         self.saw_workload = False
 
     # -- locations and errors -------------------------------------------------------------------
@@ -293,6 +296,7 @@ class _Builder:
         workloads: list[Workload] = []
         models: list[Model] = []
         model_locs: dict[str, Loc] = {}
+        verifiers: list[Verifier] = []
         graphs: list[_GraphParts] = []
         clusters: list[Cluster] = []
         plans: list[tuple[Plan, Ref, Ref, list[Ref]]] = []
@@ -314,6 +318,14 @@ class _Builder:
                         )
                     model_locs[model.name] = model.loc
                     models.append(model)
+                elif item.data == "verifier":
+                    self.declare("verifier", item.children[0])
+                    verifier = self.verifier(item)
+                    if verifier.name in model_locs:
+                        self.fail(verifier.loc, f"@{verifier.name} is defined twice (first at "
+                                                f"{model_locs[verifier.name]}); rename one of them")
+                    model_locs[verifier.name] = verifier.loc
+                    verifiers.append(verifier)
                 elif item.data == "graph":
                     self.once(graphs, item, "rpeg.graph")
                     graphs.append(self.graph(item))
@@ -330,10 +342,11 @@ class _Builder:
                 continue
 
         model_names = {m.name for m in models}
-        graph = self.finish_graph(graphs[0], model_names) if graphs else None
+        verifier_names = {v.name for v in verifiers}
+        graph = self.finish_graph(graphs[0], model_names, verifier_names) if graphs else None
         cluster = clusters[0] if clusters else None
         plan = self.finish_plan(plans[0], graph, cluster) if plans else None
-        exec_graph = self.finish_exec(execs[0], model_names, graph) if execs else None
+        exec_graph = self.finish_exec(execs[0], model_names | verifier_names, graph) if execs else None
         if not self.saw_workload:
             # At the first statement, not at 1:1: a chunk of --split-input-file starts further down.
             first = self.loc(tree.children[0]) if tree.children else Loc(self.file, 1, 1)
@@ -353,6 +366,7 @@ class _Builder:
             plan=plan,
             exec=exec_graph,
             file=self.file,
+            verifiers=tuple(verifiers),
         )
 
     def declare(self, what: str, tok: Token) -> None:
@@ -584,6 +598,22 @@ class _Builder:
             values.setdefault("kv_heads", values["heads"])
         return Model(name, kind, trainable, Arch(**values), preset=preset, loc=loc)
 
+    def verifier(self, item: Tree) -> Verifier:
+        sym, attr_tree = item.children
+        name = self.name(sym)
+        loc = self.loc(item)
+        what = f"verifier @{name}"
+        attrs = self.attrs(attr_tree, what, ("fn", "per_response"))
+        fn_attr = self.need(attrs, "fn", what, loc, f'rpeg.verifier @{name} {{fn = "math"}}')
+        fn = self.attr_text_value(fn_attr, what)
+        per_response = None
+        if "per_response" in attrs:
+            per_response = self.attr_float(attrs["per_response"], what)
+            if not (math.isfinite(per_response) and per_response > 0):
+                self.fail(attrs["per_response"].at, f"per_response of {what} is the seconds one call takes, a positive "
+                                                    f"number; found {self.attr_text(attrs['per_response'])}")
+        return Verifier(name, fn, per_response, loc=loc)
+
     def cluster(self, item: Tree) -> Cluster:
         sym, attr_tree = item.children
         name = self.name(sym)
@@ -666,7 +696,7 @@ class _Builder:
             model = self.name(model_tok)
             reads, writes = self.refs(reads_tree), self.refs(writes_tree)
             self.define(defined, "vertex", "@", name, loc)
-            parts.model_refs.append((model, self.loc(model_tok)))
+            (parts.verifier_refs if role == VERIFY else parts.model_refs).append((model, self.loc(model_tok)))
             parts.container_refs.extend(reads + writes)
             parts.vertices.append(
                 Vertex(name, role, model, tuple(n for n, _ in reads), tuple(n for n, _ in writes), loc=loc)
@@ -789,12 +819,13 @@ class _Builder:
         lhs, rhs = tree.children
         return BinOp(op, self.expr(lhs, depth + 1), self.expr(rhs, depth + 1))
 
-    def finish_graph(self, parts: _GraphParts, model_names: set[str]) -> Graph:
+    def finish_graph(self, parts: _GraphParts, model_names: set[str], verifier_names: set[str]) -> Graph:
         containers = {c.name for c in parts.containers}
         vertices = {v.name for v in parts.vertices}
         self.resolve(parts.container_refs, containers, "container", "%", f"graph @{parts.name}", "rpeg.container")
         self.resolve(parts.vertex_refs, vertices, "vertex", "@", f"graph @{parts.name}", "rpeg.vertex")
         self.resolve(parts.model_refs, model_names, "model", "@", "the module", "rpeg.model")
+        self.resolve(parts.verifier_refs, verifier_names, "verifier", "@", "the module", "rpeg.verifier")
         staleness, staleness_loc = parts.staleness if parts.staleness else ((), None)
         quantiles, quantiles_loc = parts.quantiles if parts.quantiles else ((), None)
         extra = {}
@@ -838,6 +869,7 @@ class _Builder:
     def plan(self, item: Tree) -> tuple[Plan, Ref, Ref, list[Ref]]:
         name_tok, graph_tok, cluster_tok, *body = item.children
         placements: list[Placement] = []
+        pools: list[Pool] = []
         fusions: list[Fuse] = []
         vertex_refs: list[Ref] = []
         seen: dict[str, Loc] = {}
@@ -846,6 +878,16 @@ class _Builder:
                 fusions.append(self.fuse(p, vertex_refs))
                 continue
             try:
+                if p.data == "pool":
+                    v_tok, size_tree = p.children
+                    vertex, loc = self.name(v_tok), self.loc(p)
+                    size = self.int_of(size_tree, f"pool of @{vertex}", minimum=1, maximum=MAX_SIZE)
+                    if vertex in seen:
+                        self.fail(loc, f"vertex @{vertex} is placed twice (first at {seen[vertex]}); keep one placement")
+                    seen[vertex] = loc
+                    vertex_refs.append((vertex, self.loc(v_tok)))
+                    pools.append(Pool(vertex, size, loc=loc))
+                    continue
                 v_tok, origin_tree, extent_tree, strat_tree = p.children
                 vertex = self.name(v_tok)
                 loc = self.loc(p)
@@ -860,7 +902,7 @@ class _Builder:
             except _StatementError:
                 continue
         plan = Plan(self.name(name_tok), self.name(graph_tok), self.name(cluster_tok), tuple(placements),
-                    loc=self.loc(item), fusions=tuple(fusions))
+                    loc=self.loc(item), fusions=tuple(fusions), pools=tuple(pools))
         return plan, (plan.graph, self.loc(graph_tok)), (plan.cluster, self.loc(cluster_tok)), vertex_refs
 
     def fuse(self, tree: Tree, vertex_refs: list[Ref]) -> Fuse:
@@ -1112,6 +1154,8 @@ class _Builder:
                 put(c, "src_strategy", self.strategy(args[0], f"the source layout of {what}"))
             elif kind_c == "c_bytes":
                 put(c, "bytes", self.int_of(args[0], f"bytes of {what}", minimum=0))
+            elif kind_c == "c_pool":
+                put(c, "pool", self.int_of(args[0], f"pool of {what}", minimum=1, maximum=MAX_SIZE))
             elif kind_c == "c_annot":
                 attrs = self.attrs(args[0], what, ANNOTATION_KEYS)
                 for key, a in attrs.items():
@@ -1180,6 +1224,7 @@ _CLAUSE_WORDS = {
     "strategy": "a layout (dp/pp/tp/mb)",
     "src_strategy": "a source layout ('from (dp = ...)')",
     "bytes": "'bytes'",
+    "pool": "'pool'",
     "time": "'time'",
     "start": "'start'",
     "finish": "'finish'",

@@ -21,7 +21,8 @@ from typing import Iterable, Optional
 from rpegc.core.ir import presets
 from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecFusion, ExecGraph, ExecNode, MemoryReport, microtask_text
 from rpegc.core.ir.expr import Expr
-from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, Graph, Model, Plan, Program, Workload, arch_flag_default
+from rpegc.core.ir.program import (ARCH_FLAGS, ARCH_SIZES, HEAD_DIM, Graph, Model, Plan, Program, Verifier, Workload,
+                                   arch_flag_default)
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
 _EDGE_WORDS = {"data": "exec.data", "pub": "exec.publish", "order": "exec.order", "dep": "exec.dep"}
@@ -34,6 +35,7 @@ def print_program(p: Program) -> str:
     """The whole module as `.rpeg` text, ending in a newline."""
     lines: list[str] = [_workload(p.workload)]
     lines += _models(p.models)
+    lines += _verifiers(p.verifiers)
     if p.graph is not None:
         lines += _graph(p.graph)
     if p.cluster is not None:
@@ -188,6 +190,18 @@ def _models(models: tuple[Model, ...]) -> list[str]:
     return [f"{h} {_attr_dict(_model_attrs(m))}" for h, m in zip(heads, models)]
 
 
+def _verifiers(verifiers: tuple[Verifier, ...]) -> list[str]:
+    heads = _pad([f"rpeg.verifier {sym(v.name)}" for v in verifiers])
+    return [f"{h} {_attr_dict(_verifier_attrs(v))}" for h, v in zip(heads, verifiers)]
+
+
+def _verifier_attrs(v: Verifier) -> list[tuple[str, Optional[str]]]:
+    attrs: list[tuple[str, Optional[str]]] = [("fn", _string(v.fn))]
+    if v.per_response is not None:
+        attrs.append(("per_response", fmt_float(v.per_response)))
+    return attrs
+
+
 def _cluster(c: Cluster) -> str:
     return (
         f"rpeg.cluster {sym(c.name)} {{racks = {c.racks}, nodes = {c.nodes}, gpus = {c.gpus}, "
@@ -237,9 +251,11 @@ def _graph(g: Graph) -> list[str]:
 
 def _plan(p: Plan) -> list[str]:
     out = [f"rpeg.plan {sym(p.name)} for {sym(p.graph)} on {sym(p.cluster)} {{"]
-    names = _pad([sym(pl.vertex) for pl in p.placements])
+    names = _pad([sym(pl.vertex) for pl in p.placements] + [sym(pool.vertex) for pool in p.pools])
     for name, pl in zip(names, p.placements):
         out.append(f"{INDENT}{name} {_alloc('at', pl.alloc)} {_strategy_flat(pl.strategy)}")
+    for name, pool in zip(names[len(p.placements):], p.pools):
+        out.append(f"{INDENT}{name} pool = {pool.size}")
     out += [f"{INDENT}rpeg.fuse ({', '.join(sym(v) for v in f.vertices)})" for f in p.fusions]
     out.append("}")
     return out
@@ -322,6 +338,8 @@ def node_line(n: ExecNode) -> str:
         parts.append(_strategy_tuple("from", n.src_strategy))
     if n.strategy is not None:
         parts.append(_strategy_tuple("to", n.strategy) if n.kind == "reshard" else _strategy_flat(n.strategy))
+    if n.pool is not None:
+        parts.append(f"pool = {n.pool}")
     if n.bytes != 0 or n.kind != "op":
         parts.append(f"bytes = {n.bytes}")
     reads = _bindings((), n.data_in) if version_clause else _bindings(n.version_in, n.data_in)

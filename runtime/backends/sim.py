@@ -184,6 +184,8 @@ class SimBackend(Backend):
 
     def _account(self, a: Artifact, sign: float, devices: tuple[int, ...] | None = None) -> None:
         assert self._plan is not None
+        if a.alloc is None:
+            return  # the verifier pool's copies live in host memory, which the model does not price
         idx = self._index_cache.get(a)
         if idx is None:
             if devices is None:
@@ -196,10 +198,14 @@ class SimBackend(Backend):
             self._peak[idx] = np.maximum(self._peak[idx], self._held[idx])
 
     def memory(self) -> dict[int, float]:
-        return {d: float(self._held[d]) for d in self._plan.devices} if self._plan else {}
+        return {d: float(self._held[d]) for d in self._device_ids()}
 
     def peak_memory(self) -> dict[int, float]:
-        return {d: float(self._peak[d]) for d in self._plan.devices} if self._plan else {}
+        return {d: float(self._peak[d]) for d in self._device_ids()}
+
+    def _device_ids(self) -> tuple[int, ...]:
+        """The plan's devices, without the verifier pool (its memory is the host's)."""
+        return self._plan.model_devices if self._plan else ()
 
 
 # -- rpeg-run's view ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Optional
 
 from rpegc.core.check.fusion_rules import check_plan_fusions
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.ir.program import Model, Placement, Program, Workload
+from rpegc.core.ir.program import VERIFY, Model, Placement, Program, Workload
 from rpegc.core.ir.geometry import Alloc, Cluster, Strategy
 
 MIN_MICROBATCH_SEQUENCES = 8  # P5: B_local/mb >= 8 keeps the SMs busy
@@ -166,11 +166,38 @@ def check_plan(p: Program) -> list[RpegError]:
         if c is not None and model is not None:
             errors += check_placement(pl, model, p.workload, c)
         errors += check_training_fields(pl, vertices[pl.vertex].role, p.workload)
-    for name in vertices:
+    for pl in plan.placements:
+        if pl.vertex in vertices and vertices[pl.vertex].role == VERIFY:
+            errors.append(RpegError(pl.loc, f"@{pl.vertex} is a verify vertex: it runs on host processes, not on "
+                                            f"devices; place it with '@{pl.vertex} pool = N'"))
+    errors += _check_pools(plan, vertices, placed)
+    for name, v in vertices.items():
         if name not in placed:
+            how = "pool = N" if v.role == VERIFY else "at (...) extent (...) dp = .. pp = .. tp = .. mb = .."
             errors.append(RpegError(plan.loc, f"vertex @{name} has no placement in plan @{plan.name}; add "
-                                              f"'@{name} at (...) extent (...) dp = .. pp = .. tp = .. mb = ..'"))
+                                              f"'@{name} {how}'"))
     return errors + check_plan_fusions(p)
+
+
+def _check_pools(plan, vertices: dict, placed: set[str]) -> list[RpegError]:
+    """A pool places a verify vertex once, on one or more host processes (the host's cores bound it where the cost
+    model prices it: cost/host.py)."""
+    errors = []
+    for pool in plan.pools:
+        v = vertices.get(pool.vertex)
+        if v is None:
+            errors.append(RpegError(pool.loc, f"plan gives a pool to unknown vertex '@{pool.vertex}'; remove it or "
+                                              "fix the name"))
+        elif v.role != VERIFY:
+            errors.append(RpegError(pool.loc, f"@{pool.vertex} is a {v.role} vertex: it runs on devices; place it "
+                                              "with 'at (...) extent (...) dp = ..', a pool places verify vertices"))
+        elif pool.vertex in placed:
+            errors.append(RpegError(pool.loc, f"vertex @{pool.vertex} is placed twice; keep one placement"))
+        elif pool.size < 1:
+            errors.append(RpegError(pool.loc, f"pool = {pool.size} of @{pool.vertex}: a pool has at least one "
+                                              "process"))
+        placed.add(pool.vertex)
+    return errors
 
 
 def check_placement(placement: Placement, model: Model, workload: Workload, cluster: Cluster) -> list[RpegError]:

@@ -23,7 +23,7 @@ from typing import Optional
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.expr import evaluate
 from rpegc.core.ir.algorithms import algorithm_family
-from rpegc.core.ir.program import (ELEMENT_KINDS, ROLES, Container, Edge, Graph, Model, Program,
+from rpegc.core.ir.program import (ELEMENT_KINDS, ROLES, VERIFY, Container, Edge, Graph, Model, Program,
                                    Vertex, container_shape)
 
 GENERATIVE_KINDS = ("policy", "actor_critic")  # kinds with an LM head (spec 2.3)
@@ -231,7 +231,9 @@ def _check_vertices(ctx: _Context) -> list[RpegError]:
         if v.role not in ROLES:
             errors.append(RpegError(v.loc, f"vertex @{v.name} has unknown role '{v.role}'; use one of "
                                            f"{', '.join(ROLES)}"))
-        if v.model not in ctx.models:
+        if v.role == VERIFY:
+            errors += _check_verify_vertex(ctx, v)
+        elif v.model not in ctx.models:
             errors.append(RpegError(v.loc, f"vertex @{v.name} invokes unknown model '@{v.model}'; declare it "
                                            "with rpeg.model"))
         for kind, names in (("reads", v.reads), ("writes", v.writes)):
@@ -240,6 +242,26 @@ def _check_vertices(ctx: _Context) -> list[RpegError]:
                 if a not in ctx.containers:
                     errors.append(RpegError(v.loc, f"vertex @{v.name} {kind} unknown container '%{a}'; declare it "
                                                    "with rpeg.container or rpeg.weights"))
+    return errors
+
+
+def _check_verify_vertex(ctx: _Context, v: Vertex) -> list[RpegError]:
+    """A verify vertex runs a declared verifier over response tokens and writes rewards, nothing else: it has no
+    model, so it reads no weights."""
+    if v.model not in {f.name for f in ctx.p.verifiers}:
+        return [RpegError(v.loc, f"verify vertex @{v.name} runs unknown verifier '@{v.model}'; declare it with "
+                                 f'rpeg.verifier @{v.model} {{fn = "math"}}')]
+    errors = []
+    weights = [a for a in v.reads + v.writes if a in ctx.containers and ctx.containers[a].is_weights]
+    if weights:
+        errors.append(RpegError(v.loc, f"verify vertex @{v.name} reads or writes the weights %{weights[0]}; a "
+                                       "verifier runs no model: remove them"))
+    if not any(a in ctx.containers and ctx.containers[a].elem == "tokens" for a in v.reads):
+        errors.append(RpegError(v.loc, f"verify vertex @{v.name} reads no tokens container; it scores responses: "
+                                       "read the generated sequences (e.g. %Y)"))
+    if [ctx.containers[a].elem for a in v.writes if a in ctx.containers] != ["rewards"]:
+        errors.append(RpegError(v.loc, f"verify vertex @{v.name} must write exactly one rewards container (one "
+                                       "score per response)"))
     return errors
 
 

@@ -20,7 +20,8 @@ from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.fused import FusedTime, fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
-from rpegc.core.ir.program import Program
+from rpegc.core.ir.program import VERIFY, Program
+from rpegc.core.cost.host import check_pools, link_alloc, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
 from rpegc.core.cost.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
 from rpegc.core.cost.work import check_role_kind
@@ -38,8 +39,11 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
     quantile_tokens = _quantile_tokens(p)
     times: dict[OpPlacement, OpTime] = {}
     nodes = []
+    check_pools(p, hw)
     for node in eg.nodes:
-        if node.kind == "op":
+        if node.kind == "op" and node.role == VERIFY:
+            t = _verify_node_time(node, p, hw)
+        elif node.kind == "op":
             placement = node_placement(node, p)
             if placement not in times:
                 times[placement] = placement_time(p, placement, hw, opts)
@@ -87,15 +91,28 @@ def member_pipelines(p: Program, nodes: Sequence[ExecNode], times: Sequence[OpTi
 def transfer_time(node: ExecNode, p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> float:
     """T of a Comm node (its stored payload, spec 5.1) or a Reshard node (its model, spec 5.2)."""
     if node.kind == "comm":
-        if node.src_alloc is None or node.alloc is None:
-            raise RpegError(node.loc, f"comm node '{node.id}' lacks its source or destination allocation; rerun insert-comm")
-        return comm_node_time(node.bytes, node.src_alloc, node.alloc, hw)
+        if node.src_alloc is None and node.alloc is None:
+            raise RpegError(node.loc, f"comm node '{node.id}' lacks its source and destination allocations; rerun "
+                                      "insert-comm")
+        return comm_node_time(node.bytes, link_alloc(node.src_alloc), link_alloc(node.alloc), hw)
     if node.kind == "reshard":
         if node.alloc is None or node.model is None:
             raise RpegError(node.loc, f"reshard node '{node.id}' lacks its allocation or model; rerun insert-reshard")
         model = _model(p, node.model, node)
         return reshard_node_time(param_count(model.arch, model.kind), p.workload.s_b, node.alloc, hw, opts)
     raise RpegError(node.loc, f"exec node '{node.id}' has kind '{node.kind}', not one of op, comm, reshard")
+
+
+def _verify_node_time(node: ExecNode, p: Program, hw: Hardware) -> float:
+    if node.pool is None or node.model is None:
+        raise RpegError(node.loc, f"verify node '{node.id}' has no pool; give vertex '{node.vertex}' one in the plan "
+                                  f"('@{node.vertex} pool = N')")
+    try:
+        p.verifier(node.model)
+    except KeyError:
+        raise RpegError(node.loc, f"node '{node.id}' runs undeclared verifier '{node.model}'; declare it with "
+                                  "rpeg.verifier") from None
+    return verify_node_time(p, node.model, node.pool, hw)
 
 
 def memory_report(mem: DeviceMemory) -> MemoryReport:
@@ -130,11 +147,13 @@ def program_placements(p: Program) -> tuple[OpPlacement, ...]:
     """The placed operators of `p`: from its exec graph when present, else from graph + plan."""
     _require_graph_and_cluster(p)
     if p.exec is not None:
-        return tuple(dict.fromkeys(node_placement(n, p) for n in p.exec.nodes if n.kind == "op"))
+        return tuple(dict.fromkeys(node_placement(n, p) for n in p.exec.nodes if n.kind == "op" and n.role != VERIFY))
     if p.plan is None:
         raise RpegError(p.graph.loc, "the module has no plan to cost; add an rpeg.plan or run optimize")
     out = []
     for v in p.graph.vertices:
+        if v.role == VERIFY:
+            continue
         try:
             pl = p.plan.placement(v.name)
         except KeyError:

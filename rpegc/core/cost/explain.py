@@ -94,9 +94,9 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
         if n.kind == "op":
             continue
         t = transfer_time(n, p, hw, opts)
-        dst = id_ranges(alloc_ids(n.alloc, p.cluster))
+        dst = _where(n.alloc, p)
         if n.kind == "comm":
-            key = (f"comm {n.container or n.model or ''}", n.bytes, id_ranges(alloc_ids(n.src_alloc, p.cluster)), dst)
+            key = (f"comm {n.container or n.model or ''}", n.bytes, _where(n.src_alloc, p), dst)
         else:
             model = p.model(n.model)
             key = (f"reshard {n.model}", param_count(model.arch, model.kind) * p.workload.s_b, dst, "same")
@@ -106,6 +106,11 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     rows = [[what, f"{len(ts)}x", f"{nbytes:,.0f} B", f"{src} -> {dst}", f"{float(ts[0]):.4e} s each"]
             for (what, nbytes, src, dst), ts in groups.items()]
     return _table(["node", "count", "payload", "GPUs", "time"], rows)
+
+
+def _where(alloc, p: Program) -> str:
+    """The GPUs of an allocation, or the verifier pool's host (None)."""
+    return "pool" if alloc is None else id_ranges(alloc_ids(alloc, p.cluster))
 
 
 def training_text(train: Optional[Training]) -> str:

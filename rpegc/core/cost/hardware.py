@@ -8,6 +8,7 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
     [memory]    M_GPU, eps_rt
     [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
     [p2p.<tier>]         alpha, beta
+    [host]      optional: cores, verify_call, [host.verify] (the verifier pool's host, core/cost/host.py)
     [meta]      free-form (calibration date, notes)
 
 `beta` is an inverse bandwidth in s/B. Every error names the file, the key and (where it can be
@@ -73,7 +74,16 @@ _LINK_KEYS = (
 )
 # gpus_per_node: 1..1024 (the largest single-node systems today hold 72 GPUs in one NVLink domain).
 MAX_GPUS_PER_NODE = 1024
-_TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "meta")
+_TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "host", "meta")
+# [host]: the CPU side of a node, where verify vertices run their reward function in a pool of processes. `cores` is
+# a node's host cores (each device's worker process takes one, a pool process another); `verify_call` the fixed time
+# of one verify operator (handing the responses to the pool and collecting the scores); [host.verify] the seconds one
+# call of a built-in reward function takes on one core, per response (rpeg-calibrate measures them). Upper bounds:
+# 1e6 cores, 60 s per call or response (a sandbox that runs longer is not a reward function for a training step).
+MAX_HOST_CORES = 10**6
+_HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time of one verify operator, s"),
+              ("verify", "seconds per response of each built-in reward function"))
+MAX_VERIFY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,9 @@ class Hardware:
     calibrated: str = ""  # meta.date
     host: str = ""  # meta.host
     machine_key: str = ""  # meta.machine_key: machine.machine_key() of the calibrating machine (CPU profiles)
+    host_cores: int | None = None  # [host] cores: a node's host CPU cores; None: the profile does not say
+    verify_call: float = 0.0  # [host] verify_call: s per verify operator
+    verify_s: tuple[tuple[str, float], ...] = ()  # [host.verify]: (built-in reward function, s per response)
 
     def provenance(self) -> str:
         """Whose machine the profile describes, for the summaries: this one's, or which other one's."""
@@ -111,6 +124,10 @@ class Hardware:
         if self.machine_key or self.host:
             return f"another machine's profile ({self.host or 'unknown host'}{when}; {self.source})"
         return f"shipped profile ({self.source})"
+
+    def per_response(self, fn: str) -> float | None:
+        """The calibrated seconds per response of the built-in reward function `fn`, or None."""
+        return dict(self.verify_s).get(fn)
 
     def peak(self, fp32: bool) -> float:
         """The GEMM ceiling of a computation in float32 (`fp32`) or in the workload's dtype."""
@@ -271,6 +288,7 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
         if key in d and not isinstance(d[key], str):
             raise where.error(key, f"key '{key}' must be a string, got {d[key]!r}")
     meta = d.get("meta") if isinstance(d.get("meta"), Mapping) else {}
+    values.update(_host(d, where))
     return Hardware(
         calibrated=_text(meta, "date"), host=_text(meta, "host"), machine_key=_text(meta, "machine_key"),
         name=d.get("name", Path(where.source).stem),
@@ -283,6 +301,29 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
         source=where.source,
         **values,
     )
+
+
+def _host(d: Mapping[str, Any], where: _Where) -> dict[str, Any]:
+    """The optional [host] table as Hardware fields."""
+    if "host" not in d:
+        return {}
+    host = _table(d, "host", where)
+    _reject_unknown(host, "host", [k for k, _ in _HOST_KEYS], where)
+    out: dict[str, Any] = {}
+    if "cores" in host:
+        cores = host["cores"]
+        if not _is_int(cores) or not 1 <= cores <= MAX_HOST_CORES:
+            raise where.error("host.cores", f"key 'host.cores' = {cores!r} must be an integer in [1, {MAX_HOST_CORES}] "
+                                            "(host CPU cores per node)")
+        out["host_cores"] = cores
+    if "verify_call" in host:
+        out["verify_call"] = _number(host, "host.verify_call", "verify_call", _HOST_KEYS[1][1], 0.0, False,
+                                     MAX_VERIFY_S, where)
+    if "verify" in host:
+        table = _table(host, "verify", where, prefix="host.")
+        out["verify_s"] = tuple((fn, _number(table, f"host.verify.{fn}", fn, f"s per response of {fn}", 0.0, True,
+                                             MAX_VERIFY_S, where)) for fn in table)
+    return out
 
 
 def _text(meta: Mapping[str, Any], key: str) -> str:

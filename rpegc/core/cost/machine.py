@@ -27,6 +27,9 @@ from rpegc.core.ir.errors import Loc, RpegError
 CPU = "cpu"  # the profile name that stands for this machine
 PIN_ENV = "RPEGC_CPU_PROFILE"  # a profile name or path `cpu` stands for instead
 CACHE_ENV = "RPEGC_CACHE_DIR"
+# What the machine campaign measures; raised when it measures more (2: the host's verifier times, [host]), so that a
+# profile cached by an earlier campaign is calibrated again instead of lacking keys.
+CAMPAIGN = "2"
 # The child process that calibrates this machine (tools/calibrate.py); `--quick` is the tests' smoke version.
 CALIBRATE = ("-m", "rpegc.tools.calibrate", "--machine", "--quiet")
 
@@ -68,7 +71,7 @@ def machine_identity() -> dict[str, str]:
     model, flags = _cpu_fields()
     return {"cpu": model, "cores": str(os.cpu_count() or 0), "machine": platform.machine(),
             "flags": hashlib.sha256(flags.encode()).hexdigest()[:12], "torch": package_version("torch"),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "campaign": CAMPAIGN}
 
 
 def machine_key(identity: Optional[dict[str, str]] = None) -> str:

@@ -38,16 +38,17 @@ class ExecNode:
     step: int
     order: int  # topological index of the RPEG vertex (for comm/reshard: of the consumer)
     vertex: Optional[str] = None  # op: the RPEG vertex
-    role: Optional[str] = None  # op: generation | inference | training
+    role: Optional[str] = None  # op: generation | inference | training | verify
     model: Optional[str] = None  # op: model invoked; reshard and weight comm: model moved
     container: Optional[str] = None  # comm: the container moved
     phase: Optional[int] = None  # quantile sub-node index q (1-based) ...
     nphases: Optional[int] = None  # ... of Q
-    alloc: Optional[Alloc] = None  # op: sigma(v); comm/reshard: destination allocation
+    alloc: Optional[Alloc] = None  # op: sigma(v); comm/reshard: destination allocation (None: the host's pool)
     strategy: Optional[Strategy] = None  # op: its plan; reshard: the target layout
     src_alloc: Optional[Alloc] = None  # comm/reshard: source allocation
     src_strategy: Optional[Strategy] = None  # reshard: the source layout
     bytes: int = 0  # comm/reshard payload; 0 for op nodes
+    pool: Optional[int] = None  # verify op: the host processes it runs on (its Pool's size); alloc and strategy None
     fraction: Optional[float] = None  # quantile phase share f_q - f_{q-1} (phase comm and sub-nodes)
     version_in: tuple[tuple[str, int], ...] = ()  # op: parameter version read per model; comm/reshard: version moved
     version_out: tuple[tuple[str, int], ...] = ()  # training op: version produced (k + 1)

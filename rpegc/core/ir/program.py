@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from rpegc.core.ir.exec_graph import ExecGraph
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-ROLES = ("generation", "inference", "training")
+ROLES = ("generation", "inference", "training", "verify")
+DEVICE_ROLES = ("generation", "inference", "training")  # the roles that run a model on devices (placed by the plan)
+VERIFY = "verify"  # a reward function on host CPU processes (a Verifier, placed by a Pool)
 MODEL_KINDS = ("policy", "reference", "critic", "reward", "actor_critic")
 # Element kinds of data containers. They only name what the runtime finds inside; the byte size is
 # s_b per element unless a container says otherwise (spec 5.1: token ids count s_b bytes too).
@@ -144,6 +146,19 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Verifier:
+    """A reward function of response text that runs on host CPU processes, not on a device's model (`rpeg.verifier`):
+    a math checker, an exact match, a code sandbox. `fn` is what the runtime calls (a built-in name, `module:function`,
+    `file.py:function` or an entry point of `rpegc.rewards`); `per_response` the seconds one call takes on one
+    process, None for a built-in whose time the hardware profile's calibration measured (`[host.verify]`)."""
+
+    name: str
+    fn: str
+    per_response: Optional[float] = None
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
 class Container:
     """A typed container: data (`elem` in ELEMENT_KINDS, `dims` over B,R,Lp,Lr) or weights of `model`."""
 
@@ -163,7 +178,7 @@ class Container:
 class Vertex:
     name: str
     role: str
-    model: str
+    model: str  # the model a device vertex invokes; a verify vertex's verifier
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     loc: Loc = loc_field()
@@ -226,6 +241,16 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Pool:
+    """Where a verify vertex runs: `size` worker processes on the host of the cluster's first node (the controller's),
+    next to the devices, not on them (`@v pool = N`)."""
+
+    vertex: str
+    size: int
+    loc: Loc = loc_field()
+
+
+@dataclass(frozen=True)
 class Fuse:
     """Training vertices the plan runs as one fused operator in every step (`rpeg.fuse`, docs/stage-fusion.md)."""
 
@@ -241,9 +266,13 @@ class Plan:
     placements: tuple[Placement, ...]
     loc: Loc = loc_field()
     fusions: tuple[Fuse, ...] = ()
+    pools: tuple[Pool, ...] = ()  # the verify vertices' placements
 
     def placement(self, vertex: str) -> Placement:
         return first_by_name(self, "placements", self.placements, lambda p: p.vertex)[vertex]
+
+    def pool(self, vertex: str) -> Pool:
+        return first_by_name(self, "pools", self.pools, lambda p: p.vertex)[vertex]
 
 
 @dataclass(frozen=True)
@@ -257,9 +286,13 @@ class Program:
     plan: Optional[Plan] = None
     exec: Optional["ExecGraph"] = None
     file: str = field(default="<input>", compare=False)
+    verifiers: tuple[Verifier, ...] = ()
 
     def model(self, name: str) -> Model:
         return first_by_name(self, "models", self.models, lambda m: m.name)[name]
+
+    def verifier(self, name: str) -> Verifier:
+        return first_by_name(self, "verifiers", self.verifiers, lambda v: v.name)[name]
 
 
 # The largest element count a data container may have: 2**50 elements (a PiB of bf16) exceeds the memory of

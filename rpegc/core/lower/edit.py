@@ -12,7 +12,7 @@ from typing import Iterable
 
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode
-from rpegc.core.ir.program import Plan, Program
+from rpegc.core.ir.program import VERIFY, Plan, Program
 
 PIPELINE = "split-quantiles, insert-comm, insert-reshard"
 
@@ -63,9 +63,15 @@ def _check_edges(g: ExecGraph) -> None:
 def _placed(g: ExecGraph, plan: Plan) -> ExecGraph:
     """Fill sigma, Pi and mb from the plan into Op nodes unrolled before the plan was attached."""
     placements = {pl.vertex: pl for pl in plan.placements}
+    pools = {pool.vertex: pool for pool in plan.pools}
     nodes = []
     for n in g.nodes:
-        if n.kind == "op" and (n.alloc is None or n.strategy is None):
+        if n.kind == "op" and n.role == VERIFY:
+            if n.pool is None and n.vertex not in pools:
+                raise RpegError(plan.loc, f"plan @{plan.name} has no pool for verify vertex @{n.vertex}; add "
+                                          f"'@{n.vertex} pool = N'")
+            n = n if n.pool is not None else n.with_(pool=pools[n.vertex].size)
+        elif n.kind == "op" and (n.alloc is None or n.strategy is None):
             pl = placements.get(n.vertex)
             if pl is None:
                 raise RpegError(

@@ -37,8 +37,11 @@ def disjoint(a: Alloc, b: Alloc) -> bool:
     return overlap(a, b) == 0
 
 
-def same_devices(a: Alloc, b: Alloc) -> bool:
-    """sigma(u) = sigma(v) as device sets (spec 5.3); a box with positive extent has one (origin, extent)."""
+def same_devices(a: Optional[Alloc], b: Optional[Alloc]) -> bool:
+    """sigma(u) = sigma(v) as device sets (spec 5.3); a box with positive extent has one (origin, extent). None is the
+    host's verifier pool (a verify vertex): the same place only as another pool."""
+    if a is None or b is None:
+        return a is b
     return a.origin == b.origin and a.extent == b.extent
 
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import DataRef, ExecEdge, ExecGraph, ExecNode
-from rpegc.core.ir.program import Container, Graph, Model, Plan, Program, Vertex
+from rpegc.core.ir.program import VERIFY, Container, Graph, Model, Plan, Program, Vertex
 from rpegc.core.check.wellformed import topological_order
 from rpegc.core.lower.rules import data_read, data_written
 
@@ -36,8 +36,14 @@ def unroll(p: Program, k: int) -> Program:
     containers = {c.name: c for c in graph.containers}
     order = {name: i for i, name in enumerate(topological_order(graph))}
     vertices = sorted(graph.vertices, key=lambda v: order[v.name])
+    verifiers = {f.name for f in p.verifiers}
     for v in vertices:
-        _model_of(v, models)
+        if v.role == VERIFY:
+            if v.model not in verifiers:
+                raise RpegError(v.loc, f"verify vertex @{v.name} runs unknown verifier '@{v.model}'; declare it with "
+                                       "rpeg.verifier")
+        else:
+            _model_of(v, models)
     nodes = tuple(
         _op_node(v, step, order[v.name], graph, models, containers, p.plan) for step in range(k) for v in vertices
     )
@@ -101,8 +107,10 @@ def _op_node(
     containers: dict[str, Container],
     plan: Optional[Plan],
 ) -> ExecNode:
-    alloc = strategy = None
-    if plan is not None:
+    alloc = strategy = pool = None
+    if plan is not None and v.role == VERIFY:
+        pool = _pool(plan, v).size
+    elif plan is not None:
         placement = _placement(plan, v)
         alloc, strategy = placement.alloc, placement.strategy
     trains = v.role == "training" and models[v.model].trainable
@@ -116,6 +124,7 @@ def _op_node(
         model=v.model,
         alloc=alloc,
         strategy=strategy,
+        pool=pool,
         version_in=_versions_read(v, step, graph, models, containers),
         version_out=((v.model, step + 1),) if trains else (),
         data_in=tuple(DataRef(c) for c in data_read(graph, v)),
@@ -134,6 +143,14 @@ def _placement(plan: Plan, v: Vertex):
         f"plan @{plan.name} has no placement for vertex @{v.name}; add "
         f"'@{v.name} at (r, n, g) extent (er, en, eg) dp = .. pp = .. tp = .. mb = ..'",
     )
+
+
+def _pool(plan: Plan, v: Vertex):
+    try:
+        return plan.pool(v.name)
+    except KeyError:
+        pass
+    raise RpegError(plan.loc, f"plan @{plan.name} has no pool for verify vertex @{v.name}; add '@{v.name} pool = N'")
 
 
 def _versions_read(

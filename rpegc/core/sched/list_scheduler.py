@@ -128,6 +128,7 @@ def prepare_schedule(
     groups: Optional[Sequence[Hashable]] = None,
     order_keys: Optional[Sequence] = None,
     names: Optional[Sequence[str]] = None,
+    devices: Optional[int] = None,
 ) -> ScheduleStructure:
     """Precompute the time-independent part of Alg. 5.
 
@@ -135,7 +136,8 @@ def prepare_schedule(
     allocation; Comm/Reshard: the destination allocation), as a bitmask or iterable of ids.
     edges: (u, v) precedence pairs (duplicates allowed). groups[v]: rank-group id (None: every node
     alone). order_keys[v]: any comparable key, lower is scheduled first on ties (None: the index).
-    names are used only in error messages.
+    names are used only in error messages. devices: resources at and above this bit are not devices (a host's
+    verifier pool, cost/host.py): they hold their nodes as a device does, but count no busy device-seconds.
     """
     n = len(is_transfer)
     if len(reserved) != n or (groups is not None and len(groups) != n) or (
@@ -182,7 +184,7 @@ def prepare_schedule(
         pos=tuple(pos),
         node_atoms=node_atoms,
         num_atoms=len(atoms),
-        sizes=tuple(m.bit_count() for m in masks),
+        sizes=tuple((m if devices is None else m & ((1 << devices) - 1)).bit_count() for m in masks),
         groups=tuple(tuple(g) for g in members.values() if len(g) > 1),
     )
 
@@ -284,6 +286,7 @@ def greedy_schedule(
     groups: Optional[Sequence[Hashable]] = None,
     order_keys: Optional[Sequence] = None,
     names: Optional[Sequence[str]] = None,
+    devices: Optional[int] = None,
 ) -> Schedule:
     """One-shot `prepare_schedule` + `run_schedule`."""
-    return run_schedule(prepare_schedule(is_transfer, reserved, edges, groups, order_keys, names), times)
+    return run_schedule(prepare_schedule(is_transfer, reserved, edges, groups, order_keys, names, devices), times)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import NODE_KINDS, ExecGraph, ExecNode, ScheduleReport
 from rpegc.core.ir.program import Program
+from rpegc.core.cost.host import check_pool_transfers, pool_device
 from rpegc.core.ir.geometry import Alloc, Cluster, alloc_mask
 from rpegc.core.sched.list_scheduler import Schedule, greedy_schedule
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
@@ -32,12 +33,12 @@ def _check_alloc(node: ExecNode, alloc: Alloc, cluster: Cluster) -> None:
 
 
 def _reserved_mask(node: ExecNode, cluster: Cluster) -> int:
-    """Op: its allocation sigma(v); Comm/Reshard: the destination allocation (Def. A.11)."""
+    """Op: its allocation sigma(v); Comm/Reshard: the destination allocation (Def. A.11); a verify node and a transfer
+    into its pool: the pool's resource (cost/host.py)."""
     if node.kind not in NODE_KINDS:
         raise RpegError(node.loc, f"node {node.id} has unknown kind '{node.kind}'; use one of {', '.join(NODE_KINDS)}")
-    if node.alloc is None:
-        what = "its allocation" if node.kind == "op" else "its destination allocation"
-        raise RpegError(node.loc, f"node {node.id} has no device allocation; give {what} (`at ... extent ...`)")
+    if node.alloc is None:  # the verifier pool, on the host (check_pool_transfers allowed no other)
+        return 1 << pool_device(cluster)
     _check_alloc(node, node.alloc, cluster)
     return alloc_mask(node.alloc, cluster)
 
@@ -53,6 +54,7 @@ def schedule_exec(graph: ExecGraph, cluster: Cluster) -> Schedule:
     """Run Alg. 5 on an annotated exec graph; node i of the result is `graph.nodes[i]`. The members of a fusion are
     one unit of the schedule (they run together on the same devices, for the fusion's time): the first stands for
     all, their edges are its edges, and the others get its start and finish."""
+    check_pool_transfers(graph)
     head = {m: f.members[0] for f in graph.fusions for m in f.members}
     units = [n for n in graph.nodes if head.get(n.id, n.id) == n.id]
     sched = _schedule_units(graph, units, head, cluster)
@@ -97,6 +99,7 @@ def _schedule_units(graph: ExecGraph, nodes: list[ExecNode], head: dict[str, str
         groups=[rank_group(n, i) for i, n in enumerate(nodes)],
         order_keys=[(n.step, n.order) for n in nodes],
         names=[n.id for n in nodes],
+        devices=cluster.num_devices,
     )
 
 

@@ -24,15 +24,16 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['co
                  "A: {{ m['content'] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}")
 SPECIALS = ("<pad>", "<s>", "</s>")
 
-# GRPO on 2 CPU workers (one per core of a 2-core host) with the checkpoint as actor and reference; the reward
-# vertex is priced as a model but scores with the reward function the run names (--reward math). The reward
-# model is the `tiny` preset: it never runs then, and costs next to nothing to build.
-GRPO_PROGRAM = """// {algorithm} on the arithmetic prompts of `python -m rpegc.runtime.backends.torch.arith`: 2 workers.
+# GRPO on a 2-core host with the checkpoint as actor and reference, one CPU worker for the model and the math verifier
+# (`math-verify`) on a pool of host processes: a verify vertex, which the cost model prices per response
+# (rpegc/core/cost/host.py) and the optimizer places beside the devices, their processes sharing the host's cores.
+GRPO_PROGRAM = """// {algorithm} on the arithmetic prompts of `python -m rpegc.runtime.backends.torch.arith`: CPU workers and a
+// verifier pool sharing the host's cores.
 rpeg.workload {{B = {B}, R = {R}, Lp = {Lp}, Lr = {Lr}, dtype = fp32{drawn}}}
 
-rpeg.model @actor  {{hf = "{ckpt}", kind = policy, trainable}}
-rpeg.model @ref    {{hf = "{ckpt}", kind = reference}}
-rpeg.model @reward {{arch = "tiny", kind = reward}}
+rpeg.model    @actor {{hf = "{ckpt}", kind = policy, trainable}}
+rpeg.model    @ref   {{hf = "{ckpt}", kind = reference}}
+rpeg.verifier @math  {{fn = "math"}}
 
 rpeg.graph @grpo {{
   %X        = rpeg.container tokens[B, Lp]
@@ -42,20 +43,19 @@ rpeg.graph @grpo {{
   %r        = rpeg.container rewards[B*R]
   %W_actor  = rpeg.weights @actor
   %W_ref    = rpeg.weights @ref
-  %W_reward = rpeg.weights @reward
-  rpeg.input %X, %W_ref, %W_reward
+  rpeg.input %X, %W_ref
 
-  rpeg.vertex @gen         generation @actor  reads(%W_actor, %X) writes(%Y, %logp)
-  rpeg.vertex @ref_inf     inference  @ref    reads(%W_ref, %Y) writes(%logp_ref)
-  rpeg.vertex @reward_inf  inference  @reward reads(%W_reward, %Y) writes(%r)
-  rpeg.vertex @train_actor training   @actor  reads(%W_actor, %Y, %logp, %logp_ref, %r) writes(%W_actor)
+  rpeg.vertex @gen         generation @actor reads(%W_actor, %X) writes(%Y, %logp)
+  rpeg.vertex @ref_inf     inference  @ref   reads(%W_ref, %Y) writes(%logp_ref)
+  rpeg.vertex @verify      verify     @math  reads(%Y) writes(%r)
+  rpeg.vertex @train_actor training   @actor reads(%W_actor, %Y, %logp, %logp_ref, %r) writes(%W_actor)
 
   rpeg.data @gen -> @ref_inf (%Y)
-  rpeg.data @gen -> @reward_inf (%Y)
+  rpeg.data @gen -> @verify (%Y)
   rpeg.data @gen -> @train_actor (%Y)
   rpeg.data @gen -> @train_actor (%logp)
   rpeg.data @ref_inf -> @train_actor (%logp_ref)
-  rpeg.data @reward_inf -> @train_actor (%r)
+  rpeg.data @verify -> @train_actor (%r)
   rpeg.publish @train_actor -> @gen (%W_actor)
   rpeg.staleness {{@actor = 0}}
   rpeg.algorithm {algorithm}
@@ -63,11 +63,12 @@ rpeg.graph @grpo {{
 
 rpeg.cluster @cpu2 {{racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}}
 
+// A hand plan (the optimizer replaces it): the model's vertices on one worker, the verifier on one host process.
 rpeg.plan @p for @grpo on @cpu2 {{
-  @gen         at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @ref_inf     at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @reward_inf  at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
-  @train_actor at (0, 0, 0) extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1
+  @gen         at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
+  @ref_inf     at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
+  @train_actor at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
+  @verify      pool = 1
 }}
 """
 
@@ -325,7 +326,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     family = {"llama": "Llama", "qwen3": "Qwen3", "gemma3_text": "Gemma 3"}[args.model]
     print(f"wrote {args.dir}/ckpt ({family}, hidden {args.hidden}, {args.layers} layers, tokenizer), "
           f"{args.dir}/train.jsonl ({args.rows} prompts), {args.dir}/test.jsonl (64) and {args.dir}/grpo.rpeg "
-          f"({args.algorithm} on 2 workers)")
+          f"({args.algorithm} with the math verifier on a pool of host processes)")
     return 0
 
 

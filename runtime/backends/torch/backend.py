@@ -43,7 +43,7 @@ import torch
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.torch.algorithms import ALGORITHMS, Algorithm, algorithm
 from rpegc.core.ir.exec_graph import microtask_text
-from rpegc.core.ir.program import Program
+from rpegc.core.ir.program import VERIFY, Program
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.backends.torch.options import TorchOptions
 from rpegc.runtime.interrupt import stop_on_signals
@@ -68,7 +68,7 @@ from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, 
 from rpegc.runtime.backends.torch.worker import FAULT_ENV
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 
-def run_config(program: Program, *, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
+def run_config(program: Program, *, task: str = "pattern", reward: Optional[str] = None, lr: Optional[float] = None,
                positions: str = "learned", rl: Optional[dict] = None, data: Optional[dict] = None) -> RunConfig:
     """The RL run the torch backend executes for `program` (and the reference oracle must run).
 
@@ -77,7 +77,8 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
     {"path": "train.jsonl"}). Paths (dataset, tokenizer, a reward's file) are made absolute: workers may
     run elsewhere, from another directory.
     """
-    cfg = config_from_program(program, task=task, reward=_absolute_reward(reward), positions=positions,
+    cfg = config_from_program(program, task=task, reward=_absolute_reward(reward_spec(program, reward)),
+                              positions=positions,
                               data=_absolute_paths(DataConfig(**(data or {}))))
     overrides = dict(rl or {})
     if lr is not None:
@@ -87,6 +88,36 @@ def run_config(program: Program, *, task: str = "pattern", reward: str = "rule",
     cfg = dataclasses.replace(cfg, rl=toy_rl_config(cfg.algorithm, **overrides))
     check_run_config(cfg)
     return cfg
+
+def reward_spec(program: Program, reward: Optional[str]) -> str:
+    """What the reward vertex scores with: the verifier a verify vertex runs (the plan priced it; --reward may only
+    repeat it), else `reward` (--reward), else the toy tasks' rule."""
+    verifiers = [v for v in (program.graph.vertices if program.graph else ()) if v.role == VERIFY]
+    if not verifiers:
+        return reward or "rule"
+    if len(verifiers) > 1:
+        raise RpegError(verifiers[1].loc, f"the torch backend runs one verify vertex, found {len(verifiers)}; keep one")
+    fn = program.verifier(verifiers[0].model).fn
+    if reward is not None and reward != fn:
+        raise RpegError(verifiers[0].loc, f"--reward {reward}: the plan's verify vertex @{verifiers[0].name} runs "
+                                          f"'{fn}' (rpeg.verifier @{verifiers[0].model}), and the plan is priced for "
+                                          "it; change the verifier in the module and recompile, or drop --reward")
+    return fn
+
+
+def unpriced_reward(program: Program, cfg: RunConfig) -> Optional[str]:
+    """What a run whose reward vertex runs a reward model in the plan but a reward function in the run says: the plan
+    prices the model's inference, the run calls the function (make it a verify vertex to price it). The toy tasks'
+    rule, which the tiny examples' reward models stand for, costs microseconds and is not reported."""
+    if not cfg.reward_function or program.graph is None:
+        return None
+    for v in program.graph.vertices:
+        if v.role == "inference" and program.model(v.model).kind == "reward":
+            return (f"the plan prices @{v.name} as the inference of reward model @{v.model}, but this run scores "
+                    f"with '{cfg.reward}' instead, which the plan does not price; declare it as a verifier "
+                    f"(rpeg.verifier @v {{fn = \"{cfg.reward}\"}}) and make @{v.name} a verify vertex")
+    return None
+
 
 def _same_family(graph: Algorithm, name: str) -> str:
     """`name`, if its algorithm has the graph's family (its shape)."""
@@ -146,7 +177,7 @@ class TorchBackend(Backend):
     default_reserve = "endpoints"  # Table III: a transfer holds both endpoints
 
     def __init__(self, seed: int = 0, *, run_dir: Optional[str] = None, checkpoint_every: int = 0,
-                 resume: bool = False, task: str = "pattern", reward: str = "rule", lr: Optional[float] = None,
+                 resume: bool = False, task: str = "pattern", reward: Optional[str] = None, lr: Optional[float] = None,
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
                  dist_backend: str = "gloo", rl: Optional[dict] = None, data: Optional[dict] = None,
                  launcher: str = "local",
@@ -199,7 +230,7 @@ class TorchBackend(Backend):
 
         settings = rl_settings(o.rl_config, o.rl or (), None, o.data)
         return cls(seed=o.seed, rl=settings.rl, data=settings.data, run_dir=run_dir, checkpoint_every=every,
-                   resume=bool(o.resume), lr=o.lr, tp_impl=o.tp_impl, reward=o.reward or "rule", task=o.task,
+                   resume=bool(o.resume), lr=o.lr, tp_impl=o.tp_impl, reward=o.reward, task=o.task,
                    dist_backend=o.dist_backend, launcher="external" if o.store else "local", store=o.store,
                    secret_file=o.secret_file, keep_checkpoints=2 if o.keep_checkpoints is None else o.keep_checkpoints,
                    memory_check=not o.no_memory_check, overwrite=o.overwrite,
@@ -316,9 +347,9 @@ class TorchBackend(Backend):
         from rpegc.runtime.backends.torch.memory_check import check_memory, predicted_peaks
 
         if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
-            self._predicted_peaks = check_memory(plan.program, plan.devices, dist_backend)
+            self._predicted_peaks = check_memory(plan.program, plan.model_devices, dist_backend)
         else:
-            self._predicted_peaks = predicted_peaks(plan.program, plan.devices)
+            self._predicted_peaks = predicted_peaks(plan.program, plan.model_devices)
         self._measured_what = "GPU allocator" if dist_backend == "nccl" else "the C heap's allocations"
         self._analyse(plan)
         if self.run_dir and not self.resume:
@@ -474,16 +505,24 @@ class TorchBackend(Backend):
 
     def memory_summary(self) -> list[str]:
         """Each worker's measured peak (its bye) beside the cost model's peak of its device (peak_memory.py)."""
+        models = set(self.plan.model_devices)  # a verifier pool's worker holds host memory, which is not priced
         peaks = [WorkerPeak(r, d, self._predicted_peaks.get(d, 0.0), self.pool.peaks.get(r), self.pool.resident.get(r))
-                 for d, r in sorted(self.rank_of.items(), key=lambda dr: dr[1])]
+                 for d, r in sorted(self.rank_of.items(), key=lambda dr: dr[1]) if d in models]
         return peak_lines(peaks, self._measured_what)
 
     def reward_summary(self) -> Optional[str]:
-        """One line on the reward function's failed calls, None if there were none."""
+        """What the summary says of the reward: the reward function's failed calls, and a reward function the plan
+        does not price (`unpriced_reward`); None if neither."""
+        lines = []
         failed = int(sum(s["failures"] for s in self.reward_stats.values()))
-        if not failed:
-            return None
-        return f"reward function: {failed} call(s) failed and scored 0; the first at {self.first_reward_failure}"
+        if failed:
+            lines.append(f"reward function: {failed} call(s) failed and scored 0; the first at "
+                         f"{self.first_reward_failure}")
+        program = getattr(self, "program", None)  # set when the run's plan is analysed (`_analyse`)
+        unpriced = unpriced_reward(program, self.cfg) if program is not None else None
+        if unpriced:
+            lines.append(f"note: {unpriced}")
+        return "\n".join(lines) or None
 
     def _complete(self, node: str, pend: _Pending) -> None:
         del self._pending[node]

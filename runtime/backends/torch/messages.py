@@ -79,7 +79,7 @@ COMMANDS = {
     "release": MessageType(("labels",)),  # every copy the controller freed on this rank since its last command
     # a node's command also carries the copies freed on its rank since the rank's last command ("release")
     "op": MessageType(_NODE + ("step", "role", "model", "layout", "mb", "rows", "weights", "inputs", "outputs",
-                               "fields", "prep", "output", "version_out"), ("release", "train", "take")),
+                               "fields", "prep", "output", "version_out"), ("release", "train", "take", "pool")),
     # a fusion's members (their "op" commands) and, per pipeline stage, its microtasks ("F1.2"), in order
     "fused": MessageType(_NODE + ("members", "stages"), ("release",)),
     "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields"), ("release",)),

@@ -271,14 +271,21 @@ def score_responses(source: Any, fn: Optional[RewardFn], batch: Any, sequences: 
     """The verifier's score [b] of each of `rows` (global sequence indices; sequence g answers prompt
     g // rollouts of the step's `batch`): the toy task's token rule when `fn` is None, else `fn` on each
     response's text (`source` is the dataset that decodes it). The Scored detail only for a function."""
+    if fn is None:
+        lp = source.prompt_len
+        return source.score(sequences[:, :lp], sequences[:, lp:], mask), None
+    return score_rows(lambda texts, examples, rows: score_texts(fn, texts, examples, rows), source, batch,
+                      sequences, mask, rows, rollouts)
+
+
+def score_rows(score: Callable[[list[str], list[Any], list[int]], Scored], source: Any, batch: Any, sequences: Any,
+               mask: Any, rows: Sequence[int], rollouts: int) -> tuple[Any, Scored]:
+    """`score` (a reward function's calls, here or in a pool of processes) of each row's response text."""
     import torch
 
-    lp = source.prompt_len
-    if fn is None:
-        return source.score(sequences[:, :lp], sequences[:, lp:], mask), None
     lengths = mask.sum(-1).long().tolist()
-    texts = [source.response_text(r[:n]) for r, n in zip(sequences[:, lp:].tolist(), lengths)]
-    scored = score_texts(fn, texts, [batch.examples[g // rollouts] for g in rows], rows)
+    texts = [source.response_text(r[:n]) for r, n in zip(sequences[:, source.prompt_len:].tolist(), lengths)]
+    scored = score(texts, [batch.examples[g // rollouts] for g in rows], list(rows))
     return torch.tensor(scored.scores, dtype=torch.float32, device=sequences.device), scored
 
 

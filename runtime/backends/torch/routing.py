@@ -17,12 +17,13 @@ from typing import Optional
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.geometry import Strategy
+from rpegc.core.ir.program import VERIFY
 from rpegc.runtime.backends.base import BackendError, Dispatch
 from rpegc.runtime.backends.torch.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                  route_weights)
 from rpegc.runtime.backends.torch.reference import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec
-from rpegc.runtime.plan import Artifact, RunNode, RunPlan
+from rpegc.runtime.plan import Artifact, RunNode, RunPlan, node_devices
 
 
 @dataclass
@@ -60,7 +61,9 @@ class Routes:
         self.layouts: dict[int, Layout] = {}  # Op node index -> its workers' layout
         self.reshard_layouts: dict[int, tuple[Layout, Layout]] = {}  # Reshard node index -> (source, target)
         for n in plan.nodes:
-            if n.kind == "op":
+            if n.kind == "op" and n.node.role == VERIFY:  # the verifier pool's worker holds every row it scores
+                self.layouts[n.index] = Layout(self.ranks(n.devices), 1, 1, 1)
+            elif n.kind == "op":
                 self.layouts[n.index] = self._layout(n.devices, n.node.strategy, n)
                 self._check_layout(n, self.layouts[n.index])
             elif n.kind == "reshard":
@@ -135,7 +138,7 @@ class Routes:
 
     def alloc_ranks(self, a: Artifact) -> tuple[int, ...]:
         assert self.program.cluster is not None
-        return self.ranks(a.alloc.devices(self.program.cluster))
+        return self.ranks(node_devices(a.alloc, self.program.cluster))
 
     def reader_layout(self, a: Artifact) -> Layout:
         """The layout a weights copy is laid out in where it lands: that of its first reader on its allocation."""
@@ -195,7 +198,8 @@ class Routes:
                 for m in moves:
                     held.setdefault(m.dst, []).append((m.lo, m.hi))
                 holdings[a] = Holding(rows=held)
-        if weights is None:
+        verify = n.node.role == VERIFY
+        if weights is None and not verify:
             raise BackendError(n.node.loc, f"node {n.id} binds no parameter copy of @{n.node.model}")
         outputs: dict[str, list[str]] = {}
         fields: list[str] = []
@@ -210,7 +214,8 @@ class Routes:
             holdings[a] = Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
         training = n.node.role == "training"
         cmd = {"type": "op", "node": n.id, "step": n.step, "role": n.node.role, "model": n.node.model,
-               "layout": layout, "mb": n.node.strategy.mb, "rows": rows, "weights": weights.label,
+               "layout": layout, "mb": 1 if verify else n.node.strategy.mb, "rows": rows,
+               "weights": weights.label if weights else None,
                # how a training node trains (precision, ZeRO stage, recomputation, schedule: the plan's), and
                # whether it may take its weights copy over as its working copy (no later node reads it)
                "train": self.cfg.workload.training(n.node.strategy.train, n.node.loc) if training else None,
@@ -218,6 +223,8 @@ class Routes:
                "inputs": data_in, "outputs": outputs, "fields": fields, "prep": prep, "tag": tag,
                "output": out_weights.label if out_weights else None,
                "version_out": out_weights.index if out_weights else None}
+        if verify:
+            cmd["pool"] = n.node.pool
         return Command({r: cmd for r in layout.ranks}, frozenset(layout.ranks), holdings)
 
     def transfer_command(self, d: Dispatch) -> Command:

@@ -69,6 +69,7 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError, error_line
 from rpegc.core.ir.exec_graph import microtask_of
+from rpegc.core.ir.program import VERIFY
 from rpegc.runtime.backends.torch.interleave import Interleave, run_members
 from rpegc.core.ir.training import Training
 from rpegc.runtime.backends.torch import checkpoint as ckpt
@@ -90,7 +91,8 @@ from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 from rpegc.runtime.backends.torch.rl import last_token_scores, response_forward
 from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch
 from rpegc.runtime.backends.torch.prompts import open_prompts
-from rpegc.runtime.backends.torch.rewards import accuracy_sums, load_reward, score_responses
+from rpegc.runtime.backends.torch.rewards import accuracy_sums, load_reward, score_responses, score_rows
+from rpegc.runtime.backends.torch.verifier_pool import VerifierPool
 
 FAULT_ENV = "RPEG_TORCH_FAULT"  # "kill:NODE[:RANK]" or "raise:NODE[:RANK]": a test hook
 WAIT = timedelta(hours=1)  # longest blocking wait for a command before checking on the controller
@@ -196,6 +198,7 @@ class Worker:
         self.prompts = open_prompts(self.run.data, self.run.task, self.run.actor.vocab, w.Lp, w.Lr,
                                     pairs=not self.alg.generates)
         self.reward_fn = load_reward(self.run.reward) if self.run.reward_function else None
+        self.pool: Optional[VerifierPool] = None  # a verify vertex's processes, if this rank is the plan's pool
         self._batches: dict[int, PromptBatch] = {}  # the prompts of the steps in flight
         self._pairs: dict[int, PairBatch] = {}  # DPO: the preference pairs of the steps in flight
         self.groups = ProcessGroups(setup.layouts)
@@ -238,6 +241,8 @@ class Worker:
         while True:
             cmd = self.next_command()
             if cmd["type"] == "stop":
+                if self.pool is not None:
+                    self.pool.close()
                 # the controller keeps its store until all said bye
                 self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident()})
                 return
@@ -665,6 +670,8 @@ class Worker:
         lo, hi = cmd["rows"][self.rank]
         if role == "training":
             return self.op_training(cmd, lo, hi)
+        if role == VERIFY:
+            return self.op_verify(cmd, lo, hi)
         pm, version = self.serving_model(cmd["model"], cmd["layout"], cmd["weights"])
         report: dict = {}
         if role == "generation":
@@ -753,6 +760,34 @@ class Worker:
                 report["reward_stats"] = {"acc_sum": acc_sum, "acc_n": acc_n, "failures": scored.failures.count,
                                           "first_failure": scored.failures.first}
         return report["verifier"]
+
+    def op_verify(self, cmd: dict, lo: int, hi: int) -> dict:
+        """A verify vertex: the run's reward function over the rows' responses in the plan's pool of processes (the
+        toy rule here), written as the rewards container's fields; what its calls report."""
+        data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
+        pool = self.verifier_pool(cmd["pool"])
+        if pool.function:
+            scores, scored = score_rows(pool.score_texts, self.prompts, self.step_batch(cmd["step"]),
+                                        data["sequences"], data["mask"], range(lo, hi), self.run.workload.R)
+        else:
+            scores, scored = score_responses(self.prompts, None, self.step_batch(cmd["step"]), data["sequences"],
+                                             data["mask"], range(lo, hi), self.run.workload.R)
+        for label, names in cmd["outputs"].items():
+            self.entries[label] = Entry("data", pieces=[Piece(lo, hi, {f: scores for f in names})])
+        out: dict = {"bytes": 0, "versions_in": {}}
+        if scored is not None:
+            acc_sum, acc_n = accuracy_sums(scored)
+            out["reward_stats"] = {"acc_sum": acc_sum, "acc_n": acc_n, "failures": scored.failures.count,
+                                   "first_failure": scored.failures.first}
+        return out
+
+    def verifier_pool(self, size: int) -> VerifierPool:
+        """The pool of the run's reward function, of the plan's size (started on first use)."""
+        if self.pool is None or self.pool.size != size:
+            if self.pool is not None:
+                self.pool.close()
+            self.pool = VerifierPool(self.run.reward, size)
+        return self.pool
 
     def forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
                       hi: int, pads: Optional[Tensor], temperature: Optional[float] = None) -> Tensor:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.ir.program import Container, Program, Vertex, Workload
+from rpegc.core.ir.program import VERIFY, Container, Program, Vertex, Workload
 from rpegc.runtime.backends.torch.parallel import ParallelModel
 from rpegc.runtime.backends.torch.rl import RLConfig, check_rl_config
 
@@ -126,7 +126,7 @@ class Algorithm:
         assert program.graph is not None
         fields: dict[str, tuple[str, ...]] = {}
         for v in program.graph.vertices:
-            kind = program.model(v.model).kind
+            kind = f"verifier @{v.model}" if v.role == VERIFY else f"model kind {program.model(v.model).kind}"
             for c in v.writes:
                 cont = program.graph.container(c)
                 if cont.is_weights:
@@ -134,7 +134,7 @@ class Algorithm:
                 got = self.container_fields(program, v, cont)
                 if got is None:
                     raise RpegError(v.loc, f"the torch backend does not know what the {v.role} vertex @{v.name} "
-                                    f"(model kind {kind}) writes into %{c} ({cont.elem}) under {self.name.upper()}; "
+                                    f"({kind}) writes into %{c} ({cont.elem}) under {self.name.upper()}; "
                                     f"{self.what_writes()}")
                 fields[c] = got
         made = {f for fs in fields.values() for f in fs}

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.core.ir.program import Arch, Container, Program, Vertex, Workload
+from rpegc.core.ir.program import VERIFY, Arch, Container, Program, Vertex, Workload
 from rpegc.runtime.backends.torch.algorithms.base import Algorithm, Worker, training_report
 from rpegc.runtime.backends.torch.parallel import ParallelModel
 from rpegc.runtime.backends.torch.finite import require_finite
@@ -68,6 +68,8 @@ class RolloutAlgorithm(Algorithm):
                                   "into; set kl_in_reward = false (or use reinforce_plus_plus)")
 
     def container_fields(self, program: Program, vertex: Vertex, container: Container) -> Optional[tuple[str, ...]]:
+        if vertex.role == VERIFY:  # a verifier writes what a reward vertex does
+            return ROLLOUT_FIELDS["reward"].get(container.elem)
         kind = program.model(vertex.model).kind
         if vertex.role == "generation":
             return ROLLOUT_FIELDS["generation"].get(container.elem)

@@ -1,0 +1,146 @@
+"""The verifier pool on a node's host: what a verify vertex costs and where it runs (issue 36).
+
+A verify vertex (`rpeg.vertex @score verify @math ...`, program.Verifier) scores every response with a reward
+function of its text: a math checker, an exact match, a code sandbox. It runs on host CPU processes, not on a
+device's model, so it overlaps the devices' work. Its plan is a pool of P processes (`@score pool = P`) on the host of
+the cluster's first node, where the controller runs:
+
+  T_verify = t_call + ceil(rows / P) * t_resp
+
+with rows = the responses of a step (the drawn ones, B R: Workload.for_role), t_resp the seconds one call takes on
+one core (the verifier's `per_response`, else the hardware profile's calibrated time of the built-in, [host.verify])
+and t_call the fixed time of one operator (handing the responses to the pool, collecting the scores: [host]
+verify_call). The pool's processes and the devices' worker processes share the host's cores: the plan may not
+give its pools more cores than the node's host has left ([host] cores minus the devices placed on that node).
+
+In the schedule the pool is one more resource (`pool_device`): its nodes, and the transfers into it, wait for
+it as a device's do, but it is not a device (no memory, no device-seconds). Its transfers cross the host link of the
+first node: a Comm between a device allocation and the pool is priced as one between the allocation and the first
+node's first device (`HOST_ALLOC`), the tier it spans.
+
+The optimizer chooses the pool's size (`pool_sizes`) with the devices' placements: its arrays place a pool at
+`search_alloc`, a one-slot box just past the first node's GPUs. That box is disjoint from every device allocation
+(so every edge to or from it is a Comm, as for the pool) and lies on the first node with size 1, as HOST_ALLOC does,
+so a transfer's tier and time are the pool's. A plan must leave the pools their cores (`cores_needed`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.exec_graph import ExecGraph
+from rpegc.core.ir.geometry import Alloc, Cluster
+from rpegc.core.ir.program import VERIFY, Program, Verifier
+
+HOST_ALLOC = Alloc((0, 0, 0), (1, 1, 1))  # where the pool's links start: the host of the cluster's first node
+
+
+def pool_device(cluster: Cluster) -> int:
+    """The schedule's resource id of the pool: one past the cluster's devices."""
+    return cluster.num_devices
+
+
+def link_alloc(alloc: Optional[Alloc]) -> Alloc:
+    """The allocation a transfer's link cost starts or ends at: the pool (None) is on the first node's host."""
+    return HOST_ALLOC if alloc is None else alloc
+
+
+def search_alloc(cluster: Cluster) -> Alloc:
+    """The pool's stand-in in the optimizer's allocation arrays (module docstring); never a device's box."""
+    return Alloc((0, 0, cluster.gpus), (1, 1, 1))
+
+
+def pool_sizes(p: Program, hw: Hardware) -> tuple[int, ...]:
+    """The pool sizes the optimizer chooses among: 1 up to the first node's host cores (and
+    no more processes than a step has responses), largest (fastest) first."""
+    if hw.host_cores is None:
+        raise RpegError(p.cluster.loc, f"the graph has a verify vertex, whose pool of host processes the optimizer "
+                                       f"sizes by the host's cores, but the hardware profile '{hw.source}' does not "
+                                       "give them; add [host] cores = N to it")
+    rows = p.workload.for_role(VERIFY)
+    top = max(1, min(hw.host_cores, rows.B * rows.R, MAX_POOL))
+    return tuple(range(top, 0, -1))
+
+
+MAX_POOL = 256  # pool sizes the optimizer considers at most
+
+
+def cores_needed(device_ids, pools: int, cluster: Cluster) -> int:
+    """Host cores the first node's host needs: one per device of the plan on that node, one per pool process."""
+    return len({d for d in device_ids if d < cluster.gpus}) + pools
+
+
+def check_pool_transfers(graph: ExecGraph) -> None:
+    """A Comm without a destination (source) allocation moves data into (out of) the verifier pool: it must feed (be
+    fed by) a verify node; any other node without an allocation is a located error."""
+    verify = {n.id for n in graph.nodes if n.kind == "op" and n.role == VERIFY}
+    feeds: dict[str, set[str]] = {}
+    fed: dict[str, set[str]] = {}
+    for e in graph.edges:
+        feeds.setdefault(e.src, set()).add(e.dst)
+        fed.setdefault(e.dst, set()).add(e.src)
+    for n in graph.nodes:
+        if n.kind == "op" and n.role == VERIFY:
+            continue
+        to_pool = n.kind == "comm" and n.alloc is None and feeds.get(n.id, set()) & verify
+        from_pool = n.kind == "comm" and n.src_alloc is None and fed.get(n.id, set()) & verify
+        if n.alloc is None and not to_pool:
+            what = "a device allocation" if n.kind == "op" else "a destination allocation"
+            raise RpegError(n.loc, f"node {n.id} has no allocation; give it {what} (`at ... extent ...`), or let it "
+                                   "feed a verify node (the verifier pool)")
+        if n.kind != "op" and n.src_alloc is None and not from_pool:
+            raise RpegError(n.loc, f"{n.kind} node {n.id} has no source allocation (`from ... extent ...`)")
+
+
+def verify_time(rows: int, pool: int, per_response: float, call: float) -> float:
+    """T_verify = t_call + ceil(rows / P) * t_resp: the responses dealt out evenly to P processes."""
+    return call + math.ceil(rows / pool) * per_response
+
+
+def per_response(verifier: Verifier, hw: Hardware) -> float:
+    """t_resp of `verifier`: as it states, else the profile's calibrated time of the built-in it names."""
+    if verifier.per_response is not None:
+        return verifier.per_response
+    calibrated = hw.per_response(verifier.fn)
+    if calibrated is None:
+        known = ", ".join(fn for fn, _ in hw.verify_s) or "none"
+        raise RpegError(verifier.loc, f"verifier @{verifier.name} runs '{verifier.fn}', whose time per response the "
+                                      f"hardware profile '{hw.source}' does not give (it calibrates: {known}); state "
+                                      f"it, e.g. rpeg.verifier @{verifier.name} {{fn = \"{verifier.fn}\", "
+                                      "per_response = 0.002}, or measure it with `rpeg-calibrate --verifier "
+                                      f"{verifier.fn} --data FILE`")
+    return calibrated
+
+
+def verify_node_time(p: Program, verifier_name: str, pool: int, hw: Hardware) -> float:
+    """T_verify of a verify operator of `p` on `pool` processes."""
+    rows = p.workload.for_role(VERIFY)
+    return verify_time(rows.B * rows.R, pool, per_response(p.verifier(verifier_name), hw), hw.verify_call)
+
+
+def free_host_cores(p: Program, hw: Hardware) -> Optional[int]:
+    """The first node's host cores that no device of the plan takes (None: the profile does not give the cores)."""
+    if hw.host_cores is None:
+        return None
+    used = [d for pl in p.plan.placements for d in pl.alloc.devices(p.cluster)]
+    return hw.host_cores - cores_needed(used, 0, p.cluster)
+
+
+def check_pools(p: Program, hw: Hardware) -> None:
+    """The plan's pools fit the cores the first node's host has left; a located error if they do not."""
+    if p.plan is None or not p.plan.pools:
+        return
+    first = p.plan.pools[0]
+    free = free_host_cores(p, hw)
+    if free is None:
+        raise RpegError(first.loc, f"the plan runs @{first.vertex} on a pool of host processes, but the hardware "
+                                   f"profile '{hw.source}' does not give the host's cores; add [host] cores = N to it")
+    asked = sum(pool.size for pool in p.plan.pools)
+    if asked > free:
+        raise RpegError(first.loc, f"the plan's verifier pools take {asked} host processes, but the first node's host "
+                                   f"has {hw.host_cores} cores and the plan's devices on that node take "
+                                   f"{hw.host_cores - free}; use pools of at most {max(free, 0)} processes in all, or "
+                                   "place fewer devices on the first node")

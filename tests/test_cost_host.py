@@ -1,0 +1,105 @@
+"""A verify vertex (issue 36): a reward function on a pool of host processes, priced T_verify = t_call +
+ceil(rows / P) t_resp (core/cost/host.py), scheduled on the pool's own resource so that it overlaps the devices'
+work, its pool bounded by the host cores the devices leave; read and written by the text form; checked by
+verify-wellformed and the plan rules with located errors."""
+
+import math
+import re
+
+import pytest
+
+from rpegc.core.check.wellformed import check_program
+from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.cost.host import check_pools, per_response, verify_time
+from rpegc.core.ir.errors import RpegError
+from rpegc.syntax.parser import parse
+from rpegc.syntax.printer import print_program
+from fixtures.torch_runs import compile_plan
+
+SOURCE = open("examples/grpo-verify.rpeg").read()
+HW = load_hardware("cpu-reference")
+
+
+def stated(per: float, pool: int = 1, gpus: int = 1) -> str:
+    text = SOURCE.replace('@rule  {fn = "rule"}', f'@rule  {{fn = "rule", per_response = {per}}}')
+    text = text.replace("@score       pool = 1", f"@score       pool = {pool}")
+    return text.replace("gpus = 1,", f"gpus = {gpus},")
+
+
+def test_the_text_form_reads_and_writes_verifiers_pools_and_pooled_nodes(tmp_path):
+    p = parse(stated(0.002), "v.rpeg")
+    assert p.verifier("rule").per_response == 0.002 and p.plan.pool("score").size == 1
+    assert p.graph.vertex("score").role == "verify" and "score" not in {pl.vertex for pl in p.plan.placements}
+    assert parse(print_program(p), "v.rpeg") == p
+    plan = compile_plan(tmp_path, "v.rpeg", steps=2, text=stated(0.002))
+    text = print_program(plan.program)
+    assert re.search(r"exec\.op @score#0 verify @rule step 0 order \d pool = 1 reads \{%Y\} writes \{%r\}", text)
+    assert parse(text, "x.rpeg") == plan.program
+
+
+@pytest.mark.parametrize("hardware, pool", [("cpu", 1), ("a100-40g", 3)])
+def test_a_verify_node_costs_t_call_plus_its_share_of_the_rows(tmp_path, hardware, pool):
+    text = stated(0.002, pool=pool).replace('hardware = "cpu"', f'hardware = "{hardware}"')
+    plan = compile_plan(tmp_path, "v.rpeg", steps=1, text=text)
+    node = plan.node("score#0").node
+    call = load_hardware("cpu-reference" if hardware == "cpu" else hardware).verify_call
+    assert node.time == pytest.approx(call + math.ceil(16 * 4 / pool) * 0.002, rel=1e-12)  # B R = 64 responses
+    assert node.alloc is None and node.pool == pool
+    assert verify_time(64, 3, 0.5, 0.1) == 0.1 + 22 * 0.5
+
+
+def test_the_pool_runs_beside_the_devices_and_counts_no_device_time(tmp_path):
+    plan = compile_plan(tmp_path, "v.rpeg", steps=2, text=stated(0.002))
+    nodes = {n.id: n.node for n in plan.nodes}
+    score, ref = nodes["score#0"], nodes["ref_inf#0"]
+    into = next(n for n in nodes.values() if n.kind == "comm" and n.alloc is None and n.step == 0)
+    assert into.src_alloc is not None and into.container == "Y"
+    assert score.start < ref.finish and ref.start < score.finish  # overlap: the pool is not the device
+    assert plan.devices == (0, 1) and plan.model_devices == (0,)  # device 1: the pool, one past the cluster's
+    report = plan.program.exec.schedule
+    device_busy = sum(n.time for n in nodes.values() if n.alloc is not None)
+    assert report.util == pytest.approx(device_busy / report.makespan, rel=1e-9)
+
+
+def test_a_built_in_takes_its_time_from_the_profile_and_another_must_state_it():
+    p = parse(SOURCE, "v.rpeg")
+    assert per_response(p.verifier("rule"), HW) == HW.per_response("rule") > 0
+    custom = parse(SOURCE.replace('fn = "rule"', 'fn = "my_rewards:score"'), "c.rpeg")
+    with pytest.raises(RpegError, match=r"c.rpeg:11:1: error: verifier @rule runs 'my_rewards:score', whose time per "
+                                        r"response the hardware profile .* does not give .* per_response = 0.002"):
+        per_response(custom.verifier("rule"), HW)
+
+
+def test_pools_may_take_only_the_cores_the_devices_leave():
+    check_pools(parse(stated(0.002), "v.rpeg"), HW)  # 1 device + 1 pool process on 2 cores
+    with pytest.raises(RpegError, match=r"big.rpeg:45:3: error: the plan's verifier pools take 2 host processes, but "
+                                        r"the first node's host has 2 cores and the plan's devices on that node take 1"):
+        check_pools(parse(stated(0.002, pool=2), "big.rpeg"), HW)
+    gpu = load_hardware("a100-40g")
+    bare = gpu.__class__(**{**gpu.__dict__, "host_cores": None})
+    with pytest.raises(RpegError, match=r"does not give the host's cores; add \[host\] cores = N"):
+        check_pools(parse(stated(0.002), "v.rpeg"), bare)
+
+
+@pytest.mark.parametrize("change, message", [
+    (('@score       verify     @rule  reads', '@score       verify     @nope  reads'),
+     r"unknown verifier @nope: the module defines no such verifier; define it with rpeg.verifier"),
+    (('per_response = 0.002', 'per_response = -1'),
+     r"per_response of verifier @rule is the seconds one call takes, a positive number; found -1"),
+    (('@score       pool = 1', '@score       pool = 0'), r"pool of @score must be"),
+    (('@score       pool = 1', '@score       at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1'),
+     r"@score is a verify vertex: it runs on host processes, not on devices; place it with '@score pool = N'"),
+    (('@ref_inf     at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1', '@ref_inf     pool = 1'),
+     r"@ref_inf is a inference vertex: it runs on devices"),
+    (('@score       verify     @rule  reads(%Y)', '@score       verify     @rule  reads(%Y, %W_ref)'),
+     r"verify vertex @score reads or writes the weights %W_ref; a verifier runs no model"),
+    (('writes(%r)', 'writes(%r, %logp_ref)'), r"verify vertex @score must write exactly one rewards container"),
+])
+def test_bad_verifiers_and_pools_are_located_errors(change, message):
+    text = stated(0.002).replace(*change)
+    assert text != stated(0.002)
+    with pytest.raises(RpegError, match=message):
+        p = parse(text, "bad.rpeg")
+        errors = check_program(p)
+        if errors:
+            raise errors[0]

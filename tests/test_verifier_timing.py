@@ -1,0 +1,38 @@
+"""What rpeg-calibrate measures of a verifier on this host (tools/verifier_timing.py): the `[host]` table a CPU
+profile gets, and `--verifier SPEC --data FILE` for a user's function. No test asserts a time: only that the values
+are positive, load as a profile's, and that bad input is a one-line error."""
+
+import json
+import tomllib
+
+from rpegc.core.cost.hardware import Hardware, load_hardware
+from rpegc.tools.calibrate import main as calibrate
+from rpegc.tools.verifier_timing import host_text, samples
+
+
+def test_the_host_table_loads_into_a_profile():
+    base = (load_hardware("cpu-reference").source)
+    text = open(base).read().split("\n# The host")[0].split("\n[host]")[0] + host_text()
+    hw = Hardware.from_dict(tomllib.loads(text), source="t.toml")
+    assert hw.host_cores >= 1 and hw.verify_call >= 0
+    assert {fn for fn, _ in hw.verify_s} == {"math", "exact_match", "rule"} and all(s > 0 for _, s in hw.verify_s)
+
+
+def test_the_samples_are_half_right_for_the_math_verifier():
+    from rpegc.runtime.backends.torch.rewards import math_answer
+
+    texts, examples = samples(8)
+    scores = [math_answer("a", t, e.answer)["score"] for t, e in zip(texts, examples)]
+    assert scores == [1.0, 0.0] * 4
+
+
+def test_calibrate_measures_a_function_over_a_dataset(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8)))
+    assert calibrate(["--verifier", "exact_match", "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "exact_match: " in out and 'rpeg.verifier @v {fn = "exact_match", per_response = ' in out
+    assert calibrate(["--verifier", "exact_match"]) == 1
+    assert "--verifier needs --data FILE" in capsys.readouterr().err
+    assert calibrate(["--verifier", "nope_fn", "--data", str(data)]) == 1
+    assert "unknown reward 'nope_fn'" in capsys.readouterr().err

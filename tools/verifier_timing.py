@@ -1,0 +1,152 @@
+"""How long a verifier takes on this machine's host (the `[host]` table of a CPU profile; core/cost/host.py).
+
+- `per_response(spec, texts, examples)`: t_resp, the seconds one call of the reward function takes on one core:
+  the median over repeats of a whole batch's time divided by its size, after a warm-up call (the first call of
+  `math` imports sympy).
+- `call_overhead(spec)`: t_call, what one verify operator costs beyond its calls: handing one response to a pool
+  process and collecting its score (runtime/backends/torch/verifier_pool.py), the median over repeats, less one
+  call's t_resp.
+- `host_text()`: the `[host]` table `rpeg-calibrate --machine` writes: the host's cores, t_call, and t_resp of the
+  built-in functions over `SAMPLES`, responses shaped as the arithmetic demo's (GSM8K's `#### n` answers).
+- `rpeg-calibrate --verifier SPEC --data FILE` measures a user's function over a dataset's ground truths taken as
+  responses (`measure_dataset`): what a verifier costs on answers of the right form, before any training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from rpegc.core.ir.errors import RpegError
+
+REPEATS = 5
+POOL_REPEATS = 20
+
+
+@dataclass(frozen=True)
+class _Example:
+    source: str
+    answer: Optional[str]
+    extra: dict
+
+
+def samples(n: int = 64) -> tuple[list[str], list[_Example]]:
+    """`n` responses and their examples shaped as the arithmetic demo's: half right, half wrong."""
+    texts, examples = [], []
+    for i in range(n):
+        a, b = 3 + i % 17, 5 + (7 * i) % 23
+        answer = a + b
+        texts.append(f"{a} + {b} = {answer if i % 2 == 0 else answer + 1}\n#### {answer if i % 2 == 0 else answer + 1}")
+        examples.append(_Example("arith", str(answer), {}))
+    return texts, examples
+
+
+def per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], repeats: int = REPEATS) -> float:
+    """t_resp of the reward function `spec` over `texts` (seconds per call, median of `repeats` batches)."""
+    from rpegc.runtime.backends.torch.rewards import load_reward, score_texts
+
+    fn = load_reward(spec)
+    rows = list(range(len(texts)))
+    score_texts(fn, texts[:1], examples[:1], rows[:1])  # warm-up: imports, caches
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        score_texts(fn, texts, examples, rows)
+        times.append((time.perf_counter() - t0) / len(texts))
+    return statistics.median(times)
+
+
+def call_overhead(spec: str, t_resp: float, repeats: int = POOL_REPEATS) -> float:
+    """t_call of a one-process pool of `spec`: one response's round trip through the pool, less its call."""
+    from rpegc.runtime.backends.torch.verifier_pool import VerifierPool
+
+    texts, examples = samples(1)
+    pool = VerifierPool(spec, 1)
+    try:
+        pool.score_texts(texts, examples, [0])  # starts the process (start-up, not a step's cost)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            pool.score_texts(texts, examples, [0])
+            times.append(time.perf_counter() - t0)
+    finally:
+        pool.close()
+    return max(0.0, statistics.median(times) - t_resp)
+
+
+def rule_per_response(rows: int = 256, repeats: int = REPEATS) -> float:
+    """t_resp of the toy tasks' token rule (tasks.py), which scores tensors: per row of a batch."""
+    import torch
+
+    from rpegc.runtime.backends.torch.tasks import make_task
+
+    task = make_task("pattern", 64, 4, 6)
+    prompts = torch.randint(0, 64, (rows, 4))
+    responses = torch.randint(0, 64, (rows, 6))
+    mask = torch.ones(rows, 6)
+    task.score(prompts, responses, mask)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        task.score(prompts, responses, mask)
+        times.append((time.perf_counter() - t0) / rows)
+    return statistics.median(times)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit, not the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def host_text() -> str:
+    """The `[host]` table of this machine's profile, every value with how it was measured."""
+    texts, examples = samples()
+    math_s = per_response("math", texts, examples)
+    exact_s = per_response("exact_match", texts, examples)
+    rule_s = rule_per_response()
+    call = call_overhead("exact_match", exact_s)
+    return "\n".join([
+        "",
+        "# The host, where verifier pools run (rpegc/core/cost/host.py); measured by tools/verifier_timing.py",
+        "[host]",
+        f"cores = {host_cores()}                   # CPU cores this process may use (a worker or a pool process each)",
+        f"verify_call = {call:.6g}    # s; one response's round trip through a one-process pool, less its call "
+        f"(median of {POOL_REPEATS})",
+        "",
+        "[host.verify]",
+        f"math = {math_s:.6g}    # s per response on one core, median of {REPEATS} batches of 64 arithmetic answers "
+        "(half right)",
+        f"exact_match = {exact_s:.6g}    # s per response; the same batches",
+        f"rule = {rule_s:.6g}    # s per row of a 256-row batch of the toy tasks' token rule",
+        "",
+    ])
+
+
+def measure_dataset(spec: str, path: str, answer_key: str = "answer", limit: int = 64) -> float:
+    """t_resp of `spec` over the first `limit` ground truths of a JSON-lines dataset, taken as responses."""
+    texts, examples = [], []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if len(texts) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise RpegError(None, f"{path}:{n}: not a JSON object ({e})") from None
+                if not isinstance(row, dict) or answer_key not in row:
+                    raise RpegError(None, f"{path}:{n}: no '{answer_key}' field (use --answer-key)")
+                answer = str(row[answer_key])
+                texts.append(answer)
+                examples.append(_Example(str(row.get("data_source", "")), answer, {}))
+    except OSError as e:
+        raise RpegError(None, f"cannot read {path}: {e.strerror}") from None
+    if not texts:
+        raise RpegError(None, f"{path} holds no rows to score")
+    return per_response(spec, texts, examples)
