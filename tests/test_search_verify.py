@@ -30,3 +30,15 @@ def test_with_cores_to_spare_the_pool_is_as_large_as_pays():
     r = optimize(p, OptimizeOptions(seed=0, **SMALL), load_hardware("gh200"))
     assert r.program.plan.pools == (Pool("score", 64),)  # B R = 64 responses: one each
     assert r.evaluation.feasible and r.evaluation.r_host < 1.0
+
+
+def test_a_host_without_a_core_for_the_pool_is_a_located_error_before_any_search():
+    import pytest
+
+    from rpegc.core.ir.errors import RpegError
+
+    hw = load_hardware("cpu-reference")
+    one_core = hw.__class__(**{**hw.__dict__, "host_cores": 1})
+    with pytest.raises(RpegError, match=r"v.rpeg:25:3: error: verify vertex @score runs on a pool of host processes, "
+                                        r"which needs a core of its own beside the device .* gives the host 1 core"):
+        optimize(parse(SOURCE, "v.rpeg"), OptimizeOptions(seed=0, **SMALL), one_core)

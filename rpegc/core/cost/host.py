@@ -95,6 +95,20 @@ def check_pool_transfers(graph: ExecGraph) -> None:
             raise RpegError(n.loc, f"{n.kind} node {n.id} has no source allocation (`from ... extent ...`)")
 
 
+def unplaceable_pools(p: Program, hw: Hardware) -> Optional[RpegError]:
+    """Why no plan can give the graph's verifier pools their host cores, or None: on a one-node cluster every plan
+    places a device on the first node, and each pool takes at least one more core."""
+    pools = [v for v in (p.graph.vertices if p.graph else ()) if v.role == VERIFY]
+    if not pools or hw.host_cores is None or p.cluster.racks * p.cluster.nodes > 1:
+        return None
+    if 1 + len(pools) <= hw.host_cores:
+        return None
+    return RpegError(pools[0].loc, f"verify vertex @{pools[0].name} runs on a pool of host processes, which needs a core "
+                                   f"of its own beside the device the plan places on the node; the hardware profile "
+                                   f"'{hw.source}' gives the host {hw.host_cores} core(s): run on a host with more "
+                                   "cores, or make the reward a reward model's inference vertex")
+
+
 def verify_time(rows: int, pool: int, per_response: float, call: float) -> float:
     """T_verify = t_call + ceil(rows / P) * t_resp: the responses dealt out evenly to P processes."""
     return call + math.ceil(rows / pool) * per_response
