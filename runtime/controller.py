@@ -46,7 +46,8 @@ from typing import Callable, Optional
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.base import RESERVE_RULES, Backend, BackendError, Completion, Dispatch
-from rpegc.runtime.plan import Artifact, RunNode, RunPlan, node_devices
+from rpegc.core.cost.host import alloc_devices
+from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 from rpegc.runtime.trace import (
     ArtifactEvent,
     NodeRecord,
@@ -237,7 +238,7 @@ class _Run:
 
     def devices_of(self, a: Artifact) -> tuple[int, ...]:
         assert self.plan.program.cluster is not None
-        return node_devices(a.alloc, self.plan.program.cluster)
+        return alloc_devices(a.alloc, self.plan.program.cluster)
 
     # -- C: dispatch loop ------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from rpegc.inputs import MAX_MODULE_BYTES, read_input_text
 from rpegc.core.ir.exec_graph import DataRef, ExecNode, microtask_text
 from rpegc.core.lower.rules import container_payload, data_bytes, data_read, data_written, phase_shares, weight_bytes
 from rpegc.core.ir.program import VERIFY, Program
-from rpegc.core.cost.host import check_pool_transfers, pool_device
+from rpegc.core.cost.host import alloc_devices, check_pool_transfers
 from rpegc.core.ir.geometry import Alloc
 
 HASH_FORMAT = "rpeg-plan-hash/3"
@@ -311,8 +311,8 @@ def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] 
             succ_lists[u].append(v)
     ancestors = _ancestors(pred_idx)
     bound = _bind_artifacts(p, order, ancestors)
-    devices = [node_devices(n.alloc, p.cluster) for n in order]
-    src_devices = [node_devices(n.src_alloc, p.cluster) if n.kind != "op" else () for n in order]
+    devices = [alloc_devices(n.alloc, p.cluster) for n in order]
+    src_devices = [alloc_devices(n.src_alloc, p.cluster) if n.kind != "op" else () for n in order]
     nodes = tuple(
         RunNode(
             index=i,
@@ -344,11 +344,6 @@ def build_run_plan(p: Program, steps: Optional[int] = None, file: Optional[str] 
         scheduled=all(n.start is not None and n.finish is not None for n in order),
         devices=tuple(used),
     )
-
-
-def node_devices(alloc: Optional[Alloc], cluster) -> tuple[int, ...]:
-    """The flat device ids of an allocation; the verifier pool (None) is the one id past the cluster's devices."""
-    return (pool_device(cluster),) if alloc is None else alloc.devices(cluster)
 
 
 def _topological(nodes: list[ExecNode], preds: dict[str, set[str]], pos: dict[str, int]) -> list[ExecNode]:

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from rpegc.core.cost.host import pool_device
+from rpegc.core.cost.host import alloc_devices
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.geometry import id_ranges
 from rpegc.core.ir.program import Program
@@ -78,8 +78,7 @@ def bars_from_program(p: Program) -> list[Bar]:
                 n.loc, f"node {n.id} has no start/finish; run the schedule pass before drawing a Gantt chart"
             )
         # the verifier pool (no allocation: a verify node, a transfer into it) has the row past the devices
-        devices = (pool_device(p.cluster),) if n.alloc is None else n.alloc.devices(p.cluster)
-        bar = node_bar(n, devices, n.start, n.finish)
+        bar = node_bar(n, alloc_devices(n.alloc, p.cluster), n.start, n.finish)
         if f is not None:
             members = " + ".join(p.exec.node(m).vertex or m for m in f.members)
             bar = replace(bar, label=f"{f.id}: {members}", short=f.id)

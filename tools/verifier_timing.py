@@ -18,30 +18,23 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.torch.verifier_pool import TextExample
 
 REPEATS = 5
 POOL_REPEATS = 20
 
 
-@dataclass(frozen=True)
-class _Example:
-    source: str
-    answer: Optional[str]
-    extra: dict
-
-
-def samples(n: int = 64) -> tuple[list[str], list[_Example]]:
+def samples(n: int = 64) -> tuple[list[str], list[TextExample]]:
     """`n` responses and their examples shaped as the arithmetic demo's: half right, half wrong."""
     texts, examples = [], []
     for i in range(n):
         a, b = 3 + i % 17, 5 + (7 * i) % 23
         answer = a + b
         texts.append(f"{a} + {b} = {answer if i % 2 == 0 else answer + 1}\n#### {answer if i % 2 == 0 else answer + 1}")
-        examples.append(_Example("arith", str(answer), {}))
+        examples.append(TextExample("arith", str(answer), {}))
     return texts, examples
 
 
@@ -144,7 +137,7 @@ def measure_dataset(spec: str, path: str, answer_key: str = "answer", limit: int
                     raise RpegError(None, f"{path}:{n}: no '{answer_key}' field (use --answer-key)")
                 answer = str(row[answer_key])
                 texts.append(answer)
-                examples.append(_Example(str(row.get("data_source", "")), answer, {}))
+                examples.append(TextExample(str(row.get("data_source", "")), answer, {}))
     except OSError as e:
         raise RpegError(None, f"cannot read {path}: {e.strerror}") from None
     if not texts:

@@ -144,6 +144,9 @@ class BatchEvaluator:
         self.words = [mask_words(d.masks, self.ndev + 1) for d in cv.dirs]
         self.devmask = [self._device_rows(w) for w in self.words]  # a pool's rows: no device
         self.on_device = np.array(cv.device_vertex, dtype=np.int64)  # 0: a verify vertex (no device-seconds)
+        # the vertices that hold device memory (a verifier pool does not), and each one's place among them
+        self.device_vertices = [v for v, on in enumerate(cv.device_vertex) if on]
+        self.device_index = {v: i for i, v in enumerate(self.device_vertices)}
         self.pool_size = [np.array(d.pools or (0,) * len(d), dtype=np.int64) for d in cv.dirs]
         self._memory_tables()
         self._reshard_tables: dict = {}
@@ -268,7 +271,8 @@ class BatchEvaluator:
         ), kept
 
     def _host_ratio(self, ch: np.ndarray) -> np.ndarray:
-        """`CompactVariant.host_ratio` of every configuration."""
+        """`CompactVariant.host_ratio` of every configuration (cost/host.cores_needed on arrays: the first node's
+        devices any vertex uses, plus the pools' processes, over the host's cores)."""
         cv = self.cv
         if all(cv.device_vertex):
             return np.zeros(len(ch))
@@ -485,8 +489,7 @@ class BatchEvaluator:
         for fused in dict.fromkeys(groups):
             rows = np.nonzero(np.array([groups[g] == fused for g in inverse], dtype=bool))[0]
             sub = ch[rows]
-            on = [v for v in range(self.V) if cv.device_vertex[v]]  # a verifier pool holds no device memory
-            at = {v: i for i, v in enumerate(on)}
+            on, at = self.device_vertices, self.device_index
             masks = tuple(self.devmask[v][sub[:, v]] for v in on)
             terms = tuple(OpTerms(*(getattr(self.mem[v], f)[sub[:, v]] for f in _TERMS)) for v in on)
             peak[rows] = device_peaks(tuple(cv.vertices[v].role for v in on), tuple(cv.vertices[v].model for v in on),

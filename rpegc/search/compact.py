@@ -62,9 +62,10 @@ from rpegc.core.lower.rules import (
 )
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Fuse, Placement, Plan, Pool, Program
-from rpegc.core.ir.geometry import Alloc, Strategy
+from rpegc.core.ir.geometry import Alloc, Strategy, mask_devices
+from rpegc.core.cost.host import cores_needed
 from rpegc.core.cost.residency import OpPlacement, device_memory
-from rpegc.core.sched.list_scheduler import Schedule, prepare_schedule, run_schedule
+from rpegc.core.sched.list_scheduler import Schedule, device_sizes, prepare_schedule, run_schedule
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 from rpegc.core.cost.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
 from rpegc.core.lower.unroll import unroll
@@ -498,8 +499,7 @@ class CompactVariant:
                 self._structures.pop(next(iter(self._structures)))
             self._structures[key] = structure
             return structure
-        devices = (1 << self.num_devices) - 1  # a pool's resource bit is not a device (no device-seconds)
-        return replace(structure, sizes=tuple((m & devices).bit_count() for m in reserved))
+        return replace(structure, sizes=device_sizes(reserved, self.num_devices))
 
     def evaluate(self, choice: Choice) -> Evaluation:
         """The reference path: one configuration, core functions only; fused too where it may and pays."""
@@ -533,8 +533,7 @@ class CompactVariant:
                 used |= d.masks[c]
             else:
                 pools += d.pools[c]
-        first_node = (1 << self.program.cluster.gpus) - 1
-        return ((used & first_node).bit_count() + pools) / self.host_cores
+        return cores_needed(mask_devices(used), pools, self.program.cluster) / self.host_cores
 
     def cores_fit(self, choice: Choice) -> bool:
         return self.host_ratio(choice) <= 1.0

@@ -43,6 +43,11 @@ def pool_device(cluster: Cluster) -> int:
     return cluster.num_devices
 
 
+def alloc_devices(alloc: Optional[Alloc], cluster: Cluster) -> tuple[int, ...]:
+    """The flat device ids of an allocation; the verifier pool's (None) is the one id past the cluster's devices."""
+    return (pool_device(cluster),) if alloc is None else alloc.devices(cluster)
+
+
 def link_alloc(alloc: Optional[Alloc]) -> Alloc:
     """The allocation a transfer's link cost starts or ends at: the pool (None) is on the first node's host."""
     return HOST_ALLOC if alloc is None else alloc

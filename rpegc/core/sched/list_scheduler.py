@@ -121,6 +121,15 @@ def _masks(reserved: Sequence[DeviceSet]) -> list[int]:
     return out
 
 
+def device_sizes(masks: Sequence[int], devices: Optional[int] = None) -> tuple[int, ...]:
+    """|reserved(v)| in devices, for busy device-seconds: bits at and above `devices` are not devices (a host's
+    verifier pool, cost/host.py) and count nothing."""
+    if devices is None:
+        return tuple(m.bit_count() for m in masks)
+    below = (1 << devices) - 1
+    return tuple((m & below).bit_count() for m in masks)
+
+
 def prepare_schedule(
     is_transfer: Sequence[bool],
     reserved: Sequence[DeviceSet],
@@ -184,7 +193,7 @@ def prepare_schedule(
         pos=tuple(pos),
         node_atoms=node_atoms,
         num_atoms=len(atoms),
-        sizes=tuple((m if devices is None else m & ((1 << devices) - 1)).bit_count() for m in masks),
+        sizes=device_sizes(masks, devices),
         groups=tuple(tuple(g) for g in members.values() if len(g) > 1),
     )
 

@@ -289,6 +289,13 @@ def score_rows(score: Callable[[list[str], list[Any], list[int]], Scored], sourc
     return torch.tensor(scored.scores, dtype=torch.float32, device=sequences.device), scored
 
 
+def reward_stats(scored: Scored) -> dict:
+    """What a reward vertex reports of its function's calls: accuracy sums, failures and the first one."""
+    acc_sum, acc_n = accuracy_sums(scored)
+    return {"acc_sum": acc_sum, "acc_n": acc_n, "failures": scored.failures.count,
+            "first_failure": scored.failures.first}
+
+
 def accuracy_sums(scored: Optional[Scored]) -> tuple[float, int]:
     """(sum, count) of the accuracies a function gave (0, 0 if it gives none)."""
     accs = [a for a in (scored.accuracies if scored else ()) if a is not None]

@@ -23,7 +23,8 @@ from rpegc.runtime.backends.torch.layout import (Layout, check_tp, intersect, re
                                                  route_weights)
 from rpegc.runtime.backends.torch.reference import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec
-from rpegc.runtime.plan import Artifact, RunNode, RunPlan, node_devices
+from rpegc.core.cost.host import alloc_devices
+from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 
 
 @dataclass
@@ -138,7 +139,7 @@ class Routes:
 
     def alloc_ranks(self, a: Artifact) -> tuple[int, ...]:
         assert self.program.cluster is not None
-        return self.ranks(node_devices(a.alloc, self.program.cluster))
+        return self.ranks(alloc_devices(a.alloc, self.program.cluster))
 
     def reader_layout(self, a: Artifact) -> Layout:
         """The layout a weights copy is laid out in where it lands: that of its first reader on its allocation."""

@@ -22,8 +22,8 @@ from rpegc.runtime.backends.torch.rewards import NOT_FUNCTIONS, Scored, load_rew
 ExampleFields = tuple[str, Optional[str], dict]
 
 
-class _Example:
-    """What score_texts reads of a dataset example."""
+class TextExample:
+    """What score_texts reads of a dataset example (the pool's processes get these, and so does a calibration's sample)."""
 
     __slots__ = ("source", "answer", "extra")
 
@@ -40,7 +40,7 @@ def _ready() -> None:
 
 
 def _score_chunk(spec: str, texts: Sequence[str], examples: Sequence[ExampleFields], rows: Sequence[int]) -> Scored:
-    return score_texts(load_reward(spec), texts, [_Example(*e) for e in examples], rows)
+    return score_texts(load_reward(spec), texts, [TextExample(*e) for e in examples], rows)
 
 
 def chunks(n: int, pool: int) -> list[tuple[int, int]]:

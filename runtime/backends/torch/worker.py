@@ -91,7 +91,7 @@ from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 from rpegc.runtime.backends.torch.rl import last_token_scores, response_forward
 from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch
 from rpegc.runtime.backends.torch.prompts import open_prompts
-from rpegc.runtime.backends.torch.rewards import accuracy_sums, load_reward, score_responses, score_rows
+from rpegc.runtime.backends.torch.rewards import load_reward, reward_stats, score_responses, score_rows
 from rpegc.runtime.backends.torch.verifier_pool import VerifierPool
 
 FAULT_ENV = "RPEG_TORCH_FAULT"  # "kill:NODE[:RANK]" or "raise:NODE[:RANK]": a test hook
@@ -756,9 +756,7 @@ class Worker:
                                              data["sequences"], data["mask"], range(lo, hi), self.run.workload.R)
             report["verifier"] = scores
             if scored is not None and pm.is_last and pm.t == 0:  # the rows' one reporter in its replica
-                acc_sum, acc_n = accuracy_sums(scored)
-                report["reward_stats"] = {"acc_sum": acc_sum, "acc_n": acc_n, "failures": scored.failures.count,
-                                          "first_failure": scored.failures.first}
+                report["reward_stats"] = reward_stats(scored)
         return report["verifier"]
 
     def op_verify(self, cmd: dict, lo: int, hi: int) -> dict:
@@ -776,9 +774,7 @@ class Worker:
             self.entries[label] = Entry("data", pieces=[Piece(lo, hi, {f: scores for f in names})])
         out: dict = {"bytes": 0, "versions_in": {}}
         if scored is not None:
-            acc_sum, acc_n = accuracy_sums(scored)
-            out["reward_stats"] = {"acc_sum": acc_sum, "acc_n": acc_n, "failures": scored.failures.count,
-                                   "first_failure": scored.failures.first}
+            out["reward_stats"] = reward_stats(scored)
         return out
 
     def verifier_pool(self, size: int) -> VerifierPool:
