@@ -42,3 +42,11 @@ def test_a_host_without_a_core_for_the_pool_is_a_located_error_before_any_search
     with pytest.raises(RpegError, match=r"v.rpeg:25:3: error: verify vertex @score runs on a pool of host processes, "
                                         r"which needs a core of its own beside the device .* gives the host 1 core"):
         optimize(parse(SOURCE, "v.rpeg"), OptimizeOptions(seed=0, **SMALL), one_core)
+
+
+def test_the_summary_names_the_pool_and_the_cores_it_shares():
+    from rpegc.search.report import summary_rows
+
+    p = parse(SOURCE.replace("gpus = 1,", "gpus = 2,"), "v.rpeg")
+    rows = dict(summary_rows(optimize(p, OptimizeOptions(seed=0, **SMALL), load_hardware("cpu-reference"))))
+    assert rows["verifier @score"] == "a pool of 1 host process of the host's 2 cores (host cores needed: 100%)"

@@ -81,3 +81,12 @@ def test_the_plan_hash_follows_the_verifier_and_its_pool(tmp_path):
     bigger = replace(p, exec=replace(p.exec, nodes=tuple(n.with_(pool=2) if n.pool else n for n in p.exec.nodes)))
     other = replace(p, verifiers=(replace(p.verifiers[0], per_response=1e-3),))
     assert len({plan_hash(p), plan_hash(bigger), plan_hash(other)}) == 3
+
+
+def test_rpeg_run_names_the_pool_beside_the_devices(tmp_path):
+    from rpegc.runtime.cli import _devices_text
+
+    plan = compile_plan(tmp_path, "v.rpeg", steps=1, text=SOURCE)
+    assert _devices_text(plan) == "1 device and a verifier pool"
+    tiny = compile_plan(tmp_path, "t.rpeg", steps=1, text=open("examples/grpo-tiny-2.rpeg").read())
+    assert _devices_text(tiny) == "2 devices"
