@@ -124,6 +124,18 @@ def test_absurd_values_are_refused_with_the_allowed_range(tmp_path, old, new, ke
     assert err.loc.line == line_of(text, new)
 
 
+def test_overhead_table_is_optional_and_checked(tmp_path):
+    hw = load_hardware(str(write(tmp_path, GOOD + "\n[overhead]\ngeneration_call = 1e-3\nnode = 3e-4\n")))
+    assert (hw.overhead.generation_call, hw.overhead.node, hw.overhead.training_token) == (1e-3, 3e-4, 0.0)
+    assert hw.overhead.call("generation") == 1e-3 and hw.overhead.token("inference") == 0.0
+    text = GOOD + "\n[overhead]\nnode = -1\n"
+    err = error_of(write(tmp_path, text))
+    assert "key 'overhead.node' = -1.0 is outside the allowed range [0, 10]" in err.message
+    assert err.loc.line == line_of(text, "node = -1")
+    err = error_of(write(tmp_path, GOOD + "\n[overhead]\nlaunch = 1e-3\n"))
+    assert "unknown key 'overhead.launch'" in err.message and "generation_call" in err.message
+
+
 @pytest.mark.parametrize("value", ["0", "-4", "100000", "2.5", '"four"'])
 def test_gpus_per_node_out_of_range(tmp_path, value):
     text = GOOD.replace("gpus_per_node = 4 ", f"gpus_per_node = {value} ")

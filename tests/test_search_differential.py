@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from rpegc.core.cost.annotate import annotate
 from rpegc.core.cost.options import CostOptions
-from rpegc.core.cost.hardware import load_hardware
+from rpegc.core.cost.hardware import Overhead, load_hardware
 from fixtures.lowering import lower
 from rpegc.core.ir.geometry import Cluster
 from rpegc.core.sched.schedule import schedule_program
@@ -64,10 +64,10 @@ PROGRAMS = {
 
 
 def compiled(p, variant_index: int, steps: int, split: bool = True, opts: CostOptions = OPTS,
-             fuse: bool = False) -> CompactVariant:
+             fuse: bool = False, hw=None) -> CompactVariant:
     variants = structural_candidates(p, (0, 1), True)
     variant = variants[variant_index % len(variants)]
-    hw = load_hardware(p.cluster.hardware)
+    hw = hw if hw is not None else load_hardware(p.cluster.hardware)
     vertices = ordered_vertices(variant.program)
     dirs = tuple(build_directory(variant.program, v, hw, opts, memory_filter=False) for v in vertices)
     return CompactVariant(variant, dirs, hw, opts, steps, split, fuse)
@@ -127,6 +127,22 @@ def test_examples_pipeline_equals_compact_paths(name, data, variant, steps, spli
     cv = compiled(PROGRAMS[name], variant, steps, split, opts)
     plans = data.draw(st.lists(choices(cv), min_size=1, max_size=6))
     check_identical(cv, plans)
+
+
+# A profile with every [overhead] term (a CPU profile's per-call, per-token and per-node costs) on the GH200 kernels.
+OVERHEAD = Overhead(generation_call=1e-3, generation_token=2e-6, inference_call=3e-4, inference_token=4e-7,
+                    training_call=5e-3, training_token=6e-6, node=7e-4)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), variant=st.integers(0, 5), steps=st.integers(1, 3), split=st.booleans())
+def test_overhead_profile_pipeline_equals_compact_paths(name, data, variant, steps, split):
+    """The operators' overhead and the control round trip per node are priced alike on all three paths."""
+    p = PROGRAMS[name]
+    cv = compiled(p, variant, steps, split, fuse=data.draw(st.booleans()),
+                  hw=replace(load_hardware(p.cluster.hardware), overhead=OVERHEAD))
+    check_identical(cv, data.draw(st.lists(choices(cv), min_size=1, max_size=4)))
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -49,6 +49,7 @@ import numpy as np
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
+from rpegc.tools.overhead_timing import overhead_text
 from rpegc.tools.verifier_timing import host_text
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.params import layer_gemm_params
@@ -1062,6 +1063,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="copy the collective and p2p terms from this profile (a path or a shipped name) instead of "
                          "measuring them; needed on one CUDA device, which reaches no link")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--overhead", action="store_true",
+                    help="CPU workers: also measure what operators cost beyond their kernels and the runtime's "
+                         "control round trip per node, the profile's [overhead] table (tools/overhead_timing.py; "
+                         "~15 s more)")
     ap.add_argument("--verifier", default=None, metavar="SPEC",
                     help="only measure a reward function's seconds per response on this host (what "
                          "`rpeg.verifier {per_response = ...}` states): SPEC as --reward of rpeg-run, scored over "
@@ -1145,6 +1150,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
                         concurrent=concurrent, links_from=links)
         text = profile_text(cal) + (host_text() if backend == "gloo" else "")  # verifier pools run on the host
+        if args.overhead:
+            if backend != "gloo":
+                raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")
+            text += overhead_text(cal.hardware(), text, quiet=args.quiet)
         Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one
         write_text(str(output), text, "the profile")
         if args.raw:

@@ -426,7 +426,7 @@ class CompactVariant:
                     t = self.fused_time(group, choice)
                 else:
                     t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
-                times.append(t)
+                times.append(t + self.hw.overhead.node)  # the control round trip, as annotate prices it
                 reserved.append(self.dirs[v].masks[choice[v]])
                 keys.append(s.key[i])
                 continue
@@ -445,7 +445,7 @@ class CompactVariant:
                 reserved.append(0)
                 keys.append(RELAY_KEY)
             else:
-                times.append(t)
+                times.append(t + self.hw.overhead.node)
                 reserved.append(self.dirs[v].masks[choice[v]])
                 keys.append(s.reshard_key[i] if as_reshard else s.key[i])
         return times, reserved, keys

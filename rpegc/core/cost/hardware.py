@@ -9,6 +9,8 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
     [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
     [p2p.<tier>]         alpha, beta
     [host]      optional: cores, verify_call, [host.verify] (the verifier pool's host, core/cost/host.py)
+    [overhead]  optional: per-call and per-token fixed costs of each role's operators, the control round trip per
+                node (generation_call, generation_token, inference_*, training_*, node; default 0)
     [meta]      free-form (calibration date, notes)
 
 `beta` is an inverse bandwidth in s/B. Every error names the file, the key and (where it can be
@@ -74,7 +76,8 @@ _LINK_KEYS = (
 )
 # gpus_per_node: 1..1024 (the largest single-node systems today hold 72 GPUs in one NVLink domain).
 MAX_GPUS_PER_NODE = 1024
-_TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "host", "meta")
+_TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "host", "overhead",
+             "meta")
 # [host]: the CPU side of a node, where verify vertices run their reward function in a pool of processes. `cores` is
 # a node's host cores (each device's worker process takes one, a pool process another); `verify_call` the fixed time
 # of one verify operator (handing the responses to the pool and collecting the scores); [host.verify] the seconds one
@@ -84,6 +87,43 @@ MAX_HOST_CORES = 10**6
 _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time of one verify operator, s"),
               ("verify", "seconds per response of each built-in reward function"))
 MAX_VERIFY_S = 60.0
+# [overhead]: what running an operator costs beyond its kernels (not in the source; core/cost/optime.py). A run of a
+# small model spends most of each operator in per-call framework work (Python, tensor set-up, sampling, the loss and
+# the optimizer's fixed part) and most of the gaps between operators in the runtime's control round trip, which the
+# roofline cannot express. CPU profiles calibrate them (tools/overhead_timing.py); GPU profiles leave them 0 (the
+# spec's model), where they are small next to the kernels of the models they train.
+_OVERHEAD_KEYS = (
+    ("generation_call", "s per microbatch of a generation operator (its decode loop's fixed part)"),
+    ("generation_token", "s per generated token of one row (sampling and the decode step's per-row work)"),
+    ("inference_call", "s per microbatch of an inference operator"),
+    ("inference_token", "s per token of one row of an inference operator (prompt and response)"),
+    ("training_call", "s per microbatch of a training operator (the loss, the backward's set-up, the optimizer's "
+                      "fixed part)"),
+    ("training_token", "s per token of one row of a training operator"),
+    ("node", "s per exec node: the runtime's control round trip (a completion's report, the controller's "
+             "reaction, the next command)"),
+)
+MAX_OVERHEAD_S = 10.0
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """The [overhead] table (all 0 where a profile leaves it out): per-call and per-token fixed costs of each role's
+    operators beside its kernels, and the control round trip of every exec node."""
+
+    generation_call: float = 0.0
+    generation_token: float = 0.0
+    inference_call: float = 0.0
+    inference_token: float = 0.0
+    training_call: float = 0.0
+    training_token: float = 0.0
+    node: float = 0.0
+
+    def call(self, role: str) -> float:
+        return getattr(self, f"{role}_call")
+
+    def token(self, role: str) -> float:
+        return getattr(self, f"{role}_token")
 
 
 @dataclass(frozen=True)
@@ -115,6 +155,7 @@ class Hardware:
     host_cores: int | None = None  # [host] cores: a node's host CPU cores; None: the profile does not say
     verify_call: float = 0.0  # [host] verify_call: s per verify operator
     verify_s: tuple[tuple[str, float], ...] = ()  # [host.verify]: (built-in reward function, s per response)
+    overhead: Overhead = Overhead()  # [overhead]: operators' fixed costs beyond their kernels, the control round trip
 
     def provenance(self) -> str:
         """Whose machine the profile describes, for the summaries: this one's, or which other one's."""
@@ -289,6 +330,8 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
             raise where.error(key, f"key '{key}' must be a string, got {d[key]!r}")
     meta = d.get("meta") if isinstance(d.get("meta"), Mapping) else {}
     values.update(_host(d, where))
+    if "overhead" in d:
+        values["overhead"] = _overhead(_table(d, "overhead", where), where)
     return Hardware(
         calibrated=_text(meta, "date"), host=_text(meta, "host"), machine_key=_text(meta, "machine_key"),
         name=d.get("name", Path(where.source).stem),
@@ -324,6 +367,13 @@ def _host(d: Mapping[str, Any], where: _Where) -> dict[str, Any]:
         out["verify_s"] = tuple((fn, _number(table, f"host.verify.{fn}", fn, f"s per response of {fn}", 0.0, True,
                                              MAX_VERIFY_S, where)) for fn in table)
     return out
+
+
+def _overhead(table: Mapping[str, Any], where: _Where) -> Overhead:
+    """The optional [overhead] table; a key left out is 0."""
+    _reject_unknown(table, "overhead", [k for k, _ in _OVERHEAD_KEYS], where)
+    return Overhead(**{k: _number(table, f"overhead.{k}", k, meaning, 0.0, False, MAX_OVERHEAD_S, where)
+                       for k, meaning in _OVERHEAD_KEYS if k in table})
 
 
 def _text(meta: Mapping[str, Any], key: str) -> str:

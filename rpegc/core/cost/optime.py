@@ -120,8 +120,9 @@ class OpTime:
     T_opt: Quantity
     bubble_factor: Quantity  # T_bubble / T_gemm
     decode_pp: Optional[PpComm] = None  # [A7] "wavefront": the decode loop's transfers (in T_pp)
-    # Fixed per-layer-call time (hardware t_layer, not in the source), included in T_non_gemm;
-    # for generation split into its prefill and decode shares.
+    # Fixed time beside the kernels (not in the source), included in T_non_gemm: per layer call (hardware t_layer)
+    # and the operator's per-call and per-token overhead ([overhead]); for generation split into its prefill and
+    # decode shares.
     T_launch: Quantity = 0.0
     launch_prefill: Quantity = 0.0
     launch_decode: Quantity = 0.0
@@ -202,6 +203,8 @@ def op_time(
     P = dp * pp * tp
     b_loc = BR / (dp * mb)
     layers_local = arch.layers / pp
+    rows_replica = BR / dp  # the rows one replica runs (every stage and TP shard of it)
+    oh = hw.overhead
     N_m = param_count(arch, kind)
 
     omega_w = layers_local / tp * layer_gemm_params(arch) * s_b
@@ -266,8 +269,10 @@ def op_time(
             decode_tp = tp_calls("decode", 2 * layers_local * mb * decode_steps, BR * d * s_b / (dp * mb))
         tps = (tp_calls("prefill", 2 * layers_local * mb, BR * wl.Lp * d * s_b / (dp * mb)), decode_tp)
         decode_calls = decode_steps * (mb if opts.tp_decode == "per_microbatch" else 1)
-        launch_prefill = mb * layers_local * hw.t_layer
-        launch_decode = decode_calls * layers_local * hw.t_layer
+        # The fixed costs beside the kernels ([overhead]): one decode loop per microbatch, then each generated token
+        # of each of the replica's rows.
+        launch_prefill = mb * (layers_local * hw.t_layer + oh.generation_call)
+        launch_decode = decode_calls * layers_local * hw.t_layer + rows_replica * wl.Lr * oh.generation_token
         launch = launch_prefill + launch_decode
         if opts.generation_pp in ("prefill", "wavefront"):
             pp_comm = pipeline(wl.Lp, mb + pp - 2)
@@ -278,7 +283,7 @@ def op_time(
         phases = (gemm("forward", W, W / (P * mb), ell_full, b_loc),)
         tps = (tp_calls("forward", 2 * layers_local * mb, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + pp - 2)
-        launch = mb * layers_local * hw.t_layer
+        launch = mb * (layers_local * hw.t_layer + oh.inference_call) + rows_replica * ell_full * oh.inference_token
     elif role == "training":
         assert train is not None
         n_fe = train.forward_equivalents
@@ -290,7 +295,8 @@ def op_time(
         tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
         # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch.
-        launch = n_fe * mb * layers_local * hw.t_layer
+        launch = (n_fe * mb * layers_local * hw.t_layer + mb * oh.training_call
+                  + rows_replica * ell_full * oh.training_token)
         dp_comm = data_parallel(N_m * s_b / (pp * tp), dp, mb, train, hw, span_tier, opts)
     else:
         raise ValueError(f"unknown role {role!r}")
