@@ -54,7 +54,7 @@ demo: $(STAMP)
 	$(BIN)/python -m rpegc.runtime.backends.torch.arith make $(OUT)/arith --warm-up 100
 	$(BIN)/rpegc $(OUT)/arith/grpo.rpeg -p '$(ARITH_OPT),$(ARITH_LOWER)' -o $(OUT)/arith.exec.rpeg
 	$(BIN)/rpeg-run $(OUT)/arith.exec.rpeg --backend torch --quiet --data $(OUT)/arith/train.jsonl \
-	  --rl-config examples/arith-rl.toml --run-dir $(OUT)/arith.run --trace $(OUT)/arith.trace.jsonl
+	  --rl-config examples/arith-rl.toml --run-dir $(OUT)/arith.run --checkpoint-every 20 --trace $(OUT)/arith.trace.jsonl
 	$(BIN)/rpeg-run export $(OUT)/arith.run $(OUT)/arith-out
 	$(BIN)/python -m rpegc.runtime.backends.torch.arith check $(OUT)/arith-out --test $(OUT)/arith/test.jsonl \
 	  --before $(OUT)/arith/ckpt --metrics $(OUT)/arith.run/metrics.jsonl

@@ -71,8 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="plan policy: commands a worker may hold queued behind its running one, so it starts "
                         "the next node without waiting for the controller (0: one command at a time)")
     p.add_argument("--reserve", choices=("destination", "endpoints"), default=None,
-                   help="resource set of a transfer: its destination (the scheduler's rule, sim default) or "
-                        "both endpoints (Table III, torch default)")
+                   help="resource set of a transfer: its destination (the scheduler's rule, the default; the torch "
+                        "backend's sources send on a sender thread of their own beside their operators) or both "
+                        "endpoints (Table III: the sources send in their command loop)")
     p.add_argument("--gantt", metavar="OUT.png", help="draw predicted and measured Gantt charts (.png/.svg/.pdf)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     for name, spec in specs.items():

@@ -453,9 +453,9 @@ def test_annotate_quantile_comm_and_reshard_nodes():
 
 
 def test_operator_overhead_terms():
-    """[overhead] (not in the source; 0 in the spec's profile): per microbatch `call`, per token of a replica's rows
-    `token` (generated tokens for generation, the whole sequence otherwise), in T_non_gemm; generation's call is in
-    its prefill share, its tokens in its decode share."""
+    """[overhead] (not in the source; 0 in the spec's profile): per microbatch `call`, per token (prompt and response)
+    of a replica's rows `token`, in T_non_gemm; generation's call and prompt tokens are in its prefill share, its
+    generated tokens in its decode share."""
     oh = {"generation_call": 1e-3, "generation_token": 2e-6, "inference_call": 3e-4, "inference_token": 4e-7,
           "training_call": 5e-3, "training_token": 6e-6}
     hw = Hardware.from_dict({**HW_DICT, "overhead": oh})
@@ -466,9 +466,9 @@ def test_operator_overhead_terms():
                 op_time(role, ARCH, kind, WL, **PLAN, gpus_per_node=8, hw=hw))
 
     base, slow = both("generation", "policy")
-    assert slow.prefill_time - base.prefill_time == approx(mb * 1e-3)
+    assert slow.prefill_time - base.prefill_time == approx(mb * 1e-3 + rows * WL.Lp * 2e-6)
     assert slow.decode_time - base.decode_time == approx(rows * WL.Lr * 2e-6)
-    assert slow.T_non_gemm - base.T_non_gemm == approx(mb * 1e-3 + rows * WL.Lr * 2e-6)
+    assert slow.T_non_gemm - base.T_non_gemm == approx(mb * 1e-3 + rows * (WL.Lp + WL.Lr) * 2e-6)
     base, slow = both("inference", "reference")
     assert slow.T_op - base.T_op == approx(mb * 3e-4 + rows * (WL.Lp + WL.Lr) * 4e-7)
     base, slow = both("training", "policy")
@@ -477,12 +477,16 @@ def test_operator_overhead_terms():
 
 
 def test_annotate_adds_the_control_round_trip_to_every_node():
-    """[overhead] node: every exec node (op, quantile phase, comm, reshard) costs the runtime's round trip once."""
-    hw = Hardware.from_dict({**HW_DICT, "overhead": {"node": 2e-3}})
-    base = {n.id: n.time for n in annotate(lowered_graph_with_transfers(), HW, SPEC).exec.nodes}
+    """[overhead] node: every exec node (op, quantile phase, comm, reshard) costs the runtime's round trip once;
+    transfer: every Comm and Reshard node its fixed cost beside the link's."""
+    hw = Hardware.from_dict({**HW_DICT, "overhead": {"node": 2e-3, "transfer": 5e-4}})
+    nodes = annotate(lowered_graph_with_transfers(), HW, SPEC).exec.nodes
+    base = {n.id: n.time for n in nodes}
     slow = {n.id: n.time for n in annotate(lowered_graph_with_transfers(), hw, SPEC).exec.nodes}
     assert base.keys() == slow.keys() and len(base) > 5
-    assert all(slow[i] - base[i] == approx(2e-3) for i in base)
+    kinds = {n.id: n.kind for n in nodes}
+    assert {"op", "comm", "reshard"} <= set(kinds.values())
+    assert all(slow[i] - base[i] == approx(2e-3 + (5e-4 if kinds[i] != "op" else 0.0)) for i in base)
 
 
 def test_annotate_requires_lowered_graph():

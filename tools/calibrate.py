@@ -49,14 +49,15 @@ import numpy as np
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
-from rpegc.tools.overhead_timing import overhead_text
+from rpegc.tools.overhead_timing import FULL, QUICK, overhead_text
 from rpegc.tools.verifier_timing import host_text
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
-from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, time_per_call, time_repeats
+from rpegc.tools.measure import (Progress, WorkerPool, default_backend, device_count, mape, time_per_call,
+                                 time_repeats)
 from rpegc.version import PrintVersion
 
 DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
@@ -98,16 +99,6 @@ class ScaleFit:
     value: float
     mape: float
     points: int
-
-
-def mape(predicted, measured) -> float:
-    """Mean absolute percentage error as a fraction: mean(|p - m| / m)."""
-    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
-    if p.shape != m.shape or m.size == 0:
-        raise RpegError(None, f"MAPE needs two equally long non-empty series, got {p.shape} and {m.shape}")
-    if np.any(m <= 0):
-        raise RpegError(None, "MAPE needs positive measured values; drop the zero or negative measurements")
-    return float(np.mean(np.abs(p - m) / m))
 
 
 def eta(rows, widths, gamma_M, gamma_K):
@@ -1066,7 +1057,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--overhead", action="store_true",
                     help="CPU workers: also measure what operators cost beyond their kernels and the runtime's "
                          "control round trip per node, the profile's [overhead] table (tools/overhead_timing.py; "
-                         "~15 s more)")
+                         "~20 s more; --machine always does)")
     ap.add_argument("--verifier", default=None, metavar="SPEC",
                     help="only measure a reward function's seconds per response on this host (what "
                          "`rpeg.verifier {per_response = ...}` states): SPEC as --reward of rpeg-run, scored over "
@@ -1150,10 +1141,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
                         concurrent=concurrent, links_from=links)
         text = profile_text(cal) + (host_text() if backend == "gloo" else "")  # verifier pools run on the host
-        if args.overhead:
+        if args.overhead or args.machine:  # this machine's profile prices the operators as they run
             if backend != "gloo":
                 raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")
-            text += overhead_text(cal.hardware(), text, quiet=args.quiet)
+            text += overhead_text(cal.hardware(), text, QUICK if args.quick else FULL, quiet=args.quiet)
         Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one
         write_text(str(output), text, "the profile")
         if args.raw:

@@ -23,12 +23,24 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.torch.pinning import cores_to_pin, pin_main_thread
 
 DEFAULT_TIMEOUT_S = 300.0  # a collective that waits longer than this has lost a peer
 ERROR_GRACE_S = 5.0  # how long the other ranks may still answer after one rank failed
 
+
+
+def mape(predicted, measured) -> float:
+    """Mean absolute percentage error as a fraction: mean(|p - m| / m)."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    if p.shape != m.shape or m.size == 0:
+        raise RpegError(None, f"MAPE needs two equally long non-empty series, got {p.shape} and {m.shape}")
+    if np.any(m <= 0):
+        raise RpegError(None, "MAPE needs positive measured values; drop the zero or negative measurements")
+    return float(np.mean(np.abs(p - m) / m))
 
 @dataclass(frozen=True)
 class Timing:

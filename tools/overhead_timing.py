@@ -2,14 +2,14 @@
 (rpegc/core/cost/hardware.py, priced in core/cost/optime.py and on every exec node by core/cost/annotate.py).
 
 - `operator_overheads(hw)`: the torch backend's generation, inference and training operators (the worker's own code,
-  through rpeg-validate's runner) of two tiny models over `SHAPES` on one worker. Per role, the time the profile's
+  through rpeg-validate's runner) of two small models over `FULL.shapes` on one worker. Per role, the time the profile's
   kernel terms (`hw`, the campaign's other tables) leave unexplained is fitted as `call * microbatches + token *
-  tokens`, least squares in relative error with both terms >= 0; tokens are a replica's rows times the generated
-  tokens (generation) or the whole sequence (inference, training). Small models spend most of an operator here.
-- `control_round_trip(hw)`: the runtime's control round trip per exec node (a completion's report, the
-  controller's reaction, the next command), as rpeg-run measures it (`runtime/report.control_overhead`) in a short
-  real run of a one-device GRPO plan priced with `hw`.
-- `overhead_text(hw)`: both as the `[overhead]` table `rpeg-calibrate` appends to a CPU profile.
+  tokens` (a replica's rows times their prompt and response), least squares in relative error with both terms
+  >= 0. Small models spend most of an operator here.
+- `control_run(hw_text)`: the runtime's control round trip per exec node (a completion's report, the controller's
+  reaction, the next command; `runtime/report.control_overhead`, as rpeg-run prints it) and a transfer's cost beside
+  its link's terms, from a short real run of a GRPO plan on the host's workers, priced with `hw_text`.
+- `overhead_text(hw, hw_text)`: both as the `[overhead]` table `rpeg-calibrate` appends to a CPU profile.
 """
 
 from __future__ import annotations
@@ -25,12 +25,30 @@ import numpy as np
 
 from rpegc.core.cost.hardware import Hardware, Overhead
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.program import Arch
 
 ROLES = ("generation", "inference", "training")
-MODELS = ("tiny", "tiny-4l")  # rpeg-validate's presets: the same width at two depths
-SHAPES = ((4, 4, 4, 4), (16, 4, 4, 4), (4, 4, 4, 16), (16, 4, 4, 16), (8, 4, 16, 8))  # (B, R, Lp, Lr)
-REPEATS, WARMUP = 5, 2
-CONTROL_STEPS = 12
+
+
+@dataclass(frozen=True)
+class OverheadPlan:
+    """What the overhead campaign measures."""
+
+    models: tuple[tuple[str, str], ...]  # (rpeg-validate preset or llama-small, position encoding)
+    shapes: tuple[tuple[int, int, int, int], ...]  # (B, R, Lp, Lr)
+    repeats: int  # timed runs of each operator (median), after WARMUP
+    steps: int  # of the control run
+
+
+# Two small models whose operators are mostly overhead: rpeg-validate's `tiny` preset (the toy presets' learned
+# positions, full attention) and a small Llama-style model as a Hugging Face checkpoint builds it (RoPE, grouped-query
+# attention), whose operators cost ~10-30% more beside the same kernels; the fit takes both.
+LLAMA_SMALL = Arch(layers=2, hidden=96, ffn=192, vocab=128, heads=6, kv_heads=2, gated=True, tied=False, norms=True)
+FULL = OverheadPlan(models=(("tiny", "learned"), ("llama-small", "rope")),
+                    shapes=((4, 4, 4, 4), (16, 4, 4, 4), (4, 4, 4, 16), (16, 4, 4, 16), (8, 4, 16, 8)),
+                    repeats=5, steps=12)
+QUICK = OverheadPlan(models=(("tiny", "rope"),), shapes=((4, 4, 4, 4), (8, 4, 4, 8)), repeats=2, steps=4)  # smoke
+WARMUP = 2
 
 
 @dataclass(frozen=True)
@@ -45,9 +63,10 @@ class RoleFit:
     mape_after: float  # with the fitted terms
 
 
-def tokens(role: str, B: int, R: int, Lp: int, Lr: int) -> int:
-    """The tokens whose per-token overhead an operator of one replica pays (core/cost/optime.py)."""
-    return B * R * (Lr if role == "generation" else Lp + Lr)
+def tokens(B: int, R: int, Lp: int, Lr: int) -> int:
+    """The tokens whose per-token overhead an operator of one replica pays (core/cost/optime.py): every row's
+    prompt and response."""
+    return B * R * (Lp + Lr)
 
 
 def fit_role(role: str, calls: Sequence[float], toks: Sequence[float], kernels: Sequence[float],
@@ -74,25 +93,29 @@ def _sq(X: np.ndarray, y: np.ndarray, coef) -> float:
     return float(np.sum((y - X @ np.asarray(coef)) ** 2))
 
 
-def operator_overheads(hw: Hardware, quiet: bool = True) -> tuple[RoleFit, ...]:
+def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = True) -> tuple[RoleFit, ...]:
     """Every role's fit over the backend's operators on one worker (~10 s)."""
     from rpegc.tools import validate
 
-    cases = [validate.Case(role, kind, name, validate.VALIDATION_ARCHS[name], B, R, Lp, Lr, 1, 1, 1, 1)
-             for name in MODELS for B, R, Lp, Lr in SHAPES for role, kind in validate.VALIDATION_OPERATORS]
-    measured = validate.measure(cases, 1, repeats=REPEATS, warmup=WARMUP, quiet=quiet)
+    archs = {**validate.VALIDATION_ARCHS, "llama-small": LLAMA_SMALL}
+    cases = [validate.Case(role, kind, name, archs[name], B, R, Lp, Lr, 1, 1, 1, 1, positions=positions)
+             for name, positions in plan.models for B, R, Lp, Lr in plan.shapes
+             for role, kind in validate.VALIDATION_OPERATORS]
+    measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet)
     bare = replace(hw, overhead=Overhead())
     opts = validate._parse_options([])
     fits = []
     for role in ROLES:
         picked = [(c, float(np.median(m[0]))) for c, m in zip(cases, measured) if c.role == role]
         kernels = [validate.predict(c, bare, opts, 1).T_op for c, _ in picked]
-        fits.append(fit_role(role, [c.mb for c, _ in picked], [tokens(role, c.B, c.R, c.Lp, c.Lr) for c, _ in picked],
+        fits.append(fit_role(role, [c.mb for c, _ in picked], [tokens(c.B, c.R, c.Lp, c.Lr) for c, _ in picked],
                              kernels, [s for _, s in picked]))
     return tuple(fits)
 
 
-# A one-device GRPO of the tiny preset with a toy reward model (its rule runs there): the runtime's own round trips.
+# A GRPO of the tiny preset with a toy reward model (its rule runs there) on `devices` workers, generation and the
+# inferences on the first, training on the last with staleness 1 (as the demo's plans overlap them): the runtime's
+# own round trips and transfers, with every core busy as in a run.
 CONTROL_PROGRAM = """rpeg.workload {{B = 4, R = 4, Lp = 4, Lr = 4, dtype = fp32}}
 rpeg.model @actor {{arch = "tiny", kind = policy, trainable}}
 rpeg.model @ref {{arch = "tiny", kind = reference}}
@@ -118,33 +141,48 @@ rpeg.graph @grpo {{
   rpeg.data @ref_inf -> @train (%logp_ref)
   rpeg.data @reward_inf -> @train (%r)
   rpeg.publish @train -> @gen (%W_actor)
-  rpeg.staleness {{@actor = 0}}
+  rpeg.staleness {{@actor = 1}}
   rpeg.algorithm grpo
 }}
-rpeg.cluster @one {{racks = 1, nodes = 1, gpus = 1, hardware = "{profile}"}}
-rpeg.plan @p for @grpo on @one {{
+rpeg.cluster @c {{racks = 1, nodes = 1, gpus = {devices}, hardware = "{profile}"}}
+rpeg.plan @p for @grpo on @c {{
   @gen at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
   @ref_inf at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
   @reward_inf at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
-  @train at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
+  @train at (0, 0, {last}) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
 }}
 """
 
 
-def control_round_trip(hw_text: str, steps: int = 0) -> tuple[float, int]:
-    """(s per node, nodes measured) of the runtime's control round trip in a short run of `CONTROL_PROGRAM` priced
-    with the profile `hw_text` (TOML): rpegc lowers it, rpeg-run runs it on one worker and its trace says."""
+@dataclass(frozen=True)
+class ControlFit:
+    """What a short real run says of the runtime beside its operators."""
+
+    node: float  # s per node: report, reaction, command (runtime/report.control_overhead)
+    transfer: float  # s per transfer beside its link's priced time (median over the steady transfers)
+    nodes: int  # steady nodes measured
+    transfers: int  # steady transfers measured
+    devices: int
+
+
+def control_run(hw_text: str, steps: int, devices: int = 0) -> ControlFit:
+    """The runtime's control round trip and a transfer's fixed cost in a run of `CONTROL_PROGRAM` over `steps` steps
+    on `devices` workers (default: 2 where the host has 2 cores, else 1), priced with the profile `hw_text` (TOML,
+    without [overhead]): rpegc lowers it, rpeg-run runs it and its trace says."""
     from rpegc.cli import main as rpegc_main
     from rpegc.runtime.cli import main as run_main
     from rpegc.runtime.plan import load_plan
-    from rpegc.runtime.report import control_overhead
+    from rpegc.runtime.report import control_overhead, steady_state
     from rpegc.runtime.trace import read_trace
+    from rpegc.runtime.verify import compare
+    from rpegc.tools.verifier_timing import host_cores
 
-    steps = steps or CONTROL_STEPS
+    devices = devices or min(2, host_cores())
     with tempfile.TemporaryDirectory(prefix="rpeg-overhead-") as tmp:
         d = Path(tmp)
         (d / "profile.toml").write_text(hw_text, encoding="utf-8")
-        (d / "grpo.rpeg").write_text(CONTROL_PROGRAM.format(profile=d / "profile.toml"), encoding="utf-8")
+        (d / "grpo.rpeg").write_text(CONTROL_PROGRAM.format(profile=d / "profile.toml", devices=devices,
+                                                            last=devices - 1), encoding="utf-8")
         pipeline = (f"verify-wellformed,unroll{{k={steps}}},split-quantiles,insert-comm,insert-reshard,fuse-stages,"
                     "annotate-cost,schedule")
         out = io.StringIO()
@@ -156,29 +194,34 @@ def control_round_trip(hw_text: str, steps: int = 0) -> tuple[float, int]:
         if rc != 0:
             raise RpegError(None, "the control round trip's run failed:\n" + out.getvalue()[-2000:])
         plan = load_plan(str(d / "grpo.exec.rpeg"))
-        control = control_overhead(plan.pred_ids(), read_trace(str(d / "trace.jsonl")))
-    if control is None:
+        trace = read_trace(str(d / "trace.jsonl"))
+    control, steady = control_overhead(plan.pred_ids(), trace), steady_state(trace)
+    if control is None or steady is None:
         raise RpegError(None, "the control round trip's run has no steady state")
-    return control.per_node_s, control.nodes
+    extra = [t.measured_time - t.predicted_time for t in compare(plan, trace).nodes
+             if t.kind != "op" and t.predicted_time is not None and steady.first_step <= t.step <= steady.last_step]
+    transfer = max(0.0, float(np.median(extra))) if extra else 0.0
+    return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices)
 
 
-def overhead_text(hw: Hardware, hw_text: str, quiet: bool = True) -> str:
+def overhead_text(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet: bool = True) -> str:
     """The `[overhead]` table of this machine's profile, every value with how it was measured; `hw` is the profile
     so far (its kernel terms), `hw_text` the same as TOML."""
-    fits = {f.role: f for f in operator_overheads(hw, quiet)}
-    node, nodes = control_round_trip(hw_text)
-    shapes = ", ".join(f"{B}x{R}/{Lp}+{Lr}" for B, R, Lp, Lr in SHAPES)
+    fits = {f.role: f for f in operator_overheads(hw, plan, quiet)}
+    control = control_run(hw_text, plan.steps)
+    shapes = ", ".join(f"{B}x{R}/{Lp}+{Lr}" for B, R, Lp, Lr in plan.shapes)
+    models = " and ".join(f"{name} ({positions} positions)" for name, positions in plan.models)
+    run = f"a {plan.steps}-step GRPO of the tiny preset on {control.devices} worker(s)"
     lines = ["", "# What operators cost beyond their kernels on this machine (tools/overhead_timing.py): the backend's "
-             f"operators of the {' and '.join(MODELS)} presets", f"# over B x R / Lp + Lr = {shapes} on one worker "
-             f"(median of {REPEATS}), fitted per role in relative error; and the control round trip of a real run.",
-             "[overhead]"]
+             f"operators of {models}", f"# over B x R / Lp + Lr = {shapes} on one worker (median of {plan.repeats}), "
+             "fitted per role in relative error; the runtime's own costs from a short real run.", "[overhead]"]
     for role in ROLES:
         f = fits[role]
-        what = "generated token" if role == "generation" else "token"
         lines += [f"{role}_call = {f.call:.6g}    # s per microbatch; {f.points} operators, MAPE {f.mape_before:.1%} "
                   f"without the overhead, {f.mape_after:.1%} with it",
-                  f"{role}_token = {f.token:.6g}    # s per {what} of a row; same fit"]
-    lines += [f"node = {node:.6g}    # s per exec node: report, reaction, command (rpeg-run's control overhead over "
-              f"{nodes} nodes of a {CONTROL_STEPS}-step one-device GRPO)", ""]
+                  f"{role}_token = {f.token:.6g}    # s per token (prompt and response) of a row; same fit"]
+    lines += [f"transfer = {control.transfer:.6g}    # s per transfer beside its link's terms: median over "
+              f"{control.transfers} transfers of {run}",
+              f"node = {control.node:.6g}    # s per exec node: report, reaction, command (rpeg-run's control "
+              f"overhead over {control.nodes} nodes of the same run)", ""]
     return "\n".join(lines)
-

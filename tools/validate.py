@@ -45,8 +45,7 @@ from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch, Workload
 from rpegc.core.ir.training import FIELDS as TRAIN_FIELDS, TrainSpec, Training
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
-from rpegc.tools.calibrate import mape
-from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count
+from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, mape
 from rpegc.version import PrintVersion
 
 ROLES = ("generation", "inference", "training")
@@ -136,6 +135,7 @@ class Case:
     mb: int
     dtype: str = "fp32"  # of the workload: fp32, or bf16 (bf16 serving, mixed-precision training)
     train: TrainSpec = TrainSpec()  # a training operator's fields beside the workload's defaults
+    positions: str = "learned"  # the net's position encoding (models.POSITION_KINDS): the toy presets' learned ones
 
     @property
     def devices(self) -> int:
@@ -164,7 +164,7 @@ class Case:
     @property
     def suite(self) -> tuple:
         """Cases sharing one backend worker setup (same architecture and workload)."""
-        return (self.model, self.arch, self.B, self.R, self.Lp, self.Lr, self.dtype)
+        return (self.model, self.arch, self.B, self.R, self.Lp, self.Lr, self.dtype, self.positions)
 
 
 def legal_strategies(arch: Arch, sequences: int, devices: int) -> list[tuple[int, int, int, int]]:
@@ -368,7 +368,7 @@ def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
         return workers[case.suite]
     arch = case.arch
     run = RunConfig(algorithm="ppo", actor=arch, workload=case.workload, rl=toy_rl_config("ppo"),
-                    critic=arch, reward="model", reward_arch=arch, positions="learned")
+                    critic=arch, reward="model", reward_arch=arch, positions=case.positions)
     models = {MODEL_NAMES[k]: ModelSpec(MODEL_NAMES[k], k, arch, model_seed(seed, k)) for k in MODEL_NAMES}
     # No layouts: the groups were created once for the whole grid (`_init_groups`) and are shared.
     worker = standalone_worker(run, models, rank=ctx.rank, world=ctx.world, seed=seed, tp_impl=tp_impl,

@@ -437,6 +437,7 @@ class BatchEvaluator:
                 t[:, k], relay[:, k], as_resh[:, k] = self._transfer(allocs, ch, key)
             else:
                 t[sel, k], relay[sel, k], as_resh[sel, k] = self._transfer(allocs.rows(sel), ch[sel], key)
+            t[:, k] += np.where(relay[:, k], 0.0, cv.hw.overhead.transfer)  # a transfer's fixed cost, as annotate's
         t[~relay] += cv.hw.overhead.node  # every node that runs: its control round trip, as annotate prices it
         return _Sources(t, relay, as_resh, col)
 

@@ -445,7 +445,7 @@ class CompactVariant:
                 reserved.append(0)
                 keys.append(RELAY_KEY)
             else:
-                times.append(t + self.hw.overhead.node)
+                times.append(t + self.hw.overhead.transfer + self.hw.overhead.node)
                 reserved.append(self.dirs[v].masks[choice[v]])
                 keys.append(s.reshard_key[i] if as_reshard else s.key[i])
         return times, reserved, keys

@@ -29,8 +29,9 @@ from rpegc.core.sched.microtasks import MemberPipeline
 
 
 def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> Program:
-    """`p` with `time` on every exec node and `exec.memory` filled in. A node's time is what it runs for plus the
-    runtime's control round trip before it ([overhead] node of the profile; 0 in the spec's model)."""
+    """`p` with `time` on every exec node and `exec.memory` filled in. A node's time is what it runs for (a
+    transfer's with its fixed [overhead] transfer) plus the runtime's control round trip before it ([overhead]
+    node); both 0 in the spec's model."""
     eg = _lowered_exec(p)
     _require_graph_and_cluster(p)
     if p.plan is not None and p.plan.fusions and not eg.fusions:  # priced apart, they would run apart too
@@ -50,7 +51,7 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
                 times[placement] = placement_time(p, placement, hw, opts)
             t = _op_node_time(node, times[placement], quantile_tokens, p)
         else:
-            t = transfer_time(node, p, hw, opts)
+            t = transfer_time(node, p, hw, opts) + hw.overhead.transfer
         nodes.append(node.with_(time=float(t) + hw.overhead.node))
     fused = fusion_times(p, times)  # one command: one control round trip for all its members
     nodes = [n.with_(time=fused[n.id] + hw.overhead.node) if n.id in fused else n for n in nodes]

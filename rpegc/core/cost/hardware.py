@@ -94,12 +94,14 @@ MAX_VERIFY_S = 60.0
 # spec's model), where they are small next to the kernels of the models they train.
 _OVERHEAD_KEYS = (
     ("generation_call", "s per microbatch of a generation operator (its decode loop's fixed part)"),
-    ("generation_token", "s per generated token of one row (sampling and the decode step's per-row work)"),
+    ("generation_token", "s per token of one row of a generation operator (prompt and response)"),
     ("inference_call", "s per microbatch of an inference operator"),
     ("inference_token", "s per token of one row of an inference operator (prompt and response)"),
     ("training_call", "s per microbatch of a training operator (the loss, the backward's set-up, the optimizer's "
                       "fixed part)"),
     ("training_token", "s per token of one row of a training operator"),
+    ("transfer", "s per Comm or Reshard node beside its link's alpha and beta (both workers' handling, one message "
+                 "per field)"),
     ("node", "s per exec node: the runtime's control round trip (a completion's report, the controller's "
              "reaction, the next command)"),
 )
@@ -117,6 +119,7 @@ class Overhead:
     inference_token: float = 0.0
     training_call: float = 0.0
     training_token: float = 0.0
+    transfer: float = 0.0
     node: float = 0.0
 
     def call(self, role: str) -> float:

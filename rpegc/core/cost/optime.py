@@ -269,9 +269,9 @@ def op_time(
             decode_tp = tp_calls("decode", 2 * layers_local * mb * decode_steps, BR * d * s_b / (dp * mb))
         tps = (tp_calls("prefill", 2 * layers_local * mb, BR * wl.Lp * d * s_b / (dp * mb)), decode_tp)
         decode_calls = decode_steps * (mb if opts.tp_decode == "per_microbatch" else 1)
-        # The fixed costs beside the kernels ([overhead]): one decode loop per microbatch, then each generated token
-        # of each of the replica's rows.
-        launch_prefill = mb * (layers_local * hw.t_layer + oh.generation_call)
+        # The fixed costs beside the kernels ([overhead]): one decode loop per microbatch and each prompt token of the
+        # replica's rows in the prefill, each generated token in the decode.
+        launch_prefill = mb * (layers_local * hw.t_layer + oh.generation_call) + rows_replica * wl.Lp * oh.generation_token
         launch_decode = decode_calls * layers_local * hw.t_layer + rows_replica * wl.Lr * oh.generation_token
         launch = launch_prefill + launch_decode
         if opts.generation_pp in ("prefill", "wavefront"):

@@ -51,6 +51,7 @@ from rpegc.runtime.report import host_cores
 from rpegc.runtime.backends.torch.inbox import warn
 from rpegc.runtime.backends.torch.peak_memory import WorkerPeak, peak_lines
 from rpegc.runtime.backends.torch.pool import WorkerPool
+from rpegc.runtime.backends.torch.sender import SENDER
 from rpegc.runtime.backends.torch.processes import stop_forkserver
 from rpegc.runtime.metrics_log import MetricsLog
 from rpegc.runtime.trackers import FAILED, FINISHED, KILLED, parse_log
@@ -169,12 +170,15 @@ class _Pending:
     since: float = 0.0  # when it could start: sent, or the last node it is chained after finished
     after: tuple[str, ...] = ()  # the nodes it is chained after
     microtasks: list = field(default_factory=list)  # a fused member's, as its ranks report them
+    senders: frozenset[int] = frozenset()  # ranks that run it on their sender thread (a transfer's sources)
 
 
 class TorchBackend(Backend):
     name = "torch"
     clock = "wall"
-    default_reserve = "endpoints"  # Table III: a transfer holds both endpoints
+    # The scheduler's rule (spec 7): a transfer holds its destination; its source side runs on the source worker's
+    # sender thread beside that worker's operators (sender.py). "endpoints" (Table III) holds both.
+    default_reserve = "destination"
 
     def __init__(self, seed: int = 0, *, run_dir: Optional[str] = None, checkpoint_every: int = 0,
                  resume: bool = False, task: str = "pattern", reward: Optional[str] = None, lr: Optional[float] = None,
@@ -204,6 +208,7 @@ class TorchBackend(Backend):
         if dist_backend not in DIST_BACKEND_CHOICES:
             raise RpegError(None, f"unknown distributed backend '{dist_backend}'; use {', '.join(DIST_BACKEND_CHOICES)}")
         self.dist_backend, self.launcher = dist_backend, launcher
+        self._sender_threads = False  # set by start(): sources of transfers send on their sender thread (gloo)
         self.rl_overrides = dict(rl or {})
         self.data_settings = dict(data or {})
         self.reward_stats: dict[int, dict] = {}  # step -> a reward function's accuracy sums and failures
@@ -344,6 +349,9 @@ class TorchBackend(Backend):
     def start(self, plan: RunPlan) -> dict[int, int]:
         self._claim_run_dir()  # released by shutdown(), which the controller calls whatever start does
         dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
+        # gloo's sends may come from a second thread (tags keep them apart); NCCL's would need their own stream and
+        # an order matched on both sides, not built yet: there a transfer's sources send in their command loop.
+        self._sender_threads = dist_backend == "gloo"
         from rpegc.runtime.backends.torch.memory_check import check_memory, predicted_peaks
 
         if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
@@ -553,6 +561,10 @@ class TorchBackend(Backend):
                                        after=after)
         for cmd in commands.values():
             cmd["ranks"] = sorted(commands)
+        senders = self._senders(d, commands)
+        self._pending[d.id].senders = frozenset(senders)
+        for r in senders:  # a transfer's ranks may share one command: this one is theirs
+            commands[r] = {**commands[r], SENDER: True}
         for r, cmd in sorted(commands.items()):
             self.pool.send(r, cmd)
 
@@ -623,10 +635,14 @@ class TorchBackend(Backend):
         c = self.routes.command(d)
         if not c.commands:
             return False  # nothing to send: it completes at once when dispatched
-        ranks = set(c.commands)
+        # A transfer's senders run it on their sender thread (sender.py), behind earlier sends only: the ranks that
+        # queue it in order must end every predecessor, and no predecessor may still run in a sender's main loop
+        # (it could be producing the data to send).
+        senders = self._senders(d, c.commands)
+        ranks = set(c.commands) - senders
         for p in after:
             pend = self._pending.get(p)
-            if pend is not None and not pend.ends <= ranks:
+            if pend is not None and (not pend.ends <= ranks or (pend.ranks & senders) - pend.senders):
                 return False
         self._issue(d, c, after)
         return True
@@ -634,6 +650,13 @@ class TorchBackend(Backend):
     def _queued(self, pend: _Pending) -> bool:
         """Whether a chained node still waits in its workers' queues behind an unfinished predecessor."""
         return any(a in self._pending for a in pend.after)
+
+    def _senders(self, d: Dispatch, commands: dict[int, dict]) -> set[int]:
+        """The ranks of a transfer's commands outside what it reserves: they only send, on their sender thread."""
+        if not d.node.is_transfer or not self._sender_threads:
+            return set()
+        held = set(d.reserved)
+        return {r for r in commands if self.device_of[r] not in held}
 
     @staticmethod
     def _is_training(d: Dispatch) -> bool:

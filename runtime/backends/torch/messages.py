@@ -82,9 +82,10 @@ COMMANDS = {
                                "fields", "prep", "output", "version_out"), ("release", "train", "take", "pool")),
     # a fusion's members (their "op" commands) and, per pipeline stage, its microtasks ("F1.2"), in order
     "fused": MessageType(_NODE + ("members", "stages"), ("release",)),
-    "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields"), ("release",)),
+    # "sender": the rank only sends, outside the transfer's destination (its sender thread runs it, sender.py)
+    "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields"), ("release", "sender")),
     "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks"),
-                                ("release",)),
+                                ("release", "sender")),
     "export": MessageType(("export", "dir"), ("weights", "masters", "window", "optimizer", "rng")),
     "keep": MessageType(("label", "tau")),
 }

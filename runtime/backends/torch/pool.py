@@ -28,6 +28,7 @@ import torch.distributed as dist
 from rpegc.core.ir.errors import RpegError, error_line
 from rpegc.runtime.backends.torch.inbox import PipeInbox, StoreInbox, warn
 from rpegc.runtime.backends.torch.messages import NODE_COMMANDS, Endpoint, new_secret, write_secret
+from rpegc.runtime.backends.torch.sender import SENDER
 from rpegc.runtime.backends.torch.processes import forkserver_pid
 from rpegc.runtime.backends.torch.run_dir import WORKER_LOGS
 from rpegc.runtime.backends.torch.worker_setup import WorkerSetup
@@ -206,6 +207,9 @@ class WorkerPool:
     def send(self, rank: int, cmd: dict) -> None:
         """Push `cmd` to `rank` with every copy freed there since its last command (a worker runs its commands
         in order, so it frees them before it runs `cmd`): in a node's command, else as a release message first."""
+        if cmd.get(SENDER):  # the sender thread frees nothing: the rank's main loop gets them with its next command
+            self._push(rank, cmd)
+            return
         labels = self._releases.pop(rank, None)
         if labels and cmd["type"] in NODE_COMMANDS:
             cmd = {**cmd, "release": labels}

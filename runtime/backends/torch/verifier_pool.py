@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional, Sequence
@@ -31,7 +32,15 @@ class TextExample:
         self.source, self.answer, self.extra = source, answer, extra
 
 
+# A pool process yields to the runtime: the controller's reaction and the workers' commands are short and on every
+# step's critical path, and on a host whose cores the pool and the workers fill, a woken controller would otherwise
+# wait out a busy pool process's time slice (on the 2-core demo, 2.3 ms per node instead of 0.8).
+POOL_NICENESS = 5
+
+
 def _load(spec: str) -> None:
+    if hasattr(os, "nice"):
+        os.nice(POOL_NICENESS)
     load_reward(spec)  # once per process: its first call pays no import
 
 

@@ -57,6 +57,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ from rpegc.runtime.backends.torch.master_weights import MasterWeights, training_
 from rpegc.runtime.backends.torch.models import cast_weights, check_arch, param_shapes
 from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups, seeded_shard
 from rpegc.runtime.backends.torch.peak_memory import PeakMeter
+from rpegc.runtime.backends.torch.sender import CommandRouter
 from rpegc.runtime.backends.torch.finite import NonFiniteError
 from rpegc.runtime.backends.torch.schedules import generate, infer
 from rpegc.runtime.backends.torch.reference import RunConfig
@@ -164,6 +166,9 @@ class TrainState:
     shares: Optional[str] = None  # the weights entry whose tensors are the module's parameters
 
 
+SWITCH_INTERVAL_S = 2e-4  # the worker's threads' turn at the interpreter (sys.setswitchinterval; Python: 5 ms)
+
+
 class CommandError(Exception):
     """A command that cannot run; the message names what is wrong."""
 
@@ -202,6 +207,7 @@ class Worker:
         self._batches: dict[int, PromptBatch] = {}  # the prompts of the steps in flight
         self._pairs: dict[int, PairBatch] = {}  # DPO: the preference pairs of the steps in flight
         self.groups = ProcessGroups(setup.layouts)
+        self._report_lock = threading.Lock()
         if self.resume is not None and ckpt.rng_key(self.rank) in self.resume:
             torch.set_rng_state(self.resume.read(ckpt.rng_key(self.rank)))
 
@@ -211,13 +217,15 @@ class Worker:
     # -- channel ----------------------------------------------------------------------------------
 
     def report(self, msg: dict) -> None:
-        """Push a report to the controller; one that cannot be sent (too large, not plain) becomes an error report."""
+        """Push a report to the controller; one that cannot be sent (too large, not plain) becomes an error report.
+        The main loop and the sender thread both report: one at a time (the channel numbers its messages)."""
         assert self.channel is not None
-        try:
-            self.channel.push("res", msg)
-        except MessageError as e:
-            self.channel.push("res", {"type": "error", "node": msg.get("node"), "what": msg.get("type", "report"),
-                                      "rank": self.rank, "message": f"cannot report: {e.message}"})
+        with self._report_lock:
+            try:
+                self.channel.push("res", msg)
+            except MessageError as e:
+                self.channel.push("res", {"type": "error", "node": msg.get("node"), "what": msg.get("type", "report"),
+                                          "rank": self.rank, "message": f"cannot report: {e.message}"})
 
     def next_command(self) -> dict:
         """The next authentic command, blocking until it comes; exits (code 3) once the controller is gone."""
@@ -237,9 +245,14 @@ class Worker:
     def loop(self) -> None:
         meter = self.meter = PeakMeter(self.device)
         meter.start()  # what the plan makes this worker hold is measured from here on
+        # A transfer's source side runs on a sender thread beside the operators (sender.py). The reader and the
+        # sender hold the interpreter briefly; an operator's Python holds it otherwise, and would keep them waiting
+        # the default 5 ms switch interval for each message and send.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        commands = CommandRouter(self.next_command, lambda cmd: self.handle(cmd, sender=True)).start()
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
         while True:
-            cmd = self.next_command()
+            cmd = commands.next()
             if cmd["type"] == "stop":
                 if self.pool is not None:
                     self.pool.close()
@@ -248,12 +261,15 @@ class Worker:
                 return
             self.handle(cmd)
 
-    def handle(self, cmd: dict) -> None:
+    def handle(self, cmd: dict, sender: bool = False) -> None:
+        """Run one command and report it; `sender`: on the sender thread, a transfer's source side (it frees and
+        trims nothing: the main loop owns what the worker holds)."""
         start = self.now()
         node = cmd.get("node")
         try:
-            self.free(cmd.get("release", ()))  # copies freed since this rank's last command
-            release_freed()  # every command starts from what the worker holds, not its last high-water mark
+            if not sender:
+                self.free(cmd.get("release", ()))  # copies freed since this rank's last command
+                release_freed()  # every command starts from what the worker holds, not its last high-water mark
             self.maybe_fail(cmd)
             info = getattr(self, "cmd_" + cmd["type"])(cmd) or {}
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
@@ -292,7 +308,7 @@ class Worker:
 
     def memory(self) -> int:
         """Bytes this worker holds: its entries, its models' parameters and their optimizer state."""
-        held = sum(e.nbytes() for e in self.entries.values())
+        held = sum(e.nbytes() for e in list(self.entries.values()))  # a snapshot: the other thread may add one
         # Models are only ever added and an optimizer's state only fills once (at its first step), so the
         # models' bytes change only when these counts do (summing every parameter took ~0.7 ms per report).
         # A serving module bound to an entry holds the entry's tensors: they are counted with the entry.
