@@ -130,3 +130,29 @@ def test_programs_the_backend_cannot_run_are_user_errors():
         Model("actor", "policy", True, lookup("tiny")), Model("ref", "reference", False, lookup("tiny-4l"))))
     with pytest.raises(RpegError, match="initial actor"):
         config_from_program(other)
+
+
+@pytest.mark.parametrize("algorithm, settings", [("grpo", {}), ("ppo", {"kl_in_reward": False})])
+def test_without_a_reference_the_oracle_runs_none_and_trains_as_with_a_zero_kl_coefficient(algorithm, settings):
+    """A run whose graph has no reference inference vertex builds and runs no reference model and has no KL (TRL's
+    beta = 0). Its KL coefficient is 0, so a run with the reference and the same settings adds 0 x KL to its loss and
+    zero to its gradients: the same weights, bit for bit, and the same metrics but the KL's."""
+    with_ref = toy_config(algorithm, B=4, kl_coef=0.0, **settings)
+    without = dataclasses.replace(with_ref, has_reference=False)
+    assert ReferenceTrainer(without, seed=0).reference is None
+    a, b = run_reference(with_ref, 2, seed=0), run_reference(without, 2, seed=0)
+    assert all({"kl", "kl_loss"} <= set(m) for m in a.metrics)
+    assert all(not {"kl", "kl_loss"} & set(m) for m in b.metrics)
+    for m, n in zip(a.metrics, b.metrics):
+        assert {k: v for k, v in m.items() if k not in ("kl", "kl_loss", "time_s")} == \
+            {k: v for k, v in n.items() if k != "time_s"}
+    for role in a.weights:
+        assert all(torch.equal(a.weights[role][k], b.weights[role][k]) for k in a.weights[role]), role
+
+
+@pytest.mark.parametrize("algorithm, settings, asked", [("grpo", {}, "kl_coef = 0.01 asks"),
+                                                        ("ppo", {"kl_coef": 0.0}, "kl_in_reward = true asks")])
+def test_the_oracle_refuses_a_kl_term_without_a_reference(algorithm, settings, asked):
+    cfg = dataclasses.replace(toy_config(algorithm, B=4, **settings), has_reference=False)
+    with pytest.raises(RpegError, match=asked):
+        run_reference(cfg, 1, seed=0)

@@ -65,7 +65,7 @@ from rpegc.runtime.backends.torch.models import derive_seed, param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
 from rpegc.runtime.backends.torch.datasets import DataConfig
 from rpegc.runtime.backends.torch.prompts import open_prompts
-from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, config_from_program, toy_rl_config
+from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, program_config, toy_rl_config
 from rpegc.runtime.backends.torch.worker import FAULT_ENV
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 
@@ -78,9 +78,10 @@ def run_config(program: Program, *, task: str = "pattern", reward: Optional[str]
     {"path": "train.jsonl"}). Paths (dataset, tokenizer, a reward's file) are made absolute: workers may
     run elsewhere, from another directory.
     """
-    cfg = config_from_program(program, task=task, reward=_absolute_reward(reward_spec(program, reward)),
-                              positions=positions,
-                              data=_absolute_paths(DataConfig(**(data or {}))))
+    # checked once its RL settings are final (below): a graph without a reference runs with --rl kl_coef=0
+    cfg = program_config(program, task=task, reward=_absolute_reward(reward_spec(program, reward)),
+                         positions=positions,
+                         data=_absolute_paths(DataConfig(**(data or {}))))
     overrides = dict(rl or {})
     if lr is not None:
         overrides.update(lr_actor=lr, lr_critic=lr)

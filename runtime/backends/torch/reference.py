@@ -35,7 +35,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.errors import UNKNOWN_LOC, Loc, RpegError
+from rpegc.core.ir.frozen import loc_field
 from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import Arch, Program, Workload
 from rpegc.core.ir.training import TrainSpec
@@ -82,6 +83,12 @@ class RunConfig:
     # the precision the plan trains the actor and the critic in (core/ir/training.py; None: the workload's)
     actor_precision: Optional[str] = None
     critic_precision: Optional[str] = None
+    # whether an inference vertex of a reference model writes ref_logprobs; without one (TRL's beta = 0) no process
+    # builds or runs the reference, and the run has no KL term (`RolloutAlgorithm.check` refuses settings asking one)
+    has_reference: bool = True
+    # the graph in the source, where the errors of the run's settings against its graph point (the checkpoint
+    # identity leaves every `loc` out: where the graph is written does not change the run)
+    loc: Loc = loc_field()
 
     @property
     def alg(self) -> Algorithm:
@@ -163,10 +170,20 @@ def check_reward(cfg: RunConfig) -> None:
 def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task: str = "pattern",
                         reward: str = "rule", positions: str = "rope",
                         data: DataConfig = DataConfig()) -> RunConfig:
+    """The run a `.rpeg` program describes (`program_config`), checked."""
+    cfg = program_config(program, rl=rl, task=task, reward=reward, positions=positions, data=data)
+    check_run_config(cfg)
+    return cfg
+
+
+def program_config(program: Program, *, rl: Optional[RLConfig] = None, task: str = "pattern",
+                   reward: str = "rule", positions: str = "rope",
+                   data: DataConfig = DataConfig()) -> RunConfig:
     """The run a `.rpeg` program describes, under the algorithm its graph names (`rpeg.algorithm`), else the one
     its shape implies: PPO if it has a critic or actor_critic model, DPO if it generates nothing (it trains on
     given pairs), else GRPO. A dataset without its own tokenizer directory takes the actor's `hf`
-    checkpoint's."""
+    checkpoint's. Not checked as a whole: whoever overrides its RL settings (backend.run_config) checks the result,
+    so a graph without a reference is not refused for the default KL coefficient that --rl kl_coef=0 replaces."""
     by_kind: dict[str, list] = {}
     for m in program.models:
         by_kind.setdefault(m.kind, []).append(m)
@@ -210,9 +227,18 @@ def config_from_program(program: Program, *, rl: Optional[RLConfig] = None, task
                     reference_hf=hf(by_kind.get("reference")) if "reference" in by_kind else hf(actor),
                     critic_hf=hf(critic), reward_hf=hf(reward_model),
                     actor_precision=_trained_precision(program, actor[0].name),
-                    critic_precision=_trained_precision(program, critic[0].name) if critic else None)
-    check_run_config(cfg)
+                    critic_precision=_trained_precision(program, critic[0].name) if critic else None,
+                    has_reference=_has_reference(program), loc=graph.loc if graph else UNKNOWN_LOC)
     return cfg
+
+
+def _has_reference(program: Program) -> bool:
+    """Whether an inference vertex of a reference model writes the reference's log-probs. A program without a graph
+    (or with an empty one) is a whole PPO / GRPO run, which has one, as `toy_config`'s runs do."""
+    graph = program.graph
+    if graph is None or not graph.vertices:
+        return True
+    return any(v.role == "inference" and program.model(v.model).kind == "reference" for v in graph.vertices)
 
 
 def _trained_precision(program: Program, model: str) -> Optional[str]:

@@ -436,6 +436,12 @@ def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str, num_to
     return aggregate(kl_estimate(logp, ref_logp, estimator), mask, num_tokens, agg)
 
 
+def has_kl_loss(cfg: RLConfig, has_reference: bool) -> bool:
+    """Whether the actor's loss has a KL term: the KL is not in the reward, and a reference wrote its log-probs (a run
+    without one has no KL at all; `RolloutAlgorithm.check` refuses settings that ask for it)."""
+    return has_reference and not cfg.kl_in_reward
+
+
 def entropy_bonus(entropy: Tensor, mask: Tensor, num_tokens: float, agg: str = "token-mean") -> Tensor:
     return aggregate(entropy, mask, num_tokens, agg)
 
@@ -448,15 +454,16 @@ def entropy_bonus(entropy: Tensor, mask: Tensor, num_tokens: float, agg: str = "
 class Experience:
     """One batch (or shard) of rollouts with everything training needs. Rows are global sequences in order.
 
-    values are the critic's V(s_t) at inference (PPO only); advantages/returns are filled by
-    `compute_advantages` (returns only with a critic). `pads` [b] is each prompt's left padding (None: none;
+    values are the critic's V(s_t) at inference (PPO only); ref_logprobs the reference model's log-probs (None: the
+    graph has no reference inference vertex, so there is no KL term, as TRL with beta = 0); advantages/returns are
+    filled by `compute_advantages` (returns only with a critic). `pads` [b] is each prompt's left padding (None: none;
     it comes from the prompts, so it is not a data field the containers carry).
     """
 
     sequences: Tensor
     mask: Tensor
     old_logprobs: Tensor
-    ref_logprobs: Tensor
+    ref_logprobs: Optional[Tensor]
     scores: Tensor
     values: Optional[Tensor] = None
     advantages: Optional[Tensor] = None
@@ -548,6 +555,7 @@ def overlong_shaping(mask: Tensor, buffer: int, penalty: float) -> Tensor:
 
 
 def _token_rewards(exp: Experience, cfg: RLConfig) -> Tensor:
+    # kl_in_reward without a reference is refused before the run (`RolloutAlgorithm.check`)
     kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, cfg.kl_estimator) if cfg.kl_in_reward else None
     return token_rewards(exp.scores, kl, exp.mask, cfg.kl_coef)
 
@@ -604,7 +612,8 @@ def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
                num_tokens: float) -> tuple[Tensor, dict[str, float]]:
     """The loss of an actor (or shared actor-critic) training vertex on `exp`, `num_tokens` the batch's normaliser.
 
-    policy loss; + kl_coef * KL loss unless the KL is in the reward; - entropy_coef * entropy;
+    policy loss; + kl_coef * KL loss unless the KL is in the reward or there is no reference (`has_kl_loss`);
+    - entropy_coef * entropy;
     + value_coef * value loss when the model also has a value head (shared actor-critic).
     """
     fwd = response_forward(model, exp.sequences, exp.prompt_len, cfg.temperature,
@@ -614,7 +623,7 @@ def actor_loss(model: TransformerModel, exp: Experience, cfg: RLConfig,
     loss, stats = POLICY_LOSSES[cfg.policy_loss](fwd.logprobs, exp.old_logprobs, exp.advantages, exp.mask, cfg,
                                                  num_tokens)
     stats["policy_loss"] = loss.item()
-    if not cfg.kl_in_reward:
+    if has_kl_loss(cfg, exp.ref_logprobs is not None):
         kl = kl_loss(fwd.logprobs, exp.ref_logprobs, exp.mask, cfg.kl_estimator, num_tokens, agg)
         loss = loss + cfg.kl_coef * kl
         stats["kl_loss"] = kl.item()

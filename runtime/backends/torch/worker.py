@@ -179,8 +179,11 @@ def _bytes_of(tensors) -> int:
 
 class Worker:
     def __init__(self, setup: WorkerSetup, rank: int, channel: Optional[Endpoint] = None,
-                 device: Optional[torch.device] = None):
+                 device: Optional[torch.device] = None, commands: Optional[Endpoint] = None):
         self.setup, self.rank, self.channel = setup, rank, channel
+        # where commands are read: the channel's link, or over the store a connection of the reader thread's own (a
+        # store client serves one request at a time, and a reader waiting for a command would hold up every report)
+        self.commands = commands if commands is not None else channel
         # Without a device: the one a locally launched worker of this backend gets (the CPU for gloo).
         self.device = device if device is not None else worker_device(setup.dist_backend, rank, {})
         self.run = setup.run
@@ -229,16 +232,16 @@ class Worker:
 
     def next_command(self) -> dict:
         """The next authentic command, blocking until it comes; exits (code 3) once the controller is gone."""
-        assert self.channel is not None
+        assert self.commands is not None
         key = f"cmd/{self.rank}"
         while True:
             try:
-                return self.channel.receive(key, WAIT).msg
+                return self.commands.receive(key, WAIT).msg
             except EOFError:  # the controller closed this worker's link: it is gone
                 raise SystemExit(3)
             except (RuntimeError, TimeoutError):  # an idle hour, or the controller is gone (its store with it)
                 try:
-                    self.channel.store.check([key])
+                    self.commands.store.check([key])
                 except Exception:
                     raise SystemExit(3)
 
@@ -961,8 +964,12 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
         torch.cuda.set_device(device)  # before NCCL starts: its communicators bind to the current device
     dist.init_process_group(setup.dist_backend, store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=setup.world, timeout=timedelta(seconds=setup.timeout_s))
+    commands = None
+    if link is None:  # over the store: the command reader gets a connection of its own (Worker.commands)
+        commands = Endpoint(dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=120)),
+                            channel.secret, f"worker-{rank}", _log(rank))
     try:
-        worker = Worker(setup, rank, channel, device)
+        worker = Worker(setup, rank, channel, device, commands)
     except Exception as e:  # a located error (a checkpoint, a config), else the traceback of a bug
         return _setup_failed(channel, rank, _error_text(e, {}))
     if device.type == "cpu":  # after the process groups exist: their threads stay free (pinning.py)

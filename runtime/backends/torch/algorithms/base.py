@@ -113,8 +113,8 @@ class Algorithm:
         """The fields `vertex` writes into `container` (None: it cannot write it)."""
         raise NotImplementedError
 
-    def training_fields(self, has_critic: bool) -> tuple[str, ...]:
-        """The fields a training vertex must read."""
+    def training_fields(self, has_critic: bool, has_reference: bool = True) -> tuple[str, ...]:
+        """The fields a training vertex must read, with a critic and with a reference inference vertex or not."""
         raise NotImplementedError
 
     def what_writes(self) -> str:
@@ -138,7 +138,7 @@ class Algorithm:
                                     f"{self.what_writes()}")
                 fields[c] = got
         made = {f for fs in fields.values() for f in fs}
-        need = set(self.training_fields(cfg.has_critic))
+        need = set(self.training_fields(cfg.has_critic, cfg.has_reference))
         for v in program.graph.vertices:
             if v.role != "training":
                 continue

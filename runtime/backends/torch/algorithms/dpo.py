@@ -114,7 +114,8 @@ class DPO(Algorithm):
         side = [s for c, s in sides(program).items() if c in vertex.reads]
         return (f"{side[0]}_ref_logprobs",) if len(side) == 1 else None
 
-    def training_fields(self, has_critic: bool) -> tuple[str, ...]:
+    def training_fields(self, has_critic: bool, has_reference: bool = True) -> tuple[str, ...]:
+        # DPO's loss is the reference's log-probs of both sides, with a reference vertex or not (then none writes them)
         return ("chosen_ref_logprobs", "rejected_ref_logprobs")
 
     def what_writes(self) -> str:

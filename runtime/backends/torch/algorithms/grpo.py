@@ -41,6 +41,7 @@ class GRPO(RolloutAlgorithm):
     def check(self, cfg) -> None:
         if cfg.has_critic:
             raise RpegError(None, "GRPO uses group-relative advantages and no critic; remove the critic model")
+        super().check(cfg)
 
 
 VARIANTS = (

@@ -19,3 +19,4 @@ class PPO(RolloutAlgorithm):
         if not cfg.has_critic:
             raise RpegError(None, "PPO needs a critic: add a critic model or use a shared actor_critic model "
                             "(or choose GRPO)")
+        super().check(cfg)

@@ -25,8 +25,8 @@ from rpegc.runtime.backends.torch.prompts import open_prompts
 from rpegc.runtime.backends.torch.rewards import accuracy_sums, load_reward, score_responses
 from rpegc.runtime.backends.torch import rl as rl_math
 from rpegc.runtime.backends.torch.rl import (Experience, RLConfig, actor_loss, compute_advantages, critic_loss,
-                                            keep_informative, kl_estimate, last_token_scores, minibatch_steps,
-                                            response_forward)
+                                            has_kl_loss, keep_informative, kl_estimate, last_token_scores,
+                                            minibatch_steps, response_forward)
 from rpegc.runtime.backends.torch.schedules import train_step
 
 
@@ -41,6 +41,27 @@ ROLLOUT_FIELDS = {
     "reward": {"rewards": ("scores", "task_scores"), "scalars": ("scores", "task_scores")},
 }
 ROLLOUT_TRAINING_FIELDS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores")
+
+
+def token_kl(exp: Experience) -> Optional[Tensor]:
+    """The k1 KL of the sampling policy to the reference per response token (the "kl" metric's terms); None without a
+    reference, whose runs report no "kl" (a metric a step does not have is left out, never written as NaN)."""
+    return None if exp.ref_logprobs is None else kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
+
+
+def check_reference(cfg) -> None:
+    """A KL term needs the reference's log-probs: a graph without a reference inference vertex has none, so its RL
+    settings may not ask for one (TRL loads no reference model with beta = 0, and computes no KL)."""
+    if cfg.has_reference:
+        return
+    asks = [(f"kl_coef = {cfg.rl.kl_coef:g}", "kl_coef=0")] if cfg.rl.kl_coef != 0 else []
+    asks += [("kl_in_reward = true", "kl_in_reward=false")] if cfg.rl.kl_in_reward else []
+    if asks:
+        what = f"{' and '.join(a for a, _ in asks)} {'asks' if len(asks) == 1 else 'ask'}"
+        raise RpegError(cfg.loc, f"{what} for a KL term to the reference model, but the graph has no inference vertex "
+                                 "of a reference model; add one (a model of kind = reference whose inference vertex "
+                                 "writes the log-probs training reads) or run without the KL: "
+                                 f"{' '.join(f'--rl {f}' for _, f in asks)}")
 
 
 def keep_drawn(exp: Experience, task_scores: Tensor, w: Workload) -> tuple[Experience, Tensor, Tensor]:
@@ -77,8 +98,13 @@ class RolloutAlgorithm(Algorithm):
             return None
         return ROLLOUT_FIELDS.get(kind, {}).get(container.elem)
 
-    def training_fields(self, has_critic: bool) -> tuple[str, ...]:
-        return ROLLOUT_TRAINING_FIELDS + (("values",) if has_critic else ())
+    def check(self, cfg) -> None:
+        check_reference(cfg)
+
+    def training_fields(self, has_critic: bool, has_reference: bool = True) -> tuple[str, ...]:
+        # without a reference inference vertex nothing writes ref_logprobs: the run has no KL (`check_reference`)
+        names = tuple(f for f in ROLLOUT_TRAINING_FIELDS if has_reference or f != "ref_logprobs")
+        return names + (("values",) if has_critic else ())
 
     def what_writes(self) -> str:
         return ("generation writes tokens and log-probs, inference writes log-probs (reference), values (critic) "
@@ -112,10 +138,10 @@ class RolloutAlgorithm(Algorithm):
         rl = worker.run.rl
         st, e = worker.loaded_state(cmd)
         pm = st.pm
-        names = list(self.training_fields(worker.run.has_critic))
+        names = list(self.training_fields(worker.run.has_critic, worker.run.has_reference))
         data = worker.rows_of(cmd["inputs"], lo, hi, names)
         exp = Experience(sequences=data["sequences"], mask=data["mask"], old_logprobs=data["old_logprobs"],
-                         ref_logprobs=data["ref_logprobs"], scores=data["scores"], values=data.get("values"),
+                         ref_logprobs=data.get("ref_logprobs"), scores=data["scores"], values=data.get("values"),
                          pads=worker.row_pads(cmd["step"], lo, hi))
         for name in ("scores", "old_logprobs", "ref_logprobs", "values"):
             if getattr(exp, name) is not None:
@@ -129,7 +155,8 @@ class RolloutAlgorithm(Algorithm):
         require_finite("the advantages", exp.advantages)
         keys = self.stat_keys[spec.kind]
         if spec.kind != "critic":
-            keys += (() if rl.kl_in_reward else ("kl_loss",)) + (("entropy",) if rl.entropy_coef else ())
+            keys += ((("kl_loss",) if has_kl_loss(rl, worker.run.has_reference) else ())
+                     + (("entropy",) if rl.entropy_coef else ()))
 
         def step(sub: Experience, n: float) -> tuple[dict[str, float], float]:
             def loss_fn(view, e):
@@ -142,13 +169,17 @@ class RolloutAlgorithm(Algorithm):
 
         stats, norm = minibatch_steps(rl, exp, lo, hi, step, counts=("clipped_tokens",), reduce=dp_sum)
         version = worker.publish(cmd, st)
-        kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
+        kl = token_kl(exp)
         task_scores = task_scores.double()
-        sums = dp_sum(torch.stack([task_scores.sum(), exp.scores.double().sum(), (kl * exp.mask).double().sum(),
+        # without a reference the KL's slot holds a zero, so every run reduces the same sums
+        kl_sum = (torch.zeros((), dtype=torch.float64, device=worker.device) if kl is None
+                  else (kl * exp.mask).double().sum())
+        sums = dp_sum(torch.stack([task_scores.sum(), exp.scores.double().sum(), kl_sum,
                                    torch.tensor(float(hi - lo), dtype=torch.float64, device=worker.device),
                                    task_scores.pow(2).sum(), found.double().sum()]))
         mean = float(sums[0] / sums[3])
-        metrics = {"reward": mean, "score": float(sums[1] / sums[3]), "kl": float(sums[2] / num_tokens),
+        metrics = {"reward": mean, "score": float(sums[1] / sums[3]),
+                   **({} if kl is None else {"kl": float(sums[2] / num_tokens)}),
                    "reward_std": max(0.0, float(sums[4] / sums[3]) - mean * mean) ** 0.5,
                    "response_length": num_tokens / float(sums[3]), "response_tokens": num_tokens}
         if w.oversample > 1:
@@ -201,7 +232,8 @@ class ReferenceTrainer:
         # trained models (actor, critic) compute in the training dtype over float32 masters, as the workers do
         self.actor = initial_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf, net)
         self.actor_master = train_whole(self.actor, cfg.training_dtype("actor"), cfg.rl.lr_actor, cfg.rl)
-        self.reference = serving_model(cfg.actor, "reference", actor_seed, cfg.reference_hf)
+        self.reference = (serving_model(cfg.actor, "reference", actor_seed, cfg.reference_hf) if cfg.has_reference
+                          else None)  # a graph without a reference inference vertex: no KL, no forward
         self.actor_versions = VersionStore(self.actor_master.export(), serving)
         self.stale_actor = serving_model(cfg.actor, actor_kind, actor_seed, cfg.actor_hf)
         self.critic: Optional[TransformerModel] = None
@@ -232,7 +264,9 @@ class ReferenceTrainer:
         rollout = generate(gen_model, prompts, range(w.drawn * w.R), seed=self.seed, step=step, max_new_tokens=w.Lr,
                            sampling=cfg.rl.sampling, eos_id=self.prompts.eos_id, pad_id=self.prompts.pad_id,
                            pads=pads)
-        ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature, pads=pads).logprobs
+        ref_logp = None
+        if self.reference is not None:
+            ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature, pads=pads).logprobs
         scored = None
         if self.reward_model is not None:
             scores = last_token_scores(self.reward_model, rollout.sequences, w.Lp, rollout.mask, pads)
@@ -284,9 +318,9 @@ class ReferenceTrainer:
         w = self.cfg.workload
         exp, task_scores, found = keep_drawn(exp, task_scores, w)
         exp = compute_advantages(exp, self.cfg.rl, w.R)
-        kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, "k1")
+        kl = token_kl(exp)
         metrics = {"step": float(step), "reward": float(task_scores.mean()), "score": float(exp.scores.mean()),
-                   "kl": float((kl * exp.mask).sum() / exp.num_tokens),
+                   **({} if kl is None else {"kl": float((kl * exp.mask).sum() / exp.num_tokens)}),
                    "reward_std": float(task_scores.double().std(unbiased=False)),
                    "response_length": float(exp.num_tokens) / task_scores.numel(),
                    "response_tokens": float(exp.num_tokens)}
