@@ -61,3 +61,16 @@ def test_a_lost_controller_ends_the_main_loop():
     assert router.next()["node"] == "gen#0"
     with pytest.raises(SystemExit):
         router.next()
+
+
+def test_a_send_waits_for_the_weights_installed_before_it():
+    """An install reports no completion (a resumed run installs from its checkpoint, then sends them): a send that
+    came after it waits until the main loop has run it."""
+    sent = threading.Event()
+    router = CommandRouter(feed([{"type": "install", "label": "W"}, {"type": "move_weights", "node": "c1", SENDER: True},
+                                 {"type": "stop"}]), lambda cmd: sent.set()).start()
+    install = router.next()
+    assert install["type"] == "install"
+    assert not sent.wait(0.2)  # the install is still running in the main loop
+    router.finished(install)
+    assert sent.wait(5) and router.next()["type"] == "stop"

@@ -7,7 +7,8 @@ reason, and a plan's order could then wait a whole operator for a transfer the s
 reads its commands on a thread of its own (`CommandRouter`) and runs a transfer's command on a rank outside the
 transfer's destination (the backend marks it `SENDER`: it only sends) on a sender thread, beside the operator the main
 loop runs; every other command keeps the main loop's order. The controller sends such a command only once the
-transfer's predecessors completed (never chained behind them), so the data it sends is there.
+transfer's predecessors completed (never chained behind an operator on the sending rank), so the data it sends is
+there; weights installed by a command (no completion report) are waited for (`AHEAD_OF_SENDS`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import threading
 from typing import Any, Callable
 
 SENDER = "sender"  # a command field: this rank only sends the transfer's data (runs on the sender thread)
+# Commands whose result a later send may read without the controller waiting for them: weights installed at the start
+# or from a checkpoint on resume (a node's command reports its completion, and a transfer is sent only after the nodes
+# that make its data completed). A send waits until the main loop has run every one that came before it.
+AHEAD_OF_SENDS = ("install",)
 
 
 class CommandRouter:
@@ -28,6 +33,8 @@ class CommandRouter:
         self._receive, self._send = receive, send
         self._main: queue.Queue[Any] = queue.Queue()
         self._sends: queue.Queue[Any] = queue.Queue()
+        self._ahead = threading.Condition()
+        self._ahead_queued = self._ahead_done = 0  # AHEAD_OF_SENDS commands read, and run by the main loop
         self._reader = threading.Thread(target=self._read, name="rpeg-commands", daemon=True)
         self._sender = threading.Thread(target=self._run_sends, name="rpeg-sender", daemon=True)
 
@@ -45,8 +52,11 @@ class CommandRouter:
                 self._main.put(e)
                 return
             if cmd.get(SENDER):
-                self._sends.put(cmd)
+                self._sends.put((cmd, self._ahead_queued))
                 continue
+            if cmd["type"] in AHEAD_OF_SENDS:
+                with self._ahead:
+                    self._ahead_queued += 1
             if cmd["type"] == "stop":
                 self._sends.put(None)
                 self._sender.join()  # every send before the stop has ended before the main loop says bye
@@ -55,8 +65,18 @@ class CommandRouter:
                 return
 
     def _run_sends(self) -> None:
-        while (cmd := self._sends.get()) is not None:
+        while (item := self._sends.get()) is not None:
+            cmd, ahead = item
+            with self._ahead:
+                self._ahead.wait_for(lambda: self._ahead_done >= ahead)
             self._send(cmd)
+
+    def finished(self, cmd: dict) -> None:
+        """The main loop ran `cmd` (sends waiting for it may go)."""
+        if cmd["type"] in AHEAD_OF_SENDS:
+            with self._ahead:
+                self._ahead_done += 1
+                self._ahead.notify_all()
 
     def next(self) -> dict:
         """The main loop's next command (blocking)."""

@@ -263,6 +263,7 @@ class Worker:
                 self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident()})
                 return
             self.handle(cmd)
+            commands.finished(cmd)
 
     def handle(self, cmd: dict, sender: bool = False) -> None:
         """Run one command and report it; `sender`: on the sender thread, a transfer's source side (it frees and
