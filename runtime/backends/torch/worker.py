@@ -312,18 +312,18 @@ class Worker:
 
     def memory(self) -> int:
         """Bytes this worker holds: its entries, its models' parameters and their optimizer state."""
-        held = sum(e.nbytes() for e in list(self.entries.values()))  # a snapshot: the other thread may add one
+        # Snapshots of the dicts: the sender thread reports too, while the main loop may add to them.
+        entries, serving, training = list(self.entries.values()), list(self.serving.values()), list(self.training.values())
+        held = sum(e.nbytes() for e in entries)
         # Models are only ever added and an optimizer's state only fills once (at its first step), so the
         # models' bytes change only when these counts do (summing every parameter took ~0.7 ms per report).
         # A serving module bound to an entry holds the entry's tensors: they are counted with the entry.
         # A training module sharing its published entry's tensors is counted with the entry too.
-        key = (len(self.serving), len(self.training),
-               sum(len(st.master.optimizer.state) for st in self.training.values()),
-               tuple(pm.bound is None for pm in self.serving.values()),
-               tuple(st.shares is None for st in self.training.values()))
+        key = (len(serving), len(training), sum(len(st.master.optimizer.state) for st in training),
+               tuple(pm.bound is None for pm in serving), tuple(st.shares is None for st in training))
         if self._model_bytes[0] != key:
-            mods = sum(_bytes_of(pm.module.parameters()) for pm in self.serving.values() if pm.bound is None)
-            for st in self.training.values():
+            mods = sum(_bytes_of(pm.module.parameters()) for pm in serving if pm.bound is None)
+            for st in training:
                 mods += (_bytes_of(st.pm.module.parameters()) if st.shares is None else 0) + st.master.nbytes()
             self._model_bytes = (key, mods)
         return held + self._model_bytes[1]
