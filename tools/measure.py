@@ -32,7 +32,6 @@ DEFAULT_TIMEOUT_S = 300.0  # a collective that waits longer than this has lost a
 ERROR_GRACE_S = 5.0  # how long the other ranks may still answer after one rank failed
 
 
-
 def mape(predicted, measured) -> float:
     """Mean absolute percentage error as a fraction: mean(|p - m| / m)."""
     p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
@@ -41,6 +40,7 @@ def mape(predicted, measured) -> float:
     if np.any(m <= 0):
         raise RpegError(None, "MAPE needs positive measured values; drop the zero or negative measurements")
     return float(np.mean(np.abs(p - m) / m))
+
 
 @dataclass(frozen=True)
 class Timing:

@@ -24,8 +24,10 @@ from typing import Sequence
 import numpy as np
 
 from rpegc.core.cost.hardware import Hardware, Overhead
+from rpegc.core.cost.options import cost_options
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
+from rpegc.tools.measure import mape
 
 ROLES = ("generation", "inference", "training")
 
@@ -84,9 +86,9 @@ def fit_role(role: str, calls: Sequence[float], toks: Sequence[float], kernels: 
                 coef[j] = float(v)
             if _sq(X, extra, coef) < _sq(X, extra, best):
                 best = (coef[0], coef[1])
-    before = float(np.mean(np.abs(extra)))
-    after = float(np.mean(np.abs(extra - X @ np.asarray(best))))
-    return RoleFit(role, best[0], best[1], len(m), before, after)
+    fitted = np.asarray(kernels, dtype=float) + best[0] * np.asarray(calls, dtype=float) + best[1] * np.asarray(
+        toks, dtype=float)
+    return RoleFit(role, best[0], best[1], len(m), mape(kernels, m), mape(fitted, m))
 
 
 def _sq(X: np.ndarray, y: np.ndarray, coef) -> float:
@@ -103,7 +105,7 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
              for role, kind in validate.VALIDATION_OPERATORS]
     measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet)
     bare = replace(hw, overhead=Overhead())
-    opts = validate._parse_options([])
+    opts = cost_options(validate.BACKEND_COST_OPTIONS)  # the options that describe the torch backend
     fits = []
     for role in ROLES:
         picked = [(c, float(np.median(m[0]))) for c, m in zip(cases, measured) if c.role == role]
@@ -175,7 +177,7 @@ def control_run(hw_text: str, steps: int, devices: int = 0) -> ControlFit:
     from rpegc.runtime.report import control_overhead, steady_state
     from rpegc.runtime.trace import read_trace
     from rpegc.runtime.verify import compare
-    from rpegc.tools.verifier_timing import host_cores
+    from rpegc.runtime.report import host_cores
 
     devices = devices or min(2, host_cores())
     with tempfile.TemporaryDirectory(prefix="rpeg-overhead-") as tmp:

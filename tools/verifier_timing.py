@@ -15,12 +15,12 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from typing import Any, Sequence
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.report import host_cores
 from rpegc.runtime.backends.torch.verifier_pool import TextExample
 
 REPEATS = 5
@@ -88,11 +88,6 @@ def rule_per_response(rows: int = 256, repeats: int = REPEATS) -> float:
         task.score(prompts, responses, mask)
         times.append((time.perf_counter() - t0) / rows)
     return statistics.median(times)
-
-
-def host_cores() -> int:
-    """The cores this process may run on (a container's or taskset's limit, not the machine's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def host_text() -> str:

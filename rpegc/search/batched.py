@@ -39,7 +39,7 @@ from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
-from rpegc.core.cost.transfer import comm_node_time_at
+from rpegc.core.cost.transfer import comm_node_time_at, priced_node_time
 from rpegc.search.compact import (DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups,
                                   Superset, kept_over)
 
@@ -427,18 +427,18 @@ class BatchEvaluator:
                 continue
             sel = np.concatenate(users[key])
             if key[0] == "fused":  # a fusion's first member: the fusion's time on the rows of the groups fusing it
-                t[sel, k] = self._fused_times(key[1], ch[sel])
+                t[sel, k] = priced_node_time(self._fused_times(key[1], ch[sel]), cv.hw)
                 continue
             if len(key) == 2:  # an operator: (vertex, phase), phase 0 the whole op
                 v, q = key
-                t[:, k] = cv.t_whole[v][ch[:, v]] if q == 0 else cv.t_phase[v][ch[:, v], q - 1]
+                t[:, k] = priced_node_time(cv.t_whole[v][ch[:, v]] if q == 0 else cv.t_phase[v][ch[:, v], q - 1],
+                                           cv.hw)
                 continue
             if len(sel) == B:
                 t[:, k], relay[:, k], as_resh[:, k] = self._transfer(allocs, ch, key)
             else:
                 t[sel, k], relay[sel, k], as_resh[sel, k] = self._transfer(allocs.rows(sel), ch[sel], key)
-            t[:, k] += np.where(relay[:, k], 0.0, cv.hw.overhead.transfer)  # a transfer's fixed cost, as annotate's
-        t[~relay] += cv.hw.overhead.node  # every node that runs: its control round trip, as annotate prices it
+            t[sel, k] = np.where(relay[sel, k], 0.0, priced_node_time(t[sel, k], cv.hw, transfer=True))
         return _Sources(t, relay, as_resh, col)
 
     def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations):

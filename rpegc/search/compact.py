@@ -67,7 +67,8 @@ from rpegc.core.cost.host import cores_needed
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, device_sizes, prepare_schedule, run_schedule
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
-from rpegc.core.cost.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
+from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, priced_node_time,
+                                      reshard_node_time)
 from rpegc.core.lower.unroll import unroll
 from rpegc.search.directory import VertexDirectory
 from rpegc.search.space import Variant, ordered_vertices
@@ -426,7 +427,7 @@ class CompactVariant:
                     t = self.fused_time(group, choice)
                 else:
                     t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
-                times.append(t + self.hw.overhead.node)  # the control round trip, as annotate prices it
+                times.append(priced_node_time(t, self.hw))
                 reserved.append(self.dirs[v].masks[choice[v]])
                 keys.append(s.key[i])
                 continue
@@ -445,7 +446,7 @@ class CompactVariant:
                 reserved.append(0)
                 keys.append(RELAY_KEY)
             else:
-                times.append(t + self.hw.overhead.transfer + self.hw.overhead.node)
+                times.append(priced_node_time(t, self.hw, transfer=True))
                 reserved.append(self.dirs[v].masks[choice[v]])
                 keys.append(s.reshard_key[i] if as_reshard else s.key[i])
         return times, reserved, keys

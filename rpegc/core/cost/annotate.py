@@ -23,7 +23,8 @@ from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Program
 from rpegc.core.cost.host import check_pools, link_alloc, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
-from rpegc.core.cost.transfer import comm_node_time, generation_phase_time, inference_phase_time, reshard_node_time
+from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, priced_node_time,
+                                      reshard_node_time)
 from rpegc.core.cost.work import check_role_kind
 from rpegc.core.sched.microtasks import MemberPipeline
 
@@ -51,10 +52,10 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
                 times[placement] = placement_time(p, placement, hw, opts)
             t = _op_node_time(node, times[placement], quantile_tokens, p)
         else:
-            t = transfer_time(node, p, hw, opts) + hw.overhead.transfer
-        nodes.append(node.with_(time=float(t) + hw.overhead.node))
+            t = transfer_time(node, p, hw, opts)
+        nodes.append(node.with_(time=float(priced_node_time(t, hw, transfer=node.kind != "op"))))
     fused = fusion_times(p, times)  # one command: one control round trip for all its members
-    nodes = [n.with_(time=fused[n.id] + hw.overhead.node) if n.id in fused else n for n in nodes]
+    nodes = [n.with_(time=priced_node_time(fused[n.id], hw)) if n.id in fused else n for n in nodes]
     mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts,
                         fused_vertices(p))
     return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))

@@ -44,6 +44,13 @@ def reshard_node_time(n_params, s_b, alloc: Alloc, hw: Hardware, opts: CostOptio
     return reshard_time(n_params, s_b, alloc.size, alpha, beta)
 
 
+def priced_node_time(t, hw: Hardware, transfer: bool = False):
+    """A node's time as the schedule takes it: what it runs for (`t`), a transfer's fixed cost beside its link
+    ([overhead] `transfer`) and the runtime's control round trip before it ([overhead] `node`); both 0 in the
+    spec's model. Numbers or arrays (the batched evaluator's form)."""
+    return ((t + hw.overhead.transfer) if transfer else t) + hw.overhead.node
+
+
 def generation_phase_time(prefill_time, decode_time, q: int, t_q, t_prev, t_last):
     """T(gen_q) = 1[q=1] T_pf + T_dec (t_q - t_{q-1}) / t_Q ([A17]; t_0 = 0)."""
     return (q == 1) * prefill_time + decode_time * (t_q - t_prev) / t_last

@@ -313,7 +313,8 @@ class Worker:
     def memory(self) -> int:
         """Bytes this worker holds: its entries, its models' parameters and their optimizer state."""
         # Snapshots of the dicts: the sender thread reports too, while the main loop may add to them.
-        entries, serving, training = list(self.entries.values()), list(self.serving.values()), list(self.training.values())
+        entries, serving = list(self.entries.values()), list(self.serving.values())
+        training = list(self.training.values())
         held = sum(e.nbytes() for e in entries)
         # Models are only ever added and an optimizer's state only fills once (at its first step), so the
         # models' bytes change only when these counts do (summing every parameter took ~0.7 ms per report).
