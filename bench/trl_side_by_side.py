@@ -378,6 +378,8 @@ def run_rpeg(p: Prepared, s: System, steps: int, work: Path, tag: str) -> tuple[
     cmd = [str(BIN / "rpeg-run"), str(p.plans[s.name]), "--backend", "torch", "--quiet", "--data", str(p.data),
            "--reward", "math", "--rl-config", str(RL_CONFIG), "--run-dir", str(run_dir), "--trace", str(trace),
            "--steps", str(steps), "--checkpoint-every", str(steps + 1), "--seed", str(SEED), "--overwrite"]
+    # a kept directory's earlier run of this tag (--keep): its metrics would be polled as this run's start-up
+    shutil.rmtree(run_dir, ignore_errors=True)
     w = watch(cmd, {**os.environ, **THREAD_ENV}, work / f"{tag}.log", metrics=run_dir / "metrics.jsonl")
     if w.rc != 0:
         raise SystemExit(f"{tag}: rpeg-run failed ({w.rc}):\n{w.output[-3000:]}")

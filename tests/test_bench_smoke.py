@@ -111,8 +111,9 @@ def test_layer_activations_counts_what_a_block_saves_per_token():
             per_token, other = mod.saved_bytes(arch, dtype)
             assert per_token == layer_saved_bytes(arch, 1, s_t) and other >= 0, (gated, extra, dtype)
     arch = Arch(layers=1, hidden=64, ffn=256, vocab=8, heads=4, kv_heads=2, gated=False, tied=False, norms=True)
-    d, f, h = arch.hidden, arch.ffn, arch.heads
-    assert layer_saved_bytes(arch, 1, 4) == 4 * (9 * d + 2 * f + h + 2)  # the two-projection FFN's count
+    d, f, h, kv = arch.hidden, arch.ffn, arch.heads, arch.kv_width
+    assert kv < d  # grouped-query attention: k and v are saved at the KV heads' width, not repeated per query head
+    assert layer_saved_bytes(arch, 1, 4) == 4 * (7 * d + 2 * kv + 2 * f + h + 2)  # the two-projection FFN's count
     out = subprocess.run([sys.executable, str(BENCH / "layer_activations.py")], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr

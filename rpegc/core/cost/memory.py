@@ -97,8 +97,8 @@ def layer_saved_bytes(arch: Arch, tp, s_t: int):
     """Bytes per token one transformer layer of the torch backend saves for its backward pass, its input aside
     (bench/layer_activations.py counts them with autograd's saved-tensor hooks; tests/test_bench_smoke.py holds the
     two equal): in the working dtype (s_t bytes) the two RMSNorms' inputs and outputs with the attention's residual
-    sum (5 d, replicated over TP), the attention's q, k, v (k, v repeated to every head) and output (4 d_q / P_t), the
-    FFN's d_ff-wide tensors (gate, up, their SiLU and product: 4 d_ff / P_t; two without a gate); in float32 the
+    sum (5 d, replicated over TP), the attention's q and output (2 d_q / P_t) and its k and v (2 `kv_width`: SDPA
+    attends the grouped queries to the KV heads themselves), the FFN's d_ff-wide tensors (gate, up, their SiLU and product: 4 d_ff / P_t; two without a gate); in float32 the
     attention's log-sum-exp per head and the norms' reciprocal RMS (4 (heads / P_t + 2)); in a 16-bit dtype 6 d
     bytes more: the norms compute their statistic on a float32 copy of their input (in float32 the input itself).
     Per-head q/k norms (Qwen3) save, over d_q + d_kv per P_t, their normalised output in the working dtype and their
@@ -109,7 +109,7 @@ def layer_saved_bytes(arch: Arch, tp, s_t: int):
     d = arch.hidden
     ffn = (4 if arch.gated else 2) * arch.ffn / tp
     upcast = 6 * d if s_t < FP32 else 0
-    saved = s_t * (5 * d + 4 * arch.q_width / tp + ffn) + FP32 * (arch.heads / tp + 2) + upcast
+    saved = s_t * (5 * d + 2 * arch.q_width / tp + 2 * kv_width(arch, tp) + ffn) + FP32 * (arch.heads / tp + 2) + upcast
     if arch.post_norms:
         saved = saved + 4 * (2 * FP32 * d + FP32) - 2 * ((FP32 + s_t) * d + FP32)
     if arch.qk_norm:

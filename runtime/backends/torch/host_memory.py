@@ -7,9 +7,10 @@ training forward's recomputed segments, a parameter's float32 gradient copy, a d
 resident size near its high-water mark, and the next phase starts from there: measured on the 43.7M-parameter
 bench model (bench/memory_runs.py), the resident size before a training backward pass was 184 MB above what the
 process held live. `malloc_trim(0)` returns every free page of the heap (madvise), costs about 10 us when there is
-little to return, and measured no slowdown of a step of that model; a small model's run, whose every command frees a
-few MiB, is slowed by the pages faulting in again, so a phase returns its freed memory only when there is much of it
-(`TRIM_MIN_FREE`). Setting glibc's mmap threshold low instead (every large
+little to return; but the next phase faults the pages in again, zeroed, which costs a run's every command (a few MiB
+of a small model's) and a larger model's every training forward (hundreds of MiB), so a phase returns its freed memory
+only when there is much of it (`TRIM_MIN_FREE`) and the host is short of memory (`LOW_AVAILABLE`): a worker's
+resident size holds its peak and the freed memory it keeps for reuse, as a GPU's reserved memory does. Setting glibc's mmap threshold low instead (every large
 tensor its own mapping, returned on free) lowered the peaks as much but made steps ~30% slower (page faults).
 
 CUDA memory belongs to torch's caching allocator, which the peak meter reads directly
@@ -119,13 +120,32 @@ class HeapMeter:
 # re-faults a few MiB at every command (on the demo's arithmetic GRPO a trim at every command made the steady step
 # ~12% slower: 0.054 against 0.048 s/step). Freed memory below this stays in the heap, where malloc reuses it.
 TRIM_MIN_FREE = 64 << 20
+# Below this share of its RAM available the host is short of memory, and the heap's free pages go back to it. Above
+# it they stay for the next phase, as torch's CUDA caching allocator keeps its freed blocks until an allocation
+# fails: returning a 24M-parameter Llama's ~300 MiB of freed activations before every training forward and letting
+# them fault in again made the forward 0.3 s (~30%) slower (bench/trl_side_by_side.py's llama-large, one thread).
+LOW_AVAILABLE = 0.25
 
 
-def release_freed() -> None:
+def host_available() -> Optional[float]:
+    """The share of this host's RAM available (Linux's MemAvailable over MemTotal), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            values = dict(line.split(":", 1) for line in f)
+        return int(values["MemAvailable"].split()[0]) / int(values["MemTotal"].split()[0])
+    except (OSError, KeyError, ValueError, IndexError, ZeroDivisionError):
+        return None
+
+
+def release_freed(available: Callable[[], Optional[float]] = host_available) -> None:
     """Return the host memory freed since the last call to the operating system (glibc) when the heap holds at least
-    TRIM_MIN_FREE bytes free (all of it where the C library cannot say how much), else nothing."""
+    TRIM_MIN_FREE bytes free and the host is short of memory (`available()` below LOW_AVAILABLE); where the C library
+    cannot say how much it holds free, or the host how much it has available, every time."""
     if _TRIM is None:
         return
     if _MALLINFO2 is not None and _MALLINFO2().fordblks < TRIM_MIN_FREE:
+        return
+    share = available()
+    if share is not None and share >= LOW_AVAILABLE:
         return
     _TRIM(0)
