@@ -60,8 +60,8 @@ prediction as a marker) and the reward curves (mean over repeats). No test asser
         [--systems rpeg-1,rpeg-2,trl-1,trl-ddp2] [--quick] [--sync] [--out DIR] [--no-plot] [--keep DIR]
 Run it alone on the machine: every system uses both cores of a 2-core host in its 2-process form.
 --quick: arith, 6 steps, one repeat (~1 minute); with --workload llama-large or all, a shrunk large model (~1 minute
-more). Full (the defaults: both workloads, 3 repeats): about 30 minutes on a 2-core host (arith ~4 min, llama-large
-~25 min: rpeg-1 ~9 s/step, TRL ~7 s/step on this machine's 2026-12-05 quick checks).
+more). Full (the defaults: both workloads, 3 repeats): about 21 minutes on a 2-core host (arith ~4 min, llama-large
+~17 min: ~5.3 s/step for both rpeg-1 and TRL in one process, the measurement of 2026-12-05 in bench/trl_mapping.md).
 """
 
 from __future__ import annotations

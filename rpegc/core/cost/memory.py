@@ -98,9 +98,10 @@ def layer_saved_bytes(arch: Arch, tp, s_t: int):
     (bench/layer_activations.py counts them with autograd's saved-tensor hooks; tests/test_bench_smoke.py holds the
     two equal): in the working dtype (s_t bytes) the two RMSNorms' inputs and outputs with the attention's residual
     sum (5 d, replicated over TP), the attention's q and output (2 d_q / P_t) and its k and v (2 `kv_width`: SDPA
-    attends the grouped queries to the KV heads themselves), the FFN's d_ff-wide tensors (gate, up, their SiLU and product: 4 d_ff / P_t; two without a gate); in float32 the
-    attention's log-sum-exp per head and the norms' reciprocal RMS (4 (heads / P_t + 2)); in a 16-bit dtype 6 d
-    bytes more: the norms compute their statistic on a float32 copy of their input (in float32 the input itself).
+    attends the grouped queries to the KV heads themselves), the FFN's d_ff-wide tensors (gate, up, their SiLU and
+    product: 4 d_ff / P_t; two without a gate); in float32 the attention's log-sum-exp per head and the norms'
+    reciprocal RMS (4 (heads / P_t + 2)); in a 16-bit dtype 6 d bytes more: the norms compute their statistic on a
+    float32 copy of their input (in float32 the input itself).
     Per-head q/k norms (Qwen3) save, over d_q + d_kv per P_t, their normalised output in the working dtype and their
     input in float32 (the input itself in float32, its float32 copy in a 16-bit dtype), and a float32 reciprocal RMS
     per head, (heads + kv_heads) / P_t. Gemma's block (`post_norms`) has four norms, each applying 1 + w in float32:

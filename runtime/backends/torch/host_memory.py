@@ -10,8 +10,9 @@ process held live. `malloc_trim(0)` returns every free page of the heap (madvise
 little to return; but the next phase faults the pages in again, zeroed, which costs a run's every command (a few MiB
 of a small model's) and a larger model's every training forward (hundreds of MiB), so a phase returns its freed memory
 only when there is much of it (`TRIM_MIN_FREE`) and the host is short of memory (`LOW_AVAILABLE`): a worker's
-resident size holds its peak and the freed memory it keeps for reuse, as a GPU's reserved memory does. Setting glibc's mmap threshold low instead (every large
-tensor its own mapping, returned on free) lowered the peaks as much but made steps ~30% slower (page faults).
+resident size holds its peak and the freed memory it keeps for reuse, as a GPU's reserved memory does. Setting
+glibc's mmap threshold low instead (every large tensor its own mapping, returned on free) lowered the peaks as much
+but made steps ~30% slower (page faults).
 
 CUDA memory belongs to torch's caching allocator, which the peak meter reads directly
 (`peak_memory.PeakMeter`); this touches only host memory, and does nothing where the C library has no malloc_trim.
@@ -128,12 +129,14 @@ LOW_AVAILABLE = 0.25
 
 
 def host_available() -> Optional[float]:
-    """The share of this host's RAM available (Linux's MemAvailable over MemTotal), or None where it cannot be read."""
+    """The share of this host's RAM available (psutil: Linux's MemAvailable over MemTotal, the total the memory check
+    shares among the workers), or None where it cannot be read (~20 us)."""
+    import psutil
+
     try:
-        with open("/proc/meminfo") as f:
-            values = dict(line.split(":", 1) for line in f)
-        return int(values["MemAvailable"].split()[0]) / int(values["MemTotal"].split()[0])
-    except (OSError, KeyError, ValueError, IndexError, ZeroDivisionError):
+        vm = psutil.virtual_memory()
+        return vm.available / vm.total
+    except (OSError, AttributeError, ZeroDivisionError):
         return None
 
 
