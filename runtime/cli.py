@@ -245,9 +245,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(_profile_line(plan.program))
     for line in backend.memory_summary():
         print(line)
-    rewards = backend.reward_summary()
-    if rewards:
-        print(rewards)
+    for line in backend.run_notes():
+        print(line)
     if args.gantt:
         _gantt(plan, result.trace, args.gantt)
     if args.trace:

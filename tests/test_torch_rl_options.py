@@ -98,14 +98,17 @@ def test_a_torch_run_records_the_effective_settings_and_checks_them_first(tmp_pa
     pipeline = "verify-wellformed,unroll{k=1},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
     subprocess.run([sys.executable, "-m", "rpegc.cli", os.path.join(ROOT, "examples", "grpo-tiny-2.rpeg"), "-p",
                     pipeline, "-o", "g.exec.rpeg"], cwd=tmp_path, check=True, capture_output=True)
-    (tmp_path / "rl.toml").write_text("clip_eps = 0.1\nkl_coef = 0.05\n")
+    (tmp_path / "rl.toml").write_text("clip_eps = 0.1\nkl_coef = 0.05\nppo_epochs = 2\n")
     run = [sys.executable, "-m", "rpegc.runtime.cli", "g.exec.rpeg", "--backend", "torch", "--quiet"]
     proc = subprocess.run(run + ["--rl-config", "rl.toml", "--rl", "kl_coef=0.02", "--trace", "t.jsonl", "--run-dir",
                                  "run"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "t.jsonl") as f:
         rl = json.loads(f.readline())["options"]["rl"]
-    assert (rl["algorithm"], rl["clip_eps"], rl["kl_coef"]) == ("grpo", 0.1, 0.02)
+    assert (rl["algorithm"], rl["clip_eps"], rl["kl_coef"], rl["ppo_epochs"]) == ("grpo", 0.1, 0.02, 2)
+    # two passes per training operator, which the plan does not price: the summary says so
+    assert ("note: --rl ppo_epochs = 2, ppo_minibatches = 1: each training operator makes 2 pass(es) over its batch "
+            "and 2 optimizer step(s), but the plan prices one of each") in proc.stdout
     with open(tmp_path / "run" / "final" / "index.json") as f:
         assert json.load(f)["identity"]["run"]["rl"]["kl_coef"] == 0.02
     proc = subprocess.run(run + ["--rl", "clip_eps=-1", "--trace", "t2.jsonl"], cwd=tmp_path, capture_output=True,
@@ -115,6 +118,22 @@ def test_a_torch_run_records_the_effective_settings_and_checks_them_first(tmp_pa
                           capture_output=True, text=True)
     assert proc.returncode == 1 and not (tmp_path / "t3.jsonl").exists()
     assert proc.stderr.count("\n") == 1 and "unknown loss_agg_mode 'mean'; use one of token-mean" in proc.stderr
+
+
+def test_training_passes_the_plan_does_not_price_are_named():
+    """The cost model prices one pass and one optimizer step per training operator: a run with more says so, one
+    without says nothing."""
+    from dataclasses import replace
+
+    from rpegc.runtime.backends.torch.backend import run_config, unpriced_passes
+    from rpegc.syntax.parser import parse
+
+    cfg = run_config(parse(open(os.path.join(ROOT, "examples", "grpo-tiny.rpeg")).read(), "g.rpeg"))
+    assert unpriced_passes(cfg) is None
+    note = unpriced_passes(replace(cfg, rl=replace(cfg.rl, ppo_minibatches=4)))
+    assert "1 pass(es) over its batch and 4 optimizer step(s), but the plan prices one of each" in note
+    note = unpriced_passes(replace(cfg, rl=replace(cfg.rl, ppo_epochs=3, ppo_minibatches=2)))
+    assert "3 pass(es) over its batch and 6 optimizer step(s)" in note and "about 3x their predicted time" in note
 
 
 def test_chat_template_kwargs_are_a_table_in_the_file_or_json_on_the_command_line(tmp_path):

@@ -204,9 +204,10 @@ class Backend(ABC):
         """Lines on the memory the run really held per device beside the cost model's prediction; [] for none."""
         return []
 
-    def reward_summary(self) -> Optional[str]:
-        """One line about the rewards of the run, printed after it; None for nothing."""
-        return None
+    def run_notes(self) -> list[str]:
+        """Lines printed after the run: what it did that its plan does not price, its reward function's failures; []
+        for nothing."""
+        return []
 
     @abstractmethod
     def shutdown(self) -> None:

@@ -121,6 +121,18 @@ def unpriced_reward(program: Program, cfg: RunConfig) -> Optional[str]:
     return None
 
 
+def unpriced_passes(cfg: RunConfig) -> Optional[str]:
+    """What a run whose training operators make more than one pass over their batch, or more than one optimizer step,
+    says: the cost model prices one of each per training operator (the IR does not carry ppo_epochs and
+    ppo_minibatches yet), so such a run's training takes longer than its plan says."""
+    epochs, minibatches = cfg.rl.ppo_epochs, cfg.rl.ppo_minibatches
+    if epochs == 1 and minibatches == 1:
+        return None
+    return (f"--rl ppo_epochs = {epochs}, ppo_minibatches = {minibatches}: each training operator makes {epochs} "
+            f"pass(es) over its batch and {epochs * minibatches} optimizer step(s), but the plan prices one of each: "
+            f"its training operators take about {epochs}x their predicted time, more with the extra steps")
+
+
 def _same_family(graph: Algorithm, name: str) -> str:
     """`name`, if its algorithm has the graph's family (its shape)."""
     chosen = algorithm(name)
@@ -519,19 +531,17 @@ class TorchBackend(Backend):
                  for d, r in sorted(self.rank_of.items(), key=lambda dr: dr[1]) if d in models]
         return peak_lines(peaks, self._measured_what)
 
-    def reward_summary(self) -> Optional[str]:
-        """What the summary says of the reward: the reward function's failed calls, and a reward function the plan
-        does not price (`unpriced_reward`); None if neither."""
+    def run_notes(self) -> list[str]:
+        """What the summary says after the run: the reward function's failed calls, a reward function the plan does
+        not price (`unpriced_reward`), and training passes it does not price (`unpriced_passes`)."""
         lines = []
         failed = int(sum(s["failures"] for s in self.reward_stats.values()))
         if failed:
             lines.append(f"reward function: {failed} call(s) failed and scored 0; the first at "
                          f"{self.first_reward_failure}")
         program = getattr(self, "program", None)  # set when the run's plan is analysed (`_analyse`)
-        unpriced = unpriced_reward(program, self.cfg) if program is not None else None
-        if unpriced:
-            lines.append(f"note: {unpriced}")
-        return "\n".join(lines) or None
+        unpriced = [unpriced_reward(program, self.cfg) if program is not None else None, unpriced_passes(self.cfg)]
+        return lines + [f"note: {u}" for u in unpriced if u]
 
     def _complete(self, node: str, pend: _Pending) -> None:
         del self._pending[node]
