@@ -142,8 +142,8 @@ def host_available() -> Optional[float]:
 
 def release_freed(available: Callable[[], Optional[float]] = host_available) -> None:
     """Return the host memory freed since the last call to the operating system (glibc) when the heap holds at least
-    TRIM_MIN_FREE bytes free and the host is short of memory (`available()` below LOW_AVAILABLE); where the C library
-    cannot say how much it holds free, or the host how much it has available, every time."""
+    TRIM_MIN_FREE bytes free and the host is short of memory (`available()` below LOW_AVAILABLE). A condition that
+    cannot be read (the C library does not say what it holds free, or the host what it has available) counts as met."""
     if _TRIM is None:
         return
     if _MALLINFO2 is not None and _MALLINFO2().fordblks < TRIM_MIN_FREE:
