@@ -108,6 +108,7 @@ class NodeFields(LocatedOp):
     src_strategy = opt_prop_def(StrategyAttr)
     bytes = opt_prop_def(I64Attr)  # omitted when 0
     pool = opt_prop_def(I64Attr)  # a verify op: its worker processes on the host (its rpeg.pool's size)
+    shares = opt_prop_def(ArrayAttr[I64Attr])  # on the pool: devices whose host cores it shares; omitted when none
     fraction = opt_prop_def(FloatAttr)
     version_in = opt_prop_def(ArrayAttr[ModelIntAttr])  # omitted when empty
     version_out = opt_prop_def(ArrayAttr[ModelIntAttr])
@@ -126,6 +127,13 @@ class NodeFields(LocatedOp):
                 raise VerifyException(f"{self.name}: phase {phase} is outside 1..{nphases}")
         if self.pool is not None and int_of(self.pool) < 1:
             raise VerifyException(f"{self.name}: pool {int_of(self.pool)} must be >= 1 (worker processes)")
+        if self.shares is not None:
+            if self.alloc is not None:
+                raise VerifyException(f"{self.name}: 'shares' names devices whose cores a verifier pool shares; only "
+                                      "a node on the pool (a verify op, a transfer into its pool: no 'alloc') has it")
+            if any(int_of(d) < 0 for d in self.shares.data):
+                raise VerifyException(f"{self.name}: shares {[int_of(d) for d in self.shares.data]} must be device "
+                                      "ids >= 0")
         for key in RESULT_ATTRS:
             value = self.attributes.get(key)
             if value is not None and not isinstance(value, FloatAttr):

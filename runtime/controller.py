@@ -121,10 +121,10 @@ def resolve_reserve(backend: Backend, reserve: Optional[str]) -> str:
 
 
 def reserved_devices(n: RunNode, rule: str) -> tuple[int, ...]:
-    """R(x): an Op node's allocation; a transfer's destination, plus its source under "endpoints"."""
-    if n.kind == "op" or rule == "destination":
-        return n.devices
-    return tuple(sorted(set(n.devices) | set(n.src_devices)))
+    """R(x): an Op node's allocation; a transfer's destination, plus its source under "endpoints"; a node on the
+    verifier pool also holds the devices whose cores the pool shares (cost/host.py)."""
+    extra = n.node.shares + (n.src_devices if n.kind != "op" and rule != "destination" else ())
+    return tuple(sorted(set(n.devices) | set(extra))) if extra else n.devices
 
 
 def dispatch_key(n: RunNode) -> tuple:

@@ -618,6 +618,9 @@ def plan_hash(p: Program) -> str:
     if p.verifiers:  # what a verify vertex runs and its stated time; absent without one, so other hashes stay
         doc["verifiers"] = sorted([v.name, v.fn, v.per_response] for v in p.verifiers)
         doc["pools"] = sorted([n.id, n.pool] for n in g.nodes if n.pool is not None)
+        shared = sorted([n.id, list(n.shares)] for n in g.nodes if n.shares)
+        if shared:  # the devices the pool's nodes hold besides it; absent where none, so other hashes stay
+            doc["shares"] = shared
     if g.fusions:  # the fused microtask schedule (Sec. VII); absent from an unfused plan, whose hash stays as it was
         doc["fusions"] = [[f.id, list(f.members), [[microtask_text(t) for t in order] for order in f.stages]]
                           for f in g.fusions]

@@ -1,7 +1,7 @@
 """A verify vertex (issue 36): a reward function on a pool of host processes, priced T_verify = t_call +
 ceil(rows / P) t_resp (core/cost/host.py), scheduled on the pool's own resource so that it overlaps the devices'
-work, its pool bounded by the host cores the devices leave; read and written by the text form; checked by
-verify-wellformed and the plan rules with located errors."""
+work; a pool's processes beyond the host cores the devices leave share a device's core and hold that device while
+they run; read and written by the text form; checked by verify-wellformed and the plan rules with located errors."""
 
 import math
 import re
@@ -10,7 +10,8 @@ import pytest
 
 from rpegc.core.check.wellformed import check_program
 from rpegc.core.cost.hardware import load_hardware
-from rpegc.core.cost.host import check_pools, per_response, verify_time
+from rpegc.core.cost.host import check_pools, per_response, pool_cores, verify_time
+from rpegc.core.ir.geometry import Cluster
 from rpegc.core.ir.errors import RpegError
 from rpegc.syntax.parser import parse
 from rpegc.syntax.printer import print_program
@@ -70,15 +71,54 @@ def test_a_built_in_takes_its_time_from_the_profile_and_another_must_state_it():
         per_response(custom.verifier("rule"), HW)
 
 
-def test_pools_may_take_only_the_cores_the_devices_leave():
+@pytest.mark.parametrize("size, cores, gpus, want", [
+    (1, 2, 1, (1, ())), (2, 2, 1, (1, (0,))), (1, 2, 2, (0, (1,))), (2, 2, 2, (0, (1, 0))),
+    (3, 8, 4, (3, ())), (6, 8, 4, (4, (3, 2))), (2, 1, 4, (0, (3, 2))),
+])
+def test_a_pools_processes_take_the_cores_the_devices_leave_then_share_the_last_devices(size, cores, gpus, want):
+    assert pool_cores(size, cores, Cluster("c", 1, 2, gpus, "cpu")) == want  # devices of the first node only
+
+
+def test_a_pool_has_at_most_the_hosts_cores():
     check_pools(parse(stated(0.002), "v.rpeg"), HW)  # 1 device + 1 pool process on 2 cores
-    with pytest.raises(RpegError, match=r"big.rpeg:45:3: error: the plan's verifier pools take 2 host processes, but "
-                                        r"the first node's host has 2 cores and the plan's devices on that node take 1"):
-        check_pools(parse(stated(0.002, pool=2), "big.rpeg"), HW)
+    check_pools(parse(stated(0.002, pool=2), "v.rpeg"), HW)  # the second process shares the device's core
+    with pytest.raises(RpegError, match=r"big.rpeg:45:3: error: the plan runs @score on 3 host processes, but the "
+                                        r"first node's host has 2 cores; use a pool of at most 2 processes"):
+        check_pools(parse(stated(0.002, pool=3), "big.rpeg"), HW)
     gpu = load_hardware("a100-40g")
     bare = gpu.__class__(**{**gpu.__dict__, "host_cores": None})
     with pytest.raises(RpegError, match=r"does not give the host's cores; add \[host\] cores = N"):
         check_pools(parse(stated(0.002), "v.rpeg"), bare)
+
+
+def test_devices_beyond_the_hosts_cores_leave_a_pool_none():
+    one_core = HW.__class__(**{**HW.__dict__, "host_cores": 1})
+    two = stated(0.002, gpus=2).replace("@ref_inf     at (0, 0, 0)", "@ref_inf     at (0, 0, 1)")
+    with pytest.raises(RpegError, match=r"t.rpeg:45:3: error: the plan's devices on the first node take 2 of its "
+                                        r"host's 1 cores, and its verifier pool needs 0 of its own beside them"):
+        check_pools(parse(two, "t.rpeg"), one_core)
+
+
+def test_a_pool_short_of_cores_holds_the_device_it_shares(tmp_path):
+    plan = compile_plan(tmp_path, "v.rpeg", steps=2, text=stated(0.002, pool=2))
+    nodes = [n.node for n in plan.nodes]
+    score = next(n for n in nodes if n.id == "score#0")
+    assert score.shares == (0,) and score.time == pytest.approx(HW.verify_call + 32 * 0.002, rel=1e-12)
+    into = [n for n in nodes if n.kind == "comm" and n.alloc is None]
+    assert into and all(n.shares == (0,) for n in into)  # the pool's process receives on the shared core
+    on_device = [n for n in nodes if n.alloc is not None]
+    for v in (n for n in nodes if n.alloc is None):
+        assert all(n.finish <= v.start or v.finish <= n.start for n in on_device)
+    assert "pool = 2 shares = [0]" in print_program(plan.program)
+    assert parse(print_program(plan.program), "x.rpeg") == plan.program
+
+
+def test_a_shared_device_the_plan_leaves_empty_is_not_held(tmp_path):
+    plan = compile_plan(tmp_path, "v.rpeg", steps=1, text=stated(0.002, gpus=2))  # everything on device 0
+    assert plan.node("score#0").node.shares == ()  # the rule would share device 1: its core is free
+    moved = stated(0.002, gpus=2).replace("@ref_inf     at (0, 0, 0)", "@ref_inf     at (0, 0, 1)")
+    plan = compile_plan(tmp_path, "w.rpeg", steps=1, text=moved)
+    assert plan.node("score#0").node.shares == (1,)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -103,3 +143,20 @@ def test_bad_verifiers_and_pools_are_located_errors(change, message):
         errors = check_program(p)
         if errors:
             raise errors[0]
+
+
+@pytest.mark.parametrize("node, change, message", [
+    ("@score#0", "pool = 2 shares = [0]", "pool = 2 shares = [3]"),
+    ("@gen#0", "dp = 1 pp = 1 tp = 1 mb = 1 reads", "dp = 1 pp = 1 tp = 1 mb = 1 shares = [0] reads"),
+])
+def test_a_shares_clause_off_the_pool_or_off_the_node_is_a_located_error(tmp_path, node, change, message):
+    text = print_program(compile_plan(tmp_path, "v.rpeg", steps=1, text=stated(0.002, pool=2)).program)
+    line = next(x for x in text.splitlines() if x.lstrip().startswith(f"exec.op {node} "))
+    bad = text.replace(line, line.replace(change, message, 1))
+    assert bad != text
+    from rpegc.core.sched.schedule import schedule_program
+
+    want = r"shares device 3, which is not one of the first node's 1 devices" if "3" in message else \
+        r"node gen#0 shares the cores of devices \[0\], but it runs on its allocation"
+    with pytest.raises(RpegError, match=want):
+        schedule_program(parse(bad, "bad.rpeg"))

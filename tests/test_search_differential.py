@@ -60,6 +60,9 @@ PROGRAMS = {
     "ppo": example("ppo-8gpu.rpeg"),
     "grpo": example("grpo.rpeg", Cluster("c8", 1, 2, 4, "gh200")),
     "verify": verify_example(Cluster("c8", 1, 2, 4, "gh200")),
+    # the 2-core CPU profile: pools that share the cores of one device, or of both (cost/host.pool_cores)
+    "verify-cpu1": verify_example(Cluster("cpu1", 1, 1, 1, "cpu")),
+    "verify-cpu2": verify_example(Cluster("cpu2", 1, 1, 2, "cpu")),
 }
 
 
@@ -225,3 +228,13 @@ def test_fusion_chosen_where_it_pays():
     assert cv.evaluate(choice).fused == (((a, b),) if better(fused, apart) else ())
     off = compiled(PROGRAMS["ppo"], 0, 2)
     assert off.evaluate(choice).fused == () and off.evaluate(choice).makespan == apart.makespan
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_pools_sharing_the_devices_cores_price_alike(size):
+    """Every vertex on both devices of the 2-core host, the pool sharing one device's core or both."""
+    cv = compiled(PROGRAMS["verify-cpu2"], 0, 2)
+    plan = tuple(d.pools.index(size) if d.pools else next(i for i, a in enumerate(d.allocs) if a.extent[2] == 2)
+                 for d in cv.dirs)
+    check_identical(cv, [plan])
+    assert bin(cv.held_masks(plan)[next(v for v, on in enumerate(cv.device_vertex) if not on)]).count("1") == size + 1

@@ -49,11 +49,15 @@ def test_the_plans_verifier_is_the_reward_and_another_reward_is_refused():
         reward_spec(p, "math")
 
 
-def test_a_verify_vertex_trains_on_the_pools_rewards_and_the_trace_verifies(tmp_path):
-    plan = compile_plan(tmp_path, "v.rpeg", steps=3, text=SOURCE)
+@pytest.mark.parametrize("pool, held", [(1, (1,)), (2, (0, 1))])
+def test_a_verify_vertex_trains_on_the_pools_rewards_and_the_trace_verifies(tmp_path, pool, held):
+    """The pool is one past the cluster's one device; a pool of 2 on the 2-core host shares device 0's core and
+    holds it: its verify nodes run between the device's nodes, never beside them (the trace's `device` rule, which
+    run_torch verifies)."""
+    plan = compile_plan(tmp_path, "v.rpeg", steps=3, text=SOURCE.replace("pool = 1", f"pool = {pool}"))
     backend, result = run_torch(plan)  # run_torch verifies the trace
     scored = [r for r in result.trace.nodes.values() if r.id.startswith("score#")]
-    assert [r.devices for r in scored] == [(1,)] * 3  # the pool: one past the cluster's one device
+    assert [r.devices for r in scored] == [held] * 3
     assert all(r.inputs == (f"data %Y#{r.step} @pool",) for r in scored)
     rewards = [m["reward"] for m in (backend.step_metrics(k) for k in range(3))]
     assert all(0.0 <= r <= 1.0 for r in rewards) and len(set(rewards)) > 1
@@ -79,8 +83,9 @@ def test_the_plan_hash_follows_the_verifier_and_its_pool(tmp_path):
 
     p = compile_plan(tmp_path, "v.rpeg", steps=1, text=SOURCE).program
     bigger = replace(p, exec=replace(p.exec, nodes=tuple(n.with_(pool=2) if n.pool else n for n in p.exec.nodes)))
+    shared = replace(p, exec=replace(p.exec, nodes=tuple(n.with_(shares=(0,)) if n.pool else n for n in p.exec.nodes)))
     other = replace(p, verifiers=(replace(p.verifiers[0], per_response=1e-3),))
-    assert len({plan_hash(p), plan_hash(bigger), plan_hash(other)}) == 3
+    assert len({plan_hash(p), plan_hash(bigger), plan_hash(shared), plan_hash(other)}) == 4
 
 
 def test_rpeg_run_names_the_pool_beside_the_devices(tmp_path):

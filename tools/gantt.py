@@ -77,8 +77,9 @@ def bars_from_program(p: Program) -> list[Bar]:
             raise RpegError(
                 n.loc, f"node {n.id} has no start/finish; run the schedule pass before drawing a Gantt chart"
             )
-        # the verifier pool (no allocation: a verify node, a transfer into it) has the row past the devices
-        bar = node_bar(n, alloc_devices(n.alloc, p.cluster), n.start, n.finish)
+        # the verifier pool (no allocation: a verify node, a transfer into it) has the row past the devices, and
+        # holds the devices whose cores it shares (cost/host.py)
+        bar = node_bar(n, tuple(sorted(set(alloc_devices(n.alloc, p.cluster)) | set(n.shares))), n.start, n.finish)
         if f is not None:
             members = " + ".join(p.exec.node(m).vertex or m for m in f.members)
             bar = replace(bar, label=f"{f.id}: {members}", short=f.id)

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from rpegc.core.cost.host import pool_cores
 from rpegc.search.compact import Choice, CompactVariant
 
 OPTIONS_PER_GROUP = 24
@@ -34,14 +35,16 @@ class BaselinePlan:
 
 
 def host_allowed(cv: CompactVariant) -> int:
-    """The devices a baseline may use: all, except that the first node keeps a host core for each verifier pool
-    (cost/host.py; its last GPUs give theirs up). A GPU node's host has cores to spare: nothing is left out there."""
+    """The devices a baseline may use: all, except that the first node keeps the host cores a verifier pool of one
+    process takes for its own (cost/host.pool_cores; its last GPUs give theirs up): none unless the node has more
+    GPUs than its host has cores, as a pool without a core of its own shares a device's."""
     pools = sum(1 for on in cv.device_vertex if not on)
     everything = (1 << cv.num_devices) - 1
     if not pools or cv.host_cores is None:
         return everything
-    gpus = cv.program.cluster.gpus
-    give_up = min(gpus - 1, max(0, gpus + pools - cv.host_cores))
+    cluster = cv.program.cluster
+    gpus = cluster.gpus
+    give_up = min(gpus - 1, max(0, gpus + pool_cores(1, cv.host_cores, cluster)[0] - cv.host_cores))
     return everything & ~(((1 << give_up) - 1) << (gpus - give_up))
 
 

@@ -34,6 +34,7 @@ from rpegc.core.ir.geometry import pairwise_overlaps, span_tier_index
 from rpegc.core.ir.program import VERIFY
 from rpegc.core.lower.rules import (ACTIONS, COMM, DEP, RESHARD, data_codes, is_shadow, pair_codes, pairwise_same,
                                     publication_bytes_of, publication_codes)
+from rpegc.core.cost.host import pool_cores
 from rpegc.core.cost.memory import op_memory
 from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
@@ -105,6 +106,8 @@ class Allocations:
     origin: np.ndarray  # B x V x 3
     extent: np.ndarray  # B x V x 3
     size: np.ndarray  # B x V devices
+    held: np.ndarray  # B x V devices a vertex's nodes hold: its allocation's; a pool's, the used devices it shares
+    words: np.ndarray  # B x V x words: what they hold as bitmask words (`CompactVariant.held_masks`)
     layout: np.ndarray  # B x V x 3 (P_d, P_p, P_t)
     overlap: np.ndarray  # B x V x V device overlap counts
     same: np.ndarray  # B x V x V: the same allocation
@@ -142,12 +145,12 @@ class BatchEvaluator:
         self.layout = [np.array([s.layout() for s in d.strategies], dtype=np.int64) for d in cv.dirs]
         # the masks as uint64 words, per vertex; one bit more than the devices: a verifier pool's (cost/host.py)
         self.words = [mask_words(d.masks, self.ndev + 1) for d in cv.dirs]
-        self.devmask = [self._device_rows(w) for w in self.words]  # a pool's rows: no device
-        self.on_device = np.array(cv.device_vertex, dtype=np.int64)  # 0: a verify vertex (no device-seconds)
+        self.devmask = [self._device_rows(w) for w in self.words]  # a pool's rows: the devices whose cores it shares
         # the vertices that hold device memory (a verifier pool does not), and each one's place among them
         self.device_vertices = [v for v, on in enumerate(cv.device_vertex) if on]
         self.device_index = {v: i for i, v in enumerate(self.device_vertices)}
-        self.pool_size = [np.array(d.pools or (0,) * len(d), dtype=np.int64) for d in cv.dirs]
+        self.pool_own = [np.array([pool_cores(s, cv.host_cores, p.cluster)[0] for s in d.pools] if d.pools
+                                  else (0,) * len(d), dtype=np.int64) for d in cv.dirs]  # cost/host.pool_cores
         self._memory_tables()
         self._reshard_tables: dict = {}
         self._pattern_of: dict = {}  # relations row (bytes) -> pattern: a pattern is a function of the relations
@@ -272,7 +275,7 @@ class BatchEvaluator:
 
     def _host_ratio(self, ch: np.ndarray) -> np.ndarray:
         """`CompactVariant.host_ratio` of every configuration (cost/host.cores_needed on arrays: the first node's
-        devices any vertex uses, plus the pools' processes, over the host's cores)."""
+        devices any vertex uses, plus the largest pool's own cores, over the host's cores)."""
         cv = self.cv
         if all(cv.device_vertex):
             return np.zeros(len(ch))
@@ -283,7 +286,7 @@ class BatchEvaluator:
             if on:
                 used |= self.devmask[v][ch[:, v], :gpus]
             else:
-                pools += self.pool_size[v][ch[:, v]]
+                pools = np.maximum(pools, self.pool_own[v][ch[:, v]])
         return (used.sum(axis=1) + pools) / cv.host_cores
 
     def critical_weights(self, choice) -> Optional[np.ndarray]:
@@ -319,7 +322,8 @@ class BatchEvaluator:
         extent = np.stack([self.extent[v][ch[:, v]] for v in range(V)], axis=1)
         layout = np.stack([self.layout[v][ch[:, v]] for v in range(V)], axis=1)
         size = np.stack([self.size[v][ch[:, v]] for v in range(V)], axis=1)
-        return Allocations(origin=origin, extent=extent, size=size, layout=layout,
+        words, held = self._held(ch, size)
+        return Allocations(origin=origin, extent=extent, size=size, held=held, words=words, layout=layout,
                            overlap=pairwise_overlaps(origin, extent),
                            same=pairwise_same(np.concatenate([origin, extent], axis=2)),
                            same_layout=pairwise_same(layout))
@@ -457,7 +461,7 @@ class BatchEvaluator:
         order = np.lexsort((pos, -rank, np.broadcast_to(G.is_op, (B, N))), axis=-1)  # transfers first
         prio = np.empty((B, N), dtype=np.int64)
         np.put_along_axis(prio, order, np.arange(N)[None, :], axis=1)
-        sizes = np.append(allocs_all.size[rows] * self.on_device, np.zeros((B, 1), dtype=np.int64), axis=1)
+        sizes = np.append(allocs_all.held[rows], np.zeros((B, 1), dtype=np.int64), axis=1)
         busy = (T * np.take_along_axis(sizes, cls, axis=1)).sum(axis=1)
         op_time = T[:, G.is_op].sum(axis=1)
         return T, cls, prio, busy, op_time
@@ -473,12 +477,29 @@ class BatchEvaluator:
             times[i] = self.cv.fused_time(group, tuple(choice))
         return times[inverse.reshape(-1)]
 
+    def _held(self, ch: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`CompactVariant.held_masks` of every configuration as words (B x V x words), and how many devices each
+        vertex holds (B x V: a device vertex its allocation's size, a pool the used devices whose cores it shares)."""
+        V = self.V
+        words = np.stack([self.words[v][ch[:, v]] for v in range(V)], axis=1)
+        held = size.copy()
+        pools = [v for v, on in enumerate(self.cv.device_vertex) if not on]
+        if pools:
+            used = np.bitwise_or.reduce(words[:, [v for v in range(V) if v not in pools], :], axis=1)
+            keep = used | mask_words([1 << self.ndev], self.ndev + 1)[0]
+            for v in pools:
+                words[:, v, :] &= keep
+                held[:, v] = self._device_rows(words[:, v, :]).sum(axis=1)
+        return words, held
+
     @staticmethod
     def _class_overlap(allocs: Allocations) -> np.ndarray:
-        """B x (V+1) x (V+1): allocations sharing a device; class V (relays) reserves nothing."""
-        B, V = allocs.overlap.shape[:2]
+        """B x (V+1) x (V+1): vertices whose held sets meet (a device of both allocations; the pools' resource, or a
+        device whose core a pool shares); class V (relays) reserves nothing."""
+        B, V = allocs.size.shape
+        words = allocs.words
         out = np.zeros((B, V + 1, V + 1), dtype=bool)
-        out[:, :V, :V] = allocs.overlap > 0
+        out[:, :V, :V] = np.any(words[:, :, None, :] & words[:, None, :, :], axis=3)
         return out
 
     # --- device memory -------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from rpegc.core.lower.rules import (
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Fuse, Placement, Plan, Pool, Program
 from rpegc.core.ir.geometry import Alloc, Strategy, mask_devices
-from rpegc.core.cost.host import cores_needed
+from rpegc.core.cost.host import cores_needed, pool_cores
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, device_sizes, prepare_schedule, run_schedule
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
@@ -419,6 +419,7 @@ class CompactVariant:
         reserved: list[int] = []
         keys: list[tuple] = []
         memo: dict = {}
+        masks = self.held_masks(choice)
         for i in range(s.n):
             kind, v = s.kind[i], s.vertex[i]
             if kind == OPERATOR:
@@ -428,7 +429,7 @@ class CompactVariant:
                 else:
                     t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
                 times.append(priced_node_time(t, self.hw))
-                reserved.append(self.dirs[v].masks[choice[v]])
+                reserved.append(masks[v])
                 keys.append(s.key[i])
                 continue
             if kind == FUSED_MEMBER:
@@ -447,9 +448,22 @@ class CompactVariant:
                 keys.append(RELAY_KEY)
             else:
                 times.append(priced_node_time(t, self.hw, transfer=True))
-                reserved.append(self.dirs[v].masks[choice[v]])
+                reserved.append(masks[v])
                 keys.append(s.reshard_key[i] if as_reshard else s.key[i])
         return times, reserved, keys
+
+    def held_masks(self, choice: Choice) -> list[int]:
+        """Per vertex, the resources its nodes hold: a device vertex its allocation; a pool its resource and, of the
+        devices whose cores it shares (its directory mask), those the plan uses (cost/host.shared_devices)."""
+        masks = [d.masks[c] for d, c in zip(self.dirs, choice)]
+        if all(self.device_vertex):
+            return masks
+        used = 0
+        for m, on in zip(masks, self.device_vertex):
+            if on:
+                used |= m
+        keep = used | (1 << self.num_devices)
+        return [m if on else m & keep for m, on in zip(masks, self.device_vertex)]
 
     def _transfer(self, kind, u, v, nbytes, model, allocs, strats) -> tuple[Optional[float], bool]:
         """(time, lowers-to-Reshard) of a Comm/Reshard superset node, (None, False) for a relay."""
@@ -491,8 +505,7 @@ class CompactVariant:
         Beyond the superset, the prepared structure depends on which nodes are relays and which order
         keys they use, and on the overlap structure of the vertex allocations (its device atoms); only
         the reserved-set sizes (for busy time) change with the allocations themselves."""
-        masks = [self.dirs[v].masks[c] for v, c in enumerate(choice)]
-        key = (s.pattern, tuple(map(id, keys)), venn_cells(masks))
+        key = (s.pattern, tuple(map(id, keys)), venn_cells(self.held_masks(choice)))
         structure = self._structures.get(key)
         if structure is None:
             structure = prepare_schedule(s.is_transfer, reserved, s.edges, s.groups, keys, s.names, self.num_devices)
@@ -523,8 +536,8 @@ class CompactVariant:
                                         mem.feasible and r_host <= 1.0, mem.peak, groups), r_host=r_host)
 
     def host_ratio(self, choice: Choice) -> float:
-        """Host cores the plan needs on the first node (its devices there, its pools: cost/host.cores_needed) over the
-        cores it has; 0 without pools."""
+        """Host cores the plan needs on the first node (its devices there, its largest pool's own cores:
+        cost/host.cores_needed, pool_cores) over the cores it has; 0 without pools."""
         if all(self.device_vertex):
             return 0.0
         used = 0
@@ -533,7 +546,7 @@ class CompactVariant:
             if on:
                 used |= d.masks[c]
             else:
-                pools += d.pools[c]
+                pools = max(pools, pool_cores(d.pools[c], self.host_cores, self.program.cluster)[0])
         return cores_needed(mask_devices(used), pools, self.program.cluster) / self.host_cores
 
     def cores_fit(self, choice: Choice) -> bool:

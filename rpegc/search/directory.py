@@ -35,9 +35,9 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.optime import OpTime
 from rpegc.core.ir.program import VERIFY, Program, Vertex
-from rpegc.core.cost.host import pool_device, pool_sizes, search_alloc, verify_node_time
+from rpegc.core.cost.host import pool_cores, pool_device, pool_sizes, search_alloc, verify_node_time
 from rpegc.core.ir.training import RECOMPUTES, ZERO_STAGES, TrainSpec
-from rpegc.core.ir.geometry import Alloc, Strategy, alloc_mask
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, alloc_mask
 from rpegc.core.cost.residency import OpPlacement, device_memory
 
 # Ablation A3: microbatch counts fixed to P_p (generation, inference) and 2 P_p (training) (App. B).
@@ -118,7 +118,9 @@ class DirectoryCache:
 
 def pool_directory(p: Program, v: Vertex, hw: Hardware) -> VertexDirectory:
     """A verify vertex's candidates: its pool sizes (cost/host.py), fastest first, each at the pool's stand-in
-    allocation with the pool's resource bit and no device memory."""
+    allocation with the pool's resource bit and the bits of the devices whose cores it shares (`pool_cores`: the
+    same for every plan; a shared device the plan leaves empty reserves nothing another node needs), and no device
+    memory."""
     sizes = pool_sizes(p, hw)
     times = [verify_node_time(p, v.model, size, hw) for size in sizes]
     order = sorted(range(len(sizes)), key=lambda i: (times[i], i))
@@ -127,8 +129,15 @@ def pool_directory(p: Program, v: Vertex, hw: Hardware) -> VertexDirectory:
         vertex=v.name, role=v.role, model=v.model, allocs=(alloc,) * k, strategies=(strategy,) * k,
         op_times=(None,) * k, t_op=np.array([times[i] for i in order], dtype=np.float64),
         isolated_peak=np.zeros(k), sizes=np.ones(k, dtype=np.int64),
-        masks=(1 << pool_device(p.cluster),) * k, by_strategy=(tuple(range(k)),),
+        masks=tuple(_pool_mask(sizes[i], hw.host_cores, p.cluster) for i in order), by_strategy=(tuple(range(k)),),
         strategy_of=np.zeros(k, dtype=np.int64), pools=tuple(sizes[i] for i in order))
+
+
+def _pool_mask(size: int, host_cores: int, cluster: Cluster) -> int:
+    mask = 1 << pool_device(cluster)
+    for d in pool_cores(size, host_cores, cluster)[1]:
+        mask |= 1 << d
+    return mask
 
 
 def _price(p: Program, v: Vertex, a: Alloc, s: Strategy, models, hw: Hardware, opts: CostOptions):

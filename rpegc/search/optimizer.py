@@ -33,7 +33,6 @@ from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import Hardware, program_hardware
 from rpegc.core.ir.program import VERIFY, Program
-from rpegc.core.cost.host import unplaceable_pools
 from rpegc.search.anneal import SearchConfig, SearchState, polish_reserve
 from rpegc.search.baselines import BaselinePlan, concurrent_plan, greedy_plan
 from rpegc.search.compact import Choice, Evaluation
@@ -193,9 +192,6 @@ def optimize(
     structure = base_structure(p)
     if hw is None:
         hw = program_hardware(structure, what="optimize")
-    unplaceable = unplaceable_pools(structure, hw)
-    if unplaceable is not None:
-        raise unplaceable
     ablate = options.ablate
     taus = (0,) if "A2" in ablate else options.taus
     split = "A1" not in ablate
@@ -367,7 +363,7 @@ def _infeasible(structure: Program, peak: float) -> RpegError:
         f"no memory-feasible plan found for graph @{structure.graph.name} on cluster @{c.name} "
         f"({c.num_devices} GPUs) within the search budget; {found} (r_peak = {peak:.3f}). Use more GPUs "
         "(racks, nodes or GPUs per node), a smaller batch B*R or shorter sequences (Lp, Lr), smaller models, "
-        "or a larger search budget" + (" (and a plan must leave each verifier pool host cores beside the first "
-                                       "node's devices: the profile's [host] cores)"
+        "or a larger search budget" + (" (and the first node's devices and its verifier pool's own processes must "
+                                       "fit the profile's [host] cores)"
                                        if any(v.role == VERIFY for v in structure.graph.vertices) else ""),
     )

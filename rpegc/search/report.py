@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Optional, TextIO
 
+from rpegc.core.cost.host import shared_devices
 from rpegc.search.optimizer import BaselineResult, OptimizeResult, Progress
 
 GIB = 1024**3
@@ -54,9 +55,14 @@ def _pool_rows(result: OptimizeResult) -> list[tuple[str, str]]:
         return []
     cores = result.hardware.host_cores if result.hardware else None
     left = f" of the host's {cores} cores" if cores else ""
-    return [(f"verifier @{pool.vertex}", f"a pool of {pool.size} host process{'es' if pool.size > 1 else ''}{left} "
-                                         f"(host cores needed: {result.evaluation.r_host:.0%})")
-            for pool in p.plan.pools]
+    rows = []
+    for pool in p.plan.pools:
+        shared = shared_devices(pool.size, cores, p) if cores else ()
+        sharing = f", sharing the cores of device{'s' if len(shared) > 1 else ''} " \
+                  f"{', '.join(map(str, shared))}" if shared else ""
+        rows.append((f"verifier @{pool.vertex}", f"a pool of {pool.size} host process{'es' if pool.size > 1 else ''}"
+                                                 f"{left}{sharing} (host cores needed: {result.evaluation.r_host:.0%})"))
+    return rows
 
 
 def _fusion_row(result: OptimizeResult) -> list[tuple[str, str]]:

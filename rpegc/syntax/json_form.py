@@ -65,6 +65,8 @@ Schema (every key is always written unless marked "optional"; `null` stands for 
           "fraction": float,            // optional: quantile phase share f_q - f_{q-1}
           "nphases": int,               // optional: Q of a phase sub-node
           "pool": int,                  // optional: a verify Op's host worker processes (its Pool's size)
+          "shares": [int],              // optional: on the host's pool (a verify Op, a Comm into it): the
+                                        // devices whose host cores the pool shares (reserved with it)
           "alloc": {"origin": [r, n, g], "extent": [r, n, g]},       // optional (see "devices")
           "src_alloc": {"origin": [...], "extent": [...]},          // optional: Comm/Reshard source
                                         // (absent on a Comm from the host's pool)
@@ -295,6 +297,7 @@ def _node_json(n: ExecNode, cluster: Optional[Cluster]) -> dict:
         "fraction": n.fraction,
         "nphases": n.nphases,
         "pool": n.pool,
+        "shares": list(n.shares) if n.shares else None,
         "alloc": _alloc_json(n.alloc) if n.alloc is not None else None,
         "src_alloc": _alloc_json(n.src_alloc) if n.src_alloc is not None else None,
         "src_strategy": _strategy_json(n.src_strategy) if n.src_strategy is not None else None,
@@ -760,8 +763,8 @@ def _read_fusion(r: _Reader, v: Any, path: str, node_ids: set[str]) -> ExecFusio
 _NODE_REQUIRED = ("id", "kind", "step")
 _NODE_OPTIONAL = (
     "vertex", "phase", "role", "model", "devices", "dp", "pp", "tp", "mb", "train", "bytes", "version_in", "version_out",
-    "data_in", "data_out", "order", "container", "fraction", "nphases", "pool", "alloc", "src_alloc", "src_strategy",
-    "time", "start", "finish",
+    "data_in", "data_out", "order", "container", "fraction", "nphases", "pool", "shares", "alloc", "src_alloc",
+    "src_strategy", "time", "start", "finish",
 )
 
 
@@ -797,6 +800,8 @@ def _read_node(r: _Reader, v: Any, path: str, cluster: Optional[Cluster], loc: O
         phase=opt_int("phase", 1),
         nphases=opt_int("nphases", 1),
         pool=opt_int("pool", 1),
+        shares=tuple(r.int_(x, f"{path}.shares[{i}]", 0)
+                     for i, x in enumerate(r.list_(o.get("shares", []), _join(path, "shares")))),
         alloc=alloc,
         strategy=_read_strategy(r, o, path, required=False),
         src_alloc=r.opt(o.get("src_alloc"), _join(path, "src_alloc"), lambda x, p: _read_alloc(r, x, p)),

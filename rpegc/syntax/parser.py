@@ -1156,6 +1156,9 @@ class _Builder:
                 put(c, "bytes", self.int_of(args[0], f"bytes of {what}", minimum=0))
             elif kind_c == "c_pool":
                 put(c, "pool", self.int_of(args[0], f"pool of {what}", minimum=1, maximum=MAX_SIZE))
+            elif kind_c == "c_shares":
+                put(c, "shares", tuple(self.int_of(a, f"a device {what} shares", minimum=0, maximum=MAX_SIZE)
+                                       for a in args))
             elif kind_c == "c_annot":
                 attrs = self.attrs(args[0], what, ANNOTATION_KEYS)
                 for key, a in attrs.items():
@@ -1225,6 +1228,7 @@ _CLAUSE_WORDS = {
     "src_strategy": "a source layout ('from (dp = ...)')",
     "bytes": "'bytes'",
     "pool": "'pool'",
+    "shares": "'shares'",
     "time": "'time'",
     "start": "'start'",
     "finish": "'finish'",

@@ -340,6 +340,8 @@ def node_line(n: ExecNode) -> str:
         parts.append(_strategy_tuple("to", n.strategy) if n.kind == "reshard" else _strategy_flat(n.strategy))
     if n.pool is not None:
         parts.append(f"pool = {n.pool}")
+    if n.shares:
+        parts.append(f"shares = [{', '.join(str(d) for d in n.shares)}]")
     if n.bytes != 0 or n.kind != "op":
         parts.append(f"bytes = {n.bytes}")
     reads = _bindings((), n.data_in) if version_clause else _bindings(n.version_in, n.data_in)

@@ -21,7 +21,7 @@ from rpegc.core.cost.fused import FusedTime, fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Program
-from rpegc.core.cost.host import check_pools, link_alloc, verify_node_time
+from rpegc.core.cost.host import check_pools, link_alloc, shared_devices, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
 from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, priced_node_time,
                                       reshard_node_time)
@@ -32,7 +32,8 @@ from rpegc.core.sched.microtasks import MemberPipeline
 def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> Program:
     """`p` with `time` on every exec node and `exec.memory` filled in. A node's time is what it runs for (a
     transfer's with its fixed [overhead] transfer) plus the runtime's control round trip before it ([overhead]
-    node); both 0 in the spec's model."""
+    node); both 0 in the spec's model. A verify node, and a transfer into its pool, also get the devices whose host
+    cores the pool shares (`shares`, cost/host.shared_devices), which the schedule reserves with the pool."""
     eg = _lowered_exec(p)
     _require_graph_and_cluster(p)
     if p.plan is not None and p.plan.fusions and not eg.fusions:  # priced apart, they would run apart too
@@ -43,7 +44,10 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
     times: dict[OpPlacement, OpTime] = {}
     nodes = []
     check_pools(p, hw)
+    shares = _pool_shares(eg, p, hw)
     for node in eg.nodes:
+        if node.alloc is None:
+            node = node.with_(shares=shares.get(node.id, ()))
         if node.kind == "op" and node.role == VERIFY:
             t = _verify_node_time(node, p, hw)
         elif node.kind == "op":
@@ -104,6 +108,24 @@ def transfer_time(node: ExecNode, p: Program, hw: Hardware, opts: CostOptions = 
         model = _model(p, node.model, node)
         return reshard_node_time(param_count(model.arch, model.kind), p.workload.s_b, node.alloc, hw, opts)
     raise RpegError(node.loc, f"exec node '{node.id}' has kind '{node.kind}', not one of op, comm, reshard")
+
+
+def _pool_shares(eg: ExecGraph, p: Program, hw: Hardware) -> dict[str, tuple[int, ...]]:
+    """Per verify node, the devices whose cores its pool shares, and per transfer into a pool those of the verify
+    nodes it feeds (the pool's process receives it); none where the profile does not give the host's cores
+    (check_pools has then refused every plan with a pool)."""
+    if hw.host_cores is None:
+        return {}
+    out = {n.id: shared_devices(n.pool, hw.host_cores, p) for n in eg.nodes
+           if n.kind == "op" and n.role == VERIFY and n.pool is not None}
+    into: dict[str, set[int]] = {}
+    for e in eg.edges:
+        if e.dst in out:
+            into.setdefault(e.src, set()).update(out[e.dst])
+    for n in eg.nodes:
+        if n.kind != "op" and n.alloc is None and n.id in into:
+            out[n.id] = tuple(sorted(into[n.id]))
+    return out
 
 
 def _verify_node_time(node: ExecNode, p: Program, hw: Hardware) -> float:

@@ -79,7 +79,8 @@ MAX_GPUS_PER_NODE = 1024
 _TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "host", "overhead",
              "meta")
 # [host]: the CPU side of a node, where verify vertices run their reward function in a pool of processes. `cores` is
-# a node's host cores (each device's worker process takes one, a pool process another); `verify_call` the fixed time
+# a node's host cores (each device's worker process takes one, a pool process another or shares a device's: see
+# cost/host.py); `verify_call` the fixed time
 # of one verify operator (handing the responses to the pool and collecting the scores); [host.verify] the seconds one
 # call of a built-in reward function takes on one core, per response (rpeg-calibrate measures them). Upper bounds:
 # 1e6 cores, 60 s per call or response (a sandbox that runs longer is not a reward function for a training step).

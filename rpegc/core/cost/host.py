@@ -10,8 +10,12 @@ the cluster's first node, where the controller runs:
 with rows = the responses of a step (the drawn ones, B R: Workload.for_role), t_resp the seconds one call takes on
 one core (the verifier's `per_response`, else the hardware profile's calibrated time of the built-in, [host.verify])
 and t_call the fixed time of one operator (handing the responses to the pool, collecting the scores: [host]
-verify_call). The pool's processes and the devices' worker processes share the host's cores: the plan may not
-give its pools more cores than the node's host has left ([host] cores minus the devices placed on that node).
+verify_call). The pool's processes and the devices' worker processes share the host's cores (`pool_cores`): a
+pool's processes take the cores the node's devices leave ([host] cores minus the node's devices), and those that
+find none share a device's core, the node's last devices first. A device whose core a pool shares is reserved while
+the verify node runs (the node's `shares`), so the schedule and the runtime run the two one after the other instead
+of letting them contend for the core; a pool may not have more processes than the host has cores. A graph's pools
+are one resource of the schedule (their nodes run one at a time), so the host keeps cores for the largest.
 
 In the schedule the pool is one more resource (`pool_device`): its nodes, and the transfers into it, wait for
 it as a device's do, but it is not a device (no memory, no device-seconds). Its transfers cross the host link of the
@@ -73,14 +77,33 @@ def pool_sizes(p: Program, hw: Hardware) -> tuple[int, ...]:
 MAX_POOL = 256  # pool sizes the optimizer considers at most
 
 
-def cores_needed(device_ids, pools: int, cluster: Cluster) -> int:
-    """Host cores the first node's host needs: one per device of the plan on that node, one per pool process."""
-    return len({d for d in device_ids if d < cluster.gpus}) + pools
+def pool_cores(size: int, host_cores: int, cluster: Cluster) -> tuple[int, tuple[int, ...]]:
+    """(own cores, shared devices) of a pool of `size` processes on the first node's host of `host_cores` cores: its
+    processes take the cores the node's devices leave (one core per device, whether the plan uses it or not, so the
+    rule does not depend on the rest of the plan), the others share the cores of the node's devices from the last
+    down (flat ids)."""
+    own = min(size, max(0, host_cores - cluster.gpus))
+    shared = min(size - own, cluster.gpus)
+    return own, tuple(range(cluster.gpus - 1, cluster.gpus - 1 - shared, -1))
+
+
+def shared_devices(size: int, host_cores: int, p: Program) -> tuple[int, ...]:
+    """The devices of the plan whose cores a pool of `size` processes shares (`pool_cores`), ascending: a shared
+    device the plan places nothing on leaves its core free, so the pool has it to itself."""
+    used = {d for pl in p.plan.placements for d in pl.alloc.devices(p.cluster)} if p.plan is not None else set()
+    return tuple(sorted(d for d in pool_cores(size, host_cores, p.cluster)[1] if d in used))
+
+
+def cores_needed(device_ids, own_cores: int, cluster: Cluster) -> int:
+    """Host cores the first node's host needs: one per device of the plan on that node, and the own cores of its
+    largest pool (`pool_cores`; the pools run one at a time)."""
+    return len({d for d in device_ids if d < cluster.gpus}) + own_cores
 
 
 def check_pool_transfers(graph: ExecGraph) -> None:
     """A Comm without a destination (source) allocation moves data into (out of) the verifier pool: it must feed (be
-    fed by) a verify node; any other node without an allocation is a located error."""
+    fed by) a verify node; any other node without an allocation is a located error, and so is a node on devices that
+    says it shares their cores."""
     verify = {n.id for n in graph.nodes if n.kind == "op" and n.role == VERIFY}
     feeds: dict[str, set[str]] = {}
     fed: dict[str, set[str]] = {}
@@ -88,6 +111,10 @@ def check_pool_transfers(graph: ExecGraph) -> None:
         feeds.setdefault(e.src, set()).add(e.dst)
         fed.setdefault(e.dst, set()).add(e.src)
     for n in graph.nodes:
+        if n.shares and n.alloc is not None:
+            raise RpegError(n.loc, f"node {n.id} shares the cores of devices {list(n.shares)}, but it runs on its "
+                                   "allocation; only a node on the verifier pool (a verify node, a transfer into its "
+                                   "pool) shares devices' cores: remove `shares`")
         if n.kind == "op" and n.role == VERIFY:
             continue
         to_pool = n.kind == "comm" and n.alloc is None and feeds.get(n.id, set()) & verify
@@ -98,20 +125,6 @@ def check_pool_transfers(graph: ExecGraph) -> None:
                                    "feed a verify node (the verifier pool)")
         if n.kind != "op" and n.src_alloc is None and not from_pool:
             raise RpegError(n.loc, f"{n.kind} node {n.id} has no source allocation (`from ... extent ...`)")
-
-
-def unplaceable_pools(p: Program, hw: Hardware) -> Optional[RpegError]:
-    """Why no plan can give the graph's verifier pools their host cores, or None: on a one-node cluster every plan
-    places a device on the first node, and each pool takes at least one more core."""
-    pools = [v for v in (p.graph.vertices if p.graph else ()) if v.role == VERIFY]
-    if not pools or hw.host_cores is None or p.cluster.racks * p.cluster.nodes > 1:
-        return None
-    if 1 + len(pools) <= hw.host_cores:
-        return None
-    return RpegError(pools[0].loc, f"verify vertex @{pools[0].name} runs on a pool of host processes, which needs a core "
-                                   f"of its own beside the device the plan places on the node; the hardware profile "
-                                   f"'{hw.source}' gives the host {hw.host_cores} core(s): run on a host with more "
-                                   "cores, or make the reward a reward model's inference vertex")
 
 
 def verify_time(rows: int, pool: int, per_response: float, call: float) -> float:
@@ -140,26 +153,25 @@ def verify_node_time(p: Program, verifier_name: str, pool: int, hw: Hardware) ->
     return verify_time(rows.B * rows.R, pool, per_response(p.verifier(verifier_name), hw), hw.verify_call)
 
 
-def free_host_cores(p: Program, hw: Hardware) -> Optional[int]:
-    """The first node's host cores that no device of the plan takes (None: the profile does not give the cores)."""
-    if hw.host_cores is None:
-        return None
-    used = [d for pl in p.plan.placements for d in pl.alloc.devices(p.cluster)]
-    return hw.host_cores - cores_needed(used, 0, p.cluster)
-
-
 def check_pools(p: Program, hw: Hardware) -> None:
-    """The plan's pools fit the cores the first node's host has left; a located error if they do not."""
+    """The plan's pools fit the first node's host: no pool has more processes than the host has cores, and the own
+    cores of the largest (`pool_cores`) fit beside the plan's devices on that node (they do unless the node has more
+    devices than its host has cores); a located error if not."""
     if p.plan is None or not p.plan.pools:
         return
     first = p.plan.pools[0]
-    free = free_host_cores(p, hw)
-    if free is None:
+    if hw.host_cores is None:
         raise RpegError(first.loc, f"the plan runs @{first.vertex} on a pool of host processes, but the hardware "
                                    f"profile '{hw.source}' does not give the host's cores; add [host] cores = N to it")
-    asked = sum(pool.size for pool in p.plan.pools)
-    if asked > free:
-        raise RpegError(first.loc, f"the plan's verifier pools take {asked} host processes, but the first node's host "
-                                   f"has {hw.host_cores} cores and the plan's devices on that node take "
-                                   f"{hw.host_cores - free}; use pools of at most {max(free, 0)} processes in all, or "
+    for pool in p.plan.pools:
+        if pool.size > hw.host_cores:
+            raise RpegError(pool.loc, f"the plan runs @{pool.vertex} on {pool.size} host processes, but the first "
+                                      f"node's host has {hw.host_cores} cores; use a pool of at most "
+                                      f"{hw.host_cores} processes")
+    used = [d for pl in p.plan.placements for d in pl.alloc.devices(p.cluster)]
+    own = max(pool_cores(pool.size, hw.host_cores, p.cluster)[0] for pool in p.plan.pools)
+    devices = cores_needed(used, 0, p.cluster)
+    if devices + own > hw.host_cores:
+        raise RpegError(first.loc, f"the plan's devices on the first node take {devices} of its host's "
+                                   f"{hw.host_cores} cores, and its verifier pool needs {own} of its own beside them; "
                                    "place fewer devices on the first node")

@@ -34,11 +34,18 @@ def _check_alloc(node: ExecNode, alloc: Alloc, cluster: Cluster) -> None:
 
 def _reserved_mask(node: ExecNode, cluster: Cluster) -> int:
     """Op: its allocation sigma(v); Comm/Reshard: the destination allocation (Def. A.11); a verify node and a transfer
-    into its pool: the pool's resource (cost/host.py)."""
+    into its pool: the pool's resource (cost/host.py), a verify node also the devices whose cores it shares."""
     if node.kind not in NODE_KINDS:
         raise RpegError(node.loc, f"node {node.id} has unknown kind '{node.kind}'; use one of {', '.join(NODE_KINDS)}")
     if node.alloc is None:  # the verifier pool, on the host (check_pool_transfers allowed no other)
-        return 1 << pool_device(cluster)
+        mask = 1 << pool_device(cluster)
+        for d in node.shares:
+            if not 0 <= d < cluster.gpus:
+                raise RpegError(node.loc, f"node {node.id} shares device {d}, which is not one of the first node's "
+                                          f"{cluster.gpus} devices of cluster {cluster.name}; share one of "
+                                          f"0..{cluster.gpus - 1}")
+            mask |= 1 << d
+        return mask
     _check_alloc(node, node.alloc, cluster)
     return alloc_mask(node.alloc, cluster)
 

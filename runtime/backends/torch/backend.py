@@ -50,6 +50,7 @@ from rpegc.runtime.interrupt import stop_on_signals
 from rpegc.runtime.report import host_cores
 from rpegc.runtime.backends.torch.inbox import warn
 from rpegc.runtime.backends.torch.peak_memory import WorkerPeak, peak_lines
+from rpegc.runtime.backends.torch.pinning import core_slots
 from rpegc.runtime.backends.torch.pool import WorkerPool
 from rpegc.runtime.backends.torch.sender import SENDER
 from rpegc.runtime.backends.torch.processes import stop_forkserver
@@ -186,6 +187,17 @@ class _Pending:
     senders: frozenset[int] = frozenset()  # ranks that run it on their sender thread (a transfer's sources)
 
 
+
+def plan_core_slots(plan: RunPlan) -> tuple[tuple[int, ...], ...]:
+    """Per worker rank, the host cores (slots) the plan gives it (pinning.core_slots): one per device worker, and
+    for the verifier pool's worker its processes' own and the ranks of the devices whose cores they share."""
+    devices = len(plan.model_devices)
+    verify = [n.node for n in plan.nodes if n.kind == "op" and n.node.pool is not None]
+    if not verify:
+        return core_slots(devices)
+    shared = sorted({d for n in verify for d in n.shares})
+    return core_slots(devices, max(n.pool for n in verify), tuple(plan.devices.index(d) for d in shared))
+
 class TorchBackend(Backend):
     name = "torch"
     clock = "wall"
@@ -265,7 +277,8 @@ class TorchBackend(Backend):
         torch.distributed backend (gloo: CPU workers; nccl: a GPU each), and the effective RL
         hyper-parameters, prompts and reward of a run of `plan`."""
         cfg = self._run_config(plan.program)
-        out = {"local_workers": len(plan.devices) if self.launcher == "local" else 0, "host_cores": host_cores(),
+        slots = {s for ss in plan_core_slots(plan) for s in ss}
+        out = {"local_workers": len(slots) if self.launcher == "local" else 0, "host_cores": host_cores(),
                "dist_backend": self._resolve_dist_backend(plan), "rl": dataclasses.asdict(cfg.rl),
                "reward": cfg.reward}
         out["data"] = dataclasses.asdict(cfg.data) if cfg.data.path is not None else {"task": cfg.task}
@@ -392,6 +405,7 @@ class TorchBackend(Backend):
         setup = WorkerSetup(world=len(plan.devices), seed=self.seed, run=self.cfg, models=self.models,
                             layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
                             dist_backend=dist_backend, fault=self.fault,
+                            core_slots=plan_core_slots(plan) if self.launcher == "local" else None,
                             resume_file=os.path.abspath(self._resume_dir) if self._resume_dir else None)
         self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway
         self.pool.open(setup, tp_impl)

@@ -6,6 +6,10 @@ on this project's 2-vCPU VM two unpinned single-threaded workers slow each other
 3x (bench/validation/README.md), and a TP decode, which meets the other rank at every layer's AllReduce, loses
 most. gloo's transport threads stay free: they wake when the main thread waits, and pinned to its core they
 would queue behind it.
+
+The worker of a verifier pool (cost/host.py) is bound to the cores of its pool's processes, which inherit its
+binding: a core of their own each where the plan gives them one, and the cores of the devices whose cores the plan
+says they share (the plan runs the pool and those devices one after the other) (`core_slots`).
 """
 
 from __future__ import annotations
@@ -30,17 +34,41 @@ def cores_to_pin(local_workers: int, backend: str) -> Optional[list[int]]:
     return cores[:local_workers] if local_workers <= len(cores) else None
 
 
-def pin_main_thread(core: int, free: frozenset) -> None:
-    """Bind the calling (main) thread to `core` and every other thread of the process to `free` (the cores
-    the process was given). Threads start with their creator's mask: call it again after creating threads
-    (process groups)."""
+def pin_main_thread(core: int | frozenset, free: frozenset) -> None:
+    """Bind the calling (main) thread to `core` (or a set of cores) and every other thread of the process to `free`
+    (the cores the process was given). Threads start with their creator's mask: call it again after creating
+    threads (process groups)."""
     main = threading.get_native_id()
+    mine = set(core) if isinstance(core, frozenset) else {core}
     for tid in os.listdir("/proc/self/task"):
         try:
-            os.sched_setaffinity(int(tid), {core} if int(tid) == main else free)
+            os.sched_setaffinity(int(tid), mine if int(tid) == main else free)
         except OSError:
             pass  # the thread exited meanwhile
-    os.sched_setaffinity(0, {core})
+    os.sched_setaffinity(0, mine)
+
+
+def core_slots(devices: int, pool_processes: int = 0, shared_ranks: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+    """Per rank of a locally launched run, the slots (indexes into the host's cores) its main thread is bound to:
+    the `devices` device workers one each, in rank order; the verifier pool's worker (the last rank, where the plan
+    has a pool of `pool_processes` processes) a new slot for each process that shares no device's core, and the
+    slots of the device ranks whose cores its processes share (`shared_ranks`); at least one slot."""
+    slots = tuple((r,) for r in range(devices))
+    if not pool_processes:
+        return slots
+    own = tuple(range(devices, devices + max(0, pool_processes - len(shared_ranks))))
+    return slots + ((tuple(sorted(own + tuple(shared_ranks))) or (devices,)),)
+
+
+def pin_slots(slots: tuple[int, ...], count: int, backend: str) -> Optional[tuple[int, ...]]:
+    """Bind this CPU worker's main thread to the cores of `slots` when the run's `count` slots fit on the host's
+    cores; those cores, or None (not pinned)."""
+    cores = cores_to_pin(count, backend)
+    if cores is None or not all(0 <= s < len(cores) for s in slots):
+        return None
+    mine = frozenset(cores[s] for s in slots)
+    pin_main_thread(mine, frozenset(os.sched_getaffinity(0)))
+    return tuple(sorted(mine))
 
 
 def local_workers(world: int, env: Mapping[str, str]) -> Optional[int]:

@@ -78,7 +78,7 @@ from rpegc.runtime.backends.torch.device import local_rank, rank_and_world, sync
 from rpegc.runtime.backends.torch.generation import expand_rollouts
 from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove, rank_pieces, replica_owner, split_rows
 from rpegc.runtime.backends.torch.messages import SECRET_ENV, Endpoint, MessageError, read_secret
-from rpegc.runtime.backends.torch.pinning import local_workers, pin_cpu_worker
+from rpegc.runtime.backends.torch.pinning import local_workers, pin_cpu_worker, pin_slots
 from rpegc.runtime.backends.torch.hf import HFWeights
 from rpegc.runtime.backends.torch.host_memory import heap_in_use, release_freed
 from rpegc.runtime.backends.torch.master_weights import MasterWeights, training_dtype
@@ -975,9 +975,16 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
     except Exception as e:  # a located error (a checkpoint, a config), else the traceback of a bug
         return _setup_failed(channel, rank, _error_text(e, {}))
     if device.type == "cpu":  # after the process groups exist: their threads stay free (pinning.py)
-        core = pin_cpu_worker(local_rank(rank, env, setup.world), local_workers(setup.world, env), setup.dist_backend)
-        _log(rank)(f"main thread bound to core {core}" if core is not None else "not bound to a core (more "
-                   "workers than cores on this node, or the launcher does not say how many share it)")
+        if setup.core_slots is not None and not env:  # launched here: the plan's slots
+            slots = setup.core_slots
+            core = pin_slots(slots[rank], 1 + max(s for ss in slots for s in ss), setup.dist_backend)
+        else:
+            core = pin_cpu_worker(local_rank(rank, env, setup.world), local_workers(setup.world, env),
+                                  setup.dist_backend)
+        cores = (core,) if isinstance(core, int) else core
+        _log(rank)(f"main thread bound to core{'s' if len(cores) > 1 else ''} {', '.join(map(str, cores))}" if cores
+                   else "not bound to a core (more workers than cores on this node, or the launcher does not say how "
+                        "many share it)")
     worker.loop()
     return 0
 

@@ -42,4 +42,7 @@ class WorkerSetup:
     timeout_s: float
     dist_backend: str = "gloo"
     resume_file: Optional[str] = None  # a checkpoint directory (checkpoint.py) to resume from
+    # per rank of a locally launched run, the host cores (slots) it is bound to (pinning.core_slots); None: one per
+    # worker by its local rank (a launcher's run)
+    core_slots: Optional[tuple[tuple[int, ...], ...]] = None
     fault: Optional[str] = None
