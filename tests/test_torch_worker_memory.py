@@ -5,8 +5,6 @@ vocabulary-wide float32 copies of the whole microbatch."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 torch = pytest.importorskip("torch")
