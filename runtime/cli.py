@@ -312,10 +312,16 @@ def _summary_lines(cmp, trace, plan: RunPlan) -> list[str]:
 
 
 def _devices_text(plan) -> str:
-    """'2 devices', or '1 device and a verifier pool' (its worker is one past the cluster's devices)."""
+    """'2 devices', or '1 device and a verifier pool' (its worker is one past the cluster's devices), and the devices
+    whose cores the pool shares (cost/host.py)."""
     n = len(plan.model_devices)
     text = f"{n} device{'s' if n != 1 else ''}"
-    return text + (" and a verifier pool" if len(plan.devices) > n else "")
+    if len(plan.devices) == n:
+        return text
+    shared = sorted({d for x in plan.nodes for d in x.node.shares})
+    sharing = f" sharing the core{'s' if len(shared) > 1 else ''} of device{'s' if len(shared) > 1 else ''} " \
+              f"{', '.join(map(str, shared))}" if shared else ""
+    return f"{text} and a verifier pool{sharing}"
 
 
 def _profile_line(program) -> str:

@@ -93,5 +93,7 @@ def test_rpeg_run_names_the_pool_beside_the_devices(tmp_path):
 
     plan = compile_plan(tmp_path, "v.rpeg", steps=1, text=SOURCE)
     assert _devices_text(plan) == "1 device and a verifier pool"
+    shared = compile_plan(tmp_path, "s.rpeg", steps=1, text=SOURCE.replace("pool = 1", "pool = 2"))
+    assert _devices_text(shared) == "1 device and a verifier pool sharing the core of device 0"
     tiny = compile_plan(tmp_path, "t.rpeg", steps=1, text=open("examples/grpo-tiny-2.rpeg").read())
     assert _devices_text(tiny) == "2 devices"
