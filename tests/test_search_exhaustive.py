@@ -70,7 +70,7 @@ def test_a_space_too_large_to_enumerate_is_refused(ppo):
         exhaustive_optimum(p, hw, max_plans=1000)
 
 
-@pytest.mark.parametrize("seed", [0, 7, 10])
+@pytest.mark.parametrize("seed", [4, 7, 10])
 def test_two_vertex_moves_in_the_polish_leave_single_move_optima(ppo, seed):
     """At 300 evaluations these seeds end in optima of single-vertex moves (measured: 0.985-0.987 of the optimum);
     the polish's two-vertex pass takes them to the exact optimum."""

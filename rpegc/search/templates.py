@@ -10,7 +10,11 @@ point, one way of laying out the pipeline's roles on blocks of devices:
 - the trainers on the rest: all on the whole rest, or (two trainers) on two blocks that split it, the split
   closest to their share of the training work and the even one, or (one trainer, actor and critic shared) on
   a block of at least half the rest, one per size, the remainder left to inference;
-- each inference vertex on any of those blocks.
+- each inference vertex on any of those blocks;
+- or every vertex on one block that holds device 0, of one device or of each size above (`colocated`): the
+  colocated layout (verl's hybrid engine) that the partitions leave out, and on a small cluster often the best (a
+  2-worker cluster on a 2-core host whose verifier pool shares the workers' cores: the chains from the concurrent
+  seed end in a data-parallel plan 8% slower than everything on one worker, the verifier on the other core).
 
 `block_descent` then improves every template at once by coordinate descent in which a vertex may only change
 its strategy on its block (an inference vertex: also its block among the template's), all templates' moves of
@@ -75,6 +79,27 @@ def templates(cv: CompactVariant) -> list[Template]:
     return out
 
 
+def colocated(cv: CompactVariant) -> list[Template]:
+    """Every device vertex on one block holding device 0, one template per block size (one device, a quarter, a half,
+    all), where every vertex's directory has that block; a verifier pool beside it on any of its sizes."""
+    n = cv.num_devices
+    gen = next((d for d in cv.dirs if d.role == "generation"), None)
+    if gen is None:
+        return []
+    sizes = sorted({1, n, *(n // f for f in BLOCK_FRACTIONS if n % f == 0)})
+    masks = [set(d.masks) for d in cv.dirs]
+    out = []
+    for size in sizes:
+        block = min((m for m, s in zip(gen.masks, gen.sizes) if int(s) == size and m & 1), default=None)
+        if block is None:
+            continue
+        per_vertex = [tuple(dict.fromkeys(d.masks)) if not on else ((block,) if block in masks[v] else ())
+                      for v, (d, on) in enumerate(zip(cv.dirs, cv.device_vertex))]
+        if all(per_vertex):
+            out.append(Template(tuple(per_vertex)))
+    return out
+
+
 def _trainer_layouts(cv: CompactVariant, masks: list[set[int]], train: list[int], rest: int) -> list[tuple[int, ...]]:
     """The trainers' blocks: all on `rest`; with two trainers also the splits of `rest` closest to their share of
     the training work and the even split."""
@@ -115,7 +140,7 @@ def template_seeds(state: SearchState, cv: CompactVariant, budget: Budget, share
     `budget` but at least one whole pass; None, evaluating nothing, when the budget cannot pay for the templates
     and one whole pass (below that the chains from the concurrent seed gain more: weak scaling at 3,000
     evaluations lost a median 3% with templates cut short)."""
-    options = _options(cv, templates(cv))
+    options = _options(cv, templates(cv) + colocated(cv))
     one_pass = len(options) + sum(len(o) for opts in options for o in opts)
     left = budget.left(state.evaluator)
     if left is not None and left < one_pass:
