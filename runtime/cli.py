@@ -219,6 +219,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(f"step {s.step} done ({s.steps_done}/{s.steps_total}) at t = {s.finish:.6g} s{pred}, "
               f"wall {s.wall_s:.3f} s{extra}", flush=True)
 
+    drift = _speed_drift(plan, backend)  # before the workers start: the probe runs alone
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed,
                **backend.header_options(plan)}
@@ -243,6 +244,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(line)
     if result.trace.header.clock == "wall" and plan.program.cluster is not None:  # measured against predicted
         print(_profile_line(plan.program))
+        if drift is not None:
+            print(f"note: {drift}")
     for line in backend.memory_summary():
         print(line)
     for line in backend.run_notes():
@@ -322,6 +325,20 @@ def _devices_text(plan) -> str:
     sharing = f" sharing the core{'s' if len(shared) > 1 else ''} of device{'s' if len(shared) > 1 else ''} " \
               f"{', '.join(map(str, shared))}" if shared else ""
     return f"{text} and a verifier pool{sharing}"
+
+
+def _speed_drift(plan: RunPlan, backend) -> Optional[str]:
+    """runtime/speed_probe.py's note when this machine runs its probe far from the speed its profile recorded; None
+    for a simulated clock or a profile without the probe."""
+    from rpegc.core.cost.hardware import program_hardware
+    from rpegc.runtime.speed_probe import drift_note, probe_seconds
+
+    if backend.clock != "wall" or plan.program.cluster is None:
+        return None
+    hw = program_hardware(plan.program, what="the prediction")
+    if hw.speed_probe_s is None:
+        return None
+    return drift_note(probe_seconds(), hw.speed_probe_s, hw.calibrated)
 
 
 def _profile_line(program) -> str:

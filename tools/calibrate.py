@@ -58,6 +58,7 @@ from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.measure import (Progress, WorkerPool, default_backend, device_count, mape, time_per_call,
                                  time_repeats)
+from rpegc.runtime.speed_probe import probe_seconds
 from rpegc.version import PrintVersion
 
 DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
@@ -683,6 +684,7 @@ class Calibration:
     raw: list[tuple[str, str, float, float]] = field(default_factory=list)  # (kind, point, x, seconds)
     date: str = ""
     links_from: Optional[Hardware] = None  # where the link terms were copied from instead of measured
+    speed_probe_s: Optional[float] = None  # runtime/speed_probe.py's probe after the campaign (CPU workers)
 
     @property
     def world(self) -> int:
@@ -728,6 +730,8 @@ def calibrate(devices: int, backend: str, plan: SweepPlan, *, name: str = "cpu",
     finally:
         progress.close()
     cal.M_GPU, cal.memory_source = _device_memory(backend, devices)
+    if backend == "gloo":  # the machine's speed as it was calibrated, for rpeg-run to compare with its own
+        cal.speed_probe_s = probe_seconds()
     return cal
 
 
@@ -977,6 +981,8 @@ def profile_text(cal: Calibration) -> str:
         f"concurrent_forwards = {'true' if cal.concurrent else 'false'}  # forwards timed on every device at once",
         f"statistic = \"{cal.plan.statistic}\"  # of each point's pooled warm repeats ({cal.plan.repeats} x {cal.plan.rounds} rounds)",
         f"eta_saturation_flops = {_num(e.scale)}  # scale of the eta fit, FLOP/s",
+        *([f"speed_probe_s = {_num(cal.speed_probe_s)}  # runtime/speed_probe.py's probe on one thread after the "
+           "campaign (rpeg-run compares)"] if cal.speed_probe_s is not None else []),
         f"memory_bound_forwards = {cal.memory_bound}  # forwards the fitted roofline calls memory-bound",
         f"copy_bandwidths = [{', '.join(_num(moved / s) for kind, _, moved, s in cal.raw if kind == 'copy')}]"
         f"  # B/s per copy size {[b >> 20 for b in p.copy_bytes]} MiB",

@@ -19,6 +19,7 @@ found) the TOML line, and is located at the cluster that asked for the profile.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -156,6 +157,7 @@ class Hardware:
     calibrated: str = ""  # meta.date
     host: str = ""  # meta.host
     machine_key: str = ""  # meta.machine_key: machine.machine_key() of the calibrating machine (CPU profiles)
+    speed_probe_s: float | None = None  # meta.speed_probe_s: runtime/speed_probe.py's probe when it was calibrated
     host_cores: int | None = None  # [host] cores: a node's host CPU cores; None: the profile does not say
     verify_call: float = 0.0  # [host] verify_call: s per verify operator
     verify_s: tuple[tuple[str, float], ...] = ()  # [host.verify]: (built-in reward function, s per response)
@@ -338,6 +340,7 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
         values["overhead"] = _overhead(_table(d, "overhead", where), where)
     return Hardware(
         calibrated=_text(meta, "date"), host=_text(meta, "host"), machine_key=_text(meta, "machine_key"),
+        speed_probe_s=_positive(meta, "speed_probe_s"),
         name=d.get("name", Path(where.source).stem),
         alpha_coll=links["alpha_collective"],
         beta_coll=links["beta_collective"],
@@ -382,6 +385,13 @@ def _overhead(table: Mapping[str, Any], where: _Where) -> Overhead:
 
 def _text(meta: Mapping[str, Any], key: str) -> str:
     return meta[key] if isinstance(meta.get(key), str) else ""
+
+
+def _positive(meta: Mapping[str, Any], key: str) -> float | None:
+    """A positive finite number of [meta] (free-form: anything else reads as absent)."""
+    v = meta.get(key)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return float(v) if ok else None
 
 
 def _table(d: Mapping[str, Any], key: str, where: _Where, prefix: str = "") -> Mapping[str, Any]:

@@ -1,0 +1,54 @@
+"""This machine's speed now against when its CPU profile was calibrated (issue 36).
+
+A CPU profile prices the machine as it ran while it was calibrated, and a VM's speed drifts: on this project's 2-core
+VM a calibration half an hour after another measured 1.2-1.5x slower kernels (F_peak 1.59e11 -> 1.25e11 FLOP/s,
+t_layer 0.37 -> 0.54 ms, the math verifier 0.52 -> 0.65 ms per response), and the demo's run then measured 1.8-2.6x
+its prediction. The machine calibration (`rpeg-calibrate --machine`) times `probe_seconds` and records it
+(`[meta] speed_probe_s`); `rpeg-run` times it again before it starts the workers and says how far the machine has
+drifted when it is more than `TOLERANCE` off, so a measured/predicted ratio is read against the machine it came from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Optional
+
+TOLERANCE = 0.15  # a drift beyond this (either way) is named in rpeg-run's summary
+REPEATS = 9
+
+
+def probe_seconds(repeats: int = REPEATS) -> float:
+    """The median seconds, on one thread, of a fixed mix of what the backend's small operators spend their time on:
+    GEMMs with an elementwise epilogue (64 x 256 by 256 x 256, softmax) and calls of tiny kernels (dispatch)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, w, x = torch.randn(64, 256, generator=g), torch.randn(256, 256, generator=g), torch.zeros(16)
+
+        def once() -> float:
+            start = time.perf_counter()
+            for _ in range(40):
+                (a @ w).softmax(-1)
+            for _ in range(400):
+                x.add_(1.0)
+            return time.perf_counter() - start
+
+        once()  # warm: first-call allocations and kernel selection
+        return statistics.median(once() for _ in range(repeats))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def drift_note(now_s: float, calibrated_s: float, calibrated: str) -> Optional[str]:
+    """What rpeg-run says when the probe ran more than TOLERANCE slower or faster than at calibration, else None."""
+    ratio = now_s / calibrated_s
+    if 1.0 / (1.0 + TOLERANCE) <= ratio <= 1.0 + TOLERANCE:
+        return None
+    how = f"{ratio:.2f}x slower" if ratio > 1.0 else f"{1.0 / ratio:.2f}x faster"
+    when = f" ({calibrated[:16].replace('T', ' ')})" if calibrated else ""
+    return (f"this machine ran the speed probe {how} than when its profile was calibrated{when}: the predictions "
+            "price the machine as it was then; `rpeg-calibrate --machine` calibrates it again")
