@@ -359,6 +359,19 @@ def test_emit_dot_colours_publication_edges(tmp_path, capsys):
                    '"legend_pub_from" -> "legend_pub_to" [color="#cb181d", fontcolor="#cb181d", label="publication (new weights)", fontsize=9];']
 
 
+def test_emit_dot_draws_verify_vertices_and_their_pools(tmp_path, capsys):
+    """A verify vertex (issue 36) in the graph and, lowered, its pool and the device core it shares."""
+    text = open("examples/grpo-verify.rpeg").read().replace("gpus = 1,", "gpus = 2,")
+    src = write(tmp_path, "v.rpeg", text.replace("@ref_inf     at (0, 0, 0)", "@ref_inf     at (0, 0, 1)"))
+    code, out, _ = run(capsys, src, "--emit=dot")
+    assert code == 0 and '"score" [label="score\\nverify @rule", fillcolor="#e5d8a6"];' in out
+    assert "legend_verify" in out
+    code, out, _ = run(capsys, src, "-p", LOWER + ",annotate-cost,schedule", "--emit=dot")
+    assert code == 0 and 'label="score#0\\nverify @rule\\npool of 1, sharing [1]"' in out
+    code, out, _ = run(capsys, write(tmp_path, "in.rpeg", GOOD), "--emit=dot")
+    assert code == 0 and "legend_verify" not in out
+
+
 def test_emit_mlir_round_trips_through_the_mlir_frontend(tmp_path, capsys):
     src = write(tmp_path, "in.rpeg", GOOD)
     code, mlir, _ = run(capsys, src, "-p", "unroll{k=2}", "--emit=mlir")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from rpegc.core.ir.exec_graph import ExecGraph, ExecNode
 from rpegc.core.ir.program import Program
 
-ROLE_COLOURS = {"generation": "#9ecae1", "inference": "#a1d99b", "training": "#fdae6b"}
+ROLE_COLOURS = {"generation": "#9ecae1", "inference": "#a1d99b", "training": "#fdae6b", "verify": "#e5d8a6"}
 PUB_COLOUR = "#cb181d"
 TRANSFER_COLOUR = "#eeeeee"
 DETAIL_LIMIT = 60  # nodes; a lowered 8-step PPO graph has 246, which renders ~19,000 px wide in full
@@ -42,12 +42,16 @@ EDGE_MEANINGS = {
 }
 
 
-def _legend(roles: bool, transfers: bool, edge_kinds: tuple[str, ...], note: str = "") -> list[str]:
-    """A boxed key at the side: node colours and shapes, then one sample arrow per edge style in use."""
+def _legend(roles: bool, transfers: bool, edge_kinds: tuple[str, ...], note: str = "",
+            verify: bool = False) -> list[str]:
+    """A boxed key at the side: node colours and shapes (a verify op's only where the graph has one), then one
+    sample arrow per edge style in use."""
     out = ["  subgraph cluster_legend {", '    label="legend"; fontsize=10; style=rounded; color="#999999";',
            "    node [fontsize=9];"]
     if roles:
         for role, colour in ROLE_COLOURS.items():
+            if role == "verify" and not verify:
+                continue
             out.append(f"    {_q('legend_' + role)} [shape=box, style=filled, fillcolor={_q(colour)}, "
                        f"label={_q(role + ' op')}];")
     if transfers:
@@ -79,7 +83,8 @@ def cyclic_dot(p: Program) -> str:
         out.append(f"  {_q(e.src)} -> {_q(e.dst)} [label={_q(label)}, "
                    f"color={_q(PUB_COLOUR)}, fontcolor={_q(PUB_COLOUR)}, constraint=false];")
     kinds = ("data",) + (("pub",) if g.pub_edges else ())
-    out.extend(_legend(roles=True, transfers=False, edge_kinds=kinds, note="tau: staleness bound of the model"))
+    out.extend(_legend(roles=True, transfers=False, edge_kinds=kinds, note="tau: staleness bound of the model",
+                       verify=any(v.role == "verify" for v in g.vertices)))
     out.append("}")
     return "\n".join(out) + "\n"
 
@@ -99,6 +104,8 @@ def _op_box(head: str, n: ExecNode) -> str:
     label = f"{head}\n{n.role} @{n.model}"
     if n.alloc is not None:
         label += f"\n{n.alloc.origin}+{n.alloc.extent}"
+    if n.pool is not None:  # a verify op: host processes, and the devices whose cores they share (cost/host.py)
+        label += f"\npool of {n.pool}" + (f", sharing {list(n.shares)}" if n.shares else "")
     return f"shape=box, style=filled, fillcolor={_q(ROLE_COLOURS[n.role])}, label={_q(label)}"
 
 
@@ -147,7 +154,8 @@ def exec_dot(p: Program) -> str:
 def _exec_legend(x: ExecGraph, note: str = "") -> list[str]:
     transfers = any(n.kind != "op" for n in x.nodes)
     kinds = tuple(k for k in EDGE_MEANINGS if any(e.kind == k for e in x.edges))
-    return _legend(roles=True, transfers=transfers, edge_kinds=kinds, note=note)
+    return _legend(roles=True, transfers=transfers, edge_kinds=kinds, note=note,
+                   verify=any(n.kind == "op" and n.role == "verify" for n in x.nodes))
 
 
 @dataclass
