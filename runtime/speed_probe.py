@@ -6,11 +6,17 @@ t_layer 0.37 -> 0.54 ms, the math verifier 0.52 -> 0.65 ms per response), and th
 its prediction. The machine calibration (`rpeg-calibrate --machine`) times `probe_seconds` and records it
 (`[meta] speed_probe_s`); `rpeg-run` times it again before it starts the workers and says how far the machine has
 drifted when it is more than `TOLERANCE` off, so a measured/predicted ratio is read against the machine it came from.
+
+The calibration times it in fresh processes, the fastest of three (`fresh_probe_seconds`): right after the campaign
+one probe ran 1.3-1.4x slower than a minute later, while the campaign's worker processes were still exiting; the
+next probes ran as fast as ever. rpeg-run's controller times it before any work of its own.
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from typing import Optional
 
@@ -43,6 +49,19 @@ def probe_seconds(repeats: int = REPEATS) -> float:
         torch.set_num_threads(threads)
 
 
+def fresh_probe_seconds(runs: int = 3) -> Optional[float]:
+    """The fastest of `runs` probes, each in a process of its own (`python -m rpegc.runtime.speed_probe`); None if
+    every one fails."""
+    times = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, "-m", "rpegc.runtime.speed_probe"], capture_output=True, text=True)
+        try:
+            times.append(float(done.stdout.strip()))
+        except ValueError:
+            continue
+    return min(times) if times else None
+
+
 def drift_note(now_s: float, calibrated_s: float, calibrated: str) -> Optional[str]:
     """What rpeg-run says when the probe ran more than TOLERANCE slower or faster than at calibration, else None."""
     ratio = now_s / calibrated_s
@@ -52,3 +71,7 @@ def drift_note(now_s: float, calibrated_s: float, calibrated: str) -> Optional[s
     when = f" ({calibrated[:16].replace('T', ' ')})" if calibrated else ""
     return (f"this machine ran the speed probe {how} than when its profile was calibrated{when}: the predictions "
             "price the machine as it was then; `rpeg-calibrate --machine` calibrates it again")
+
+
+if __name__ == "__main__":  # `python -m rpegc.runtime.speed_probe`: the probe in a fresh process, as both sides run it
+    print(repr(probe_seconds()))

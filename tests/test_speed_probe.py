@@ -52,3 +52,11 @@ def test_rpeg_run_names_a_machine_that_runs_slower_than_its_profile_was_calibrat
     assert rpeg_run([plan, "--backend", "torch", "--quiet", "--run-dir", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "note: this machine ran the speed probe " in out and "x slower than when its profile was calibrated" in out
+
+
+def test_the_calibration_times_the_probe_in_a_fresh_process():
+    pytest.importorskip("torch")
+    from rpegc.runtime.speed_probe import fresh_probe_seconds
+
+    s = fresh_probe_seconds(runs=1)
+    assert s is not None and 0 < s < 5

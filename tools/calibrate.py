@@ -58,7 +58,7 @@ from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.measure import (Progress, WorkerPool, default_backend, device_count, mape, time_per_call,
                                  time_repeats)
-from rpegc.runtime.speed_probe import probe_seconds
+from rpegc.runtime.speed_probe import fresh_probe_seconds
 from rpegc.version import PrintVersion
 
 DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
@@ -731,7 +731,7 @@ def calibrate(devices: int, backend: str, plan: SweepPlan, *, name: str = "cpu",
         progress.close()
     cal.M_GPU, cal.memory_source = _device_memory(backend, devices)
     if backend == "gloo":  # the machine's speed as it was calibrated, for rpeg-run to compare with its own
-        cal.speed_probe_s = probe_seconds()
+        cal.speed_probe_s = fresh_probe_seconds()
     return cal
 
 
