@@ -340,6 +340,7 @@ class SweepPlan:
     rounds: int = 3
     statistic: str = "median"  # of a point's pooled repeats: "median" or "min" (STATISTICS)
     link_gap_s: float = 0.0  # compute before every message of the link sweeps (`_Gap`); 0 = back to back
+    probe_runs: int = 3  # fresh processes timing the speed probe after the campaign (the fastest is kept; CPU only)
 
 
 def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -402,7 +403,7 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         two = {k: CPU_LAYER_ARCHS[k] for k in ("d64", "d128")}  # two widths, so gamma_K is identifiable
         forwards = _layer_forwards(two, ((2, 16), (8, 16)), (1, 8), 16)
         return SweepPlan("fp32", eta_from, (1 << 22,), (1, 16, 256), (16, 128), 128, forwards, 8, 32, 128,
-                         (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1, link_gap_s=CPU_LINK_GAP_S)
+                         (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1, link_gap_s=CPU_LINK_GAP_S, probe_runs=1)
     forwards = _layer_forwards(CPU_LAYER_ARCHS, CPU_PREFILL_SHAPES, CPU_DECODE_BATCHES, CPU_DECODE_CONTEXT)
     return SweepPlan(
         dtype="fp32",
@@ -731,7 +732,7 @@ def calibrate(devices: int, backend: str, plan: SweepPlan, *, name: str = "cpu",
         progress.close()
     cal.M_GPU, cal.memory_source = _device_memory(backend, devices)
     if backend == "gloo":  # the machine's speed as it was calibrated, for rpeg-run to compare with its own
-        cal.speed_probe_s = fresh_probe_seconds()
+        cal.speed_probe_s = fresh_probe_seconds(plan.probe_runs)
     return cal
 
 
