@@ -56,4 +56,5 @@ def test_the_summary_names_the_pool_and_the_cores_it_shares():
 
     p = parse(SOURCE.replace("gpus = 1,", "gpus = 2,"), "v.rpeg")
     rows = dict(summary_rows(optimize(p, OptimizeOptions(seed=0, **SMALL), load_hardware("cpu-reference"))))
-    assert rows["verifier @score"] == "a pool of 2 host processes of the host's 2 cores, sharing the cores of devices 0, 1 (host cores needed: 100%)"
+    assert rows["verifier @score"] == ("a pool of 2 host processes of the host's 2 cores, sharing the cores of "
+                                       "devices 0, 1 (host cores needed: 100%)")

@@ -60,8 +60,9 @@ def _pool_rows(result: OptimizeResult) -> list[tuple[str, str]]:
         shared = shared_devices(pool.size, cores, p) if cores else ()
         sharing = f", sharing the cores of device{'s' if len(shared) > 1 else ''} " \
                   f"{', '.join(map(str, shared))}" if shared else ""
-        rows.append((f"verifier @{pool.vertex}", f"a pool of {pool.size} host process{'es' if pool.size > 1 else ''}"
-                                                 f"{left}{sharing} (host cores needed: {result.evaluation.r_host:.0%})"))
+        needed = f" (host cores needed: {result.evaluation.r_host:.0%})"
+        rows.append((f"verifier @{pool.vertex}",
+                     f"a pool of {pool.size} host process{'es' if pool.size > 1 else ''}{left}{sharing}{needed}"))
     return rows
 
 

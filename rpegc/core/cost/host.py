@@ -18,7 +18,8 @@ of letting them contend for the core; a pool may not have more processes than th
 are one resource of the schedule (their nodes run one at a time), so the host keeps cores for the largest.
 
 In the schedule the pool is one more resource (`pool_device`): its nodes, and the transfers into it, wait for
-it as a device's do, but it is not a device (no memory, no device-seconds). Its transfers cross the host link of the
+it as a device's do, but it is not a device (no memory, and no device-seconds but those of the devices whose cores
+it shares, which its nodes hold). Its transfers cross the host link of the
 first node: a Comm between a device allocation and the pool is priced as one between the allocation and the first
 node's first device (`HOST_ALLOC`), the tier it spans.
 

@@ -49,7 +49,7 @@ class ExecNode:
     src_strategy: Optional[Strategy] = None  # reshard: the source layout
     bytes: int = 0  # comm/reshard payload; 0 for op nodes
     pool: Optional[int] = None  # verify op: the host processes it runs on (its Pool's size); alloc and strategy None
-    shares: tuple[int, ...] = ()  # on the pool (verify op, comm into it): devices whose host cores it shares, reserved too
+    shares: tuple[int, ...] = ()  # on the pool (verify op, comm into it): devices whose cores it shares, held too
     fraction: Optional[float] = None  # quantile phase share f_q - f_{q-1} (phase comm and sub-nodes)
     version_in: tuple[tuple[str, int], ...] = ()  # op: parameter version read per model; comm/reshard: version moved
     version_out: tuple[tuple[str, int], ...] = ()  # training op: version produced (k + 1)

@@ -187,7 +187,6 @@ class _Pending:
     senders: frozenset[int] = frozenset()  # ranks that run it on their sender thread (a transfer's sources)
 
 
-
 def plan_core_slots(plan: RunPlan) -> tuple[tuple[int, ...], ...]:
     """Per worker rank, the host cores (slots) the plan gives it (pinning.core_slots): one per device worker, and
     for the verifier pool's worker its processes' own and the ranks of the devices whose cores they share."""
@@ -197,6 +196,7 @@ def plan_core_slots(plan: RunPlan) -> tuple[tuple[int, ...], ...]:
         return core_slots(devices)
     shared = sorted({d for n in verify for d in n.shares})
     return core_slots(devices, max(n.pool for n in verify), tuple(plan.devices.index(d) for d in shared))
+
 
 class TorchBackend(Backend):
     name = "torch"

@@ -48,7 +48,8 @@ def pin_main_thread(core: int | frozenset, free: frozenset) -> None:
     os.sched_setaffinity(0, mine)
 
 
-def core_slots(devices: int, pool_processes: int = 0, shared_ranks: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+def core_slots(devices: int, pool_processes: int = 0,
+               shared_ranks: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
     """Per rank of a locally launched run, the slots (indexes into the host's cores) its main thread is bound to:
     the `devices` device workers one each, in rank order; the verifier pool's worker (the last rank, where the plan
     has a pool of `pool_processes` processes) a new slot for each process that shares no device's core, and the
