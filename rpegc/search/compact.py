@@ -413,13 +413,13 @@ class CompactVariant:
 
     # --- reference evaluation ------------------------------------------------------------------------
 
-    def node_times(self, s: Superset, choice: Choice, allocs, strats):
-        """Per superset node: (time, reserved bitmask, order key); relays get (0.0, 0, RELAY_KEY)."""
+    def node_times(self, s: Superset, choice: Choice, allocs, strats, masks: list[int]):
+        """Per superset node: (time, reserved bitmask, order key); relays get (0.0, 0, RELAY_KEY). `masks`: what each
+        vertex's nodes hold (`held_masks`)."""
         times: list[float] = []
         reserved: list[int] = []
         keys: list[tuple] = []
         memo: dict = {}
-        masks = self.held_masks(choice)
         for i in range(s.n):
             kind, v = s.kind[i], s.vertex[i]
             if kind == OPERATOR:
@@ -496,16 +496,18 @@ class CompactVariant:
         """The schedule of `choice` with the fusions `fused` (those its pattern allows: `Superset.pattern[3]`)."""
         allocs, strats = self.placement(choice)
         s = self.superset(self.fused_pattern(self.pattern(allocs, strats), fused))
-        times, reserved, keys = self.node_times(s, choice, allocs, strats)
-        return s, times, reserved, run_schedule(self._prepared(s, choice, reserved, keys), times)
+        masks = self.held_masks(choice)
+        times, reserved, keys = self.node_times(s, choice, allocs, strats, masks)
+        return s, times, reserved, run_schedule(self._prepared(s, masks, reserved, keys), times)
 
-    def _prepared(self, s: Superset, choice: Choice, reserved: list[int], keys: list[tuple]):
-        """`schedule.prepare_schedule`, reused across plans with the same graph and device overlaps.
+    def _prepared(self, s: Superset, masks: list[int], reserved: list[int], keys: list[tuple]):
+        """`schedule.prepare_schedule`, reused across plans with the same graph and device overlaps (`masks`: what each
+        vertex holds, `held_masks`).
 
         Beyond the superset, the prepared structure depends on which nodes are relays and which order
         keys they use, and on the overlap structure of the vertex allocations (its device atoms); only
         the reserved-set sizes (for busy time) change with the allocations themselves."""
-        key = (s.pattern, tuple(map(id, keys)), venn_cells(self.held_masks(choice)))
+        key = (s.pattern, tuple(map(id, keys)), venn_cells(masks))
         structure = self._structures.get(key)
         if structure is None:
             structure = prepare_schedule(s.is_transfer, reserved, s.edges, s.groups, keys, s.names, self.num_devices)

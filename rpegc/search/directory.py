@@ -37,7 +37,7 @@ from rpegc.core.cost.optime import OpTime
 from rpegc.core.ir.program import VERIFY, Program, Vertex
 from rpegc.core.cost.host import pool_cores, pool_device, pool_sizes, search_alloc, verify_node_time
 from rpegc.core.ir.training import RECOMPUTES, ZERO_STAGES, TrainSpec
-from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, alloc_mask
+from rpegc.core.ir.geometry import Alloc, Cluster, Strategy, alloc_mask, device_mask
 from rpegc.core.cost.residency import OpPlacement, device_memory
 
 # Ablation A3: microbatch counts fixed to P_p (generation, inference) and 2 P_p (training) (App. B).
@@ -134,10 +134,7 @@ def pool_directory(p: Program, v: Vertex, hw: Hardware) -> VertexDirectory:
 
 
 def _pool_mask(size: int, host_cores: int, cluster: Cluster) -> int:
-    mask = 1 << pool_device(cluster)
-    for d in pool_cores(size, host_cores, cluster)[1]:
-        mask |= 1 << d
-    return mask
+    return device_mask((pool_device(cluster), *pool_cores(size, host_cores, cluster)[1]))
 
 
 def _price(p: Program, v: Vertex, a: Alloc, s: Strategy, models, hw: Hardware, opts: CostOptions):

@@ -116,8 +116,9 @@ def _pool_shares(eg: ExecGraph, p: Program, hw: Hardware) -> dict[str, tuple[int
     (check_pools has then refused every plan with a pool)."""
     if hw.host_cores is None:
         return {}
-    out = {n.id: shared_devices(n.pool, hw.host_cores, p) for n in eg.nodes
-           if n.kind == "op" and n.role == VERIFY and n.pool is not None}
+    sizes = {n.pool for n in eg.nodes if n.kind == "op" and n.role == VERIFY and n.pool is not None}
+    by_size = {size: shared_devices(size, hw.host_cores, p) for size in sizes}  # once per pool size, not per step
+    out = {n.id: by_size[n.pool] for n in eg.nodes if n.kind == "op" and n.role == VERIFY and n.pool is not None}
     into: dict[str, set[int]] = {}
     for e in eg.edges:
         if e.dst in out:

@@ -88,10 +88,15 @@ def pool_cores(size: int, host_cores: int, cluster: Cluster) -> tuple[int, tuple
     return own, tuple(range(cluster.gpus - 1, cluster.gpus - 1 - shared, -1))
 
 
+def placed_devices(p: Program) -> set[int]:
+    """The devices the plan's placements use (none without a plan)."""
+    return {d for pl in p.plan.placements for d in pl.alloc.devices(p.cluster)} if p.plan is not None else set()
+
+
 def shared_devices(size: int, host_cores: int, p: Program) -> tuple[int, ...]:
     """The devices of the plan whose cores a pool of `size` processes shares (`pool_cores`), ascending: a shared
     device the plan places nothing on leaves its core free, so the pool has it to itself."""
-    used = {d for pl in p.plan.placements for d in pl.alloc.devices(p.cluster)} if p.plan is not None else set()
+    used = placed_devices(p)
     return tuple(sorted(d for d in pool_cores(size, host_cores, p.cluster)[1] if d in used))
 
 
@@ -169,7 +174,7 @@ def check_pools(p: Program, hw: Hardware) -> None:
             raise RpegError(pool.loc, f"the plan runs @{pool.vertex} on {pool.size} host processes, but the first "
                                       f"node's host has {hw.host_cores} cores; use a pool of at most "
                                       f"{hw.host_cores} processes")
-    used = [d for pl in p.plan.placements for d in pl.alloc.devices(p.cluster)]
+    used = placed_devices(p)
     own = max(pool_cores(pool.size, hw.host_cores, p.cluster)[0] for pool in p.plan.pools)
     devices = cores_needed(used, 0, p.cluster)
     if devices + own > hw.host_cores:

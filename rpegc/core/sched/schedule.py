@@ -15,7 +15,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import NODE_KINDS, ExecGraph, ExecNode, ScheduleReport
 from rpegc.core.ir.program import Program
 from rpegc.core.cost.host import check_pool_transfers, pool_device
-from rpegc.core.ir.geometry import Alloc, Cluster, alloc_mask
+from rpegc.core.ir.geometry import Alloc, Cluster, alloc_mask, device_mask
 from rpegc.core.sched.list_scheduler import Schedule, greedy_schedule
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 
@@ -38,14 +38,12 @@ def _reserved_mask(node: ExecNode, cluster: Cluster) -> int:
     if node.kind not in NODE_KINDS:
         raise RpegError(node.loc, f"node {node.id} has unknown kind '{node.kind}'; use one of {', '.join(NODE_KINDS)}")
     if node.alloc is None:  # the verifier pool, on the host (check_pool_transfers allowed no other)
-        mask = 1 << pool_device(cluster)
         for d in node.shares:
             if not 0 <= d < cluster.gpus:
                 raise RpegError(node.loc, f"node {node.id} shares device {d}, which is not one of the first node's "
                                           f"{cluster.gpus} devices of cluster {cluster.name}; share one of "
                                           f"0..{cluster.gpus - 1}")
-            mask |= 1 << d
-        return mask
+        return device_mask((pool_device(cluster), *node.shares))
     _check_alloc(node, node.alloc, cluster)
     return alloc_mask(node.alloc, cluster)
 
