@@ -160,3 +160,19 @@ def test_a_shares_clause_off_the_pool_or_off_the_node_is_a_located_error(tmp_pat
         r"node gen#0 shares the cores of devices \[0\], but it runs on its allocation"
     with pytest.raises(RpegError, match=want):
         schedule_program(parse(bad, "bad.rpeg"))
+
+
+@pytest.mark.parametrize("bad, message", [([-1], r"shares\[0\]: expected an integer >= 0, got -1"),
+                                          ("x", r"shares: expected a list, got the string 'x'")])
+def test_the_json_form_reads_shares_and_locates_bad_ones(tmp_path, bad, message):
+    import json
+
+    from rpegc.syntax.json_form import program_from_text, program_to_json
+
+    program = compile_plan(tmp_path, "v.rpeg", steps=1, text=stated(0.002, pool=2)).program
+    doc = program_to_json(program)
+    assert program_from_text(json.dumps(doc), "ok.json").exec == program.exec  # shares = [0] read back
+    node = next(n for n in doc["nodes"] if n.get("shares"))
+    node["shares"] = bad
+    with pytest.raises(RpegError, match=r"b.json:\d+:\d+: error: at nodes\[\d+\]\." + message):
+        program_from_text(json.dumps(doc, indent=1), "b.json")
