@@ -28,7 +28,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseE
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from rpegc.core.ir.errors import Loc, RpegError, render, utf8_text
-from rpegc.outputs import Output, OutputError, Outputs, check_outputs
+from rpegc.outputs import GANTT_FORMATS, Output, OutputError, Outputs, check_outputs
 from rpegc.passes.program_pass import option_error, pass_message
 from rpegc.registry import PASSES as _RPEGC_PASSES
 from rpegc.tools.dot import DETAILS as DOT_DETAILS
@@ -539,9 +539,7 @@ class RpegcMain(xDSLOptMain):
         if self.args.output_file is not None:
             wanted.append(Output(self.args.output_file, "the output"))
         if self.args.gantt is not None:
-            from rpegc.tools.gantt import FORMATS
-
-            wanted.append(Output(self.args.gantt, "the Gantt chart", suffixes=tuple(FORMATS)))
+            wanted.append(Output(self.args.gantt, "the Gantt chart", suffixes=GANTT_FORMATS))
         try:
             check_outputs(wanted, inputs=[self.args.input_file] if self.args.input_file else [])
         except OutputError as err:

@@ -28,6 +28,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
+# The Gantt chart's file types (matplotlib's writers that tools.gantt uses); here, so that checking a --gantt path
+# before a run does not import matplotlib (0.6 s).
+GANTT_FORMATS = (".png", ".svg", ".pdf")
+
 from rpegc.core.ir.errors import Loc, RpegError
 
 TEMP_MARK = ".tmp-"  # in every temporary file's name: `.NAME.tmp-XXXXXXXX.EXT`

@@ -26,6 +26,7 @@ from rpegc.core.cost.host import alloc_devices
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.geometry import id_ranges
 from rpegc.core.ir.program import Program
+from rpegc.outputs import GANTT_FORMATS as FORMATS
 
 KIND_COLOURS = {
     "generation": "#4C72B0",
@@ -35,7 +36,6 @@ KIND_COLOURS = {
     "reshard": "#8172B2",
 }
 OTHER_COLOURS = ("#CCB974", "#DD8452", "#64B5CD", "#937860", "#DA8BC3")  # other kinds (fused members), in order
-FORMATS = (".png", ".svg", ".pdf")
 
 _FONT = 7.0  # points, text on bars
 _ROW_IN = 0.28  # inches per device row

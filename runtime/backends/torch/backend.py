@@ -385,10 +385,12 @@ class TorchBackend(Backend):
         else:
             self._predicted_peaks = predicted_peaks(plan.program, plan.model_devices)
         self._measured_what = "GPU allocator" if dist_backend == "nccl" else "the C heap's allocations"
+        tp_impl = self._resolve_tp_impl(plan)
+        # the fork server's imports (seconds) run while the plan, the models and the dataset are analysed
+        self.pool.start_forkserver(tp_impl, hf=any(m.hf is not None for m in plan.program.models))
         self._analyse(plan)
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
-        tp_impl = self._resolve_tp_impl()
         if self.run_dir:  # the trackers start here, before any worker does
             self._metrics_log = MetricsLog(self.run_dir, first_step=plan.first_step, trackers=self.trackers,
                                            config=self.tracker_config(plan, dist_backend, tp_impl))
@@ -424,9 +426,10 @@ class TorchBackend(Backend):
             here = min(here, cluster.gpus) if self.dist_backend == "auto" and cluster is not None else None
         return choose_dist_backend(self.dist_backend, here, torch.cuda.device_count())
 
-    def _resolve_tp_impl(self) -> str:
+    def _resolve_tp_impl(self, plan: RunPlan) -> str:
         """megatron-core's TP layers when TP is used and megatron-core is installed (the workers import it)."""
-        if not any(L.tp > 1 for L in self.routes.layouts.values()) or self.tp_impl == "torch":
+        tp = any(n.kind == "op" and n.node.strategy is not None and n.node.strategy.tp > 1 for n in plan.nodes)
+        if not tp or self.tp_impl == "torch":
             return "torch"
         import importlib.util
 

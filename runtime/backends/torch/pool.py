@@ -117,7 +117,8 @@ class WorkerPool:
         if self.control == "store":
             self._inbox = StoreInbox("127.0.0.1" if host == "0.0.0.0" else host, self._store.port, secret)
         if self.launcher == "local":
-            links = self.launch(world, self._store.port, tp_impl, secret)
+            hf = any(m.hf is not None for m in setup.models.values())
+            links = self.launch(world, self._store.port, tp_impl, secret, hf)
             if self.control == "pipe":
                 self._chan.links.update({f"cmd/{r}": link for r, link in links.items()})
                 self._inbox = PipeInbox(links, self._chan)
@@ -137,7 +138,7 @@ class WorkerPool:
         assert self._store is not None
         return self._store.port
 
-    def launch(self, world: int, port: int, tp_impl: str, secret: bytes) -> dict[int, Any]:
+    def launch(self, world: int, port: int, tp_impl: str, secret: bytes, hf: bool = False) -> dict[int, Any]:
         """One process per device, forked from a server that imported torch once (fast repeated launches).
         Each gets the run's secret through the fork server's pipe (never the network or the command line),
         and, under the pipe transport, its own end of a pipe to the controller; returns the controller's
@@ -153,13 +154,7 @@ class WorkerPool:
                         else tempfile.mkdtemp(prefix="rpeg-workers-"))
         os.makedirs(self.log_dir, exist_ok=True)
         ctx = mp.get_context("forkserver")
-        # Imported once in the fork server instead of in every worker: torch, torch._dynamo (the first
-        # torch.optim.Adam pulls it in, ~1 s per process) and, for TP through megatron, its layers.
-        preload = ["rpegc.runtime.backends.torch.worker_env", "torch", "torch._dynamo",
-                   "rpegc.runtime.backends.torch.worker"]
-        if tp_impl == "megatron":
-            preload.append("rpegc.runtime.backends.torch.megatron_compat")
-        ctx.set_forkserver_preload(preload)
+        self.start_forkserver(tp_impl, hf)
         from rpegc.runtime.backends.torch.worker import spawn_main
 
         atexit.register(self.kill)
@@ -174,6 +169,26 @@ class WorkerPool:
                 theirs.close()  # the worker holds its end: its death closes the pipe
                 links[r] = mine
         return links
+
+    def start_forkserver(self, tp_impl: str, hf: bool) -> None:
+        """Start the fork server of a local launch now, if none runs: it imports what the workers need once
+        (torch, torch._dynamo, which the first torch.optim.Adam pulls in at ~1 s per process, megatron's layers for
+        TP through megatron, transformers' config classes for checkpoints) while the controller goes on, so
+        `rpeg-run` calls this before it analyses the plan and the imports overlap that work. A server already
+        running keeps its imports."""
+        if self.launcher != "local":
+            return
+        import multiprocessing as mp
+        from multiprocessing import forkserver
+
+        preload = ["rpegc.runtime.backends.torch.worker_env", "torch", "torch._dynamo",
+                   "rpegc.runtime.backends.torch.worker"]
+        if tp_impl == "megatron":
+            preload.append("rpegc.runtime.backends.torch.megatron_compat")
+        if hf:
+            preload.append("transformers.models.auto.configuration_auto")
+        mp.get_context("forkserver").set_forkserver_preload(preload)  # for a server started from here on
+        forkserver.ensure_running()
 
     def log_path(self, rank: int) -> str:
         return os.path.join(self.log_dir, f"worker-{rank}.log")
