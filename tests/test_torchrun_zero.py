@@ -192,18 +192,18 @@ def test_mixed_precision_publishes_its_working_copy_and_takes_the_input_over(poo
 
 def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None:
     """`_train` under ZeRO-2 with buckets of `bucket_bytes`, noting every bucket reduced (its owner, its gradients,
-    which gradients the replica held after it, and whether a backward pass was running)."""
+    which gradients the replica held once it was launched, and whether a backward pass was running)."""
     from rpegc.runtime.backends.torch import parallel
 
     seen: list[dict] = []
-    original_bucket, original_ready = parallel.ParallelModel._reduce_bucket, parallel.ParallelModel.reducing_as_ready
+    original_launch, original_ready = parallel.ParallelModel._launch_reduce, parallel.ParallelModel.reducing_as_ready
     inside = []
 
     def watched(self, owner, names, params):
-        original_bucket(self, owner, names, params)
-        if names:
-            held = sorted(n for n, p in params.items() if p.grad is not None)
-            seen.append({"owner": owner, "names": list(names), "held": held, "inside": bool(inside)})
+        reduction = original_launch(self, owner, names, params)
+        held = sorted(n for n, p in params.items() if p.grad is not None)
+        seen.append({"owner": owner, "names": list(names), "held": held, "inside": bool(inside)})
+        return reduction
 
     def ready(self):
         self.bucket_bytes, self._buckets = bucket_bytes, None
@@ -214,12 +214,12 @@ def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None
         finally:
             inside.clear()
 
-    parallel.ParallelModel._reduce_bucket = watched
+    parallel.ParallelModel._launch_reduce = watched
     parallel.ParallelModel.reducing_as_ready = parallel.contextmanager(ready)
     try:
         out = _train(ctx, dp, 2)
     finally:
-        parallel.ParallelModel._reduce_bucket = original_bucket
+        parallel.ParallelModel._launch_reduce = original_launch
         parallel.ParallelModel.reducing_as_ready = original_ready
     return None if out is None else {"seen": seen, "owned": out["owned"], "names": sorted(out["weights"]),
                                      "replica": ctx.rank}
