@@ -429,6 +429,9 @@ def run_trl(p: Prepared, s: System, steps: int, work: Path, tag: str) -> tuple[R
     spec = {"ckpt": str(p.ckpt), "data": str(p.data), "out": str(out_dir), "steps_file": str(steps_file),
             "B": p.workload.B, "R": p.workload.R, "Lr": p.workload.Lr, "steps": steps, "processes": s.devices}
     me = [str(Path(__file__).resolve()), "trl-worker", json.dumps(spec)]
+    # a kept directory's earlier run of this tag (--keep): its step lines would be read as this run's (rank 0 appends)
+    steps_file.unlink(missing_ok=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
     if s.devices == 1:
         cmd = [sys.executable] + me
     else:
