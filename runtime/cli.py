@@ -211,6 +211,7 @@ def make_backend(args: argparse.Namespace):
 
 def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from rpegc.runtime.controller import RunOptions, StepProgress, run
+    from rpegc.runtime.speed_probe import drift_note, probe_seconds
     from rpegc.runtime.trace import TraceWriter
     from rpegc.runtime.verify import compare, verify
 
@@ -236,7 +237,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(f"step {s.step} done ({s.steps_done}/{s.steps_total}) at t = {s.finish:.6g} s{pred}, "
               f"wall {s.wall_s:.3f} s{extra}", flush=True)
 
-    probe_s = _probe_if_priced(plan, backend)  # before the workers start: the probe runs alone
+    probed = _probed_profile(plan, backend)
+    probe_s = probe_seconds() if probed is not None else None  # before the workers start: the probe runs alone
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed,
                **backend.header_options(plan)}
@@ -253,7 +255,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if writer is not None:
         writer.close()  # the run completed: its trace stays even if verification fails below
     # again once the workers have stopped: a drift is named only if the run is bracketed by two slow (fast) probes
-    drift = _speed_drift(plan, (probe_s, _probe_if_priced(plan, backend))) if probe_s is not None else None
+    drift = (drift_note((probe_s, probe_seconds()), probed.speed_probe_s, probed.calibrated)
+             if probed is not None else None)
     violations = verify(plan, result.trace)
     cmp = compare(plan, result.trace)
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
@@ -342,26 +345,14 @@ def _devices_text(plan) -> str:
     return f"{text} and a verifier pool{sharing}"
 
 
-def _probe_if_priced(plan: RunPlan, backend) -> Optional[float]:
-    """runtime/speed_probe.py's probe now, for a wall-clock run priced with a profile that recorded it; else None."""
+def _probed_profile(plan: RunPlan, backend):
+    """The profile a wall-clock run is priced with, if it recorded runtime/speed_probe.py's probe; else None."""
     from rpegc.core.cost.hardware import program_hardware
-    from rpegc.runtime.speed_probe import probe_seconds
 
     if backend.clock != "wall" or plan.program.cluster is None:
         return None
-    if program_hardware(plan.program, what="the prediction").speed_probe_s is None:
-        return None
-    return probe_seconds()
-
-
-def _speed_drift(plan: RunPlan, probes) -> Optional[str]:
-    """runtime/speed_probe.py's note when this machine ran every probe of `probes` far from the speed its profile
-    recorded, the same way; else None."""
-    from rpegc.core.cost.hardware import program_hardware
-    from rpegc.runtime.speed_probe import drift_note
-
     hw = program_hardware(plan.program, what="the prediction")
-    return drift_note(probes, hw.speed_probe_s, hw.calibrated)
+    return hw if hw.speed_probe_s is not None else None
 
 
 def _profile_line(program) -> str:

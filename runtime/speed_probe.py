@@ -4,8 +4,9 @@ A CPU profile prices the machine as it ran while it was calibrated, and a VM's s
 VM a calibration half an hour after another measured 1.2-1.5x slower kernels (F_peak 1.59e11 -> 1.25e11 FLOP/s,
 t_layer 0.37 -> 0.54 ms, the math verifier 0.52 -> 0.65 ms per response), and the demo's run then measured 1.8-2.6x
 its prediction. The machine calibration (`rpeg-calibrate --machine`) times `probe_seconds` and records it
-(`[meta] speed_probe_s`); `rpeg-run` times it again before it starts the workers and after they stop, and says how far the machine
-has drifted when both are more than `TOLERANCE` off the same way, so a measured/predicted ratio is read against the machine it came from.
+(`[meta] speed_probe_s`); `rpeg-run` times it again before it starts the workers and after they stop, and says how
+far the machine has drifted when both are more than `TOLERANCE` off the same way, so a measured/predicted ratio is
+read against the machine it came from.
 
 The calibration times it in fresh processes, the fastest of three (`fresh_probe_seconds`): right after the campaign
 one probe ran 1.3-1.4x slower than a minute later, while the campaign's worker processes were still exiting; the

@@ -42,14 +42,14 @@ def test_the_profile_keeps_the_probe_in_its_meta_and_ignores_what_is_not_a_time(
 
 
 def test_rpeg_run_names_a_machine_that_runs_slower_than_its_profile_was_calibrated(tmp_path, monkeypatch):
-    """rpeg-run's check (`runtime.cli._probe_if_priced` before and after the run, `_speed_drift` printed after the
-    profile line): a wall-clock run of a plan whose profile recorded a probe of a microsecond gets the note; a
-    simulated clock or a profile without a probe is not probed."""
+    """rpeg-run's check (`runtime.cli._probed_profile`, then the probe before and after the run, the note printed
+    after the profile line): a wall-clock run of a plan whose profile recorded a probe of a microsecond gets the note;
+    a simulated clock or a profile without a probe is not probed."""
     pytest.importorskip("torch")
     from types import SimpleNamespace
 
     from rpegc.core.cost.machine import PIN_ENV
-    from rpegc.runtime.cli import _probe_if_priced, _speed_drift
+    from rpegc.runtime.cli import _probed_profile
     from rpegc.runtime.plan import load_plan
     from fixtures.programs import compile_example
 
@@ -57,14 +57,14 @@ def test_rpeg_run_names_a_machine_that_runs_slower_than_its_profile_was_calibrat
     compile_example("grpo-tiny", path, steps=1)
     plan = load_plan(path)
     wall, sim = SimpleNamespace(clock="wall"), SimpleNamespace(clock="sim")
-    assert _probe_if_priced(plan, wall) is None  # the pinned cpu-reference profile predates the probe
+    assert _probed_profile(plan, wall) is None  # the pinned cpu-reference profile predates the probe
     profile = tmp_path / "cpu-fast.toml"  # a machine that ran the probe in a microsecond
     profile.write_text(open(REFERENCE).read().replace("[meta]", "[meta]\nspeed_probe_s = 1e-6"))
     monkeypatch.setenv(PIN_ENV, str(profile))
-    before, after = _probe_if_priced(plan, wall), _probe_if_priced(plan, wall)
-    note = _speed_drift(plan, (before, after))
+    hw = _probed_profile(plan, wall)
+    note = drift_note((probe_seconds(), probe_seconds()), hw.speed_probe_s, hw.calibrated)
     assert note.startswith("this machine ran the speed probe at least ") and "x slower before and after" in note
-    assert _probe_if_priced(plan, sim) is None
+    assert _probed_profile(plan, sim) is None
 
 
 def test_the_calibration_times_the_probe_in_a_fresh_process():
