@@ -3,7 +3,7 @@
 Workloads (`WORKLOADS`), each made here from nothing (no download):
 - `arith`: the demo's (`make demo`, step 6; `python -m rpegc.runtime.backends.torch.arith make DIR --warm-up 100`):
   a 2-layer Llama of hidden 64 (~0.1M parameters) and its arithmetic tokenizer, 100 supervised warm-up steps so the
-  reward can move, 256 prompts `a+b=` with their answers, B = 8 prompts x R = 8 rollouts, Lp = 12, Lr = 4, the
+  reward can move, 256 prompts `a+b=` with their answers, B = 8 prompts x R = 8 rollouts, Lp = 7 (the prompts' length), Lr = 4, the
   math verifier as the reward, 60 RL steps.
 - `llama-large`: where the model's compute dominates: a 10-layer Llama of hidden 512 (~24M parameters; the same
   tokenizer and prompts, `arith.write_checkpoint`), B = 4 x R = 8, Lr = 64, 16 RL steps. Its weights are random (a
@@ -110,7 +110,9 @@ class Workload:
     name: str
     B: int  # prompts per step
     R: int  # rollouts per prompt
-    Lp: int  # prompt tokens (rpeg left-pads to it; TRL to the batch's longest)
+    # prompt tokens: the prompts' length with the chat template (`a+b=` is 7 tokens), so both systems work at the
+    # same width (rpeg left-pads to Lp and refuses a longer prompt; TRL pads to the batch's longest)
+    Lp: int
     Lr: int  # response tokens at most
     hidden: int
     layers: int
@@ -121,8 +123,8 @@ class Workload:
 
 
 WORKLOADS = {
-    "arith": Workload("arith", B=8, R=8, Lp=12, Lr=4, hidden=64, layers=2, warm_up=100, steps=60),
-    "llama-large": Workload("llama-large", B=4, R=8, Lp=12, Lr=64, hidden=512, layers=10, warm_up=0, steps=16,
+    "arith": Workload("arith", B=8, R=8, Lp=7, Lr=4, hidden=64, layers=2, warm_up=100, steps=60),
+    "llama-large": Workload("llama-large", B=4, R=8, Lp=7, Lr=64, hidden=512, layers=10, warm_up=0, steps=16,
                             max_positions=128),
 }
 # --quick with the large workload: the same shape, a model small enough for a smoke run
