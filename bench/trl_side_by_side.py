@@ -187,7 +187,7 @@ def count_params(ckpt: Path) -> int:
 
 def without_reference(text: str) -> str:
     """The program without its reference model: both sides train with kl_coef = 0, and TRL's GRPOTrainer with
-    beta = 0 loads no reference model, so rpeg-run's graph leaves it out too (README, "A KL term needs ...")."""
+    beta = 0 loads no reference model, so rpeg-run's graph leaves it out too (docs/runtime.md, "A KL term needs ...")."""
     lines = [ln for ln in text.splitlines() if "@ref" not in ln and not ln.strip().startswith("%logp_ref")]
     out = "\n".join(lines).replace(", %W_ref", "").replace(", %logp_ref", "") + "\n"
     if "ref" in out.replace("reference", "").replace("prefer", ""):

@@ -1,6 +1,6 @@
 """Conversion between the plain `Program` dataclasses and an xDSL `ModuleOp` of the rpeg/exec dialects.
 
-Paper: Sec. IV-A and App. A-A..A-G (the concepts); DESIGN.md sec. 3-4 (the xDSL IR carries what
+Paper: Sec. IV-A and App. A-A..A-G (the concepts); docs/architecture.md, Data flow to IR (the xDSL IR carries what
 passes read and print; `rpegc/core` computes on the dataclasses). `module_to_program` inverts
 `program_to_module` exactly, source locations included; passes read a Program with
 `module_to_program`, compute with `rpegc.core`, and write the result back with `replace_module`.

@@ -1,6 +1,6 @@
 """The MLIR text form of an rpeg/exec module, as LLVM's mlir-opt and xDSL's xdsl-opt both read and write it.
 
-Paper: none (tooling; DESIGN.md sec. 4). rpegc prints the generic form with builtin `N : i64` integers and
+Paper: none (tooling; docs/architecture.md, IR). rpegc prints the generic form with builtin `N : i64` integers and
 MLIR's op locations `loc("file":line:col)`, which `mlir-opt --allow-unregistered-dialect` parses and re-prints.
 Reading mlir-opt's output back needs two things xDSL's parser lacks: with `--mlir-print-debuginfo`, mlir-opt
 writes `loc(#loc3)` in the ops and defines `#loc3 = loc(...)` after the module, and MLIR resolves such

@@ -1,4 +1,4 @@
-"""annotate-cost: local evaluation Phi(G-hat) (Sec. V, App. C-D; spec/cost-model.md).
+"""annotate-cost: local evaluation Phi(G-hat) (Sec. V, App. C-D; docs/cost-model-spec.md).
 
 Sets `time` on every exec node and the per-device memory report (peak, persistent, transient, M_eff, r_peak,
 feasibility). The hardware profile is the cluster's (`hardware = "gh200"` or a path), unless `hardware=...`

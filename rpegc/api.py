@@ -58,7 +58,7 @@ def to_text(program: Program) -> str:
 
 
 def to_json(program: Program) -> str:
-    """The JSON form (`rpegc --emit=json`, schema in the README)."""
+    """The JSON form (`rpegc --emit=json`, schema in docs/language.md)."""
     from rpegc.syntax.json_form import program_to_text
 
     return program_to_text(program)

@@ -1,4 +1,4 @@
-"""The `rpegc` driver: mlir-opt-style pass pipelines over `.rpeg` modules (DESIGN.md Section 5).
+"""The `rpegc` driver: mlir-opt-style pass pipelines over `.rpeg` modules (docs/architecture.md, Passes and the driver).
 
 Built on xDSL's opt main, so `-p`, `-o` and `--split-input-file` behave as in xdsl-opt. rpegc adds the `.rpeg`
 (and `.json`) frontends, `--emit=rpeg|mlir|json|dot`, the `-O` preset pipeline, `--summary`, `--explain`,

@@ -1,7 +1,7 @@
 """Output files that never destroy what is there: the one module rpegc, rpeg-run, rpeg-calibrate and
 rpeg-validate check and write their output files with.
 
-The rules (README "Output files"):
+The rules (docs/compiler.md, "Output files"):
 
 - Every output is checked before the tool runs or writes anything (`check_outputs`): a non-empty path,
   an allowed extension, an existing directory the tool can create files in, not a directory, and not the

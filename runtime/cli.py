@@ -1,4 +1,4 @@
-"""`rpeg-run`: execute a compiled RPEG plan and verify the trace (paper Sec. VII; DESIGN.md Section 7).
+"""`rpeg-run`: execute a compiled RPEG plan and verify the trace (paper Sec. VII; docs/architecture.md, Runtime).
 
     rpeg-run PLAN [--backend sim|torch] [--steps K] [--trace out.jsonl] [--jitter X] [--seed S]
                   [--jitter-dist uniform|lognormal] [--policy auto|plan|alg2]

@@ -1,4 +1,4 @@
-"""The completion-driven controller (paper Sec. VII, Alg. 2; DESIGN.md Section 7).
+"""The completion-driven controller (paper Sec. VII, Alg. 2; docs/architecture.md, Runtime).
 
 `run(plan, backend)` realises a `RunPlan` on a backend:
 

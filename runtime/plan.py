@@ -1,4 +1,4 @@
-"""Graph realization (paper Sec. VII, Alg. 2 line 1 "RealizeAndValidate"; DESIGN.md Section 7).
+"""Graph realization (paper Sec. VII, Alg. 2 line 1 "RealizeAndValidate"; docs/architecture.md, Runtime).
 
 Loads a lowered exec plan without xDSL (`.json` through `rpegc.syntax.json_form`, otherwise the text
 form through `rpegc.syntax.parser`) and builds a `RunPlan`: the executable DAG as plain arrays

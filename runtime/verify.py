@@ -1,5 +1,5 @@
 """Execution verification: does a runtime trace execute the plan it claims to? (paper Sec. VII,
-"Execution verification"; DESIGN.md Section 7.)
+"Execution verification"; docs/architecture.md, Runtime.)
 
 `verify(plan, trace)` returns every violation found, each naming its rule and the node(s):
 

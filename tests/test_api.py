@@ -30,7 +30,7 @@ def test_every_form_round_trips():
 
 def test_the_spec_toy_schedules_to_its_hand_derived_makespan():
     p = rpegc.schedule(rpegc.lower(rpegc.load(TOY), k=1), accounting="spec")  # the spec's literal form
-    assert p.exec.schedule.makespan == pytest.approx(2.914145, rel=1e-6)  # spec/cost-model.md 8.7
+    assert p.exec.schedule.makespan == pytest.approx(2.914145, rel=1e-6)  # docs/cost-model-spec.md 8.7
     assert [round(n.time, 6) for n in p.exec.nodes] == [1.676318, 0.250404, 0.987423]
     again = rpegc.run_pipeline(rpegc.load(TOY), "verify-wellformed,unroll{k=1},split-quantiles,insert-comm,"
                                                 "insert-reshard,annotate-cost{accounting=spec},schedule")

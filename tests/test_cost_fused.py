@@ -1,5 +1,5 @@
 """T_op of fused training operators (rpegc/core/cost/fused.py; docs/stage-fusion.md; issue 34, item 3), on the worked
-example of spec/cost-model.md Section 8 (tests/fixtures/spec_example.py): one member alone is priced exactly as the
+example of docs/cost-model-spec.md Section 8 (tests/fixtures/spec_example.py): one member alone is priced exactly as the
 operator unfused, and a fusion is its schedule's makespan plus what each member pays outside its microtasks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worked example of spec/cost-model.md Section 8, number by number (rel tol 1e-6).
+"""The worked example of docs/cost-model-spec.md Section 8, number by number (rel tol 1e-6).
 
 Everything is built from dataclasses here: an 8-GPU node (1 x 1 x 8), LLaMA-7B-like models, the
 hardware of spec 8.1 and the plan (P_d, P_p, P_t) = (2, 2, 2), mb = 4 for every operator. The spec's literal

@@ -1,5 +1,5 @@
 """How a training operator trains, priced (core/ir/training.py; issue 32, item 1): precision, ZeRO stage, activation
-recomputation and pipeline schedule, on the worked example of spec/cost-model.md Section 8 (test_cost_spec.py:
+recomputation and pipeline schedule, on the worked example of docs/cost-model-spec.md Section 8 (test_cost_spec.py:
 LLaMA-7B-like, (P_d, P_p, P_t) = (2, 2, 2), mb = 4, bf16), each term derived by hand from the spec's numbers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""User errors at the driver level (DESIGN.md Sections 4-5): pipeline-string errors point at the right
+"""User errors at the driver level (docs/architecture.md, IR to Passes and the driver): pipeline-string errors point at the right
 column, absurd sizes are reported quickly instead of hanging, and module-level errors of a split chunk
 point into that chunk. In-process `rpegc.cli.main(argv)`."""
 

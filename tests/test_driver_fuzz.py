@@ -1,4 +1,4 @@
-"""Fuzzing the `rpegc` driver with mutated examples (DESIGN.md Section 4: bad input never gives a traceback).
+"""Fuzzing the `rpegc` driver with mutated examples (docs/architecture.md, IR: bad input never gives a traceback).
 
 Hundreds of seeded mutations of the shipped examples (deleted, duplicated and truncated lines, swapped
 tokens, wrong numbers, stray bytes including invalid UTF-8) go through `rpegc -p verify-wellformed`

@@ -1,4 +1,4 @@
-"""Passes plug in through the `xdsl.universe` entry point (DESIGN.md Section 5) and rpeg-run backends through
+"""Passes plug in through the `xdsl.universe` entry point (docs/architecture.md, Passes and the driver) and rpeg-run backends through
 `rpegc.backends`, in real subprocesses.
 
 tests/plugin/ holds a researcher's package, rpegc_plugin_demo, with a dist-info that advertises its

@@ -64,7 +64,7 @@ def test_legal_placements_have_no_errors():
 
 
 def test_spec_worked_example_plan_is_legal():
-    # spec/cost-model.md 8.1: (dp, pp, tp) = (2, 2, 2), mb = 4 on one 8-GPU node, B*R = 64.
+    # docs/cost-model-spec.md 8.1: (dp, pp, tp) = (2, 2, 2), mb = 4 on one 8-GPU node, B*R = 64.
     assert plan_errors(((0, 0, 0), (1, 1, 8)), (2, 2, 2, 4), shape=(1, 1, 8), B=64, R=1) == []
 
 

@@ -1,4 +1,4 @@
-"""The README's commands and code blocks work as written.
+"""The commands and code blocks of the README and of docs/ work as written, and their links lead somewhere.
 
 Every fenced block carries an info string: `sh` blocks are run command by command in one scratch
 directory (with a copy of examples/ and .venv/bin on PATH), `rpeg` blocks must compile through the whole
@@ -6,7 +6,8 @@ lowering pipeline, `python` blocks run as a script in such a directory, `text` b
 `[--opt ...]` marks optional arguments, which are run too; a command holding the placeholder `'...'` is
 not run; a pipe into a tool this machine lacks (Graphviz's `dot`) runs up to that pipe; and the few
 commands listed in NOT_RUN, STAND_INS and INTERRUPTED below, each with its reason. Every entry of those lists
-must still be a command of the README, so none of them outlives the text it excuses.
+must still be a command of the README or a page of docs/, so none of them outlives the text it excuses. Each
+block runs in a scratch directory of its own, so a page's blocks never depend on another page's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from rpegc.cli import PRESET_PIPELINE
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# the README and every page of docs/, in a fixed order
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 BIN = Path(sys.executable).parent
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 INFO_STRINGS = ("sh", "rpeg", "python", "text")
@@ -52,6 +56,9 @@ STAND_INS = {
     "rpegc examples/ppo.rpeg -O -o plan.exec.rpeg": (
         f"rpegc examples/ppo.rpeg -p '{PRESET_PIPELINE.replace('optimize', 'optimize{evals=300}')}' -o plan.exec.rpeg",
         "-O gives the optimizer a 60 s wall-clock budget; 300 evaluations run the same preset pipeline"),
+    "rpegc mine/grpo.rpeg -O -o mine.exec.rpeg --summary": (
+        f"rpegc mine/grpo.rpeg -p '{PRESET_PIPELINE.replace('optimize', 'optimize{evals=300}')}' -o mine.exec.rpeg "
+        "--summary", "the same: a 60 s budget, run as 300 evaluations"),
 }
 # Commands interrupted (SIGINT) once step N is done, because the README's next command resumes them.
 INTERRUPTED = {"rpeg-run g.exec.rpeg --backend torch --run-dir run/ --trace g.jsonl": 3}
@@ -62,10 +69,21 @@ class Block:
     info: str
     body: str
     line: int
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
-def blocks(text: str) -> list[Block]:
-    return [Block(m.group(1).strip(), m.group(2), text.count("\n", 0, m.start()) + 1) for m in FENCE.finditer(text)]
+def blocks(text: str, page: str = "README.md") -> list[Block]:
+    return [Block(m.group(1).strip(), m.group(2), text.count("\n", 0, m.start()) + 1, page)
+            for m in FENCE.finditer(text)]
+
+
+def all_blocks() -> list[Block]:
+    """The blocks of the README and of every page of docs/."""
+    return [b for page in PAGES for b in blocks(page.read_text(), str(page.relative_to(ROOT)))]
 
 
 def commands(body: str) -> list[str]:
@@ -80,7 +98,7 @@ def commands(body: str) -> list[str]:
 
 
 def readme_commands() -> list[str]:
-    return [c for b in blocks(README.read_text()) if b.info == "sh" for c in commands(b.body)]
+    return [c for b in all_blocks() if b.info == "sh" for c in commands(b.body)]
 
 
 def runnable(command: str) -> str:
@@ -133,8 +151,38 @@ def _run_interrupted(command: str, cwd: Path, after_step: int) -> None:
 
 
 def test_every_block_says_what_it_is():
-    for b in blocks(README.read_text()):
-        assert b.info in INFO_STRINGS, f"README.md:{b.line}: a code block needs one of {INFO_STRINGS}, not {b.info!r}"
+    for b in all_blocks():
+        assert b.info in INFO_STRINGS, f"{b.where}: a code block needs one of {INFO_STRINGS}, not {b.info!r}"
+
+
+def test_the_readme_is_a_front_door():
+    lines = README.read_text().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; the rest belongs in a page of docs/ (README's map)"
+    mapped = set(LINK.findall(README.read_text()))
+    for page in PAGES[1:]:
+        assert (f"docs/{page.name}", "") in mapped, f"README.md's map of docs/ does not link {page.name}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_lead_to_files(page):
+    """Relative links of the README and docs/ name files of the repository (web links are not followed)."""
+    for target, _anchor in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: link to {target}, which does not exist"
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    """Code and docs cite docs/ (the cost model's spec, the architecture), never a path outside the checkout."""
+    texts = [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"), *(ROOT / "bench").glob("*.md")]
+    for folder in ("rpegc", "dialects", "passes", "runtime", "tools", "tests", "bench", "lit_tests", "examples"):
+        texts += [f for f in (ROOT / folder).rglob("*") if f.suffix in (".py", ".rpeg", ".toml", ".test", ".md")
+                  and "Output" not in f.parts]
+    outside = re.compile(r"\.\./shared/|(?<![\w/-])spec/cost-model\.md|(?<![\w/-])DESIGN\.md")
+    for path in texts:
+        for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if path.name != "test_readme.py" and outside.search(line):
+                pytest.fail(f"{path.relative_to(ROOT)}:{i}: cites a file outside the repository: {line.strip()}")
 
 
 def test_the_exceptions_name_commands_that_are_in_the_readme():
@@ -155,20 +203,15 @@ def test_commands_not_run_have_valid_arguments(tool):
         parser.parse_args(shlex.split(command)[1:])
 
 
-@pytest.mark.parametrize("index", range(sum(b.info == "rpeg" for b in blocks(README.read_text()))))
-def test_rpeg_blocks_compile(index, tmp_path):
-    block = [b for b in blocks(README.read_text()) if b.info == "rpeg"][index]
+@pytest.mark.parametrize("block", [b for b in all_blocks() if b.info == "rpeg"], ids=lambda b: b.where)
+def test_rpeg_blocks_compile(block, tmp_path):
     source = tmp_path / "readme.rpeg"
     source.write_text(block.body)
     _run(f"rpegc readme.rpeg -p '{LOWERING}' -o readme.exec.rpeg --summary", tmp_path)
     assert "exec.schedule" in (tmp_path / "readme.exec.rpeg").read_text()
 
 
-def _sh_blocks() -> list[Block]:
-    return [b for b in blocks(README.read_text()) if b.info == "sh"]
-
-
-@pytest.mark.parametrize("block", _sh_blocks(), ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize("block", [b for b in all_blocks() if b.info == "sh"], ids=lambda b: b.where)
 def test_sh_block_runs_as_written(block, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     ran = 0
@@ -183,8 +226,7 @@ def test_sh_block_runs_as_written(block, tmp_path):
     assert ran or all(c in NOT_RUN for c in commands(block.body))
 
 
-@pytest.mark.parametrize("block", [b for b in blocks(README.read_text()) if b.info == "python"],
-                         ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize("block", [b for b in all_blocks() if b.info == "python"], ids=lambda b: b.where)
 def test_python_block_runs_as_written(block, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     (tmp_path / "readme.py").write_text(block.body)

@@ -1,4 +1,4 @@
-"""Scores (Eq. 4-6, spec 7) against the worked example in spec/cost-model.md 8.7."""
+"""Scores (Eq. 4-6, spec 7) against the worked example in docs/cost-model-spec.md 8.7."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one-implementation rule (DESIGN.md Sec. 3): for random legal plans, the pass pipeline
+"""The one-implementation rule (docs/architecture.md, Data flow): for random legal plans, the pass pipeline
 (unroll -> split-quantiles -> insert-comm -> insert-reshard -> annotate-cost -> schedule), the compact
 reference evaluator and the batched numpy evaluator give the same makespan, device peaks and scores, and the
 two compact paths the same critical-path weights (the search's single-vertex kernel). With stage fusion on, the

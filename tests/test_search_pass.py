@@ -1,4 +1,4 @@
-"""The optimize pass (DESIGN.md Sec. 6): it writes the chosen structure and plan into the module so the
+"""The optimize pass (docs/architecture.md, Optimizer): it writes the chosen structure and plan into the module so the
 rest of the pipeline lowers it, prints a summary on stderr, is reproducible, and reports bad options
 and misplacement as located errors."""
 

@@ -1,4 +1,4 @@
-"""print/parse round trip (DESIGN.md §4: `rpegc` prints what it parses) and the printer's canonical form."""
+"""print/parse round trip (docs/architecture.md, IR: `rpegc` prints what it parses) and the printer's canonical form."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`workload.dtype = bf16` in the torch backend: serving copies and serving forwards in bf16, training in bf16
-mixed precision (spec/cost-model.md Sec. 6: s_b bytes per parameter for serving copies, weight transfers, the
+mixed precision (docs/cost-model-spec.md Sec. 6: s_b bytes per parameter for serving copies, weight transfers, the
 training working copy and its gradients; float32 master weights and Adam state for each replica's ZeRO share).
 
 What a distributed bf16 run shares with the reference, and what it cannot (these tests must hold

@@ -1,4 +1,4 @@
-"""Pipelined pipeline parallelism in the torch backend (spec/cost-model.md Sec. 3.3: microbatches
+"""Pipelined pipeline parallelism in the torch backend (docs/cost-model-spec.md Sec. 3.3: microbatches
 in flight across stages for inference, training and generation [A6]).
 
 With pp = 2 and mb = 4, the backend's own operators (`Worker.cmd_op`, run in two gloo worker processes)

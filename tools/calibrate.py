@@ -1,6 +1,6 @@
 """rpeg-calibrate: measure the hardware parameters of the cost model on this machine's devices.
 
-Paper Sec. V-A3 and App. C-A2 ("automated hardware calibration"); spec/cost-model.md Sec. 1.3, 3, 4.
+Paper Sec. V-A3 and App. C-A2 ("automated hardware calibration"); docs/cost-model-spec.md Sec. 1.3, 3, 4.
 The campaign measures, on the devices the torch backend runs on (CPU worker processes with one
 thread each, or CUDA devices under NCCL):
 

@@ -2,7 +2,7 @@
 
 Paper Sec. VIII-A (Fig. 4: predicted vs measured operator latency, MAPE, Spearman rho, fraction of
 correctly ordered pairs; Fig. 5: the same for peak memory) and App. C-A2 (the model is evaluated with
-the calibrated profile). spec/cost-model.md Sec. 3 gives the prediction, `rpegc.core.cost.optime.op_time`.
+the calibrated profile). docs/cost-model-spec.md Sec. 3 gives the prediction, `rpegc.core.cost.optime.op_time`.
 
 A configuration is one operator (generation, inference or training of one model kind) of one tiny
 model on one workload (B, R, Lp, Lr) under one strategy (dp, pp, tp, mb) on the first dp*pp*tp
@@ -97,7 +97,7 @@ GRIDS: dict[str, Grid] = {
 VALIDATION_OPERATORS: tuple[tuple[str, str], ...] = (("generation", "policy"), ("inference", "reference"),
                                                      ("training", "policy"))
 MODEL_NAMES = {"policy": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}
-# How the torch backend executes what spec/cost-model.md Sec. 9 leaves open. Validation predicts with
+# How the torch backend executes what docs/cost-model-spec.md Sec. 9 leaves open. Validation predicts with
 # these (they describe the implementation measured, they are not fitted); the CSV and the report keep
 # the prediction with the default cost options too (predicted_default_s). `--spec-defaults` drops them.
 BACKEND_COST_OPTIONS: dict[str, object] = {

@@ -1,6 +1,6 @@
 """The batched evaluator: many plans of one structural variant in one call, with numpy and a compiled scheduler.
 
-Paper: App. A-J2c (EVALUATECACHED) and A-H (Alg. 5); DESIGN.md Sec. 3 (the compact array form). Same
+Paper: App. A-J2c (EVALUATECACHED) and A-H (Alg. 5); docs/architecture.md, Data flow (the compact array form). Same
 semantics as `compact.CompactVariant.evaluate`, vectorised across configurations:
 
 - Plans are grouped by pattern (see `compact`); each group shares one superset graph, so all of its

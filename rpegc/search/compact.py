@@ -1,7 +1,7 @@
 """The compact form of a structural variant and its plain-Python reference evaluator.
 
 Paper: App. A-J2c (Alg. 6 EVALUATECACHED: unroll, lower, schedule, score), built on App. A-F (Alg. 3),
-A-G (Alg. 4), A-H (Alg. 5), A-I (Eq. 4-5) and Sec. V (cost model). DESIGN.md Sec. 3, the
+A-G (Alg. 4), A-H (Alg. 5), A-I (Eq. 4-5) and Sec. V (cost model). docs/architecture.md, Data flow, the
 one-implementation rule: every decision and number here comes from the `rpegc.core` functions the passes
 use (`unroll`, `lower.rules`, `annotate.placement_time`, `transfer`, `residency.device_memory`,
 `schedule.prepare_schedule/run_schedule`, `score`); only the graph bookkeeping is compact.

@@ -1,6 +1,6 @@
 """The search objective: Score_pen (throughput) or Score_eff_pen (throughput x utilization).
 
-Paper: Sec. IV-E and App. A-I, Eq. 4-6; spec/cost-model.md Section 7 (A19: Score_star is the best raw
+Paper: Sec. IV-E and App. A-I, Eq. 4-6; docs/cost-model-spec.md Section 7 (A19: Score_star is the best raw
 score so far, including the current candidate). The optimizer passes the best raw score among the
 memory-feasible configurations evaluated so far, so an out-of-memory plan never raises the floor.
 Ablation A8 replaces the soft penalty by hard rejection: an infeasible configuration scores -inf.

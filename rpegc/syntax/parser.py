@@ -1,4 +1,4 @@
-"""Text -> Program: the `.rpeg` reader (grammar in rpeg.lark, DESIGN.md §4).
+"""Text -> Program: the `.rpeg` reader (grammar in rpeg.lark, docs/architecture.md, IR).
 
 Builds the dataclasses of rpegc/core/ir/program.py (App. A-A..A-D: workload, models, the cyclic graph G°,
 cluster, plan) and rpegc/core/ir/exec_graph.py (App. A-F..A-H: the unrolled / lowered / scheduled graph),

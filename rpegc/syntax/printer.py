@@ -1,4 +1,4 @@
-"""Program -> text: the canonical `.rpeg` writer (DESIGN.md §4: rpegc prints what it parses).
+"""Program -> text: the canonical `.rpeg` writer (docs/architecture.md, IR: rpegc prints what it parses).
 
 Writes the syntax read by rpegc/syntax/parser.py for every stage (App. A-A..A-D: workload, models, G°,
 cluster, plan; App. A-F..A-H: the exec graph). Output is deterministic, aligned where it helps a reader,

@@ -1,5 +1,5 @@
 """The interface between the completion-driven controller and an execution backend (paper Sec. VII,
-Table III; DESIGN.md Section 7).
+Table III; docs/architecture.md, Runtime).
 
 A backend owns the persistent workers (one per device) and the physical work; the controller owns
 the plan, readiness, resource sets, versions and releases. The contract is asynchronous so that real

@@ -1,4 +1,4 @@
-"""Switches for the reconstructed parts of the analytical cost model (spec/cost-model.md, Sec. 9).
+"""Switches for the reconstructed parts of the analytical cost model (docs/cost-model-spec.md, Sec. 9).
 
 The defaults are the spec's choices, except `accounting`, which prices what the runtime holds and does; each field
 names the ambiguity [Ax] it selects an alternative for, so a researcher can measure how much a reconstruction matters

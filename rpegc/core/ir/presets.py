@@ -35,7 +35,7 @@ PRESETS: dict[str, Arch] = {
     "tiny-4l": Arch(layers=4, hidden=128, ffn=512, vocab=64, heads=4, kv_heads=4, gated=True, **_LLAMA),
 }
 
-# The paper and DESIGN.md write "llama-7b" etc. for the LLaMA-2 family.
+# The paper and docs/architecture.md write "llama-7b" etc. for the LLaMA-2 family.
 ALIASES = {"llama-7b": "llama2-7b", "llama-13b": "llama2-13b", "llama-34b": "llama2-34b", "llama-70b": "llama2-70b"}
 
 

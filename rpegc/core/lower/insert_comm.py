@@ -1,6 +1,6 @@
 """Communication node insertion (lowering stage 2 and the transfer case of stage 4).
 
-Paper: App. A-G stages 2 and 4, Def. A.8 payloads; spec/cost-model.md 5.1 and 5.3 items 1 and 3.
+Paper: App. A-G stages 2 and 4, Def. A.8 payloads; docs/cost-model-spec.md 5.1 and 5.3 items 1 and 3.
 Every data edge becomes a precedence edge (same allocation) or u -> Comm -> v (different allocation,
 payload |a|s(a), or its phase share after split-quantiles). Every publication edge between different
 allocations becomes u -> Comm -> v carrying the model's weights with the partial-overlap payload; a

@@ -1,6 +1,6 @@
 """Weight redistribution (lowering stage 3 and the reshard case of stage 4); completes lowering.
 
-Paper: App. A-G stage 3 (Pairs(m), Def. A.10 shadow pairs) and stage 4; spec/cost-model.md 5.2-5.3.
+Paper: App. A-G stage 3 (Pairs(m), Def. A.10 shadow pairs) and stage 4; docs/cost-model-spec.md 5.2-5.3.
 Per step, each consecutive pair (u, v) of a trainable model in topological order of G° gets nothing
 (shadow pair, or same devices and layout), u -> Reshard -> v (same devices, other layout, payload
 N_m s_b) or a bare u -> v (different devices). Publication edges that insert-comm left (same devices)

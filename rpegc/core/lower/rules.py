@@ -1,7 +1,7 @@
 """Lowering decisions and payloads: when a Comm, a Reshard or a bare precedence edge is needed.
 
 Paper: App. A-G (Def. A.8 payloads, Def. A.9 quantiles, Def. A.10 shadow pairs, Alg. 4 stages 2-4);
-spec/cost-model.md Sections 5.1 (payloads) and 5.3 (when lowering creates nodes).
+docs/cost-model-spec.md Sections 5.1 (payloads) and 5.3 (when lowering creates nodes).
 
 The rules look only at allocations, layouts, tau and sizes, so the lowering passes (on ExecGraph)
 and the optimizer's compact evaluator take identical decisions by calling these functions.

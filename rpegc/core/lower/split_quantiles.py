@@ -1,6 +1,6 @@
 """Response-length-aware sub-node splitting of generation and downstream inference (lowering stage 1).
 
-Paper: App. A-G stage 1, Def. A.9 and Alg. 4 lines 3-6; spec/cost-model.md 5.3 item 4.
+Paper: App. A-G stage 1, Def. A.9 and Alg. 4 lines 3-6; docs/cost-model-spec.md 5.3 item 4.
 A generation Op node with a data edge to an inference Op node on disjoint devices becomes Q
 sub-nodes "<vertex>#<k>.q<i>" chained on its devices (phase 1 includes the prefill); each such
 inference node likewise. Generation phase q feeds inference phase q (the data edge is copied per

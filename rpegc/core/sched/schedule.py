@@ -1,6 +1,6 @@
 """Schedule an annotated executable graph and score it (the `schedule` pass's semantics).
 
-Paper: App. A-H (Alg. 5) and A-I (Eq. 4-6); spec/cost-model.md Section 7. Builds the scheduler's
+Paper: App. A-H (Alg. 5) and A-I (Eq. 4-6); docs/cost-model-spec.md Section 7. Builds the scheduler's
 arrays from an `ExecGraph` whose nodes all carry `time`, runs `rpegc.core.sched.list_scheduler`, and writes
 `start`/`finish` on every node plus a `ScheduleReport` with makespan, score, memory-penalised score,
 utilization and effective parallelism.

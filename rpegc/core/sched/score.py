@@ -1,6 +1,6 @@
 """Throughput score, memory penalty, utilization and the throughput x utilization score.
 
-Paper: Sec. IV-E and App. A-I (Eq. 4-6, Definitions A.15, A.16); spec/cost-model.md Section 7 and
+Paper: Sec. IV-E and App. A-I (Eq. 4-6, Definitions A.15, A.16); docs/cost-model-spec.md Section 7 and
 choices A18 (busy time counts every node whose reserved set contains the device, over the whole
 device space) and A19 (Score_star is the best raw score so far, including the current one).
 

@@ -1,4 +1,4 @@
-"""The torch backend: worker processes that train for real (DESIGN.md §7; paper Sec. VII and App. B).
+"""The torch backend: worker processes that train for real (docs/architecture.md, Runtime; paper Sec. VII and App. B).
 
 Modules (each imports torch itself, so importing this package does not; `SPEC` below is what rpeg-run reads):
 - controller side: `options` (rpeg-run's options of this backend), `backend` (`TorchBackend`: dispatch,

@@ -1,5 +1,5 @@
 """The torch execution backend: real worker processes, models, RL math and transfers (paper Sec. VII,
-Alg. 2; DESIGN.md Section 7; issue 8).
+Alg. 2; docs/architecture.md, Runtime; issue 8).
 
 `TorchBackend` implements `rpegc.runtime.backends.base.Backend` for the completion-driven controller:
 - `start` chooses the torch.distributed backend (`dist_backend`: gloo on CPUs, nccl with one GPU per

@@ -1,6 +1,6 @@
 """Checkpoints, resume state and final weights of a torch-backend run: sharded safetensors files that every
 worker writes itself, straight into the run directory, plus an index the controller writes last
-(DESIGN.md Section 7; issue 8: "--resume restarts from the last checkpoint (weights, optimizer state,
+(docs/architecture.md, Runtime; issue 8: "--resume restarts from the last checkpoint (weights, optimizer state,
 step, RNG)"; issue 14: "never through the control channel", "reshard on load").
 
 A checkpoint is taken at a step boundary s: every training node of steps < s has completed. It holds, per

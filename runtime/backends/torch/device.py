@@ -1,5 +1,5 @@
 """Where the torch backend's workers keep their tensors, and which torch.distributed backend joins them
-(DESIGN.md Section 7: the same code runs on CPUs with gloo and on GPUs with NCCL, launched locally or by
+(docs/architecture.md, Runtime: the same code runs on CPUs with gloo and on GPUs with NCCL, launched locally or by
 torchrun / Slurm).
 
 gloo: every tensor of a worker is on the CPU. NCCL: every tensor a worker computes with or communicates

@@ -1,4 +1,4 @@
-"""Checkpoints and final weights of a torch run (DESIGN.md Section 7; paper App. B: fault tolerance), written by
+"""Checkpoints and final weights of a torch run (docs/architecture.md, Runtime; paper App. B: fault tolerance), written by
 the workers themselves: each rank writes its own shards (checkpoint.py: safetensors files) into a pending
 directory, reports only file names, sizes, hashes and boxes through the control channel, and the controller
 writes the index last and renames the directory into place.

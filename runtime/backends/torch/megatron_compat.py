@@ -1,6 +1,6 @@
 """megatron-core tensor parallelism on explicit, per-vertex process groups, on CPU (gloo) or GPU (NCCL).
 
-DESIGN.md Section 7: model parallelism goes through megatron-core where it runs. The torch backend uses
+docs/architecture.md, Runtime: model parallelism goes through megatron-core where it runs. The torch backend uses
 megatron-core's `ColumnParallelLinear` / `RowParallelLinear` for the Megatron-style TP of every block
 (column-parallel wq, wk, wv, w_gate, w_up; row-parallel wo, w_down) and passes each vertex's own TP
 group as `tp_group`, so two co-located vertices with different layouts live in one worker process;

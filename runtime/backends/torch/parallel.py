@@ -1,7 +1,7 @@
 """Model parallelism of one invocation: TP, PP and DP with microbatches on per-vertex process groups.
 
 Paper Sec. VII (each vertex runs under its own plan (dp, pp, tp, mb)) and spec Sec. 1.4 (nested
-placement); the pipeline schedules are the ones spec/cost-model.md Sec. 3.3 prices, microbatches in
+placement); the pipeline schedules are the ones docs/cost-model-spec.md Sec. 3.3 prices, microbatches in
 flight across stages (T_gemm * (mb + pp - 1) / mb) for all three roles [A6]. Which part uses what:
 - tensor parallelism: Megatron-style column/row-parallel projections in every block, from
   megatron-core (`megatron_compat`, tp_impl "megatron") or from the two autograd functions below

@@ -1,5 +1,5 @@
 """The torch backend's worker processes and its control channel (paper Sec. VII: persistent workers, one per
-device; DESIGN.md Section 7): launch, the run's secret, commands out and reports in, health, stop.
+device; docs/architecture.md, Runtime): launch, the run's secret, commands out and reports in, health, stop.
 
 `WorkerPool.open` serves a TCPStore that is also the control channel (`messages.py`: plain, bounded
 messages sealed with a per-run secret), sends the run setup and starts the workers: locally, one process per

@@ -1,5 +1,5 @@
 """Where every shard of a torch run lives and the commands that move it (paper Sec. VII: a node binds its
-inputs where its workers are; DESIGN.md Section 7).
+inputs where its workers are; docs/architecture.md, Runtime).
 
 `Routes` holds the plan's worker layouts (dp x pp x tp over ranks, per Op node and per Reshard end), the
 sequence rows of every node and artifact (a quantile phase is a range of whole prompt groups), and where

@@ -1,4 +1,4 @@
-"""The pipelined schedules of one invocation on a `ParallelModel` (spec/cost-model.md Sec. 3.3, [A6]):
+"""The pipelined schedules of one invocation on a `ParallelModel` (docs/cost-model-spec.md Sec. 3.3, [A6]):
 inference (all microbatches forward, one broadcast of the results), generation (a decode wavefront through the
 stages, tokens sent back to stage 0) and the training step (1F1B or GPipe with the gradient reductions of the
 training's ZeRO stage, the owners' optimizer step and the weights' broadcast). `StageView` makes a stage look like a

@@ -1,5 +1,5 @@
 """The persistent worker process of the torch backend: one per device of the plan (paper Sec. VII, Alg. 2;
-DESIGN.md Section 7).
+docs/architecture.md, Runtime).
 
     python -m rpegc.runtime.backends.torch.worker --store HOST:PORT [--rank R --world N]
 
@@ -30,7 +30,7 @@ before it checks that the controller is still there), so a normal run logs no c1
 Commands run strictly in order, so every rank meets the collectives of concurrent nodes in the same
 order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, keep, export, stop).
 
-What a worker keeps (the states of the memory model, spec/cost-model.md Sec. 6):
+What a worker keeps (the states of the memory model, docs/cost-model-spec.md Sec. 6):
 - published parameter copies: `weights` entries, one per (model, version, allocation), each this rank's
   pieces under the layout it is held in (serving copies, and the shadow copies asynchronous consumers
   read while training moves on), in the serving dtype (`models.serving_dtype`: s_b bytes per parameter,
