@@ -50,7 +50,7 @@ def test_optimize_takes_the_pass_options_and_finds_the_enumerated_optimum():
     placements = {pl.vertex: (pl.alloc.origin[2], pl.alloc.extent[2], pl.strategy) for pl in p.plan.placements}
     # lit_tests/passes/optimize.rpeg: generation pipelined on one half of the node, the trainer on the other
     assert placements["gen"][1] == 2 and placements["gen"][2].pp == 2
-    assert placements["train_actor"][1] == 2 and placements["train_actor"][2].dp == 2
+    assert placements["train_actor"][1] == 2 and placements["train_actor"][2].pp == 2
     assert {placements["gen"][0], placements["train_actor"][0]} == {0, 2}
     assert p.graph.tau("actor") == 1
 

@@ -14,7 +14,7 @@ from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Workload
 from rpegc.core.ir.training import TrainSpec, Training, resolve
-from fixtures.spec_example import ARCH, HW, PLAN, WL, approx
+from fixtures.spec_example import ARCH, HW, PLAN, SCALAR_AR, WL, approx
 
 W = 1_389_363_200  # W_shard of the example (spec 8.4)
 RS = 6.465296e-3  # one ReduceScatter (and one AllGather) of its 2,582,118,400 gradient bytes over P_d = 2
@@ -53,12 +53,14 @@ def test_defaults_resolve_from_the_workload_and_the_placement_overrides_them():
 def test_zero_stages_shard_what_they_say_and_price_their_reductions():
     """ZeRO 0: 12 B per parameter and the gradients on every replica, one AllReduce (= RS + AG in the ring model),
     Adam over the whole shard; 1: the state / P_d, one RS and one AG; 2: the gradients / P_d too, a RS after each of
-    the mb = 4 microbatches. Beyond the shard the gradients hold their reduction's buckets: under ZeRO-2 one completing
+    the mb = 4 microbatches; beside them the backend's AllReduces of statistics (SCALAR_AR: four, and under ZeRO >= 1
+    the gradient norm's). Beyond the shard the gradients hold their reduction's buckets: under ZeRO-2 one completing
     per replica and the flat copy being reduced (3 x 25 MiB); under ZeRO 0 and 1 the flat copy of one, and, as they
     accumulate over the 4 microbatches, a fresh gradient of the largest parameter (the LM head) beside its sum."""
     accumulated = 2 * W + BUCKET + 2 * LARGEST
-    expect = {0: (12 * W, accumulated, 2 * RS, 2 * T_OPT), 1: (6 * W, accumulated, 2 * RS, T_OPT),
-              2: (6 * W, W + 3 * BUCKET, 5 * RS, T_OPT)}
+    expect = {0: (12 * W, accumulated, 2 * RS + 4 * SCALAR_AR, 2 * T_OPT),
+              1: (6 * W, accumulated, 2 * RS + 5 * SCALAR_AR, T_OPT),
+              2: (6 * W, W + 3 * BUCKET, 5 * RS + 5 * SCALAR_AR, T_OPT)}
     for zero, (state, grads, t_dp, t_opt) in expect.items():
         m, t = memory(train(zero=zero)), timing(train(zero=zero))
         assert (m.state, m.M_grad, m.M_w) == (state, grads, 2 * W), zero

@@ -245,3 +245,32 @@ def test_zero2_reduces_the_gradients_inside_every_backward_and_keeps_its_share_o
             assert not set(b["names"]) & set(b["held"])  # dropped by owner and others alike
     buckets = len(ranks[0]["seen"]) // passes
     assert buckets == (len(ranks[0]["names"]) if bucket_bytes == 1 else 2)
+
+
+def _train_counting_scalar_allreduces(ctx, zero: int) -> int | None:
+    """`_train` at dp = 2, counting the AllReduces of a few numbers (not of gradients) on the replicas' group."""
+    import torch.distributed as dist
+
+    original, counted = dist.all_reduce, []
+
+    def counting(tensor, *args, **kwargs):
+        if tensor.numel() <= 16:
+            counted.append(tensor.numel())
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        out = _train(ctx, 2, zero)
+    finally:
+        dist.all_reduce = original
+    return None if out is None else len(counted)
+
+
+@pytest.mark.parametrize("zero", [0, 2])
+def test_the_cost_model_prices_every_scalar_allreduce_of_a_training_step(pool, zero):
+    """The latency-bound AllReduces of statistics a GRPO training step makes over its DP group are the ones the cost
+    model prices under accounting = backend (`optime.backend_scalar_allreduces`): 4 + the gradient norm's under ZeRO
+    >= 1. A statistic reduced more or less often than priced fails here."""
+    from rpegc.core.cost.optime import backend_scalar_allreduces
+
+    assert pool.run(_train_counting_scalar_allreduces, zero) == [backend_scalar_allreduces(zero)] * 2

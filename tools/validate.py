@@ -107,9 +107,6 @@ BACKEND_COST_OPTIONS: dict[str, object] = {
     # [A7] schedules.generate pipelines decode as a loop: each token's activations cross every stage
     # boundary and the sampled ids return to stage 0 before the next step of that microbatch.
     "generation_pp": "wavefront",
-    # worker.op_training all-reduces 4 statistics over the DP group: the token count, the advantage
-    # whitening moments, the loss statistics and the reward metrics.
-    "dp_scalar_allreduces": 4,
 }
 
 

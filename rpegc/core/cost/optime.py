@@ -84,8 +84,9 @@ class DpComm:
     """The data-parallel collectives of one training step over `msg` bytes (spec 3.4.3 under the operator's ZeRO
     stage): `reduces` gradient reductions of `reduce` seconds each (ZeRO 0: one AllReduce; ZeRO 1: one
     ReduceScatter onto the owners; ZeRO 2: a ReduceScatter after every microbatch's backward pass, mb of them), the
-    updated weights' AllGather from their owners (`gather` seconds; none under ZeRO 0), and the option
-    `dp_scalar_allreduces`' scalar AllReduces (`scalars` seconds in all)."""
+    updated weights' AllGather from their owners (`gather` seconds; none under ZeRO 0), and the AllReduces of a few
+    scalars (`scalars` seconds in all: the backend's own under `accounting = backend`, and the option
+    `dp_scalar_allreduces`' more)."""
 
     msg: Quantity
     reduce: Quantity
@@ -156,12 +157,24 @@ class OpTime:
                 + self.launch_decode)
 
 
+def backend_scalar_allreduces(zero: int) -> int:
+    """The AllReduces of a few scalars a training operator of the torch backend makes over its DP group in one step
+    of one epoch and one minibatch (runtime/backends/torch/algorithms/rollout.py): the batch's token count, the
+    minibatches' loss normalisers and the step's metrics, and per optimizer step the loss statistics
+    (`schedules.train_step`) and, under ZeRO >= 1, the squared norm of the replicas' gradient shares
+    (`ParallelModel.grad_sq_total`). An advantage estimator that whitens over the batch (PPO's GAE by default)
+    reduces its moments once more; the program does not say which estimator runs, so that one is not counted.
+    `tests/test_torchrun_zero.py` counts them in a real step."""
+    return 4 + int(zero > 0)
+
+
 def data_parallel(msg, dp, mb, train: Training, hw: Hardware, span_tier, opts: CostOptions) -> DpComm:
     """The DP collectives of one step of a training operator whose gradients of a stage's TP shard are `msg` bytes
     (DpComm's docstring; spec 3.4.3, `accounting = "spec"`, prices ZeRO-2 as one ReduceScatter + one AllGather,
-    which holds only the shard of the gradients at mb = 1)."""
+    which holds only the shard of the gradients at mb = 1, and no scalar AllReduces beyond the option's)."""
     a_dp, b_dp = hw.coll(span_tier)
-    scalars = opts.dp_scalar_allreduces * allreduce(SCALAR_BYTES, dp, a_dp, b_dp)
+    own = backend_scalar_allreduces(train.zero) if opts.accounting == "backend" else 0
+    scalars = (own + opts.dp_scalar_allreduces) * allreduce(SCALAR_BYTES, dp, a_dp, b_dp)
     if train.zero == 0:
         return DpComm(msg, allreduce(msg, dp, a_dp, b_dp), 1 + 0 * mb, 0.0 * msg, scalars)
     reduces = mb if train.zero == 2 and opts.accounting == "backend" else 1 + 0 * mb

@@ -64,9 +64,10 @@ class CostOptions:
                    "and a recompute buffer of [A12]'s width; ZeRO-2 reduces once per step), which its worked "
                    "example uses")
     dp_scalar_allreduces: int = option(
-        0, "not in the source: latency-bound AllReduces of a few scalars a training operator makes over its DP "
-           "group (token counts, whitening moments, statistics), each priced AR(8 B, P_d); the spec prices none, "
-           "the torch backend makes 4")
+        0, "not in the source: more latency-bound AllReduces of a few scalars a training operator makes over its DP "
+           "group (token counts, whitening moments, statistics), each priced AR(8 B, P_d), beside those "
+           "accounting = backend counts (the torch backend's: 5 a step under ZeRO >= 1, 4 under ZeRO 0); the spec "
+           "prices none")
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
