@@ -56,6 +56,11 @@ STAND_INS = {
     "rpegc examples/ppo.rpeg -O -o plan.exec.rpeg": (
         f"rpegc examples/ppo.rpeg -p '{PRESET_PIPELINE.replace('optimize', 'optimize{evals=300}')}' -o plan.exec.rpeg",
         "-O gives the optimizer a 60 s wall-clock budget; 300 evaluations run the same preset pipeline"),
+    "rpegc examples/grpo-tiny.rpeg -p 'verify-wellformed,optimize{budget=5 steps=20},unroll{k=20},split-quantiles,"
+    "insert-comm,insert-reshard,fuse-stages,annotate-cost,schedule' -o g.exec.rpeg": (
+        "rpegc examples/grpo-tiny.rpeg -p 'verify-wellformed,optimize{evals=3000 steps=20},unroll{k=20},"
+        "split-quantiles,insert-comm,insert-reshard,fuse-stages,annotate-cost,schedule' -o g.exec.rpeg",
+        "a 5 s wall-clock budget, run as 3,000 evaluations (under a second)"),
     "rpegc mine/grpo.rpeg -O -o mine.exec.rpeg --summary": (
         f"rpegc mine/grpo.rpeg -p '{PRESET_PIPELINE.replace('optimize', 'optimize{evals=300}')}' -o mine.exec.rpeg "
         "--summary", "the same: a 60 s budget, run as 300 evaluations"),
