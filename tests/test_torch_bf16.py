@@ -63,8 +63,8 @@ from rpegc.runtime.backends.torch.models import (NetOptions, build_model, cast_w
                                                 export_weights, install_weights, serving_dtype)
 from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
 from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
-from rpegc.runtime.backends.torch.reference import (RunConfig, run_reference,  # noqa: E402
-                                                   toy_config, toy_rl_config)
+from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.run_config import RunConfig, toy_config, toy_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl import response_forward  # noqa: E402
 from rpegc.runtime.backends.torch.worker import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402
 from fixtures.torch_runs import (PPO4, STAT_ABS, STAT_REL, compile_plan, model_names,  # noqa: E402

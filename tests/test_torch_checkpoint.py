@@ -23,7 +23,7 @@ from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
 from rpegc.runtime.backends.torch.models import build_model, export_weights  # noqa: E402
 from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
 from rpegc.runtime.backends.torch.parallel import shard_of  # noqa: E402
-from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup  # noqa: E402
 
 ARCH = lookup("tiny")  # 2 blocks, heads 4, ffn 256: tp 1, 2 and 4 all shard it

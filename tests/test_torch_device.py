@@ -39,7 +39,7 @@ from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa:
 from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups  # noqa: E402
 from rpegc.runtime.backends.torch.pipeline import StageLink  # noqa: E402
 from rpegc.runtime.backends.torch.schedules import infer, train_step  # noqa: E402
-from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl import Experience, response_forward  # noqa: E402
 from rpegc.runtime.backends.torch.worker import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402

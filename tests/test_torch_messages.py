@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from rpegc.core.ir.program import Arch, Workload  # noqa: E402
 from rpegc.runtime.backends.torch import messages as m  # noqa: E402
 from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove  # noqa: E402
-from rpegc.runtime.backends.torch.reference import RunConfig  # noqa: E402
+from rpegc.runtime.backends.torch.run_config import RunConfig  # noqa: E402
 from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup  # noqa: E402
 

@@ -10,8 +10,8 @@ from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Graph, Model, Program, Workload  # noqa: E402
 from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
-from rpegc.runtime.backends.torch.reference import (config_from_program, run_reference,  # noqa: E402
-                                                   toy_config)
+from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.run_config import config_from_program, toy_config  # noqa: E402
 from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.tasks import make_task  # noqa: E402
 

@@ -20,7 +20,7 @@ from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E4
 from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, build_model,  # noqa: E402
                                                 export_weights, param_shapes)
 from rpegc.runtime.backends.torch.parallel import seeded_shard, shard_of  # noqa: E402
-from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker  # noqa: E402
 
 

@@ -33,7 +33,7 @@ FIELDS = {"generation": ("sequences", "mask", "old_logprobs"), "inference": ("re
 
 
 def _run_config():
-    from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
 
     return RunConfig(algorithm="ppo", actor=ARCH, workload=Workload(B=B, R=1, Lp=LP, Lr=LR, dtype="fp32"),
                      rl=toy_rl_config("ppo"), critic=ARCH, reward="model", reward_arch=ARCH, positions="learned")

@@ -29,7 +29,7 @@ def training(zero: int, precision: str = "fp32") -> Training:
 
 
 def _run_config(dtype: str = "fp32"):
-    from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
 
     # Adam's eps 1e-5 (as the PPO equivalence test): its first step moves a weight by lr g / (|g| + eps), so the
     # float32 noise of a gradient summed in another order (~1e-7 of the terms summed) moves it by at most about

@@ -61,7 +61,7 @@ def _worker(device: torch.device):
     from rpegc.core.ir.program import Workload
     from rpegc.runtime.backends.torch.backend import model_seed
     from rpegc.runtime.backends.torch.layout import Layout
-    from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
     from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker
 
     arch = lookup("tiny")

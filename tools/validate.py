@@ -357,7 +357,7 @@ def _init_groups(ctx, layouts) -> int:
 def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     """The backend's `Worker` for the case's model and workload (one per suite, reused across strategies)."""
     from rpegc.runtime.backends.torch.backend import model_seed
-    from rpegc.runtime.backends.torch.reference import RunConfig, toy_rl_config
+    from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
     from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker
 
     workers = ctx.state.setdefault("workers", {})

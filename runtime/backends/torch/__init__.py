@@ -13,7 +13,8 @@ Modules (each imports torch itself, so importing this package does not; `SPEC` b
   (shards, routes and ZeRO shares), `parallel` (one rank's share of a model), `tensor_parallel`, `pipeline` (links
   between stages), `schedules` (pipelined inference, generation, 1F1B training), `megatron_compat`, `peak_memory`
   (what a worker held at its peak, beside the prediction)
-- models and RL: `models`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `rl`, `rl_options`,
+- models and RL: `run_config` (`RunConfig`: what one run trains, read by the controller, the workers and the
+  oracle), `models`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `rl`, `rl_options`,
   `algorithms/` (PPO, GRPO, DPO), `prompts` (a dataset file or a toy task), `datasets`, `tasks`, `rewards`,
   `arith`, and `reference` (the single-process oracle at tau = 0)
 """

@@ -66,7 +66,7 @@ from rpegc.runtime.backends.torch.models import derive_seed, param_shapes
 from rpegc.runtime.backends.torch.tensor_parallel import TP_IMPLS
 from rpegc.runtime.backends.torch.datasets import DataConfig
 from rpegc.runtime.backends.torch.prompts import open_prompts
-from rpegc.runtime.backends.torch.reference import RunConfig, check_run_config, program_config, toy_rl_config
+from rpegc.runtime.backends.torch.run_config import RunConfig, check_run_config, program_config, toy_rl_config
 from rpegc.runtime.backends.torch.worker import FAULT_ENV
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 
@@ -74,7 +74,7 @@ def run_config(program: Program, *, task: str = "pattern", reward: Optional[str]
                positions: str = "learned", rl: Optional[dict] = None, data: Optional[dict] = None) -> RunConfig:
     """The RL run the torch backend executes for `program` (and the reference oracle must run).
 
-    The tiny models learn with the toy learning rate (`reference.toy_rl_config`) and learned positions;
+    The tiny models learn with the toy learning rate (`run_config.toy_rl_config`) and learned positions;
     `rl` overrides fields of the RL config (e.g. {"adam_eps": 1e-6}), `data` fields of the DataConfig (e.g.
     {"path": "train.jsonl"}). Paths (dataset, tokenizer, a reward's file) are made absolute: workers may
     run elsewhere, from another directory.

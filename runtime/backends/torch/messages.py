@@ -133,7 +133,7 @@ def classes() -> dict[str, type]:
     from rpegc.core.ir.training import TrainSpec, Training
     from rpegc.runtime.backends.torch.datasets import DataConfig
     from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove
-    from rpegc.runtime.backends.torch.reference import RunConfig
+    from rpegc.runtime.backends.torch.run_config import RunConfig
     from rpegc.runtime.backends.torch.rl import RLConfig
     from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 

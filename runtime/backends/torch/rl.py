@@ -54,7 +54,7 @@ class RLConfig:
     the k3 estimator (DeepSeekMath). Value clipping 0.2 (PPO2's convention for the value function),
     advantage whitening for PPO, Adam betas/eps are torch defaults. `value_coef` weights the value loss
     of a shared actor-critic only. The tiny toy task needs a far larger learning rate than 1e-6
-    (see `reference.toy_rl_config`).
+    (see `run_config.toy_rl_config`).
     """
 
     algorithm: str = "ppo"

@@ -21,7 +21,7 @@ from rpegc.core.ir.program import VERIFY
 from rpegc.runtime.backends.base import BackendError, Dispatch
 from rpegc.runtime.backends.torch.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                  route_weights)
-from rpegc.runtime.backends.torch.reference import RunConfig
+from rpegc.runtime.backends.torch.run_config import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec
 from rpegc.core.cost.host import alloc_devices
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan

@@ -88,7 +88,7 @@ from rpegc.runtime.backends.torch.peak_memory import PeakMeter
 from rpegc.runtime.backends.torch.sender import CommandRouter
 from rpegc.runtime.backends.torch.finite import NonFiniteError
 from rpegc.runtime.backends.torch.schedules import generate, infer
-from rpegc.runtime.backends.torch.reference import RunConfig
+from rpegc.runtime.backends.torch.run_config import RunConfig
 from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup
 from rpegc.runtime.backends.torch.rl import last_token_scores, response_forward
 from rpegc.runtime.backends.torch.datasets import PairBatch, PromptBatch

@@ -10,7 +10,7 @@ from rpegc.core.ir.program import Arch
 from rpegc.runtime.backends.torch.hf import model_net
 from rpegc.runtime.backends.torch.layout import Layout
 from rpegc.runtime.backends.torch.models import NetOptions
-from rpegc.runtime.backends.torch.reference import RunConfig
+from rpegc.runtime.backends.torch.run_config import RunConfig
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from rpegc.core.ir.program import VERIFY, Container, Program, Vertex, Workload
 from rpegc.runtime.backends.torch.parallel import ParallelModel
 from rpegc.runtime.backends.torch.rl import RLConfig, check_rl_config
 
-# `cfg` below is the run (reference.RunConfig), which names its algorithm: that module imports this one.
+# `cfg` below is the run (run_config.RunConfig), which names its algorithm: that module imports this one.
 
 
 class Worker(Protocol):
