@@ -11,8 +11,10 @@ step fix all sampling from s on.
 
 Files (the format, "rpeg-torch-checkpoint/2"):
 
-    RUN_DIR/checkpoints/step-000004/rank-00000.safetensors   one per worker: its own shards
-    RUN_DIR/checkpoints/step-000004/index.json               written last, by the controller
+    RUN_DIR/checkpoints/step-000004/rank-00000-actor.safetensors   per worker and trained model: its shards of the
+                                                             model's master, Adam state and kept versions
+    RUN_DIR/checkpoints/step-000004/rank-00000.safetensors   per worker: its RNG state
+    RUN_DIR/checkpoints/step-000004/index.json               written last, by the controller (it names every file)
     RUN_DIR/final/rank-*.safetensors + index.json            the final weights ("rpeg-torch-final/2")
 
 Tensor keys (the same key in every file that holds a piece of it):
@@ -92,8 +94,9 @@ def final_path(run_dir: str) -> str:
     return os.path.join(run_dir, FINAL)
 
 
-def shard_file(rank: int) -> str:
-    return f"rank-{rank:05d}.safetensors"
+def shard_file(rank: int, part: str = "") -> str:
+    """A rank's file of a checkpoint or the final weights; `part` names one of several a rank writes (a model's)."""
+    return f"rank-{rank:05d}{'-' + part if part else ''}.safetensors"
 
 
 def weights_key(model: str, version: Optional[int], name: str) -> str:

@@ -7,6 +7,13 @@ writes the index last and renames the directory into place.
 float32 master and Adam state of each trained model where its training ran, plus every older version later
 nodes may still read under staleness (the workers keep those once trained, or once installed on resume);
 at the end the final version of every trained model. Checkpoints are pruned to the newest `keep`.
+
+A checkpoint at boundary k+1 is written in parts: each trained model's part (its master and Adam state of version
+k+1, its kept versions) is asked for the moment its training of step k completes, before its training of step k+1
+can be dispatched (a training node is never chained while checkpoints are on), and the workers' RNG states once every
+model's has; the index is written when all parts are in. Under mixed staleness one model's training of step k+1 may
+run before another's of step k ends (PPO with the actor one step stale and the critic on-policy, trained on devices of
+their own), so waiting for the whole boundary would find its master already a version further.
 """
 
 from __future__ import annotations
@@ -26,6 +33,19 @@ from rpegc.runtime.backends.torch.layout import Layout
 from rpegc.runtime.backends.torch.pool import WorkerPool
 from rpegc.runtime.backends.torch.routing import Routes
 from rpegc.runtime.plan import Artifact, RunPlan
+
+
+@dataclass
+class _Checkpoint:
+    """A checkpoint being written: its pending directory, the versions and models it saves, the reports of the
+    parts written so far, how many parts are still out, and whether the last part has been asked for."""
+
+    step: int
+    pending: PendingDirectory
+    versions: dict[str, list[int]] = field(default_factory=dict)
+    parts: list[tuple[int, dict]] = field(default_factory=list)  # (rank, its report of one part)
+    out: int = 0
+    sealed: bool = False
 
 
 @dataclass
@@ -53,6 +73,7 @@ class Exports:
         # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
         self.kept: dict[str, dict[int, Layout]] = {m: {} for m in self.trained}
         self.jobs: dict[int, ExportJob] = {}
+        self.open: dict[int, _Checkpoint] = {}  # checkpoints whose parts are being written, by boundary
         self._last_id = 0
         self.checkpoints: list[str] = []
         # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}
@@ -80,13 +101,16 @@ class Exports:
             if job.on_done is not None:
                 job.on_done(job)
 
-    def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[ExportJob], None]) -> None:
-        """Ask each rank of `requests` to write its shard file into `directory`; `on_done` gets the reports."""
+    def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[ExportJob], None],
+                part: str = "") -> None:
+        """Ask each rank of `requests` to write its shard file (named for its rank and `part`) into `directory`;
+        `on_done` gets the reports."""
         self._last_id += 1
         job = ExportJob(set(requests), on_done=on_done)
         self.jobs[self._last_id] = job
         for r, req in sorted(requests.items()):
-            self.pool.send(r, {"type": "export", "export": self._last_id, "dir": os.path.abspath(directory), **req})
+            self.pool.send(r, {"type": "export", "export": self._last_id, "dir": os.path.abspath(directory),
+                               "part": part, **req})
 
     def after_training(self, d: Dispatch) -> None:
         """A training node completed: its model's training state is where it ran; under staleness the workers
@@ -108,55 +132,81 @@ class Exports:
             kept[out.index] = layout
             for v in [v for v in kept if v < out.index - tau]:
                 del kept[v]
+        if self.every and (k + 1) % self.every == 0 and k + 1 < self.plan.steps:
+            self._checkpoint_model(k + 1, m, layout)
         if boundary:
-            self.checkpoint(k + 1)
+            self._seal(k + 1)
 
-    def _io_stat(self, what: str, step: int, job: ExportJob) -> None:
-        reports = list(job.parts.values())
+    def _io_stat(self, what: str, step: int, reports: list[tuple[int, dict]]) -> None:
+        """One write's files and bytes, and its slowest worker's serialise + write + fsync over all its parts."""
+        per_rank: dict[int, float] = {}
+        for r, rep in reports:
+            per_rank[r] = per_rank.get(r, 0.0) + float(rep.get("write_s", 0.0))
         self.io_stats.append({"what": what, "step": step, "files": len(reports),
-                              "bytes": sum(int(p["bytes"]) for p in reports),
-                              "write_s": max((float(p.get("write_s", 0.0)) for p in reports), default=0.0)})
+                              "bytes": sum(int(rep["bytes"]) for _, rep in reports),
+                              "write_s": max(per_rank.values(), default=0.0)})
 
-    def checkpoint(self, step: int) -> None:
-        """Checkpoint step boundary `step`: every worker writes its shards of the weights (every version
-        later nodes may read), Adam state and RNG into step-NNNNNN.partial; once all reported, the
-        controller writes the index and renames the directory, then prunes to --keep-checkpoints."""
-        assert self.run_dir is not None
-        requests: dict[int, dict] = {r: {"masters": [], "window": [], "optimizer": [], "rng": True}
-                                     for r in range(self.pool.world)}
-        # The training state of each model holds version `step` as its float32 master with its Adam state,
-        # whatever Comm/Reshard nodes did with the published copy since (a Reshard may have moved it).
-        trained = {m: self.train_layout[m] for m in sorted(self.trained)}
-        versions: dict[str, list[int]] = {}
-        for m, layout in trained.items():
-            tau = self.plan.tau.get(m, 0)
-            versions[m] = [step]
-            for r in layout.ranks:  # each writes its share (`Worker._writes`)
-                requests[r]["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
-                requests[r]["optimizer"].append([m, layout])
-            for v in ckpt.kept_versions(step, tau):
-                kept = self.kept.get(m, {}).get(v)
-                if v == step or kept is None:
-                    continue
-                versions[m].append(v)
-                for r in kept.ranks:
-                    requests[r]["window"].append([m, v, ckpt.weights_key(m, v, "")])
-        target = ckpt.checkpoint_path(self.run_dir, step)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        pending = PendingDirectory(target, "the checkpoint")
-        fields = {"step": step, "identity": self.identity, "plan_hash": self.plan.hash,
-                  "versions": {m: sorted(vs) for m, vs in versions.items()}, "optimizer": sorted(trained),
-                  "metrics": {str(k): v for k, v in self.metrics.items() if k < step}}
+    def _open(self, step: int) -> _Checkpoint:
+        """The checkpoint of boundary `step`, its pending directory made at its first part."""
+        cp = self.open.get(step)
+        if cp is None:
+            assert self.run_dir is not None
+            target = ckpt.checkpoint_path(self.run_dir, step)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            cp = self.open[step] = _Checkpoint(step, PendingDirectory(target, "the checkpoint"))
+        return cp
 
-        def write(job: ExportJob) -> None:
-            index = ckpt.build_index(ckpt.FORMAT, job.parts.values(), **fields)
-            ckpt.write_index(pending.path, index)
-            pending.commit()
-            self.checkpoints.append(target)
-            self._io_stat("checkpoint", step, job)
-            ckpt.prune_checkpoints(self.run_dir or "", self.keep)
+    def _send_part(self, cp: _Checkpoint, requests: dict[int, dict], part: str) -> None:
+        def done(job: ExportJob) -> None:
+            cp.parts += job.parts.items()
+            cp.out -= 1
+            self._commit_if_complete(cp)
 
-        self._export(requests, pending.path, write)
+        cp.out += 1
+        self._export(requests, cp.pending.path, done, part)
+
+    def _checkpoint_model(self, step: int, m: str, layout: Layout) -> None:
+        """Model `m`'s part of the checkpoint at boundary `step`, asked for as its training of step - 1 completes:
+        the training state holds version `step` as its float32 master with its Adam state, whatever Comm/Reshard
+        nodes did with the published copy since (a Reshard may have moved it), and the workers keep the older
+        versions later nodes may still read."""
+        cp = self._open(step)
+        requests: dict[int, dict] = {}
+        for r in layout.ranks:  # each writes its share (`Worker._writes`)
+            req = requests.setdefault(r, {"masters": [], "window": [], "optimizer": []})
+            req["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
+            req["optimizer"].append([m, layout])
+        cp.versions[m] = [step]
+        for v in ckpt.kept_versions(step, self.plan.tau.get(m, 0)):
+            kept = self.kept.get(m, {}).get(v)
+            if v == step or kept is None:
+                continue
+            cp.versions[m].append(v)
+            for r in kept.ranks:
+                requests.setdefault(r, {"masters": [], "window": [], "optimizer": []})["window"].append(
+                    [m, v, ckpt.weights_key(m, v, "")])
+        self._send_part(cp, requests, m)
+
+    def _seal(self, step: int) -> None:
+        """The last part of the checkpoint at boundary `step`, once every trained model's part is asked for: every
+        worker's RNG state. The index follows when all parts are written."""
+        cp = self._open(step)
+        cp.sealed = True
+        self._send_part(cp, {r: {"rng": True} for r in range(self.pool.world)}, "")
+
+    def _commit_if_complete(self, cp: _Checkpoint) -> None:
+        """Write the index of a checkpoint whose parts are all in, rename it into place, prune to --keep."""
+        if not cp.sealed or cp.out:
+            return
+        del self.open[cp.step]
+        fields = {"step": cp.step, "identity": self.identity, "plan_hash": self.plan.hash,
+                  "versions": {m: sorted(vs) for m, vs in sorted(cp.versions.items())},
+                  "optimizer": sorted(cp.versions), "metrics": {str(k): v for k, v in self.metrics.items() if k < cp.step}}
+        ckpt.write_index(cp.pending.path, ckpt.build_index(ckpt.FORMAT, [rep for _, rep in cp.parts], **fields))
+        cp.pending.commit()
+        self.checkpoints.append(cp.pending.target)
+        self._io_stat("checkpoint", cp.step, cp.parts)
+        ckpt.prune_checkpoints(self.run_dir or "", self.keep)
 
     def collect_final(self, drain: Callable[[], None]) -> None:
         """The workers write the final version of every trained model (the retained weights) to
@@ -192,7 +242,7 @@ class Exports:
             def write(job: ExportJob) -> None:
                 ckpt.write_index(pending.path, ckpt.build_index(ckpt.FINAL_FORMAT, job.parts.values(), **fields))
                 pending.commit()
-                self._io_stat("final", self.plan.steps, job)
+                self._io_stat("final", self.plan.steps, list(job.parts.items()))
 
             self._export(requests, pending.path, write)
             drain()

@@ -86,7 +86,7 @@ COMMANDS = {
     "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields"), ("release", "sender")),
     "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks"),
                                 ("release", "sender")),
-    "export": MessageType(("export", "dir"), ("weights", "masters", "window", "optimizer", "rng")),
+    "export": MessageType(("export", "dir"), ("part", "weights", "masters", "window", "optimizer", "rng")),
     "keep": MessageType(("label", "tau")),
 }
 NODE_COMMANDS = tuple(t for t, m in COMMANDS.items() if "node" in m.required)  # the commands that run a node

@@ -464,10 +464,11 @@ class Worker:
         if cmd.get("rng"):
             state = torch.get_rng_state()
             tensors[ckpt.rng_key(self.rank)] = (state, ((0,), tuple(state.shape)), tuple(state.shape))
+        path = os.path.join(cmd["dir"], ckpt.shard_file(self.rank, cmd.get("part", "")))
         try:
-            report = ckpt.write_shard_file(os.path.join(cmd["dir"], ckpt.shard_file(self.rank)), tensors)
+            report = ckpt.write_shard_file(path, tensors)
         except OSError as e:
-            raise CommandError(f"cannot write {os.path.join(cmd['dir'], ckpt.shard_file(self.rank))}: "
+            raise CommandError(f"cannot write {path}: "
                                f"{e.strerror or e}") from None
         return {"export": cmd["export"], **report}
 
