@@ -5,8 +5,11 @@ are positive, load as a profile's, and that bad input is a one-line error."""
 import json
 import tomllib
 
+import pytest
+
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.tools.calibrate import main as calibrate
+from rpegc.runtime.report import host_cores
 from rpegc.tools.verifier_timing import host_text, samples
 
 
@@ -36,3 +39,17 @@ def test_calibrate_measures_a_function_over_a_dataset(tmp_path, capsys):
     assert "--verifier needs --data FILE" in capsys.readouterr().err
     assert calibrate(["--verifier", "nope_fn", "--data", str(data)]) == 1
     assert "unknown reward 'nope_fn'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(host_cores() < 2, reason="with one core the verifier is measured in this process, which it would end")
+def test_a_verifier_that_kills_its_process_is_a_one_line_error(tmp_path, capsys):
+    """The measurement runs in a process per core at once (`busy_per_response`); one that ends without a time is
+    named at once, not waited for."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    plugin = tmp_path / "dies.py"
+    plugin.write_text("import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    os._exit(3)\n")
+    assert calibrate(["--verifier", f"{plugin}:compute_score", "--data", str(data)]) == 1
+    err = capsys.readouterr().err
+    assert "cores at once failed: a process ended without a time" in err and "Traceback" not in err

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import statistics
 import time
 from typing import Any, Optional, Sequence
@@ -79,11 +80,15 @@ def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], 
              for _ in range(cores)]
     for proc in procs:
         proc.start()
+    times: list[float] = []
     try:
-        times = [results.get(timeout=300) for _ in procs]
-    except Exception:
-        raise RpegError(None, f"measuring the verifier '{spec}' on {cores} cores at once failed: a process ended "
-                              "without a time") from None
+        while len(times) < cores:
+            try:
+                times.append(results.get(timeout=1.0))
+            except queue.Empty:
+                if not any(proc.is_alive() for proc in procs) and results.empty():
+                    raise RpegError(None, f"measuring the verifier '{spec}' on {cores} cores at once failed: a "
+                                          "process ended without a time") from None
     finally:
         for proc in procs:
             proc.join(timeout=10)
