@@ -3,8 +3,8 @@
 Workloads (`WORKLOADS`), each made here from nothing (no download):
 - `arith`: the demo's (`make demo`, step 6; `python -m rpegc.runtime.backends.torch.arith make DIR --warm-up 100`):
   a 2-layer Llama of hidden 64 (~0.1M parameters) and its arithmetic tokenizer, 100 supervised warm-up steps so the
-  reward can move, 256 prompts `a+b=` with their answers, B = 8 prompts x R = 8 rollouts, Lp = 7 (the prompts' length), Lr = 4, the
-  math verifier as the reward, 60 RL steps.
+  reward can move, 256 prompts `a+b=` with their answers, B = 8 prompts x R = 8 rollouts, Lp = 7 (the prompts'
+  length), Lr = 4, the math verifier as the reward, 60 RL steps.
 - `llama-large`: where the model's compute dominates: a 10-layer Llama of hidden 512 (~24M parameters; the same
   tokenizer and prompts, `arith.write_checkpoint`), B = 4 x R = 8, Lr = 64, 16 RL steps. Its weights are random (a
   warmed-up model answers in 3 tokens): about one sampled token in 30 is EOS, so responses average 25-45 tokens
@@ -187,7 +187,8 @@ def count_params(ckpt: Path) -> int:
 
 def without_reference(text: str) -> str:
     """The program without its reference model: both sides train with kl_coef = 0, and TRL's GRPOTrainer with
-    beta = 0 loads no reference model, so rpeg-run's graph leaves it out too (docs/runtime.md, "A KL term needs ...")."""
+    beta = 0 loads no reference model, so rpeg-run's graph leaves it out too (docs/runtime.md, "A KL term needs
+    ...")."""
     lines = [ln for ln in text.splitlines() if "@ref" not in ln and not ln.strip().startswith("%logp_ref")]
     out = "\n".join(lines).replace(", %W_ref", "").replace(", %logp_ref", "") + "\n"
     if "ref" in out.replace("reference", "").replace("prefer", ""):

@@ -1,5 +1,5 @@
-"""The `rpegc` command line (docs/architecture.md, Passes and the driver): output files, split input, diagnostics mode, pass
-instrumentation and the JSON form. Runs `rpegc.cli.main(argv)` in-process; stdout/stderr via capsys."""
+"""The `rpegc` command line (docs/architecture.md, Passes and the driver): output files, split input, diagnostics
+mode, pass instrumentation and the JSON form. Runs `rpegc.cli.main(argv)` in-process; stdout/stderr via capsys."""
 
 from __future__ import annotations
 

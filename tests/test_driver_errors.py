@@ -1,5 +1,5 @@
-"""User errors at the driver level (docs/architecture.md, IR to Passes and the driver): pipeline-string errors point at the right
-column, absurd sizes are reported quickly instead of hanging, and module-level errors of a split chunk
+"""User errors at the driver level (docs/architecture.md, IR to Passes and the driver): pipeline-string errors point
+at the right column, absurd sizes are reported quickly instead of hanging, and module-level errors of a split chunk
 point into that chunk. In-process `rpegc.cli.main(argv)`."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Passes plug in through the `xdsl.universe` entry point (docs/architecture.md, Passes and the driver) and rpeg-run backends through
-`rpegc.backends`, in real subprocesses.
+"""Passes plug in through the `xdsl.universe` entry point (docs/architecture.md, Passes and the driver) and rpeg-run
+backends through `rpegc.backends`, in real subprocesses.
 
 tests/plugin/ holds a researcher's package, rpegc_plugin_demo, with a dist-info that advertises its
 Universe and its backend; putting the folder on PYTHONPATH is all it takes for `rpegc` to run its

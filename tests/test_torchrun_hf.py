@@ -160,10 +160,11 @@ def test_the_demos_arithmetic_grpo_raises_the_held_out_accuracy(tmp_path):
 
 
 def test_arith_make_writes_a_gemma3_checkpoint_and_the_grpo_variant_named(tmp_path, capsys):
-    """`arith make --model gemma3_text --algorithm dapo --oversample 2` (the Gemma 3 example of docs/models-data-rewards.md; nothing trains
-    here): a Gemma 3 config the compiler prices (post-norms, q/k norms, head_dim 32) and the backend builds, its first
-    layer seeing the last 8 keys of the program's Lp + Lr = 16 and its last full attention, and `rpeg.algorithm dapo`
-    with dynamic sampling in a program that lowers. --algorithm takes GRPO's family only."""
+    """`arith make --model gemma3_text --algorithm dapo --oversample 2` (the Gemma 3 example of
+    docs/models-data-rewards.md; nothing trains here): a Gemma 3 config the compiler prices (post-norms, q/k norms,
+    head_dim 32) and the backend builds, its first layer seeing the last 8 keys of the program's Lp + Lr = 16 and its
+    last full attention, and `rpeg.algorithm dapo` with dynamic sampling in a program that lowers. --algorithm takes
+    GRPO's family only."""
     from rpegc.cli import main as rpegc_main
     from rpegc.syntax.parser import parse
 

@@ -41,7 +41,8 @@ def test_calibrate_measures_a_function_over_a_dataset(tmp_path, capsys):
     assert "unknown reward 'nope_fn'" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(host_cores() < 2, reason="with one core the verifier is measured in this process, which it would end")
+@pytest.mark.skipif(host_cores() < 2,
+                    reason="with one core the verifier is measured in this process, which it would end")
 def test_a_verifier_that_kills_its_process_is_a_one_line_error(tmp_path, capsys):
     """The measurement runs in a process per core at once (`busy_per_response`); one that ends without a time is
     named at once, not waited for."""

@@ -1,6 +1,7 @@
 """The JSON form of a Program (`rpegc --emit=json`, the runtime's plan input).
 
-Paper: Sec. VII ("graph realization": the runtime reads the lowered, annotated plan) and docs/architecture.md, Data flow to IR. The JSON form carries exactly what the text form carries, so
+Paper: Sec. VII ("graph realization": the runtime reads the lowered, annotated plan) and docs/architecture.md,
+Data flow to IR. The JSON form carries exactly what the text form carries, so
 `program_from_json(program_to_json(p)) == p`; source locations are not stored (they never take part
 in equality). No xDSL: the runtime loads plans through this module.
 

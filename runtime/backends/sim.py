@@ -1,6 +1,7 @@
 """The simulated backend: a discrete-event clock driven by the plan's annotated node times.
 
-Paper: Sec. VII (the runtime executes the plan; predicted times guide selection only) and docs/architecture.md, Runtime ("sim: simulated clock from the annotated times, scales to thousands of devices").
+Paper: Sec. VII (the runtime executes the plan; predicted times guide selection only) and docs/architecture.md,
+Runtime ("sim: simulated clock from the annotated times, scales to thousands of devices").
 One process, no workers: a node submitted at simulated time t finishes at t + time(x) * factor, where
 factor is 1 without jitter and otherwise a seeded multiplicative draw per node (uniform in
 [1 - x, 1 + x], or lognormal exp(N(0, x))). Draws depend only on (seed, node id), so a run is

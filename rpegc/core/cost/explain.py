@@ -52,7 +52,8 @@ def _header(p: Program, hw: Hardware, opts: CostOptions) -> str:
         f"({c.racks} x {c.nodes} x {c.gpus} racks x nodes x GPUs = {c.num_devices} GPUs), "
         f"hardware '{hw.name}' ({hw.source})",
         f"workload B={w.B} R={w.R} Lp={w.Lp} Lr={w.Lr} dtype={w.dtype}; "
-        + ("options: " + ", ".join(changed) if changed else "baseline options (docs/cost-model-spec.md Sec. 9 choices)"),
+        + ("options: " + ", ".join(changed) if changed
+           else "baseline options (docs/cost-model-spec.md Sec. 9 choices)"),
     ]
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
-"""Checkpoints and final weights of a torch run (docs/architecture.md, Runtime; paper App. B: fault tolerance), written by
-the workers themselves: each rank writes its own shards (checkpoint.py: safetensors files) into a pending
+"""Checkpoints and final weights of a torch run (docs/architecture.md, Runtime; paper App. B: fault tolerance),
+written by the workers themselves: each rank writes its own shards (checkpoint.py: safetensors files) into a pending
 directory, reports only file names, sizes, hashes and boxes through the control channel, and the controller
 writes the index last and renames the directory into place.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -122,8 +123,7 @@ class Exports:
         tau = self.plan.tau.get(m, 0)
         self.train_layout[m] = layout
         self.train_done.setdefault(k, set()).add(m)
-        boundary = self.train_done[k] >= self.trained and self.every and \
-            (k + 1) % self.every == 0 and k + 1 < self.plan.steps
+        due = bool(self.every) and (k + 1) % self.every == 0 and k + 1 < self.plan.steps  # a checkpoint at k + 1
         if self.every and tau > 0:
             # nodes after a later checkpoint may still read this version: each rank keeps what it writes
             for r in layout.ranks:
@@ -132,10 +132,10 @@ class Exports:
             kept[out.index] = layout
             for v in [v for v in kept if v < out.index - tau]:
                 del kept[v]
-        if self.every and (k + 1) % self.every == 0 and k + 1 < self.plan.steps:
+        if due:
             self._checkpoint_model(k + 1, m, layout)
-        if boundary:
-            self._seal(k + 1)
+            if self.train_done[k] >= self.trained:
+                self._seal(k + 1)
 
     def _io_stat(self, what: str, step: int, reports: list[tuple[int, dict]]) -> None:
         """One write's files and bytes, and its slowest worker's serialise + write + fsync over all its parts."""
@@ -171,11 +171,10 @@ class Exports:
         nodes did with the published copy since (a Reshard may have moved it), and the workers keep the older
         versions later nodes may still read."""
         cp = self._open(step)
-        requests: dict[int, dict] = {}
+        requests: dict[int, dict] = defaultdict(lambda: {"masters": [], "window": [], "optimizer": []})
         for r in layout.ranks:  # each writes its share (`Worker._writes`)
-            req = requests.setdefault(r, {"masters": [], "window": [], "optimizer": []})
-            req["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
-            req["optimizer"].append([m, layout])
+            requests[r]["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
+            requests[r]["optimizer"].append([m, layout])
         cp.versions[m] = [step]
         for v in ckpt.kept_versions(step, self.plan.tau.get(m, 0)):
             kept = self.kept.get(m, {}).get(v)
@@ -183,9 +182,8 @@ class Exports:
                 continue
             cp.versions[m].append(v)
             for r in kept.ranks:
-                requests.setdefault(r, {"masters": [], "window": [], "optimizer": []})["window"].append(
-                    [m, v, ckpt.weights_key(m, v, "")])
-        self._send_part(cp, requests, m)
+                requests[r]["window"].append([m, v, ckpt.weights_key(m, v, "")])
+        self._send_part(cp, dict(requests), m)
 
     def _seal(self, step: int) -> None:
         """The last part of the checkpoint at boundary `step`, once every trained model's part is asked for: every
@@ -201,7 +199,8 @@ class Exports:
         del self.open[cp.step]
         fields = {"step": cp.step, "identity": self.identity, "plan_hash": self.plan.hash,
                   "versions": {m: sorted(vs) for m, vs in sorted(cp.versions.items())},
-                  "optimizer": sorted(cp.versions), "metrics": {str(k): v for k, v in self.metrics.items() if k < cp.step}}
+                  "optimizer": sorted(cp.versions),
+                  "metrics": {str(k): v for k, v in self.metrics.items() if k < cp.step}}
         ckpt.write_index(cp.pending.path, ckpt.build_index(ckpt.FORMAT, [rep for _, rep in cp.parts], **fields))
         cp.pending.commit()
         self.checkpoints.append(cp.pending.target)
