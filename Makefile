@@ -51,12 +51,12 @@ demo: $(STAMP)
 	@echo "   downloaded), a short supervised warm-up, then the optimized GRPO plan: the model on CPU workers, the math"
 	@echo "   verifier on a pool of host processes (a verify vertex, priced per response), sharing the 2 cores =="
 	@rm -rf $(OUT)/arith $(OUT)/arith.run $(OUT)/arith-out
-	$(BIN)/python -m rpegc.runtime.backends.torch.arith make $(OUT)/arith --warm-up 100
+	$(BIN)/python -m rpegc.tools.arith make $(OUT)/arith --warm-up 100
 	$(BIN)/rpegc $(OUT)/arith/grpo.rpeg -p '$(ARITH_OPT),$(ARITH_LOWER)' -o $(OUT)/arith.exec.rpeg
 	$(BIN)/rpeg-run $(OUT)/arith.exec.rpeg --backend torch --quiet --data $(OUT)/arith/train.jsonl \
 	  --rl-config examples/arith-rl.toml --run-dir $(OUT)/arith.run --checkpoint-every 20 --trace $(OUT)/arith.trace.jsonl
 	$(BIN)/rpeg-run export $(OUT)/arith.run $(OUT)/arith-out
-	$(BIN)/python -m rpegc.runtime.backends.torch.arith check $(OUT)/arith-out --test $(OUT)/arith/test.jsonl \
+	$(BIN)/python -m rpegc.tools.arith check $(OUT)/arith-out --test $(OUT)/arith/test.jsonl \
 	  --before $(OUT)/arith/ckpt --metrics $(OUT)/arith.run/metrics.jsonl
 
 test: $(STAMP)

@@ -76,9 +76,9 @@ def main() -> int:
 
     from rpegc.runtime.backends.base import BackendError
     from rpegc.runtime.controller import StepProgress, run
-    from rpegc.runtime.backends.torch import checkpoint as ckpt
-    from rpegc.runtime.backends.torch.backend import TorchBackend
-    from rpegc.runtime.backends.torch.layout import Layout, rank_pieces
+    from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
+    from rpegc.runtime.backends.torch.controller.backend import TorchBackend
+    from rpegc.runtime.backends.torch.parallel.layout import Layout, rank_pieces
 
     work = args.work or tempfile.mkdtemp(prefix="rpeg-ckpt-bench-", dir=os.environ.get("TMPDIR"))
     os.makedirs(work, exist_ok=True)

@@ -16,7 +16,8 @@ import torch
 
 from rpegc.core.cost.memory import buffer_width
 from rpegc.core.ir.program import Arch
-from rpegc.runtime.backends.torch.models import Block, NetOptions, attention_mask, positioned_rope, rope_tables
+from rpegc.runtime.backends.torch.model.transformer import (Block, NetOptions, attention_mask, positioned_rope,
+                                                            rope_tables)
 
 SHAPES = ((192, 512, 6, 6), (256, 1024, 4, 2), (512, 1536, 8, 2), (2048, 8192, 32, 8))  # d, d_ff, heads, kv heads
 B, T = 2, 64

@@ -3,11 +3,11 @@ device, over GRPO plans of a Llama-shaped model (8 layers, hidden 512, vocab 16,
 model) on 2 CPU workers: data parallel on both, pipelined (pp 2 x mb 4) on both, and generation + training on
 one device with reference + reward inference on the other; fp32 and bf16 workloads.
 
-The measurement is what `rpeg-run` prints after a run (runtime/backends/torch/peak_memory.py): the most a worker's C
-heap held allocated above what it held when the worker was ready (and, beside it, its resident high-water mark above
-its resident size then). The prediction is the cost model's peak(d) (spec 6.6) from the plan, the figure the memory
-check admits plans by. Reported: the ratio per worker, MAPE and Spearman rho over the workers (the issue's targets:
-MAPE <= 10%, rho >= 0.97, every run within 15%).
+The measurement is what `rpeg-run` prints after a run (runtime/backends/torch/worker/peak_memory.py): the most a
+worker's C heap held allocated above what it held when the worker was ready (and, beside it, its resident high-water
+mark above its resident size then). The prediction is the cost model's peak(d) (spec 6.6) from the plan, the figure the
+memory check admits plans by. Reported: the ratio per worker, MAPE and Spearman rho over the workers (the issue's
+targets: MAPE <= 10%, rho >= 0.97, every run within 15%).
 
 Memory is independent of CPU contention, but the runs are sequential and use 2 worker processes (one per core).
 Writes bench/results/memory_runs.csv. Usage:

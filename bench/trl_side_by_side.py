@@ -1,7 +1,7 @@
 """Issue 36, item 4: the same GRPO work through `rpeg-run --backend torch` and through TRL's GRPOTrainer, measured.
 
 Workloads (`WORKLOADS`), each made here from nothing (no download):
-- `arith`: the demo's (`make demo`, step 6; `python -m rpegc.runtime.backends.torch.arith make DIR --warm-up 100`):
+- `arith`: the demo's (`make demo`, step 6; `python -m rpegc.tools.arith make DIR --warm-up 100`):
   a 2-layer Llama of hidden 64 (~0.1M parameters) and its arithmetic tokenizer, 100 supervised warm-up steps so the
   reward can move, 256 prompts `a+b=` with their answers, B = 8 prompts x R = 8 rollouts, Lp = 7 (the prompts'
   length), Lr = 4, the math verifier as the reward, 60 RL steps.
@@ -167,7 +167,7 @@ class Prepared:
 def make_files(w: Workload, directory: Path) -> tuple[Path, Path, int]:
     """Checkpoint, tokenizer and prompts as `arith make DIR --warm-up N` writes them (its library functions, so the
     large model's size and positions can be set); returns (checkpoint dir, train.jsonl, parameters)."""
-    from rpegc.runtime.backends.torch import arith
+    from rpegc.tools import arith
 
     ckpt, data = directory / "ckpt", directory / "train.jsonl"
     arith.write_checkpoint(str(ckpt), hidden=w.hidden, layers=w.layers, max_positions=w.max_positions)
@@ -199,7 +199,7 @@ def without_reference(text: str) -> str:
 def program_text(w: Workload, ckpt: Path, devices: int) -> str:
     """arith's GRPO program (the one `arith make` writes) for this workload, on `devices` CPU workers: the cluster's
     `gpus` and the written plan (which the optimizer replaces) on them."""
-    from rpegc.runtime.backends.torch.arith import GRPO_PROGRAM
+    from rpegc.tools.arith import GRPO_PROGRAM
 
     text = without_reference(GRPO_PROGRAM.format(B=w.B, R=w.R, Lp=w.Lp, Lr=w.Lr, ckpt=str(ckpt), algorithm="grpo",
                                                  drawn=""))
@@ -466,7 +466,7 @@ def trl_worker(spec: dict) -> int:
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
-    from rpegc.runtime.backends.torch.rewards import math_answer
+    from rpegc.runtime.backends.torch.rl.rewards import math_answer
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

@@ -159,7 +159,7 @@ def measure(plan_path: Path, steps: int, lookahead: int = 2) -> dict:
     from rpegc.runtime.controller import RunOptions, run
     from rpegc.runtime.plan import load_plan
     from rpegc.runtime.report import control_overhead, steady_state
-    from rpegc.runtime.backends.torch.backend import TorchBackend
+    from rpegc.runtime.backends.torch.controller.backend import TorchBackend
     from rpegc.runtime.verify import compare, verify
 
     plan = load_plan(str(plan_path), steps=steps)

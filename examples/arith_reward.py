@@ -1,4 +1,4 @@
-"""A reward plugin in verl's form for the arithmetic prompts of `python -m rpegc.runtime.backends.torch.arith`:
+"""A reward plugin in verl's form for the arithmetic prompts of `python -m rpegc.tools.arith`:
 
     rpeg-run PLAN --backend torch --data arith/train.jsonl --reward examples/arith_reward.py:compute_score
 

@@ -99,7 +99,7 @@ def _export_parser() -> argparse.ArgumentParser:
 
 
 def _export_main(args: argparse.Namespace) -> int:
-    from rpegc.runtime.backends.torch.export import export
+    from rpegc.runtime.backends.torch.checkpoints.hf_export import export
 
     if not os.path.isdir(args.run_dir):
         raise RpegError(None, f"{args.run_dir} is not a run directory")
@@ -135,7 +135,7 @@ def entry() -> None:
     the terminal. Outputs are closed by the code that writes them (never left to the garbage collector)."""
     import atexit
 
-    from rpegc.runtime.backends.torch.processes import stop_forkserver
+    from rpegc.runtime.backends.torch.controller.processes import stop_forkserver
 
     code = main()
     stop_forkserver()

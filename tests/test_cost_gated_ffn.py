@@ -75,7 +75,7 @@ def test_gated_must_be_a_boolean_and_does_not_mix_with_a_checkpoint(tmp_path):
 
 def test_the_backend_builds_the_priced_ffn():
     pytest.importorskip("torch")
-    from rpegc.runtime.backends.torch.models import NetOptions, TransformerModel, arch_net
+    from rpegc.runtime.backends.torch.model.transformer import NetOptions, TransformerModel, arch_net
 
     for gated in (True, False):
         arch = Arch(layers=2, hidden=32, ffn=64, vocab=50, heads=4, kv_heads=4, gated=gated, norms=True)

@@ -91,7 +91,7 @@ def test_one_stage_holds_what_the_backend_builds(arch, kind):
     """W_shard at pp = tp = 1 is every parameter of the backend's model: it keeps a separate LM head even for a
     tied checkpoint (both train), and its value head has a bias (one parameter beyond the count)."""
     pytest.importorskip("torch")
-    from rpegc.runtime.backends.torch.models import NetOptions, TransformerModel, arch_net
+    from rpegc.runtime.backends.torch.model.transformer import NetOptions, TransformerModel, arch_net
 
     net = dataclasses.replace(arch_net(arch, NetOptions(max_seq=4)), qkv_bias=arch.qkv_bias)
     model = TransformerModel(arch, kind, net)

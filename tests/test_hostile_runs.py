@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 
 from fixtures.hostile import call_guarded  # noqa: E402
 from rpegc.cli import main as rpegc_main  # noqa: E402
-from rpegc.runtime.backends.torch import arith  # noqa: E402
+from rpegc.tools import arith  # noqa: E402
 from rpegc.runtime.cli import main as run_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,9 +189,9 @@ def _read_checkpoint_config(directory: str) -> None:
     """What reads a checkpoint's config.json before any worker starts: rpegc's shape, the backend's network
     options and the RoPE tables transformers computes."""
     from rpegc.core.ir.hf_config import hf_arch
-    from rpegc.runtime.backends.torch.hf import hf_net
-    from rpegc.runtime.backends.torch.hf_rope import rope_tables
-    from rpegc.runtime.backends.torch.models import NetOptions
+    from rpegc.runtime.backends.torch.model.hf import hf_net
+    from rpegc.runtime.backends.torch.model.hf_rope import rope_tables
+    from rpegc.runtime.backends.torch.model.transformer import NetOptions
 
     hf_arch(directory)
     hf_net(directory, NetOptions(max_seq=32))
@@ -235,7 +235,7 @@ def test_mutated_datasets_are_read_or_refused_with_a_located_error(base, tmp_pat
     every process runs before training (datasets.PromptDataset): read, or an RpegError; no other exception."""
     from fixtures.hostile import HOSTILE_VALUES, mutants
     from rpegc.core.ir.errors import RpegError
-    from rpegc.runtime.backends.torch.datasets import DataConfig, PromptDataset, load_tokenizer
+    from rpegc.runtime.backends.torch.rl.datasets import DataConfig, PromptDataset, load_tokenizer
 
     tok = load_tokenizer(str(base / "ckpt"))
     data = (base / "train.jsonl").read_bytes()
@@ -299,8 +299,8 @@ def _weight_mutants(blob: bytes, rng: random.Random) -> list[bytes]:
 def _read_weights(directory: str) -> None:
     """What a worker does with a checkpoint's weights: the model from its config, every tensor read."""
     from rpegc.core.ir.hf_config import hf_arch
-    from rpegc.runtime.backends.torch.hf import initial_model
-    from rpegc.runtime.backends.torch.models import NetOptions
+    from rpegc.runtime.backends.torch.model.hf import initial_model
+    from rpegc.runtime.backends.torch.model.transformer import NetOptions
 
     initial_model(hf_arch(directory), "policy", 0, directory, NetOptions(max_seq=32))
 
@@ -349,7 +349,7 @@ def test_mutated_tokenizers_are_loaded_or_refused_with_a_located_error(base, tmp
 
     from fixtures.hostile import HOSTILE_VALUES, mutants
     from rpegc.core.ir.errors import RpegError
-    from rpegc.runtime.backends.torch.datasets import DataConfig, PromptDataset, load_tokenizer
+    from rpegc.runtime.backends.torch.rl.datasets import DataConfig, PromptDataset, load_tokenizer
 
     rng = random.Random(SEED)
     cases = []

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rpegc.runtime.backends.torch.pinning import cores_to_pin
+from rpegc.runtime.backends.torch.controller.pinning import cores_to_pin
 from rpegc.tools.measure import WorkerPool
 
 

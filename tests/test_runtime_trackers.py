@@ -257,7 +257,7 @@ def test_closing_twice_closes_each_tracker_once(tmp_path, monkeypatch):
 def test_the_torch_backend_closes_the_trackers_of_a_run_that_did_not_finish(tmp_path, monkeypatch, interrupted,
                                                                            status):
     pytest.importorskip("torch")
-    from rpegc.runtime.backends.torch.backend import TorchBackend
+    from rpegc.runtime.backends.torch.controller.backend import TorchBackend
 
     events: list = []
     monkeypatch.setitem(trackers.OPENERS, "mlflow", lambda d, c: FakeTracker("mlflow", events))

@@ -54,19 +54,20 @@ from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
-from rpegc.runtime.backends.torch.backend import TorchBackend, model_seed, run_config  # noqa: E402
-from rpegc.runtime.backends.torch.checkpoint import (FORMAT, Reader, build_index, checkpoint_path,  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend, model_seed, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.shard_files import (FORMAT, Reader, build_index, checkpoint_path,
+                                                                   # noqa: E402
                                                     latest_checkpoint, load_checkpoint)
-from rpegc.runtime.backends.torch.generation import generate  # noqa: E402
-from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E402
-from rpegc.runtime.backends.torch.models import (NetOptions, build_model, cast_weights,  # noqa: E402
+from rpegc.runtime.backends.torch.model.generation import generate  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import Layout, replica_rows  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import (NetOptions, build_model, cast_weights,  # noqa: E402
                                                 export_weights, install_weights, serving_dtype)
-from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
-from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
-from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms.rollout import ReferenceTrainer  # noqa: E402
+from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig, toy_config, toy_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.rl import response_forward  # noqa: E402
-from rpegc.runtime.backends.torch.worker import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import response_forward  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402
 from fixtures.torch_runs import (PPO4, STAT_ABS, STAT_REL, compile_plan, model_names,  # noqa: E402
                                        run_torch)
 

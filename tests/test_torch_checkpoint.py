@@ -1,4 +1,4 @@
-"""The sharded checkpoint format of the torch backend (runtime/backends/torch/checkpoint.py): workers'
+"""The sharded checkpoint format of the torch backend (runtime/backends/torch/checkpoints/shard_files.py): workers'
 shard files and the index, reshard on load, the run identity, crash safety and bad input. No worker
 processes: standalone workers write and read the files as the backend's workers do."""
 
@@ -17,14 +17,14 @@ from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.outputs import PendingDirectory  # noqa: E402
-from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
-from rpegc.runtime.backends.torch.backend import model_seed  # noqa: E402
-from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
-from rpegc.runtime.backends.torch.models import build_model, export_weights  # noqa: E402
-from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import Layout  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import build_model, export_weights  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.parallel_model import shard_of  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import ModelSpec, Worker, WorkerSetup  # noqa: E402
 
 ARCH = lookup("tiny")  # 2 blocks, heads 4, ffn 256: tp 1, 2 and 4 all shard it
 RUN = RunConfig(algorithm="grpo", actor=ARCH, workload=Workload(B=4, R=2, Lp=4, Lr=4, dtype="fp32"),

@@ -33,8 +33,8 @@ pytest.importorskip("safetensors")
 
 from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
-from rpegc.runtime.backends.torch.backend import TorchBackend  # noqa: E402
-from rpegc.runtime.backends.torch.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.shard_files import (complete_checkpoints, load_checkpoint,  # noqa: E402
                                                     load_final, read_index)
 from fixtures.programs import grpo_two_workers  # noqa: E402
 from fixtures.torch_runs import compile_plan  # noqa: E402

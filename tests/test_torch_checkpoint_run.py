@@ -16,9 +16,9 @@ pytest.importorskip("safetensors")
 from fixtures.cli import one_line_error, rpeg_run  # noqa: E402
 
 from rpegc.cli import main as rpegc_main  # noqa: E402
-from rpegc.runtime.backends.torch.checkpoint import (complete_checkpoints, load_checkpoint,  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.shard_files import (complete_checkpoints, load_checkpoint,  # noqa: E402
                                                     load_final)
-from rpegc.runtime.backends.torch.worker import FAULT_ENV  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import FAULT_ENV  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = "verify-wellformed,unroll{k=4},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
@@ -147,7 +147,7 @@ def test_a_checkpoint_written_under_tp_and_pp_resumes_under_dp_within_fp32_round
     from rpegc.runtime.backends.base import BackendError
     from rpegc.runtime.controller import run
     from rpegc.runtime.plan import load_plan
-    from rpegc.runtime.backends.torch.backend import TorchBackend
+    from rpegc.runtime.backends.torch.controller.backend import TorchBackend
 
     src = open(os.path.join(ROOT, "examples/grpo-tiny.rpeg")).read()  # training pp 2 x tp 2 on 4 devices
     dp = src[:src.index("rpeg.cluster")] + PLAN

@@ -1,4 +1,4 @@
-"""Prompt datasets (runtime/backends/torch/datasets.py): JSONL and Parquet rows tokenized with
+"""Prompt datasets (runtime/backends/torch/rl/datasets.py): JSONL and Parquet rows tokenized with
 the checkpoint's tokenizer, chat templates, explicit truncation, left padding, seeded epochs, and located
 errors for every malformed input."""
 
@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
-from rpegc.runtime.backends.torch import arith  # noqa: E402
-from rpegc.runtime.backends.torch.datasets import DataConfig, PromptDataset, load_tokenizer  # noqa: E402
+from rpegc.tools import arith  # noqa: E402
+from rpegc.runtime.backends.torch.rl.datasets import DataConfig, PromptDataset, load_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_a_prompt_too_long_for_any_tokenisation_is_cut_or_refused_before_it_is_t
 
 
 def test_a_row_above_the_byte_bound_is_refused_before_it_is_parsed(tok, tmp_path, monkeypatch):
-    from rpegc.runtime.backends.torch import datasets
+    from rpegc.runtime.backends.torch.rl import datasets
 
     monkeypatch.setattr(datasets, "MAX_ROW_BYTES", 100)
     path = rows_file(tmp_path, [{"prompt": "1+1=", "answer": "2"}, {"prompt": "1" * 200, "answer": "x"}])

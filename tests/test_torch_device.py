@@ -28,20 +28,20 @@ from rpegc.runtime import cli as run_cli  # noqa: E402
 from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch import pipeline  # noqa: E402
-from rpegc.runtime.backends.torch.backend import TorchBackend, model_seed  # noqa: E402
-from rpegc.runtime.backends.torch.pool import WorkerPool  # noqa: E402
-from rpegc.runtime.backends.torch.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
+from rpegc.runtime.backends.torch.parallel import pipeline  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend, model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.controller.pool import WorkerPool  # noqa: E402
+from rpegc.runtime.backends.torch.controller.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
                                                 worker_device)
-from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
-from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E402
-from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups  # noqa: E402
-from rpegc.runtime.backends.torch.pipeline import StageLink  # noqa: E402
-from rpegc.runtime.backends.torch.schedules import infer, train_step  # noqa: E402
+from rpegc.runtime.backends.torch.model.generation import expand_rollouts, generate  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import Layout, replica_rows  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.parallel_model import ParallelModel, ProcessGroups  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.pipeline import StageLink  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.schedules import infer, train_step  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.rl import Experience, response_forward  # noqa: E402
-from rpegc.runtime.backends.torch.worker import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import Experience, response_forward  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402
 
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -156,7 +156,7 @@ def test_rpeg_run_auto_picks_gloo_without_gpus_and_nccl_with_one_per_worker(plan
 
 def test_the_trace_header_records_the_workers_launched_here_their_cores_and_the_dist_backend(plan_file, monkeypatch):
     from rpegc.runtime.backends.sim import SimBackend
-    from rpegc.runtime.backends.torch import backend as torch_backend
+    from rpegc.runtime.backends.torch.controller import backend as torch_backend
 
     monkeypatch.setattr(torch_backend, "host_cores", lambda: 2)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
@@ -176,7 +176,7 @@ def test_an_external_nccl_worker_without_a_gpu_says_so_and_the_run_stops(plan_fi
         address = f"127.0.0.1:{s.getsockname()[1]}"
     secret = str(tmp_path / "secret")
     env = dict(os.environ, RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", CUDA_VISIBLE_DEVICES="", RPEG_RUN_SECRET_FILE=secret)
-    worker = subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", address],
+    worker = subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker.process", "--store", address],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         backend = TorchBackend(seed=0, tp_impl="torch", launcher="external", store=address, dist_backend="nccl",

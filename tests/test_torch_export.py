@@ -1,4 +1,4 @@
-"""`rpeg-run export RUN_DIR OUT` (runtime/backends/torch/export.py): a model trained by a
+"""`rpeg-run export RUN_DIR OUT` (runtime/backends/torch/checkpoints/hf_export.py): a model trained by a
 torch run, from a Hugging Face checkpoint or from the `.rpeg` shape, is written as a directory that
 `transformers` loads and whose logits are the backend's (float32; the same 1e-4 bound as
 tests/test_torch_hf.py); a checkpoint step exports its master; bad requests are one-line errors that write
@@ -17,10 +17,10 @@ transformers = pytest.importorskip("transformers")
 
 from rpegc.core.ir.hf_config import hf_arch  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
-from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
-from rpegc.runtime.backends.torch.hf import HFWeights, hf_net  # noqa: E402
-from rpegc.runtime.backends.torch.models import NetOptions  # noqa: E402
-from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt  # noqa: E402
+from rpegc.runtime.backends.torch.model.hf import HFWeights, hf_net  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import NetOptions  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import param_shapes  # noqa: E402
 from fixtures.torch_runs import LOGIT_ATOL  # noqa: E402
 from fixtures.torch_runs import logits_of
 
@@ -88,10 +88,10 @@ def test_a_rope_model_built_from_the_rpeg_shape_exports_as_llama(extra):
     with the backend's RoPE theta and norm epsilon, under which the backend's weights give the backend's logits."""
     import dataclasses
 
-    from rpegc.runtime.backends.torch.checkpoint import _plain
-    from rpegc.runtime.backends.torch.export import hf_config
-    from rpegc.runtime.backends.torch.hf import hf_name
-    from rpegc.runtime.backends.torch.models import build_model, export_weights
+    from rpegc.runtime.backends.torch.checkpoints.shard_files import _plain
+    from rpegc.runtime.backends.torch.checkpoints.hf_export import hf_config
+    from rpegc.runtime.backends.torch.model.hf import hf_name
+    from rpegc.runtime.backends.torch.model.transformer import build_model, export_weights
 
     arch = dataclasses.replace(lookup("tiny"), **extra)
     net = NetOptions(max_seq=12)

@@ -1,7 +1,7 @@
-"""When the controller asks for a checkpoint's parts (runtime/backends/torch/exports.py): a model's master and Adam
-state of version k+1 as soon as its training of step k completes, before its training of step k+1 can be dispatched,
-even when another model's training of step k is still running (mixed staleness: PPO's actor one step stale, its
-critic on-policy, each trained on devices of its own, so the critic's step k+1 may train before the actor's step k
+"""When the controller asks for a checkpoint's parts (runtime/backends/torch/checkpoints/exports.py): a model's master
+and Adam state of version k+1 as soon as its training of step k completes, before its training of step k+1 can be
+dispatched, even when another model's training of step k is still running (mixed staleness: PPO's actor one step stale,
+its critic on-policy, each trained on devices of its own, so the critic's step k+1 may train before the actor's step k
 ends). The demo's optimized PPO plan failed that way: its checkpoint at boundary 14 found the critic's master at
 version 15. A fake pool records the commands; the real writing is tested by the checkpoint and resume tests."""
 
@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rpegc.runtime.backends.torch.exports import Exports  # noqa: E402
-from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.exports import Exports  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import Layout  # noqa: E402
 from rpegc.runtime.plan import Artifact  # noqa: E402
 
 ACTOR, CRITIC = Layout((0,), 1, 1, 1), Layout((1,), 1, 1, 1)

@@ -1,4 +1,4 @@
-"""Non-finite numbers are never trained on or saved (runtime/backends/torch/finite.py; issue 33, item 2): the check
+"""Non-finite numbers are never trained on or saved (runtime/backends/torch/rl/finite.py; issue 33, item 2): the check
 itself in every dtype, the master weights' step stopping before any update on a NaN gradient and after an update
 that overflows, and the one-line messages a worker reports (a non-finite quantity, a refused allocation)."""
 
@@ -11,10 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import Loc, RpegError  # noqa: E402
-from rpegc.runtime.backends.torch.finite import NonFiniteError, finite_tensor, require_finite  # noqa: E402
-from rpegc.runtime.backends.torch.master_weights import MasterWeights  # noqa: E402
-from rpegc.runtime.backends.torch.rl import RLConfig  # noqa: E402
-from rpegc.runtime.backends.torch.worker import CommandError, _error_text  # noqa: E402
+from rpegc.runtime.backends.torch.rl.finite import NonFiniteError, finite_tensor, require_finite  # noqa: E402
+from rpegc.runtime.backends.torch.model.master_weights import MasterWeights  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import RLConfig  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import CommandError, _error_text  # noqa: E402
 
 CFG = RLConfig(lr_actor=1e-2, grad_clip=1.0)
 

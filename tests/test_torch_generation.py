@@ -7,9 +7,9 @@ torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.program import Arch  # noqa: E402
-from rpegc.runtime.backends.torch.generation import Sampling, expand_rollouts, generate, truncate  # noqa: E402
-from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
-from rpegc.runtime.backends.torch.rl import response_forward  # noqa: E402
+from rpegc.runtime.backends.torch.model.generation import Sampling, expand_rollouts, generate, truncate  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import response_forward  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -89,7 +89,7 @@ def test_bad_generation_requests_are_user_errors():
     ((True, "policy", Sampling(), 13, 4, 16), "Lp \\+ Lr = 4 \\+ 13 exceeds the model's max_seq 16"),
 ])
 def test_each_generation_check_names_what_to_change(args, message):
-    from rpegc.runtime.backends.torch.generation import check_generation
+    from rpegc.runtime.backends.torch.model.generation import check_generation
 
     with pytest.raises(RpegError, match=message):
         check_generation(*args)
@@ -121,7 +121,7 @@ def test_truncation_keeps_the_tokens_transformers_warpers_keep(top_k, top_p):
 
 
 def test_truncated_draws_stay_in_the_kept_set_and_follow_its_renormalised_probabilities():
-    from rpegc.runtime.backends.torch.generation import sample_tokens
+    from rpegc.runtime.backends.torch.model.generation import sample_tokens
 
     logp = torch.log_softmax(torch.randn(1, 12, generator=torch.Generator().manual_seed(3)), -1).expand(4000, 12)
     sampling = Sampling(top_k=6, top_p=0.8)

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (rpegc/core/ir/hf_config.py, runtime/backends/torch/hf.py):
+"""Hugging Face checkpoints (rpegc/core/ir/hf_config.py, runtime/backends/torch/model/hf.py):
 `hf = "DIR"` reads the architecture from config.json, the backend's model built from DIR gives the logits
 of `transformers`' own model, greedy decoding with the backend's KV cache gives `generate`'s tokens, each
 rank of every layout reads exactly its slices, and tp/pp ranks reproduce `transformers`' logits.
@@ -25,11 +25,11 @@ transformers = pytest.importorskip("transformers")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.hf_config import hf_arch  # noqa: E402
-from rpegc.runtime.backends.torch.hf import HFWeights, hf_net, initial_model  # noqa: E402
-from rpegc.runtime.backends.torch.layout import Layout  # noqa: E402
-from rpegc.runtime.backends.torch.models import NetOptions, TransformerModel, export_weights  # noqa: E402
-from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.model.hf import HFWeights, hf_net, initial_model  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import Layout  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import NetOptions, TransformerModel, export_weights  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.parallel_model import shard_of  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
 from fixtures.torch_runs import LOGIT_ATOL
 
@@ -325,8 +325,8 @@ def test_a_critic_takes_its_value_head_from_a_sequence_classification_checkpoint
 def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int, out: str, impl: str) -> None:
     import torch.distributed as dist
 
-    from rpegc.runtime.backends.torch.parallel import ParallelModel, ProcessGroups
-    from rpegc.runtime.backends.torch.schedules import infer
+    from rpegc.runtime.backends.torch.parallel.parallel_model import ParallelModel, ProcessGroups
+    from rpegc.runtime.backends.torch.parallel.schedules import infer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -352,7 +352,7 @@ def test_tensor_and_pipeline_parallel_ranks_give_transformers_logits(checkpoints
     import torch.multiprocessing as mp
 
     if impl == "megatron":
-        mc = pytest.importorskip("rpegc.runtime.backends.torch.megatron_compat")
+        mc = pytest.importorskip("rpegc.runtime.backends.torch.parallel.megatron_compat")
         if mc.load()[0] is None:
             pytest.skip(mc.load()[1])
     path = checkpoints[name]

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
-from rpegc.runtime.backends.torch.hf_rope import rope_tables  # noqa: E402
+from rpegc.runtime.backends.torch.model.hf_rope import rope_tables  # noqa: E402
 
 POSITIONS = 40
 SCALINGS = {

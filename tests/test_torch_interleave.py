@@ -1,4 +1,4 @@
-"""The turns of a fusion's members on one worker (runtime/backends/torch/interleave.py): one thread at a time, in
+"""The turns of a fusion's members on one worker (runtime/backends/torch/worker/interleave.py): one thread at a time, in
 the stage's order, round after round, a finished member's turns skipped, a member off the plan's order or a failed
 member stopping every member with an error (no hang)."""
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from rpegc.runtime.backends.torch.interleave import (FINISH, Interleave, InterleaveError, await_turn,
+from rpegc.runtime.backends.torch.worker.interleave import (FINISH, Interleave, InterleaveError, await_turn,
                                                       current_member, microtask, run_members)
 
 ROUND = [(0, "F", 0), (0, "F", 1), (1, "F", 0), (0, "B", 0), (1, "B", 0), (0, "B", 1)]

@@ -1,4 +1,4 @@
-"""Master weights, Adam and the clip (runtime/backends/torch/master_weights.py): a float32 module is its own
+"""Master weights, Adam and the clip (runtime/backends/torch/model/master_weights.py): a float32 module is its own
 master and steps exactly as torch's clip_grad_norm_ + fused Adam; a bf16 module keeps float32 masters of the chosen
 share only, steps them on its bf16 gradients cast to float32, and writes them back rounded to bf16."""
 
@@ -10,10 +10,10 @@ torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import Loc, RpegError  # noqa: E402
 from rpegc.core.ir.program import Workload  # noqa: E402
-from rpegc.runtime.backends.torch import master_weights  # noqa: E402
-from rpegc.runtime.backends.torch.master_weights import (MasterWeights, clip_scale, sum_of_squares,  # noqa: E402
+from rpegc.runtime.backends.torch.model import master_weights  # noqa: E402
+from rpegc.runtime.backends.torch.model.master_weights import (MasterWeights, clip_scale, sum_of_squares,  # noqa: E402
                                                         train_whole, training_dtype)
-from rpegc.runtime.backends.torch.rl import RLConfig  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import RLConfig  # noqa: E402
 
 CFG = RLConfig(lr_actor=1e-2, grad_clip=1.0)
 

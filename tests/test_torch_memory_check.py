@@ -14,8 +14,9 @@ pytest.importorskip("psutil")
 from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.cli import main as rpeg_run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch import memory_check  # noqa: E402
-from rpegc.runtime.backends.torch.memory_check import (DeviceNeed, Share, check_memory, host_capacity,  # noqa: E402
+from rpegc.runtime.backends.torch.controller import memory_check  # noqa: E402
+from rpegc.runtime.backends.torch.controller.memory_check import (DeviceNeed, Share, check_memory, host_capacity,
+                                                                   # noqa: E402
                                                       predicted_peaks, refusal, worst)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""The control channel's messages (runtime/backends/torch/messages.py): every command, report and the
+"""The control channel's messages (runtime/backends/torch/channel/messages.py): every command, report and the
 setup round-trip as plain JSON; a message that is tampered with, unauthenticated, replayed, oversized, of
 an unknown type or not plain is refused, and an Endpoint drops and logs it instead of returning it."""
 
@@ -12,11 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.program import Arch, Workload  # noqa: E402
-from rpegc.runtime.backends.torch import messages as m  # noqa: E402
-from rpegc.runtime.backends.torch.layout import Layout, RowMove, WeightMove  # noqa: E402
+from rpegc.runtime.backends.torch.channel import messages as m  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import Layout, RowMove, WeightMove  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig  # noqa: E402
-from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.worker_setup import ModelSpec, WorkerSetup  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms import default_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.channel.worker_setup import ModelSpec, WorkerSetup  # noqa: E402
 
 SECRET = bytes(range(32))
 L = Layout((0, 1, 2, 3), 2, 1, 2)

@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.program import Arch  # noqa: E402
-from rpegc.runtime.backends.torch.models import (NetOptions, build_model, export_weights,  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import (NetOptions, build_model, export_weights,  # noqa: E402
                                                 install_weights)
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""What a worker held at its peak (runtime/backends/torch/peak_memory.py): the CPU meter sees an allocation made
+"""What a worker held at its peak (runtime/backends/torch/worker/peak_memory.py): the CPU meter sees an allocation made
 after it started and not what was there before, the heap meter under it a transient gone before it is read and a
 free made on another thread, and the summary's lines name each worker, its ratio, and warn beyond 15%."""
 
@@ -15,8 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.runtime.backends.torch.host_memory import HeapMeter, heap_in_use  # noqa: E402
-from rpegc.runtime.backends.torch.peak_memory import PeakMeter, WorkerPeak, peak_lines  # noqa: E402
+from rpegc.runtime.backends.torch.worker.host_memory import HeapMeter, heap_in_use  # noqa: E402
+from rpegc.runtime.backends.torch.worker.peak_memory import PeakMeter, WorkerPeak, peak_lines  # noqa: E402
 
 MIB = 2**20
 
@@ -81,8 +81,8 @@ def test_the_summary_names_each_worker_and_warns_beyond_15_percent_and_64_mib():
 def test_a_worker_keeps_no_matrix_product_workspace_after_the_product():
     """worker_env, imported before torch as the pool's fork server does, leaves no cached MKL workspace in the heap
     after products (~15 MiB with MKL's cache on): what the heap meter counts is what the plan prices."""
-    code = ("import rpegc.runtime.backends.torch.worker_env, torch\n"
-            "from rpegc.runtime.backends.torch.host_memory import heap_in_use\n"
+    code = ("import rpegc.runtime.backends.torch.worker.env, torch\n"
+            "from rpegc.runtime.backends.torch.worker.host_memory import heap_in_use\n"
             "torch.set_num_threads(1)\n"
             "base = heap_in_use()\n"
             "for n in (64, 256, 512, 1024):\n"
@@ -98,7 +98,7 @@ def test_freed_memory_goes_back_to_the_system_only_when_there_is_much_of_it_and_
     of its RAM available, and leaves the rest for malloc to reuse (a trim at every command of a small model's run made
     its steps ~12% slower, and before every training forward of a 24M-parameter model ~30% slower: the pages fault
     in again)."""
-    from rpegc.runtime.backends.torch import host_memory
+    from rpegc.runtime.backends.torch.worker import host_memory
 
     trims = []
     free = {"bytes": 0}
@@ -127,7 +127,7 @@ def test_freed_memory_goes_back_to_the_system_only_when_there_is_much_of_it_and_
 
 
 def test_host_available_is_a_share_of_the_host_ram():
-    from rpegc.runtime.backends.torch.host_memory import host_available
+    from rpegc.runtime.backends.torch.worker.host_memory import host_available
 
     share = host_available()
     assert share is not None and 0.0 < share <= 1.0

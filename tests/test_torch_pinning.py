@@ -1,4 +1,5 @@
-"""CPU workers of the torch backend run bound to one core each when they fit (runtime/backends/torch/pinning.py),
+"""CPU workers of the torch backend run bound to one core each when they fit
+(runtime/backends/torch/controller/pinning.py),
 as rpeg-calibrate's pool measured the profile; with more workers than cores, or a launcher that does not say
 how many workers share the node, nothing is bound."""
 
@@ -10,7 +11,7 @@ import re
 
 import pytest
 
-from rpegc.runtime.backends.torch.pinning import core_slots, cores_to_pin, local_workers, pin_cpu_worker
+from rpegc.runtime.backends.torch.controller.pinning import core_slots, cores_to_pin, local_workers, pin_cpu_worker
 from fixtures.programs import compile_example
 
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -55,7 +56,7 @@ def test_a_pool_sharing_a_devices_core_is_bound_beside_that_devices_worker(tmp_p
     pytest.importorskip("torch")
     from fixtures.torch_runs import compile_plan
     from rpegc.runtime.controller import run
-    from rpegc.runtime.backends.torch.backend import TorchBackend
+    from rpegc.runtime.backends.torch.controller.backend import TorchBackend
 
     text = open("examples/grpo-verify.rpeg").read().replace("gpus = 1,", "gpus = 2,")
     text = text.replace("@ref_inf     at (0, 0, 0)", "@ref_inf     at (0, 0, 1)")  # both devices: no core left
@@ -72,7 +73,7 @@ def test_two_workers_on_two_cores_run_bound_to_distinct_cores(tmp_path):
     pytest.importorskip("torch")
     from rpegc.runtime.controller import run
     from rpegc.runtime.plan import load_plan
-    from rpegc.runtime.backends.torch.backend import TorchBackend
+    from rpegc.runtime.backends.torch.controller.backend import TorchBackend
 
     plan_file = str(tmp_path / "g.exec.rpeg")
     compile_example("grpo-tiny-2", plan_file, steps=1)

@@ -1,5 +1,5 @@
-"""The worker pool's control store (runtime/backends/torch/pool.py; issue 33, item 5): a locally forked run's store
-listens on the loopback interface only, so no other host can reach it (TCPStore's own socket listens on all)."""
+"""The worker pool's control store (runtime/backends/torch/controller/pool.py; issue 33, item 5): a locally forked run's
+store listens on the loopback interface only, so no other host can reach it (TCPStore's own socket listens on all)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 dist = pytest.importorskip("torch.distributed")
 
-from rpegc.runtime.backends.torch.pool import loopback_listener  # noqa: E402
+from rpegc.runtime.backends.torch.controller.pool import loopback_listener  # noqa: E402
 
 
 def _listening(port: int) -> set[str]:
@@ -43,7 +43,7 @@ def test_a_local_runs_store_listens_on_loopback_only():
 def test_a_local_run_serves_its_control_store_on_loopback_only(tmp_path):
     from fixtures.torch_runs import compile_plan
 
-    from rpegc.runtime.backends.torch.backend import TorchBackend
+    from rpegc.runtime.backends.torch.controller.backend import TorchBackend
     from rpegc.runtime.controller import RunOptions, run
 
     plan = compile_plan(tmp_path, "examples/grpo-tiny.rpeg", 1)

@@ -9,11 +9,11 @@ torch = pytest.importorskip("torch")
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Graph, Model, Program, Workload  # noqa: E402
-from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
-from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms.rollout import ReferenceTrainer  # noqa: E402
+from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import config_from_program, toy_config  # noqa: E402
-from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.tasks import make_task  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms import default_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl.tasks import make_task  # noqa: E402
 
 torch.set_num_threads(1)
 

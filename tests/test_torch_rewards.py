@@ -1,4 +1,4 @@
-"""Reward functions (runtime/backends/torch/rewards.py): the built-ins, plugins named as
+"""Reward functions (runtime/backends/torch/rl/rewards.py): the built-ins, plugins named as
 module:function, file.py:function or an entry point, verl's signature checked, and failing calls counted,
 reported and scored 0."""
 
@@ -10,8 +10,8 @@ import re
 import pytest
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.runtime.backends.torch.datasets import Example
-from rpegc.runtime.backends.torch.rewards import (ENTRY_POINT_GROUP, exact_match, load_reward, math_answer, probe_reward,
+from rpegc.runtime.backends.torch.rl.datasets import Example
+from rpegc.runtime.backends.torch.rl.rewards import (ENTRY_POINT_GROUP, exact_match, load_reward, math_answer, probe_reward,
                                                  score_texts)
 from fixtures.plugins import install_plugin
 
@@ -126,7 +126,7 @@ def test_a_module_that_ends_its_process_at_import_is_a_located_error(tmp_path, h
 
 
 def test_a_module_that_never_finishes_importing_is_refused_after_the_timeout(tmp_path, monkeypatch):
-    from rpegc.runtime.backends.torch import rewards
+    from rpegc.runtime.backends.torch.rl import rewards
 
     monkeypatch.setattr(rewards, "LOAD_TIMEOUT_S", 2)
     path = tmp_path / "sleeps.py"

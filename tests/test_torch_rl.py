@@ -8,10 +8,10 @@ torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.program import Arch  # noqa: E402
-from rpegc.runtime.backends.torch.generation import expand_rollouts, generate  # noqa: E402
-from rpegc.runtime.backends.torch.models import NetOptions, build_model  # noqa: E402
-from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.rl import (LOSS_AGG_MODES, Experience, RLConfig, actor_loss,  # noqa: E402
+from rpegc.runtime.backends.torch.model.generation import expand_rollouts, generate  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import NetOptions, build_model  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms import default_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import (LOSS_AGG_MODES, Experience, RLConfig, actor_loss,  # noqa: E402
                                             aggregate, compute_advantages, critic_loss, gae,
                                             epoch_stats, grpo_advantages, kl_estimate, masked_moments,
                                             minibatch_rows, minibatch_steps, policy_loss, response_forward,
@@ -239,7 +239,7 @@ def test_the_pieced_head_log_probs_have_the_gradients_of_the_whole_computation(m
     (|g| |h| <= ~1 here): rel 1e-5, abs 1e-6."""
     from torch import nn
 
-    from rpegc.runtime.backends.torch import rl
+    from rpegc.runtime.backends.torch.rl import step as rl
 
     torch.manual_seed(0)
     b, t, d, vocab, temperature = 5, 7, 16, 50, 0.7
@@ -269,7 +269,7 @@ def test_the_pieced_head_log_probs_have_the_gradients_of_the_whole_computation(m
 
 
 def test_rloo_and_dr_grpo_advantages_follow_their_formulas():
-    from rpegc.runtime.backends.torch.rl import compute_advantages
+    from rpegc.runtime.backends.torch.rl.step import compute_advantages
 
     scores = t(1.0, 0.0, 0.25, 1.0, 0.5, 0.5, 0.5, 0.9)
     mask = torch.ones(8, 3)
@@ -298,7 +298,7 @@ def test_reinforce_plus_plus_advantages_follow_their_formulas():
     """REINFORCE++ (Hu 2025, Eq. 6-7): discounted returns of the per-token rewards (the score on the last token and
     the KL penalty -beta k1 on every token), normalised over the whole batch; with a group baseline (Sec. 3.2) the
     score less its group's mean on every token, normalised over the batch."""
-    from rpegc.runtime.backends.torch.rl import compute_advantages
+    from rpegc.runtime.backends.torch.rl.step import compute_advantages
 
     mask = t([1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1])
     logp, ref = t([-1.0, -2.0, -0.5], [-1.5, -1.0, 0.0], [-0.2, 0.0, 0.0], [-0.3, -0.4, -0.6]), torch.full((4, 3), -1.0)
@@ -334,7 +334,7 @@ def test_gspo_is_the_sequence_level_clipped_objective():
     """GSPO (Zheng et al. 2025, Eq. 5-7): per sequence s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|), the loss the mean over
     sequences of max(-A_i s_i, -A_i clip(s_i, 1 - eps, 1 + eps)); with seq-mean-token-mean the token form gives that
     value and gradient."""
-    from rpegc.runtime.backends.torch.rl import POLICY_LOSSES, sequence_ratio
+    from rpegc.runtime.backends.torch.rl.step import POLICY_LOSSES, sequence_ratio
 
     mask = t([1, 1, 1], [1, 1, 0], [1, 0, 0])
     old = t([-1.0, -1.2, -0.7], [-0.5, -0.9, 0.0], [-2.0, 0.0, 0.0])
@@ -356,7 +356,7 @@ def test_gspo_is_the_sequence_level_clipped_objective():
 
 
 def test_variants_are_registered_and_checked():
-    from rpegc.runtime.backends.torch.rl import ADV_ESTIMATORS, POLICY_LOSSES
+    from rpegc.runtime.backends.torch.rl.step import ADV_ESTIMATORS, POLICY_LOSSES
 
     assert set(ADV_ESTIMATORS) == {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
     assert set(POLICY_LOSSES) == {"ppo", "gspo"}
@@ -375,7 +375,7 @@ def test_variants_are_registered_and_checked():
 def test_dapo_overlong_shaping_punishes_the_last_tokens_of_the_budget():
     """DAPO (Yu et al. 2025, Eq. 13): R_length(y) = 0 if |y| <= L_max - L_cache, (L_max - L_cache - |y|) / L_cache up
     to L_max; here L_max = Lr = 6, L_cache = 4, the penalty factor 0.5; then GRPO's advantages of the shaped scores."""
-    from rpegc.runtime.backends.torch.rl import compute_advantages, overlong_shaping
+    from rpegc.runtime.backends.torch.rl.step import compute_advantages, overlong_shaping
 
     lengths = [1, 2, 3, 4, 5, 6]
     mask = torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lengths])
@@ -391,8 +391,8 @@ def test_dapo_overlong_shaping_punishes_the_last_tokens_of_the_budget():
 
 
 PLUGIN = '''
-from rpegc.runtime.backends.torch.algorithms import GRPO, register_algorithm
-from rpegc.runtime.backends.torch.rl import register_adv_est, register_policy_loss, policy_loss
+from rpegc.runtime.backends.torch.rl.algorithms import GRPO, register_algorithm
+from rpegc.runtime.backends.torch.rl.step import register_adv_est, register_policy_loss, policy_loss
 from dataclasses import replace
 
 
@@ -416,12 +416,12 @@ def test_a_plugin_registers_an_estimator_a_loss_and_an_algorithm_through_an_entr
     built-in ones, the algorithm it registers by the graph (`rpeg.algorithm`), checked against its family's shape."""
     from rpegc.core.check.wellformed import check_program
     from rpegc.core.ir import algorithms as families
-    from rpegc.runtime.backends.torch import algorithms as algs
-    from rpegc.runtime.backends.torch import rl as rl_module
-    from rpegc.runtime.backends.torch.backend import run_config
+    from rpegc.runtime.backends.torch.rl import algorithms as algs
+    from rpegc.runtime.backends.torch.rl import step as rl_module
+    from rpegc.runtime.backends.torch.controller.backend import run_config
     from rpegc.syntax.parser import parse
     from rpegc.core.ir.algorithms import PLUGIN_GROUP
-    from rpegc.runtime.backends.torch.rl import ADV_ESTIMATORS, POLICY_LOSSES, compute_advantages
+    from rpegc.runtime.backends.torch.rl.step import ADV_ESTIMATORS, POLICY_LOSSES, compute_advantages
     from fixtures.plugins import install_plugin
 
     install_plugin(tmp_path, "my_rl", PLUGIN, PLUGIN_GROUP, {"mine": "my_rl"})
@@ -459,8 +459,8 @@ def test_a_graph_names_a_grpo_variant_and_runs_grpo_with_its_settings(variant):
     """rpeg.algorithm VARIANT: a GRPO-shaped graph, GRPO's run with the variant's settings, which --rl overrides;
     `--rl algorithm=VARIANT` chooses it for a graph that names GRPO (an algorithm of another family is an error)."""
     from rpegc.core.check.wellformed import check_program
-    from rpegc.runtime.backends.torch.backend import run_config
-    from rpegc.runtime.backends.torch.algorithms import algorithm
+    from rpegc.runtime.backends.torch.controller.backend import run_config
+    from rpegc.runtime.backends.torch.rl.algorithms import algorithm
     from rpegc.syntax.parser import parse
 
     text = open("examples/grpo-tiny.rpeg").read().replace("rpeg.algorithm grpo", f"rpeg.algorithm {variant}")

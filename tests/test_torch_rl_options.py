@@ -1,4 +1,4 @@
-"""RL hyper-parameters from a TOML file and `--rl NAME=VALUE` (runtime/backends/torch/rl_options.py): names,
+"""RL hyper-parameters from a TOML file and `--rl NAME=VALUE` (runtime/backends/torch/rl/hyperparameters.py): names,
 types and ranges checked with located errors, precedence file < --rl < --lr, and the effective config
 recorded in the trace header and the checkpoint identity."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.interrupt import resume_command
-from rpegc.runtime.backends.torch.rl_options import Settings, coerce, parse_overrides, read_rl_file, rl_settings
+from rpegc.runtime.backends.torch.rl.hyperparameters import Settings, coerce, parse_overrides, read_rl_file, rl_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -125,7 +125,7 @@ def test_training_passes_the_plan_does_not_price_are_named():
     without says nothing."""
     from dataclasses import replace
 
-    from rpegc.runtime.backends.torch.backend import run_config, unpriced_passes
+    from rpegc.runtime.backends.torch.controller.backend import run_config, unpriced_passes
     from rpegc.syntax.parser import parse
 
     cfg = run_config(parse(open(os.path.join(ROOT, "examples", "grpo-tiny.rpeg")).read(), "g.rpeg"))

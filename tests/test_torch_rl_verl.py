@@ -1,5 +1,5 @@
-"""rl.py's estimators, losses, aggregations and KL estimators against verl's own (`verl.trainer.ppo.core_algos`, the
-pinned test dependency verl==0.9.1: `make install`), on the same tensors.
+"""rl/step.py's estimators, losses, aggregations and KL estimators against verl's own (`verl.trainer.ppo.core_algos`,
+the pinned test dependency verl==0.9.1: `make install`), on the same tensors.
 
 verl imports `ray` at import time though nothing in core_algos uses it, so the import runs with a stand-in module
 (verl's own tests of core_algos need Ray installed); its import also sets environment variables and a root logging
@@ -20,8 +20,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.runtime.backends.torch.algorithms import default_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.rl import (LOSS_AGG_MODES, Experience, aggregate, compute_advantages,  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms import default_rl_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import (LOSS_AGG_MODES, Experience, aggregate, compute_advantages,
+                                                   # noqa: E402
                                             kl_estimate, loss_normaliser, policy_loss, sequence_ratio, value_loss)
 
 TOL = dict(rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
-"""A run directory belongs to one run (runtime/backends/torch/run_dir.py; issue 33, item 1): a second rpeg-run on it
-is refused while the first holds its lock, a fresh run does not replace an earlier run's checkpoints, final weights
-or metrics unless --overwrite says so, an export never lands in the managed paths, and --secret-file never
+"""A run directory belongs to one run (runtime/backends/torch/checkpoints/run_dir.py; issue 33, item 1): a second
+rpeg-run on it is refused while the first holds its lock, a fresh run does not replace an earlier run's checkpoints,
+final weights or metrics unless --overwrite says so, an export never lands in the managed paths, and --secret-file never
 overwrites a file. Each refusal is one line, exit 1, with every file left as it was."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from fixtures.cli import one_line_error, rpeg_run
 
 from rpegc.cli import main as rpegc_main
 from rpegc.core.ir.errors import RpegError
-from rpegc.runtime.backends.torch.run_dir import (CHECKPOINT_DIR, FINAL, RunDirLock, check_fresh_run, earlier_run,
+from rpegc.runtime.backends.torch.checkpoints.run_dir import (CHECKPOINT_DIR, FINAL, RunDirLock, check_fresh_run,
+                                                              earlier_run,
                                                    managed_path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +65,7 @@ def test_a_second_lock_on_a_run_directory_is_refused_until_the_first_is_released
 def test_the_lock_of_a_killed_process_is_free(tmp_path):
     """The operating system drops a flock with its process: a crashed run leaves no stale lock behind."""
     run_dir = str(tmp_path / "run")
-    code = ("import sys, time; from rpegc.runtime.backends.torch.run_dir import RunDirLock; "
+    code = ("import sys, time; from rpegc.runtime.backends.torch.checkpoints.run_dir import RunDirLock; "
             "RunDirLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, run_dir], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

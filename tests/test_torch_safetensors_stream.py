@@ -1,5 +1,5 @@
-"""The streaming safetensors writer (runtime/backends/torch/safetensors_stream.py): what it writes is what the
-safetensors library writes and reads, for every dtype a checkpoint holds, and its size and digest are the file's."""
+"""The streaming safetensors writer (runtime/backends/torch/checkpoints/safetensors_stream.py): what it writes is what
+the safetensors library writes and reads, for every dtype a checkpoint holds, and its size and digest are the file's."""
 
 import hashlib
 import os
@@ -12,7 +12,7 @@ safetensors = pytest.importorskip("safetensors")
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from rpegc.runtime.backends.torch.safetensors_stream import write_safetensors  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.safetensors_stream import write_safetensors  # noqa: E402
 
 
 def _tensors():

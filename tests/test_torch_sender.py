@@ -1,11 +1,11 @@
-"""A worker's commands on two threads (runtime/backends/torch/sender.py): a transfer's source side on the sender
+"""A worker's commands on two threads (runtime/backends/torch/worker/sender.py): a transfer's source side on the sender
 thread beside the main loop's operators, every other command in the main loop's order."""
 
 import threading
 
 import pytest
 
-from rpegc.runtime.backends.torch.sender import SENDER, CommandRouter
+from rpegc.runtime.backends.torch.worker.sender import SENDER, CommandRouter
 
 
 def feed(commands):

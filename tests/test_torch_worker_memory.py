@@ -14,14 +14,14 @@ from hypothesis import strategies as st  # noqa: E402
 
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import MODEL_KINDS, Arch, Workload  # noqa: E402
-from rpegc.runtime.backends.torch import rl  # noqa: E402
-from rpegc.runtime.backends.torch.backend import model_seed  # noqa: E402
-from rpegc.runtime.backends.torch.layout import Layout, replica_rows  # noqa: E402
-from rpegc.runtime.backends.torch.models import (NetOptions, TransformerModel, build_model,  # noqa: E402
+from rpegc.runtime.backends.torch.rl import step as rl  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import Layout, replica_rows  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import (NetOptions, TransformerModel, build_model,  # noqa: E402
                                                 export_weights, param_shapes)
-from rpegc.runtime.backends.torch.parallel import seeded_shard, shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.parallel_model import seeded_shard, shard_of  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config  # noqa: E402
-from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import ModelSpec, standalone_worker  # noqa: E402
 
 
 @st.composite
@@ -98,7 +98,7 @@ def _inference(worker, label: str) -> None:
 
 
 def _rollouts():
-    from rpegc.runtime.backends.torch.worker import Entry, Piece
+    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
     seqs = torch.randint(0, lookup("tiny").vocab, (B * R, LP + LR), generator=torch.Generator().manual_seed(1))
     return Entry("data", pieces=[Piece(0, B * R, {"sequences": seqs, "mask": torch.ones(B * R, LR)})])

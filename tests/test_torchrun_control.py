@@ -1,4 +1,4 @@
-"""The control channel of a live torch run (backend.py, worker.py, messages.py): messages that whoever
+"""The control channel of a live torch run (backend.py, worker/process.py, messages.py): messages that whoever
 reaches the store's port injects, without the run's secret, are dropped and logged, never executed, and
 the run completes (the store transport, which externally launched workers use); forked workers' pipes
 are not on the store at all; a normal run prints no c10d warning."""
@@ -18,8 +18,8 @@ import torch.distributed as dist  # noqa: E402
 
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch import messages  # noqa: E402
-from rpegc.runtime.backends.torch.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.channel import messages  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402
 
@@ -140,8 +140,8 @@ def test_worker_logs_of_a_run_without_run_dir_are_removed_at_the_end(plan_file, 
 
 
 def test_an_external_worker_without_the_secret_stops_with_one_line():
-    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", "127.0.0.1:1",
-                           "--rank", "0", "--world", "1"], capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.backends.torch.worker.process", "--store",
+                           "127.0.0.1:1", "--rank", "0", "--world", "1"], capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k != messages.SECRET_ENV})
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -154,7 +154,7 @@ def test_an_external_worker_with_another_runs_secret_stops_with_one_line(tmp_pat
     messages.Endpoint(store, messages.new_secret(), "controller", print).put("setup", {"type": "setup", "setup": None})
     stale = str(tmp_path / "control-secret")
     messages.write_secret(stale, messages.new_secret())  # an earlier run's file
-    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store",
+    proc = subprocess.run([sys.executable, "-m", "rpegc.runtime.backends.torch.worker.process", "--store",
                            f"127.0.0.1:{store.port}", "--secret-file", stale, "--rank", "0", "--world", "1"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

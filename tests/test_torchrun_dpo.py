@@ -1,4 +1,4 @@
-"""DPO on the torch backend (runtime/backends/torch/algorithms/dpo.py): the reference model scores
+"""DPO on the torch backend (runtime/backends/torch/rl/algorithms/dpo.py): the reference model scores
 both sides of given preference pairs, the policy trains on the DPO loss; at tau = 0 a distributed run of any
 layout gives the single-process oracle's (`DPOTrainer`) statistics and weights, within the tolerances of
 tests/test_torchrun_equivalence.py (the same float32 summation-order argument: a sequence's log-probability is
@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
-from rpegc.runtime.backends.torch.algorithms.dpo import dpo_loss, sides  # noqa: E402
-from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
-from rpegc.runtime.backends.torch.algorithms.dpo import DPOTrainer  # noqa: E402
-from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms.dpo import dpo_loss, sides  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms.dpo import DPOTrainer  # noqa: E402
+from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
 from fixtures.torch_runs import STAT_ABS, STAT_REL, compile_plan, run_torch  # noqa: E402
 from fixtures.dpo import GRAPH, TWO, preference_rows
@@ -98,7 +98,7 @@ def test_a_checkpoint_on_a_preference_dataset_with_minibatches_matches_the_oracl
     (policy and reference read from it): prompts of different lengths left-padded, responses of different
     lengths right-padded and masked; reference dp 2, training dp 2 in two minibatches of pairs."""
     pytest.importorskip("transformers")
-    from rpegc.runtime.backends.torch import arith
+    from rpegc.tools import arith
 
     ckpt = tmp_path / "ckpt"
     arith.write_checkpoint(str(ckpt), hidden=32, layers=2, max_positions=32)

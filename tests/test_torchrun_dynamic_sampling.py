@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.runtime.backends.torch.rl import keep_informative  # noqa: E402
+from rpegc.runtime.backends.torch.rl.step import keep_informative  # noqa: E402
 from fixtures.torch_runs import assert_same_run, compile_plan, run_torch  # noqa: E402
 
 

@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rpegc.runtime.backends.torch.algorithms.rollout import ReferenceTrainer  # noqa: E402
-from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
-from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.rl.algorithms.rollout import ReferenceTrainer  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from fixtures.torch_runs import PPO4, STAT_REL, assert_same_run, compile_plan, logits_of, model_names, run_torch
 
 
@@ -116,9 +116,9 @@ def test_a_gemma3_checkpoint_with_a_sliding_window_trained_with_dr_grpo_on_tp_an
     statistics; for the weights, Adam's first sign-like step (module docstring) made Adam's default eps give 2.8e-5,
     so both sides run eps = 1e-5 as the Qwen3 test does (measured 5e-6; bound 2e-5, and the weights moved ~1e-2)."""
     pytest.importorskip("transformers")
-    from rpegc.runtime.backends.torch import arith
-    from rpegc.runtime.backends.torch.hf import hf_net
-    from rpegc.runtime.backends.torch.models import NetOptions
+    from rpegc.tools import arith
+    from rpegc.runtime.backends.torch.model.hf import hf_net
+    from rpegc.runtime.backends.torch.model.transformer import NetOptions
 
     ckpt = str(tmp_path / "gemma3")
     arith.write_checkpoint(ckpt, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=24, max_positions=32, tie=True,
@@ -181,7 +181,7 @@ def test_a_checkpoint_on_a_dataset_with_truncated_sampling_and_minibatches_match
     plugin, two PPO epochs of two minibatches, through generation dp 2, reference tp 2, reward dp 2 and
     training dp 2 x pp 2 with microbatches."""
     pytest.importorskip("transformers")
-    from rpegc.runtime.backends.torch import arith
+    from rpegc.tools import arith
 
     ckpt = tmp_path / "ckpt"
     arith.write_checkpoint(str(ckpt), hidden=32, layers=2, max_positions=32)

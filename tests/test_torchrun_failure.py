@@ -12,9 +12,10 @@ psutil = pytest.importorskip("psutil")
 from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch.backend import TorchBackend  # noqa: E402
-from rpegc.runtime.backends.torch.checkpoint import latest_checkpoint, load_checkpoint, load_final  # noqa: E402
-from rpegc.runtime.backends.torch.worker import FAULT_ENV  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.shard_files import (latest_checkpoint, load_checkpoint,
+                                                                  load_final)  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import FAULT_ENV  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
 from fixtures.cli import rpeg_run  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402

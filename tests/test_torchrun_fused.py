@@ -1,6 +1,6 @@
 """Fused training on the torch backend (issue 34, items 5 and 6; docs/stage-fusion.md): PPO's actor and critic train
 on the same 2 workers (as 2-stage pipelines of 4 microbatches, as 2 data-parallel replicas, or tensor-parallel), their
-microtasks interleaved as the plan's exec.fusion orders them (runtime/backends/torch/interleave.py). Each member runs the same kernels on the same microbatches in
+microtasks interleaved as the plan's exec.fusion orders them (runtime/backends/torch/worker/interleave.py). Each member runs the same kernels on the same microbatches in
 the same order as it does unfused, so the final weights are bit-identical to the unfused run of the same plan."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from fixtures.cli import rpeg_run  # noqa: E402
 from rpegc.cli import main as rpegc_main  # noqa: E402
-from rpegc.runtime.backends.torch.checkpoint import load_final  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.shard_files import load_final  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = (ROOT / "lit_tests" / "Inputs" / "ppo-fused-2.rpeg").read_text()

@@ -17,10 +17,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rpegc.core.ir.hf_config import hf_arch  # noqa: E402
-from rpegc.runtime.backends.torch import arith  # noqa: E402
-from rpegc.runtime.backends.torch import checkpoint as ckpt  # noqa: E402
-from rpegc.runtime.backends.torch.hf import hf_net  # noqa: E402
-from rpegc.runtime.backends.torch.models import NetOptions  # noqa: E402
+from rpegc.tools import arith  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt  # noqa: E402
+from rpegc.runtime.backends.torch.model.hf import hf_net  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import NetOptions  # noqa: E402
 from fixtures.torch_runs import logits_of  # noqa: E402
 from fixtures.torch_runs import LOGIT_ATOL  # noqa: E402
 from fixtures.programs import EXAMPLES, lowering  # noqa: E402
@@ -144,7 +144,7 @@ def test_the_demos_arithmetic_grpo_raises_the_held_out_accuracy(tmp_path):
     60 GRPO steps with the math verifier on 2 workers leave the exported model answering more held-out prompts
     right (measured 0.75 -> 0.97; asserted: a rise of at least 0.05, far inside the margin any CPU's rounding
     could move a sampled run)."""
-    arith_cli = ("rpegc.runtime.backends.torch.arith",)
+    arith_cli = ("rpegc.tools.arith",)
     proc = cli(*arith_cli, "make", "arith", "--warm-up", "100", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert cli("rpegc.cli", "arith/grpo.rpeg", "-p", lowering(60), "-o", "a.exec.rpeg", cwd=tmp_path).returncode == 0

@@ -1,5 +1,5 @@
 """Workers launched from outside (as torchrun or Slurm start them): `python -m
-rpegc.runtime.backends.torch.worker --store HOST:PORT` with RANK / WORLD_SIZE in the environment joins a
+rpegc.runtime.backends.torch.worker.process --store HOST:PORT` with RANK / WORLD_SIZE in the environment joins a
 controller started with `launcher="external"`; the run is the same as with locally forked workers."""
 
 import os
@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch.backend import TorchBackend, run_config  # noqa: E402
-from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
 from fixtures.torch_runs import STAT_REL  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402
@@ -34,10 +34,10 @@ def test_externally_launched_workers_run_the_plan_and_exit_cleanly(tmp_path):
     plan = load_plan(out)
     address = f"127.0.0.1:{free_port()}"
     secret = str(tmp_path / "secret")  # the workers read it once they reach the store
-    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", address],
-                                env=dict(os.environ, RANK=str(r), WORLD_SIZE="4", RPEG_RUN_SECRET_FILE=secret),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-               for r in range(4)]
+    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker.process", "--store",
+                                address], env=dict(os.environ, RANK=str(r), WORLD_SIZE="4",
+                                RPEG_RUN_SECRET_FILE=secret), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True) for r in range(4)]
     try:
         backend = TorchBackend(seed=0, tp_impl="torch", launcher="external", store=address, secret_file=secret)
         result = run(plan, backend)
@@ -72,8 +72,8 @@ def test_rpeg_run_store_option_waits_for_workers_started_elsewhere(tmp_path):
         time.sleep(0.1)
     assert secret.exists(), controller.communicate()[1][-2000:] if controller.poll() is not None else "no secret"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
-    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker", "--store", address,
-                                 "--secret-file", str(secret)],
+    workers = [subprocess.Popen([sys.executable, "-m", "rpegc.runtime.backends.torch.worker.process", "--store",
+                                 address, "--secret-file", str(secret)],
                                 env=dict(os.environ, RANK=str(r), WORLD_SIZE="4"), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
                for r in range(4)]

@@ -1,5 +1,5 @@
-"""Shard placement and routing of the torch backend (runtime/backends/torch/layout.py), checkpoint plan
-restriction (checkpoint.py): no worker processes."""
+"""Shard placement and routing of the torch backend (runtime/backends/torch/parallel/layout.py), checkpoint plan
+restriction (checkpoints/shard_files.py): no worker processes."""
 
 import itertools
 
@@ -11,13 +11,13 @@ from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch.backend import run_config  # noqa: E402
-from rpegc.runtime.backends.torch.checkpoint import kept_versions, resume_plan  # noqa: E402
-from rpegc.runtime.backends.torch.layout import (Layout, param_stage, rank_pieces, replica_rows, route_rows,  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.checkpoints.shard_files import kept_versions, resume_plan  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.layout import (Layout, param_stage, rank_pieces, replica_rows, route_rows,  # noqa: E402
                                                 route_weights, shard_dim, split_rows, stage_bounds)
-from rpegc.runtime.backends.torch.models import NetOptions, build_model, export_weights  # noqa: E402
-from rpegc.runtime.backends.torch.models import param_shapes  # noqa: E402
-from rpegc.runtime.backends.torch.parallel import shard_of  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import NetOptions, build_model, export_weights  # noqa: E402
+from rpegc.runtime.backends.torch.model.transformer import param_shapes  # noqa: E402
+from rpegc.runtime.backends.torch.parallel.parallel_model import shard_of  # noqa: E402
 
 PIPELINE = "verify-wellformed,unroll{k=3},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
 

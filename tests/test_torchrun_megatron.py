@@ -1,4 +1,4 @@
-"""megatron-core on CPU (runtime/backends/torch/megatron_compat.py): its tensor-parallel layers on an
+"""megatron-core on CPU (runtime/backends/torch/parallel/megatron_compat.py): its tensor-parallel layers on an
 explicit, non-global TP group reproduce the single-process layer, with megatron's global parallel state
 never initialised, and a whole run with `tp_impl="megatron"` reproduces the reference trainer."""
 
@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 torch = pytest.importorskip("torch")
-mc = pytest.importorskip("rpegc.runtime.backends.torch.megatron_compat")
+mc = pytest.importorskip("rpegc.runtime.backends.torch.parallel.megatron_compat")
 if mc.load()[0] is None:
     pytest.skip(mc.load()[1], allow_module_level=True)
 
@@ -17,8 +17,8 @@ import torch.multiprocessing as mp  # noqa: E402
 from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch.backend import TorchBackend, run_config  # noqa: E402
-from rpegc.runtime.backends.torch.reference import run_reference  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from fixtures.torch_runs import STAT_REL  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -40,7 +40,7 @@ def _run_config():
 
 
 def _layouts():
-    from rpegc.runtime.backends.torch.layout import Layout
+    from rpegc.runtime.backends.torch.parallel.layout import Layout
 
     return {1: Layout((0,), 1, 1, 1), 2: Layout((0, 1), 1, 2, 1)}
 
@@ -59,8 +59,8 @@ def _batch() -> dict:
 
 
 def _setup(ctx, gate_path: str) -> None:
-    from rpegc.runtime.backends.torch.backend import model_seed
-    from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup
+    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.worker.process import ModelSpec, Worker, WorkerSetup
 
     names = {"policy": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}
     models = {n: ModelSpec(n, k, ARCH, model_seed(0, k)) for k, n in names.items()}
@@ -109,8 +109,8 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
     """One operator under (dp, pp, tp, mb) = (1, pp, 1, MB): this rank's outputs and schedule trace (training: a
     fresh training state, on the pipeline `schedule`)."""
     from rpegc.core.ir.training import Training
-    from rpegc.runtime.backends.torch.layout import replica_rows
-    from rpegc.runtime.backends.torch.worker import Entry, Piece
+    from rpegc.runtime.backends.torch.parallel.layout import replica_rows
+    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
     layout = _layouts()[pp]
     if ctx.rank not in layout.ranks:
@@ -148,8 +148,8 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
 
 def _initial_actor(ctx) -> dict | None:
     """Version 0 of the actor as the single-process reference builds it."""
-    from rpegc.runtime.backends.torch.backend import model_seed
-    from rpegc.runtime.backends.torch.models import build_model, export_weights
+    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.model.transformer import build_model, export_weights
 
     if ctx.rank != 0:
         return None
@@ -158,10 +158,10 @@ def _initial_actor(ctx) -> dict | None:
 
 def _single_process(ctx, role: str) -> dict | None:
     """What the single-process functions give for the same rows, microbatch by microbatch (rank 0)."""
-    from rpegc.runtime.backends.torch.backend import model_seed
-    from rpegc.runtime.backends.torch.generation import expand_rollouts, generate
-    from rpegc.runtime.backends.torch.models import build_model
-    from rpegc.runtime.backends.torch.rl import response_forward
+    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.model.generation import expand_rollouts, generate
+    from rpegc.runtime.backends.torch.model.transformer import build_model
+    from rpegc.runtime.backends.torch.rl.step import response_forward
 
     if ctx.rank != 0:
         return None
@@ -184,8 +184,8 @@ def _single_process(ctx, role: str) -> dict | None:
 def _serialized_inference(ctx) -> bool | None:
     """Reference inference at pp = 2 the way the backend ran it before (one microbatch through the whole
     pipeline, broadcast, then the next), under a short gate: whether the gate opened (last stage)."""
-    from rpegc.runtime.backends.torch.schedules import infer
-    from rpegc.runtime.backends.torch.rl import response_forward
+    from rpegc.runtime.backends.torch.parallel.schedules import infer
+    from rpegc.runtime.backends.torch.rl.step import response_forward
 
     layout = _layouts()[2]
     pm, _ = ctx.state["worker"].serving_model("ref", layout, "W:ref:pp2")

@@ -1,13 +1,13 @@
 """A verify vertex runs for real (issue 36): the worker of the plan's pool device scores the responses it received in
-a pool of host processes of the plan's size (runtime/backends/torch/verifier_pool.py), writes the rewards the
+a pool of host processes of the plan's size (runtime/backends/torch/controller/verifier_pool.py), writes the rewards the
 trainers read, and the trace verifies; the plan's verifier is what runs (--reward may only repeat it)."""
 
 import pytest
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.runtime.backends.torch.backend import reward_spec
-from rpegc.runtime.backends.torch.verifier_pool import VerifierPool, chunks, merge
-from rpegc.runtime.backends.torch.rewards import Scored
+from rpegc.runtime.backends.torch.controller.backend import reward_spec
+from rpegc.runtime.backends.torch.controller.verifier_pool import VerifierPool, chunks, merge
+from rpegc.runtime.backends.torch.rl.rewards import Scored
 from rpegc.syntax.parser import parse
 from fixtures.torch_runs import compile_plan, run_torch
 
@@ -66,7 +66,7 @@ def test_a_verify_vertex_trains_on_the_pools_rewards_and_the_trace_verifies(tmp_
 def test_a_reward_function_in_a_reward_models_place_is_named_as_unpriced():
     from dataclasses import replace
 
-    from rpegc.runtime.backends.torch.backend import run_config, unpriced_reward
+    from rpegc.runtime.backends.torch.controller.backend import run_config, unpriced_reward
 
     tiny = parse(open("examples/grpo-tiny.rpeg").read(), "g.rpeg")
     assert unpriced_reward(tiny, run_config(tiny)) is None  # the toy rule: microseconds

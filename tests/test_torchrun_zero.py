@@ -39,15 +39,15 @@ def _run_config(dtype: str = "fp32"):
 
 
 def _layouts():
-    from rpegc.runtime.backends.torch.layout import Layout
+    from rpegc.runtime.backends.torch.parallel.layout import Layout
 
     return {1: Layout((0,), 1, 1, 1), 2: Layout((0, 1), 2, 1, 1)}
 
 
 def _setup(ctx) -> None:
     """A worker per dtype on every rank (making one creates process groups: every rank takes part)."""
-    from rpegc.runtime.backends.torch.backend import model_seed
-    from rpegc.runtime.backends.torch.worker import ModelSpec, Worker, WorkerSetup
+    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.worker.process import ModelSpec, Worker, WorkerSetup
 
     models = {"actor": ModelSpec("actor", "policy", ARCH, model_seed(0, "policy"))}
     for dtype in ("fp32", "bf16"):
@@ -69,8 +69,8 @@ def _train(ctx, dp: int, zero: int, dtype: str = "fp32", rows: dict | None = Non
     """One training step of the actor under (dp, 1, 1, MICROBATCHES / dp) at ZeRO stage `zero`; this rank's new
     weights, its masters and its Adam state's names. `rows`: each rank's rows (default: an even split); `mb`: the
     microbatches (default MICROBATCHES / dp)."""
-    from rpegc.runtime.backends.torch.layout import replica_rows
-    from rpegc.runtime.backends.torch.worker import Entry, Piece
+    from rpegc.runtime.backends.torch.parallel.layout import replica_rows
+    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
     layout = _layouts()[dp]
     if ctx.rank not in layout.ranks:
@@ -193,7 +193,7 @@ def test_mixed_precision_publishes_its_working_copy_and_takes_the_input_over(poo
 def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None:
     """`_train` under ZeRO-2 with buckets of `bucket_bytes`, noting every bucket reduced (its owner, its gradients,
     which gradients the replica held once it was launched, and whether a backward pass was running)."""
-    from rpegc.runtime.backends.torch import parallel
+    from rpegc.runtime.backends.torch.parallel import parallel_model as parallel
 
     seen: list[dict] = []
     original_launch, original_ready = parallel.ParallelModel._launch_reduce, parallel.ParallelModel.reducing_as_ready

@@ -22,7 +22,7 @@ def test_the_host_table_loads_into_a_profile():
 
 
 def test_the_samples_are_half_right_for_the_math_verifier():
-    from rpegc.runtime.backends.torch.rewards import math_answer
+    from rpegc.runtime.backends.torch.rl.rewards import math_answer
 
     texts, examples = samples(8)
     scores = [math_answer("a", t, e.answer)["score"] for t, e in zip(texts, examples)]

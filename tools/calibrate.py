@@ -496,7 +496,7 @@ def _measure_forward(ctx, case: ForwardCase, dtype: str, min_time: float, repeat
         return None
     import torch
 
-    from rpegc.runtime.backends.torch.models import NetOptions, arch_net, build_model
+    from rpegc.runtime.backends.torch.model.transformer import NetOptions, arch_net, build_model
 
     # Learned positions, as the torch backend builds its models (backend.run_config). The model code
     # creates some tensors (the attention mask) without a device: the default-device context puts them
@@ -529,7 +529,7 @@ def _measure_non_gemm(ctx, batch: int, seq: int, hidden: int, dtype: str, min_ti
         return None
     import torch
 
-    from rpegc.runtime.backends.torch.models import RMSNorm
+    from rpegc.runtime.backends.torch.model.transformer import RMSNorm
 
     dt = _dtype(dtype)
     norm_a = RMSNorm(hidden, 1e-6).to(ctx.device, dt)
@@ -1076,7 +1076,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def measure_verifier(args: argparse.Namespace) -> int:
     """`--verifier SPEC --data FILE`: t_resp of a reward function, printed with the line that states it."""
-    from rpegc.runtime.backends.torch.rewards import load_reward
+    from rpegc.runtime.backends.torch.rl.rewards import load_reward
     from rpegc.tools.verifier_timing import measure_dataset
 
     try:

@@ -59,10 +59,10 @@ WEIGHTS_ATOL = 1e-3  # after an Adam step, whose first update is ~lr * sign(g): 
 def _worker(device: torch.device):
     from rpegc.core.ir.presets import lookup
     from rpegc.core.ir.program import Workload
-    from rpegc.runtime.backends.torch.backend import model_seed
-    from rpegc.runtime.backends.torch.layout import Layout
+    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.parallel.layout import Layout
     from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
-    from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker
+    from rpegc.runtime.backends.torch.worker.process import ModelSpec, standalone_worker
 
     arch = lookup("tiny")
     run = RunConfig(algorithm="grpo", actor=arch, workload=Workload(B=B, R=R, Lp=LP, Lr=LR, dtype="fp32"),
@@ -94,7 +94,7 @@ def _step(worker, rollouts=None) -> dict:
     _op(worker, "generation", "actor", [], "Y", ["sequences", "mask", "old_logprobs"])
     generated = _fields(worker, "Y")
     if rollouts is not None:
-        from rpegc.runtime.backends.torch.worker import Entry, Piece
+        from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
         moved = {f: t.to(worker.device) for f, t in rollouts.items()}
         worker.entries["Y"] = Entry("data", pieces=[Piece(0, B * R, moved)])
@@ -139,7 +139,7 @@ def _rpeg_run(plan: str, run_dir: str, dist_backend: str) -> dict:
     print(f"step 4: {dist_backend}: exit {out.returncode}; {out.stdout.strip().splitlines()[-1:]} {out.stderr[-2000:]}")
     if out.returncode != 0:
         return {}
-    from rpegc.runtime.backends.torch.checkpoint import load_final
+    from rpegc.runtime.backends.torch.checkpoints.shard_files import load_final
 
     return load_final(run_dir)
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.runtime.backends.torch.pinning import cores_to_pin, pin_main_thread
+from rpegc.runtime.backends.torch.controller.pinning import cores_to_pin, pin_main_thread
 
 DEFAULT_TIMEOUT_S = 300.0  # a collective that waits longer than this has lost a peer
 ERROR_GRACE_S = 5.0  # how long the other ranks may still answer after one rank failed
@@ -176,7 +176,7 @@ def _worker_main(rank: int, world: int, init_file: str, backend: str, threads: i
                  core: Optional[int], conn) -> None:
     import datetime
 
-    import rpegc.runtime.backends.torch.worker_env  # noqa: F401  (before torch: the backend's workers' environment)
+    import rpegc.runtime.backends.torch.worker.env  # noqa: F401  (before torch: the backend's workers' environment)
     import torch
     import torch.distributed as dist
 

@@ -6,9 +6,9 @@ the calibrated profile). docs/cost-model-spec.md Sec. 3 gives the prediction, `r
 
 A configuration is one operator (generation, inference or training of one model kind) of one tiny
 model on one workload (B, R, Lp, Lr) under one strategy (dp, pp, tp, mb) on the first dp*pp*tp
-devices. It is executed by the torch backend's own worker code (`runtime/backends/torch/worker.py`,
+devices. It is executed by the torch backend's own worker code (`runtime/backends/torch/worker/process.py`,
 `Worker.cmd_op`: the same function the backend runs for an Op node, with its TP/PP/DP execution in
-`parallel.py`), inside worker processes of `rpegc.tools.measure.WorkerPool`. The latency of one run is
+`parallel/parallel_model.py`), inside worker processes of `rpegc.tools.measure.WorkerPool`. The latency of one run is
 the slowest rank's time from a common barrier to the end of its part; a configuration's latency is the
 median of warm repeats. Memory (Fig. 5) is measured with --isolated (each operator alone on its devices; the
 default under `--backend nccl`): on CUDA torch.cuda.max_memory_allocated (`--grid gpu`: ~1B models in bf16), on
@@ -333,7 +333,7 @@ def predict(case: Case, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> 
 
 
 def _layout(case: Case):
-    from rpegc.runtime.backends.torch.layout import Layout
+    from rpegc.runtime.backends.torch.parallel.layout import Layout
 
     return Layout(tuple(range(case.devices)), case.dp, case.pp, case.tp)
 
@@ -343,7 +343,7 @@ def _init_groups(ctx, layouts) -> int:
     TP/PP/DP groups (`parallel.ProcessGroups`) and one group per allocation for the start barrier."""
     import warnings
 
-    from rpegc.runtime.backends.torch.parallel import ProcessGroups
+    from rpegc.runtime.backends.torch.parallel.parallel_model import ProcessGroups
 
     # megatron-core's TP layers warn about a CUDA setting on every construction; it does not apply here.
     warnings.filterwarnings("ignore", message="When using async grad allreduce")
@@ -356,9 +356,9 @@ def _init_groups(ctx, layouts) -> int:
 
 def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     """The backend's `Worker` for the case's model and workload (one per suite, reused across strategies)."""
-    from rpegc.runtime.backends.torch.backend import model_seed
+    from rpegc.runtime.backends.torch.controller.backend import model_seed
     from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
-    from rpegc.runtime.backends.torch.worker import ModelSpec, standalone_worker
+    from rpegc.runtime.backends.torch.worker.process import ModelSpec, standalone_worker
 
     workers = ctx.state.setdefault("workers", {})
     if case.suite in workers:
@@ -401,8 +401,8 @@ _TRAINING_INPUTS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores
 
 def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
     """The Op command the backend would send for this operator, with its inputs already on this rank."""
-    from rpegc.runtime.backends.torch.layout import replica_rows
-    from rpegc.runtime.backends.torch.worker import Entry, Piece
+    from rpegc.runtime.backends.torch.parallel.layout import replica_rows
+    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
     model = MODEL_NAMES[case.kind]
     weights = f"W:{model}:{layout.dp}.{layout.pp}.{layout.tp}"
@@ -437,7 +437,7 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
     built, so its weights and optimizer state are in it (`host_memory.HeapMeter`)."""
     import torch
 
-    from rpegc.runtime.backends.torch.host_memory import OPERATOR_SAMPLE_S, HeapMeter
+    from rpegc.runtime.backends.torch.worker.host_memory import OPERATOR_SAMPLE_S, HeapMeter
 
     layout = _layout(case)
     if ctx.rank not in layout.ranks:
@@ -607,7 +607,7 @@ def _resolve_tp_impl(tp_impl: str, needs_tp: bool) -> str:
         raise RpegError(None, f"unknown --tp-impl '{tp_impl}'; use auto, megatron or torch")
     if tp_impl != "auto" or not needs_tp:
         return "torch" if tp_impl == "auto" else tp_impl
-    from rpegc.runtime.backends.torch import megatron_compat
+    from rpegc.runtime.backends.torch.parallel import megatron_compat
 
     layers, _ = megatron_compat.load()
     return "megatron" if layers is not None else "torch"

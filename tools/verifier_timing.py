@@ -6,8 +6,8 @@
   them busy (a pool's processes beside each other and beside the workers; the devices are calibrated the same way):
   on the 2-core VM a call took 0.67-0.89 ms alone and 1.1-1.3 ms inside runs whose other core was busy.
 - `call_overhead(spec)`: t_call, what one verify operator costs beyond its calls: handing one response to a pool
-  process and collecting its score (runtime/backends/torch/verifier_pool.py), the median over repeats, less one
-  call's t_resp.
+  process and collecting its score (runtime/backends/torch/controller/verifier_pool.py), the median over repeats, less
+  one call's t_resp.
 - `host_text()`: the `[host]` table `rpeg-calibrate --machine` writes: the host's cores, t_call, and t_resp of the
   built-in functions over `SAMPLES`, responses shaped as the arithmetic demo's (GSM8K's `#### n` answers).
 - `rpeg-calibrate --verifier SPEC --data FILE` measures a user's function over a dataset's ground truths taken as
@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.report import host_cores
-from rpegc.runtime.backends.torch.verifier_pool import TextExample
+from rpegc.runtime.backends.torch.controller.verifier_pool import TextExample
 
 REPEATS = 5
 POOL_REPEATS = 20
@@ -43,7 +43,7 @@ def samples(n: int = 64) -> tuple[list[str], list[TextExample]]:
 
 def per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], repeats: int = REPEATS) -> float:
     """t_resp of the reward function `spec` over `texts` (seconds per call, median of `repeats` batches)."""
-    from rpegc.runtime.backends.torch.rewards import load_reward, score_texts
+    from rpegc.runtime.backends.torch.rl.rewards import load_reward, score_texts
 
     fn = load_reward(spec)
     rows = list(range(len(texts)))
@@ -68,7 +68,7 @@ def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], 
     median of theirs: what a call costs while the host is busy, as in a run."""
     import multiprocessing as mp
 
-    from rpegc.runtime.backends.torch.rewards import load_reward
+    from rpegc.runtime.backends.torch.rl.rewards import load_reward
 
     load_reward(spec)  # a bad spec is this process's one-line error, not a child's
     cores = host_cores() if cores is None else cores
@@ -99,7 +99,7 @@ def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], 
 
 def call_overhead(spec: str, t_resp: float, repeats: int = POOL_REPEATS) -> float:
     """t_call of a one-process pool of `spec`: one response's round trip through the pool, less its call."""
-    from rpegc.runtime.backends.torch.verifier_pool import VerifierPool
+    from rpegc.runtime.backends.torch.controller.verifier_pool import VerifierPool
 
     texts, examples = samples(1)
     pool = VerifierPool(spec, 1)
@@ -119,7 +119,7 @@ def rule_per_response(rows: int = 256, repeats: int = REPEATS) -> float:
     """t_resp of the toy tasks' token rule (tasks.py), which scores tensors: per row of a batch."""
     import torch
 
-    from rpegc.runtime.backends.torch.tasks import make_task
+    from rpegc.runtime.backends.torch.rl.tasks import make_task
 
     task = make_task("pattern", 64, 4, 6)
     prompts = torch.randint(0, 64, (rows, 4))

@@ -47,7 +47,7 @@ from rpegc.core.ir.training import Training
 BETA_OOM = 40.0  # spec 1.3 / 7
 # Float32 elements of one piece of a vocabulary-wide log-softmax: the torch backend computes log-probs (inference,
 # the training head) a few sequences at a time so that no larger vocabulary-wide float32 tensor exists, and holds
-# two such pieces at once (the log-softmax and its input). Declared here, read by the backend (rl.py).
+# two such pieces at once (the log-softmax and its input). Declared here, read by the backend (rl/step.py).
 LOGPROB_PIECE = 1 << 20
 FP32 = 4
 # Data-parallel gradient reductions go in buckets (DDP's 25 MiB at most), a quarter of a replica's share of a stage's

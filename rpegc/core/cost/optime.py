@@ -159,7 +159,7 @@ class OpTime:
 
 def backend_scalar_allreduces(zero: int) -> int:
     """The AllReduces of a few scalars a training operator of the torch backend makes over its DP group in one step
-    of one epoch and one minibatch (runtime/backends/torch/algorithms/rollout.py): the batch's token count, the
+    of one epoch and one minibatch (runtime/backends/torch/rl/algorithms/rollout.py): the batch's token count, the
     minibatches' loss normalisers and the step's metrics, and per optimizer step the loss statistics
     (`schedules.train_step`) and, under ZeRO >= 1, the squared norm of the replicas' gradient shares
     (`ParallelModel.grad_sq_total`). An advantage estimator that whitens over the batch (PPO's GAE by default)

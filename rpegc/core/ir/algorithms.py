@@ -2,7 +2,7 @@
 
 The compiler checks a graph against its family's shape (check/wellformed.py): PPO samples rollouts and trains a
 critic, GRPO samples rollouts without one, DPO trains on given pairs. GRPO's variants are GRPO-shaped; the torch
-backend gives each its settings (runtime/backends/torch/algorithms/). A plugin (a module of the entry-point group
+backend gives each its settings (runtime/backends/torch/rl/algorithms/). A plugin (a module of the entry-point group
 `rpegc.rl`) may add an algorithm of one of the families: it registers it with the torch backend's
 `register_algorithm`, which declares its name here. Whoever meets a name it does not know imports the plugins
 first (`algorithm_family`), the compiler included.

@@ -4,7 +4,7 @@ A `.rpeg` model may name a local directory (`rpeg.model @actor {hf = "ckpt/model
 a `config.json` and `*.safetensors`; its shape (layers, hidden, ffn, vocab, heads, kv_heads) is read from
 `config.json` here, so the cost model (paper Sec. V) prices the real model. The torch backend reads the
 rest (RoPE theta and scaling, norm epsilon, tied embeddings) through `transformers`
-(runtime/backends/torch/hf.py); the compiler reads plain JSON and needs no `transformers`.
+(runtime/backends/torch/model/hf.py); the compiler reads plain JSON and needs no `transformers`.
 
 Supported: the Llama family of decoder-only transformers as the backend builds them (RMSNorm, RoPE with
 rotate-half, grouped-query attention, a gated SiLU FFN, no biases but Qwen2's on the query, key and value

@@ -1,22 +1,25 @@
 """The torch backend: worker processes that train for real (docs/architecture.md, Runtime; paper Sec. VII and App. B).
 
-Modules (each imports torch itself, so importing this package does not; `SPEC` below is what rpeg-run reads):
-- controller side: `options` (rpeg-run's options of this backend), `backend` (`TorchBackend`: dispatch,
-  completions, parameter copies), `pool` (the worker processes, the control channel, health), `routing`
-  (layouts, rows, where each shard is held, the commands that move them), `exports` (checkpoints and final
-  weights at step boundaries), `inbox` (worker reports), `processes` (the fork server and what it leaves),
-  `memory_check`, `checkpoint`, `export` and `run_dir` (the run directory's files), `device` (gloo/CPU or
-  NCCL/GPU), `pinning`
-- the channel: `messages` (sealed, schema-checked commands and reports), `worker_setup` (what a worker is told
-  at start)
-- worker side: `worker` (its commands, models and copies), `worker_env` (set before torch loads), `layout`
-  (shards, routes and ZeRO shares), `parallel` (one rank's share of a model), `tensor_parallel`, `pipeline` (links
-  between stages), `schedules` (pipelined inference, generation, 1F1B training), `megatron_compat`, `peak_memory`
-  (what a worker held at its peak, beside the prediction)
-- models and RL: `run_config` (`RunConfig`: what one run trains, read by the controller, the workers and the
-  oracle), `models`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `rl`, `rl_options`,
-  `algorithms/` (PPO, GRPO, DPO), `prompts` (a dataset file or a toy task), `datasets`, `tasks`, `rewards`,
-  `arith`, and `reference` (the single-process oracle at tau = 0)
+Rooms (each module imports torch itself, so importing this package does not; `SPEC` below is what rpeg-run reads):
+- `controller/`: `backend` (`TorchBackend`: dispatch, completions, parameter copies), `pool` (the worker processes,
+  the control channel, health), `routing` (layouts, rows, where each shard is held, the commands that move them),
+  `inbox` (worker reports), `processes` (the fork server and what it leaves), `memory_check`, `device` (gloo/CPU or
+  NCCL/GPU), `pinning`, `verifier_pool` and `options` (rpeg-run's options of this backend)
+- `channel/`: `messages` (sealed, schema-checked commands and reports), `worker_setup` (what a worker is told at
+  start)
+- `worker/`: `process` (the worker: its commands, models and copies), `env` (set before torch loads), `sender`,
+  `interleave` (fused members' threads), `peak_memory` and `host_memory`
+- `model/`: `transformer`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `master_weights`
+- `parallel/`: `layout` (shards, routes and ZeRO shares), `parallel_model` (one rank's share of a model),
+  `tensor_parallel`, `pipeline` (links between stages), `schedules` (pipelined inference, generation, 1F1B
+  training), `megatron_compat`
+- `rl/`: `step` (the RL math of one step), `algorithms/` (PPO, GRPO, DPO), `hyperparameters`, `prompts` (a dataset
+  file or a toy task), `datasets`, `tasks`, `rewards`, `finite`, and `reference` (the single-process oracle at
+  tau = 0)
+- `checkpoints/`: `run_dir` (the run directory's names), `shard_files` (checkpoint files and final weights),
+  `exports` (the controller's requests for them at step boundaries), `hf_export` (`rpeg-run export`),
+  `safetensors_stream`
+- `run_config` (`RunConfig`: what one run trains, read by the controller, the workers and the oracle)
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import os
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
-from rpegc.runtime.backends.torch.options import LR_MAX, TorchOptions
-from rpegc.runtime.backends.torch.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
+from rpegc.runtime.backends.torch.controller.options import LR_MAX, TorchOptions
+from rpegc.runtime.backends.torch.checkpoints.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
 from rpegc.runtime.trackers import KINDS, NONE, check_installed, parse_log
 
 
@@ -51,7 +54,7 @@ def _add_options(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--store", metavar="HOST:PORT", default=None,
                    help="launch no workers: serve the control store at HOST:PORT and wait for one worker per "
                         "device, started by torchrun or Slurm on any node as `python -m "
-                        "rpegc.runtime.backends.torch.worker --store HOST:PORT` (RANK and WORLD_SIZE from the "
+                        "rpegc.runtime.backends.torch.worker.process --store HOST:PORT` (RANK and WORLD_SIZE from the "
                         "environment) and --secret-file PATH")
     t.add_argument("--secret-file", metavar="PATH", default=None,
                    help="with --store: where to write the run's control secret (mode 0600; default "
@@ -63,17 +66,17 @@ def _add_options(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
     t.add_argument("--rl-config", metavar="TOML", default=None,
                    help="RL hyper-parameters: a flat TOML table of RLConfig fields (clip_eps, kl_coef, ppo_epochs, "
-                        "temperature, adam_eps, ...; runtime/backends/torch/rl_options.py)")
+                        "temperature, adam_eps, ...; runtime/backends/torch/rl/hyperparameters.py)")
     t.add_argument("--rl", metavar="NAME=VALUE", action="append", default=None,
                    help="set one RL hyper-parameter (repeatable; overrides --rl-config; --lr overrides both)")
     t.add_argument("--reward", metavar="SPEC", default=None,
                    help="what the reward vertex scores with: rule (the toy task's rule; the default without --data), "
                         "model (the frozen reward model), or a function of the response text: exact_match, math, "
                         "module:function, file.py:function or an entry point of group rpegc.rewards "
-                        "(runtime/backends/torch/rewards.py)")
+                        "(runtime/backends/torch/rl/rewards.py)")
     t.add_argument("--data", metavar="FILE", default=None,
                    help="train on the prompts of a JSONL or Parquet file (its rules: the [data] table of --rl-config "
-                        "or --rl data.NAME=VALUE; runtime/backends/torch/datasets.py); default: the toy --task")
+                        "or --rl data.NAME=VALUE; runtime/backends/torch/rl/datasets.py); default: the toy --task")
     t.add_argument("--task", choices=("pattern", "reverse"), default="pattern",
                    help="the built-in toy task without --data (default pattern)")
     trackers = "; ".join(f"{k.name}: {k.help}" for k in KINDS.values())
@@ -131,7 +134,7 @@ def _create(o: TorchOptions):
     if o.resume and o.run_dir:
         raise RpegError(None, "--resume DIR continues the run in DIR; do not also give --run-dir")
     try:
-        from rpegc.runtime.backends.torch.backend import TorchBackend
+        from rpegc.runtime.backends.torch.controller.backend import TorchBackend
     except ModuleNotFoundError as e:
         raise RpegError(None, f"cannot load the torch backend: {e}; install the runtime extras "
                               "(pip install 'rpegc[runtime]') or use --backend sim") from None

@@ -16,12 +16,12 @@ from rpegc.core.ir.frozen import loc_field
 from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import Arch, Program, Workload
 from rpegc.core.ir.training import TrainSpec
-from rpegc.runtime.backends.torch.models import NetOptions, serving_dtype
-from rpegc.runtime.backends.torch.rl import RLConfig
-from rpegc.runtime.backends.torch.master_weights import training_dtype
-from rpegc.runtime.backends.torch.algorithms import Algorithm, algorithm
-from rpegc.runtime.backends.torch.datasets import DataConfig, check_data_config
-from rpegc.runtime.backends.torch.rewards import NOT_FUNCTIONS, load_reward, probe_reward
+from rpegc.runtime.backends.torch.model.transformer import NetOptions, serving_dtype
+from rpegc.runtime.backends.torch.rl.step import RLConfig
+from rpegc.runtime.backends.torch.model.master_weights import training_dtype
+from rpegc.runtime.backends.torch.rl.algorithms import Algorithm, algorithm
+from rpegc.runtime.backends.torch.rl.datasets import DataConfig, check_data_config
+from rpegc.runtime.backends.torch.rl.rewards import NOT_FUNCTIONS, load_reward, probe_reward
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,231 @@
+"""RL hyper-parameters and the dataset's rules from a TOML file and the command line (issue 15, items 4, 6).
+
+`rpeg-run PLAN --backend torch --rl-config rl.toml --rl clip_eps=0.1 --rl ppo_epochs=2` sets fields of the
+run's `RLConfig` (runtime/backends/torch/rl/step.py: learning rates, clip ranges, KL coefficient and estimator,
+entropy bonus, gamma/lambda, PPO epochs and minibatches, Adam betas and eps, gradient clipping, sampling
+temperature, top-p and top-k). The file's top-level keys are those names; its `[data]` table sets the
+`DataConfig` of the prompt dataset
+(runtime/backends/torch/rl/datasets.py: path, column keys, tokenizer, chat template, truncation, shuffle), and
+`--rl data.NAME=VALUE` one of them. `--rl NAME=VALUE` (repeatable) overrides the file, `--data FILE` the
+dataset's path, and `--lr` both learning rates last. Names, types and ranges are checked before anything
+runs, with errors at the key's line in the file or at the option. The effective configs are recorded in the
+trace header (`options.rl`, `options.data`) and, as part of the run identity, in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import tomllib
+import types
+import typing
+from typing import Any, Optional, Sequence
+
+from rpegc.core.ir.algorithms import algorithm_family, algorithm_names
+from rpegc.core.ir.errors import Loc, RpegError
+from rpegc.core.ir.toml_text import decode_error_position, key_position
+from rpegc.inputs import read_input_text
+from rpegc.runtime.backends.torch.rl.datasets import DataConfig
+from rpegc.runtime.backends.torch.controller.options import LR_MAX
+from rpegc.runtime.backends.torch.rl.step import RLConfig
+
+# `algorithm = NAME` chooses another registered algorithm of the graph's family (a GRPO graph runs DAPO)
+ALGORITHM = "algorithm"
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: an epsilon below it is zero in the arithmetic
+# (name, lowest, lowest allowed?) for numbers with a lower bound; upper bounds below. The training arithmetic is
+# float32, so the bounds keep every setting where it stays finite: Adam moves each weight by about the learning rate
+# per step (lr > 1 throws a model's weights, of order 0.01-1, out in one step; the same for lr x weight decay);
+# coefficients multiply loss terms of order 1-100 (above 1e4 one term is all the loss, and float32 sums lose the
+# rest); the sampler divides float32 logits by the temperature (below 1e-4 that is greedy decoding to float32
+# precision, for which top_k = 1 is the setting; 1e-300 is zero in float32, and the division gives NaN); an
+# epsilon below the smallest normal float32 is zero, and Adam's update divides by it.
+LOWER = {"lr_actor": (0.0, False), "lr_critic": (0.0, False), "weight_decay": (0.0, True), "grad_clip": (0.0, False),
+         "clip_eps": (0.0, False), "gamma": (0.0, True), "lam": (0.0, True), "kl_coef": (0.0, True),
+         "value_clip": (0.0, False), "value_coef": (0.0, True), "entropy_coef": (0.0, True), "ppo_epochs": (1, True),
+         "ppo_minibatches": (1, True), "temperature": (1e-4, True), "top_p": (0.0, False), "top_k": (0, True),
+         "adam_eps": (FLOAT32_TINY, True), "grpo_eps": (FLOAT32_TINY, True), "dpo_beta": (0.0, False)}
+UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000, "ppo_minibatches": 100000, "top_p": 1.0,
+         "lr_actor": LR_MAX, "lr_critic": LR_MAX, "weight_decay": 1.0, "kl_coef": 1e4, "value_coef": 1e4,
+         "entropy_coef": 1e4, "dpo_beta": 1e4, "temperature": 1e4, "adam_eps": 1.0, "grpo_eps": 1.0}
+
+
+DATA_PREFIX = "data."
+
+
+@dataclasses.dataclass
+class Settings:
+    """What the user set: RLConfig fields and DataConfig fields, by name."""
+
+    rl: dict[str, Any] = dataclasses.field(default_factory=dict)
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def settable(cls: type = RLConfig) -> dict[str, Any]:
+    """name -> type of every field of `cls` (RLConfig or DataConfig) a user may set."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _type_name(t: Any) -> str:
+    if t is float:
+        return "a number"
+    if t is int:
+        return "an integer"
+    if t is bool:
+        return "true or false"
+    if t is str:
+        return "a string"
+    if typing.get_origin(t) is tuple:
+        return f"a list of {len(typing.get_args(t))} numbers"
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return f"{_type_name(args[0])} (or none)"
+
+
+def coerce(name: str, value: Any, where: str, cls: type = RLConfig) -> Any:
+    """`value` as the type of field `name` of `cls`, range-checked; a RpegError (located by the caller) if not."""
+    fields = settable(cls)
+    if name not in fields:
+        close = difflib.get_close_matches(name, fields, n=1)
+        hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(fields))}"
+        what = "RL setting" if cls is RLConfig else "data setting"
+        raise RpegError(None, f"{where}: unknown {what} '{name}'{hint}")
+    if name == TEMPLATE_KWARGS:
+        return _template_kwargs(value, where)
+    if name == ALGORITHM and cls is RLConfig:
+        if not isinstance(value, str) or algorithm_family(value) is None:
+            raise RpegError(None, f"{where}: unknown algorithm {value!r}; use one of {', '.join(algorithm_names())} "
+                                  "(or one a plugin of the entry-point group rpegc.rl registers)")
+        return value
+    t = fields[name]
+    optional = typing.get_origin(t) in (typing.Union, types.UnionType) and type(None) in typing.get_args(t)
+    base = next((a for a in typing.get_args(t) if a is not type(None)), t) if optional else t
+    if optional and (value is None or (isinstance(value, str) and value.lower() == "none")):
+        return None
+    try:
+        out = _convert(base, value)
+    except (TypeError, ValueError):
+        raise RpegError(None, f"{where}: {name} must be {_type_name(t)}, got {value!r}") from None
+    _check_range(name, out, where)
+    return out
+
+
+TEMPLATE_KWARGS = "chat_template_kwargs"
+
+
+def _template_kwargs(value: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    """data.chat_template_kwargs: a table (TOML) or a JSON object (--rl) of names to true/false, numbers or strings,
+    as sorted (name, value) pairs."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, (bool, int, float, str)) for k, v in value.items()):
+        raise RpegError(None, f"{where}: {TEMPLATE_KWARGS} must be a table of names to true/false, numbers or "
+                              f"strings, e.g. {{enable_thinking = false}} (--rl 'data.{TEMPLATE_KWARGS}="
+                              f"{{\"enable_thinking\": false}}'), got {value!r}")
+    return tuple(sorted(value.items()))
+
+
+def _convert(t: Any, value: Any) -> Any:
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError
+    if t is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.lstrip("-").isdigit())):
+            raise ValueError
+        return int(value)
+    if t is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        x = float(value)
+        if not math.isfinite(x):
+            raise ValueError
+        return x
+    if t is str:
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    if typing.get_origin(t) is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or len(items) != len(typing.get_args(t)):
+            raise ValueError
+        return tuple(_convert(a, v) for a, v in zip(typing.get_args(t), items))
+    raise TypeError
+
+
+def _check_range(name: str, value: Any, where: str) -> None:
+    if name in LOWER and value is not None:
+        low, inclusive = LOWER[name]
+        if value < low or (value == low and not inclusive):
+            raise RpegError(None, f"{where}: {name} must be {'>=' if inclusive else '>'} {low}, got {value}")
+    if name in UPPER and value is not None and value > UPPER[name]:
+        raise RpegError(None, f"{where}: {name} must be <= {UPPER[name]}, got {value}")
+    if name == "adam_betas" and not all(0 <= b < 1 for b in value):
+        raise RpegError(None, f"{where}: adam_betas must lie in [0, 1), got {list(value)}")
+
+
+MAX_RL_CONFIG_BYTES = 16 << 20  # a flat table of a few dozen settings
+
+
+def read_rl_file(path: str) -> Settings:
+    """The settings of a TOML file, checked; errors at the key's line."""
+    text = read_input_text(path, "the RL config", MAX_RL_CONFIG_BYTES)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        line, col = decode_error_position(e)
+        raise RpegError(Loc(path, line or 1, col or 1), f"the RL config is not valid TOML: {str(e).split(' (at')[0]}",
+                        source=text) from None
+    out = Settings()
+    for name, value in data.items():
+        line, col = key_position(text, name)
+        try:
+            if isinstance(value, dict) and name == "data":
+                out.data = {k: coerce(k, v, f"{path}: [data]", DataConfig) for k, v in value.items()}
+            elif isinstance(value, dict):
+                raise RpegError(None, f"{path}: [{name}] is not a table the RL config has; it holds RL settings "
+                                "at the top and the dataset's in [data]")
+            else:
+                out.rl[name] = coerce(name, value, path)
+        except RpegError as e:
+            raise RpegError(Loc(path, line or 1, col or 1), e.message.removeprefix(f"{path}: "), source=text) from None
+    return out
+
+
+def parse_overrides(pairs: Sequence[str]) -> Settings:
+    """`--rl NAME=VALUE` options, checked (VALUE: a number, true/false, none, a string, or a,b for a pair);
+    `data.NAME=VALUE` sets the dataset's NAME."""
+    out = Settings()
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise RpegError(None, f"--rl {pair}: give NAME=VALUE, e.g. --rl clip_eps=0.1")
+        if name.startswith(DATA_PREFIX):
+            key = name[len(DATA_PREFIX):]
+            out.data[key] = coerce(key, value.strip(), f"--rl {pair}", DataConfig)
+        else:
+            out.rl[name] = coerce(name, value.strip(), f"--rl {pair}")
+    return out
+
+
+def rl_settings(config_file: Optional[str], pairs: Sequence[str], lr: Optional[float],
+                data_path: Optional[str] = None) -> Settings:
+    """The overrides of the run's RL and data configs: the file's, then the --rl options', then --lr and
+    --data."""
+    settings = read_rl_file(config_file) if config_file else Settings()
+    overrides = parse_overrides(pairs)
+    settings.rl.update(overrides.rl)
+    settings.data.update(overrides.data)
+    if lr is not None:
+        settings.rl.update(lr_actor=lr, lr_critic=lr)
+    if data_path is not None:
+        settings.data["path"] = data_path
+    return settings
