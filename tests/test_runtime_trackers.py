@@ -262,7 +262,7 @@ def test_the_torch_backend_closes_the_trackers_of_a_run_that_did_not_finish(tmp_
     events: list = []
     monkeypatch.setitem(trackers.OPENERS, "mlflow", lambda d, c: FakeTracker("mlflow", events))
     backend = TorchBackend(run_dir=str(tmp_path), trackers=("mlflow",))
-    backend._metrics_log = MetricsLog(str(tmp_path), trackers=backend.trackers)  # as start() opens it
+    backend.record.log = MetricsLog(str(tmp_path), trackers=backend.trackers)  # as start() opens it
     backend._interrupted = interrupted
     backend.shutdown()  # the run stopped before its workers started (start() failed, or a signal came)
     assert events == [("mlflow", "close", status)]

@@ -54,7 +54,8 @@ from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import TorchBackend, model_seed, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import model_seed, run_config  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoints.shard_files import (FORMAT, Reader, build_index, checkpoint_path,
                                                                    # noqa: E402
                                                     latest_checkpoint, load_checkpoint)

@@ -18,7 +18,7 @@ from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.outputs import PendingDirectory  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import Layout  # noqa: E402
 from rpegc.runtime.backends.torch.model.transformer import build_model, export_weights  # noqa: E402
 from rpegc.runtime.backends.torch.model.transformer import param_shapes  # noqa: E402

@@ -29,7 +29,8 @@ from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.backends.torch.parallel import pipeline  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import TorchBackend, model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.controller.pool import WorkerPool  # noqa: E402
 from rpegc.runtime.backends.torch.controller.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
                                                 worker_device)

@@ -418,7 +418,7 @@ def test_a_plugin_registers_an_estimator_a_loss_and_an_algorithm_through_an_entr
     from rpegc.core.ir import algorithms as families
     from rpegc.runtime.backends.torch.rl import algorithms as algs
     from rpegc.runtime.backends.torch.rl import step as rl_module
-    from rpegc.runtime.backends.torch.controller.backend import run_config
+    from rpegc.runtime.backends.torch.controller.run_description import run_config
     from rpegc.syntax.parser import parse
     from rpegc.core.ir.algorithms import PLUGIN_GROUP
     from rpegc.runtime.backends.torch.rl.step import ADV_ESTIMATORS, POLICY_LOSSES, compute_advantages
@@ -459,7 +459,7 @@ def test_a_graph_names_a_grpo_variant_and_runs_grpo_with_its_settings(variant):
     """rpeg.algorithm VARIANT: a GRPO-shaped graph, GRPO's run with the variant's settings, which --rl overrides;
     `--rl algorithm=VARIANT` chooses it for a graph that names GRPO (an algorithm of another family is an error)."""
     from rpegc.core.check.wellformed import check_program
-    from rpegc.runtime.backends.torch.controller.backend import run_config
+    from rpegc.runtime.backends.torch.controller.run_description import run_config
     from rpegc.runtime.backends.torch.rl.algorithms import algorithm
     from rpegc.syntax.parser import parse
 

@@ -125,7 +125,9 @@ def test_training_passes_the_plan_does_not_price_are_named():
     without says nothing."""
     from dataclasses import replace
 
-    from rpegc.runtime.backends.torch.controller.backend import run_config, unpriced_passes
+    from rpegc.runtime.backends.torch.controller.run_description import run_config
+
+    from rpegc.runtime.backends.torch.controller.run_record import unpriced_passes
     from rpegc.syntax.parser import parse
 
     cfg = run_config(parse(open(os.path.join(ROOT, "examples", "grpo-tiny.rpeg")).read(), "g.rpeg"))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import MODEL_KINDS, Arch, Workload  # noqa: E402
 from rpegc.runtime.backends.torch.rl import step as rl  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import model_seed  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import Layout, replica_rows  # noqa: E402
 from rpegc.runtime.backends.torch.model.transformer import (NetOptions, TransformerModel, build_model,  # noqa: E402
                                                 export_weights, param_shapes)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.runtime.backends.torch.rl.algorithms.dpo import dpo_loss, sides  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import run_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl.algorithms.dpo import DPOTrainer  # noqa: E402
 from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpegc.runtime.backends.torch.rl.algorithms.rollout import ReferenceTrainer  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import run_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from fixtures.torch_runs import PPO4, STAT_REL, assert_same_run, compile_plan, logits_of, model_names, run_torch
 

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import TorchBackend, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import run_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
 from fixtures.torch_runs import STAT_REL  # noqa: E402

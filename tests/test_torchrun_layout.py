@@ -11,7 +11,7 @@ from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import run_config  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import run_config  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoints.shard_files import kept_versions, resume_plan  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import (Layout, param_stage, rank_pieces, replica_rows, route_rows,  # noqa: E402
                                                 route_weights, shard_dim, split_rows, stage_bounds)

@@ -17,7 +17,8 @@ import torch.multiprocessing as mp  # noqa: E402
 from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import TorchBackend, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import run_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from fixtures.torch_runs import STAT_REL  # noqa: E402
 

@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.errors import RpegError  # noqa: E402
-from rpegc.runtime.backends.torch.controller.backend import TorchBackend, run_config  # noqa: E402
+from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.controller.run_description import run_config  # noqa: E402
 from rpegc.runtime.controller import RunOptions, run  # noqa: E402
 from fixtures.programs import GRPO_TWO_WORKERS  # noqa: E402
 from fixtures.torch_runs import assert_same_run, compile_plan, run_torch  # noqa: E402

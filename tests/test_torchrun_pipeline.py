@@ -59,7 +59,7 @@ def _batch() -> dict:
 
 
 def _setup(ctx, gate_path: str) -> None:
-    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.controller.run_description import model_seed
     from rpegc.runtime.backends.torch.worker.process import ModelSpec, Worker, WorkerSetup
 
     names = {"policy": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}
@@ -148,7 +148,7 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
 
 def _initial_actor(ctx) -> dict | None:
     """Version 0 of the actor as the single-process reference builds it."""
-    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.controller.run_description import model_seed
     from rpegc.runtime.backends.torch.model.transformer import build_model, export_weights
 
     if ctx.rank != 0:
@@ -158,7 +158,7 @@ def _initial_actor(ctx) -> dict | None:
 
 def _single_process(ctx, role: str) -> dict | None:
     """What the single-process functions give for the same rows, microbatch by microbatch (rank 0)."""
-    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.controller.run_description import model_seed
     from rpegc.runtime.backends.torch.model.generation import expand_rollouts, generate
     from rpegc.runtime.backends.torch.model.transformer import build_model
     from rpegc.runtime.backends.torch.rl.step import response_forward

@@ -5,7 +5,7 @@ trainers read, and the trace verifies; the plan's verifier is what runs (--rewar
 import pytest
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.runtime.backends.torch.controller.backend import reward_spec
+from rpegc.runtime.backends.torch.controller.run_description import reward_spec
 from rpegc.runtime.backends.torch.controller.verifier_pool import VerifierPool, chunks, merge
 from rpegc.runtime.backends.torch.rl.rewards import Scored
 from rpegc.syntax.parser import parse
@@ -66,7 +66,9 @@ def test_a_verify_vertex_trains_on_the_pools_rewards_and_the_trace_verifies(tmp_
 def test_a_reward_function_in_a_reward_models_place_is_named_as_unpriced():
     from dataclasses import replace
 
-    from rpegc.runtime.backends.torch.controller.backend import run_config, unpriced_reward
+    from rpegc.runtime.backends.torch.controller.run_description import run_config
+
+    from rpegc.runtime.backends.torch.controller.run_record import unpriced_reward
 
     tiny = parse(open("examples/grpo-tiny.rpeg").read(), "g.rpeg")
     assert unpriced_reward(tiny, run_config(tiny)) is None  # the toy rule: microseconds

@@ -46,7 +46,7 @@ def _layouts():
 
 def _setup(ctx) -> None:
     """A worker per dtype on every rank (making one creates process groups: every rank takes part)."""
-    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.controller.run_description import model_seed
     from rpegc.runtime.backends.torch.worker.process import ModelSpec, Worker, WorkerSetup
 
     models = {"actor": ModelSpec("actor", "policy", ARCH, model_seed(0, "policy"))}

@@ -59,7 +59,7 @@ WEIGHTS_ATOL = 1e-3  # after an Adam step, whose first update is ~lr * sign(g): 
 def _worker(device: torch.device):
     from rpegc.core.ir.presets import lookup
     from rpegc.core.ir.program import Workload
-    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.controller.run_description import model_seed
     from rpegc.runtime.backends.torch.parallel.layout import Layout
     from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
     from rpegc.runtime.backends.torch.worker.process import ModelSpec, standalone_worker

@@ -356,7 +356,7 @@ def _init_groups(ctx, layouts) -> int:
 
 def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     """The backend's `Worker` for the case's model and workload (one per suite, reused across strategies)."""
-    from rpegc.runtime.backends.torch.controller.backend import model_seed
+    from rpegc.runtime.backends.torch.controller.run_description import model_seed
     from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config
     from rpegc.runtime.backends.torch.worker.process import ModelSpec, standalone_worker
 

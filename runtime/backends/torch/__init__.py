@@ -1,9 +1,12 @@
 """The torch backend: worker processes that train for real (docs/architecture.md, Runtime; paper Sec. VII and App. B).
 
 Rooms (each module imports torch itself, so importing this package does not; `SPEC` below is what rpeg-run reads):
-- `controller/`: `backend` (`TorchBackend`: dispatch, completions, parameter copies), `pool` (the worker processes,
-  the control channel, health), `routing` (layouts, rows, where each shard is held, the commands that move them),
-  `inbox` (worker reports), `processes` (the fork server and what it leaves), `memory_check`, `device` (gloo/CPU or
+- `controller/`: `backend` (`TorchBackend`: the Backend interface, start and shutdown), `run_description` (the run
+  described once when it starts: its configuration, models, ranks, cores, fields and routes), `dispatch` (nodes and
+  parameter copies as the workers' commands), `inflight` (the nodes sent and their reports, the workers' health),
+  `run_record` (per-step metrics, reward statistics, the summary's notes), `pool` (the worker processes, the
+  control channel), `routing` (layouts, rows, where each shard is held, the commands that move them), `inbox`
+  (worker reports), `processes` (the fork server and what it leaves), `memory_check`, `device` (gloo/CPU or
   NCCL/GPU), `pinning`, `verifier_pool` and `options` (rpeg-run's options of this backend)
 - `channel/`: `messages` (sealed, schema-checked commands and reports), `worker_setup` (what a worker is told at
   start)
@@ -16,7 +19,8 @@ Rooms (each module imports torch itself, so importing this package does not; `SP
 - `rl/`: `step` (the RL math of one step), `algorithms/` (PPO, GRPO, DPO), `hyperparameters`, `prompts` (a dataset
   file or a toy task), `datasets`, `tasks`, `rewards`, `finite`, and `reference` (the single-process oracle at
   tau = 0)
-- `checkpoints/`: `run_dir` (the run directory's names), `shard_files` (checkpoint files and final weights),
+- `checkpoints/`: `run_dir` (the run directory's names), `run_claim` (a run's lock on it and the checkpoint it
+  resumes from), `shard_files` (checkpoint files and final weights),
   `exports` (the controller's requests for them at step boundaries), `hf_export` (`rpeg-run export`),
   `safetensors_stream`
 - `run_config` (`RunConfig`: what one run trains, read by the controller, the workers and the oracle)
