@@ -15,12 +15,14 @@ from xdsl.dialects.builtin import ModuleOp
 
 from rpegc.core.cost.annotate import annotate
 from rpegc.core.ir.program import Program
+from rpegc.core.ir.stages import LOWERED, PassStages
 from rpegc.passes.program_pass import CostModelPass, transform
 
 
 @dataclass(frozen=True)
 class AnnotateCostPass(CostModelPass):
     name = "annotate-cost"
+    stages = PassStages(needs=LOWERED, gives_times=True, then=("fuse-stages",))
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         def run(p: Program) -> Program:

@@ -16,12 +16,15 @@ from xdsl.dialects.builtin import ModuleOp
 
 from rpegc.core.lower.fuse_stages import fuse_stages
 from rpegc.core.ir.program import Program
+from rpegc.core.ir.stages import LOWERED, PassStages, before
 from rpegc.passes.program_pass import CostModelPass, transform
 
 
 @dataclass(frozen=True)
 class FuseStagesPass(CostModelPass):
     name = "fuse-stages"
+    stages = PassStages(needs=LOWERED,
+                        order=(before("annotate-cost", "{name} changes what {other} prices; run it before {other}"),))
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         def run(p: Program) -> Program:

@@ -12,12 +12,15 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from rpegc.core.lower.insert_comm import insert_comm
+from rpegc.core.ir.stages import UNROLLED, PassStages, before
 from rpegc.passes.program_pass import transform
 
 
 @dataclass(frozen=True)
 class InsertCommPass(ModulePass):
     name = "insert-comm"
+    stages = PassStages(needs=UNROLLED, order=(  # before itself: once
+        before("insert-comm", "{name} already ran in this pipeline; run each lowering pass once"),))
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         transform(self.name, op, insert_comm)

@@ -12,12 +12,15 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from rpegc.core.lower.insert_reshard import insert_reshard
+from rpegc.core.ir.stages import LOWERED, UNROLLED, PassStages, after
 from rpegc.passes.program_pass import transform
 
 
 @dataclass(frozen=True)
 class InsertReshardPass(ModulePass):
     name = "insert-reshard"
+    stages = PassStages(needs=UNROLLED, produces=LOWERED,
+                        order=(after("insert-comm", "{name} needs {other} first; the lowering order is {lowering}"),))
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         transform(self.name, op, insert_reshard)

@@ -40,6 +40,7 @@ from xdsl.dialects.builtin import ModuleOp
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.options import option
 from rpegc.core.ir.program import Program
+from rpegc.core.ir.stages import CYCLIC, TRANSFORMS_G, PassStages
 from rpegc.passes.program_pass import CostModelPass, transform
 from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, parse_ablations
 
@@ -47,6 +48,7 @@ from rpegc.search.optimizer import OptimizeOptions, check_options, optimize, par
 @dataclass(frozen=True)
 class OptimizePass(CostModelPass):
     name = "optimize"
+    stages = PassStages(needs=CYCLIC, does=TRANSFORMS_G)
 
     budget: int | float = option(60, "wall-clock seconds for the search, the polish included (0: no time limit)")
     evals: int = option(0, "uncached evaluations, the polish included (0: no limit); with budget, whichever ends first")

@@ -11,6 +11,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from rpegc.core.ir.stages import LOWERED, PassStages
 from rpegc.core.sched.schedule import schedule_program
 from rpegc.passes.program_pass import transform
 
@@ -18,6 +19,7 @@ from rpegc.passes.program_pass import transform
 @dataclass(frozen=True)
 class SchedulePass(ModulePass):
     name = "schedule"
+    stages = PassStages(needs=LOWERED, needs_times=True, then=("fuse-stages", "annotate-cost"), trim=True)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         transform(self.name, op, schedule_program)

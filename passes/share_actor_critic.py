@@ -12,12 +12,14 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from rpegc.core.lower.share_actor_critic import share_actor_critic
+from rpegc.core.ir.stages import CYCLIC, TRANSFORMS_G, PassStages
 from rpegc.passes.program_pass import transform
 
 
 @dataclass(frozen=True)
 class ShareActorCriticPass(ModulePass):
     name = "share-actor-critic"
+    stages = PassStages(needs=CYCLIC, does=TRANSFORMS_G)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         transform(self.name, op, share_actor_critic)

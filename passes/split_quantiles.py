@@ -13,12 +13,15 @@ from xdsl.passes import ModulePass
 
 from rpegc.core.ir.options import option
 from rpegc.core.lower.split_quantiles import split_quantiles
+from rpegc.core.ir.stages import UNROLLED, PassStages, before
 from rpegc.passes.program_pass import transform
 
 
 @dataclass(frozen=True)
 class SplitQuantilesPass(ModulePass):
     name = "split-quantiles"
+    stages = PassStages(needs=UNROLLED, order=(
+        before("insert-comm", "{name} must run before {other}; the lowering order is {lowering}"),))
     enable: bool = option(True, "split phases where they pay off; false: never (ablation A1)")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

@@ -14,12 +14,14 @@ from xdsl.passes import ModulePass
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.options import option
 from rpegc.core.lower.unroll import MAX_STEPS, unroll
+from rpegc.core.ir.stages import CYCLIC, UNROLLED, PassStages
 from rpegc.passes.program_pass import transform
 
 
 @dataclass(frozen=True)
 class UnrollPass(ModulePass):
     name = "unroll"
+    stages = PassStages(needs=CYCLIC, produces=UNROLLED, does="unrolls the cyclic graph")
     k: int = option(2, "K_eval: the RL steps to unroll")
 
     def check_options(self, where=None) -> None:

@@ -14,6 +14,7 @@ from xdsl.passes import ModulePass
 from rpegc.core.ir.errors import RpegError, RpegErrors
 from rpegc.core.ir.program import Program
 from rpegc.core.check.wellformed import check_program
+from rpegc.core.ir.stages import PassStages
 from rpegc.passes.program_pass import check
 
 
@@ -28,6 +29,7 @@ def verify_program(p: Program) -> None:
 @dataclass(frozen=True)
 class VerifyWellformedPass(ModulePass):
     name = "verify-wellformed"
+    stages = PassStages()  # any stage: it only checks
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         check(self.name, op, verify_program)

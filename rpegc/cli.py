@@ -27,6 +27,7 @@ from xdsl.utils.arg_spec import ArgSpec, PipelineLexer, SpecTokenKind, parse_pip
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from rpegc.core.ir import stages
 from rpegc.core.ir.errors import Loc, RpegError, render, utf8_text
 from rpegc.outputs import GANTT_FORMATS, Output, OutputError, Outputs, check_outputs
 from rpegc.passes.program_pass import option_error, pass_message
@@ -191,71 +192,19 @@ def check_pass_options(spec: str, refs: list[PassRef], available, where: Loc) ->
         raise pipeline_error(spec, pass_message(whole, failure), ref.col)
 
 
-# Pass order. Stages of a module: its cyclic graph G° only, unrolled (an exec graph), lowered (Comm and
-# Reshard nodes inserted). Structural passes rewrite G° and need the cyclic stage.
-STRUCTURAL = ("share-actor-critic", "optimize")
-LOWERING = ("split-quantiles", "insert-comm", "insert-reshard")
-FULL_PIPELINE = "unroll{k=..}, split-quantiles, insert-comm, insert-reshard, fuse-stages, annotate-cost"
-
-
-def check_pass_order(spec: str, refs: list[PassRef], program) -> None:
-    """Reject a pipeline whose passes cannot run in this order on this module, at the offending pass."""
-    g = program.exec
-    stage = "cyclic" if g is None else ("lowered" if g.lowered else "unrolled")
-    timed = g is not None and bool(g.nodes) and all(n.time is not None for n in g.nodes)
-    by: Optional[PassRef] = None  # the pass of this pipeline that made the current stage
-    ran: set[str] = set()
-
-    def why() -> str:
-        return f"{by.name} at column {by.col} already" if by is not None else "the input module is already"
-
+def check_pass_order(spec: str, refs: list[PassRef], program, available) -> None:
+    """Reject a pipeline whose passes cannot run in this order on this module, at the offending pass. Each pass
+    class's `stages` declaration (rpegc/core/ir/stages.py) says what it needs and leaves; `available` maps pass
+    names to factories of their classes."""
+    walk = stages.start(program)
     for ref in refs:
-        name = ref.name
-        fail = None
-        if name in STRUCTURAL or name == "unroll":
-            if stage != "cyclic":
-                what = "unrolls the cyclic graph" if name == "unroll" else "transforms the cyclic graph G°"
-                fail = (f"{name} {what}, but {why()} {'unrolled' if by is None or by.name == 'unroll' else 'lowered'} "
-                        f"it; {name} runs before unroll, once")
-        elif name in LOWERING:
-            if stage == "cyclic":
-                fail = f"{name} needs an unrolled module; run unroll{{k=..}} before {name}"
-            elif stage == "lowered":
-                fail = f"{name} cannot run on a lowered module ({why()} ran insert-reshard); the lowering passes " \
-                       "run once, in the order split-quantiles, insert-comm, insert-reshard"
-            elif name == "split-quantiles" and "insert-comm" in ran:
-                fail = "split-quantiles must run before insert-comm; the lowering order is split-quantiles, " \
-                       "insert-comm, insert-reshard"
-            elif name == "insert-comm" and "insert-comm" in ran:
-                fail = "insert-comm already ran in this pipeline; run each lowering pass once"
-            elif name == "insert-reshard" and "unroll" in ran and "insert-comm" not in ran:
-                fail = "insert-reshard needs insert-comm first; the lowering order is split-quantiles, " \
-                       "insert-comm, insert-reshard"
-        elif name == "fuse-stages":
-            if stage != "lowered":
-                fail = f"fuse-stages needs a lowered module; run {FULL_PIPELINE.rsplit(', ', 2)[0]} first"
-            elif "annotate-cost" in ran:
-                fail = "fuse-stages changes what annotate-cost prices; run it before annotate-cost"
-        elif name == "annotate-cost":
-            if stage != "lowered":
-                fail = f"annotate-cost needs a lowered module; run {FULL_PIPELINE.rsplit(', ', 1)[0]} first"
-        elif name == "schedule":
-            if stage != "lowered":
-                todo = FULL_PIPELINE if stage == "cyclic" else FULL_PIPELINE.split(", ", 1)[1]
-                fail = f"schedule needs a lowered module with node times; run {todo} first"
-            elif not timed:
-                fail = "schedule needs node times; run annotate-cost before schedule"
-        elif name != "verify-wellformed":
-            return  # a pass rpegc does not know: it may change anything, stop checking
+        decl = getattr(available[ref.name](), "stages", None) if ref.name in available else None
+        if not isinstance(decl, stages.PassStages):
+            return  # a pass that declares nothing may change anything: stop checking
+        fail = stages.refusal(decl, ref.name, walk)
         if fail is not None:
             raise pipeline_error(spec, fail, ref.col)
-        ran.add(name)
-        if name == "unroll":
-            stage, by, timed = "unrolled", ref, False
-        elif name == "insert-reshard":
-            stage, by, timed = "lowered", ref, False
-        elif name == "annotate-cost":
-            timed = True
+        walk = stages.advance(decl, ref.name, ref.col, walk)
 
 
 class RpegcMain(xDSLOptMain):
@@ -467,7 +416,8 @@ class RpegcMain(xDSLOptMain):
                 if self.pass_refs:
                     from rpegc.dialects.convert import module_to_program
 
-                    check_pass_order(self.args.passes, self.pass_refs, module_to_program(module))
+                    check_pass_order(self.args.passes, self.pass_refs, module_to_program(module),
+                                     self.available_passes)
                 self._pass_started = time.perf_counter()
                 self.apply_passes(module)
                 started = time.perf_counter()

@@ -3,7 +3,8 @@ backends through `rpegc.backends`, in real subprocesses.
 
 tests/plugin/ holds a researcher's package, rpegc_plugin_demo, with a dist-info that advertises its
 Universe and its backend; putting the folder on PYTHONPATH is all it takes for `rpegc` to run its
-`max-vertices` pass and for `rpeg-run` to run plans on its `slow-sim` backend with its own `--slowdown` option.
+`max-vertices` and `max-comms` passes (the latter declares the stage it needs, which the driver checks) and for
+`rpeg-run` to run plans on its `slow-sim` backend with its own `--slowdown` option.
 The same entry point lets `xdsl-opt` run rpegc's own passes on `rpegc --emit=mlir` output.
 """
 
@@ -64,6 +65,23 @@ def test_a_plugin_pass_that_edits_an_op_in_place_is_verified_after():
                  plugin=True)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == f'{PPO}: error: "two" should be of base attribute integer'
+
+
+def test_a_plugin_pass_that_needs_a_lowered_module_is_refused_before_the_lowering():
+    result = run("rpegc", str(PPO), "-p", "max-comms{n=1},unroll{k=1}", plugin=True)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "<pipeline>:1:1: error: max-comms needs a lowered module; run unroll{k=..}, split-quantiles, insert-comm, "
+        "insert-reshard first", "max-comms{n=1},unroll{k=1}", "^"]
+
+
+def test_a_plugin_pass_runs_where_it_declares_and_the_passes_after_it_are_checked():
+    lowered = "unroll{k=1},split-quantiles,insert-comm,insert-reshard"
+    result = run("rpegc", str(PPO), "-p", f"{lowered},max-comms{{n=1}}", plugin=True)
+    assert result.returncode == 1 and "has 14 Comm nodes, more than max-comms{n=1} allows" in result.stderr
+    result = run("rpegc", str(PPO), "-p", "max-vertices{n=10},schedule", plugin=True)  # declared: no stage change
+    assert result.returncode == 1
+    assert result.stderr.startswith("<pipeline>:1:20: error: schedule needs a lowered module with node times")
 
 
 def test_without_the_plugin_the_pass_is_unknown():

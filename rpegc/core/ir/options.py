@@ -16,3 +16,8 @@ def option(default: Any, help: str) -> Any:
 
 def option_help(f: Field) -> str:
     return f.metadata.get(HELP, "")
+
+
+def required(help: str) -> Any:
+    """A documented field without a default."""
+    return field(metadata={HELP: help})

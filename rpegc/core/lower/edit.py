@@ -2,7 +2,9 @@
 
 Paper: App. A-G, Alg. 4. The lowering stages run as three separate passes in a fixed order
 (split-quantiles, insert-comm, insert-reshard); this module holds what they share, so each pass file
-contains only its own stage rules.
+contains only its own stage rules. Its order checks guard the passes where they run without the driver (the API,
+xdsl-opt): the driver refuses the same orders before anything runs, from the passes' declarations
+(rpegc/core/ir/stages.py).
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from typing import Iterable
 from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.exec_graph import ExecEdge, ExecGraph, ExecNode
 from rpegc.core.ir.program import VERIFY, Plan, Program
-
-PIPELINE = "split-quantiles, insert-comm, insert-reshard"
+from rpegc.core.ir.stages import LOWERING_ORDER
 
 
 def lowering_input(p: Program, pass_name: str) -> ExecGraph:
@@ -34,7 +35,7 @@ def lowering_input(p: Program, pass_name: str) -> ExecGraph:
         raise RpegError(
             p.exec.loc,
             f"{pass_name} cannot run on a graph that insert-reshard already lowered; "
-            f"the lowering passes run once, in the order {PIPELINE}",
+            f"the lowering passes run once, in the order {LOWERING_ORDER}",
         )
     _check_edges(p.exec)
     return _placed(p.exec, p.plan)
@@ -44,7 +45,7 @@ def out_of_order(g: ExecGraph, pass_name: str, must_precede: str) -> RpegError:
     return RpegError(
         g.loc,
         f"{pass_name} must run before {must_precede}, which already ran on this graph; "
-        f"run the lowering passes once, in the order {PIPELINE}",
+        f"run the lowering passes once, in the order {LOWERING_ORDER}",
     )
 
 

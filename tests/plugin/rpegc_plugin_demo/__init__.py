@@ -1,9 +1,12 @@
 """A researcher's plugin package: one extra pass, registered through the `xdsl.universe` entry point, and one
 extra rpeg-run backend, registered through `rpegc.backends`.
 
-`max-vertices{n=N}` fails with a located error when the graph has more than N vertices; `retype-in-place` edits
+`max-vertices{n=N}` fails with a located error when the graph has more than N vertices, on any stage;
+`max-comms{n=N}` likewise when the lowered module has more than N Comm nodes, and declares that it needs a lowered
+module, so the driver refuses it before the lowering (rpegc/core/ir/stages.py); `retype-in-place` edits
 the graph's first container op in place into one that does not verify (a plugin may edit ops in place, so the
-driver verifies the whole module after it); `--backend slow-sim
+driver verifies the whole module after it) and declares no stages, so the driver checks no pass order after it;
+`--backend slow-sim
 --slowdown X` is the sim backend with every node X times slower. rpegc finds both with no change to rpegc
 itself (tests/test_driver_plugin.py).
 """
@@ -15,6 +18,7 @@ from xdsl.passes import ModulePass
 from xdsl.universe import Universe
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.stages import LOWERED, PassStages
 from rpegc.passes.program_pass import check
 from rpegc.runtime.backends.base import BackendSpec
 from rpegc.runtime.backends.sim import SimBackend
@@ -23,6 +27,7 @@ from rpegc.runtime.backends.sim import SimBackend
 @dataclass(frozen=True)
 class MaxVerticesPass(ModulePass):
     name = "max-vertices"
+    stages = PassStages()  # runs on any stage and leaves it as it is
     n: int = 8
 
     def apply(self, ctx, op) -> None:
@@ -30,6 +35,22 @@ class MaxVerticesPass(ModulePass):
             if p.graph is not None and len(p.graph.vertices) > self.n:
                 raise RpegError(p.graph.loc, f"graph @{p.graph.name} has {len(p.graph.vertices)} vertices, "
                                              f"more than max-vertices{{n={self.n}}} allows")
+
+        check(self.name, op, limit)
+
+
+@dataclass(frozen=True)
+class MaxCommsPass(ModulePass):
+    name = "max-comms"
+    stages = PassStages(needs=LOWERED)  # counts the Comm nodes that the lowering inserts
+    n: int = 8
+
+    def apply(self, ctx, op) -> None:
+        def limit(p):
+            comms = sum(node.kind == "comm" for node in p.exec.nodes)
+            if comms > self.n:
+                raise RpegError(p.exec.loc, f"exec graph @{p.exec.graph} has {comms} Comm nodes, more than "
+                                            f"max-comms{{n={self.n}}} allows")
 
         check(self.name, op, limit)
 
@@ -47,7 +68,7 @@ class RetypeInPlacePass(ModulePass):
         container.properties["bytes_per_elem"] = StringAttr("two")
 
 
-UNIVERSE = Universe(all_passes={"max-vertices": lambda: MaxVerticesPass,
+UNIVERSE = Universe(all_passes={"max-vertices": lambda: MaxVerticesPass, "max-comms": lambda: MaxCommsPass,
                                 "retype-in-place": lambda: RetypeInPlacePass})
 
 
