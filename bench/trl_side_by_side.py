@@ -192,20 +192,19 @@ def without_reference(text: str) -> str:
     lines = [ln for ln in text.splitlines() if "@ref" not in ln and not ln.strip().startswith("%logp_ref")]
     out = "\n".join(lines).replace(", %W_ref", "").replace(", %logp_ref", "") + "\n"
     if "ref" in out.replace("reference", "").replace("prefer", ""):
-        raise SystemExit("arith.GRPO_PROGRAM's reference lines changed; update bench/trl_side_by_side.without_reference")
+        raise SystemExit("arith.grpo_program's reference lines changed; update bench/trl_side_by_side.without_reference")
     return out
 
 
 def program_text(w: Workload, ckpt: Path, devices: int) -> str:
     """arith's GRPO program (the one `arith make` writes) for this workload, on `devices` CPU workers: the cluster's
     `gpus` and the written plan (which the optimizer replaces) on them."""
-    from rpegc.tools.arith import GRPO_PROGRAM
+    from rpegc.tools.arith import grpo_program
 
-    text = without_reference(GRPO_PROGRAM.format(B=w.B, R=w.R, Lp=w.Lp, Lr=w.Lr, ckpt=str(ckpt), algorithm="grpo",
-                                                 drawn=""))
+    text = without_reference(grpo_program(B=w.B, R=w.R, Lp=w.Lp, Lr=w.Lr, ckpt=str(ckpt)))
     text = text.replace("gpus = 2,", f"gpus = {devices},")
     if f"gpus = {devices}," not in text:
-        raise SystemExit("arith.GRPO_PROGRAM has no `rpeg.cluster ... gpus = 2, ...` line to set the workers in")
+        raise SystemExit("arith.grpo_program has no `rpeg.cluster ... gpus = 2, ...` line to set the workers in")
     return text.replace("extent (1, 1, 2) dp = 2", f"extent (1, 1, {devices}) dp = {devices}")
 
 

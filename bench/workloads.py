@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from rpegc import programs
 from rpegc.core.cost.options import CostOptions
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.ir.program import Program
@@ -39,56 +40,10 @@ SIZES = {7: "llama2-7b", 13: "llama2-13b", 34: "llama2-34b", 70: "llama2-70b", 1
 GPUS_PER_NODE = 4
 SEARCH_DEFAULTS = dict(steps=8, taus=(0, 1))  # App. B: K_eval = 8, one-step bounded staleness
 
-PPO_TEMPLATE = """\
-// PPO, {name}: actor {a}B, critic {c}B, reward {r}B (reference = actor), {gpus} GPUs.
-rpeg.workload {{B = {B}, R = 1, Lp = {Lp}, Lr = {Lr}, dtype = bf16}}
-
-// gated = false, tied = true, norms = false: the paper's own cost model, with the spec's two-projection FFN and
-// [PF]'s parameter count (the measured figures of bench/results reproduce the paper's numbers; the presets count
-// their real networks: a gated FFN's third matrix, the untied LM head and the norms)
-rpeg.model @actor  {{arch = "{arch_a}", gated = false, tied = true, norms = false, kind = policy, trainable}}
-rpeg.model @ref    {{arch = "{arch_a}", gated = false, tied = true, norms = false, kind = reference}}
-rpeg.model @critic {{arch = "{arch_c}", gated = false, tied = true, norms = false, kind = critic, trainable}}
-rpeg.model @reward {{arch = "{arch_r}", gated = false, tied = true, norms = false, kind = reward}}
-
-rpeg.graph @ppo {{
-  %X        = rpeg.container tokens[B, Lp]
-  %Y        = rpeg.container tokens[B*R, Lp + Lr]
-  %logp     = rpeg.container logprobs[B*R, Lr]
-  %logp_ref = rpeg.container logprobs[B*R, Lr]
-  %r        = rpeg.container rewards[B*R]
-  %v        = rpeg.container values[B*R, Lr]
-  %W_actor  = rpeg.weights @actor
-  %W_critic = rpeg.weights @critic
-  %W_ref    = rpeg.weights @ref
-  %W_reward = rpeg.weights @reward
-  rpeg.input %X, %W_ref, %W_reward
-
-  rpeg.vertex @gen          generation @actor  reads(%W_actor, %X) writes(%Y, %logp)
-  rpeg.vertex @ref_inf      inference  @ref    reads(%W_ref, %Y) writes(%logp_ref)
-  rpeg.vertex @reward_inf   inference  @reward reads(%W_reward, %Y) writes(%r)
-  rpeg.vertex @critic_inf   inference  @critic reads(%W_critic, %Y) writes(%v)
-  rpeg.vertex @train_actor  training   @actor  reads(%W_actor, %Y, %logp, %logp_ref, %r, %v) writes(%W_actor)
-  rpeg.vertex @train_critic training   @critic reads(%W_critic, %Y, %logp_ref, %r, %v) writes(%W_critic)
-
-  rpeg.data @gen -> @ref_inf (%Y)
-  rpeg.data @gen -> @reward_inf (%Y)
-  rpeg.data @gen -> @critic_inf (%Y)
-  rpeg.data @ref_inf -> @train_actor (%logp_ref)
-  rpeg.data @ref_inf -> @train_critic (%logp_ref)
-  rpeg.data @reward_inf -> @train_actor (%r)
-  rpeg.data @reward_inf -> @train_critic (%r)
-  rpeg.data @critic_inf -> @train_actor (%v)
-  rpeg.data @critic_inf -> @train_critic (%v)
-
-  rpeg.publish @train_actor -> @gen (%W_actor)
-  rpeg.publish @train_critic -> @critic_inf (%W_critic)
-  rpeg.staleness {{@actor = {tau}, @critic = {tau}}}
-  rpeg.quantiles [(0.5, Lr/4), (0.85, Lr/2), (1.0, Lr)]
-}}
-
-rpeg.cluster @c{gpus} {{racks = {racks}, nodes = {nodes}, gpus = {gpn}, hardware = "{hardware}"}}
-"""
+# gated = false, tied = true, norms = false: the paper's own cost model, with the spec's two-projection FFN and [PF]'s
+# parameter count (the measured figures of bench/results reproduce the paper's numbers; the presets count their real
+# networks: a gated FFN's third matrix, the untied LM head and the norms).
+PAPER_FORM = (("gated", False), ("tied", True), ("norms", False))
 
 
 @dataclass(frozen=True)
@@ -140,11 +95,15 @@ class Case:
 def ppo_text(actor: int, critic: int, reward: int, B: int, Lp: int, Lr: int, racks: int, nodes: int,
              tau: int = 0, hardware: str = "gh200", name: str = "benchmark") -> str:
     """The PPO module of a workload as .rpeg text (sizes in billions of parameters, keys of SIZES)."""
-    return PPO_TEMPLATE.format(
-        name=name, a=actor, c=critic, r=reward, arch_a=SIZES[actor], arch_c=SIZES[critic], arch_r=SIZES[reward],
-        B=B, Lp=Lp, Lr=Lr, tau=tau, racks=racks, nodes=nodes, gpn=GPUS_PER_NODE, gpus=racks * nodes * GPUS_PER_NODE,
-        hardware=hardware,
-    )
+    def model(size: int) -> programs.Model:
+        return programs.Model(SIZES[size], attrs=PAPER_FORM)
+
+    gpus = racks * nodes * GPUS_PER_NODE
+    return programs.ppo(
+        programs.Workload(B, 1, Lp, Lr), model(actor), critic=model(critic), reward=model(reward),
+        staleness={"actor": tau, "critic": tau}, quantiles=programs.PAPER_QUANTILES,
+        header=(f"PPO, {name}: actor {actor}B, critic {critic}B, reward {reward}B (reference = actor), {gpus} GPUs.",),
+        cluster=programs.Cluster(racks, nodes, GPUS_PER_NODE, hardware))
 
 
 def ppo_program(actor: int, critic: int, reward: int, B: int, Lp: int, Lr: int, racks: int, nodes: int,

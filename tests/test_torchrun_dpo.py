@@ -17,9 +17,10 @@ from rpegc.runtime.backends.torch.rl.algorithms.dpo import dpo_loss, sides  # no
 from rpegc.runtime.backends.torch.controller.run_description import run_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl.algorithms.dpo import DPOTrainer  # noqa: E402
 from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
+from rpegc.programs import Model  # noqa: E402
 from rpegc.syntax.parser import parse  # noqa: E402
 from fixtures.torch_runs import STAT_ABS, STAT_REL, compile_plan, run_torch  # noqa: E402
-from fixtures.dpo import GRAPH, TWO, preference_rows
+from fixtures.dpo import TWO, dpo_text, preference_rows
 
 FOUR = """rpeg.cluster @c4 {racks = 1, nodes = 1, gpus = 4, hardware = "cpu"}
 rpeg.plan @p for @dpo on @c4 {
@@ -28,7 +29,7 @@ rpeg.plan @p for @dpo on @c4 {
   @train_policy at (0, 0, 0) extent (1, 1, 4) dp = 1 pp = 2 tp = 2 mb = 2
 }
 """
-TINY = GRAPH.format(B=16, Lp=4, Lr=6, model='arch = "tiny"')
+TINY = dpo_text(16, 4, 6, Model("tiny"))
 
 
 # Adam's first steps are about lr * sign(g): for gradient entries near zero (rows of tokens few pairs use) they
@@ -105,7 +106,7 @@ def test_a_checkpoint_on_a_preference_dataset_with_minibatches_matches_the_oracl
     (tmp_path / "pairs.jsonl").write_text(preference_rows(24, seed=4))
     two = TWO.replace("extent (1, 1, 2) dp = 1 pp = 1 tp = 2 mb = 1", "extent (1, 1, 2) dp = 2 pp = 1 tp = 1 mb = 1")
     assert two != TWO
-    plan = compile_plan(tmp_path, "dpo2.rpeg", steps=2, text=GRAPH.format(B=8, Lp=12, Lr=4, model=f'hf = "{ckpt}"') + two)
+    plan = compile_plan(tmp_path, "dpo2.rpeg", steps=2, text=dpo_text(8, 12, 4, Model(hf=str(ckpt))) + two)
     config = {"data": {"path": str(tmp_path / "pairs.jsonl"), "answer_key": ""}}
     rl = dict(RL, ppo_minibatches=2)
     backend, _ = run_torch(plan, rl=rl, **config)

@@ -193,11 +193,12 @@ def test_dpo_trains_a_checkpoint_on_a_preference_dataset_and_exports(workdir, tm
     """DPO through the CLI: the checkpoint as policy and reference, a JSONL file of (prompt, chosen, rejected)
     chat rows, 2 workers; each step sees the same 8 pairs (B = the rows), on which the loss falls; the export
     loads in transformers with the backend's logits."""
-    from fixtures.dpo import GRAPH, TWO, preference_rows
+    from fixtures.dpo import TWO, dpo_text, preference_rows
+    from rpegc.programs import Model
 
     d = workdir
     (d / "pairs.jsonl").write_text(preference_rows(8, seed=6))
-    (d / "dpo.rpeg").write_text(GRAPH.format(B=8, Lp=16, Lr=4, model='hf = "ckpt"') + TWO)
+    (d / "dpo.rpeg").write_text(dpo_text(8, 16, 4, Model(hf="ckpt")) + TWO)
     assert cli("rpegc.cli", "dpo.rpeg", "-p", lowering(3), "-o", "dpo.exec.rpeg", cwd=d).returncode == 0
     proc = cli("rpegc.runtime.cli", "dpo.exec.rpeg", "--backend", "torch", "--data", "pairs.jsonl", "--rl",
                "data.answer_key=", "--rl", "lr_actor=1e-3", "--run-dir", "run-dpo", cwd=d)

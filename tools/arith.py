@@ -24,53 +24,30 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['co
                  "A: {{ m['content'] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}")
 SPECIALS = ("<pad>", "<s>", "</s>")
 
-# GRPO on a 2-core host with the checkpoint as actor and reference, one CPU worker for the model and the math verifier
-# (`math-verify`) on a pool of host processes: a verify vertex, which the cost model prices per response
-# (rpegc/core/cost/host.py) and the optimizer places beside the devices, their processes sharing the host's cores.
-GRPO_PROGRAM = """// {algorithm} on the arithmetic prompts of `python -m rpegc.tools.arith`: CPU workers and a
-// verifier pool sharing the host's cores.
-rpeg.workload {{B = {B}, R = {R}, Lp = {Lp}, Lr = {Lr}, dtype = fp32{drawn}}}
-
-rpeg.model    @actor {{hf = "{ckpt}", kind = policy, trainable}}
-rpeg.model    @ref   {{hf = "{ckpt}", kind = reference}}
-rpeg.verifier @math  {{fn = "math"}}
-
-rpeg.graph @grpo {{
-  %X        = rpeg.container tokens[B, Lp]
-  %Y        = rpeg.container tokens[B*R, Lp + Lr]
-  %logp     = rpeg.container logprobs[B*R, Lr]
-  %logp_ref = rpeg.container logprobs[B*R, Lr]
-  %r        = rpeg.container rewards[B*R]
-  %W_actor  = rpeg.weights @actor
-  %W_ref    = rpeg.weights @ref
-  rpeg.input %X, %W_ref
-
-  rpeg.vertex @gen         generation @actor reads(%W_actor, %X) writes(%Y, %logp)
-  rpeg.vertex @ref_inf     inference  @ref   reads(%W_ref, %Y) writes(%logp_ref)
-  rpeg.vertex @verify      verify     @math  reads(%Y) writes(%r)
-  rpeg.vertex @train_actor training   @actor reads(%W_actor, %Y, %logp, %logp_ref, %r) writes(%W_actor)
-
-  rpeg.data @gen -> @ref_inf (%Y)
-  rpeg.data @gen -> @verify (%Y)
-  rpeg.data @gen -> @train_actor (%Y)
-  rpeg.data @gen -> @train_actor (%logp)
-  rpeg.data @ref_inf -> @train_actor (%logp_ref)
-  rpeg.data @verify -> @train_actor (%r)
-  rpeg.publish @train_actor -> @gen (%W_actor)
-  rpeg.staleness {{@actor = 0}}
-  rpeg.algorithm {algorithm}
-}}
-
-rpeg.cluster @cpu2 {{racks = 1, nodes = 1, gpus = 2, hardware = "cpu"}}
-
+# The plan `grpo_program` writes after the program.
+HAND_PLAN = """\
 // A hand plan (the optimizer replaces it): the model's vertices on one worker, the verifier on one host process.
-rpeg.plan @p for @grpo on @cpu2 {{
+rpeg.plan @p for @grpo on @cpu2 {
   @gen         at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
   @ref_inf     at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
   @train_actor at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
   @verify      pool = 1
-}}
+}
 """
+
+
+def grpo_program(B: int, R: int, Lp: int, Lr: int, ckpt: str, algorithm: str = "grpo", oversample: int = 1) -> str:
+    """GRPO (or one of its family, `algorithm`) on a 2-core host with the checkpoint `ckpt` as actor and reference, one
+    CPU worker for the model and the math verifier (`math-verify`) on a pool of host processes: a verify vertex,
+    which the cost model prices per response (rpegc/core/cost/host.py) and the optimizer places beside the devices,
+    their processes sharing the host's cores."""
+    from rpegc import programs
+
+    header = (f"{algorithm} on the arithmetic prompts of `python -m rpegc.tools.arith`: CPU workers "
+              "and a", "verifier pool sharing the host's cores.")
+    return programs.grpo(programs.Workload(B, R, Lp, Lr, "fp32", oversample), programs.Model(hf=ckpt),
+                         reward=programs.Verifier("math"), direct_edges=True, algorithm=algorithm, header=header,
+                         cluster=programs.Cluster(1, 1, 2, "cpu", name="cpu2"), plan=HAND_PLAN)
 
 
 @dataclass(frozen=True)
@@ -320,9 +297,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     write_dataset(os.path.join(args.dir, "train.jsonl"), args.rows, seed=0, chat=args.chat)
     write_dataset(os.path.join(args.dir, "test.jsonl"), 64, seed=1, chat=args.chat)
     with open(os.path.join(args.dir, "grpo.rpeg"), "w", encoding="utf-8") as f:
-        drawn = f", oversample = {args.oversample}" if args.oversample != 1 else ""
-        f.write(GRPO_PROGRAM.format(B=8, R=8, Lp=12, Lr=4, ckpt=os.path.join(args.dir, "ckpt"),
-                                    algorithm=args.algorithm, drawn=drawn))
+        f.write(grpo_program(B=8, R=8, Lp=12, Lr=4, ckpt=os.path.join(args.dir, "ckpt"), algorithm=args.algorithm,
+                             oversample=args.oversample))
     family = {"llama": "Llama", "qwen3": "Qwen3", "gemma3_text": "Gemma 3"}[args.model]
     print(f"wrote {args.dir}/ckpt ({family}, hidden {args.hidden}, {args.layers} layers, tokenizer), "
           f"{args.dir}/train.jsonl ({args.rows} prompts), {args.dir}/test.jsonl (64) and {args.dir}/grpo.rpeg "

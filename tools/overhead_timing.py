@@ -27,6 +27,7 @@ from rpegc.core.cost.hardware import Hardware, Overhead
 from rpegc.core.cost.options import cost_options
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
+from rpegc.programs import Cluster, Model, Workload, grpo
 from rpegc.tools.measure import mape
 
 ROLES = ("generation", "inference", "training")
@@ -115,45 +116,22 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     return tuple(fits)
 
 
-# A GRPO of the tiny preset with a toy reward model (its rule runs there) on `devices` workers, generation and the
-# inferences on the first, training on the last with staleness 1 (as the demo's plans overlap them): the runtime's
-# own round trips and transfers, with every core busy as in a run.
-CONTROL_PROGRAM = """rpeg.workload {{B = 4, R = 4, Lp = 4, Lr = 4, dtype = fp32}}
-rpeg.model @actor {{arch = "tiny", kind = policy, trainable}}
-rpeg.model @ref {{arch = "tiny", kind = reference}}
-rpeg.model @reward {{arch = "tiny", kind = reward}}
-rpeg.graph @grpo {{
-  %X = rpeg.container tokens[B, Lp]
-  %Y = rpeg.container tokens[B*R, Lp + Lr]
-  %logp = rpeg.container logprobs[B*R, Lr]
-  %logp_ref = rpeg.container logprobs[B*R, Lr]
-  %r = rpeg.container rewards[B*R]
-  %W_actor = rpeg.weights @actor
-  %W_ref = rpeg.weights @ref
-  %W_reward = rpeg.weights @reward
-  rpeg.input %X, %W_ref, %W_reward
-  rpeg.vertex @gen generation @actor reads(%W_actor, %X) writes(%Y, %logp)
-  rpeg.vertex @ref_inf inference @ref reads(%W_ref, %Y) writes(%logp_ref)
-  rpeg.vertex @reward_inf inference @reward reads(%W_reward, %Y) writes(%r)
-  rpeg.vertex @train training @actor reads(%W_actor, %Y, %logp, %logp_ref, %r) writes(%W_actor)
-  rpeg.data @gen -> @ref_inf (%Y)
-  rpeg.data @gen -> @reward_inf (%Y)
-  rpeg.data @gen -> @train (%Y)
-  rpeg.data @gen -> @train (%logp)
-  rpeg.data @ref_inf -> @train (%logp_ref)
-  rpeg.data @reward_inf -> @train (%r)
-  rpeg.publish @train -> @gen (%W_actor)
-  rpeg.staleness {{@actor = 1}}
-  rpeg.algorithm grpo
-}}
-rpeg.cluster @c {{racks = 1, nodes = 1, gpus = {devices}, hardware = "{profile}"}}
-rpeg.plan @p for @grpo on @c {{
+# The control program's plan: generation and the inferences on the first worker, training on the last.
+CONTROL_PLAN = """rpeg.plan @p for @grpo on @c {{
   @gen at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
   @ref_inf at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
   @reward_inf at (0, 0, 0) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
-  @train at (0, 0, {last}) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
+  @train_actor at (0, 0, {last}) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
 }}
 """
+
+
+def control_program(profile: str, devices: int) -> str:
+    """A GRPO of the tiny preset with a toy reward model (its rule runs there) on `devices` workers of the hardware
+    profile `profile`, training with staleness 1 (as the demo's plans overlap it): the runtime's own round trips and
+    transfers, with every core busy as in a run."""
+    return grpo(Workload(4, 4, 4, 4, "fp32"), Model("tiny"), direct_edges=True, staleness={"actor": 1},
+                cluster=Cluster(1, 1, devices, profile, name="c"), plan=CONTROL_PLAN.format(last=devices - 1))
 
 
 @dataclass(frozen=True)
@@ -168,7 +146,7 @@ class ControlFit:
 
 
 def control_run(hw_text: str, steps: int, devices: int = 0) -> ControlFit:
-    """The runtime's control round trip and a transfer's fixed cost in a run of `CONTROL_PROGRAM` over `steps` steps
+    """The runtime's control round trip and a transfer's fixed cost in a run of `control_program` over `steps` steps
     on `devices` workers (default: 2 where the host has 2 cores, else 1), priced with the profile `hw_text` (TOML,
     without [overhead]): rpegc lowers it, rpeg-run runs it and its trace says."""
     from rpegc.cli import main as rpegc_main
@@ -183,8 +161,7 @@ def control_run(hw_text: str, steps: int, devices: int = 0) -> ControlFit:
     with tempfile.TemporaryDirectory(prefix="rpeg-overhead-") as tmp:
         d = Path(tmp)
         (d / "profile.toml").write_text(hw_text, encoding="utf-8")
-        (d / "grpo.rpeg").write_text(CONTROL_PROGRAM.format(profile=d / "profile.toml", devices=devices,
-                                                            last=devices - 1), encoding="utf-8")
+        (d / "grpo.rpeg").write_text(control_program(str(d / "profile.toml"), devices), encoding="utf-8")
         pipeline = (f"verify-wellformed,unroll{{k={steps}}},split-quantiles,insert-comm,insert-reshard,fuse-stages,"
                     "annotate-cost,schedule")
         out = io.StringIO()
