@@ -14,7 +14,6 @@ control delay to save, a chained run has the same starts and finishes as one tha
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import math
 import random
@@ -25,6 +24,7 @@ import numpy as np
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.base import Backend, BackendError, BackendSpec, Completion, Dispatch
+from rpegc.runtime.backends.options import add_declared_options, cli_option
 from rpegc.runtime.plan import Artifact, RunPlan
 
 DISTRIBUTIONS = ("uniform", "lognormal")
@@ -212,15 +212,12 @@ class SimBackend(Backend):
 
 @dataclass(frozen=True)
 class SimOptions:
-    jitter: float = 0.0
-    jitter_dist: str = "uniform"
-    seed: int = 0
+    """rpeg-run's options of the simulated backend."""
 
-
-def _add_options(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--jitter", type=float, default=0.0, metavar="X",
-                       help="multiplicative noise on node times (uniform: +-X, lognormal: sigma X)")
-    group.add_argument("--jitter-dist", choices=DISTRIBUTIONS, default="uniform")
+    jitter: float = cli_option(0.0, "multiplicative noise on node times (uniform: +-X, lognormal: sigma X)",
+                               metavar="X")
+    jitter_dist: str = cli_option("uniform", "the distribution of --jitter's noise", choices=DISTRIBUTIONS)
+    seed: int = cli_option(0, "rpeg-run's --seed: the jitter's draws", cli=False)
 
 
 def _check(o: SimOptions) -> None:
@@ -230,5 +227,5 @@ def _check(o: SimOptions) -> None:
 
 SPEC = BackendSpec(
     name="sim", help="a simulated clock from the annotated node times (the default)", options=SimOptions,
-    add_options=_add_options, check=_check,
+    add_options=lambda group: add_declared_options(group, SimOptions), check=_check,
     create=lambda o: SimBackend(jitter=o.jitter, distribution=o.jitter_dist, seed=o.seed))

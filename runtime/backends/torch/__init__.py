@@ -28,66 +28,16 @@ Rooms (each module imports torch itself, so importing this package does not; `SP
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
+from rpegc.runtime.backends.options import add_declared_options
 from rpegc.runtime.backends.torch.controller.options import LR_MAX, TorchOptions
 from rpegc.runtime.backends.torch.checkpoints.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
-from rpegc.runtime.trackers import KINDS, NONE, check_installed, parse_log
-
-
-def _add_options(t: argparse._ArgumentGroup) -> None:
-    t.add_argument("--run-dir", metavar="DIR", help="checkpoints, worker logs and final weights go here")
-    t.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                   help="checkpoint every N RL steps (default 1 with --run-dir, else none)")
-    t.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
-                   help="keep the newest N complete checkpoints in the run directory (default 2, N >= 1)")
-    t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    t.add_argument("--overwrite", action="store_true",
-                   help="a fresh run in a --run-dir where an earlier run left checkpoints, final weights or metrics "
-                        "replaces them (without it such a run is refused)")
-    t.add_argument("--tp-impl", choices=("auto", "megatron", "torch"), default="auto",
-                   help="tensor parallelism: megatron-core layers (auto: when importable) or plain torch.distributed")
-    t.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="torch.distributed backend of the workers: gloo (CPU tensors) or nccl (one GPU per worker); "
-                        "auto: nccl when this host has a CUDA device for every worker, else gloo")
-    t.add_argument("--store", metavar="HOST:PORT", default=None,
-                   help="launch no workers: serve the control store at HOST:PORT and wait for one worker per "
-                        "device, started by torchrun or Slurm on any node as `python -m "
-                        "rpegc.runtime.backends.torch.worker.process --store HOST:PORT` (RANK and WORLD_SIZE from the "
-                        "environment) and --secret-file PATH")
-    t.add_argument("--secret-file", metavar="PATH", default=None,
-                   help="with --store: where to write the run's control secret (mode 0600; default "
-                        "RUN_DIR/control-secret, else a private temporary file); every worker must read it, "
-                        "through --secret-file PATH or RPEG_RUN_SECRET_FILE=PATH; it is removed when the run ends")
-    t.add_argument("--no-memory-check", action="store_true",
-                   help="launch even if the cost model's memory estimate of a worker exceeds its device "
-                        "(its share of host RAM on CPU, its GPU under NCCL)")
-    t.add_argument("--lr", type=float, default=None, help="learning rate of actor and critic (default: the toy 5e-3)")
-    t.add_argument("--rl-config", metavar="TOML", default=None,
-                   help="RL hyper-parameters: a flat TOML table of RLConfig fields (clip_eps, kl_coef, ppo_epochs, "
-                        "temperature, adam_eps, ...; runtime/backends/torch/rl/hyperparameters.py)")
-    t.add_argument("--rl", metavar="NAME=VALUE", action="append", default=None,
-                   help="set one RL hyper-parameter (repeatable; overrides --rl-config; --lr overrides both)")
-    t.add_argument("--reward", metavar="SPEC", default=None,
-                   help="what the reward vertex scores with: rule (the toy task's rule; the default without --data), "
-                        "model (the frozen reward model), or a function of the response text: exact_match, math, "
-                        "module:function, file.py:function or an entry point of group rpegc.rewards "
-                        "(runtime/backends/torch/rl/rewards.py)")
-    t.add_argument("--data", metavar="FILE", default=None,
-                   help="train on the prompts of a JSONL or Parquet file (its rules: the [data] table of --rl-config "
-                        "or --rl data.NAME=VALUE; runtime/backends/torch/rl/datasets.py); default: the toy --task")
-    t.add_argument("--task", choices=("pattern", "reverse"), default="pattern",
-                   help="the built-in toy task without --data (default pattern)")
-    trackers = "; ".join(f"{k.name}: {k.help}" for k in KINDS.values())
-    t.add_argument("--log", metavar="TRACKERS", default=None,
-                   help="with --run-dir: also send metrics.jsonl's per-step values and the run's config to these "
-                        f"experiment trackers, comma-separated ({trackers}); {NONE}: metrics.jsonl only (default: "
-                        "tensorboard when its package is installed)")
+from rpegc.runtime.trackers import check_installed, parse_log
 
 
 def _check(o: TorchOptions) -> None:
@@ -148,5 +98,5 @@ def _create(o: TorchOptions):
 
 
 SPEC = BackendSpec(name="torch", help="worker processes that train the models for real (torch.distributed)",
-                   options=TorchOptions, add_options=_add_options, check=_check, create=_create,
+                   options=TorchOptions, add_options=lambda group: add_declared_options(group, TorchOptions), check=_check, create=_create,
                    inputs=_inputs, outputs=_outputs)
