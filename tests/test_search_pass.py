@@ -53,3 +53,21 @@ def test_bad_option_and_wrong_position_are_located_errors(capsys):
     assert code == 1 and err.startswith("<pipeline>:1:20: error: ") and "unknown objective 'fast'" in err
     code, _, err = run(capsys, "unroll{k=2}," + SEARCH)
     assert code == 1 and "before unroll" in err
+
+
+def test_the_pass_spells_the_searchs_options_with_their_defaults_and_help():
+    """OptimizeOptions declares each search option once; the pass's fields take its default and help."""
+    import dataclasses
+
+    from rpegc.core.ir.options import option_help
+    from rpegc.passes.optimize import OptimizePass
+    from rpegc.search.optimizer import OptimizeOptions
+
+    assert OptimizePass().options() == OptimizeOptions()
+    declared = {f.name: f for f in dataclasses.fields(OptimizeOptions)}
+    spelled = {f.name: f for f in dataclasses.fields(OptimizePass)}
+    for name in ("evals", "seed", "jobs", "objective", "delta", "taus", "ac", "steps", "baseline", "search_zero",
+                 "search_recompute"):
+        assert option_help(spelled[name]) == option_help(declared[name]) != ""
+    assert option_help(spelled["budget"]) == option_help(declared["budget_s"])
+    assert option_help(spelled["ablate"]).startswith(option_help(declared["ablate"]))

@@ -386,7 +386,7 @@ def test_dapo_overlong_shaping_punishes_the_last_tokens_of_the_budget():
     got = compute_advantages(exp, cfg, group_size=3).advantages[:, 0].tolist()
     centred = [want[i] - sum(want[i - i % 3:i - i % 3 + 3]) / 3 for i in range(6)]
     assert got == pytest.approx(centred, abs=1e-6)
-    with pytest.raises(RpegError, match="overlong_buffer and overlong_penalty must be >= 0"):
+    with pytest.raises(RpegError, match="overlong_buffer must be >= 0, got -1"):
         default_rl_config("grpo", overlong_buffer=-1)
 
 

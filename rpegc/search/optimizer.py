@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 from rpegc.core.cost.options import CostOptions
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.options import option
 from rpegc.core.cost.hardware import Hardware, program_hardware
 from rpegc.core.ir.program import VERIFY, Program
 from rpegc.search.anneal import SearchConfig, SearchState, polish_reserve
@@ -62,20 +63,26 @@ PROCESS_MIN_SECONDS = 5.0  # and shorter time budgets too
 
 @dataclass(frozen=True)
 class OptimizeOptions:
-    budget_s: float = 60.0  # wall-clock budget in seconds (0: none)
-    evals: int = 0  # total uncached evaluations (0: none), the polish included
-    seed: int = 0
-    objective: str = "throughput"
-    delta: float = 0.1
-    taus: tuple[int, ...] = (0, 1)
-    ac: bool = True
-    steps: int = 8  # K_eval
-    ablate: frozenset[str] = frozenset()
-    baseline: str = "none"
-    search: SearchConfig = SearchConfig()
-    jobs: int = 0  # worker processes (0: every core, when the budget pays for starting them)
-    search_zero: bool = True  # choose each training operator's ZeRO stage (else the workload's)
-    search_recompute: bool = True  # choose its activation recomputation (else the workload's)
+    """The search's options, declared once: the optimize pass spells each as a pipeline option with this default
+    and help (passes/optimize.py), and `rpegc --list-passes` prints them."""
+
+    budget_s: float = option(60, "wall-clock seconds for the search, the polish included (0: no time limit)")
+    evals: int = option(0, "uncached evaluations, the polish included (0: no limit); with budget, whichever ends "
+                           "first")
+    seed: int = option(0, "random seed: the same seed and evaluation budget give the same plan")
+    objective: str = option("throughput", "throughput (Score_pen, Eq. 5) or util (throughput x utilization, Eq. 6)")
+    delta: float = option(0.1, "throughput loss that objective=util may trade for utilization")
+    taus: tuple[int, ...] = option((0, 1), "staleness candidates per trainable model (S2)")
+    ac: bool = option(True, "consider actor-critic parameter sharing (S1), where an actor and a critic exist")
+    steps: int = option(8, "K_eval, the unrolled horizon plans are scored on (use the same k in unroll)")
+    ablate: frozenset[str] = option(frozenset(), f"ablations {', '.join(ABLATIONS)} (Table IV's A1..A9, A10 no "
+                                                 "stage fusion)")
+    baseline: str = option("none", "none (search), or write the greedy or concurrent baseline plan instead")
+    search: SearchConfig = option(SearchConfig(), "the annealing's schedule (not a pipeline option)")
+    jobs: int = option(0, "worker processes (0: every core once the budget pays for starting them)")
+    search_zero: bool = option(True, "choose each training vertex's ZeRO stage (false: the workload's, default 2)")
+    search_recompute: bool = option(
+        True, "choose each training vertex's activation recomputation (false: the workload's, default interval)")
 
 
 @dataclass(frozen=True)

@@ -21,3 +21,9 @@ def option_help(f: Field) -> str:
 def required(help: str) -> Any:
     """A documented field without a default."""
     return field(metadata={HELP: help})
+
+
+def same_as(declared: Field) -> Any:
+    """A field with the default and help of an option declared elsewhere (a pass that spells another dataclass's
+    options as its own)."""
+    return option(declared.default, option_help(declared))

@@ -35,7 +35,8 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
 from rpegc.runtime.backends.options import add_declared_options
-from rpegc.runtime.backends.torch.controller.options import LR_MAX, TorchOptions
+from rpegc.runtime.backends.torch.controller.options import TorchOptions
+from rpegc.runtime.backends.torch.rl.bounds import LR_MAX
 from rpegc.runtime.backends.torch.checkpoints.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
 from rpegc.runtime.trackers import check_installed, parse_log
 

@@ -10,8 +10,6 @@ from typing import Optional
 from rpegc.runtime.backends.options import cli_option
 from rpegc.runtime.trackers import KINDS, NONE
 
-LR_MAX = 1.0  # the largest learning rate (--lr, lr_actor, lr_critic; rl/hyperparameters.py says why)
-
 _LOG_HELP = ("with --run-dir: also send metrics.jsonl's per-step values and the run's config to these experiment "
              f"trackers, comma-separated ({'; '.join(f'{k.name}: {k.help}' for k in KINDS.values())}); {NONE}: "
              "metrics.jsonl only (default: tensorboard when its package is installed)")

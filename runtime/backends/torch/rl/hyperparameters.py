@@ -28,29 +28,11 @@ from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.toml_text import decode_error_position, key_position
 from rpegc.inputs import read_input_text
 from rpegc.runtime.backends.torch.rl.datasets import DataConfig
-from rpegc.runtime.backends.torch.controller.options import LR_MAX
+from rpegc.runtime.backends.torch.rl.bounds import range_error
 from rpegc.runtime.backends.torch.rl.step import RLConfig
 
 # `algorithm = NAME` chooses another registered algorithm of the graph's family (a GRPO graph runs DAPO)
 ALGORITHM = "algorithm"
-FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: an epsilon below it is zero in the arithmetic
-# (name, lowest, lowest allowed?) for numbers with a lower bound; upper bounds below. The training arithmetic is
-# float32, so the bounds keep every setting where it stays finite: Adam moves each weight by about the learning rate
-# per step (lr > 1 throws a model's weights, of order 0.01-1, out in one step; the same for lr x weight decay);
-# coefficients multiply loss terms of order 1-100 (above 1e4 one term is all the loss, and float32 sums lose the
-# rest); the sampler divides float32 logits by the temperature (below 1e-4 that is greedy decoding to float32
-# precision, for which top_k = 1 is the setting; 1e-300 is zero in float32, and the division gives NaN); an
-# epsilon below the smallest normal float32 is zero, and Adam's update divides by it.
-LOWER = {"lr_actor": (0.0, False), "lr_critic": (0.0, False), "weight_decay": (0.0, True), "grad_clip": (0.0, False),
-         "clip_eps": (0.0, False), "gamma": (0.0, True), "lam": (0.0, True), "kl_coef": (0.0, True),
-         "value_clip": (0.0, False), "value_coef": (0.0, True), "entropy_coef": (0.0, True), "ppo_epochs": (1, True),
-         "ppo_minibatches": (1, True), "temperature": (1e-4, True), "top_p": (0.0, False), "top_k": (0, True),
-         "adam_eps": (FLOAT32_TINY, True), "grpo_eps": (FLOAT32_TINY, True), "dpo_beta": (0.0, False)}
-UPPER = {"gamma": 1.0, "lam": 1.0, "ppo_epochs": 1000, "ppo_minibatches": 100000, "top_p": 1.0,
-         "lr_actor": LR_MAX, "lr_critic": LR_MAX, "weight_decay": 1.0, "kl_coef": 1e4, "value_coef": 1e4,
-         "entropy_coef": 1e4, "dpo_beta": 1e4, "temperature": 1e4, "adam_eps": 1.0, "grpo_eps": 1.0}
-
-
 DATA_PREFIX = "data."
 
 
@@ -161,14 +143,9 @@ def _convert(t: Any, value: Any) -> Any:
 
 
 def _check_range(name: str, value: Any, where: str) -> None:
-    if name in LOWER and value is not None:
-        low, inclusive = LOWER[name]
-        if value < low or (value == low and not inclusive):
-            raise RpegError(None, f"{where}: {name} must be {'>=' if inclusive else '>'} {low}, got {value}")
-    if name in UPPER and value is not None and value > UPPER[name]:
-        raise RpegError(None, f"{where}: {name} must be <= {UPPER[name]}, got {value}")
-    if name == "adam_betas" and not all(0 <= b < 1 for b in value):
-        raise RpegError(None, f"{where}: adam_betas must lie in [0, 1), got {list(value)}")
+    error = range_error(name, value)
+    if error is not None:
+        raise RpegError(None, f"{where}: {error}")
 
 
 MAX_RL_CONFIG_BYTES = 16 << 20  # a flat table of a few dozen settings

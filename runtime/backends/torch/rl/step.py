@@ -33,6 +33,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.algorithms import FAMILIES, PLUGIN_GROUP, registered
 from rpegc.runtime.backends.torch.model.generation import Sampling
 from rpegc.runtime.backends.torch.model.transformer import TransformerModel
+from rpegc.runtime.backends.torch.rl.bounds import BOUNDS, range_error
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -107,21 +108,14 @@ def check_rl_config(cfg: RLConfig) -> None:
         if not registered(table, name):
             raise RpegError(None, f"unknown {what} '{name}'; use one of {', '.join(table)} (or an estimator or loss a "
                                   f"plugin of the entry-point group {PLUGIN_GROUP} registers)")
-    if cfg.clip_eps_high is not None and cfg.clip_eps_high <= 0:
-        raise RpegError(None, f"clip_eps_high must be > 0, got {cfg.clip_eps_high}")
-    if cfg.overlong_buffer < 0 or cfg.overlong_penalty < 0:
-        raise RpegError(None, f"overlong_buffer and overlong_penalty must be >= 0, got {cfg.overlong_buffer}, "
-                              f"{cfg.overlong_penalty}")
-    if cfg.dpo_beta <= 0:
-        raise RpegError(None, f"dpo_beta must be > 0, got {cfg.dpo_beta}")
     cfg.sampling.check()
-    if cfg.ppo_epochs < 1 or cfg.ppo_minibatches < 1:
-        raise RpegError(None, f"ppo_epochs and ppo_minibatches must be >= 1, got {cfg.ppo_epochs}, "
-                        f"{cfg.ppo_minibatches}")
-    if not (0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1):
-        raise RpegError(None, f"gamma and lambda must lie in [0, 1], got {cfg.gamma}, {cfg.lam}")
-    if cfg.clip_eps <= 0 or cfg.grad_clip <= 0:
-        raise RpegError(None, "clip_eps and grad_clip must be > 0")
+    for name in BOUNDS:
+        error = range_error(name, getattr(cfg, name))
+        if error is not None:
+            raise RpegError(None, error)
+    error = range_error("adam_betas", cfg.adam_betas)
+    if error is not None:
+        raise RpegError(None, error)
 
 
 # ---------------------------------------------------------------------------------------------------
