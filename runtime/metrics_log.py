@@ -4,9 +4,9 @@ RUN_DIR/metrics.jsonl gets one JSON object per completed RL step, in step order:
 run's clock when the step's last node finished), `step_s` (since the previous step finished; absent for a
 run's first step), `tokens_per_s` (response tokens generated in the step / step_s) and every metric the
 workers reported (reward and its std, score, kl, response length and tokens, policy/value/KL losses,
-entropy, clip fraction, grad norms: runtime/backends/torch/worker/process.py `op_training`). A resumed run keeps the
-lines of the steps before the checkpoint and continues the file. The same values (every field but `step`) go to
-the experiment trackers of `rpeg-run --log` under the same names at global step `step`, with the run's config
+entropy, clip fraction, grad norms: the algorithm's `train`, runtime/backends/torch/rl/algorithms/). A resumed
+run keeps the lines of the steps before the checkpoint and continues the file. The same values (every field but `step`)
+go to the experiment trackers of `rpeg-run --log` under the same names at global step `step`, with the run's config
 (runtime/trackers.py); without --log, to TensorBoard (RUN_DIR/tensorboard/) when the `tensorboard` package is
 installed. A tracker that fails in the middle of a run is dropped with a warning: the run and metrics.jsonl go on.
 """

@@ -68,7 +68,7 @@ from rpegc.runtime.backends.torch.rl.algorithms.rollout import ReferenceTrainer 
 from rpegc.runtime.backends.torch.rl.reference import run_reference  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig, toy_config, toy_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl.step import response_forward  # noqa: E402
-from rpegc.runtime.backends.torch.worker.process import Entry, ModelSpec, Piece, Worker, standalone_worker  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import ModelSpec, Worker, standalone_worker  # noqa: E402
 from fixtures.torch_runs import (PPO4, STAT_ABS, STAT_REL, compile_plan, model_names,  # noqa: E402
                                        run_torch)
 
@@ -150,7 +150,7 @@ def _worker() -> Worker:
               "ref": ModelSpec("ref", "reference", ARCH, model_seed(0, "reference"))}
     worker = standalone_worker(run, models, device=torch.device("cpu"))
     for m in models:
-        worker.cmd_install({"model": m, "layout": SINGLE, "version": 0, "label": f"W:{m}"})
+        worker.install(f"W:{m}", m, SINGLE)
     return worker
 
 
@@ -168,22 +168,22 @@ def _n_params(kind: str, net: NetOptions = NetOptions(max_seq=LP + LR, positions
 def test_serving_copies_are_bf16_and_serving_ops_return_float32():
     worker = _worker()
     for m in ("actor", "ref"):
-        entry = worker.entries[f"W:{m}"]
+        entry = worker.entry(f"W:{m}")
         assert {t.dtype for t in entry.shards.values()} == {torch.bfloat16}
         assert entry.nbytes() == 2 * _n_params(worker.setup.models[m].kind)  # s_b = 2 bytes per parameter
-    info = worker.cmd_op(_op("generation", "actor", ["sequences", "mask", "old_logprobs"], []))
+    info = worker.execute(_op("generation", "actor", ["sequences", "mask", "old_logprobs"], []))
     assert info["versions_in"] == {"actor": 0}
-    worker.entries["rollouts"] = worker.entries.pop("out")
-    worker.cmd_op(_op("inference", "ref", ["ref_logprobs"], ["rollouts"]))
-    ref_logprobs = worker.entries["out"].pieces[0].fields["ref_logprobs"]
+    worker.holdings.entries["rollouts"] = worker.holdings.entries.pop("out")
+    worker.execute(_op("inference", "ref", ["ref_logprobs"], ["rollouts"]))
+    ref_logprobs = worker.entry("out").pieces[0].fields["ref_logprobs"]
     assert ref_logprobs.dtype == torch.float32
-    assert worker.entries["rollouts"].pieces[0].fields["old_logprobs"].dtype == torch.float32
+    assert worker.entry("rollouts").pieces[0].fields["old_logprobs"].dtype == torch.float32
     # the serving modules compute in bf16; at version 0 the actor serves the reference's values
-    for key, pm in worker.serving.items():
+    for key, pm in worker.holdings.serving.items():
         assert {p.dtype for p in pm.module.parameters()} == {torch.bfloat16}, key
-    rollouts = worker.entries["rollouts"].pieces[0].fields
+    rollouts = worker.entry("rollouts").pieces[0].fields
     actor = build_model(ARCH, "policy", 0, worker.run.net).to(torch.bfloat16)
-    install_weights(actor, worker.entries["W:actor"].shards)
+    install_weights(actor, worker.entry("W:actor").shards)
     with torch.no_grad():
         # the same teacher-forced path as the reference's inference: identical on every CPU
         assert torch.equal(response_forward(actor, rollouts["sequences"], LP).logprobs, ref_logprobs)
@@ -197,20 +197,20 @@ def test_bf16_training_keeps_float32_masters_and_adam_state_and_publishes_its_bf
     net = NetOptions(max_seq=LP + LR, positions="learned")
     initial = export_weights(build_model(ARCH, "policy", model_seed(0, "policy"), net))
     # the master starts from the float32 version 0, not from the bf16 serving copy it was cast from
-    master0 = worker.master_shards("actor", SINGLE, worker.entries["W:actor"])
+    master0 = worker.states.master_shards("actor", SINGLE, worker.entry("W:actor"))
     assert all(torch.equal(master0[n], initial[n]) for n in initial)
-    assert any(not torch.equal(worker.entries["W:actor"].shards[n].float(), initial[n]) for n in initial)
+    assert any(not torch.equal(worker.entry("W:actor").shards[n].float(), initial[n]) for n in initial)
 
-    worker.cmd_op(_op("generation", "actor", ["sequences", "mask", "old_logprobs"], []))
-    worker.entries["rollouts"] = worker.entries.pop("out")
-    worker.cmd_op(_op("inference", "ref", ["ref_logprobs"], ["rollouts"]))
-    worker.entries["ref_lp"] = worker.entries.pop("out")
+    worker.execute(_op("generation", "actor", ["sequences", "mask", "old_logprobs"], []))
+    worker.holdings.entries["rollouts"] = worker.holdings.entries.pop("out")
+    worker.execute(_op("inference", "ref", ["ref_logprobs"], ["rollouts"]))
+    worker.holdings.entries["ref_lp"] = worker.holdings.entries.pop("out")
     scores = torch.linspace(0, 1, B * R)
-    worker.entries["scores"] = Entry("data", pieces=[Piece(0, B * R, {"scores": scores, "task_scores": scores})])
-    info = worker.cmd_op(_op("training", "actor", [], ["rollouts", "ref_lp", "scores"], output="W:actor v1"))
+    worker.put_rows("scores", 0, B * R, {"scores": scores, "task_scores": scores})
+    info = worker.execute(_op("training", "actor", [], ["rollouts", "ref_lp", "scores"], output="W:actor v1"))
     assert info["versions_out"] == {"actor": 1}
 
-    state = worker.training[("actor", SINGLE)]
+    state = worker.holdings.training[("actor", SINGLE)]
     # mixed precision: the module (forward, backward, gradients) is bf16, the masters and Adam state float32
     assert {p.dtype for p in state.pm.params().values()} == {torch.bfloat16}
     master = state.master.values
@@ -218,7 +218,7 @@ def test_bf16_training_keeps_float32_masters_and_adam_state_and_publishes_its_bf
     moments = [v for s in state.master.optimizer.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")]
     assert len(moments) == 2 * len(master) and {v.dtype for v in moments} == {torch.float32}
     assert state.master.nbytes() == 12 * _n_params("policy") + 4 * len(master)  # spec 6.1's 12 B/param, step counts
-    published = worker.entries["W:actor v1"]
+    published = worker.entry("W:actor v1")
     assert published.version == 1 and published.nbytes() == 2 * _n_params("policy")
     for n, p in master.items():
         assert torch.equal(published.shards[n], p.detach().to(torch.bfloat16)), n
@@ -226,8 +226,8 @@ def test_bf16_training_keeps_float32_masters_and_adam_state_and_publishes_its_bf
     assert any(not torch.equal(published.shards[n].float(), p.detach()) for n, p in master.items())
 
     # checkpoints and final weights save the master, not its bf16 copy
-    reply = worker.cmd_export({"export": 1, "dir": str(tmp_path), "weights": [["W:actor v1", "weights/actor/v1/"]],
-                               "optimizer": [["actor", SINGLE]]})
+    reply = worker.execute({"type": "export", "export": 1, "dir": str(tmp_path),
+                            "weights": [["W:actor v1", "weights/actor/v1/"]], "optimizer": [["actor", SINGLE]]})
     assert reply["file"] == "rank-00000.safetensors" and "payload" not in reply  # a file, not bytes in a message
     reader = Reader(str(tmp_path), index=build_index(FORMAT, [reply]))
     assert all(torch.equal(reader.read(f"weights/actor/v1/{n}"), p.detach()) for n, p in master.items())

@@ -54,10 +54,10 @@ def write_checkpoint(directory: str, src: Layout, version: int = 1) -> dict:
     reports = []
     for r in src.ranks:
         w = worker(r)
-        w.cmd_install({"model": "actor", "layout": src, "version": 0, "label": "W"})
-        w.entries["W"].version = version
-        reply = w.cmd_export({"export": 1, "dir": directory, "weights": [["W", ckpt.weights_key("actor", version, "")]],
-                              "rng": True})
+        w.install("W", "actor", src)
+        w.entry("W").version = version
+        reply = w.execute({"type": "export", "export": 1, "dir": directory,
+                           "weights": [["W", ckpt.weights_key("actor", version, "")]], "rng": True})
         assert set(reply) == {"export", "file", "bytes", "sha256", "tensors", "write_s"}
         json.dumps(reply)  # a plain message: no tensors, no objects
         reports.append(reply)
@@ -90,7 +90,7 @@ def test_any_source_layout_reads_back_exactly_into_any_target_layout(written, sr
     for dst in LAYOUTS:
         target = layout(*dst)
         for r in target.ranks:
-            got = worker(r, resume=directory).version_shards("actor", 1, target)
+            got = worker(r, resume=directory).holdings.version_shards("actor", 1, target)
             want = shard_of(full, SHAPES, target, r, ARCH.layers)
             assert got.keys() == want.keys()
             assert all(torch.equal(got[n], want[n]) for n in want), (src, dst, r)

@@ -42,7 +42,7 @@ from rpegc.runtime.backends.torch.parallel.pipeline import StageLink  # noqa: E4
 from rpegc.runtime.backends.torch.parallel.schedules import infer, train_step  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig, toy_rl_config  # noqa: E402
 from rpegc.runtime.backends.torch.rl.step import Experience, response_forward  # noqa: E402
-from rpegc.runtime.backends.torch.worker.process import Entry, ModelSpec, Piece, Worker, WorkerSetup  # noqa: E402
+from rpegc.runtime.backends.torch.worker.process import ModelSpec, Worker, WorkerSetup  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402
 
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -238,7 +238,7 @@ def _worker(device) -> Worker:
                         t0=time.time(), timeout_s=60.0)
     worker = Worker(setup, 0, device=device)
     for m in models:
-        worker.cmd_install({"model": m, "layout": SINGLE, "version": 0, "label": f"W:{m}"})
+        worker.install(f"W:{m}", m, SINGLE)
     return worker
 
 
@@ -294,33 +294,32 @@ def test_a_training_step_keeps_activations_and_gradients_on_the_device():
 def test_an_explicit_cpu_device_gives_the_single_process_results():
     cfg, worker = _run_config(), _worker(CPU)
     assert worker.device == CPU and _worker(None).device == CPU  # gloo's default
-    worker.cmd_op(_op("generation", "actor", ["sequences", "mask", "old_logprobs"]))
-    got = worker.entries["out"].pieces[0].fields
+    worker.execute(_op("generation", "actor", ["sequences", "mask", "old_logprobs"]))
+    got = worker.entry("out").pieces[0].fields
     model = build_model(ARCH, "policy", model_seed(0, "policy"), cfg.net)
-    prompts = expand_rollouts(worker.prompts.prompts(B, 0, 0), 2)
+    prompts = expand_rollouts(worker.operators.inputs.prompts.prompts(B, 0, 0), 2)
     rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
                       sampling=cfg.rl.sampling) for a, b in ((0, B), (B, 2 * B))]
     assert torch.equal(got["sequences"], torch.cat([r.sequences for r in rolls]))
     assert torch.equal(got["mask"], torch.cat([r.mask for r in rolls]))
     assert torch.equal(got["old_logprobs"], torch.cat([r.logprobs for r in rolls]))
-    worker.entries["rollouts"] = worker.entries.pop("out")
-    worker.cmd_op(_op("inference", "ref", ["ref_logprobs"]))
+    worker.holdings.entries["rollouts"] = worker.holdings.entries.pop("out")
+    worker.execute(_op("inference", "ref", ["ref_logprobs"]))
     ref = build_model(ARCH, "reference", model_seed(0, "reference"), cfg.net)
     with torch.no_grad():
         want = torch.cat([response_forward(ref, got["sequences"][a:b], LP, cfg.rl.temperature).logprobs
                           for a, b in ((0, B), (B, 2 * B))])
-    assert torch.equal(worker.entries["out"].pieces[0].fields["ref_logprobs"], want)
+    assert torch.equal(worker.entry("out").pieces[0].fields["ref_logprobs"], want)
 
 
 def test_a_worker_on_another_device_installs_computes_and_exports_there():
     worker = _worker(META)
-    assert {t.device for t in worker.entries["W:ref"].shards.values()} == {META}
-    assert worker.empty("mask", 3).device == META
+    assert {t.device for t in worker.entry("W:ref").shards.values()} == {META}
+    assert worker.transfers.empty("mask", 3).device == META
     seqs = torch.zeros(2 * B, LP + LR, dtype=torch.int64, device=META)
-    worker.entries["rollouts"] = Entry("data", pieces=[Piece(0, 2 * B, {"sequences": seqs,
-                                                                         "mask": worker.empty("mask", 2 * B)})])
-    worker.cmd_op(_op("inference", "ref", ["ref_logprobs"]))
-    out = worker.entries["out"].pieces[0].fields["ref_logprobs"]
+    worker.put_rows("rollouts", 0, 2 * B, {"sequences": seqs, "mask": worker.transfers.empty("mask", 2 * B)})
+    worker.execute(_op("inference", "ref", ["ref_logprobs"]))
+    out = worker.entry("out").pieces[0].fields["ref_logprobs"]
     assert out.device == META and out.shape == (2 * B, LR)
-    pm, _ = worker.serving_model("ref", SINGLE, "W:ref")
+    pm, _ = worker.operators.serving_model("ref", SINGLE, "W:ref")
     assert {p.device for p in pm.module.parameters()} == {META}

@@ -85,20 +85,20 @@ def _worker():
                     rl=toy_rl_config("grpo"))
     models = {"ref": ModelSpec("ref", "reference", arch, model_seed(0, "reference"))}
     worker = standalone_worker(run, models, device=torch.device("cpu"))
-    worker.cmd_install({"model": "ref", "layout": SINGLE, "version": 0, "label": "W:ref"})
+    worker.install("W:ref", "ref", SINGLE)
     return worker
 
 
 def _inference(worker, label: str) -> None:
-    worker.entries["rollouts"] = worker.entries.get("rollouts") or _rollouts()
-    worker.cmd_op({"type": "op", "node": "ref_inf", "step": 0, "role": "inference", "model": "ref",
-                   "layout": SINGLE, "mb": 2, "rows": replica_rows(SINGLE, 0, B * R), "weights": label,
-                   "inputs": ["rollouts"], "outputs": {"out": ["ref_logprobs"]}, "fields": ["ref_logprobs"],
-                   "prep": [], "tag": 0, "output": None, "version_out": None})
+    worker.holdings.entries["rollouts"] = worker.holdings.entries.get("rollouts") or _rollouts()
+    worker.execute({"type": "op", "node": "ref_inf", "step": 0, "role": "inference", "model": "ref",
+                    "layout": SINGLE, "mb": 2, "rows": replica_rows(SINGLE, 0, B * R), "weights": label,
+                    "inputs": ["rollouts"], "outputs": {"out": ["ref_logprobs"]}, "fields": ["ref_logprobs"],
+                    "prep": [], "tag": 0, "output": None, "version_out": None})
 
 
 def _rollouts():
-    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
+    from rpegc.runtime.backends.torch.worker.holdings import Entry, Piece
 
     seqs = torch.randint(0, lookup("tiny").vocab, (B * R, LP + LR), generator=torch.Generator().manual_seed(1))
     return Entry("data", pieces=[Piece(0, B * R, {"sequences": seqs, "mask": torch.ones(B * R, LR)})])
@@ -106,30 +106,30 @@ def _rollouts():
 
 def test_the_serving_module_is_the_weights_entry():
     worker = _worker()
-    entry = worker.entries["W:ref"]
+    entry = worker.entry("W:ref")
     _inference(worker, "W:ref")
-    (pm,) = worker.serving.values()
+    (pm,) = worker.holdings.serving.values()
     params = pm.params()
     assert all(params[n].data_ptr() == t.data_ptr() for n, t in entry.shards.items())  # one copy, not two
-    held = sum(e.nbytes() for e in worker.entries.values())
+    held = sum(e.nbytes() for e in worker.holdings.entries.values())
     assert worker.memory() == held  # the module's parameters are counted once, with the entry
-    worker.free(["W:ref"])
+    worker.holdings.free(["W:ref"])
     assert pm.bound is None and all(p.numel() == 0 for p in pm.module.parameters())  # nothing stale kept alive
     # a copy of the same version under another label is bound afresh
-    worker.cmd_install({"model": "ref", "layout": SINGLE, "version": 0, "label": "W:ref2"})
+    worker.install("W:ref2", "ref", SINGLE)
     _inference(worker, "W:ref2")
     assert pm.bound == "W:ref2"
-    assert all(pm.params()[n].data_ptr() == t.data_ptr() for n, t in worker.entries["W:ref2"].shards.items())
+    assert all(pm.params()[n].data_ptr() == t.data_ptr() for n, t in worker.entry("W:ref2").shards.items())
 
 
 def test_replacing_an_entry_lets_the_module_go_of_the_old_tensors():
     worker = _worker()
     _inference(worker, "W:ref")
-    (pm,) = worker.serving.values()
-    worker.cmd_install({"model": "ref", "layout": SINGLE, "version": 0, "label": "W:ref"})  # the same label again
+    (pm,) = worker.holdings.serving.values()
+    worker.install("W:ref", "ref", SINGLE)  # the same label again
     assert pm.bound is None
     _inference(worker, "W:ref")
-    assert all(pm.params()[n].data_ptr() == t.data_ptr() for n, t in worker.entries["W:ref"].shards.items())
+    assert all(pm.params()[n].data_ptr() == t.data_ptr() for n, t in worker.entry("W:ref").shards.items())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

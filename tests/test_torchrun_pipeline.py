@@ -1,7 +1,7 @@
 """Pipelined pipeline parallelism in the torch backend (docs/cost-model-spec.md Sec. 3.3: microbatches
 in flight across stages for inference, training and generation [A6]).
 
-With pp = 2 and mb = 4, the backend's own operators (`Worker.cmd_op`, run in two gloo worker processes)
+With pp = 2 and mb = 4, the backend's own operators (`Operators.op`, run in two gloo worker processes)
 give the outputs of pp = 1 and of the single-process functions. That the stages overlap is checked
 without timing anything:
 - a gate: the last stage may not compute microbatch 0's heads until stage 0 has run the forward of
@@ -110,7 +110,6 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
     fresh training state, on the pipeline `schedule`)."""
     from rpegc.core.ir.training import Training
     from rpegc.runtime.backends.torch.parallel.layout import replica_rows
-    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
     layout = _layouts()[pp]
     if ctx.rank not in layout.ranks:
@@ -118,31 +117,31 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
     worker, batch = ctx.state["worker"], _batch()
     model = {"generation": "actor", "inference": "ref", "training": "actor"}[role]
     weights = f"W:{model}:pp{pp}"
-    worker.cmd_install({"model": model, "layout": layout, "version": 0, "label": weights})
+    worker.install(weights, model, layout)
     rows = replica_rows(layout, 0, B)
     cmd = {"type": "op", "node": f"{role}-pp{pp}", "step": 0, "role": role, "model": model, "layout": layout,
            "mb": MB, "rows": rows, "weights": weights, "inputs": ["batch"], "outputs": {}, "fields": [],
            "prep": [], "tag": 0, "output": None, "version_out": None}
-    worker.entries["batch"] = Entry("data", pieces=[Piece(0, B, batch)])
+    worker.put_rows("batch", 0, B, batch)
     if role == "training":
         train = Training("fp32", 2, "interval", schedule)
         cmd.update(output=f"{weights}:trained", version_out=1, train=train)
-        worker.training.pop((model, layout), None)
-        pm = worker.train_state(model, layout, train).pm
+        worker.holdings.training.pop((model, layout), None)
+        pm = worker.states.state(model, layout, train).pm
     else:
         cmd.update(outputs={"result": list(FIELDS[role])}, fields=list(FIELDS[role]))
-        pm, _ = worker.serving_model(model, layout, weights)
+        pm, _ = worker.operators.serving_model(model, layout, weights)
     pm.trace = []
     # 1F1B training: stage 0 runs pp - 1 warm-up forwards and the first steady one before it needs a gradient
     forwards = min(pp, MB) if role == "training" and schedule == "1f1b" else MB
     gate = _install_gate(pm, ctx.state["gate"], f"{role}-pp{pp}", GATE_TIMEOUT_S, forwards) if gated else {}
-    info = worker.cmd_op(cmd)
+    info = worker.execute(cmd)
     _remove_gate(pm)
     out = {"trace": [(e.what, e.key) for e in pm.trace], "metrics": info.get("metrics"), "gate": gate.get("opened")}
     if role == "training":
-        out["weights"] = worker.entries[cmd["output"]].shards
+        out["weights"] = worker.entry(cmd["output"]).shards
     else:
-        out["fields"] = worker.entries["result"].pieces[0].fields
+        out["fields"] = worker.entry("result").pieces[0].fields
     return out
 
 
@@ -170,7 +169,7 @@ def _single_process(ctx, role: str) -> dict | None:
     model = build_model(ARCH, kind, model_seed(0, kind), cfg.net)
     chunks = [(j * B // MB, (j + 1) * B // MB) for j in range(MB)]
     if role == "generation":
-        prompts = expand_rollouts(worker.prompts.prompts(B, 0, 0), 1)
+        prompts = expand_rollouts(worker.operators.inputs.prompts.prompts(B, 0, 0), 1)
         rolls = [generate(model, prompts[a:b], range(a, b), seed=0, step=0, max_new_tokens=LR,
                           sampling=cfg.rl.sampling) for a, b in chunks]
         return {"sequences": torch.cat([r.sequences for r in rolls]), "mask": torch.cat([r.mask for r in rolls]),
@@ -188,7 +187,7 @@ def _serialized_inference(ctx) -> bool | None:
     from rpegc.runtime.backends.torch.rl.step import response_forward
 
     layout = _layouts()[2]
-    pm, _ = ctx.state["worker"].serving_model("ref", layout, "W:ref:pp2")
+    pm, _ = ctx.state["worker"].operators.serving_model("ref", layout, "W:ref:pp2")
     gate = _install_gate(pm, ctx.state["gate"], "serialized", timeout_s=1.0)
     seqs = _batch()["sequences"]
     for j in range(MB):

@@ -3,7 +3,7 @@ paper App. B: ZeRO-2 for P_d > 1): with dp = 2 each replica keeps the Adam state
 float32 master weights) of its share of the parameters only under ZeRO 1 and 2, of all of them under ZeRO 0; ZeRO-2
 reduces the gradients inside every microbatch's backward pass and keeps its share only; a training step gives the
 weights of dp = 1 within float32 summation-order bounds, in bf16 within one bf16 rounding of a gradient. Run with
-the backend's own operators (`Worker.cmd_op`) in two gloo worker processes."""
+the backend's own operators (`Operators.op`) in two gloo worker processes."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def _worker(ctx, dtype: str):
     """The rank's worker of `dtype`, holding nothing: a training state trains one way per model and layout, and each
     run trains its own."""
     worker = ctx.state[dtype]
-    worker.training.clear()
-    worker.entries.clear()
+    worker.holdings.training.clear()
+    worker.holdings.entries.clear()
     return worker
 
 
@@ -70,7 +70,6 @@ def _train(ctx, dp: int, zero: int, dtype: str = "fp32", rows: dict | None = Non
     weights, its masters and its Adam state's names. `rows`: each rank's rows (default: an even split); `mb`: the
     microbatches (default MICROBATCHES / dp)."""
     from rpegc.runtime.backends.torch.parallel.layout import replica_rows
-    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
     layout = _layouts()[dp]
     if ctx.rank not in layout.ranks:
@@ -81,23 +80,23 @@ def _train(ctx, dp: int, zero: int, dtype: str = "fp32", rows: dict | None = Non
              "old_logprobs": -2.0 * torch.rand(N, LR, generator=gen),
              "ref_logprobs": -2.0 * torch.rand(N, LR, generator=gen), "scores": torch.rand(N, generator=gen),
              "task_scores": torch.rand(N, generator=gen)}
-    worker.entries["batch"] = Entry("data", pieces=[Piece(0, N, batch)])
+    worker.put_rows("batch", 0, N, batch)
     weights = f"W:dp{dp}"
-    worker.cmd_install({"model": "actor", "layout": layout, "version": 0, "label": weights})
+    worker.install(weights, "actor", layout)
     precision = "fp32" if dtype == "fp32" else "mixed"
-    worker.cmd_op({"type": "op", "node": f"train-dp{dp}", "step": 0, "role": "training", "model": "actor",
-                   "layout": layout, "mb": mb or MICROBATCHES // dp, "rows": rows or replica_rows(layout, 0, N),
-                   "weights": weights, "inputs": ["batch"], "outputs": {}, "fields": [], "prep": [], "tag": 0,
-                   "output": f"{weights}:trained", "version_out": 1, "train": training(zero, precision),
-                   "take": True})
-    st = worker.training[("actor", layout)]
+    worker.execute({"type": "op", "node": f"train-dp{dp}", "step": 0, "role": "training", "model": "actor",
+                    "layout": layout, "mb": mb or MICROBATCHES // dp, "rows": rows or replica_rows(layout, 0, N),
+                    "weights": weights, "inputs": ["batch"], "outputs": {}, "fields": [], "prep": [], "tag": 0,
+                    "output": f"{weights}:trained", "version_out": 1, "train": training(zero, precision),
+                    "take": True})
+    st = worker.holdings.training[("actor", layout)]
     names = {id(p): n for n, p in st.master.values.items()}
-    return {"weights": {n: t.clone() for n, t in worker.entries[f"{weights}:trained"].shards.items()},
+    return {"weights": {n: t.clone() for n, t in worker.entry(f"{weights}:trained").shards.items()},
             "state": sorted(names[id(p)] for p in st.master.optimizer.state),
             "owned": sorted(n for n, o in st.pm.owner.items() if o == st.pm.d), "masters": st.master.export(),
             "module_dtypes": {p.dtype for p in st.pm.params().values()},
             "grads": [n for n, p in st.pm.params().items() if p.grad is not None],
-            "holds_input": weights in worker.entries, "shares": st.shares}
+            "holds_input": worker.holds(weights), "shares": st.shares}
 
 
 @pytest.fixture(scope="module")

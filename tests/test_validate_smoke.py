@@ -86,8 +86,8 @@ def _training_runs(ctx, case):
     for _ in range(3):
         seen.append((op.cmd["weights"], op.cmd["output"], op.cmd["version_out"]))
         op.run()
-    held = sorted(k for k, e in op.worker.entries.items() if e.kind == "weights")
-    return seen, held, op.worker.training[("actor", layout)].pm.loaded
+    held = sorted(k for k, e in op.worker.holdings.entries.items() if e.kind == "weights")
+    return seen, held, op.worker.holdings.training[("actor", layout)].pm.loaded
 
 
 def test_repeated_training_runs_train_the_version_the_last_one_published():

@@ -71,22 +71,22 @@ def _worker(device: torch.device):
               "ref": ModelSpec("ref", "reference", arch, model_seed(0, "reference"))}
     worker = standalone_worker(run, models, device=device)
     for m in models:
-        worker.cmd_install({"model": m, "layout": Layout((0,), 1, 1, 1), "version": 0, "label": f"W:{m}"})
+        worker.install(f"W:{m}", m, Layout((0,), 1, 1, 1))
     return worker
 
 
 def _op(worker, role: str, model: str, inputs: list[str], output: str, fields: list[str]) -> dict:
-    layout = worker.entries[f"W:{model}"].layout
+    layout = worker.entry(f"W:{model}").layout
     cmd = {"type": "op", "node": role, "step": 0, "role": role, "model": model, "layout": layout, "mb": MB,
            "rows": {0: (0, B * R)}, "weights": f"W:{model}", "inputs": inputs, "outputs": {output: fields},
            "fields": fields, "prep": [], "tag": 0, "output": None, "version_out": None}
     if role == "training":
         cmd.update(outputs={}, fields=[], output=output, version_out=1)
-    return worker.cmd_op(cmd)
+    return worker.execute(cmd)
 
 
 def _fields(worker, label: str) -> dict[str, torch.Tensor]:
-    return {f: t.cpu() for f, t in worker.entries[label].pieces[0].fields.items()}
+    return {f: t.cpu() for f, t in worker.entry(label).pieces[0].fields.items()}
 
 
 def _step(worker, rollouts=None) -> dict:
@@ -94,14 +94,11 @@ def _step(worker, rollouts=None) -> dict:
     _op(worker, "generation", "actor", [], "Y", ["sequences", "mask", "old_logprobs"])
     generated = _fields(worker, "Y")
     if rollouts is not None:
-        from rpegc.runtime.backends.torch.worker.process import Entry, Piece
-
-        moved = {f: t.to(worker.device) for f, t in rollouts.items()}
-        worker.entries["Y"] = Entry("data", pieces=[Piece(0, B * R, moved)])
+        worker.put_rows("Y", 0, B * R, {f: t.to(worker.device) for f, t in rollouts.items()})
     _op(worker, "inference", "ref", ["Y"], "ref", ["ref_logprobs"])
     _op(worker, "inference", "ref", ["Y"], "reward", ["scores", "task_scores"])
     info = _op(worker, "training", "actor", ["Y", "ref", "reward"], "W:actor:1", [])
-    weights = {n: t.cpu() for n, t in worker.entries["W:actor:1"].shards.items()}
+    weights = {n: t.cpu() for n, t in worker.entry("W:actor:1").shards.items()}
     return {"generated": generated, "ref": _fields(worker, "ref"), "metrics": info["metrics"], "weights": weights}
 
 
@@ -115,7 +112,7 @@ def one_worker(device: torch.device) -> list[str]:
     failures = []
     same = (dev["generated"]["sequences"] == cpu["generated"]["sequences"]).all(-1).float().mean().item()
     print(f"step 1: {100 * same:.1f} % of the sequences sampled on {device} equal the CPU's")
-    params = list(dev_worker.serving.values())[0].module.parameters()
+    params = list(dev_worker.holdings.serving.values())[0].module.parameters()
     if {p.device for p in params} != {device}:
         failures.append(f"serving parameters are not all on {device}")
     try:

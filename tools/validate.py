@@ -6,8 +6,8 @@ the calibrated profile). docs/cost-model-spec.md Sec. 3 gives the prediction, `r
 
 A configuration is one operator (generation, inference or training of one model kind) of one tiny
 model on one workload (B, R, Lp, Lr) under one strategy (dp, pp, tp, mb) on the first dp*pp*tp
-devices. It is executed by the torch backend's own worker code (`runtime/backends/torch/worker/process.py`,
-`Worker.cmd_op`: the same function the backend runs for an Op node, with its TP/PP/DP execution in
+devices. It is executed by the torch backend's own worker code (`runtime/backends/torch/worker/operators.py`,
+`Operators.op`: the same function the backend runs for an Op node, with its TP/PP/DP execution in
 `parallel/parallel_model.py`), inside worker processes of `rpegc.tools.measure.WorkerPool`. The latency of one run is
 the slowest rank's time from a common barrier to the end of its part; a configuration's latency is the
 median of warm repeats. Memory (Fig. 5) is measured with --isolated (each operator alone on its devices; the
@@ -102,7 +102,7 @@ MODEL_NAMES = {"policy": "actor", "reference": "ref", "critic": "critic", "rewar
 # the prediction with the default cost options too (predicted_default_s). `--spec-defaults` drops them.
 BACKEND_COST_OPTIONS: dict[str, object] = {
     # [A1] training recomputes as each case's training says (core/ir/training.py): not an option.
-    # [A20] worker.op_generation calls generate() once per microbatch: mb separate decode loops.
+    # [A20] Operators.op_generation calls generate() once per microbatch: mb separate decode loops.
     "tp_decode": "per_microbatch",
     # [A7] schedules.generate pipelines decode as a loop: each token's activations cross every stage
     # boundary and the sampled ids return to stage 0 before the next step of that microbatch.
@@ -369,8 +369,7 @@ def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     models = {MODEL_NAMES[k]: ModelSpec(MODEL_NAMES[k], k, arch, model_seed(seed, k)) for k in MODEL_NAMES}
     # No layouts: the groups were created once for the whole grid (`_init_groups`) and are shared.
     worker = standalone_worker(run, models, rank=ctx.rank, world=ctx.world, seed=seed, tp_impl=tp_impl,
-                               device=ctx.device)
-    worker.groups = ctx.state["groups"]
+                               device=ctx.device, groups=ctx.state["groups"])
     workers[case.suite] = worker
     return worker
 
@@ -402,12 +401,11 @@ _TRAINING_INPUTS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores
 def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
     """The Op command the backend would send for this operator, with its inputs already on this rank."""
     from rpegc.runtime.backends.torch.parallel.layout import replica_rows
-    from rpegc.runtime.backends.torch.worker.process import Entry, Piece
 
     model = MODEL_NAMES[case.kind]
     weights = f"W:{model}:{layout.dp}.{layout.pp}.{layout.tp}"
-    if weights not in worker.entries:
-        worker.cmd_install({"model": model, "layout": layout, "version": 0, "label": weights})
+    if not worker.holds(weights):
+        worker.install(weights, model, layout)
     rows = replica_rows(layout, 0, case.B * case.R)
     lo, hi = rows[rank]
     cmd = {"type": "op", "node": case.id, "step": 0, "role": case.role, "model": model, "layout": layout,
@@ -415,13 +413,13 @@ def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
            "prep": [], "tag": 0, "output": None, "version_out": None}
     batch = {f: t.to(worker.device) for f, t in _batch_fields(case, seed).items()}
     if case.role == "training":
-        worker.entries["experience"] = Entry("data", pieces=[Piece(lo, hi, {f: batch[f][lo:hi] for f in _TRAINING_INPUTS})])
+        worker.put_rows("experience", lo, hi, {f: batch[f][lo:hi] for f in _TRAINING_INPUTS})
         # the last reader of the version it trains, as in a run's steps (`_OpRuns`)
         cmd.update(inputs=["experience"], output=f"{weights}@1", version_out=1, train=case.training, take=True)
         return cmd
     out = list(_OUTPUT_FIELDS[(case.role, case.kind)])
     if case.role == "inference":
-        worker.entries["rollouts"] = Entry("data", pieces=[Piece(lo, hi, {f: batch[f][lo:hi] for f in ("sequences", "mask")})])
+        worker.put_rows("rollouts", lo, hi, {f: batch[f][lo:hi] for f in ("sequences", "mask")})
         cmd["inputs"] = ["rollouts"]
     cmd.update(outputs={"result": out}, fields=out)
     return cmd
@@ -484,7 +482,7 @@ class _OpRuns:
         """Seconds of one run, from a barrier of the operator's devices."""
         self.ctx.barrier(self.layout.ranks)
         t0 = time.perf_counter()
-        self.worker.cmd_op(self.cmd)
+        self.worker.execute(self.cmd)
         self.ctx.sync()
         seconds = time.perf_counter() - t0
         if self.cmd["role"] == "training":

@@ -10,19 +10,21 @@ Rooms (each module imports torch itself, so importing this package does not; `SP
   NCCL/GPU), `pinning`, `verifier_pool` and `options` (rpeg-run's options of this backend)
 - `channel/`: `messages` (sealed, schema-checked commands and reports), `worker_setup` (what a worker is told at
   start)
-- `worker/`: `process` (the worker: its commands, models and copies), `env` (set before torch loads), `sender`,
-  `interleave` (fused members' threads), `peak_memory` and `host_memory`
+- `worker/`: `process` (the worker's command loop and entry points) and its parts: `holdings` (the copies, models
+  and training states it holds; install, keep, release), `transfers` (rows and weights to and from other workers),
+  `operators` (Op nodes and fusions), `step_inputs` (a step's prompts), `train_states`, `shard_writer` (its
+  checkpoint files); `env` (set before torch loads), `sender`, `interleave` (fused members' threads), `peak_memory`
+  and `host_memory`
 - `model/`: `transformer`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `master_weights`
 - `parallel/`: `layout` (shards, routes and ZeRO shares), `parallel_model` (one rank's share of a model),
   `tensor_parallel`, `pipeline` (links between stages), `schedules` (pipelined inference, generation, 1F1B
   training), `megatron_compat`
-- `rl/`: `step` (the RL math of one step), `algorithms/` (PPO, GRPO, DPO), `hyperparameters`, `prompts` (a dataset
-  file or a toy task), `datasets`, `tasks`, `rewards`, `finite`, and `reference` (the single-process oracle at
-  tau = 0)
+- `rl/`: `step` (the RL math of one step), `algorithms/` (PPO, GRPO, DPO), `hyperparameters` (the user's RL and
+  data settings), `bounds` (every bounded setting's range), `prompts` (a dataset file or a toy task), `datasets`,
+  `tasks`, `rewards`, `finite`, and `reference` (the single-process oracle at tau = 0)
 - `checkpoints/`: `run_dir` (the run directory's names), `run_claim` (a run's lock on it and the checkpoint it
-  resumes from), `shard_files` (checkpoint files and final weights),
-  `exports` (the controller's requests for them at step boundaries), `hf_export` (`rpeg-run export`),
-  `safetensors_stream`
+  resumes from), `shard_files` (checkpoint files and final weights), `exports` (the controller's requests for them
+  at step boundaries), `hf_export` (`rpeg-run export`), `safetensors_stream`
 - `run_config` (`RunConfig`: what one run trains, read by the controller, the workers and the oracle)
 """
 

@@ -172,7 +172,7 @@ class Exports:
         versions later nodes may still read."""
         cp = self._open(step)
         requests: dict[int, dict] = defaultdict(lambda: {"masters": [], "window": [], "optimizer": []})
-        for r in layout.ranks:  # each writes its share (`Worker._writes`)
+        for r in layout.ranks:  # each writes its share (`Holdings.writes` in worker/holdings.py)
             requests[r]["masters"].append([m, layout, step, ckpt.weights_key(m, step, "")])
             requests[r]["optimizer"].append([m, layout])
         cp.versions[m] = [step]

@@ -51,8 +51,9 @@ class Dispatcher:
         self._issue(d, self.routes.op_command(d))
 
     def submit_fused(self, ds: tuple[Dispatch, ...]) -> None:
-        """The members of a fusion as one command per rank (`worker.cmd_fused`): their op commands, built in turn (a
-        member's rows moved for one are where the next finds them), and the fusion's microtask order per stage."""
+        """The members of a fusion as one command per rank (`Operators.fused` in worker/operators.py): their op
+        commands, built in turn (a member's rows moved for one are where the next finds them), and the fusion's
+        microtask order per stage."""
         commands = []
         for d in ds:
             c = self.routes.op_command(d)

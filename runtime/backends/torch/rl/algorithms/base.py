@@ -18,7 +18,7 @@ from rpegc.runtime.backends.torch.rl.step import RLConfig, check_rl_config
 
 
 class Worker(Protocol):
-    """What an algorithm's vertices use of the worker process that runs them (worker.Worker)."""
+    """What an algorithm's vertices use of the worker process that runs them (worker/operators.py `Operators`)."""
 
     run: Any  # the RunConfig
     setup: Any  # the WorkerSetup: the models by name
