@@ -108,6 +108,21 @@ def _export_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rl_settings_parser() -> argparse.ArgumentParser:
+    return _Parser(prog="rpeg-run rl-settings", description="List the torch backend's RL and data settings (what "
+                   "--rl-config and --rl set): each one's type, default, range and meaning.")
+
+
+def _rl_settings_main(args: argparse.Namespace) -> int:
+    try:
+        from rpegc.runtime.backends.torch.rl.hyperparameters import settings_listing
+    except ImportError as e:
+        raise RpegError(None, f"cannot load the torch backend: {e}; install the runtime extras "
+                              "(pip install 'rpegc[runtime]')") from None
+    sys.stdout.write(settings_listing())
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from rpegc.runtime.interrupt import Interrupted
 
@@ -117,6 +132,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _verify_main(_verify_parser().parse_args(args[1:]))
         if args and args[0] == "export":
             return _export_main(_export_parser().parse_args(args[1:]))
+        if args and args[0] == "rl-settings":
+            return _rl_settings_main(_rl_settings_parser().parse_args(args[1:]))
         return _run_main(_parser().parse_args(args), args)
     except Interrupted as e:  # the run already printed its one line
         return e.exit_code

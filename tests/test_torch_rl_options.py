@@ -146,3 +146,24 @@ def test_chat_template_kwargs_are_a_table_in_the_file_or_json_on_the_command_lin
     assert got.data["chat_template_kwargs"] == (("enable_thinking", True),)
     with pytest.raises(RpegError, match="chat_template_kwargs must be a table of names to true/false, numbers or"):
         parse_overrides(["data.chat_template_kwargs=enable_thinking"])
+
+
+def test_rl_settings_lists_every_setting_from_its_declaration(capsys):
+    """`rpeg-run rl-settings` prints each RLConfig and DataConfig field with its default, range and help: the
+    dataclasses and the bounds table declare them once."""
+    import dataclasses
+
+    from rpegc.core.ir.options import option_help
+    from rpegc.runtime.backends.torch.rl.datasets import DataConfig
+    from rpegc.runtime.backends.torch.rl.step import RLConfig
+    from rpegc.runtime.cli import main
+
+    assert main(["rl-settings"]) == 0
+    out = capsys.readouterr().out
+    for cls, prefix in ((RLConfig, ""), (DataConfig, "data.")):
+        for f in dataclasses.fields(cls):
+            assert option_help(f), f"{cls.__name__}.{f.name} has no help"
+            assert f"  {prefix}{f.name} = " in out and option_help(f) in out
+    assert "  lr_actor = 1e-06  (a number; > 0 and <= 1)" in out
+    assert "  ppo_epochs = 1  (an integer; >= 1 and <= 1000)" in out
+    assert '  data.truncation = "error"  (a string)' in out

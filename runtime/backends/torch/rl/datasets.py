@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.ir.errors import Loc, RpegError, error_line
+from rpegc.core.ir.options import option
 from rpegc.runtime.backends.torch.model.transformer import derive_seed
 
 TRUNCATIONS = ("error", "left", "right", "drop")
@@ -51,21 +52,21 @@ FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 class DataConfig:
     """Where the prompts come from and how they become token ids. `path` None: the built-in toy task."""
 
-    path: Optional[str] = None
-    prompt_key: str = "prompt"
-    answer_key: str = AUTO  # "auto": AUTO_ANSWER_KEYS, whichever the first row has (a preference dataset: or none);
-    # "": the rows carry no ground truth
-    chosen_key: str = "chosen"  # DPO: the preferred response's text
-    rejected_key: str = "rejected"  # DPO: the other response's text
-    source_key: str = "data_source"
-    extra_key: str = "extra_info"
-    tokenizer: Optional[str] = None  # a directory; default: the actor's `hf` checkpoint
-    chat_template: str = "auto"
-    # keyword arguments of the chat template, e.g. Qwen3's (("enable_thinking", False),); [data]'s
-    # chat_template_kwargs = {enable_thinking = false}
-    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
-    truncation: str = "error"
-    shuffle: bool = True
+    path: Optional[str] = option(None, "a JSONL or Parquet file of prompts (--data); none: the built-in toy task")
+    prompt_key: str = option("prompt", "the column of the prompt: text, or chat messages")
+    answer_key: str = option(AUTO, "the column of the ground truth: auto (the first of " + ", ".join(AUTO_ANSWER_KEYS)
+                                   + " the first row has; a preference dataset: or none), or \"\" (no ground truth)")
+    chosen_key: str = option("chosen", "DPO: the column of the preferred response's text")
+    rejected_key: str = option("rejected", "DPO: the column of the other response's text")
+    source_key: str = option("data_source", "the column naming a row's source (given to the reward function)")
+    extra_key: str = option("extra_info", "the column of a row's extra information (given to the reward function)")
+    tokenizer: Optional[str] = option(None, "a tokenizer directory; none: the actor's `hf` checkpoint's")
+    chat_template: str = option("auto", "the chat template: " + ", ".join(CHAT_TEMPLATES))
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = option(
+        (), "keyword arguments of the chat template, e.g. Qwen3's [data] chat_template_kwargs = "
+            "{enable_thinking = false}")
+    truncation: str = option("error", "a prompt longer than Lp: " + ", ".join(TRUNCATIONS))
+    shuffle: bool = option(True, "draw each step's prompts in a seeded shuffled order (false: in file order)")
 
 
 def check_data_config(cfg: DataConfig) -> None:

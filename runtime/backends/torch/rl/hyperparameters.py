@@ -9,7 +9,8 @@ temperature, top-p and top-k). The file's top-level keys are those names; its `[
 `--rl data.NAME=VALUE` one of them. `--rl NAME=VALUE` (repeatable) overrides the file, `--data FILE` the
 dataset's path, and `--lr` both learning rates last. Names, types and ranges are checked before anything
 runs, with errors at the key's line in the file or at the option. The effective configs are recorded in the
-trace header (`options.rl`, `options.data`) and, as part of the run identity, in every checkpoint.
+trace header (`options.rl`, `options.data`) and, as part of the run identity, in every checkpoint. `rpeg-run
+rl-settings` lists every setting (`settings_listing`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from rpegc.core.ir.errors import Loc, RpegError
 from rpegc.core.ir.toml_text import decode_error_position, key_position
 from rpegc.inputs import read_input_text
 from rpegc.runtime.backends.torch.rl.datasets import DataConfig
-from rpegc.runtime.backends.torch.rl.bounds import range_error
+from rpegc.core.ir.options import option_help
+from rpegc.runtime.backends.torch.rl.bounds import BOUNDS, Bound, range_error
 from rpegc.runtime.backends.torch.rl.step import RLConfig
 
 # `algorithm = NAME` chooses another registered algorithm of the graph's family (a GRPO graph runs DAPO)
@@ -48,6 +50,42 @@ def settable(cls: type = RLConfig) -> dict[str, Any]:
     """name -> type of every field of `cls` (RLConfig or DataConfig) a user may set."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def settings_listing() -> str:
+    """Every RL and data setting a user may set, with its type, default, range and meaning (`rpeg-run rl-settings`),
+    read from the dataclasses and the bounds that declare them."""
+    out = ["RL settings: --rl NAME=VALUE, or NAME = VALUE at the top of --rl-config's TOML file"]
+    out += _listing(RLConfig, "")
+    out += ["", f"data settings: --rl {DATA_PREFIX}NAME=VALUE, or NAME = VALUE in the TOML file's [data] table"]
+    return "\n".join(out + _listing(DataConfig, DATA_PREFIX)) + "\n"
+
+
+def _listing(cls: type, prefix: str) -> list[str]:
+    types_of = settable(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        bound = BOUNDS.get(f.name) if cls is RLConfig else None
+        limits = "" if bound is None else f"; {_range_text(bound)}"
+        kind = TEMPLATE_KWARGS_TYPE if f.name == TEMPLATE_KWARGS else _type_name(types_of[f.name])
+        lines.append(f"  {prefix}{f.name} = {_default_text(f.default)}  ({kind}{limits})")
+        lines.append(f"      {option_help(f)}")
+    return lines
+
+
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return json.dumps([list(v) if isinstance(v, tuple) else v for v in value])
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _range_text(b: Bound) -> str:
+    parts = [] if b.low is None else [f"{'>=' if b.low_allowed else '>'} {b.low:g}"]
+    return " and ".join(parts + ([] if b.high is None else [f"<= {b.high:g}"]))
 
 
 def _type_name(t: Any) -> str:
@@ -94,6 +132,7 @@ def coerce(name: str, value: Any, where: str, cls: type = RLConfig) -> Any:
 
 
 TEMPLATE_KWARGS = "chat_template_kwargs"
+TEMPLATE_KWARGS_TYPE = "a table (TOML) or a JSON object (--rl) of names to values"
 
 
 def _template_kwargs(value: Any, where: str) -> tuple[tuple[str, Any], ...]:

@@ -22,7 +22,7 @@ position. Masks are float tensors, 1 for real response tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Collection, Optional, Protocol, Sequence
 
 import torch
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from rpegc.core.cost.memory import LOGPROB_PIECE  # the cost model counts two such pieces
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.options import option
 from rpegc.core.ir.algorithms import FAMILIES, PLUGIN_GROUP, registered
 from rpegc.runtime.backends.torch.model.generation import Sampling
 from rpegc.runtime.backends.torch.model.transformer import TransformerModel
@@ -58,37 +59,41 @@ class RLConfig:
     (see `run_config.toy_rl_config`).
     """
 
-    algorithm: str = "ppo"
-    lr_actor: float = 1e-6
-    lr_critic: float = 1e-6
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    clip_eps: float = 0.2
-    gamma: float = 1.0
-    lam: float = 0.95
-    kl_coef: float = 0.01
-    kl_estimator: str = "k1"
-    kl_in_reward: bool = True
-    value_clip: Optional[float] = 0.2
-    value_coef: float = 0.5
-    entropy_coef: float = 0.0
-    whiten_advantages: bool = True
-    ppo_epochs: int = 1
-    ppo_minibatches: int = 1  # optimizer steps per epoch, each on the rows g with g % ppo_minibatches == k
-    temperature: float = 1.0
-    top_p: float = 1.0  # nucleus sampling at generation (1: off); log-probs stay the tempered ones
-    top_k: int = 0  # top-k sampling at generation (0: off)
-    adam_betas: tuple[float, float] = field(default=(0.9, 0.999))
-    adam_eps: float = 1e-8
-    grpo_eps: float = 1e-6
-    loss_agg_mode: str = "token-mean"  # how a loss's per-token terms become one number (module docstring)
-    adv_estimator: str = "gae"  # ADV_ESTIMATORS: gae (PPO), grpo, rloo, reinforce_plus_plus(_baseline)
-    norm_adv_by_std: bool = True  # grpo: divide by the group's std (False: Dr. GRPO, Liu et al. 2025)
-    policy_loss: str = "ppo"  # POLICY_LOSSES: ppo (token ratios) or gspo (sequence ratios, Zheng et al. 2025)
-    clip_eps_high: Optional[float] = None  # the ratio's upper clip 1 + clip_eps_high (DAPO's clip-higher; None: clip_eps)
-    overlong_buffer: int = 0  # DAPO's soft overlong punishment over the last this many of Lr tokens (0: off)
-    overlong_penalty: float = 1.0  # its penalty at Lr tokens
-    dpo_beta: float = 0.1  # DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)
+    algorithm: str = option("ppo", "the algorithm's family (ppo, grpo, dpo); the graph's `rpeg.algorithm` sets it, "
+                                   "and `algorithm = NAME` picks another registered algorithm of that family")
+    lr_actor: float = option(1e-6, "the actor's (policy's) Adam learning rate")
+    lr_critic: float = option(1e-6, "the critic's Adam learning rate")
+    weight_decay: float = option(0.0, "AdamW's decoupled weight decay")
+    grad_clip: float = option(1.0, "the gradients' global norm is clipped to this")
+    clip_eps: float = option(0.2, "PPO's ratio clip: ratios outside [1 - clip_eps, 1 + clip_eps] get no gradient")
+    gamma: float = option(1.0, "the discount of GAE")
+    lam: float = option(0.95, "GAE's lambda")
+    kl_coef: float = option(0.01, "the weight of the KL to the reference (in the reward, or as a loss term)")
+    kl_estimator: str = option("k1", "Schulman's KL estimator: k1, k2 or k3")
+    kl_in_reward: bool = option(True, "the KL penalises the per-token reward (PPO) instead of being a loss term")
+    value_clip: Optional[float] = option(0.2, "the value loss's clip around the old values (none: unclipped)")
+    value_coef: float = option(0.5, "the value loss's weight in a shared actor-critic's loss")
+    entropy_coef: float = option(0.0, "the weight of the entropy bonus")
+    whiten_advantages: bool = option(True, "advantages are whitened over the batch (PPO)")
+    ppo_epochs: int = option(1, "passes of each training operator over its batch")
+    ppo_minibatches: int = option(1, "optimizer steps per epoch, each on the rows g with g % ppo_minibatches == k")
+    temperature: float = option(1.0, "the sampling temperature; log-probs are the tempered ones")
+    top_p: float = option(1.0, "nucleus sampling at generation (1: off)")
+    top_k: int = option(0, "top-k sampling at generation (0: off)")
+    adam_betas: tuple[float, float] = option((0.9, 0.999), "Adam's two betas")
+    adam_eps: float = option(1e-8, "Adam's epsilon")
+    grpo_eps: float = option(1e-6, "added to a group's reward std before GRPO divides by it")
+    loss_agg_mode: str = option("token-mean", "how a loss's per-token terms become one number (the module docstring): "
+                                              + ", ".join(LOSS_AGG_MODES))
+    adv_estimator: str = option("gae", "the advantage estimator: gae (PPO), grpo, rloo, reinforce_plus_plus(_baseline)"
+                                       " or a plugin's")
+    norm_adv_by_std: bool = option(True, "grpo: divide by the group's std (false: Dr. GRPO, Liu et al. 2025)")
+    policy_loss: str = option("ppo", "ppo (token ratios), gspo (sequence ratios, Zheng et al. 2025) or a plugin's")
+    clip_eps_high: Optional[float] = option(None, "the ratio's upper clip 1 + clip_eps_high (DAPO's clip-higher; "
+                                                  "none: clip_eps)")
+    overlong_buffer: int = option(0, "DAPO's soft overlong punishment over the last this many of Lr tokens (0: off)")
+    overlong_penalty: float = option(1.0, "the overlong punishment's penalty at Lr tokens")
+    dpo_beta: float = option(0.1, "DPO's inverse temperature of the implicit reward (Rafailov et al. 2023)")
 
     @property
     def sampling(self) -> Sampling:
