@@ -43,7 +43,7 @@ class Dispatcher:
         h = self.routes.holdings.pop(artifact, None)
         ranks = set(self.routes.ranks(devices))
         if h is not None:
-            ranks |= set(h.layout.ranks) if h.layout else set(h.rows)
+            ranks |= set(h.layout.ranks) if h.layout else set(h.all_rows())
         for r in sorted(ranks):  # sent with the rank's next command, or before the controller waits
             self.pool.free(r, artifact.label)
 

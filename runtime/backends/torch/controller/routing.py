@@ -29,10 +29,20 @@ from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 
 @dataclass
 class Holding:
-    """Where an artifact's shards are: a weights layout, or data rows per rank."""
+    """Where an artifact's shards are: a weights layout, or data rows per rank. A data artifact's `rows` are where its
+    producer or a transfer put them; `moved` are the copies an operator's prep made on its replicas' ranks, which
+    later operators there read (their commands run after it in those ranks' order) but a transfer never sends: its
+    source side runs on the sender thread, which may run before the prep has (worker/sender.py)."""
 
     layout: Optional[Layout] = None
     rows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    moved: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def all_rows(self) -> dict[int, list[tuple[int, int]]]:
+        out = {r: list(x) for r, x in self.rows.items()}
+        for r, x in self.moved.items():
+            out.setdefault(r, []).extend(x)
+        return out
 
 
 @dataclass
@@ -192,13 +202,13 @@ class Routes:
                 continue
             data_in.append(a.label)
             need = {r: x for r, rr in rows.items() if (x := intersect(rr, self.artifact_rows(a))) is not None}
-            moves = route_rows(h.rows, need)
+            moves = route_rows(h.all_rows(), need)
             if moves:
                 prep.append({"kind": "rows", "label": a.label, "fields": list(self.fields[a.name]), "moves": moves})
-                held = {r: list(x) for r, x in h.rows.items()}
+                moved = {r: list(x) for r, x in h.moved.items()}
                 for m in moves:
-                    held.setdefault(m.dst, []).append((m.lo, m.hi))
-                holdings[a] = Holding(rows=held)
+                    moved.setdefault(m.dst, []).append((m.lo, m.hi))
+                holdings[a] = Holding(rows=h.rows, moved=moved)
         verify = n.node.role == VERIFY
         if weights is None and not verify:
             raise BackendError(n.node.loc, f"node {n.id} binds no parameter copy of @{n.node.model}")
@@ -238,7 +248,7 @@ class Routes:
             h = self.holdings.get(a)
             if h is None:
                 raise BackendError(n.node.loc, f"node {n.id} needs {a.label}, which no worker holds")
-            for r, rs in h.rows.items():
+            for r, rs in h.rows.items():  # not the rows an operator's prep moved (`Holding.moved`)
                 held.setdefault(r, []).extend(rs)
         need = self.reader_rows(out)
         moves = route_rows(held, need, have={})

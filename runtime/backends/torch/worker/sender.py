@@ -7,8 +7,14 @@ reason, and a plan's order could then wait a whole operator for a transfer the s
 reads its commands on a thread of its own (`CommandRouter`) and runs a transfer's command on a rank outside the
 transfer's destination (the backend marks it `SENDER`: it only sends) on a sender thread, beside the operator the main
 loop runs; every other command keeps the main loop's order. The controller sends such a command only once the
-transfer's predecessors completed (never chained behind an operator on the sending rank), so the data it sends is
-there; weights installed by a command (no completion report) are waited for (`AHEAD_OF_SENDS`).
+transfer's predecessors completed (never chained behind an operator on the sending rank), so the data it makes is
+there. What the two threads still share is the weights copies a command lays out anew on this rank before it runs:
+weights installed by a command (no completion report) and an operator's prep that re-lays out its weights under the
+copy's own label. The controller routes by where a copy will be once such a command ran, so across the two threads
+the commands that touch one copy keep the order they came in: a send waits until the main loop has run every earlier
+command that lays out a copy it reads (`lays_out`), and the main loop waits before such a command until every
+earlier send of one of those copies has ended. (Rows an operator's prep moves to its replicas are added beside the
+copy's own, and no transfer is routed from them: routing.Holding.moved.)
 """
 
 from __future__ import annotations
@@ -18,10 +24,21 @@ import threading
 from typing import Any, Callable
 
 SENDER = "sender"  # a command field: this rank only sends the transfer's data (runs on the sender thread)
-# Commands whose result a later send may read without the controller waiting for them: weights installed at the start
-# or from a checkpoint on resume (a node's command reports its completion, and a transfer is sent only after the nodes
-# that make its data completed). A send waits until the main loop has run every one that came before it.
-AHEAD_OF_SENDS = ("install",)
+
+
+def lays_out(cmd: dict) -> frozenset[str]:
+    """The weights copies (labels) a main-loop command lays out anew on this rank before it runs: an install's, an
+    operator's prep re-laying out its weights under their own label (a fusion's members' too). A data prep only adds
+    rows beside a copy's own, and the controller never sends a transfer from those (routing.Holding.moved)."""
+    if cmd["type"] == "install":
+        return frozenset((cmd["label"],))
+    ops = cmd.get("members", ()) if cmd["type"] == "fused" else (cmd,)
+    return frozenset(step["label"] for op in ops for step in op.get("prep", ()) if step["kind"] == "weights")
+
+
+def reads(cmd: dict) -> frozenset[str]:
+    """The copies (labels) a transfer's command sends from."""
+    return frozenset(cmd["sources"]) if cmd["type"] == "comm_data" else frozenset((cmd["source"],))
 
 
 class CommandRouter:
@@ -33,8 +50,11 @@ class CommandRouter:
         self._receive, self._send = receive, send
         self._main: queue.Queue[Any] = queue.Queue()
         self._sends: queue.Queue[Any] = queue.Queue()
-        self._ahead = threading.Condition()
-        self._ahead_queued = self._ahead_done = 0  # AHEAD_OF_SENDS commands read, and run by the main loop
+        self._order = threading.Condition()
+        # Commands read and run, per thread: each runs its own in arrival order, so "the k-th has ended" is a count.
+        self._main_read = self._main_done = self._sends_read = self._sends_done = 0
+        self._laid_out: dict[str, int] = {}  # label -> the main-loop command that last lays it out (1-based)
+        self._read_by: dict[str, int] = {}  # label -> the send that last reads it (1-based)
         self._reader = threading.Thread(target=self._read, name="rpeg-commands", daemon=True)
         self._sender = threading.Thread(target=self._run_sends, name="rpeg-sender", daemon=True)
 
@@ -52,35 +72,54 @@ class CommandRouter:
                 self._main.put(e)
                 return
             if cmd.get(SENDER):
-                self._sends.put((cmd, self._ahead_queued))
+                self._sends.put((cmd, self._after_main(cmd)))
                 continue
-            if cmd["type"] in AHEAD_OF_SENDS:
-                with self._ahead:
-                    self._ahead_queued += 1
             if cmd["type"] == "stop":
                 self._sends.put(None)
                 self._sender.join()  # every send before the stop has ended before the main loop says bye
-            self._main.put(cmd)
+            self._main.put((cmd, self._after_sends(cmd)))
             if cmd["type"] == "stop":
                 return
 
+    def _after_main(self, send: dict) -> int:
+        """Read a send: the main-loop commands that must have ended before it runs (a count)."""
+        with self._order:
+            self._sends_read += 1
+            for label in reads(send):
+                self._read_by[label] = self._sends_read
+            return max((self._laid_out.get(label, 0) for label in reads(send)), default=0)
+
+    def _after_sends(self, cmd: dict) -> int:
+        """Read a main-loop command: the sends that must have ended before it runs (a count)."""
+        with self._order:
+            self._main_read += 1
+            labels = lays_out(cmd) if cmd["type"] != "stop" else frozenset()
+            for label in labels:
+                self._laid_out[label] = self._main_read
+            return max((self._read_by.get(label, 0) for label in labels), default=0)
+
     def _run_sends(self) -> None:
         while (item := self._sends.get()) is not None:
-            cmd, ahead = item
-            with self._ahead:
-                self._ahead.wait_for(lambda: self._ahead_done >= ahead)
+            cmd, after = item
+            with self._order:
+                self._order.wait_for(lambda: self._main_done >= after)
             self._send(cmd)
+            with self._order:
+                self._sends_done += 1
+                self._order.notify_all()
 
     def finished(self, cmd: dict) -> None:
         """The main loop ran `cmd` (sends waiting for it may go)."""
-        if cmd["type"] in AHEAD_OF_SENDS:
-            with self._ahead:
-                self._ahead_done += 1
-                self._ahead.notify_all()
+        with self._order:
+            self._main_done += 1
+            self._order.notify_all()
 
     def next(self) -> dict:
-        """The main loop's next command (blocking)."""
+        """The main loop's next command (blocking), once the sends it must follow have ended."""
         item = self._main.get()
         if isinstance(item, BaseException):
             raise item
-        return item
+        cmd, after = item
+        with self._order:
+            self._order.wait_for(lambda: self._sends_done >= after)
+        return cmd
