@@ -1,8 +1,10 @@
 """One run of the torch backend, described once when it starts (`describe_run`): the run's configuration (what
 the program, the RL settings, the dataset and the reward say), the models as the workers build them, which rank
 runs each device and which host cores it gets, the fields each vertex writes, the routes of every node's commands
-and the fusions. The controller side reads it (dispatch, exports, the trace header, the notes) and the worker
-setup is made from it, so the plan is read here and nowhere else.
+and the fusions. The controller side reads it (dispatch, the nodes in flight, exports, the trackers' config, the
+notes) and the worker setup is made from it. Before a run starts, the trace header and a resume's identity check
+derive the same configuration with the same functions (`RunSettings.config`, `run_identity`); the memory check reads
+the plan's program before the workers' fork server starts, which is before this description is made.
 """
 
 from __future__ import annotations
