@@ -55,6 +55,7 @@ from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
+from rpegc.runtime.backends.torch.channel.commands import Export, Op  # noqa: E402
 from rpegc.runtime.backends.torch.controller.run_description import model_seed, run_config  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoints.shard_files import (FORMAT, Reader, build_index, checkpoint_path,
                                                                    # noqa: E402
@@ -154,11 +155,11 @@ def _worker() -> Worker:
     return worker
 
 
-def _op(role: str, model: str, fields: list[str], inputs: list[str], output: str | None = None) -> dict:
-    return {"type": "op", "node": role, "step": 0, "role": role, "model": model, "layout": SINGLE, "mb": MB,
-            "rows": replica_rows(SINGLE, 0, B * R), "weights": f"W:{model}", "inputs": inputs,
-            "outputs": {"out": fields} if fields else {}, "fields": fields, "prep": [], "tag": 0,
-            "output": output, "version_out": 1 if output else None}
+def _op(role: str, model: str, fields: list[str], inputs: list[str], output: str | None = None) -> Op:
+    return Op(node=role, tag=0, ranks=list(SINGLE.ranks), step=0, role=role, model=model, layout=SINGLE, mb=MB,
+              rows=replica_rows(SINGLE, 0, B * R), weights=f"W:{model}", inputs=inputs,
+              outputs={"out": fields} if fields else {}, fields=fields, prep=[],
+              output=output, version_out=1 if output else None)
 
 
 def _n_params(kind: str, net: NetOptions = NetOptions(max_seq=LP + LR, positions="learned")) -> int:
@@ -226,8 +227,8 @@ def test_bf16_training_keeps_float32_masters_and_adam_state_and_publishes_its_bf
     assert any(not torch.equal(published.shards[n].float(), p.detach()) for n, p in master.items())
 
     # checkpoints and final weights save the master, not its bf16 copy
-    reply = worker.execute({"type": "export", "export": 1, "dir": str(tmp_path),
-                            "weights": [["W:actor v1", "weights/actor/v1/"]], "optimizer": [["actor", SINGLE]]})
+    reply = worker.execute(Export(export=1, dir=str(tmp_path), weights=[["W:actor v1", "weights/actor/v1/"]],
+                                  optimizer=[["actor", SINGLE]]))
     assert reply["file"] == "rank-00000.safetensors" and "payload" not in reply  # a file, not bytes in a message
     reader = Reader(str(tmp_path), index=build_index(FORMAT, [reply]))
     assert all(torch.equal(reader.read(f"weights/actor/v1/{n}"), p.detach()) for n, p in master.items())

@@ -17,6 +17,7 @@ from rpegc.core.ir.errors import RpegError  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import Workload  # noqa: E402
 from rpegc.outputs import PendingDirectory  # noqa: E402
+from rpegc.runtime.backends.torch.channel.commands import Export  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt  # noqa: E402
 from rpegc.runtime.backends.torch.controller.run_description import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import Layout  # noqa: E402
@@ -56,8 +57,8 @@ def write_checkpoint(directory: str, src: Layout, version: int = 1) -> dict:
         w = worker(r)
         w.install("W", "actor", src)
         w.entry("W").version = version
-        reply = w.execute({"type": "export", "export": 1, "dir": directory,
-                           "weights": [["W", ckpt.weights_key("actor", version, "")]], "rng": True})
+        reply = w.execute(Export(export=1, dir=directory, weights=[["W", ckpt.weights_key("actor", version, "")]],
+                                 rng=True))
         assert set(reply) == {"export", "file", "bytes", "sha256", "tensors", "write_s"}
         json.dumps(reply)  # a plain message: no tensors, no objects
         reports.append(reply)

@@ -29,6 +29,7 @@ from rpegc.runtime.backends.base import BackendError  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.backends.torch.parallel import pipeline  # noqa: E402
+from rpegc.runtime.backends.torch.channel.commands import Op  # noqa: E402
 from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.backends.torch.controller.run_description import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.controller.pool import WorkerPool  # noqa: E402
@@ -242,11 +243,11 @@ def _worker(device) -> Worker:
     return worker
 
 
-def _op(role: str, model: str, fields: list[str]) -> dict:
+def _op(role: str, model: str, fields: list[str]) -> Op:
     rows = replica_rows(SINGLE, 0, B * 2)
-    return {"type": "op", "node": role, "step": 0, "role": role, "model": model, "layout": SINGLE, "mb": MB,
-            "rows": rows, "weights": f"W:{model}", "inputs": ["rollouts"], "outputs": {"out": fields},
-            "fields": fields, "prep": [], "tag": 0, "output": None, "version_out": None}
+    return Op(node=role, tag=0, ranks=list(SINGLE.ranks), step=0, role=role, model=model, layout=SINGLE, mb=MB,
+              rows=rows, weights=f"W:{model}", inputs=["rollouts"], outputs={"out": fields}, fields=fields, prep=[],
+              output=None, version_out=None)
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])

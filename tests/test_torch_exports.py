@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rpegc.runtime.backends.torch.channel.commands import Command  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoints.exports import Exports  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import Layout  # noqa: E402
 from rpegc.runtime.plan import Artifact  # noqa: E402
@@ -26,11 +27,11 @@ class FakePool:
     def __init__(self):
         self.sent: list[tuple[int, dict]] = []
 
-    def send(self, rank: int, msg: dict) -> None:
+    def send(self, rank: int, msg: Command) -> None:
         self.sent.append((rank, msg))
 
     def exports(self) -> list[tuple[int, dict]]:
-        return [(r, m) for r, m in self.sent if m["type"] == "export"]
+        return [(r, m) for r, m in self.sent if m.type == "export"]
 
 
 def training(model: str, step: int, layout: Layout):
@@ -56,22 +57,22 @@ def run(tmp_path):
 
 
 def masters(pool: FakePool) -> list[tuple[int, str, int]]:
-    return [(r, m, v) for r, msg in pool.exports() for m, _, v, _ in msg.get("masters", ())]
+    return [(r, m, v) for r, msg in pool.exports() for m, _, v, _ in msg.masters]
 
 
 def test_a_model_checkpoints_its_master_when_its_own_training_of_the_step_completes(run):
     exports, pool, complete = run
     complete("critic", 13)  # the critic's step 13 ends first; the actor's still trains
     assert masters(pool) == [(1, "critic", 14)]  # asked for now, before train_critic#14 can be dispatched
-    assert not any(msg.get("rng") for _, msg in pool.exports())  # the checkpoint is not complete yet
+    assert not any(msg.rng for _, msg in pool.exports())  # the checkpoint is not complete yet
     complete("critic", 14)  # the critic races ahead (its step 14 trains before the actor's step 13 ends)
     complete("actor", 13)
     assert masters(pool) == [(1, "critic", 14), (1, "critic", 15), (0, "actor", 14)]
-    rng = [(r, msg["dir"]) for r, msg in pool.exports() if msg.get("rng")]
+    rng = [(r, msg.dir) for r, msg in pool.exports() if msg.rng]
     assert [r for r, _ in rng] == [0, 1]  # boundary 14 complete: every worker's RNG state into its directory
     assert all(d.endswith("step-000014.partial") or "step-000014" in d for _, d in rng)
     assert set(exports.open) == {14, 15}  # both wait for their files; 15 for the actor's step 14 too
-    parts = {msg["part"] for _, msg in pool.exports()}
+    parts = {msg.part for _, msg in pool.exports()}
     assert parts == {"actor", "critic", ""}  # one file per rank and part: nothing overwrites another
 
 

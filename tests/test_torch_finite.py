@@ -74,14 +74,14 @@ def test_an_update_that_overflows_a_weight_is_named():
 
 
 def test_a_worker_reports_a_non_finite_quantity_with_its_step_and_a_located_error_without_a_stray_prefix():
-    text = _error_text(NonFiniteError("the gradient norm is nan"), {"type": "train", "step": 3})
+    text = _error_text(NonFiniteError("the gradient norm is nan"), 3)
     assert text == ("step 3: the gradient norm is nan, so the run stops before the step is applied or saved "
                     "(the last checkpoint stays)")
-    assert _error_text(RpegError(None, "no such model"), {}) == "no such model"
-    assert _error_text(RpegError(Loc("d/config.json", 3, 5), "bad field"), {}) == "d/config.json:3:5: bad field"
+    assert _error_text(RpegError(None, "no such model"), None) == "no such model"
+    assert _error_text(RpegError(Loc("d/config.json", 3, 5), "bad field"), None) == "d/config.json:3:5: bad field"
     # a file without a line: no `:0:0: error:` inside the run's own `error:` line
-    assert _error_text(RpegError(Loc("run/index.json", 0, 0), "bad dtype"), {}) == "run/index.json: bad dtype"
-    assert _error_text(CommandError("cannot run"), {}) == "cannot run"
+    assert _error_text(RpegError(Loc("run/index.json", 0, 0), "bad dtype"), None) == "run/index.json: bad dtype"
+    assert _error_text(CommandError("cannot run"), None) == "cannot run"
 
 
 def test_an_allocation_the_host_refuses_is_one_line_naming_it():
@@ -89,7 +89,7 @@ def test_an_allocation_the_host_refuses_is_one_line_naming_it():
     try:
         torch.empty(10 ** 13, dtype=torch.float32)
     except RuntimeError as e:
-        text = _error_text(e, {"type": "install"})
+        text = _error_text(e, None)
     assert text.startswith("out of memory: ") and "you tried to allocate 40000000000000 bytes" in text
     assert "\n" not in text and "--no-memory-check" in text
-    assert _error_text(MemoryError(), {}).startswith("out of memory: MemoryError")
+    assert _error_text(MemoryError(), None).startswith("out of memory: MemoryError")

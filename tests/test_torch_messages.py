@@ -2,6 +2,7 @@
 setup round-trip as plain JSON; a message that is tampered with, unauthenticated, replayed, oversized, of
 an unknown type or not plain is refused, and an Endpoint drops and logs it instead of returning it."""
 
+import dataclasses
 import json
 import os
 import stat
@@ -12,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rpegc.core.ir.program import Arch, Workload  # noqa: E402
+from rpegc.runtime.backends.torch.channel import commands as c  # noqa: E402
 from rpegc.runtime.backends.torch.channel import messages as m  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import Layout, RowMove, WeightMove  # noqa: E402
 from rpegc.runtime.backends.torch.run_config import RunConfig  # noqa: E402
@@ -33,25 +35,25 @@ def setup_message() -> dict:
 
 NODE = {"node": "gen.0", "tag": 2_000_000, "ranks": [0, 1, 2, 3]}
 COMMANDS = [
-    {"type": "stop"},
-    {"type": "install", "label": "actor@0", "model": "actor", "version": 0, "layout": L},
-    {"type": "release", "labels": ["actor@0"]},
-    {"type": "op", **NODE, "step": 1, "role": "generation", "model": "actor", "layout": L, "mb": 2,
-     "rows": {0: (0, 4), 1: (0, 4), 2: (4, 8), 3: (4, 8)}, "weights": "actor@0", "inputs": [],
-     "outputs": {"roll.0": ["sequences", "mask"]}, "fields": ["sequences", "mask"],
-     "prep": [{"kind": "rows", "label": "x", "fields": ["mask"], "moves": [RowMove(0, 2, 0, 4)]},
-              {"kind": "weights", "label": "actor@0", "model": "actor", "layout": L,
-               "moves": [WeightMove(0, 1, "layers.0.attn.wq.weight", 0, 0, 16)]}],
-     "output": None, "version_out": None},
-    {"type": "comm_data", **NODE, "moves": [RowMove(0, 1, 0, 8)], "sources": ["roll.0"], "target": "roll.0'",
-     "fields": ["sequences"]},
-    {"type": "move_weights", **NODE, "model": "actor", "version": 1, "source": "actor@1", "target": "actor@1'",
-     "layout": L, "moves": [WeightMove(1, 2, "embed.weight", None, 0, 0)], "src_ranks": (0, 1)},
-    {"type": "export", "export": 3, "dir": "/run/checkpoints/step-000003.partial",
-     "weights": [["actor@1", "weights/actor/v3/"]], "window": [["actor", 2, "weights/actor/v2/"]],
-     "optimizer": [["actor", L]], "rng": True},
-    {"type": "keep", "label": "actor@3", "tau": 1},
-    {"type": "install", "label": "actor@2", "model": "actor", "version": 2, "layout": L, "keep": True, "tau": 1},
+    c.Stop(),
+    c.Install(label="actor@0", model="actor", version=0, layout=L),
+    c.Release(labels=["actor@0"]),
+    c.Op(**NODE, step=1, role="generation", model="actor", layout=L, mb=2,
+         rows={0: (0, 4), 1: (0, 4), 2: (4, 8), 3: (4, 8)}, weights="actor@0", inputs=[],
+         outputs={"roll.0": ["sequences", "mask"]}, fields=["sequences", "mask"],
+         prep=[c.PrepRows(label="x", fields=["mask"], moves=[RowMove(0, 2, 0, 4)]),
+               c.PrepWeights(label="actor@0", model="actor", layout=L,
+                             moves=[WeightMove(0, 1, "layers.0.attn.wq.weight", 0, 0, 16)])],
+         output=None, version_out=None),
+    c.CommData(**NODE, moves=[RowMove(0, 1, 0, 8)], sources=["roll.0"], target="roll.0'", fields=["sequences"]),
+    c.MoveWeights(**NODE, model="actor", version=1, source="actor@1", target="actor@1'", layout=L,
+                  moves=[WeightMove(1, 2, "embed.weight", None, 0, 0)], src_ranks=(0, 1)),
+    c.Export(export=3, dir="/run/checkpoints/step-000003.partial", weights=[["actor@1", "weights/actor/v3/"]],
+             window=[["actor", 2, "weights/actor/v2/"]], optimizer=[["actor", L]], rng=True),
+    c.Keep(label="actor@3", tau=1),
+    c.Install(label="actor@2", model="actor", version=2, layout=L, keep=True, tau=1),
+    c.CommData(**NODE, moves=[], sources=["roll.0"], target="roll.0'", fields=["sequences"], release=["x"],
+               sender=True),
 ]
 REPORTS = [
     {"type": "ready", "rank": 2, "groups": 5},
@@ -68,23 +70,70 @@ REPORTS = [
 ]
 
 
-def roundtrip(channel: str, msg: dict) -> dict:
+def roundtrip(channel: str, msg):
     sealed = m.seal(SECRET, channel, "sender", 0, msg)
     env = m.unseal(SECRET, channel, sealed)
     assert (env.sender, env.seq) == ("sender", 0)
     return env.msg
 
 
-@pytest.mark.parametrize("msg", COMMANDS, ids=[c["type"] for c in COMMANDS])
+@pytest.mark.parametrize("msg", COMMANDS, ids=[cmd.type for cmd in COMMANDS])
 def test_every_command_roundtrips_with_its_types(msg):
     got = roundtrip("cmd/3", msg)
-    assert got == msg
-    if msg["type"] == "op":
-        assert got["rows"][2] == (4, 8) and isinstance(got["layout"], Layout)
-        assert hash(got["layout"]) == hash(L)  # a dict key on the worker: a tuple of ranks again
-        assert isinstance(got["prep"][1]["moves"][0], WeightMove)
-    if msg["type"] == "move_weights":
-        assert got["src_ranks"] == (0, 1)
+    assert got == msg and type(got) is type(msg)
+    if msg.type == "op":
+        assert got.rows[2] == (4, 8) and isinstance(got.layout, Layout)
+        assert hash(got.layout) == hash(L)  # a dict key on the worker: a tuple of ranks again
+        assert isinstance(got.prep[1], c.PrepWeights) and isinstance(got.prep[1].moves[0], WeightMove)
+    if msg.type == "move_weights":
+        assert got.src_ranks == (0, 1)
+
+
+def test_a_fusion_carries_its_members_as_op_commands():
+    fused = c.Fused(**NODE, members=[COMMANDS[3], dataclasses.replace(COMMANDS[3], node="ref.0", prep=[])],
+                    stages=[["F1.0", "F2.0"], ["F1.0", "F2.0"]], release=["old"])
+    got = roundtrip("cmd/0", fused)
+    assert got == fused and all(type(op) is c.Op for op in got.members)
+    assert got.members[0].prep[0] == c.PrepRows(label="x", fields=["mask"], moves=[RowMove(0, 2, 0, 4)])
+
+
+def test_the_schema_is_derived_from_the_command_dataclasses():
+    """COMMANDS is the dataclasses' fields, no more and no less: required without a default, optional with one."""
+    assert set(m.COMMANDS) == {cls.type for cls in c.COMMAND_CLASSES} == {cmd.type for cmd in COMMANDS} | {"fused"}
+    for cls in c.COMMAND_CLASSES:
+        spec = m.COMMANDS[cls.type]
+        declared = {f.name: f.default is dataclasses.MISSING for f in dataclasses.fields(cls)}
+        assert set(spec.required) | set(spec.optional) == set(declared), cls.type
+        assert set(spec.required) == {n for n, req in declared.items() if req}, cls.type
+    assert m.COMMANDS["release"] == m.MessageType(("labels",))
+    assert {"node", "tag", "ranks"} <= set(m.COMMANDS["op"].required) and "pool" in m.COMMANDS["op"].optional
+    assert m.COMMANDS["comm_data"].optional == ("release", "sender")
+
+
+@pytest.mark.parametrize("cmd", [cmd for cmd in COMMANDS if m.COMMANDS[cmd.type].required],
+                         ids=[cmd.type for cmd in COMMANDS if m.COMMANDS[cmd.type].required])
+def test_a_command_missing_a_required_field_is_refused_on_receipt(cmd):
+    for name in m.COMMANDS[cmd.type].required:
+        msg = {k: v for k, v in c.to_message(cmd).items() if k != name}
+        forged = forge("cmd/0", {"ch": "cmd/0", "from": "controller", "seq": 0, "msg": m.to_plain(msg)})
+        with pytest.raises(m.MessageError, match=f"{cmd.type} message lacks {name}$"):
+            m.unseal(SECRET, "cmd/0", forged)
+    extra = {**c.to_message(cmd), "shell": "rm -rf /"}
+    forged = forge("cmd/0", {"ch": "cmd/0", "from": "controller", "seq": 0, "msg": m.to_plain(extra)})
+    with pytest.raises(m.MessageError, match="has unknown fields shell"):
+        m.unseal(SECRET, "cmd/0", forged)
+
+
+def test_a_command_is_sent_as_its_dataclass_and_a_malformed_member_is_refused():
+    with pytest.raises(m.MessageError, match=r"a release command is sent as its dataclass \(commands.Release\)"):
+        m.seal(SECRET, "cmd/0", "controller", 0, {"type": "release", "labels": ["x"]})
+    op = m.to_plain(COMMANDS[3])
+    op["args"].pop()  # one field short
+    msg = {**m.to_plain(c.to_message(COMMANDS[3])), "type": "fused", "members": [op], "stages": [[]]}
+    msg = {k: v for k, v in msg.items() if k in m.COMMANDS["fused"].required + ("type",)}
+    forged = forge("cmd/0", {"ch": "cmd/0", "from": "controller", "seq": 0, "msg": msg})
+    with pytest.raises(m.MessageError, match="gives Op 19 fields, it has 20"):
+        m.unseal(SECRET, "cmd/0", forged)
 
 
 @pytest.mark.parametrize("msg", REPORTS, ids=[f"{r['type']}-{i}" for i, r in enumerate(REPORTS)])
@@ -102,7 +151,8 @@ def test_the_setup_roundtrips_with_its_run_config():
 def test_the_wire_form_is_plain_json_without_pickles():
     sealed = m.seal(SECRET, "cmd/0", "controller", 0, COMMANDS[3])
     body = json.loads(sealed[m.TAG_CHARS:])
-    assert body["ch"] == "cmd/0" and body["msg"]["layout"]["$class"] == "Layout"
+    assert body["ch"] == "cmd/0" and body["msg"]["type"] == "op" and body["msg"]["layout"]["$class"] == "Layout"
+    assert body["msg"]["prep"][0]["$class"] == "PrepRows"
     assert b"\x80" not in sealed  # no pickle protocol header
 
 
@@ -110,7 +160,7 @@ def test_the_wire_form_is_plain_json_without_pickles():
                          ids=["tensor", "object", "set", "bytes", "bytearray"])
 def test_what_is_not_plain_cannot_be_sent(value):
     with pytest.raises(m.MessageError, match="cannot travel over the control channel"):
-        m.seal(SECRET, "cmd/0", "controller", 0, {"type": "release", "labels": [value]})
+        m.seal(SECRET, "cmd/0", "controller", 0, c.Release(labels=[value]))
 
 
 def test_a_tensor_cannot_ride_in_a_node_report():
@@ -122,12 +172,12 @@ def test_messages_too_large_or_too_long_cannot_be_sent():
     with pytest.raises(m.MessageError, match="exceeds the control channel's limit"):
         m.seal(SECRET, "res", "worker-0", 0, {**REPORTS[2], "message": "x" * m.REPORT_BYTES})
     with pytest.raises(m.MessageError, match="more than"):
-        m.seal(SECRET, "cmd/0", "controller", 0, {**COMMANDS[4], "moves": [0] * (m.MAX_ITEMS + 1)})
+        m.seal(SECRET, "cmd/0", "controller", 0, dataclasses.replace(COMMANDS[4], moves=[0] * (m.MAX_ITEMS + 1)))
     deep: list = []
     for _ in range(m.MAX_DEPTH + 1):
         deep = [deep]
     with pytest.raises(m.MessageError, match="nests deeper"):
-        m.seal(SECRET, "cmd/0", "controller", 0, {**COMMANDS[4], "moves": deep})
+        m.seal(SECRET, "cmd/0", "controller", 0, dataclasses.replace(COMMANDS[4], moves=deep))
 
 
 @pytest.mark.parametrize("msg,match", [

@@ -15,6 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 from rpegc.core.ir.presets import lookup  # noqa: E402
 from rpegc.core.ir.program import MODEL_KINDS, Arch, Workload  # noqa: E402
 from rpegc.runtime.backends.torch.rl import step as rl  # noqa: E402
+from rpegc.runtime.backends.torch.channel.commands import Op  # noqa: E402
 from rpegc.runtime.backends.torch.controller.run_description import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import Layout, replica_rows  # noqa: E402
 from rpegc.runtime.backends.torch.model.transformer import (NetOptions, TransformerModel, build_model,  # noqa: E402
@@ -91,10 +92,10 @@ def _worker():
 
 def _inference(worker, label: str) -> None:
     worker.holdings.entries["rollouts"] = worker.holdings.entries.get("rollouts") or _rollouts()
-    worker.execute({"type": "op", "node": "ref_inf", "step": 0, "role": "inference", "model": "ref",
-                    "layout": SINGLE, "mb": 2, "rows": replica_rows(SINGLE, 0, B * R), "weights": label,
-                    "inputs": ["rollouts"], "outputs": {"out": ["ref_logprobs"]}, "fields": ["ref_logprobs"],
-                    "prep": [], "tag": 0, "output": None, "version_out": None})
+    worker.execute(Op(node="ref_inf", tag=0, ranks=list(SINGLE.ranks), step=0, role="inference", model="ref",
+                      layout=SINGLE, mb=2, rows=replica_rows(SINGLE, 0, B * R), weights=label, inputs=["rollouts"],
+                      outputs={"out": ["ref_logprobs"]}, fields=["ref_logprobs"], prep=[], output=None,
+                      version_out=None))
 
 
 def _rollouts():

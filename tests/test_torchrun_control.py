@@ -19,6 +19,7 @@ import torch.distributed as dist  # noqa: E402
 from rpegc.runtime.controller import run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.backends.torch.channel import messages  # noqa: E402
+from rpegc.runtime.backends.torch.channel.commands import Stop  # noqa: E402
 from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.verify import verify  # noqa: E402
 from fixtures.programs import compile_example  # noqa: E402
@@ -61,7 +62,7 @@ class InjectingBackend(TorchBackend):
     def _inject(self):
         outsider = dist.TCPStore("127.0.0.1", self.pool.store_port, is_master=False, timeout=timedelta(seconds=10))
         evil = pickle.dumps({"type": "stop", "payload": Touch(self.marker)})
-        wrong_secret = messages.seal(bytes(32), "cmd/0", "controller", 0, {"type": "stop"})
+        wrong_secret = messages.seal(bytes(32), "cmd/0", "controller", 0, Stop())
         for r in range(self.pool.world):
             outsider.queue_push(f"cmd/{r}", evil)
             outsider.queue_push(f"cmd/{r}", b'{"type": "stop"}')

@@ -16,6 +16,7 @@ without timing anything:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -110,6 +111,7 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
     fresh training state, on the pipeline `schedule`)."""
     from rpegc.core.ir.training import Training
     from rpegc.runtime.backends.torch.parallel.layout import replica_rows
+    from rpegc.runtime.backends.torch.channel.commands import Op
 
     layout = _layouts()[pp]
     if ctx.rank not in layout.ranks:
@@ -119,17 +121,17 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
     weights = f"W:{model}:pp{pp}"
     worker.install(weights, model, layout)
     rows = replica_rows(layout, 0, B)
-    cmd = {"type": "op", "node": f"{role}-pp{pp}", "step": 0, "role": role, "model": model, "layout": layout,
-           "mb": MB, "rows": rows, "weights": weights, "inputs": ["batch"], "outputs": {}, "fields": [],
-           "prep": [], "tag": 0, "output": None, "version_out": None}
+    cmd = Op(node=f"{role}-pp{pp}", tag=0, ranks=list(layout.ranks), step=0, role=role, model=model, layout=layout,
+             mb=MB, rows=rows, weights=weights, inputs=["batch"], outputs={}, fields=[], prep=[], output=None,
+             version_out=None)
     worker.put_rows("batch", 0, B, batch)
     if role == "training":
         train = Training("fp32", 2, "interval", schedule)
-        cmd.update(output=f"{weights}:trained", version_out=1, train=train)
+        cmd = replace(cmd, output=f"{weights}:trained", version_out=1, train=train)
         worker.holdings.training.pop((model, layout), None)
         pm = worker.states.state(model, layout, train).pm
     else:
-        cmd.update(outputs={"result": list(FIELDS[role])}, fields=list(FIELDS[role]))
+        cmd = replace(cmd, outputs={"result": list(FIELDS[role])}, fields=list(FIELDS[role]))
         pm, _ = worker.operators.serving_model(model, layout, weights)
     pm.trace = []
     # 1F1B training: stage 0 runs pp - 1 warm-up forwards and the first steady one before it needs a gradient
@@ -139,7 +141,7 @@ def _op(ctx, role: str, pp: int, gated: bool, schedule: str = "1f1b") -> dict | 
     _remove_gate(pm)
     out = {"trace": [(e.what, e.key) for e in pm.trace], "metrics": info.get("metrics"), "gate": gate.get("opened")}
     if role == "training":
-        out["weights"] = worker.entry(cmd["output"]).shards
+        out["weights"] = worker.entry(cmd.output).shards
     else:
         out["fields"] = worker.entry("result").pieces[0].fields
     return out

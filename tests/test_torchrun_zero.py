@@ -70,6 +70,7 @@ def _train(ctx, dp: int, zero: int, dtype: str = "fp32", rows: dict | None = Non
     weights, its masters and its Adam state's names. `rows`: each rank's rows (default: an even split); `mb`: the
     microbatches (default MICROBATCHES / dp)."""
     from rpegc.runtime.backends.torch.parallel.layout import replica_rows
+    from rpegc.runtime.backends.torch.channel.commands import Op
 
     layout = _layouts()[dp]
     if ctx.rank not in layout.ranks:
@@ -84,11 +85,10 @@ def _train(ctx, dp: int, zero: int, dtype: str = "fp32", rows: dict | None = Non
     weights = f"W:dp{dp}"
     worker.install(weights, "actor", layout)
     precision = "fp32" if dtype == "fp32" else "mixed"
-    worker.execute({"type": "op", "node": f"train-dp{dp}", "step": 0, "role": "training", "model": "actor",
-                    "layout": layout, "mb": mb or MICROBATCHES // dp, "rows": rows or replica_rows(layout, 0, N),
-                    "weights": weights, "inputs": ["batch"], "outputs": {}, "fields": [], "prep": [], "tag": 0,
-                    "output": f"{weights}:trained", "version_out": 1, "train": training(zero, precision),
-                    "take": True})
+    worker.execute(Op(node=f"train-dp{dp}", tag=0, ranks=list(layout.ranks), step=0, role="training", model="actor",
+                      layout=layout, mb=mb or MICROBATCHES // dp, rows=rows or replica_rows(layout, 0, N),
+                      weights=weights, inputs=["batch"], outputs={}, fields=[], prep=[],
+                      output=f"{weights}:trained", version_out=1, train=training(zero, precision), take=True))
     st = worker.holdings.training[("actor", layout)]
     names = {id(p): n for n, p in st.master.values.items()}
     return {"weights": {n: t.clone() for n, t in worker.entry(f"{weights}:trained").shards.items()},

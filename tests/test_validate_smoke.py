@@ -84,7 +84,7 @@ def _training_runs(ctx, case):
     op = _OpRuns(ctx, _backend_worker(ctx, case, 0, "torch"), case, layout, 0)
     seen = []
     for _ in range(3):
-        seen.append((op.cmd["weights"], op.cmd["output"], op.cmd["version_out"]))
+        seen.append((op.cmd.weights, op.cmd.output, op.cmd.version_out))
         op.run()
     held = sorted(k for k, e in op.worker.holdings.entries.items() if e.kind == "weights")
     return seen, held, op.worker.holdings.training[("actor", layout)].pm.loaded

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -76,12 +76,14 @@ def _worker(device: torch.device):
 
 
 def _op(worker, role: str, model: str, inputs: list[str], output: str, fields: list[str]) -> dict:
+    from rpegc.runtime.backends.torch.channel.commands import Op
+
     layout = worker.entry(f"W:{model}").layout
-    cmd = {"type": "op", "node": role, "step": 0, "role": role, "model": model, "layout": layout, "mb": MB,
-           "rows": {0: (0, B * R)}, "weights": f"W:{model}", "inputs": inputs, "outputs": {output: fields},
-           "fields": fields, "prep": [], "tag": 0, "output": None, "version_out": None}
+    cmd = Op(node=role, tag=0, ranks=[0], step=0, role=role, model=model, layout=layout, mb=MB, rows={0: (0, B * R)},
+             weights=f"W:{model}", inputs=inputs, outputs={output: fields}, fields=fields, prep=[], output=None,
+             version_out=None)
     if role == "training":
-        cmd.update(outputs={}, fields=[], output=output, version_out=1)
+        cmd = replace(cmd, outputs={}, fields=[], output=output, version_out=1)
     return worker.execute(cmd)
 
 

@@ -398,8 +398,9 @@ _OUTPUT_FIELDS = {("generation", "policy"): ("sequences", "mask", "old_logprobs"
 _TRAINING_INPUTS = ("sequences", "mask", "old_logprobs", "ref_logprobs", "scores", "task_scores", "values")
 
 
-def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
+def _op_command(worker, case: Case, layout, rank: int, seed: int):
     """The Op command the backend would send for this operator, with its inputs already on this rank."""
+    from rpegc.runtime.backends.torch.channel.commands import Op
     from rpegc.runtime.backends.torch.parallel.layout import replica_rows
 
     model = MODEL_NAMES[case.kind]
@@ -408,21 +409,19 @@ def _op_command(worker, case: Case, layout, rank: int, seed: int) -> dict:
         worker.install(weights, model, layout)
     rows = replica_rows(layout, 0, case.B * case.R)
     lo, hi = rows[rank]
-    cmd = {"type": "op", "node": case.id, "step": 0, "role": case.role, "model": model, "layout": layout,
-           "mb": case.mb, "rows": rows, "weights": weights, "inputs": [], "outputs": {}, "fields": [],
-           "prep": [], "tag": 0, "output": None, "version_out": None}
+    cmd = Op(node=case.id, tag=0, ranks=list(layout.ranks), step=0, role=case.role, model=model, layout=layout,
+             mb=case.mb, rows=rows, weights=weights, inputs=[], outputs={}, fields=[], prep=[], output=None,
+             version_out=None)
     batch = {f: t.to(worker.device) for f, t in _batch_fields(case, seed).items()}
     if case.role == "training":
         worker.put_rows("experience", lo, hi, {f: batch[f][lo:hi] for f in _TRAINING_INPUTS})
         # the last reader of the version it trains, as in a run's steps (`_OpRuns`)
-        cmd.update(inputs=["experience"], output=f"{weights}@1", version_out=1, train=case.training, take=True)
-        return cmd
+        return replace(cmd, inputs=["experience"], output=f"{weights}@1", version_out=1, train=case.training, take=True)
     out = list(_OUTPUT_FIELDS[(case.role, case.kind)])
     if case.role == "inference":
         worker.put_rows("rollouts", lo, hi, {f: batch[f][lo:hi] for f in ("sequences", "mask")})
-        cmd["inputs"] = ["rollouts"]
-    cmd.update(outputs={"result": out}, fields=out)
-    return cmd
+        cmd = replace(cmd, inputs=["rollouts"])
+    return replace(cmd, outputs={"result": out}, fields=out)
 
 
 def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl: str, isolated: bool = False):
@@ -485,10 +484,10 @@ class _OpRuns:
         self.worker.execute(self.cmd)
         self.ctx.sync()
         seconds = time.perf_counter() - t0
-        if self.cmd["role"] == "training":
-            base, version = self.cmd["output"].rsplit("@", 1)[0], self.cmd["version_out"]
-            self.cmd = dict(self.cmd, weights=self.cmd["output"], output=f"{base}@{version + 1}",
-                            version_out=version + 1)
+        if self.cmd.role == "training":
+            base, version = self.cmd.output.rsplit("@", 1)[0], self.cmd.version_out
+            self.cmd = replace(self.cmd, weights=self.cmd.output, output=f"{base}@{version + 1}",
+                               version_out=version + 1)
         return seconds
 
 

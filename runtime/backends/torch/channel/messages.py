@@ -3,10 +3,14 @@ authenticated message schema over the TCPStore (issue 14, item 2).
 
 Messages. Every command, report and the run setup is a dict with a `type` from a closed registry
 (`COMMANDS`, `REPORTS`, `SETUP`: per channel, the known types and the fields each must and may have).
+A command is a frozen dataclass (channel/commands.py, which COMMANDS is derived from): `seal` sends it as
+that dict (`commands.to_message`) and `unseal` returns the dataclass again once the dict passed the schema;
+reports and the setup stay dicts.
 Values are plain JSON (None, bool, int, float, str, list, dict with str keys) plus three tagged forms that
 JSON lacks: tuples {"$tuple": [...]}, dicts with other keys {"$dict": [[k, v], ...]} and the dataclasses
-of `classes()` {"$class": NAME, "args": [...]} (their init fields in order: layouts, routes, the run
-config); decoding rebuilds them through their constructors, so a Layout is checked again where it lands. Nothing else is encodable: a tensor, a
+of `classes()` {"$class": NAME, "args": [...]} (their init fields in order: layouts, routes, a fusion's
+member commands and an operator's prep steps, the run config); decoding rebuilds them through their
+constructors, so a Layout is checked again where it lands. Nothing else is encodable: a tensor, a
 pickle or an unknown class makes `seal` fail with a one-line error, and decoding never unpickles.
 Checkpoints and final weights never travel here: each worker writes its shards to the run directory and
 reports the file's name, size, SHA-256 and per-tensor boxes (checkpoints/shard_files.py).
@@ -42,9 +46,11 @@ import secrets
 import stat
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.torch.channel import commands
+from rpegc.runtime.backends.torch.channel.commands import Command
 
 SECRET_BYTES = 32
 SECRET_ENV = "RPEG_RUN_SECRET_FILE"  # where an externally launched worker finds the run's secret
@@ -72,24 +78,11 @@ class MessageType:
     optional: tuple[str, ...] = ()
 
 
-_NODE = ("node", "tag", "ranks")
-COMMANDS = {
-    "stop": MessageType(()),
-    "install": MessageType(("label", "model", "version", "layout"), ("keep", "tau")),
-    "release": MessageType(("labels",)),  # every copy the controller freed on this rank since its last command
-    # a node's command also carries the copies freed on its rank since the rank's last command ("release")
-    "op": MessageType(_NODE + ("step", "role", "model", "layout", "mb", "rows", "weights", "inputs", "outputs",
-                               "fields", "prep", "output", "version_out"), ("release", "train", "take", "pool")),
-    # a fusion's members (their "op" commands) and, per pipeline stage, its microtasks ("F1.2"), in order
-    "fused": MessageType(_NODE + ("members", "stages"), ("release",)),
-    # "sender": the rank only sends, outside the transfer's destination (its sender thread runs it, sender.py)
-    "comm_data": MessageType(_NODE + ("moves", "sources", "target", "fields"), ("release", "sender")),
-    "move_weights": MessageType(_NODE + ("model", "version", "source", "target", "layout", "moves", "src_ranks"),
-                                ("release", "sender")),
-    "export": MessageType(("export", "dir"), ("part", "weights", "masters", "window", "optimizer", "rng")),
-    "keep": MessageType(("label", "tau")),
-}
-NODE_COMMANDS = tuple(t for t, m in COMMANDS.items() if "node" in m.required)  # the commands that run a node
+def _message_type(cls: type) -> MessageType:
+    return MessageType(*commands.required_optional(cls))
+
+
+COMMANDS = {c.type: _message_type(c) for c in commands.COMMAND_CLASSES}  # declared once, in channel/commands.py
 REPORTS = {
     "ready": MessageType(("rank", "groups")),
     # peak: bytes held above the start-up size; resident: the resident high-water mark above it (peak_memory.py)
@@ -138,7 +131,7 @@ def classes() -> dict[str, type]:
     from rpegc.runtime.backends.torch.channel.worker_setup import ModelSpec, WorkerSetup
 
     return {c.__name__: c for c in (Loc, Arch, Workload, TrainSpec, Training, Layout, RowMove, WeightMove, RunConfig, RLConfig,
-                                    DataConfig, ModelSpec, WorkerSetup)}
+                                    DataConfig, ModelSpec, WorkerSetup, *commands.NESTED)}
 
 
 @functools.cache
@@ -223,7 +216,7 @@ def _instance(name: Any, args: list) -> Any:
     if len(args) != len(names):
         raise MessageError(f"gives {name} {len(args)} fields, it has {len(names)} ({', '.join(names)})")
     try:
-        return cls(*args)
+        return cls(**dict(zip(names, args)))  # by name: a command's fields are keyword-only
     except (TypeError, ValueError, RpegError) as e:
         raise MessageError(f"holds an invalid {name}: {getattr(e, 'message', e)}") from None
 
@@ -262,12 +255,19 @@ def _is_export_report(msg: dict) -> bool:
 class Envelope:
     sender: str
     seq: int
-    msg: dict
+    msg: Any  # a dict, or on a cmd channel the Command
 
 
-def seal(secret: bytes, channel: str, sender: str, seq: int, msg: dict) -> bytes:
-    """`msg` as the tagged bytes the store holds (TAG BODY); a MessageError if it is not a valid, small message."""
+Message = Union[dict, Command]  # a report or the setup (a dict), or a command
+
+
+def seal(secret: bytes, channel: str, sender: str, seq: int, message: Message) -> bytes:
+    """`message` as the tagged bytes the store holds (TAG BODY); a MessageError if it is not a valid, small message."""
+    msg = commands.to_message(message) if isinstance(message, Command) else message
     check_schema(channel, msg)
+    if channel_kind(channel) == "cmd" and msg is message:  # a dict would bypass the commands' declared fields
+        raise MessageError(f"a {msg['type']} command is sent as its dataclass "
+                           f"(commands.{commands.BY_TYPE[msg['type']].__name__}), not as a dict")
     plain = to_plain(msg)
     body = json.dumps({"ch": channel, "from": sender, "seq": seq, "msg": plain}, separators=(",", ":"),
                       ensure_ascii=True).encode("ascii")
@@ -302,7 +302,14 @@ def unseal(secret: bytes, channel: str, raw: bytes) -> Envelope:
     check_schema(channel, msg)
     if len(raw) > limit(channel, msg):
         raise MessageError(f"a {msg['type']} message of {len(raw)} bytes, over its limit of {limit(channel, msg)}")
-    return Envelope(data["from"], data["seq"], msg)
+    return Envelope(data["from"], data["seq"], _command(msg) if channel_kind(channel) == "cmd" else msg)
+
+
+def _command(msg: dict) -> Command:
+    try:
+        return commands.from_message(msg)
+    except (TypeError, ValueError, RpegError) as e:
+        raise MessageError(f"holds an invalid {msg['type']} command: {getattr(e, 'message', e)}") from None
 
 
 # -- endpoints ---------------------------------------------------------------------------------------
@@ -328,13 +335,13 @@ class Endpoint:
     # (a replay, an earlier number, is still dropped).
     allow_gaps: bool = False
 
-    def _seal(self, channel: str, msg: dict) -> bytes:
+    def _seal(self, channel: str, msg: Message) -> bytes:
         seq = self.sent.get(channel, 0)
         text = seal(self.secret, channel, self.name, seq, msg)
         self.sent[channel] = seq + 1
         return text
 
-    def push(self, channel: str, msg: dict) -> None:
+    def push(self, channel: str, msg: Message) -> None:
         """Append `msg` to the queue `channel` (its link, if it has one)."""
         link = self.links.get(channel)
         if link is not None:

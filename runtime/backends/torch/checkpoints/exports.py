@@ -29,6 +29,7 @@ import torch
 
 from rpegc.outputs import PendingDirectory
 from rpegc.runtime.backends.base import Dispatch
+from rpegc.runtime.backends.torch.channel.commands import Export, Keep
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
 from rpegc.runtime.backends.torch.parallel.layout import Layout
 from rpegc.runtime.backends.torch.controller.pool import WorkerPool
@@ -104,14 +105,13 @@ class Exports:
 
     def _export(self, requests: dict[int, dict], directory: str, on_done: Callable[[ExportJob], None],
                 part: str = "") -> None:
-        """Ask each rank of `requests` to write its shard file (named for its rank and `part`) into `directory`;
-        `on_done` gets the reports."""
+        """Ask each rank of `requests` (its Export fields: what to save) to write its shard file (named for its rank
+        and `part`) into `directory`; `on_done` gets the reports."""
         self._last_id += 1
         job = ExportJob(set(requests), on_done=on_done)
         self.jobs[self._last_id] = job
         for r, req in sorted(requests.items()):
-            self.pool.send(r, {"type": "export", "export": self._last_id, "dir": os.path.abspath(directory),
-                               "part": part, **req})
+            self.pool.send(r, Export(export=self._last_id, dir=os.path.abspath(directory), part=part, **req))
 
     def after_training(self, d: Dispatch) -> None:
         """A training node completed: its model's training state is where it ran; under staleness the workers
@@ -127,7 +127,7 @@ class Exports:
         if self.every and tau > 0:
             # nodes after a later checkpoint may still read this version: each rank keeps what it writes
             for r in layout.ranks:
-                self.pool.send(r, {"type": "keep", "label": out.label, "tau": tau})
+                self.pool.send(r, Keep(label=out.label, tau=tau))
             kept = self.kept.setdefault(m, {})
             kept[out.index] = layout
             for v in [v for v in kept if v < out.index - tau]:

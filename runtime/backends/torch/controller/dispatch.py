@@ -5,14 +5,16 @@ copies installed and released where the plan says.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rpegc.core.ir.exec_graph import microtask_text
 from rpegc.runtime.backends.base import BackendError, Dispatch
+from rpegc.runtime.backends.torch.channel.commands import Fused, Install, NodeCommand
 from rpegc.runtime.backends.torch.checkpoints.exports import Exports
 from rpegc.runtime.backends.torch.controller.inflight import InFlight, is_training
 from rpegc.runtime.backends.torch.controller.pool import WorkerPool
 from rpegc.runtime.backends.torch.controller.routing import Command, Holding
 from rpegc.runtime.backends.torch.controller.run_description import RunDescription
-from rpegc.runtime.backends.torch.worker.sender import SENDER
 from rpegc.runtime.plan import Artifact
 
 
@@ -31,12 +33,10 @@ class Dispatcher:
         if artifact.kind != "weights":
             raise BackendError(None, f"cannot install {artifact.label}: only parameter copies are installed")
         layout = self.routes.reader_layout(artifact)
-        cmd = {"type": "install", "label": artifact.label, "model": artifact.name, "version": artifact.index,
-               "layout": layout}
-        keep = self.exports.keeps_installed(artifact, layout)
-        tau = self.run.plan.tau.get(artifact.name, 0)
+        cmd = Install(label=artifact.label, model=artifact.name, version=artifact.index, layout=layout,
+                      keep=self.exports.keeps_installed(artifact, layout), tau=self.run.plan.tau.get(artifact.name, 0))
         for r in layout.ranks:
-            self.pool.send(r, {**cmd, "keep": True, "tau": tau} if keep else cmd)
+            self.pool.send(r, cmd)
         self.routes.holdings[artifact] = Holding(layout=layout)
 
     def release(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
@@ -64,14 +64,11 @@ class Dispatcher:
             raise BackendError(ds[0].node.node.loc, f"the members of the fusion of {ds[0].id} run on different ranks")
         for d, c in zip(ds, commands):
             self.flight.sent(d, c.commands, c.ends)
-            for cmd in c.commands.values():
-                cmd["ranks"] = ranks
         fusion = self.run.fusion_of[ds[0].id]
         stages = [[microtask_text(t) for t in order] for order in fusion.stages]
         for r in ranks:
             members = [c.commands[r] for c in commands]
-            self.pool.send(r, {"type": "fused", "node": ds[0].id, "tag": members[0]["tag"], "ranks": ranks,
-                               "members": members, "stages": stages})
+            self.pool.send(r, Fused(node=ds[0].id, tag=members[0].tag, ranks=ranks, members=members, stages=stages))
 
     def transfer(self, d: Dispatch) -> None:
         self._issue(d, self.routes.transfer_command(d))
@@ -102,7 +99,7 @@ class Dispatcher:
         self._issue(d, c, after)
         return True
 
-    def _senders(self, d: Dispatch, commands: dict[int, dict]) -> set[int]:
+    def _senders(self, d: Dispatch, commands: dict[int, NodeCommand]) -> set[int]:
         """The ranks of a transfer's commands outside what it reserves: they only send, on their sender thread."""
         if not d.node.is_transfer or not self.sender_threads:
             return set()
@@ -115,11 +112,7 @@ class Dispatcher:
         if not commands:
             self.flight.done_at_once(d)
             return
-        for cmd in commands.values():
-            cmd["ranks"] = sorted(commands)
         senders = self._senders(d, commands)
         self.flight.sent(d, commands, c.ends, after, frozenset(senders))
-        for r in senders:  # a transfer's ranks may share one command: this one is theirs
-            commands[r] = {**commands[r], SENDER: True}
-        for r, cmd in sorted(commands.items()):
-            self.pool.send(r, cmd)
+        for r, cmd in sorted(commands.items()):  # a transfer's ranks share one command: a sender's is marked
+            self.pool.send(r, replace(cmd, sender=True) if r in senders else cmd)

@@ -20,6 +20,7 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -27,8 +28,8 @@ import torch.distributed as dist
 
 from rpegc.core.ir.errors import RpegError, error_line
 from rpegc.runtime.backends.torch.controller.inbox import PipeInbox, StoreInbox, warn
-from rpegc.runtime.backends.torch.channel.messages import NODE_COMMANDS, Endpoint, new_secret, write_secret
-from rpegc.runtime.backends.torch.worker.sender import SENDER
+from rpegc.runtime.backends.torch.channel.commands import Command, NodeCommand, Release, Stop, Transfer
+from rpegc.runtime.backends.torch.channel.messages import Endpoint, new_secret, write_secret
 from rpegc.runtime.backends.torch.controller.processes import forkserver_pid
 from rpegc.runtime.backends.torch.checkpoints.run_dir import WORKER_LOGS
 from rpegc.runtime.backends.torch.channel.worker_setup import WorkerSetup
@@ -219,17 +220,17 @@ class WorkerPool:
 
     # -- the channel -----------------------------------------------------------------------------------
 
-    def send(self, rank: int, cmd: dict) -> None:
+    def send(self, rank: int, cmd: Command) -> None:
         """Push `cmd` to `rank` with every copy freed there since its last command (a worker runs its commands
         in order, so it frees them before it runs `cmd`): in a node's command, else as a release message first."""
-        if cmd.get(SENDER):  # the sender thread frees nothing: the rank's main loop gets them with its next command
-            self._push(rank, cmd)
+        if isinstance(cmd, Transfer) and cmd.sender:
+            self._push(rank, cmd)  # the sender thread frees nothing: the main loop gets them with its next command
             return
         labels = self._releases.pop(rank, None)
-        if labels and cmd["type"] in NODE_COMMANDS:
-            cmd = {**cmd, "release": labels}
+        if labels and isinstance(cmd, NodeCommand):
+            cmd = replace(cmd, release=labels)
         elif labels:
-            self._push(rank, {"type": "release", "labels": labels})
+            self._push(rank, Release(labels=labels))
         self._push(rank, cmd)
 
     def free(self, rank: int, label: str) -> None:
@@ -238,9 +239,9 @@ class WorkerPool:
 
     def flush_releases(self) -> None:
         for rank in sorted(self._releases):
-            self._push(rank, {"type": "release", "labels": self._releases.pop(rank)})
+            self._push(rank, Release(labels=self._releases.pop(rank)))
 
-    def _push(self, rank: int, cmd: dict) -> None:
+    def _push(self, rank: int, cmd: Command) -> None:
         assert self._chan is not None
         self._chan.push(f"cmd/{rank}", cmd)
 
@@ -278,7 +279,7 @@ class WorkerPool:
         if self._store is not None:
             for r in range(self.world):
                 try:
-                    self.send(r, {"type": "stop"})
+                    self.send(r, Stop())
                 except Exception:
                     break
             deadline = time.time() + grace_s

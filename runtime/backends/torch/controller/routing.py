@@ -5,9 +5,11 @@ inputs where its workers are; docs/architecture.md, Runtime).
 sequence rows of every node and artifact (a quantile phase is a range of whole prompt groups), and where
 each artifact's shards are held now (`holdings`: a weights layout, or data rows per rank). From these it
 builds each node's commands per rank, with every route precomputed (`layout.route_rows`,
-`layout.route_weights`): an Op first gathers the rows and re-lays out the weights it needs, a data Comm moves
-rows from the ranks that hold them to those its reader will use, a weight Comm or a Reshard moves parameter
-shards into the layout of their reader. Nothing here talks to a worker: the backend sends what it builds.
+`layout.route_weights`): an Op first gathers the rows and re-lays out the weights it needs (its prep steps), a
+data Comm moves rows from the ranks that hold them to those its reader will use, a weight Comm or a Reshard moves
+parameter shards into the layout of their reader. The commands are channel/commands.py's dataclasses (Op,
+CommData, MoveWeights), one object for every rank of a node. Nothing here talks to a worker: the backend sends
+what it builds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.geometry import Strategy
 from rpegc.core.ir.program import VERIFY
 from rpegc.runtime.backends.base import BackendError, Dispatch
+from rpegc.runtime.backends.torch.channel.commands import CommData, MoveWeights, NodeCommand, Op, PrepRows, PrepWeights
 from rpegc.runtime.backends.torch.parallel.layout import (Layout, check_tp, intersect, replica_rows, route_rows,
                                                  route_weights)
 from rpegc.runtime.backends.torch.run_config import RunConfig
@@ -51,7 +54,7 @@ class Command:
     finish (an op's every rank, a transfer's receivers: the data is where it goes once they finished);
     `holdings`: where its inputs and outputs are after it (applied when it is sent)."""
 
-    commands: dict[int, dict] = field(default_factory=dict)
+    commands: dict[int, NodeCommand] = field(default_factory=dict)
     ends: frozenset[int] = frozenset()
     holdings: dict[Artifact, Holding] = field(default_factory=dict)
 
@@ -186,7 +189,9 @@ class Routes:
         layout = self.layouts[i]
         rows = self.op_rows(i)
         tag = self.next_tag()
-        prep, data_in, weights = [], [], None
+        prep: list[PrepRows | PrepWeights] = []
+        data_in: list[str] = []
+        weights = None
         holdings: dict[Artifact, Holding] = {}
         for a in d.inputs:
             h = self.holdings.get(a)
@@ -195,16 +200,16 @@ class Routes:
             if a.kind == "weights":
                 weights = a
                 if h.layout != layout:  # the plan left no Reshard: re-lay out locally first
-                    prep.append({"kind": "weights", "label": a.label, "model": a.name, "layout": layout,
-                                 "moves": route_weights(self.shapes[a.name], self.models[a.name].arch.layers,
-                                                        h.layout, layout)})
+                    prep.append(PrepWeights(label=a.label, model=a.name, layout=layout,
+                                            moves=route_weights(self.shapes[a.name], self.models[a.name].arch.layers,
+                                                                h.layout, layout)))
                     holdings[a] = Holding(layout=layout)
                 continue
             data_in.append(a.label)
             need = {r: x for r, rr in rows.items() if (x := intersect(rr, self.artifact_rows(a))) is not None}
             moves = route_rows(h.all_rows(), need)
             if moves:
-                prep.append({"kind": "rows", "label": a.label, "fields": list(self.fields[a.name]), "moves": moves})
+                prep.append(PrepRows(label=a.label, fields=list(self.fields[a.name]), moves=moves))
                 moved = {r: list(x) for r, x in h.moved.items()}
                 for m in moves:
                     moved.setdefault(m.dst, []).append((m.lo, m.hi))
@@ -224,18 +229,16 @@ class Routes:
             fields += [f for f in self.fields[a.name] if f not in fields]
             holdings[a] = Holding(rows={r: [x] for r, x in rows.items() if x[1] > x[0]})
         training = n.node.role == "training"
-        cmd = {"type": "op", "node": n.id, "step": n.step, "role": n.node.role, "model": n.node.model,
-               "layout": layout, "mb": 1 if verify else n.node.strategy.mb, "rows": rows,
-               "weights": weights.label if weights else None,
-               # how a training node trains (precision, ZeRO stage, recomputation, schedule: the plan's), and
-               # whether it may take its weights copy over as its working copy (no later node reads it)
-               "train": self.cfg.workload.training(n.node.strategy.train, n.node.loc) if training else None,
-               "take": training and weights in d.last_reads,
-               "inputs": data_in, "outputs": outputs, "fields": fields, "prep": prep, "tag": tag,
-               "output": out_weights.label if out_weights else None,
-               "version_out": out_weights.index if out_weights else None}
-        if verify:
-            cmd["pool"] = n.node.pool
+        cmd = Op(node=n.id, tag=tag, ranks=sorted(layout.ranks), step=n.step, role=n.node.role, model=n.node.model,
+                 layout=layout, mb=1 if verify else n.node.strategy.mb, rows=rows,
+                 weights=weights.label if weights else None,
+                 # the plan's training (precision, ZeRO stage, recomputation, schedule); the copy is free to take
+                 # over as the working copy when no later node reads it
+                 train=self.cfg.workload.training(n.node.strategy.train, n.node.loc) if training else None,
+                 take=training and weights in d.last_reads,
+                 inputs=data_in, outputs=outputs, fields=fields, prep=prep,
+                 output=out_weights.label if out_weights else None,
+                 version_out=out_weights.index if out_weights else None, pool=n.node.pool if verify else None)
         return Command({r: cmd for r in layout.ranks}, frozenset(layout.ranks), holdings)
 
     def transfer_command(self, d: Dispatch) -> Command:
@@ -252,11 +255,11 @@ class Routes:
                 held.setdefault(r, []).extend(rs)
         need = self.reader_rows(out)
         moves = route_rows(held, need, have={})
-        cmd = {"type": "comm_data", "node": n.id, "moves": moves, "sources": [a.label for a in d.inputs],
-               "target": out.label, "fields": list(self.fields[out.name]), "tag": self.next_tag()}
+        ranks = {m.src for m in moves} | {m.dst for m in moves}
+        cmd = CommData(node=n.id, tag=self.next_tag(), ranks=sorted(ranks), moves=moves,
+                       sources=[a.label for a in d.inputs], target=out.label, fields=list(self.fields[out.name]))
         before = self.holdings.get(out)
         delivered = Holding(rows={**(before.rows if before else {}), **{r: [x] for r, x in need.items()}})
-        ranks = {m.src for m in moves} | {m.dst for m in moves}
         return Command({r: cmd for r in ranks}, frozenset(m.dst for m in moves), {out: delivered})
 
     def reshard_command(self, d: Dispatch) -> Command:
@@ -271,11 +274,10 @@ class Routes:
             raise BackendError(n.node.loc, f"node {n.id} moves {src.label}, which no worker holds")
         layout = target or self.reader_layout(dst)
         moves = route_weights(self.shapes[src.name], self.models[src.name].arch.layers, h.layout, layout)
-        cmd = {"type": "move_weights", "node": n.id, "model": src.name, "version": src.index, "source": src.label,
-               "target": dst.label, "layout": layout, "moves": moves, "src_ranks": h.layout.ranks,
-               "tag": self.next_tag()}
         ranks = {m.src for m in moves} | set(layout.ranks)
         if src == dst:
             ranks |= set(h.layout.ranks)
+        cmd = MoveWeights(node=n.id, tag=self.next_tag(), ranks=sorted(ranks), model=src.name, version=src.index,
+                          source=src.label, target=dst.label, layout=layout, moves=moves, src_ranks=h.layout.ranks)
         return Command({r: cmd for r in ranks}, frozenset(layout.ranks), {dst: Holding(layout=layout)})
 

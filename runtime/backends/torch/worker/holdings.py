@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.ir.training import Training
+from rpegc.runtime.backends.torch.channel.commands import Install, Keep, Release
 from rpegc.runtime.backends.torch.channel.worker_setup import WorkerSetup
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
 from rpegc.runtime.backends.torch.model.hf import HFWeights
@@ -194,15 +195,15 @@ class Holdings:
 
     # -- bookkeeping commands -----------------------------------------------------------------------
 
-    def install(self, cmd: dict) -> None:
-        m, layout = cmd["model"], cmd["layout"]
-        if cmd.get("keep"):  # a resumed version the next checkpoint saves again (tau > 0): its float32 values too
-            master = self.version_shards(m, cmd["version"], layout)
-            self._keep(m, cmd["version"], layout, master, cmd["tau"])
+    def install(self, cmd: Install) -> None:
+        m, layout = cmd.model, cmd.layout
+        if cmd.keep:  # a resumed version the next checkpoint saves again (tau > 0): its float32 values too
+            master = self.version_shards(m, cmd.version, layout)
+            self._keep(m, cmd.version, layout, master, cmd.tau)
             shards = {n: t.to(self.device, self.serving_dtype) for n, t in master.items()}
         else:
-            shards = self.version_shards(m, cmd["version"], layout, lambda t: t.to(self.device, self.serving_dtype))
-        self.put_weights(cmd["label"], Entry("weights", m, cmd["version"], layout, shards=shards))
+            shards = self.version_shards(m, cmd.version, layout, lambda t: t.to(self.device, self.serving_dtype))
+        self.put_weights(cmd.label, Entry("weights", m, cmd.version, layout, shards=shards))
 
     def _keep(self, model: str, version: int, layout: Layout, shards: dict[str, Tensor], tau: int) -> None:
         mine = self.writes(model, layout)
@@ -211,13 +212,13 @@ class Holdings:
         for key in [k for k in self.window if k[0] == model and k[1] < version - tau]:
             del self.window[key]
 
-    def keep(self, cmd: dict) -> None:
+    def keep(self, cmd: Keep) -> None:
         """Keep a copy of this rank's float32 pieces of a new version for later checkpoints (tau > 0: nodes
         after the next checkpoint still read it), dropping the versions older than version - tau."""
-        e = self.entries.get(cmd["label"])
+        e = self.entries.get(cmd.label)
         if e is None or e.layout is None or e.model is None:
-            raise CommandError(f"keep of {cmd['label']}, which this worker does not hold")
-        self._keep(e.model, e.version, e.layout, self.saved_shards(e), cmd["tau"])
+            raise CommandError(f"keep of {cmd.label}, which this worker does not hold")
+        self._keep(e.model, e.version, e.layout, self.saved_shards(e), cmd.tau)
 
-    def release(self, cmd: dict) -> None:
-        self.free(cmd["labels"])
+    def release(self, cmd: Release) -> None:
+        self.free(cmd.labels)

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from rpegc.core.ir.exec_graph import microtask_of
 from rpegc.core.ir.program import VERIFY
+from rpegc.runtime.backends.torch.channel.commands import Fused, Op, PrepRows
 from rpegc.runtime.backends.torch.controller.verifier_pool import VerifierPool
 from rpegc.runtime.backends.torch.model.generation import expand_rollouts
 from rpegc.runtime.backends.torch.parallel.layout import Layout, split_rows
@@ -49,44 +50,44 @@ class Operators:
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def op(self, cmd: dict) -> dict:
+    def op(self, cmd: Op) -> dict:
         self.prep(cmd)
-        role = cmd["role"]
-        lo, hi = cmd["rows"][self.rank]
+        role = cmd.role
+        lo, hi = cmd.rows[self.rank]
         if role == "training":
             return self.alg.train(self, cmd, lo, hi)
         if role == VERIFY:
             return self.op_verify(cmd, lo, hi)
-        pm, version = self.serving_model(cmd["model"], cmd["layout"], cmd["weights"])
+        pm, version = self.serving_model(cmd.model, cmd.layout, cmd.weights)
         report: dict = {}
         if role == "generation":
             fields = self.op_generation(cmd, pm, lo, hi)
         else:  # the fields of an inference vertex, and what a reward function's calls report from one rank of each
             fields, report = self.alg.inference(self, cmd, pm, lo, hi)  # replica (accuracy sums, failures)
-        for label, names in cmd["outputs"].items():
+        for label, names in cmd.outputs.items():
             self.held.put_rows(label, lo, hi, {f: fields[f] for f in names})
-        out = {"bytes": 0, "versions_in": {cmd["model"]: version}}
+        out = {"bytes": 0, "versions_in": {cmd.model: version}}
         if "reward_stats" in report:
             out["reward_stats"] = report["reward_stats"]
         return out
 
-    def fused(self, cmd: dict) -> dict:
+    def fused(self, cmd: Fused) -> dict:
         """The members of a fusion (their op commands) as one operator: each in a thread of its own, taking turns in
         the order of this rank's pipeline stage (interleave.py); one report per member."""
-        members = cmd["members"]
-        _, p, _ = members[0]["layout"].coord(self.rank)
-        order = [microtask_of(t, p) for t in cmd["stages"][p]]
+        members = cmd.members
+        _, p, _ = members[0].layout.coord(self.rank)
+        order = [microtask_of(t, p) for t in cmd.stages[p]]
         inter = Interleave(len(members), [(t.member, t.kind, t.micro) for t in order], self.now)
         results = run_members(inter, [lambda c=c: self.op(c) for c in members])
-        return {"members": [dict(info, node=c["node"], microtasks=[[self.rank, p, *t] for t in inter.records[i]])
+        return {"members": [dict(info, node=c.node, microtasks=[[self.rank, p, *t] for t in inter.records[i]])
                             for i, (c, info) in enumerate(zip(members, results))]}
 
-    def prep(self, cmd: dict) -> None:
+    def prep(self, cmd: Op) -> None:
         """Move inputs into the invocation's layout first (rows to replicas, weights to shards)."""
-        for i, step in enumerate(cmd.get("prep", ())):
-            tag = cmd["tag"] + 100000 * (i + 1)
-            if step["kind"] == "rows":
-                self.transfers.move_rows(step["moves"], [step["label"]], step["label"], step["fields"], tag)
+        for i, step in enumerate(cmd.prep):
+            tag = cmd.tag + 100000 * (i + 1)
+            if isinstance(step, PrepRows):
+                self.transfers.move_rows(step.moves, [step.label], step.label, step.fields, tag)
             else:
                 self.transfers.reshard(step, tag)
 
@@ -107,9 +108,9 @@ class Operators:
             pm.loaded = (model, e.version)
         return pm, e.version
 
-    def chunks(self, cmd: dict, lo: int, hi: int) -> list[tuple[int, int]]:
+    def chunks(self, cmd: Op, lo: int, hi: int) -> list[tuple[int, int]]:
         n = hi - lo
-        return [c for c in split_rows(lo, hi, max(1, min(cmd["mb"], n))) if c[1] > c[0]] if n else []
+        return [c for c in split_rows(lo, hi, max(1, min(cmd.mb, n))) if c[1] > c[0]] if n else []
 
     def dp_sum(self, pm: ParallelModel):
         def reduce(t: Tensor) -> Tensor:
@@ -121,43 +122,43 @@ class Operators:
 
     # -- vertices -----------------------------------------------------------------------------------
 
-    def op_generation(self, cmd: dict, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
+    def op_generation(self, cmd: Op, pm: ParallelModel, lo: int, hi: int) -> dict[str, Tensor]:
         w, rl, inputs = self.run.workload, self.run.rl, self.inputs
-        prompts = expand_rollouts(inputs.step_batch(cmd["step"]).tokens, w.R).to(self.device)
-        pads = inputs.row_pads(cmd["step"], lo, hi)
-        roll = generate(pm, prompts[lo:hi], self.chunks(cmd, lo, hi), seed=self.setup.seed, step=cmd["step"],
+        prompts = expand_rollouts(inputs.step_batch(cmd.step).tokens, w.R).to(self.device)
+        pads = inputs.row_pads(cmd.step, lo, hi)
+        roll = generate(pm, prompts[lo:hi], self.chunks(cmd, lo, hi), seed=self.setup.seed, step=cmd.step,
                         max_new_tokens=w.Lr, sampling=rl.sampling, eos_id=inputs.prompts.eos_id,
                         pad_id=inputs.prompts.pad_id, pads=pads)
         out = {"sequences": roll.sequences, "mask": roll.mask, "old_logprobs": roll.logprobs}
-        if "values" in cmd["fields"]:
+        if "values" in cmd.fields:
             out["values"] = self.forward_field(cmd, pm, out, "values", lo, hi, pads)
         return out
 
-    def verifier_scores(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
+    def verifier_scores(self, cmd: Op, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
                         report: dict) -> Tensor:
         """The toy rule's or the reward function's scores of the rows (computed once per vertex)."""
         if "verifier" not in report:
             inputs = self.inputs
-            scores, scored = score_responses(inputs.prompts, inputs.reward_fn, inputs.step_batch(cmd["step"]),
+            scores, scored = score_responses(inputs.prompts, inputs.reward_fn, inputs.step_batch(cmd.step),
                                              data["sequences"], data["mask"], range(lo, hi), self.run.workload.R)
             report["verifier"] = scores
             if scored is not None and pm.is_last and pm.t == 0:  # the rows' one reporter in its replica
                 report["reward_stats"] = reward_stats(scored)
         return report["verifier"]
 
-    def op_verify(self, cmd: dict, lo: int, hi: int) -> dict:
+    def op_verify(self, cmd: Op, lo: int, hi: int) -> dict:
         """A verify vertex: the run's reward function over the rows' responses in the plan's pool of processes (the
         toy rule here), written as the rewards container's fields; what its calls report."""
-        data = self.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
-        pool = self.verifier_pool(cmd["pool"])
-        inputs, batch = self.inputs, self.inputs.step_batch(cmd["step"])
+        data = self.rows_of(cmd.inputs, lo, hi, ["sequences", "mask"])
+        pool = self.verifier_pool(cmd.pool)
+        inputs, batch = self.inputs, self.inputs.step_batch(cmd.step)
         if pool.function:
             scores, scored = score_rows(pool.score_texts, inputs.prompts, batch, data["sequences"], data["mask"],
                                         range(lo, hi), self.run.workload.R)
         else:
             scores, scored = score_responses(inputs.prompts, None, batch, data["sequences"], data["mask"],
                                              range(lo, hi), self.run.workload.R)
-        for label, names in cmd["outputs"].items():
+        for label, names in cmd.outputs.items():
             self.held.put_rows(label, lo, hi, {f: scores for f in names})
         out: dict = {"bytes": 0, "versions_in": {}}
         if scored is not None:
@@ -172,7 +173,7 @@ class Operators:
             self.pool = VerifierPool(self.run.reward, size)
         return self.pool
 
-    def forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
+    def forward_field(self, cmd: Op, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
                       hi: int, pads: Optional[Tensor], temperature: Optional[float] = None) -> Tensor:
         """A teacher-forced field (log-probs, values, reward-model scores) for the rows, in pipelined microbatches;
         log-probs at the sampling temperature unless `temperature` is given."""

@@ -28,7 +28,8 @@ external one reads it from --secret-file PATH or $RPEG_RUN_SECRET_FILE (mode 060
 --store`). The worker blocks in the store until its next command comes (`WAIT`: an idle hour at most
 before it checks that the controller is still there), so a normal run logs no c10d timeout.
 Commands run strictly in order, so every rank meets the collectives of concurrent nodes in the same
-order. A command names a node (op, comm, reshard) or is bookkeeping (install, release, keep, export, stop).
+order. A command is one of the frozen dataclasses of channel/commands.py, read by attribute: it runs a node
+(Op, Fused, CommData, MoveWeights: a NodeCommand) or is bookkeeping (Install, Release, Keep, Export, Stop).
 
 What a worker keeps (the states of the memory model, docs/cost-model-spec.md Sec. 6):
 - published parameter copies: `weights` entries, one per (model, version, allocation), each this rank's
@@ -65,13 +66,14 @@ import threading
 import time
 import traceback
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError, error_line
+from rpegc.runtime.backends.torch.channel.commands import Command, Install, NodeCommand
 from rpegc.runtime.backends.torch.channel.messages import SECRET_ENV, Endpoint, MessageError, read_secret
 from rpegc.runtime.backends.torch.channel.worker_setup import ModelSpec, WorkerSetup
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
@@ -129,8 +131,8 @@ class Worker:
         self.states = TrainStates(held, self.groups)
         self.operators = Operators(held, self.transfers, inputs, self.states, self.groups, self.now)
         self.shards = ShardWriter(held)
-        # what runs each command type (messages.COMMANDS; "stop" ends the loop)
-        self.runs: dict[str, Callable[[dict], Optional[dict]]] = {
+        # what runs each command type (commands.COMMAND_CLASSES; "stop" ends the loop)
+        self.runs: dict[str, Callable[[Any], Optional[dict]]] = {
             "install": held.install, "keep": held.keep, "release": held.release, "export": self.shards.export,
             "comm_data": self.transfers.comm_data, "move_weights": self.transfers.comm_weights,
             "op": self.operators.op, "fused": self.operators.fused}
@@ -143,14 +145,14 @@ class Worker:
 
     # -- public surface outside a run ---------------------------------------------------------------
 
-    def execute(self, cmd: dict) -> dict:
-        """Run one command (any type of messages.COMMANDS but "stop") and return what it reports; raises what a
+    def execute(self, cmd: Command) -> dict:
+        """Run one command (any of commands.COMMAND_CLASSES but Stop) and return what it reports; raises what a
         run would report as an error."""
-        return self.runs[cmd["type"]](cmd) or {}
+        return self.runs[cmd.type](cmd) or {}
 
     def install(self, label: str, model: str, layout: Layout, version: int = 0) -> None:
         """Hold version `version` of `model` under `layout` (this rank's pieces) as the weights entry `label`."""
-        self.holdings.install({"label": label, "model": model, "layout": layout, "version": version})
+        self.holdings.install(Install(label=label, model=model, version=version, layout=layout))
 
     def put_rows(self, label: str, lo: int, hi: int, fields: dict[str, Tensor]) -> None:
         """Hold rows [lo, hi) of `fields` as the data entry `label` (replacing what it held)."""
@@ -180,7 +182,7 @@ class Worker:
                 self.channel.push("res", {"type": "error", "node": msg.get("node"), "what": msg.get("type", "report"),
                                           "rank": self.rank, "message": f"cannot report: {e.message}"})
 
-    def next_command(self) -> dict:
+    def next_command(self) -> Command:
         """The next authentic command, blocking until it comes; exits (code 3) once the controller is gone."""
         assert self.commands is not None
         key = f"cmd/{self.rank}"
@@ -206,7 +208,7 @@ class Worker:
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
         while True:
             cmd = commands.next()
-            if cmd["type"] == "stop":
+            if cmd.type == "stop":
                 self.operators.close()
                 # the controller keeps its store until all said bye
                 self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident()})
@@ -214,45 +216,48 @@ class Worker:
             self.handle(cmd)
             commands.finished(cmd)
 
-    def handle(self, cmd: dict, sender: bool = False) -> None:
+    def handle(self, cmd: Command, sender: bool = False) -> None:
         """Run one command and report it; `sender`: on the sender thread, a transfer's source side (it frees and
         trims nothing: the main loop owns what the worker holds)."""
         start = self.now()
-        node = cmd.get("node")
+        node = cmd.node if isinstance(cmd, NodeCommand) else None
         try:
             if not sender:
-                self.holdings.free(cmd.get("release", ()))  # copies freed since this rank's last command
+                if node is not None:
+                    self.holdings.free(cmd.release)  # copies freed since this rank's last command
                 release_freed()  # every command starts from what the worker holds, not its last high-water mark
-            self.maybe_fail(cmd)
-            info = self.runs[cmd["type"]](cmd) or {}
+            if node is not None:
+                self.maybe_fail(cmd)
+            info = self.runs[cmd.type](cmd) or {}
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
         except Exception as e:
-            detail = _error_text(e, cmd)
+            detail = _error_text(e, getattr(cmd, "step", None))
             detail = detail if len(detail) <= MAX_ERROR_CHARS else "..." + detail[-MAX_ERROR_CHARS:]
-            self.report({"type": "error", "node": node, "what": cmd["type"], "rank": self.rank, "message": detail})
+            self.report({"type": "error", "node": node, "what": cmd.type, "rank": self.rank, "message": detail})
             return
         if self.debug:
             peak = self.meter.peak() if self.meter is not None else None
             now = heap_in_use()
             held = (f" (holds {(now - self.meter.heap.base) / 2**20:,.1f} MiB, peak so far {peak / 2**20:,.1f} MiB)"
                     if peak is not None and now is not None and self.meter.heap is not None else "")
-            print(f"[{start:9.3f} -> {self.now():9.3f}] {cmd['type']} {node or cmd.get('label', '')}{held}", flush=True)
-        if node is not None or cmd["type"] == "export":
+            what = node or getattr(cmd, "label", "")
+            print(f"[{start:9.3f} -> {self.now():9.3f}] {cmd.type} {what}{held}", flush=True)
+        if node is not None or cmd.type == "export":
             finish = self.now()
             for report in info.pop("members", None) or [info]:  # a fusion: each member, with its start and finish
                 report.update(type="done", node=report.get("node", node), rank=self.rank, start=start,
                               finish=finish, mem=self.holdings.nbytes())
                 self.report(report)
 
-    def maybe_fail(self, cmd: dict) -> None:
+    def maybe_fail(self, cmd: NodeCommand) -> None:
         """The failure-injection hook of the tests: "kill:NODE[:RANK]" or "raise:NODE[:RANK]" makes worker
         RANK (default: the node's lowest rank) die by SIGKILL or raise when it starts node NODE."""
-        spec, node = self.setup.fault, cmd.get("node")
-        if not spec or node is None:
+        spec, node = self.setup.fault, cmd.node
+        if not spec:
             return
         parts = spec.split(":")
         action, target = parts[0], parts[1]
-        rank = int(parts[2]) if len(parts) > 2 else min(cmd.get("ranks", [self.rank]))
+        rank = int(parts[2]) if len(parts) > 2 else min(cmd.ranks)
         if target != node or rank != self.rank:
             return
         if action == "kill":
@@ -260,11 +265,11 @@ class Worker:
         raise CommandError(f"injected failure ({FAULT_ENV}={spec})")
 
 
-def _error_text(e: Exception, cmd: dict) -> str:
+def _error_text(e: Exception, step: Optional[int]) -> str:
     """What a command's failure says: the message of an error the runtime raises (located where it has a file), a
-    non-finite quantity with its step, else the traceback of a bug."""
+    non-finite quantity with the command's step, else the traceback of a bug."""
     if isinstance(e, NonFiniteError):
-        return (f"step {cmd.get('step')}: {e}, so the run stops before the step is applied or saved "
+        return (f"step {step}: {e}, so the run stops before the step is applied or saved "
                 "(the last checkpoint stays)")
     if isinstance(e, RpegError):
         return e.quoted()

@@ -5,7 +5,7 @@ leaves. A worker that ran its sends in its one command loop would hold the sourc
 and the receiver is ready, which the plan does not price (the torch backend reserved both endpoints for that
 reason, and a plan's order could then wait a whole operator for a transfer the schedule overlapped). So a worker
 reads its commands on a thread of its own (`CommandRouter`) and runs a transfer's command on a rank outside the
-transfer's destination (the backend marks it `SENDER`: it only sends) on a sender thread, beside the operator the main
+transfer's destination (the backend sets its `sender`: it only sends) on a sender thread, beside the operator the main
 loop runs; every other command keeps the main loop's order. The controller sends such a command only once the
 transfer's predecessors completed (never chained behind an operator on the sending rank), so the data it makes is
 there. What the two threads still share is the weights copies a command lays out anew on this rank before it runs:
@@ -23,30 +23,30 @@ import queue
 import threading
 from typing import Any, Callable
 
-SENDER = "sender"  # a command field: this rank only sends the transfer's data (runs on the sender thread)
+from rpegc.runtime.backends.torch.channel.commands import Command, CommData, Fused, Install, Op, PrepWeights, Transfer
 
 
-def lays_out(cmd: dict) -> frozenset[str]:
+def lays_out(cmd: Command) -> frozenset[str]:
     """The weights copies (labels) a main-loop command lays out anew on this rank before it runs: an install's, an
     operator's prep re-laying out its weights under their own label (a fusion's members' too). A data prep only adds
     rows beside a copy's own, and the controller never sends a transfer from those (routing.Holding.moved)."""
-    if cmd["type"] == "install":
-        return frozenset((cmd["label"],))
-    ops = cmd.get("members", ()) if cmd["type"] == "fused" else (cmd,)
-    return frozenset(step["label"] for op in ops for step in op.get("prep", ()) if step["kind"] == "weights")
+    if isinstance(cmd, Install):
+        return frozenset((cmd.label,))
+    ops = cmd.members if isinstance(cmd, Fused) else (cmd,) if isinstance(cmd, Op) else ()
+    return frozenset(step.label for op in ops for step in op.prep if isinstance(step, PrepWeights))
 
 
-def reads(cmd: dict) -> frozenset[str]:
+def reads(cmd: Transfer) -> frozenset[str]:
     """The copies (labels) a transfer's command sends from."""
-    return frozenset(cmd["sources"]) if cmd["type"] == "comm_data" else frozenset((cmd["source"],))
+    return frozenset(cmd.sources) if isinstance(cmd, CommData) else frozenset((cmd.source,))
 
 
 class CommandRouter:
-    """Reads commands with `receive` on a reader thread: a `SENDER` command goes to `send` on the sender thread (in
+    """Reads commands with `receive` on a reader thread: a `sender` command goes to `send` on the sender thread (in
     arrival order), every other one to `next` (the main loop). What `receive` raises (the controller is gone) is
     raised by `next`; `stop` ends both threads after the commands before it."""
 
-    def __init__(self, receive: Callable[[], dict], send: Callable[[dict], None]):
+    def __init__(self, receive: Callable[[], Command], send: Callable[[Command], None]):
         self._receive, self._send = receive, send
         self._main: queue.Queue[Any] = queue.Queue()
         self._sends: queue.Queue[Any] = queue.Queue()
@@ -71,17 +71,17 @@ class CommandRouter:
                 self._sends.put(None)
                 self._main.put(e)
                 return
-            if cmd.get(SENDER):
+            if isinstance(cmd, Transfer) and cmd.sender:
                 self._sends.put((cmd, self._after_main(cmd)))
                 continue
-            if cmd["type"] == "stop":
+            if cmd.type == "stop":
                 self._sends.put(None)
                 self._sender.join()  # every send before the stop has ended before the main loop says bye
             self._main.put((cmd, self._after_sends(cmd)))
-            if cmd["type"] == "stop":
+            if cmd.type == "stop":
                 return
 
-    def _after_main(self, send: dict) -> int:
+    def _after_main(self, send: Transfer) -> int:
         """Read a send: the main-loop commands that must have ended before it runs (a count)."""
         with self._order:
             self._sends_read += 1
@@ -89,11 +89,11 @@ class CommandRouter:
                 self._read_by[label] = self._sends_read
             return max((self._laid_out.get(label, 0) for label in reads(send)), default=0)
 
-    def _after_sends(self, cmd: dict) -> int:
+    def _after_sends(self, cmd: Command) -> int:
         """Read a main-loop command: the sends that must have ended before it runs (a count)."""
         with self._order:
             self._main_read += 1
-            labels = lays_out(cmd) if cmd["type"] != "stop" else frozenset()
+            labels = lays_out(cmd)
             for label in labels:
                 self._laid_out[label] = self._main_read
             return max((self._read_by.get(label, 0) for label in labels), default=0)
@@ -108,13 +108,13 @@ class CommandRouter:
                 self._sends_done += 1
                 self._order.notify_all()
 
-    def finished(self, cmd: dict) -> None:
+    def finished(self, cmd: Command) -> None:
         """The main loop ran `cmd` (sends waiting for it may go)."""
         with self._order:
             self._main_done += 1
             self._order.notify_all()
 
-    def next(self) -> dict:
+    def next(self) -> Command:
         """The main loop's next command (blocking), once the sends it must follow have ended."""
         item = self._main.get()
         if isinstance(item, BaseException):

@@ -9,6 +9,7 @@ import os
 import torch
 from torch import Tensor
 
+from rpegc.runtime.backends.torch.channel.commands import Export
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
 from rpegc.runtime.backends.torch.parallel.layout import Layout
 from rpegc.runtime.backends.torch.worker.holdings import CommandError, Holdings
@@ -22,47 +23,45 @@ class ShardWriter:
     def __init__(self, held: Holdings):
         self.held, self.rank = held, held.rank
 
-    def export(self, cmd: dict) -> dict:
+    def export(self, cmd: Export) -> dict:
         """Write this rank's shards (weights versions, the optimizer state of trained models, the RNG state)
-        as one safetensors file into the checkpoint or final-weights directory `cmd["dir"]`, and report
+        as one safetensors file into the checkpoint or final-weights directory `cmd.dir`, and report
         what it holds: file name, size, SHA-256 and the box of every tensor (plain values; no tensor goes
         through the control channel).
 
-        cmd: "weights" [[label, key prefix]], "masters" [[model, layout, version, key prefix]] (the float32
-        master a training state holds), "window" [[model, version, key prefix]] (kept versions),
-        "optimizer" [[model, layout]], "rng" (bool). Every rank of a layout is asked; it writes only the
+        What it saves is in `cmd`'s fields (commands.Export). Every rank of a layout is asked; it writes only the
         pieces `Holdings.writes` gives it, so the files of all ranks tile every tensor exactly once and the
         data-parallel replicas share the writing."""
         tensors: Tensors = {}
         held = self.held
-        for label, prefix in cmd.get("weights", ()):
+        for label, prefix in cmd.weights:
             e = held.entries.get(label)
             if e is None or e.layout is None or e.model is None:
                 raise CommandError(f"export of {label}, which this worker does not hold")
             self._add(tensors, prefix, e.model, e.layout, held.saved_shards(e))
-        for m, layout, v, prefix in cmd.get("masters", ()):
+        for m, layout, v, prefix in cmd.masters:
             st = held.training.get((m, layout))
             if st is None or st.pm.loaded != (m, v):
                 raise CommandError(f"checkpoint of the float32 master of version {v} of @{m}, which no training "
                                    f"state on this worker holds")
             self._add(tensors, prefix, m, layout, st.master.export(copy=False))  # written before any later step runs
-        for m, v, prefix in cmd.get("window", ()):
+        for m, v, prefix in cmd.window:
             kept = held.window.get((m, v))
             if kept is None:
                 raise CommandError(f"checkpoint of version {v} of @{m}, which this worker did not keep")
             self._add(tensors, prefix, m, kept[0], kept[1])
-        for m, layout in cmd.get("optimizer", ()):
+        for m, layout in cmd.optimizer:
             self._add_optimizer(tensors, m, layout)
-        if cmd.get("rng"):
+        if cmd.rng:
             state = torch.get_rng_state()
             tensors[ckpt.rng_key(self.rank)] = (state, ((0,), tuple(state.shape)), tuple(state.shape))
-        path = os.path.join(cmd["dir"], ckpt.shard_file(self.rank, cmd.get("part", "")))
+        path = os.path.join(cmd.dir, ckpt.shard_file(self.rank, cmd.part))
         try:
             report = ckpt.write_shard_file(path, tensors)
         except OSError as e:
             raise CommandError(f"cannot write {path}: "
                                f"{e.strerror or e}") from None
-        return {"export": cmd["export"], **report}
+        return {"export": cmd.export, **report}
 
     def _add(self, tensors: Tensors, prefix: str, model: str, layout: Layout, shards: dict[str, Tensor]) -> None:
         """The pieces of `shards` this rank writes, under `prefix` + name."""

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from rpegc.core.ir.training import Training
+from rpegc.runtime.backends.torch.channel.commands import Op
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
 from rpegc.runtime.backends.torch.model.master_weights import MasterWeights, training_dtype
 from rpegc.runtime.backends.torch.model.transformer import cast_weights
@@ -75,15 +76,15 @@ class TrainStates:
             raise CommandError(f"training @{model} cannot start from the {self.held.serving_dtype} serving copy of "
                                f"version {e.version}: {err}") from None
 
-    def loaded(self, cmd: dict) -> tuple[TrainState, Entry]:
+    def loaded(self, cmd: Op) -> tuple[TrainState, Entry]:
         """The training state of the command's model and layout, holding the version it trains as its own working
         copy: the published copy it shares is taken over when the command is its last reader (`take`: the memory
         model's one 16-bit copy, M_w of the training operator), else copied first, so that a later reader of that
         version finds it unchanged; a copy the command does not need (the state holds the version already, or
         loaded it from the masters) it lets go of when it is the last reader."""
-        model, layout = cmd["model"], cmd["layout"]
-        st = self.state(model, layout, cmd.get("train") or self.run.workload.training())
-        label, take = cmd["weights"], bool(cmd.get("take"))
+        model, layout = cmd.model, cmd.layout
+        st = self.state(model, layout, cmd.train or self.run.workload.training())
+        label, take = cmd.weights, cmd.take
         e = self.held.held(label)
         if st.pm.loaded != (model, e.version):
             values = self.master_shards(model, layout, e)
@@ -109,16 +110,16 @@ class TrainStates:
                     p.data = p.data.clone() if keep_values else torch.empty_like(p.data)
             st.shares = None
 
-    def publish(self, cmd: dict, st: TrainState) -> int:
+    def publish(self, cmd: Op, st: TrainState) -> int:
         """The trained version as a serving copy of the working weights (the masters stay in the training state):
         in mixed precision the module's own tensors, one copy (a later step takes it over or copies it); under
         fp32 a copy (cast to the serving dtype), the module's float32 parameters staying as the masters."""
         pm = st.pm
-        model, version = cmd["model"], cmd["version_out"]
+        model, version = cmd.model, cmd.version_out
         pm.loaded = (model, version)
         weights = pm.export() if st.train.persistent_weights else {n: p.detach() for n, p in pm.params().items()}
-        self.held.put_weights(cmd["output"], Entry("weights", model, version, cmd["layout"],
+        self.held.put_weights(cmd.output, Entry("weights", model, version, cmd.layout,
                                                    shards=cast_weights(weights, self.held.serving_dtype)))
         if not st.train.persistent_weights:
-            st.shares = cmd["output"]
+            st.shares = cmd.output
         return version

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rpegc.runtime.backends.torch.channel.commands import CommData, MoveWeights, PrepWeights
 from rpegc.runtime.backends.torch.parallel.layout import Layout, RowMove, WeightMove
 from rpegc.runtime.backends.torch.run_config import RunConfig
 from rpegc.runtime.backends.torch.worker.holdings import CommandError, Entry, Holdings, Piece
@@ -151,25 +152,25 @@ class Transfers:
         lo = piece.lo if piece.dim is not None else 0
         return t.narrow(m.dim, m.lo - lo, m.hi - m.lo)
 
-    def reshard(self, step: dict, tag: int) -> None:
+    def reshard(self, step: PrepWeights, tag: int) -> None:
         """An operator's prep move of a weights entry into its layout (the entry keeps its label)."""
-        shards, _, _ = self.move_weights(step["moves"], step["label"], step["model"], step["layout"], tag)
+        shards, _, _ = self.move_weights(step.moves, step.label, step.model, step.layout, tag)
         if shards is not None:
-            e = self.held.entries[step["label"]]
-            self.held.put_weights(step["label"], Entry("weights", e.model, e.version, step["layout"], shards=shards))
+            e = self.held.entries[step.label]
+            self.held.put_weights(step.label, Entry("weights", e.model, e.version, step.layout, shards=shards))
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def comm_data(self, cmd: dict) -> dict:
-        sent = self.move_rows(cmd["moves"], cmd["sources"], cmd["target"], cmd["fields"], cmd["tag"])
+    def comm_data(self, cmd: CommData) -> dict:
+        sent = self.move_rows(cmd.moves, cmd.sources, cmd.target, cmd.fields, cmd.tag)
         return {"bytes": sent, "versions_in": {}}
 
-    def comm_weights(self, cmd: dict) -> dict:
+    def comm_weights(self, cmd: MoveWeights) -> dict:
         """A weights Comm (to another allocation) or a Reshard (same allocation, another layout)."""
-        m, layout = cmd["model"], cmd["layout"]
-        shards, sent, version = self.move_weights(cmd["moves"], cmd["source"], m, layout, cmd["tag"])
-        if cmd["source"] == cmd["target"] and self.rank in cmd["src_ranks"]:
-            self.held.free([cmd["source"]])  # a Reshard replaces the old layout
+        m, layout = cmd.model, cmd.layout
+        shards, sent, version = self.move_weights(cmd.moves, cmd.source, m, layout, cmd.tag)
+        if cmd.source == cmd.target and self.rank in cmd.src_ranks:
+            self.held.free([cmd.source])  # a Reshard replaces the old layout
         if shards is not None:
-            self.held.put_weights(cmd["target"], Entry("weights", m, cmd["version"], layout, shards=shards))
+            self.held.put_weights(cmd.target, Entry("weights", m, cmd.version, layout, shards=shards))
         return {"bytes": sent, "versions_in": {m: version} if version is not None else {}}

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import VERIFY, Container, Program, Vertex, Workload
+from rpegc.runtime.backends.torch.channel.commands import Op
 from rpegc.runtime.backends.torch.parallel.parallel_model import ParallelModel
 from rpegc.runtime.backends.torch.rl.step import RLConfig, check_rl_config
 
@@ -24,7 +25,7 @@ class Worker(Protocol):
     setup: Any  # the WorkerSetup: the models by name
     device: torch.device
 
-    def loaded_state(self, cmd: dict) -> tuple[Any, Any]:
+    def loaded_state(self, cmd: Op) -> tuple[Any, Any]:
         """The training state holding the version the command trains, and that version's entry."""
 
     def rows_of(self, labels: list[str], lo: int, hi: int, fields: list[str]) -> dict[str, Tensor]:
@@ -39,18 +40,18 @@ class Worker(Protocol):
     def pair_rows(self, step: int, side: str, lo: int, hi: int) -> tuple[dict[str, Tensor], Optional[Tensor]]:
         """DPO: the sequences and mask of pairs lo..hi-1 on `side`, and their pads."""
 
-    def forward_field(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int, hi: int,
+    def forward_field(self, cmd: Op, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int, hi: int,
                       pads: Optional[Tensor], temperature: Optional[float] = None) -> Tensor:
         """A teacher-forced field (log-probs, values, scores) of the rows."""
 
-    def verifier_scores(self, cmd: dict, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
+    def verifier_scores(self, cmd: Op, pm: ParallelModel, data: dict[str, Tensor], lo: int, hi: int,
                         report: dict) -> Tensor:
         """The toy rule's or the reward function's scores of the rows."""
 
     def dp_sum(self, pm: ParallelModel) -> Callable[[Tensor], Tensor]:
         """A sum over the data-parallel replicas of `pm`."""
 
-    def publish(self, cmd: dict, st: Any) -> int:
+    def publish(self, cmd: Op, st: Any) -> int:
         """The trained version, published; its number."""
 
 
@@ -152,12 +153,12 @@ class Algorithm:
 
     # -- what its vertices compute ------------------------------------------------------------------------
 
-    def inference(self, worker: Worker, cmd: dict, pm: ParallelModel, lo: int,
+    def inference(self, worker: Worker, cmd: Op, pm: ParallelModel, lo: int,
                   hi: int) -> tuple[dict[str, Tensor], dict]:
         """An inference vertex's fields of rows lo..hi-1 on `worker`, and what its reward function reported."""
         raise NotImplementedError
 
-    def train(self, worker: Worker, cmd: dict, lo: int, hi: int) -> dict:
+    def train(self, worker: Worker, cmd: Op, lo: int, hi: int) -> dict:
         """A training vertex on rows lo..hi-1 of `worker`: its report (versions, metrics from one rank)."""
         raise NotImplementedError
 

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Container, Program, Vertex, Workload
+from rpegc.runtime.backends.torch.channel.commands import Op
 from rpegc.runtime.backends.torch.rl.algorithms.base import Algorithm, Worker, training_report
 from rpegc.runtime.backends.torch.parallel.parallel_model import ParallelModel
 from rpegc.runtime.backends.torch.rl.datasets import PairBatch
@@ -74,35 +75,35 @@ class DPO(Algorithm):
     def row_noun(self) -> str:
         return "pairs"
 
-    def inference(self, worker: Worker, cmd: dict, pm: ParallelModel, lo: int,
+    def inference(self, worker: Worker, cmd: Op, pm: ParallelModel, lo: int,
                   hi: int) -> tuple[dict[str, Tensor], dict]:
         """The reference scores one side of the step's preference pairs (its field names it)."""
         out: dict[str, Tensor] = {}
-        for f in cmd["fields"]:
+        for f in cmd.fields:
             side, base = f.split("_", 1)
-            data, pads = worker.pair_rows(cmd["step"], side, lo, hi)
+            data, pads = worker.pair_rows(cmd.step, side, lo, hi)
             out[f] = worker.forward_field(cmd, pm, data, base, lo, hi, pads, temperature=1.0)
         return out, {}
 
-    def train(self, worker: Worker, cmd: dict, lo: int, hi: int) -> dict:
+    def train(self, worker: Worker, cmd: Op, lo: int, hi: int) -> dict:
         """The policy update on pairs lo..hi-1 of the step, with the reference log-probs the inference vertices
         wrote."""
         st, e = worker.loaded_state(cmd)
         pm, rl = st.pm, worker.run.rl
-        ref = worker.rows_of(cmd["inputs"], lo, hi, ["chosen_ref_logprobs", "rejected_ref_logprobs"])
-        rows = PairRows.of(worker.step_pairs(cmd["step"]), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"],
+        ref = worker.rows_of(cmd.inputs, lo, hi, ["chosen_ref_logprobs", "rejected_ref_logprobs"])
+        rows = PairRows.of(worker.step_pairs(cmd.step), ref["chosen_ref_logprobs"], ref["rejected_ref_logprobs"],
                            lo, hi, worker.device)
         lp, beta = worker.run.workload.Lp, rl.dpo_beta
         keys = self.stat_keys["policy"]
 
         def step(sub: PairRows, n: float) -> tuple[dict[str, float], float]:
-            return train_step(pm, st.master, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd["mb"], rl,
+            return train_step(pm, st.master, lambda view, r: pair_loss(view, r, lp, beta, n), sub, cmd.mb, rl,
                               keys, st.train.schedule)
 
         stats, norm = minibatch_steps(rl, rows, lo, hi, step, counts=PAIR_SUMS, reduce=worker.dp_sum(pm))
         version = worker.publish(cmd, st)
         metrics = pair_metrics(stats, float(worker.run.workload.B), norm)
-        return training_report(cmd["model"], e.version, version, pm, metrics)
+        return training_report(cmd.model, e.version, version, pm, metrics)
 
     def reference_trainer(self, cfg, seed: int) -> "DPOTrainer":
         return DPOTrainer(cfg, seed)

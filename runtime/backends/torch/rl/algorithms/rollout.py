@@ -13,6 +13,7 @@ from torch import Tensor
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import VERIFY, Arch, Container, Program, Vertex, Workload
+from rpegc.runtime.backends.torch.channel.commands import Op
 from rpegc.runtime.backends.torch.rl.algorithms.base import Algorithm, Worker, training_report
 from rpegc.runtime.backends.torch.parallel.parallel_model import ParallelModel
 from rpegc.runtime.backends.torch.rl.finite import require_finite
@@ -113,15 +114,15 @@ class RolloutAlgorithm(Algorithm):
     def reference_trainer(self, cfg, seed: int) -> "ReferenceTrainer":
         return ReferenceTrainer(cfg, seed)
 
-    def inference(self, worker: Worker, cmd: dict, pm: ParallelModel, lo: int,
+    def inference(self, worker: Worker, cmd: Op, pm: ParallelModel, lo: int,
                   hi: int) -> tuple[dict[str, Tensor], dict]:
         """Log-probs (reference, policy), values (critic) and scores (a reward model's, the verifier's) of the
         generated rows."""
         out: dict[str, Tensor] = {}
         report: dict = {}
-        data = worker.rows_of(cmd["inputs"], lo, hi, ["sequences", "mask"])
-        pads = worker.row_pads(cmd["step"], lo, hi)
-        for f in cmd["fields"]:
+        data = worker.rows_of(cmd.inputs, lo, hi, ["sequences", "mask"])
+        pads = worker.row_pads(cmd.step, lo, hi)
+        for f in cmd.fields:
             if f in ("scores", "task_scores") and worker.run.reward == "model" and (f == "scores" or not worker.run.has_rule):
                 if "model_scores" not in report:  # a dataset has no rule: the model's score is also the reward
                     report["model_scores"] = worker.forward_field(cmd, pm, data, "scores", lo, hi, pads)
@@ -132,17 +133,17 @@ class RolloutAlgorithm(Algorithm):
                 out[f] = worker.forward_field(cmd, pm, data, f, lo, hi, pads)
         return out, report
 
-    def train(self, worker: Worker, cmd: dict, lo: int, hi: int) -> dict:
-        model = cmd["model"]
+    def train(self, worker: Worker, cmd: Op, lo: int, hi: int) -> dict:
+        model = cmd.model
         spec = worker.setup.models[model]
         rl = worker.run.rl
         st, e = worker.loaded_state(cmd)
         pm = st.pm
         names = list(self.training_fields(worker.run.has_critic, worker.run.has_reference))
-        data = worker.rows_of(cmd["inputs"], lo, hi, names)
+        data = worker.rows_of(cmd.inputs, lo, hi, names)
         exp = Experience(sequences=data["sequences"], mask=data["mask"], old_logprobs=data["old_logprobs"],
                          ref_logprobs=data.get("ref_logprobs"), scores=data["scores"], values=data.get("values"),
-                         pads=worker.row_pads(cmd["step"], lo, hi))
+                         pads=worker.row_pads(cmd.step, lo, hi))
         for name in ("scores", "old_logprobs", "ref_logprobs", "values"):
             if getattr(exp, name) is not None:
                 require_finite(f"the {name.replace('_', ' ')} it trains on", getattr(exp, name))
@@ -165,7 +166,7 @@ class RolloutAlgorithm(Algorithm):
                 loss = critic_loss(view, e, rl, n)
                 return loss, {"value_loss": loss.item()}
 
-            return train_step(pm, st.master, loss_fn, sub, cmd["mb"], rl, keys, st.train.schedule)
+            return train_step(pm, st.master, loss_fn, sub, cmd.mb, rl, keys, st.train.schedule)
 
         stats, norm = minibatch_steps(rl, exp, lo, hi, step, counts=("clipped_tokens",), reduce=dp_sum)
         version = worker.publish(cmd, st)
