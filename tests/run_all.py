@@ -34,7 +34,8 @@ def main() -> int:
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
     with tempfile.TemporaryDirectory() as tmp:
         py_xml, lit_xml = os.path.join(tmp, "pytest.xml"), os.path.join(tmp, "lit.xml")
-        py = subprocess.run([sys.executable, "-m", "pytest", "-q", f"--junitxml={py_xml}", "tests"],
+        # --durations: the slowest tests, printed with every run, are what to trim before adding (the suite's budget)
+        py = subprocess.run([sys.executable, "-m", "pytest", "-q", "--durations=20", f"--junitxml={py_xml}", "tests"],
                             cwd=ROOT, env=env)
         lit = subprocess.run([os.path.join(BIN, "lit"), "-sv", f"--xunit-xml-output={lit_xml}", "lit_tests"],
                              cwd=ROOT, env=env)
