@@ -38,6 +38,7 @@ from typing import ContextManager, Optional
 import torch
 
 from rpegc.core.ir.errors import RpegError
+from rpegc.core.ir.program import Program
 from rpegc.runtime.backends.base import Backend, BackendError, Completion, Dispatch
 from rpegc.runtime.backends.torch.channel.worker_setup import WorkerSetup
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
@@ -54,6 +55,7 @@ from rpegc.runtime.backends.torch.controller.run_description import (RunDescript
                                                                      plan_core_slots, run_identity)
 from rpegc.runtime.backends.torch.controller.run_record import RunRecord
 from rpegc.runtime.backends.torch.parallel.tensor_parallel import TP_IMPLS
+from rpegc.runtime.backends.torch.run_config import RunConfig
 from rpegc.runtime.backends.torch.worker.peak_memory import WorkerPeak, peak_lines
 from rpegc.runtime.backends.torch.worker.process import FAULT_ENV
 from rpegc.runtime.interrupt import stop_on_signals
@@ -93,6 +95,7 @@ class TorchBackend(Backend):
         self.record = RunRecord()  # per-step metrics, a reward function's statistics, metrics.jsonl
         self.exports: Optional[Exports] = None  # checkpoints and final weights, once started
         self.run: Optional[RunDescription] = None  # the run, once started
+        self._config: Optional[tuple[Program, RunConfig]] = None  # (program, its run's configuration): `config`
         self.flight: Optional[InFlight] = None  # its nodes in flight, once started
         self.dispatcher: Optional[Dispatcher] = None  # what sends them, once started
         self.warnings: list[str] = []
@@ -127,7 +130,7 @@ class TorchBackend(Backend):
         """What the trace header records: the worker processes launched here, the cores they share, the
         torch.distributed backend (gloo: CPU workers; nccl: a GPU each), and the effective RL
         hyper-parameters, prompts and reward of a run of `plan`."""
-        cfg = self.settings.config(plan.program)
+        cfg = self.config(plan.program)
         slots = {s for ss in plan_core_slots(plan) for s in ss}
         out = {"local_workers": len(slots) if self.launcher == "local" else 0, "host_cores": host_cores(),
                "dist_backend": self._resolve_dist_backend(plan), "rl": dataclasses.asdict(cfg.rl),
@@ -164,8 +167,15 @@ class TorchBackend(Backend):
         return resumed
 
     def identity(self, plan: RunPlan) -> dict:
-        """What a checkpoint of this run records and a resume must match (`checkpoint.run_identity`)."""
-        return run_identity(plan, self.settings, self.run)
+        """What a checkpoint of this run records and a resume must match (`shard_files.run_identity`)."""
+        return run_identity(plan, self.seed, self.config(plan.program))
+
+    def config(self, program: Program) -> RunConfig:
+        """The run's configuration for `program`, derived once: the trace header, a resume's identity check and the
+        run's description read the same object."""
+        if self._config is None or self._config[0] is not program:
+            self._config = (program, self.settings.config(program))
+        return self._config[1]
 
     @property
     def resume_step(self) -> int:
@@ -187,7 +197,7 @@ class TorchBackend(Backend):
         self.warnings += [fallback] if fallback else []
         # the fork server's imports (seconds) run while the plan, the models and the dataset are analysed
         self.pool.start_forkserver(tp_impl, hf=any(m.hf is not None for m in plan.program.models))
-        run = self.run = describe_run(plan, self.settings)
+        run = self.run = describe_run(plan, self.settings, self.config(plan.program))
         self.warnings += [w for w in run.warnings if w not in self.warnings]
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)

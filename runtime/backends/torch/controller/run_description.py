@@ -2,9 +2,9 @@
 the program, the RL settings, the dataset and the reward say), the models as the workers build them, which rank
 runs each device and which host cores it gets, the fields each vertex writes, the routes of every node's commands
 and the fusions. The controller side reads it (dispatch, the nodes in flight, exports, the trackers' config, the
-notes) and the worker setup is made from it. Before a run starts, the trace header and a resume's identity check
-derive the same configuration with the same functions (`RunSettings.config`, `run_identity`); the memory check reads
-the plan's program before the workers' fork server starts, which is before this description is made.
+notes) and the worker setup is made from it. Its configuration is derived once per program and shared with what
+reads it before the run starts (the trace header, a resume's identity check: `TorchBackend.config`); the memory
+check reads the plan's program before the workers' fork server starts, which is before this description is made.
 """
 
 from __future__ import annotations
@@ -71,12 +71,11 @@ class RunDescription:
         return {i: d for d, i in self.routes.rank_of.items()}
 
 
-def describe_run(plan: RunPlan, settings: RunSettings) -> RunDescription:
-    """The run of `plan`: its configuration checked, and a dataset's errors (a row, B, the tokenizer) found before
-    any worker starts."""
+def describe_run(plan: RunPlan, settings: RunSettings, cfg: RunConfig) -> RunDescription:
+    """The run of `plan` under its configuration `cfg` (`RunSettings.config`, derived once), a dataset's errors (a
+    row, B, the tokenizer) found before any worker starts."""
     p = plan.program
     assert p.graph is not None and p.cluster is not None
-    cfg = settings.config(p)
     models = model_specs(p, settings.seed)
     shapes = {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
     w = cfg.workload
@@ -93,15 +92,11 @@ def describe_run(plan: RunPlan, settings: RunSettings) -> RunDescription:
                           plan_core_slots(plan), warnings)
 
 
-def run_identity(plan: RunPlan, settings: RunSettings, run: Optional[RunDescription] = None) -> dict:
-    """What a checkpoint of a run of `plan` records and a resume must match (`shard_files.run_identity`): from the
-    run's description once it started, else computed for the plan."""
-    if run is not None and run.program is plan.program:
-        return ckpt.run_identity(settings.seed, run.cfg, run.models, run.shapes, dict(plan.tau))
-    cfg = settings.config(plan.program)
-    models = model_specs(plan.program, settings.seed)
+def run_identity(plan: RunPlan, seed: int, cfg: RunConfig) -> dict:
+    """What a checkpoint of a run of `plan` under `cfg` records and a resume must match (`shard_files.run_identity`)."""
+    models = model_specs(plan.program, seed)
     shapes = {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
-    return ckpt.run_identity(settings.seed, cfg, models, shapes, dict(plan.tau))
+    return ckpt.run_identity(seed, cfg, models, shapes, dict(plan.tau))
 
 
 def run_config(program: Program, *, task: str = "pattern", reward: Optional[str] = None, lr: Optional[float] = None,
