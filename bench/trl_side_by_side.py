@@ -192,7 +192,8 @@ def without_reference(text: str) -> str:
     lines = [ln for ln in text.splitlines() if "@ref" not in ln and not ln.strip().startswith("%logp_ref")]
     out = "\n".join(lines).replace(", %W_ref", "").replace(", %logp_ref", "") + "\n"
     if "ref" in out.replace("reference", "").replace("prefer", ""):
-        raise SystemExit("arith.grpo_program's reference lines changed; update bench/trl_side_by_side.without_reference")
+        raise SystemExit("arith.grpo_program's reference lines changed; update "
+                         "bench/trl_side_by_side.without_reference")
     return out
 
 

@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gantt", metavar="OUT.png", help="draw predicted and measured Gantt charts (.png/.svg/.pdf)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     for name, spec in specs.items():
-        spec.add_options(p.add_argument_group(f"{name} backend", spec.help))
+        spec.declare(p.add_argument_group(f"{name} backend", spec.help))
     return p
 
 
@@ -204,7 +204,7 @@ def backend_options(spec: BackendSpec, args: argparse.Namespace):
 def _given(spec: BackendSpec, args: argparse.Namespace) -> list[str]:
     """The options of `spec` this command line sets (to something other than their defaults)."""
     probe = argparse.ArgumentParser(add_help=False)
-    spec.add_options(probe.add_argument_group(spec.name))
+    spec.declare(probe.add_argument_group(spec.name))
     return [a.option_strings[0] for a in probe._actions if a.option_strings and getattr(args, a.dest) != a.default]
 
 

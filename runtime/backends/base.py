@@ -37,6 +37,7 @@ from typing import Any, Callable, ContextManager, Optional
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import Output
+from rpegc.runtime.backends.options import add_declared_options
 from rpegc.runtime.plan import Artifact, RunNode, RunPlan
 
 RESERVE_RULES = ("destination", "endpoints")
@@ -53,18 +54,26 @@ def _no_files(options: Any) -> list:
 @dataclass(frozen=True)
 class BackendSpec:
     """A backend as rpeg-run sees it before loading it. `options` is a frozen dataclass with one field per
-    option the backend adds to rpeg-run (`add_options` declares them on an argument group, each option's
-    destination named as its field) plus `seed`, rpeg-run's own; `check` range-checks their values before anything
-    is loaded; `create` builds the backend from an instance of `options`."""
+    option the backend adds to rpeg-run, each declared with its help and flag (`options.cli_option`), plus `seed`,
+    rpeg-run's own; `add_options` declares them on an argument group (None: from the fields, `declare`), each
+    option's destination named as its field; `check` range-checks their values before anything is loaded; `create`
+    builds the backend from an instance of `options`."""
 
     name: str
     help: str
     options: type
-    add_options: Callable[[argparse._ArgumentGroup], None]
     create: Callable[[Any], "Backend"]
+    add_options: Optional[Callable[[argparse._ArgumentGroup], None]] = None
     check: Callable[[Any], None] = _no_checks
     inputs: Callable[[Any], list[str]] = _no_files  # files the options make it read: never written over
     outputs: Callable[[Any], list[Output]] = _no_files  # what the options make it write (besides the trace)
+
+    def declare(self, group: argparse._ArgumentGroup) -> None:
+        """The backend's options on `group`: its own `add_options`, else one per `cli_option` field."""
+        if self.add_options is not None:
+            self.add_options(group)
+        else:
+            add_declared_options(group, self.options)
 
 
 @dataclass(frozen=True)

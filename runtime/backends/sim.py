@@ -24,7 +24,7 @@ import numpy as np
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.backends.base import Backend, BackendError, BackendSpec, Completion, Dispatch
-from rpegc.runtime.backends.options import add_declared_options, cli_option
+from rpegc.runtime.backends.options import cli_option
 from rpegc.runtime.plan import Artifact, RunPlan
 
 DISTRIBUTIONS = ("uniform", "lognormal")
@@ -226,6 +226,5 @@ def _check(o: SimOptions) -> None:
 
 
 SPEC = BackendSpec(
-    name="sim", help="a simulated clock from the annotated node times (the default)", options=SimOptions,
-    add_options=lambda group: add_declared_options(group, SimOptions), check=_check,
+    name="sim", help="a simulated clock from the annotated node times (the default)", options=SimOptions, check=_check,
     create=lambda o: SimBackend(jitter=o.jitter, distribution=o.jitter_dist, seed=o.seed))

@@ -36,7 +36,6 @@ import os
 from rpegc.core.ir.errors import RpegError
 from rpegc.outputs import Output
 from rpegc.runtime.backends.base import BackendSpec
-from rpegc.runtime.backends.options import add_declared_options
 from rpegc.runtime.backends.torch.controller.options import TorchOptions
 from rpegc.runtime.backends.torch.rl.bounds import LR_MAX
 from rpegc.runtime.backends.torch.checkpoints.run_dir import CHECKPOINT_DIR, FINAL, WORKER_LOGS
@@ -101,5 +100,5 @@ def _create(o: TorchOptions):
 
 
 SPEC = BackendSpec(name="torch", help="worker processes that train the models for real (torch.distributed)",
-                   options=TorchOptions, add_options=lambda group: add_declared_options(group, TorchOptions), check=_check, create=_create,
+                   options=TorchOptions, check=_check, create=_create,
                    inputs=_inputs, outputs=_outputs)

@@ -83,7 +83,7 @@ class TorchBackend(Backend):
         _check_arguments(tp_impl, checkpoint_every, keep_checkpoints, bool(checkpoint_every or resume) and not run_dir,
                          dist_backend)
         self.settings = RunSettings(seed, task, reward, lr, tuple((rl or {}).items()), tuple((data or {}).items()))
-        self.seed, self.run_dir, self.checkpoint_every, self.resume = seed, run_dir, checkpoint_every, resume
+        self.run_dir, self.checkpoint_every, self.resume = run_dir, checkpoint_every, resume
         self.keep_checkpoints = keep_checkpoints
         self.claim = RunClaim(run_dir, resume, overwrite)
         self.memory_check = memory_check  # refuse a plan whose cost-model memory does not fit the workers
@@ -119,6 +119,10 @@ class TorchBackend(Backend):
                    secret_file=o.secret_file, keep_checkpoints=2 if o.keep_checkpoints is None else o.keep_checkpoints,
                    memory_check=not o.no_memory_check, overwrite=o.overwrite,
                    trackers=parse_log(o.log) if o.log is not None else None)
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
 
     @property
     def metrics(self) -> dict[int, dict[str, float]]:

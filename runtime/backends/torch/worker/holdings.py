@@ -52,7 +52,7 @@ class Entry:
         key = (len(self.shards), len(self.pieces))
         if self._counted[0] != key:
             tensors = list(self.shards.values()) + [t for p in self.pieces for t in p.fields.values()]
-            self._counted = (key, sum(t.numel() * t.element_size() for t in tensors))
+            self._counted = (key, _bytes_of(tensors))
         return self._counted[1]
 
     def full_precision(self) -> bool:

@@ -228,7 +228,7 @@ class Worker:
                 release_freed()  # every command starts from what the worker holds, not its last high-water mark
             if node is not None:
                 self.maybe_fail(cmd)
-            info = self.runs[cmd.type](cmd) or {}
+            info = self.execute(cmd)
             synchronize(self.device)  # finished means the device finished (and its errors surface here)
         except Exception as e:
             detail = _error_text(e, getattr(cmd, "step", None))
