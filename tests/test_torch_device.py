@@ -33,8 +33,8 @@ from rpegc.runtime.backends.torch.channel.commands import Op  # noqa: E402
 from rpegc.runtime.backends.torch.controller.backend import TorchBackend  # noqa: E402
 from rpegc.runtime.backends.torch.controller.run_description import model_seed  # noqa: E402
 from rpegc.runtime.backends.torch.controller.pool import WorkerPool  # noqa: E402
-from rpegc.runtime.backends.torch.controller.device import (choose_dist_backend, rank_and_world, to_cpu,  # noqa: E402
-                                                worker_device)
+from rpegc.runtime.backends.torch.controller.device import (choose_dist_backend, plan_dist_backend,  # noqa: E402
+                                                            rank_and_world, to_cpu, worker_device)
 from rpegc.runtime.backends.torch.model.generation import expand_rollouts, generate  # noqa: E402
 from rpegc.runtime.backends.torch.parallel.layout import Layout, replica_rows  # noqa: E402
 from rpegc.runtime.backends.torch.model.transformer import NetOptions, build_model  # noqa: E402
@@ -153,7 +153,7 @@ def test_rpeg_run_auto_picks_gloo_without_gpus_and_nccl_with_one_per_worker(plan
     assert backend.dist_backend == "auto"
     for gpus, expected in ((0, "gloo"), (len(plan.devices) - 1, "gloo"), (len(plan.devices), "nccl")):
         monkeypatch.setattr(torch.cuda, "device_count", lambda g=gpus: g)
-        assert backend._resolve_dist_backend(plan) == expected
+        assert plan_dist_backend(plan, backend.dist_backend, backend.launcher) == expected
 
 
 def test_the_trace_header_records_the_workers_launched_here_their_cores_and_the_dist_backend(plan_file, monkeypatch):

@@ -15,9 +15,9 @@ from rpegc.cli import main as rpegc_main  # noqa: E402
 from rpegc.runtime.cli import main as rpeg_run  # noqa: E402
 from rpegc.runtime.plan import load_plan  # noqa: E402
 from rpegc.runtime.backends.torch.controller import memory_check  # noqa: E402
-from rpegc.runtime.backends.torch.controller.memory_check import (DeviceNeed, Share, check_memory, host_capacity,
-                                                                   # noqa: E402
-                                                      predicted_peaks, refusal, worst)
+from rpegc.runtime.backends.torch.controller.memory_check import (DeviceNeed, Share, check_memory,  # noqa: E402
+                                                                   host_capacity, plan_memory, predicted_peaks,
+                                                                   refusal, worst)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOWER = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
@@ -62,7 +62,7 @@ def test_an_unannotated_plan_is_checked_with_the_same_estimate(tmp_path_factory,
     for path in (dpo, bare):
         plan = load_plan(path)
         with pytest.raises(Exception) as err:
-            check_memory(plan.program, plan.devices, "gloo", caps)
+            check_memory(plan_memory(plan.program), plan.devices, "gloo", caps)
         errors.append(str(err.value))
     assert errors[0] == errors[1]
 
@@ -70,8 +70,9 @@ def test_an_unannotated_plan_is_checked_with_the_same_estimate(tmp_path_factory,
 def test_the_tiny_plan_fits_this_host(tiny):
     """...and the check returns the per-device peaks the run summary compares measurements with."""
     plan = load_plan(tiny)
-    peaks = check_memory(plan.program, plan.devices, "gloo")
-    assert peaks == predicted_peaks(plan.program, plan.devices) and set(peaks) == set(plan.devices)
+    mem = plan_memory(plan.program)
+    peaks = check_memory(mem, plan.devices, "gloo")
+    assert peaks == predicted_peaks(mem, plan.devices) and set(peaks) == set(plan.devices)
     assert all(p > 0 for p in peaks.values())
 
 

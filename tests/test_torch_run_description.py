@@ -29,6 +29,7 @@ def test_the_runs_configuration_is_derived_once_and_shared(plan):
     assert run.cfg is cfg and run.program is plan.program
     assert set(run.models) == {m.name for m in plan.program.models}
     assert {run.device_of[r] for r in run.rank_of.values()} == set(plan.devices)
+    assert set(run.predicted_peaks) == set(plan.model_devices) and all(p > 0 for p in run.predicted_peaks.values())
     assert backend.identity(plan) == run_identity(plan, 3, cfg) != run_identity(plan, 4, cfg)
 
 

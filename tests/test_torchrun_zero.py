@@ -93,7 +93,7 @@ def _train(ctx, dp: int, zero: int, dtype: str = "fp32", rows: dict | None = Non
     names = {id(p): n for n, p in st.master.values.items()}
     return {"weights": {n: t.clone() for n, t in worker.entry(f"{weights}:trained").shards.items()},
             "state": sorted(names[id(p)] for p in st.master.optimizer.state),
-            "owned": sorted(n for n, o in st.pm.owner.items() if o == st.pm.d), "masters": st.master.export(),
+            "owned": sorted(n for n, o in st.pm.grads.owner.items() if o == st.pm.d), "masters": st.master.export(),
             "module_dtypes": {p.dtype for p in st.pm.params().values()},
             "grads": [n for n, p in st.pm.params().items() if p.grad is not None],
             "holds_input": worker.holds(weights), "shares": st.shares}
@@ -192,10 +192,12 @@ def test_mixed_precision_publishes_its_working_copy_and_takes_the_input_over(poo
 def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None:
     """`_train` under ZeRO-2 with buckets of `bucket_bytes`, noting every bucket reduced (its owner, its gradients,
     which gradients the replica held once it was launched, and whether a backward pass was running)."""
-    from rpegc.runtime.backends.torch.parallel import parallel_model as parallel
+    from contextlib import contextmanager
+
+    from rpegc.runtime.backends.torch.parallel.zero import ZeroGradients
 
     seen: list[dict] = []
-    original_launch, original_ready = parallel.ParallelModel._launch_reduce, parallel.ParallelModel.reducing_as_ready
+    original_launch, original_ready = ZeroGradients._launch_reduce, ZeroGradients.reducing_as_ready
     inside = []
 
     def watched(self, owner, names, params):
@@ -213,13 +215,13 @@ def _train_watching_the_backward(ctx, dp: int, bucket_bytes: int) -> dict | None
         finally:
             inside.clear()
 
-    parallel.ParallelModel._launch_reduce = watched
-    parallel.ParallelModel.reducing_as_ready = parallel.contextmanager(ready)
+    ZeroGradients._launch_reduce = watched
+    ZeroGradients.reducing_as_ready = contextmanager(ready)
     try:
         out = _train(ctx, dp, 2)
     finally:
-        parallel.ParallelModel._launch_reduce = original_launch
-        parallel.ParallelModel.reducing_as_ready = original_ready
+        ZeroGradients._launch_reduce = original_launch
+        ZeroGradients.reducing_as_ready = original_ready
     return None if out is None else {"seen": seen, "owned": out["owned"], "names": sorted(out["weights"]),
                                      "replica": ctx.rank}
 

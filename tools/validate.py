@@ -538,7 +538,9 @@ def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 
                                  quiet=quiet, backend=backend)
     if any(c.devices > devices for c in cases):
         raise RpegError(None, f"a configuration needs more than the {devices} devices; raise --devices")
-    tp_impl = _resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
+    from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
+
+    tp_impl, _ = resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
     layouts = sorted({_layout(c) for c in cases}, key=lambda L: (L.ranks, L.dp, L.pp, L.tp))
     progress = Progress(len(cases) * repeats + 1, quiet, "starting workers")
     samples: list[list[float]] = [[] for _ in cases]
@@ -566,7 +568,9 @@ def _measure_isolated(cases: Sequence[Case], devices: int, *, repeats: int, warm
     """`measure` with every case alone, its warm-ups and repeats back to back. A case whose operator fails
     (say it runs out of device memory) is reported on stderr and gets no samples; the pool is restarted and
     the grid goes on."""
-    tp_impl = _resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
+    from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
+
+    tp_impl, _ = resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
     layouts = sorted({_layout(c) for c in cases}, key=lambda L: (L.ranks, L.dp, L.pp, L.tp))
     # A GPU worker's host threads draw version 0 and feed the device: the host's cores are shared out.
     threads = max(1, device_count("gloo") // devices) if backend == "nccl" else 1
@@ -596,18 +600,6 @@ def _measure_isolated(cases: Sequence[Case], devices: int, *, repeats: int, warm
             pool.close()
         progress.close()
     return out
-
-
-def _resolve_tp_impl(tp_impl: str, needs_tp: bool) -> str:
-    """As the torch backend resolves it: megatron-core when it imports, else plain torch.distributed."""
-    if tp_impl not in ("auto", "megatron", "torch"):
-        raise RpegError(None, f"unknown --tp-impl '{tp_impl}'; use auto, megatron or torch")
-    if tp_impl != "auto" or not needs_tp:
-        return "torch" if tp_impl == "auto" else tp_impl
-    from rpegc.runtime.backends.torch.parallel import megatron_compat
-
-    layers, _ = megatron_compat.load()
-    return "megatron" if layers is not None else "torch"
 
 
 def make_rows(cases: Sequence[Case], measured, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> list[Row]:

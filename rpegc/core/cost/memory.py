@@ -58,7 +58,7 @@ MIN_BUCKET_BYTES = 1 << 20
 
 def gradient_bucket_bytes(grad_bytes, dp):
     """The bucket size of the gradient reductions of a stage whose gradients are `grad_bytes`, over dp replicas
-    (the torch backend's, `ParallelModel.zero_buckets`)."""
+    (the torch backend's, `ZeroGradients.buckets`)."""
     return np.clip(grad_bytes / (4 * dp), MIN_BUCKET_BYTES, MAX_BUCKET_BYTES)
 
 # Residency of a model on a device (spec 6.5), in rule order.

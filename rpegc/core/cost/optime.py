@@ -162,7 +162,7 @@ def backend_scalar_allreduces(zero: int) -> int:
     of one epoch and one minibatch (runtime/backends/torch/rl/algorithms/rollout.py): the batch's token count, the
     minibatches' loss normalisers and the step's metrics, and per optimizer step the loss statistics
     (`schedules.train_step`) and, under ZeRO >= 1, the squared norm of the replicas' gradient shares
-    (`ParallelModel.grad_sq_total`). An advantage estimator that whitens over the batch (PPO's GAE by default)
+    (`ZeroGradients.sq_total`). An advantage estimator that whitens over the batch (PPO's GAE by default)
     reduces its moments once more; the program does not say which estimator runs, so that one is not counted.
     `tests/test_torchrun_zero.py` counts them in a real step."""
     return 4 + int(zero > 0)

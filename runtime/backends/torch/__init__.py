@@ -17,7 +17,7 @@ Rooms (each module imports torch itself, so importing this package does not; `SP
   and `host_memory`
 - `model/`: `transformer`, `hf` and `hf_rope` (Hugging Face checkpoints), `generation`, `master_weights`
 - `parallel/`: `layout` (shards, routes and ZeRO shares), `parallel_model` (one rank's share of a model),
-  `tensor_parallel`, `pipeline` (links between stages), `schedules` (pipelined inference, generation, 1F1B
+  `zero` (its gradients' reduction over DP), `tensor_parallel`, `pipeline` (links between stages), `schedules` (pipelined inference, generation, 1F1B
   training), `megatron_compat`
 - `rl/`: `step` (the RL math of one step), `algorithms/` (PPO, GRPO, DPO), `hyperparameters` (the user's RL and
   data settings), `bounds` (every bounded setting's range), `prompts` (a dataset file or a toy task), `datasets`,

@@ -4,7 +4,8 @@ Alg. 2; docs/architecture.md, Runtime; issue 8).
 `TorchBackend` implements `rpegc.runtime.backends.base.Backend` for the completion-driven controller:
 - `start` chooses the torch.distributed backend (`dist_backend`: gloo on CPUs, nccl with one GPU per
   worker, auto = nccl when every worker gets a GPU; `device.choose_dist_backend`), describes the run once
-  (run_description.py), and has its `WorkerPool` (pool.py: processes, the authenticated control channel,
+  (run_description.py), holds the cost model's memory of every device against its worker's capacity before any
+  worker starts (memory_check.py), and has its `WorkerPool` (pool.py: processes, the authenticated control channel,
   health, stop) launch one persistent worker per device of the plan and send them the run setup, then waits
   until every worker has created the process groups of every vertex layout;
 - `run_op` / `transfer` / `reshard` / `chain` / `install` / `release` send a Dispatch's commands to the
@@ -45,16 +46,17 @@ from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
 from rpegc.runtime.backends.torch.checkpoints.exports import Exports
 from rpegc.runtime.backends.torch.checkpoints.run_claim import RunClaim
 from rpegc.runtime.backends.torch.controller.dispatch import Dispatcher
-from rpegc.runtime.backends.torch.controller.device import DIST_BACKEND_CHOICES, choose_dist_backend
+from rpegc.runtime.backends.torch.controller.device import DIST_BACKEND_CHOICES, plan_dist_backend
 from rpegc.runtime.backends.torch.controller.inbox import warn
 from rpegc.runtime.backends.torch.controller.inflight import InFlight
+from rpegc.runtime.backends.torch.controller.memory_check import check_memory
 from rpegc.runtime.backends.torch.controller.options import TorchOptions
 from rpegc.runtime.backends.torch.controller.pool import WorkerPool
 from rpegc.runtime.backends.torch.controller.processes import stop_forkserver
 from rpegc.runtime.backends.torch.controller.run_description import (RunDescription, RunSettings, describe_run,
                                                                      plan_core_slots, run_identity)
 from rpegc.runtime.backends.torch.controller.run_record import RunRecord
-from rpegc.runtime.backends.torch.parallel.tensor_parallel import TP_IMPLS
+from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
 from rpegc.runtime.backends.torch.run_config import RunConfig
 from rpegc.runtime.backends.torch.worker.peak_memory import WorkerPeak, peak_lines
 from rpegc.runtime.backends.torch.worker.process import FAULT_ENV
@@ -137,8 +139,8 @@ class TorchBackend(Backend):
         cfg = self.config(plan.program)
         slots = {s for ss in plan_core_slots(plan) for s in ss}
         out = {"local_workers": len(slots) if self.launcher == "local" else 0, "host_cores": host_cores(),
-               "dist_backend": self._resolve_dist_backend(plan), "rl": dataclasses.asdict(cfg.rl),
-               "reward": cfg.reward}
+               "dist_backend": plan_dist_backend(plan, self.dist_backend, self.launcher),
+               "rl": dataclasses.asdict(cfg.rl), "reward": cfg.reward}
         out["data"] = dataclasses.asdict(cfg.data) if cfg.data.path is not None else {"task": cfg.task}
         return out
 
@@ -189,19 +191,17 @@ class TorchBackend(Backend):
 
     def start(self, plan: RunPlan) -> dict[int, int]:
         self.claim.claim()  # released by shutdown(), which the controller calls whatever start does
-        dist_backend = self._resolve_dist_backend(plan)  # before anything is cleared or started
-        from rpegc.runtime.backends.torch.controller.memory_check import check_memory, predicted_peaks
-
-        if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
-            self._predicted_peaks = check_memory(plan.program, plan.model_devices, dist_backend)
-        else:
-            self._predicted_peaks = predicted_peaks(plan.program, plan.model_devices)
-        self._measured_what = "GPU allocator" if dist_backend == "nccl" else "the C heap's allocations"
-        tp_impl, fallback = tp_impl_for(plan, self.tp_impl)
+        # before anything is cleared or started
+        dist_backend = plan_dist_backend(plan, self.dist_backend, self.launcher)
+        tp = any(n.kind == "op" and n.node.strategy is not None and n.node.strategy.tp > 1 for n in plan.nodes)
+        tp_impl, fallback = resolve_tp_impl(self.tp_impl, tp)
         self.warnings += [fallback] if fallback else []
         # the fork server's imports (seconds) run while the plan, the models and the dataset are analysed
         self.pool.start_forkserver(tp_impl, hf=any(m.hf is not None for m in plan.program.models))
         run = self.run = describe_run(plan, self.settings, self.config(plan.program))
+        if self.memory_check and self.launcher == "local":  # external workers run on hosts unseen from here
+            check_memory(run.memory, plan.model_devices, dist_backend)  # before any worker starts
+        self._measured_what = "GPU allocator" if dist_backend == "nccl" else "the C heap's allocations"
         self.warnings += [w for w in run.warnings if w not in self.warnings]
         if self.run_dir and not self.resume:
             ckpt.clear_run_dir(self.run_dir)
@@ -222,7 +222,7 @@ class TorchBackend(Backend):
         self.pool.open(self._worker_setup(run, dist_backend, tp_impl), tp_impl)
         for w in self.warnings:
             warn(w)
-        self._await_ready(len(plan.devices))
+        self.flight.await_ready(len(plan.devices))
         return dict(run.rank_of)
 
     def _worker_setup(self, run: RunDescription, dist_backend: str, tp_impl: str) -> WorkerSetup:
@@ -234,30 +234,6 @@ class TorchBackend(Backend):
                            core_slots=run.core_slots if self.launcher == "local" else None,
                            resume_file=os.path.abspath(resume) if resume else None)
 
-    def _resolve_dist_backend(self, plan: RunPlan) -> str:
-        """gloo or nccl. Locally launched workers all run on this host, one GPU each under NCCL; externally
-        launched ones run elsewhere and check their own GPUs, so here only auto looks at this host's GPUs
-        (against a node of the plan's cluster: the controller usually shares a node with workers)."""
-        here: Optional[int] = len(plan.devices)
-        if self.launcher == "external":
-            cluster = plan.program.cluster
-            here = min(here, cluster.gpus) if self.dist_backend == "auto" and cluster is not None else None
-        return choose_dist_backend(self.dist_backend, here, torch.cuda.device_count())
-
-    def _await_ready(self, world: int) -> None:
-        assert self.flight is not None
-        ready: set[int] = set()
-        deadline = time.time() + self.timeout_s
-        while len(ready) < world:
-            msg = self.flight.receive_one()
-            if msg is not None and msg["type"] == "ready":
-                ready.add(msg["rank"])
-            elif msg is None and time.time() > deadline:
-                where = (f"see the worker logs in {self.pool.log_dir}" if self.pool.log_dir else
-                         "see the workers' own output (a worker without this run's secret file stops at once)")
-                self.flight.fail(f"only {len(ready)} of {world} workers started within {self.timeout_s:.0f} s; "
-                                 f"{where}")
-
     def now(self) -> float:
         return time.time() - self._t0
 
@@ -266,9 +242,9 @@ class TorchBackend(Backend):
     def memory_summary(self) -> list[str]:
         """Each worker's measured peak (its bye) beside the cost model's peak of its device (peak_memory.py)."""
         assert self.run is not None
-        models = set(self.run.plan.model_devices)  # a verifier pool's worker holds host memory, which is not priced
-        peaks = [WorkerPeak(r, d, self._predicted_peaks.get(d, 0.0), self.pool.peaks.get(r), self.pool.resident.get(r))
-                 for d, r in sorted(self.run.rank_of.items(), key=lambda dr: dr[1]) if d in models]
+        predicted = self.run.predicted_peaks  # of model devices: a verifier pool's worker holds unpriced host memory
+        peaks = [WorkerPeak(r, d, predicted.get(d, 0.0), self.pool.peaks.get(r), self.pool.resident.get(r))
+                 for d, r in sorted(self.run.rank_of.items(), key=lambda dr: dr[1]) if d in predicted]
         return peak_lines(peaks, self._measured_what)
 
     def run_notes(self) -> list[str]:
@@ -391,8 +367,7 @@ class TorchBackend(Backend):
 def _check_arguments(tp_impl: str, checkpoint_every: int, keep_checkpoints: int, no_run_dir: bool,
                      dist_backend: str) -> None:
     """The constructor's arguments, as a program that builds the backend itself may pass them."""
-    if tp_impl not in ("auto",) + TP_IMPLS:
-        raise RpegError(None, f"unknown tensor-parallel implementation '{tp_impl}'; use auto, megatron or torch")
+    resolve_tp_impl(tp_impl, False)  # a known name
     if checkpoint_every < 0:
         raise RpegError(None, f"--checkpoint-every must be >= 0, got {checkpoint_every}")
     if keep_checkpoints < 1:
@@ -402,19 +377,3 @@ def _check_arguments(tp_impl: str, checkpoint_every: int, keep_checkpoints: int,
     if dist_backend not in DIST_BACKEND_CHOICES:
         raise RpegError(None, f"unknown distributed backend '{dist_backend}'; use "
                               f"{', '.join(DIST_BACKEND_CHOICES)}")
-
-
-def tp_impl_for(plan: RunPlan, wanted: str) -> tuple[str, Optional[str]]:
-    """megatron-core's TP layers when TP is used and megatron-core is installed (the workers import it), and what
-    the run says when it falls back to plain torch.distributed."""
-    tp = any(n.kind == "op" and n.node.strategy is not None and n.node.strategy.tp > 1 for n in plan.nodes)
-    if not tp or wanted == "torch":
-        return "torch", None
-    import importlib.util
-
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-        why = "megatron-core is not installed"
-        if wanted == "megatron":
-            raise RpegError(None, f"--tp-impl megatron: {why}; install megatron-core 0.16.1 or use --tp-impl torch")
-        return "torch", f"{why}; tensor parallelism falls back to plain torch.distributed"
-    return "megatron", None

@@ -10,11 +10,14 @@ builds. What leaves a worker for the controller (results, exports, checkpoints) 
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import torch
 
 from rpegc.core.ir.errors import RpegError
+
+if TYPE_CHECKING:
+    from rpegc.runtime.plan import RunPlan
 
 DIST_BACKENDS = ("gloo", "nccl")
 DIST_BACKEND_CHOICES = ("auto",) + DIST_BACKENDS
@@ -92,6 +95,17 @@ def choose_dist_backend(requested: str, workers_here: Optional[int], cuda_count:
                         f"on this host but torch sees {cuda_count} CUDA device(s); use --dist-backend gloo "
                         "or a plan with fewer devices")
     return requested
+
+
+def plan_dist_backend(plan: RunPlan, requested: str, launcher: str) -> str:
+    """gloo or nccl for a run of `plan` (`choose_dist_backend`). Locally launched workers all run on this host, one
+    GPU each under NCCL; externally launched ones run elsewhere and check their own GPUs, so here only auto looks at
+    this host's GPUs (against a node of the plan's cluster: the controller usually shares a node with workers)."""
+    here: Optional[int] = len(plan.devices)
+    if launcher == "external":
+        cluster = plan.program.cluster
+        here = min(here, cluster.gpus) if requested == "auto" and cluster is not None else None
+    return choose_dist_backend(requested, here, torch.cuda.device_count())
 
 
 def synchronize(device: torch.device) -> None:

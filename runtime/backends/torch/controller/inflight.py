@@ -76,6 +76,19 @@ class InFlight:
 
     # -- receiving -------------------------------------------------------------------------------------
 
+    def await_ready(self, world: int) -> None:
+        """Wait until the `world` workers have said they are ready (each built its models and joined its groups)."""
+        ready: set[int] = set()
+        deadline = time.time() + self.timeout_s
+        while len(ready) < world:
+            msg = self.receive_one()
+            if msg is not None and msg["type"] == "ready":
+                ready.add(msg["rank"])
+            elif msg is None and time.time() > deadline:
+                where = (f"see the worker logs in {self.pool.log_dir}" if self.pool.log_dir else
+                         "see the workers' own output (a worker without this run's secret file stops at once)")
+                self.fail(f"only {len(ready)} of {world} workers started within {self.timeout_s:.0f} s; {where}")
+
     def wait(self) -> list[Completion]:
         if not self.ready and not self.pending:
             raise BackendError(None, "wait() with nothing running")

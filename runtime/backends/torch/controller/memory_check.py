@@ -2,20 +2,23 @@
 item 3)
 
 The estimate is the cost model's own (`rpegc.core.cost.annotate.program_memory`, the function annotate-cost
-fills `exec.memory` with: models, optimizer state, activations and KV cache per device), computed from the
-plan's program whether or not it was annotated. A worker's capacity is its share of this host's RAM on
-CPU (gloo: every locally launched worker runs here) or its GPU's memory under NCCL
-(`torch.cuda.mem_get_info`). The worst device (largest estimate / capacity) that does not fit makes the
-run refuse with an error naming the device, the bytes, the vertices and models with the largest shares,
+fills `exec.memory` with: models, optimizer state, activations and KV cache per device), computed once from the
+plan's program whether or not it was annotated (`plan_memory`; the run's description holds it). A worker's
+capacity is its share of this host's RAM on CPU (gloo: every locally launched worker runs here) or its GPU's
+memory under NCCL (`torch.cuda.mem_get_info`). The worst device (largest estimate / capacity) that does not fit
+makes the run refuse with an error naming the device, the bytes, the vertices and models with the largest shares,
 and the ways out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from rpegc.core.ir.errors import RpegError
+
+if TYPE_CHECKING:
+    from rpegc.core.cost.residency import DeviceMemory
 
 SHOWN = 3  # largest shares named in the error
 FIXES = ("use a bigger cluster, more dp/tp/pp for the largest vertices, or a smaller model "
@@ -59,22 +62,22 @@ def gpu_capacity(workers: int) -> tuple[list[float], str]:
     return [float(torch.cuda.mem_get_info(r)[0]) for r in range(workers)], "free memory of its GPU"
 
 
-def _program_memory(program):
+def plan_memory(program) -> DeviceMemory:
+    """The cost model's memory of every device of `program`'s plan (what annotate-cost writes as `exec.memory`)."""
     from rpegc.core.cost.annotate import program_memory
     from rpegc.core.cost.hardware import program_hardware
 
     return program_memory(program, program_hardware(program))
 
 
-def predicted_peaks(program, devices: tuple[int, ...]) -> dict[int, float]:
+def predicted_peaks(mem: DeviceMemory, devices: tuple[int, ...]) -> dict[int, float]:
     """The cost model's peak(d) of every device of the plan, bytes (what the run summary holds measurements to)."""
-    mem = _program_memory(program)
     return {d: float(mem.peak[d]) for d in devices}
 
 
-def device_needs(program, devices: tuple[int, ...], capacities: list[float], where: str) -> list[DeviceNeed]:
+def device_needs(mem: DeviceMemory, devices: tuple[int, ...], capacities: list[float],
+                 where: str) -> list[DeviceNeed]:
     """The cost model's peak of every device of the plan, with its largest shares, against its capacity."""
-    mem = _program_memory(program)
     out = []
     for rank, d in enumerate(devices):
         shares = [Share(f"@{m} (resident weights, optimizer state)", float(s[d]))
@@ -102,14 +105,14 @@ def refusal(n: DeviceNeed, total: int) -> str:
             f"{FIXES}")
 
 
-def check_memory(program, devices: tuple[int, ...], dist_backend: str,
+def check_memory(mem: DeviceMemory, devices: tuple[int, ...], dist_backend: str,
                  capacity: Optional[Callable[[int], tuple[list[float], str]]] = None) -> dict[int, float]:
     """Raise RpegError if some worker's share of the plan does not fit its device; else the cost model's peak(d)
     of every device, bytes (as `predicted_peaks`)."""
     if capacity is None:
         capacity = gpu_capacity if dist_backend == "nccl" else host_capacity
     caps, where = capacity(len(devices))
-    needs = device_needs(program, devices, caps, where)
+    needs = device_needs(mem, devices, caps, where)
     bad = worst(needs)
     if bad is not None:
         raise RpegError(None, refusal(bad, sum(1 for n in needs if n.estimate > n.capacity)))

@@ -1,10 +1,11 @@
 """One run of the torch backend, described once when it starts (`describe_run`): the run's configuration (what
 the program, the RL settings, the dataset and the reward say), the models as the workers build them, which rank
-runs each device and which host cores it gets, the fields each vertex writes, the routes of every node's commands
-and the fusions. The controller side reads it (dispatch, the nodes in flight, exports, the trackers' config, the
-notes) and the worker setup is made from it. Its configuration is derived once per program and shared with what
-reads it before the run starts (the trace header, a resume's identity check: `TorchBackend.config`); the memory
-check reads the plan's program before the workers' fork server starts, which is before this description is made.
+runs each device and which host cores it gets, the fields each vertex writes, the routes of every node's commands,
+the fusions and the cost model's memory of every device. The controller side reads it (the memory check, dispatch,
+the nodes in flight, exports, the trackers' config, the summary's peaks, the notes) and the worker setup is made
+from it. Its configuration is derived once per program and shared with what reads it before the run starts (the
+trace header, a resume's identity check: `TorchBackend.config`). The generic controller (runtime/controller.py)
+reads the backend-neutral part, the RunPlan (`plan`): the nodes, their order and the artifacts' producers.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from rpegc.core.cost.residency import DeviceMemory
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import VERIFY, Program
 from rpegc.runtime.backends.torch.channel.worker_setup import ModelSpec
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
+from rpegc.runtime.backends.torch.controller.memory_check import plan_memory, predicted_peaks
 from rpegc.runtime.backends.torch.controller.pinning import core_slots
 from rpegc.runtime.backends.torch.controller.routing import Routes
 from rpegc.runtime.backends.torch.model.transformer import derive_seed, param_shapes
@@ -56,7 +59,13 @@ class RunDescription:
     routes: Routes  # where each shard is held and the commands of every node (its holdings change as the run goes)
     fusion_of: dict  # member node -> its fusion
     core_slots: tuple[tuple[int, ...], ...]  # per rank, the host cores it gets
+    memory: DeviceMemory  # the cost model's memory of every device: the memory check and the summary's peaks read it
     warnings: tuple[str, ...]  # what the run says before it starts (an algorithm the graph only implies)
+
+    @property
+    def predicted_peaks(self) -> dict[int, float]:
+        """The cost model's peak of every model device, bytes (the memory check and the summary hold them)."""
+        return predicted_peaks(self.memory, self.plan.model_devices)
 
     @property
     def program(self) -> Program:
@@ -89,7 +98,7 @@ def describe_run(plan: RunPlan, settings: RunSettings, cfg: RunConfig) -> RunDes
                     f"implies (add `rpeg.algorithm {cfg.algorithm}` to the graph)",)
     fusion_of = {m: f for f in p.exec.fusions for m in f.members} if p.exec is not None else {}
     return RunDescription(plan, cfg, models, shapes, fields, Routes(plan, cfg, models, shapes, fields), fusion_of,
-                          plan_core_slots(plan), warnings)
+                          plan_core_slots(plan), plan_memory(p), warnings)
 
 
 def run_identity(plan: RunPlan, seed: int, cfg: RunConfig) -> dict:

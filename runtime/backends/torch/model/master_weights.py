@@ -8,7 +8,7 @@ Adam's two FP32 moments (12 bytes per parameter). The training precision is the 
 - mixed (a bf16 workload): the module computes in bf16 (forward, backward, its gradients, the data-parallel
   reductions of the gradients, the pipeline messages and the broadcast of the updated weights) and the FP32
   masters exist only for the parameters this rank steps. After its Adam update a master is written back into the
-  bf16 working copy, which `ParallelModel.broadcast_params` then sends to the other replicas.
+  bf16 working copy, which `ZeroGradients.broadcast` (parallel/zero.py) then sends to the other replicas.
 - fp32: the module's own float32 parameters are the masters; nothing is copied (8 bytes of moments per parameter).
 - fp16 is not trained: fp16 gradients underflow without loss scaling, which the torch backend does not do.
 
@@ -34,7 +34,7 @@ from rpegc.runtime.backends.torch.rl.finite import require_finite
 TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # The squared global gradient norm from the gradients a rank steps (by parameter name); summed over the ranks
-# that hold other parameters by a distributed model (`ParallelModel.grad_sq_total`).
+# that hold other parameters by a distributed model (`ZeroGradients.sq_total`).
 SquaredNorm = Callable[[dict[str, Tensor]], Tensor]
 
 

@@ -181,9 +181,9 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     the remaining backwards; GPipe: every forward, then every backward (all mb live). Microbatches go backward in
     order, so every stage accumulates its gradients in the order of pp = 1. `exp` is any batch with `len`,
     `rows(slice)` and `forward_rows` (rows of the forward pass per batch row: an Experience 1, DPO's PairRows 2,
-    both sides of a pair). The gradients are reduced at the module's ZeRO stage (`ParallelModel.zero`): ZeRO-2
-    inside each backward pass, every replica running `microbatches` of them (those it has no rows for reduce
-    zeros), ZeRO-1 and ZeRO-0 after the last.
+    both sides of a pair). The gradients are reduced at the module's ZeRO stage (`ParallelModel.grads`,
+    parallel/zero.py): ZeRO-2 inside each backward pass, every replica running `microbatches` of them (those it has
+    no rows for reduce zeros), ZeRO-1 and ZeRO-0 after the last.
 
     Returns (statistics summed over microbatches and replicas, valid on the last stage; pre-clip norm).
     """
@@ -212,7 +212,7 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     def backward(j: int) -> None:
         loss, inp, out = live.pop(j)
         grad = None if loss is not None else link.recv(tuple(out.shape), out.dtype, pm.next, GRADIENT, (j,))
-        with pm.event("backward", (j,)), (pm.reducing_as_ready() if pm.zero == 2 else nullcontext()):
+        with pm.event("backward", (j,)), (pm.grads.reducing_as_ready() if pm.grads.zero == 2 else nullcontext()):
             if loss is not None:
                 loss.backward()
             else:
@@ -229,10 +229,10 @@ def train_step(pm: ParallelModel, master: MasterWeights, loss_fn: LossFn, exp: E
     if pm.is_last and stat_keys:  # the loss terms, before any gradient is reduced or applied
         for key, value in zip(stat_keys, sums.tolist()):
             require_finite(f"the {key.replace('_', ' ')}", value)
-    pm.finish_grads(missed=max(0, microbatches - len(chunks)))
-    norm = master.step(cfg, sq_total=pm.grad_sq_total)
+    pm.grads.finish(missed=max(0, microbatches - len(chunks)))
+    norm = master.step(cfg, sq_total=pm.grads.sq_total)
     release_freed()  # the gradients and their float32 copies
-    pm.broadcast_params()
+    pm.grads.broadcast()
     if pm.is_last and pm.dp_group is not None:
         dist.all_reduce(sums, group=pm.dp_group)
     return dict(zip(stat_keys, sums.tolist())), norm

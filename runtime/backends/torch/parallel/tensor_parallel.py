@@ -5,14 +5,34 @@ backward after a row-parallel one (parallel/parallel_model.py tells where these 
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rpegc.core.ir.errors import RpegError
+
 
 TP_IMPLS = ("megatron", "torch")
+
+
+def resolve_tp_impl(wanted: str, needs_tp: bool) -> tuple[str, Optional[str]]:
+    """The TP implementation a run asking for `wanted` (auto, megatron, torch) uses: megatron-core's layers when TP
+    is used and megatron-core is installed (found, not imported: the controller never imports it, the workers do),
+    and what the run says when auto falls back to plain torch.distributed."""
+    if wanted not in ("auto",) + TP_IMPLS:
+        raise RpegError(None, f"unknown tensor-parallel implementation '{wanted}'; use auto, megatron or torch")
+    if not needs_tp or wanted == "torch":
+        return "torch", None
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        why = "megatron-core is not installed"
+        if wanted == "megatron":
+            raise RpegError(None, f"--tp-impl megatron: {why}; install megatron-core 0.16.1 or use --tp-impl torch")
+        return "torch", f"{why}; tensor parallelism falls back to plain torch.distributed"
+    return "megatron", None
 
 
 class _CopyToTP(torch.autograd.Function):

@@ -33,9 +33,9 @@ class TrainStates:
             spec = self.setup.models[model]
             pm = ParallelModel(spec.arch, spec.kind, self.held.nets[model], layout, self.rank, self.groups,
                                self.setup.tp_impl, self.device, training_dtype(self.run.workload, train))
-            pm.zero, pm.module.recompute = train.zero, train.recompute
+            pm.grads.zero, pm.module.recompute = train.zero, train.recompute
             lr = self.run.rl.lr_critic if spec.kind == "critic" else self.run.rl.lr_actor
-            master = MasterWeights(pm.params(), pm.stepped(), lr, self.run.rl)
+            master = MasterWeights(pm.params(), pm.grads.stepped(), lr, self.run.rl)
             resume = self.held.resume
             if resume is not None and model in resume.index.get("optimizer", ()):
                 self._load_optimizer(master, pm, model)
