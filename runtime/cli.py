@@ -228,7 +228,7 @@ def make_backend(args: argparse.Namespace):
 
 def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     from rpegc.runtime.controller import RunOptions, StepProgress, run
-    from rpegc.runtime.speed_probe import drift_note, probe_seconds
+    from rpegc.runtime.speed_probe import drift_note, spaced_probe_seconds
     from rpegc.runtime.trace import TraceWriter
     from rpegc.runtime.verify import compare, verify
 
@@ -255,7 +255,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
               f"wall {s.wall_s:.3f} s{extra}", flush=True)
 
     probed = _probed_profile(plan, backend)
-    probe_s = probe_seconds() if probed is not None else None  # before the workers start: the probe runs alone
+    probe_s = spaced_probe_seconds() if probed is not None else None  # before the workers start: the probe runs alone
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed,
                **backend.header_options(plan)}
@@ -272,7 +272,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if writer is not None:
         writer.close()  # the run completed: its trace stays even if verification fails below
     # again once the workers have stopped: a drift is named only if the run is bracketed by two slow (fast) probes
-    drift = (drift_note((probe_s, probe_seconds()), probed.speed_probe_s, probed.calibrated)
+    drift = (drift_note((probe_s, spaced_probe_seconds()), probed.speed_probe_s, probed.calibrated)
              if probed is not None else None)
     violations = verify(plan, result.trace)
     cmp = compare(plan, result.trace)

@@ -6,7 +6,9 @@ t_layer 0.37 -> 0.54 ms, the math verifier 0.52 -> 0.65 ms per response), and th
 its prediction. The machine calibration (`rpeg-calibrate --machine`) times `probe_seconds` and records it
 (`[meta] speed_probe_s`); `rpeg-run` times it again before it starts the workers and after they stop, and says how
 far the machine has drifted when both are more than `TOLERANCE` off the same way, so a measured/predicted ratio is
-read against the machine it came from.
+read against the machine it came from. Both sides keep the fastest of three probes: on this VM a lightly loaded core
+runs ~1.5x slower about a third of the time, for a second or so at a time (docs/calibration.md, "Two speeds"), which
+one probe mistakes for a drift.
 
 The calibration times it in fresh processes, the fastest of three (`fresh_probe_seconds`): right after the campaign
 one probe ran 1.3-1.4x slower than a minute later, while the campaign's worker processes were still exiting; the
@@ -19,7 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 TOLERANCE = 0.15  # a drift beyond this (either way) is named in rpeg-run's summary
 REPEATS = 9
@@ -48,6 +50,18 @@ def probe_seconds(repeats: int = REPEATS) -> float:
         return statistics.median(once() for _ in range(repeats))
     finally:
         torch.set_num_threads(threads)
+
+
+def spaced_probe_seconds(runs: int = 3, gap_s: float = 0.25,
+                         probe: Callable[[], float] = probe_seconds) -> float:
+    """The fastest of `runs` probes `gap_s` apart, in this process: what rpeg-run holds against the calibration's
+    fastest of three (`fresh_probe_seconds`)."""
+    times = []
+    for i in range(runs):
+        if i:
+            time.sleep(gap_s)
+        times.append(probe())
+    return min(times)
 
 
 def fresh_probe_seconds(runs: int = 3) -> Optional[float]:

@@ -174,11 +174,21 @@ def test_points_keep_the_median_of_their_pooled_repeats_by_default():
     from rpegc.tools.calibrate import SweepPlan, slowest_rank, summarize
 
     assert SweepPlan.__dataclass_fields__["statistic"].default == "median"
+    assert SweepPlan.__dataclass_fields__["kernel_statistic"].default == "median"
     samples = [4.1e-3, 2.0e-4, 2.2e-4, 2.1e-4, 4.0e-3]
     assert summarize(samples, "median") == 2.2e-4
     assert summarize(samples, "min") == 2.0e-4
     # An idle rank answers None; per repeat the busiest rank is what the operation took.
     assert slowest_rank([[1.0, 5.0, 2.0], None, [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+
+
+def test_this_machines_profile_keeps_the_kernels_fastest_repeat_and_the_links_median():
+    """A minute's campaign on a VM whose cores switch between two speeds: the kernels' fastest repeat is what stays
+    put from one calibration to the next (docs/calibration.md, "Two speeds"); the links keep the median (STATISTICS)."""
+    from rpegc.tools.calibrate import cpu_plan, machine_plan
+
+    assert (machine_plan().kernel_statistic, machine_plan().statistic) == ("min", "median")
+    assert (cpu_plan().kernel_statistic, cpu_plan().statistic) == ("median", "median")
 
 
 def test_calibrate_cli_rejects_an_unknown_statistic(capsys):

@@ -21,7 +21,8 @@ thread each, or CUDA devices under NCCL):
 
 Every microbenchmark is warm and repeated; a point's value is the median of all its repeats over all
 rounds (`--statistic min`: the fastest), the statistic rpeg-validate reports for the operators, so the
-profile predicts the latency validation measures. The result
+profile predicts the latency validation measures; `--machine` keeps the kernels' fastest (`machine_plan` says why).
+The result
 is a hardware profile TOML (the schema of rpegc/core/cost/hardware.py) with the fitted values, the quality
 of every fit and the date. Tiers a machine cannot reach (a single host reaches only
 `intra_node`) get the intra-node values, and the file says so.
@@ -338,7 +339,8 @@ class SweepPlan:
     # Passes over the forward and link sweeps; a point pools its repeats of every pass, so a burst of
     # load from other processes lands on a few of its samples, not all.
     rounds: int = 3
-    statistic: str = "median"  # of a point's pooled repeats: "median" or "min" (STATISTICS)
+    statistic: str = "median"  # of a link point's pooled repeats: "median" or "min" (STATISTICS)
+    kernel_statistic: str = "median"  # of a copy's, a forward's and the non-GEMM layer's repeats (STATISTICS)
     link_gap_s: float = 0.0  # compute before every message of the link sweeps (`_Gap`); 0 = back to back
     probe_runs: int = 3  # fresh processes timing the speed probe after the campaign (the fastest is kept; CPU only)
 
@@ -428,9 +430,16 @@ def machine_plan(eta_from: str = "layers") -> SweepPlan:
     """`rpeg-calibrate --machine` (what `hardware = "cpu"` runs on first use, core/cost/machine.py): the CPU
     campaign's forwards (every width and shape: fewer made the fit 17 points of validation MAPE worse) in fewer
     passes and shorter repeats, one copy size and fewer messages, under a minute on 2 cores; the full campaign stays
-    for validation."""
+    for validation.
+
+    The kernels keep their fastest repeat: this VM's cores switch between two speeds ~1.5x apart for seconds at a
+    time, and a minute's campaign with the median caught one or the other per point, so five calibrations back to
+    back priced the same plan 1.56x apart (with the fastest: 1.09x; docs/calibration.md, "Two speeds"). The
+    operators' overheads beyond the kernels stay medians (`overhead_timing`: what an operator costs as it runs, its
+    slow moments included), and so do the links, whose fastest repeat misses gloo's timer stalls (STATISTICS)."""
     return dataclasses.replace(cpu_plan(eta_from=eta_from), copy_bytes=(1 << 26,),
-                               message_bytes=_geometric(1 << 8, 1 << 22, 4), min_time=0.01, repeats=3, rounds=2)
+                               message_bytes=_geometric(1 << 8, 1 << 22, 4), min_time=0.01, repeats=3, rounds=2,
+                               kernel_statistic="min")
 
 
 def gpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
@@ -741,7 +750,7 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
     copies = []
     for nbytes in plan.copy_bytes:
         moved, samples = pool.run(_measure_copy, nbytes, plan.dtype, plan.min_time, plan.repeats)[0]
-        seconds = summarize(samples, plan.statistic)
+        seconds = summarize(samples, plan.kernel_statistic)
         copies.append(moved / seconds)
         cal.raw.append(("copy", f"{nbytes} B buffer", moved, seconds))
         progress.step(f"memory copy {nbytes >> 20} MiB")
@@ -754,7 +763,7 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
         for i, case in enumerate(plan.forwards):
             pooled[i] += slowest_rank(pool.run(_measure_forward, case, plan.dtype, plan.min_time, plan.repeats, busy))
             progress.step(f"forward {case.name} ({round_ + 1}/{plan.rounds})")
-    forwards = [(case, summarize(pooled[i], plan.statistic)) for i, case in enumerate(plan.forwards)]
+    forwards = [(case, summarize(pooled[i], plan.kernel_statistic)) for i, case in enumerate(plan.forwards)]
     cal.raw += [("forward", case.name, case.work(), seconds) for case, seconds in forwards]
     if plan.eta_from == "layers":
         cal.eta_fit = fit_eta_overhead([c.rows for c, _ in forwards], [c.width for c, _ in forwards],
@@ -771,7 +780,7 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
         cal.memory_bound += ceiling < cal.f_peak_fit.value * e
 
     cal.c_ng = summarize(pool.run(_measure_non_gemm, plan.B_cal, plan.ng_seq, plan.ng_hidden, plan.dtype,
-                                  plan.min_time, plan.repeats)[0], plan.statistic)
+                                  plan.min_time, plan.repeats)[0], plan.kernel_statistic)
     cal.raw.append(("non_gemm", f"b={plan.B_cal} seq={plan.ng_seq} d={plan.ng_hidden}", 0.0, cal.c_ng))
     progress.step("non-GEMM layer")
 
@@ -784,7 +793,7 @@ def _gemm_sweep(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progress: P
             col, row = pool.run(_measure_gemm, r, k, plan.gemm_full, plan.dtype, plan.min_time, plan.repeats)[0]
             work = 2.0 * r * k * plan.gemm_full
             for orientation, samples in (("col", col), ("row", row)):
-                seconds = summarize(samples, plan.statistic)
+                seconds = summarize(samples, plan.kernel_statistic)
                 rows.append(r)
                 widths.append(k)
                 flops.append(work / seconds)
@@ -980,7 +989,9 @@ def profile_text(cal: Calibration) -> str:
         f"p2p = {cal.p2p_fit.mape:.4f} }}  # relative error of each fit",
         f'eta_from = "{p.eta_from}"           # what F_peak and the gammas were fitted to',
         f"concurrent_forwards = {'true' if cal.concurrent else 'false'}  # forwards timed on every device at once",
-        f"statistic = \"{cal.plan.statistic}\"  # of each point's pooled warm repeats ({cal.plan.repeats} x {cal.plan.rounds} rounds)",
+        f"statistic = \"{cal.plan.statistic}\"  # of each link point's pooled warm repeats ({cal.plan.repeats} x "
+        f"{cal.plan.rounds} rounds)",
+        f"kernel_statistic = \"{cal.plan.kernel_statistic}\"  # of each copy's, forward's and non-GEMM layer's",
         f"eta_saturation_flops = {_num(e.scale)}  # scale of the eta fit, FLOP/s",
         *([f"speed_probe_s = {_num(cal.speed_probe_s)}  # runtime/speed_probe.py's probe on one thread after the "
            "campaign (rpeg-run compares)"] if cal.speed_probe_s is not None else []),
@@ -1048,9 +1059,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eta-from", choices=ETA_SOURCES, default="layers",
                     help="fit F_peak, gamma_M, gamma_K on forwards of the backend's layers (default), or the gammas "
                          "on isolated GEMMs and F_peak on the forwards (the paper's split)")
-    ap.add_argument("--statistic", choices=STATISTICS, default="median",
-                    help="what a point keeps of its repeats: the median (default; what rpeg-validate reports) "
-                         "or the fastest")
+    ap.add_argument("--statistic", choices=STATISTICS, default=None,
+                    help="what every point keeps of its repeats: the median (what rpeg-validate reports) or the "
+                         "fastest; by default the median, but --machine keeps the kernels' fastest "
+                         "(docs/calibration.md, \"Two speeds\")")
     ap.add_argument("--solo", dest="concurrent", action="store_false", default=None,
                     help="time the forwards on one device while the others idle (default on GPUs) instead of on "
                          "every device at once (default for CPU workers, whose cores share caches and memory)")
@@ -1135,10 +1147,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RpegError(None, "--machine calibrates the CPU profile `hardware = \"cpu\"` names; pass --backend "
                                   "gloo on a machine with CUDA devices")
         if args.machine and not args.quick:
-            plan = dataclasses.replace(machine_plan(args.eta_from), statistic=args.statistic)
+            plan = machine_plan(args.eta_from)
         else:
-            plan = dataclasses.replace((gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from),
-                                       statistic=args.statistic)
+            plan = (gpu_plan if backend == "nccl" else cpu_plan)(args.quick, args.eta_from)
+        if args.statistic is not None:
+            plan = dataclasses.replace(plan, statistic=args.statistic, kernel_statistic=args.statistic)
         # CPU workers share the host's caches, memory and (on a VM) possibly physical cores: measured
         # here, a layer call is 1.7x slower with the neighbour busy. In a plan every device is busy most
         # of the time, so that is the throughput to calibrate; GPUs do not share compute.
