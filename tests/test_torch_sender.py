@@ -12,9 +12,9 @@ from rpegc.runtime.backends.torch.worker.sender import CommandRouter
 L = Layout((0,), 1, 1, 1)
 
 
-def op(node: str, prep=()) -> c.Op:
-    return c.Op(node=node, tag=0, ranks=[0], step=0, role="inference", model="m", layout=L, mb=1, rows={0: (0, 1)},
-                weights="W", inputs=[], outputs={}, fields=[], prep=list(prep), output=None, version_out=None)
+def op(node: str, prep=(), role="inference", **kw) -> c.Op:
+    return c.Op(node=node, tag=0, ranks=[0], step=0, role=role, model="m", layout=L, mb=1, rows={0: (0, 1)},
+                weights="W", inputs=[], outputs={}, fields=[], prep=list(prep), output=None, version_out=None, **kw)
 
 
 def send_data(node: str, source: str) -> c.CommData:
@@ -133,3 +133,21 @@ def test_an_operator_that_lays_out_a_copy_waits_for_an_earlier_send_of_it():
     assert fused.node == "t#0" and order == ["c1"]
     router.finished(fused)
     assert router.next().type == "stop"
+
+
+@pytest.mark.parametrize("lets_go", ["take", "release", "Release"])
+def test_a_command_that_lets_go_of_a_copy_waits_for_an_earlier_send_of_it(lets_go):
+    """A fresh `make demo` stopped with "weights @actor v91 ... is not held on worker 1": the send of v91 to the
+    generation was issued before the next training, which the controller then let take v91 over as its working copy
+    (no node left to issue reads it) and which the main loop ran before the sender thread had sent it. A command that
+    takes over or frees a copy waits for the sends of it read before it; one that lets go of another copy does not."""
+    letting_go = {"take": op("train#1", role="training", take=True),
+                  "release": op("gen#2", release=["W"]),
+                  "Release": c.Release(labels=["W"])}[lets_go]
+    router, release, order = held_send([send_weights("c1", "W"), letting_go, c.Stop()])
+    cmd = next_waits_for(router, release)
+    assert cmd == letting_go and order == ["c1"]
+    router.finished(cmd)
+    assert router.next().type == "stop"
+    other = CommandRouter(feed([send_weights("c1", "V"), letting_go, c.Stop()]), lambda cmd: threading.Event().wait(5))
+    assert other.start().next() == letting_go  # a send of another copy does not hold it up

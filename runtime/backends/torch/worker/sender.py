@@ -10,11 +10,14 @@ loop runs; every other command keeps the main loop's order. The controller sends
 transfer's predecessors completed (never chained behind an operator on the sending rank), so the data it makes is
 there. What the two threads still share is the weights copies a command lays out anew on this rank before it runs:
 weights installed by a command (no completion report) and an operator's prep that re-lays out its weights under the
-copy's own label. The controller routes by where a copy will be once such a command ran, so across the two threads
-the commands that touch one copy keep the order they came in: a send waits until the main loop has run every earlier
-command that lays out a copy it reads (`lays_out`), and the main loop waits before such a command until every
-earlier send of one of those copies has ended. (Rows an operator's prep moves to its replicas are added beside the
-copy's own, and no transfer is routed from them: routing.Holding.moved.)
+copy's own label, and the copies a command lets go of: a training operator that takes its weights copy over as
+its working copy (`take`, decided when no node left to issue reads the copy, though a send of it issued before may
+not have run yet) and the copies freed before a command runs. The controller routes by where a copy will be once
+such a command ran, so across the two threads the commands that touch one copy keep the order they came in: a send
+waits until the main loop has run every earlier command that lays out a copy it reads (`lays_out`), and the main
+loop waits before a command that lays out or lets go of a copy until every earlier send of it has ended (`frees`).
+(Rows an operator's prep moves to its replicas are added beside the copy's own, and no transfer is routed from them:
+routing.Holding.moved.)
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ import queue
 import threading
 from typing import Any, Callable
 
-from rpegc.runtime.backends.torch.channel.commands import Command, CommData, Fused, Install, Op, PrepWeights, Transfer
+from rpegc.runtime.backends.torch.channel.commands import (Command, CommData, Fused, Install, NodeCommand, Op,
+                                                          PrepWeights, Release, Transfer)
+
+
+def _ops(cmd: Command) -> tuple[Op, ...]:
+    return tuple(cmd.members) if isinstance(cmd, Fused) else (cmd,) if isinstance(cmd, Op) else ()
 
 
 def lays_out(cmd: Command) -> frozenset[str]:
@@ -32,8 +40,16 @@ def lays_out(cmd: Command) -> frozenset[str]:
     rows beside a copy's own, and the controller never sends a transfer from those (routing.Holding.moved)."""
     if isinstance(cmd, Install):
         return frozenset((cmd.label,))
-    ops = cmd.members if isinstance(cmd, Fused) else (cmd,) if isinstance(cmd, Op) else ()
-    return frozenset(step.label for op in ops for step in op.prep if isinstance(step, PrepWeights))
+    return frozenset(step.label for op in _ops(cmd) for step in op.prep if isinstance(step, PrepWeights))
+
+
+def frees(cmd: Command) -> frozenset[str]:
+    """The copies (labels) a main-loop command lets go of on this rank: a Release's, those freed before a node's
+    command runs (`release`), and the weights copy a training operator takes over as its working copy (`take`)."""
+    labels = set(cmd.labels) if isinstance(cmd, Release) else set()
+    labels |= set(cmd.release) if isinstance(cmd, NodeCommand) else set()
+    labels |= {op.weights for op in _ops(cmd) if op.take and op.weights is not None}
+    return frozenset(labels)
 
 
 def reads(cmd: Transfer) -> frozenset[str]:
@@ -96,7 +112,7 @@ class CommandRouter:
             labels = lays_out(cmd)
             for label in labels:
                 self._laid_out[label] = self._main_read
-            return max((self._read_by.get(label, 0) for label in labels), default=0)
+            return max((self._read_by.get(label, 0) for label in labels | frees(cmd)), default=0)
 
     def _run_sends(self) -> None:
         while (item := self._sends.get()) is not None:
