@@ -533,14 +533,14 @@ def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 
     by default on CUDA devices): each case runs its repeats back to back on a worker holding its model alone,
     and its peak memory is measured (`_measure_case`).
     """
+    from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
+
+    tp_impl, _ = resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))  # as the torch backend resolves it
     if isolated:
         return _measure_isolated(cases, devices, repeats=repeats, warmup=warmup, seed=seed, tp_impl=tp_impl,
                                  quiet=quiet, backend=backend)
     if any(c.devices > devices for c in cases):
         raise RpegError(None, f"a configuration needs more than the {devices} devices; raise --devices")
-    from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
-
-    tp_impl, _ = resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
     layouts = sorted({_layout(c) for c in cases}, key=lambda L: (L.ranks, L.dp, L.pp, L.tp))
     progress = Progress(len(cases) * repeats + 1, quiet, "starting workers")
     samples: list[list[float]] = [[] for _ in cases]
@@ -567,10 +567,7 @@ def _measure_isolated(cases: Sequence[Case], devices: int, *, repeats: int, warm
                       quiet: bool, backend: str) -> list[tuple[tuple[float, ...], Optional[float]]]:
     """`measure` with every case alone, its warm-ups and repeats back to back. A case whose operator fails
     (say it runs out of device memory) is reported on stderr and gets no samples; the pool is restarted and
-    the grid goes on."""
-    from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
-
-    tp_impl, _ = resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))
+    the grid goes on. `tp_impl` is resolved (megatron or torch)."""
     layouts = sorted({_layout(c) for c in cases}, key=lambda L: (L.ranks, L.dp, L.pp, L.tp))
     # A GPU worker's host threads draw version 0 and feed the device: the host's cores are shared out.
     threads = max(1, device_count("gloo") // devices) if backend == "nccl" else 1

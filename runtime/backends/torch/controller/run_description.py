@@ -85,8 +85,7 @@ def describe_run(plan: RunPlan, settings: RunSettings, cfg: RunConfig) -> RunDes
     row, B, the tokenizer) found before any worker starts."""
     p = plan.program
     assert p.graph is not None and p.cluster is not None
-    models = model_specs(p, settings.seed)
-    shapes = {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
+    models, shapes = built_models(p, settings.seed, cfg)
     w = cfg.workload
     if cfg.data.path is not None:
         prompts = open_prompts(cfg.data, cfg.task, cfg.actor.vocab, w.Lp, w.Lr, pairs=not cfg.alg.generates)
@@ -103,8 +102,7 @@ def describe_run(plan: RunPlan, settings: RunSettings, cfg: RunConfig) -> RunDes
 
 def run_identity(plan: RunPlan, seed: int, cfg: RunConfig) -> dict:
     """What a checkpoint of a run of `plan` under `cfg` records and a resume must match (`shard_files.run_identity`)."""
-    models = model_specs(plan.program, seed)
-    shapes = {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
+    models, shapes = built_models(plan.program, seed, cfg)
     return ckpt.run_identity(seed, cfg, models, shapes, dict(plan.tau))
 
 
@@ -165,6 +163,12 @@ def _absolute_paths(data: DataConfig) -> DataConfig:
 def _absolute_reward(spec: str) -> str:
     target, sep, name = spec.rpartition(":")
     return f"{os.path.abspath(target)}:{name}" if sep and target.endswith(".py") else spec
+
+
+def built_models(p: Program, seed: int, cfg: RunConfig) -> tuple[dict[str, ModelSpec], dict]:
+    """The models of `p` as the workers build them under `cfg` (`model_specs`) and their parameters' shapes."""
+    models = model_specs(p, seed)
+    return models, {m: param_shapes(s.arch, s.kind, s.net(cfg.net)) for m, s in models.items()}
 
 
 def model_specs(p: Program, seed: int) -> dict[str, ModelSpec]:
