@@ -339,7 +339,9 @@ def _ranks_forward(rank: int, world: int, init: str, path: str, pp: int, tp: int
     logits = infer(pm, [lambda view: view(x).logits], [x.shape[0]])
     if rank == 0:
         torch.save(logits, out)
-    dist.destroy_process_group()
+    # Ends as a torch worker does (worker/process.py): a hard exit, without tearing gloo and megatron down. With the
+    # polite ending a rank aborted twice in about twenty runs ("terminate called without an active exception").
+    os._exit(0)
 
 
 @pytest.mark.parametrize("name,pp,tp,impl", [("llama-gqa", 1, 2, "torch"), ("llama-gqa", 2, 1, "torch"),
