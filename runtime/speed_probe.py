@@ -10,9 +10,10 @@ read against the machine it came from. Both sides keep the fastest of three prob
 runs ~1.5x slower about a third of the time, for a second or so at a time (docs/calibration.md, "Two speeds"), which
 one probe mistakes for a drift.
 
-The calibration times it in fresh processes, the fastest of three (`fresh_probe_seconds`): right after the campaign
-one probe ran 1.3-1.4x slower than a minute later, while the campaign's worker processes were still exiting; the
-next probes ran as fast as ever. rpeg-run's controller times it before any work of its own.
+The calibration times it in a fresh process, the fastest of three a quarter second apart (`fresh_probe_seconds`):
+right after the campaign one probe ran 1.3-1.4x slower than a minute later, while the campaign's worker processes were
+still exiting; the next probes ran as fast as ever. (Three processes of one probe each cost 5 s of the first-use
+calibration; one process of three, 2 s.) rpeg-run's controller times it before any work of its own.
 """
 
 from __future__ import annotations
@@ -65,16 +66,14 @@ def spaced_probe_seconds(runs: int = 3, gap_s: float = 0.25,
 
 
 def fresh_probe_seconds(runs: int = 3) -> Optional[float]:
-    """The fastest of `runs` probes, each in a process of its own (`python -m rpegc.runtime.speed_probe`); None if
-    every one fails."""
-    times = []
-    for _ in range(runs):
-        done = subprocess.run([sys.executable, "-m", "rpegc.runtime.speed_probe"], capture_output=True, text=True)
-        try:
-            times.append(float(done.stdout.strip()))
-        except ValueError:
-            continue
-    return min(times) if times else None
+    """`spaced_probe_seconds(runs)` in a process of its own (`python -m rpegc.runtime.speed_probe RUNS`); None if it
+    fails."""
+    done = subprocess.run([sys.executable, "-m", "rpegc.runtime.speed_probe", str(runs)],
+                          capture_output=True, text=True)
+    try:
+        return float(done.stdout.strip())
+    except ValueError:
+        return None
 
 
 def drift_note(probes: Sequence[float], calibrated_s: float, calibrated: str) -> Optional[str]:
@@ -95,5 +94,5 @@ def drift_note(probes: Sequence[float], calibrated_s: float, calibrated: str) ->
             "predictions price the machine as it was then; `rpeg-calibrate --machine` calibrates it again")
 
 
-if __name__ == "__main__":  # `python -m rpegc.runtime.speed_probe`: the probe in a fresh process, as both sides run it
-    print(repr(probe_seconds()))
+if __name__ == "__main__":  # `python -m rpegc.runtime.speed_probe [RUNS]`: the calibration's probes, in a fresh process
+    print(repr(spaced_probe_seconds(int(sys.argv[1]) if len(sys.argv) > 1 else 3)))

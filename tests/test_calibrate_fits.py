@@ -168,6 +168,55 @@ def test_tiny_campaign_on_two_workers_writes_a_loadable_profile(tmp_path: Path):
     assert load_hardware(str(path)).gpus_per_node is None
 
 
+class _UnevenGap:
+    """A link sweep's compute whose speed moves under it (a VM core switching speeds): 15 ms, then 5 ms, ..."""
+
+    def __init__(self):
+        self.spent, self.calls = 0.0, 0
+
+    def __call__(self) -> None:
+        import time
+
+        start = time.perf_counter()
+        time.sleep(0.005 if self.calls % 2 else 0.015)
+        self.calls += 1
+        self.spent += time.perf_counter() - start
+
+
+def _message_after_uneven_gaps(ctx):
+    import time
+
+    from rpegc.tools.calibrate import _seconds_per_iteration
+
+    gap = _UnevenGap()
+
+    def step() -> None:  # the "message": 2 ms after each gap
+        gap()
+        time.sleep(0.002)
+
+    return _seconds_per_iteration(ctx, [0, 1], 2, 4, step, gap, gaps_in_turn=False)
+
+
+def test_a_link_sweep_subtracts_the_compute_its_gaps_spent_as_they_ran():
+    """The gaps' compute is timed as it runs: what is left is the message (2 ms and a sleep's overshoot), not the
+    gaps' 10 ms average (or whatever a gap timed alone at another speed would have left)."""
+    from rpegc.tools.measure import WorkerPool
+
+    with WorkerPool(2) as pool:
+        per_rank = pool.run(_message_after_uneven_gaps)
+    for samples in per_rank:
+        assert len(samples) == 2 and all(2e-3 <= s < 7e-3 for s in samples)
+
+
+def test_link_points_send_more_small_messages_up_to_the_plans_cap():
+    from rpegc.tools.calibrate import cpu_plan, link_iterations, machine_plan
+
+    full, machine = cpu_plan(), machine_plan()
+    assert link_iterations(full, 1 << 8) == 200 and link_iterations(machine, 1 << 8) == 48
+    assert link_iterations(full, max(full.message_bytes)) == 64  # about 64 of the largest
+    assert link_iterations(machine, max(machine.message_bytes)) == 48
+
+
 def test_points_keep_the_median_of_their_pooled_repeats_by_default():
     """The profile must predict the statistic rpeg-validate measures (the median): one stalled
     collective among five repeats moves the fastest-repeat estimate, not the median."""

@@ -40,6 +40,7 @@ import math
 import platform
 import statistics
 import sys
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -342,7 +343,8 @@ class SweepPlan:
     statistic: str = "median"  # of a link point's pooled repeats: "median" or "min" (STATISTICS)
     kernel_statistic: str = "median"  # of a copy's, a forward's and the non-GEMM layer's repeats (STATISTICS)
     link_gap_s: float = 0.0  # compute before every message of the link sweeps (`_Gap`); 0 = back to back
-    probe_runs: int = 3  # fresh processes timing the speed probe after the campaign (the fastest is kept; CPU only)
+    link_iterations: int = 200  # most messages per timed repeat of a link point (`link_iterations`)
+    probe_runs: int = 3  # speed probes after the campaign, in a fresh process (the fastest is kept; CPU only)
 
 
 def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -429,8 +431,8 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
 def machine_plan(eta_from: str = "layers") -> SweepPlan:
     """`rpeg-calibrate --machine` (what `hardware = "cpu"` runs on first use, core/cost/machine.py): the CPU
     campaign's forwards (every width and shape: fewer made the fit 17 points of validation MAPE worse) in fewer
-    passes and shorter repeats, one copy size and fewer messages, under a minute on 2 cores; the full campaign stays
-    for validation.
+    passes and shorter repeats, one copy size, fewer and shorter link points (48 messages at most per repeat: 200 took
+    28 of the 55 s), ~30 s on 2 cores; the full campaign stays for validation.
 
     The kernels keep their fastest repeat: this VM's cores switch between two speeds ~1.5x apart for seconds at a
     time, and a minute's campaign with the median caught one or the other per point, so five calibrations back to
@@ -439,7 +441,7 @@ def machine_plan(eta_from: str = "layers") -> SweepPlan:
     slow moments included), and so do the links, whose fastest repeat misses gloo's timer stalls (STATISTICS)."""
     return dataclasses.replace(cpu_plan(eta_from=eta_from), copy_bytes=(1 << 26,),
                                message_bytes=_geometric(1 << 8, 1 << 22, 4), min_time=0.01, repeats=3, rounds=2,
-                               kernel_statistic="min")
+                               kernel_statistic="min", link_iterations=48)
 
 
 def gpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
@@ -556,9 +558,10 @@ def _measure_non_gemm(ctx, batch: int, seq: int, hidden: int, dtype: str, min_ti
         return time_per_call(layer, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
 
 
-def _iterations(nbytes: int, budget_bytes: float) -> int:
-    """Same on every rank (collectives must match): more iterations for small messages."""
-    return int(min(200, max(3, budget_bytes // max(nbytes, 1))))
+def link_iterations(plan: SweepPlan, nbytes: int) -> int:
+    """Messages per timed repeat of a link point, the same on every rank (collectives must match): more of small
+    ones, up to `plan.link_iterations`, about 64 of the largest."""
+    return int(min(plan.link_iterations, max(3, 64 * max(plan.message_bytes) // max(nbytes, 1))))
 
 
 class _Gap:
@@ -568,28 +571,34 @@ class _Gap:
     stage's forward. Where the transport needs a thread woken on a core that computes (gloo on CPU
     workers), a message after compute costs more than one after another message -- on this project's
     VM 2-3x, from scheduler stalls -- so the sweeps time messages the way the backend sends them and
-    subtract the compute, timed alone on the same worker.
+    subtract the compute. The compute is timed as it runs (`spent`), not once alone: this VM's cores switch
+    between two speeds ~1.5x apart for seconds at a time (docs/calibration.md, "Two speeds"), and a gap timed
+    alone at the fast speed and subtracted from a sweep at the slow one left some send/recv points at zero,
+    which fitted p2p alpha = 0. CPU only: a CUDA gap would be asynchronous (the GPU sweeps have none).
     """
 
     def __init__(self, ctx, seconds: float):
         import torch
 
         self.calls = 0
-        self.solo = 0.0
+        self.spent = 0.0  # seconds of compute in every call so far
         if seconds <= 0:
             return
         self._x = torch.randn(64, 256, device=ctx.device)
         self._w = torch.randn(256, 256, device=ctx.device)
         one = time_per_call(self._matmul, min_time=0.01, repeats=3, sync=ctx.sync).median
         self.calls = max(1, round(seconds / max(one, 1e-9)))
-        self.solo = time_per_call(self, min_time=0.02, repeats=3, sync=ctx.sync).median
 
     def _matmul(self) -> None:
         self._x @ self._w
 
     def __call__(self) -> None:
+        if not self.calls:
+            return
+        start = time.perf_counter()
         for _ in range(self.calls):
             self._matmul()
+        self.spent += time.perf_counter() - start
 
 
 def _message_buffer(ctx, nbytes: int, dtype: str):
@@ -600,22 +609,30 @@ def _message_buffer(ctx, nbytes: int, dtype: str):
     return torch.ones(max(1, nbytes // torch.tensor([], dtype=dt).element_size()), dtype=dt, device=ctx.device)
 
 
-def _seconds_per_iteration(ctx, ranks: list[int], repeats: int, iters: int, body: Callable[[], None]) -> list[float]:
-    """Per repeat, the mean seconds of `iters` calls of `body`, started together on `ranks`."""
-    import time
+def _seconds_per_iteration(ctx, ranks: list[int], repeats: int, iters: int, body: Callable[[], None], gap: _Gap,
+                           gaps_in_turn: bool) -> list[float]:
+    """Per repeat, the mean seconds of `iters` calls of `body`, started together on `ranks`, less the compute of the
+    gaps in them: the slowest rank's (a collective waits for every rank) or, `gaps_in_turn`, every rank's (a ping-pong
+    runs them one after another)."""
+    import torch
+    import torch.distributed as dist
 
     samples = []
     for _ in range(repeats):
         ctx.barrier(ranks)
+        before = gap.spent
         t0 = time.perf_counter()
         for _ in range(iters):
             body()
         ctx.sync()
-        samples.append((time.perf_counter() - t0) / iters)
+        elapsed = time.perf_counter() - t0
+        spent = torch.tensor([gap.spent - before], dtype=torch.float64)
+        dist.all_reduce(spent, op=dist.ReduceOp.SUM if gaps_in_turn else dist.ReduceOp.MAX, group=ctx.group(ranks))
+        samples.append(max(elapsed - float(spent), 1e-9 * iters) / iters)
     return samples
 
 
-def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats: int, budget_bytes: float,
+def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats: int, iters: int,
                        gap_s: float = 0.0):
     """Seconds per AllReduce of an `nbytes` per-rank buffer over ranks 0..participants-1, each after
     `gap_s` of compute on every rank (the compute subtracted; see `_Gap`)."""
@@ -633,14 +650,12 @@ def _measure_allreduce(ctx, participants: int, nbytes: int, dtype: str, repeats:
         gap()
         dist.all_reduce(buf, group=group)
 
-    times = _seconds_per_iteration(ctx, ranks, repeats, _iterations(nbytes, budget_bytes), step)
-    return tuple(max(t - gap.solo, 1e-9) for t in times)
+    return tuple(_seconds_per_iteration(ctx, ranks, repeats, iters, step, gap, gaps_in_turn=False))
 
 
-def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float, gap_s: float = 0.0):
+def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, iters: int, gap_s: float = 0.0):
     """One-way seconds of a send/recv of `nbytes` between ranks 0 and 1 (half a ping-pong round trip),
     each send after `gap_s` of compute on the sender (the compute subtracted; see `_Gap`)."""
-    import torch
     import torch.distributed as dist
 
     ranks = [0, 1]
@@ -661,12 +676,9 @@ def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, budget_bytes: float
             gap()
             dist.send(buf, peer, group=group)
 
-    # A round trip holds both ranks' gaps; rank 0 knows only its own, so both send theirs along.
-    solo = torch.tensor([gap.solo], dtype=torch.float64)
-    dist.all_reduce(solo, group=group)
     ping_pong()
-    times = _seconds_per_iteration(ctx, ranks, repeats, _iterations(nbytes, budget_bytes), ping_pong)
-    return tuple(max((t - float(solo)) / 2, 1e-9) for t in times)
+    times = _seconds_per_iteration(ctx, ranks, repeats, iters, ping_pong, gap, gaps_in_turn=True)
+    return tuple(t / 2 for t in times)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -816,16 +828,17 @@ def roofline_terms(case: ForwardCase, s_b: int, gamma_M: float, gamma_K: float, 
 
 
 def _link_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, world: int, progress: Progress) -> None:
-    budget = 64 * max(plan.message_bytes)  # bytes per timed repeat: a few large, many small messages
     coll = [(p, m) for p in range(2, world + 1) for m in plan.message_bytes]
     pooled: dict[tuple[str, int, int], list[float]] = {}
     for round_ in range(plan.rounds):
         for p, nbytes in coll:
-            per_rank = pool.run(_measure_allreduce, p, nbytes, plan.dtype, plan.repeats, budget, plan.link_gap_s)
+            per_rank = pool.run(_measure_allreduce, p, nbytes, plan.dtype, plan.repeats,
+                                link_iterations(plan, nbytes), plan.link_gap_s)
             pooled.setdefault(("allreduce", p, nbytes), []).extend(slowest_rank(per_rank))
             progress.step(f"AllReduce p={p} {nbytes} B ({round_ + 1}/{plan.rounds})")
         for nbytes in plan.message_bytes:
-            per_rank = pool.run(_measure_p2p, nbytes, plan.dtype, plan.repeats, budget, plan.link_gap_s)
+            per_rank = pool.run(_measure_p2p, nbytes, plan.dtype, plan.repeats, link_iterations(plan, nbytes),
+                                plan.link_gap_s)
             pooled.setdefault(("p2p", 2, nbytes), []).extend(slowest_rank(per_rank))
             progress.step(f"send/recv {nbytes} B ({round_ + 1}/{plan.rounds})")
     best = {key: summarize(samples, plan.statistic) for key, samples in pooled.items()}
@@ -1054,8 +1067,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="a tiny sweep for smoke tests (seconds, rough values)")
     ap.add_argument("--machine", action="store_true",
                     help="calibrate this machine's CPU profile, the one `hardware = \"cpu\"` names, into the user's "
-                         "cache (what the first use of `cpu` runs; this refreshes it): a shorter campaign, under a "
-                         "minute")
+                         "cache (what the first use of `cpu` runs; this refreshes it): a shorter campaign, ~30 s "
+                         "on 2 cores")
     ap.add_argument("--eta-from", choices=ETA_SOURCES, default="layers",
                     help="fit F_peak, gamma_M, gamma_K on forwards of the backend's layers (default), or the gammas "
                          "on isolated GEMMs and F_peak on the forwards (the paper's split)")
