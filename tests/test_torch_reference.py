@@ -76,9 +76,9 @@ def test_staleness_makes_generation_use_an_older_actor_version():
         trainer.step(k)
         fresh.step(k)
     # at step 2 the stale run generates with version 1, the synchronous run with version 2
-    stale_exp, _, _ = trainer.collect(2)
+    stale_exp, *_ = trainer.collect(2)
     assert trainer.actor_versions.for_step(2, 1)[0] == 1
-    fresh_exp, _, _ = fresh.collect(2)
+    fresh_exp, *_ = fresh.collect(2)
     assert not torch.equal(stale_exp.old_logprobs, fresh_exp.old_logprobs)
 
 

@@ -153,6 +153,8 @@ def test_staleness_one_changes_only_the_versions_generation_reads(tmp_path):
     read = {r.id: dict(r.consumed)["actor"] for r in result.trace.nodes.values()
             if r.kind == "op" and r.id.startswith("gen#")}
     assert read == {f"gen#{k}.q{q}": max(0, k - 1) for k in range(3) for q in (1, 2)}
+    # the graph's reward model runs, as the plan prices it, though the toy rule trains (its score: compared below)
+    assert all("reward_model_score" in backend.metrics[k] for k in range(3))
     assert_same_run(plan, backend, rl={}, weights_atol=5e-5)  # the reference also reads max(0, k - 1)
 
 

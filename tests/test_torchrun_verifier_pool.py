@@ -73,8 +73,8 @@ def test_a_reward_function_in_a_reward_models_place_is_named_as_unpriced():
     tiny = parse(open("examples/grpo-tiny.rpeg").read(), "g.rpeg")
     assert unpriced_reward(tiny, run_config(tiny)) is None  # the toy rule: microseconds
     note = unpriced_reward(tiny, replace(run_config(tiny), reward="exact_match"))
-    assert "the plan prices @reward_inf as the inference of reward model @reward, but this run scores with " \
-           "'exact_match'" in note
+    assert "the plan prices @reward_inf as the inference of reward model @reward, which runs, but this run trains " \
+           "on the scores of 'exact_match'" in note
     assert unpriced_reward(parse(SOURCE, "v.rpeg"), run_config(parse(SOURCE, "v.rpeg"))) is None
 
 

@@ -32,7 +32,8 @@ class RunConfig:
     actor_critic model with both heads instead. `reward` is "rule" (the verifiable toy `task`), "model"
     (a frozen reward model of `reward_arch`; its score is still logged next to the rule's), or a reward
     function of the response text (rewards.py: a built-in, module:function, file.py:function) scoring the
-    prompts of the dataset `data` names (`data.path` None: the toy `task`'s random prompts).
+    prompts of the dataset `data` names (`data.path` None: the toy `task`'s random prompts). A graph's reward model
+    runs whichever score trains, as its plan prices it (its mean score is then logged as reward_model_score).
     `workload.dtype` sets `serving_dtype` (published copies and generation/inference forwards) and
     `training_dtype` (bf16 mixed precision or float32; fp16 is refused for training). `*_hf` name the checkpoints of models given as `hf = "DIR"`.
     """

@@ -34,15 +34,19 @@ class RunRecord:
             self.log.write(step, finish, self.step_metrics(step))
 
     def reward_report(self, step: int, stats: dict) -> None:
-        """Sum one replica's reward-function report into step `step`'s accuracy and failure count; the first
-        failure of the run becomes a warning (the run goes on: a failed call scored 0)."""
-        acc = self.reward_stats.setdefault(step, {"acc_sum": 0.0, "acc_n": 0, "failures": 0})
+        """Sum one replica's reward report into step `step`'s accuracy, failure count and reward model's mean score;
+        the first failure of the run becomes a warning (the run goes on: a failed call scored 0)."""
+        acc = self.reward_stats.setdefault(step, {"acc_sum": 0.0, "acc_n": 0, "failures": 0, "model_sum": 0.0,
+                                                  "model_n": 0})
         for k in acc:
-            acc[k] += stats[k]
+            acc[k] += stats.get(k, 0)
         metrics = self.metrics.setdefault(step, {})
         if acc["acc_n"]:
             metrics["accuracy"] = acc["acc_sum"] / acc["acc_n"]
-        metrics["reward_failures"] = float(acc["failures"])
+        if acc["model_n"]:  # a reward model that ran beside the score the run trains on (rollout.py)
+            metrics["reward_model_score"] = acc["model_sum"] / acc["model_n"]
+        if "failures" in stats:  # a reward function's calls
+            metrics["reward_failures"] = float(acc["failures"])
         if stats.get("first_failure") and self.first_reward_failure is None:
             self.first_reward_failure = f"step {step}, {stats['first_failure']}"
             warn(f"the reward function failed at {self.first_reward_failure}; such calls score 0 and the run goes "
@@ -63,16 +67,17 @@ class RunRecord:
 
 
 def unpriced_reward(program: Program, cfg: RunConfig) -> Optional[str]:
-    """What a run whose reward vertex runs a reward model in the plan but a reward function in the run says: the plan
-    prices the model's inference, the run calls the function (make it a verify vertex to price it). The toy tasks'
-    rule, which the tiny examples' reward models stand for, costs microseconds and is not reported."""
+    """What a run whose reward vertex is a reward model's inference in the plan, and which trains on a reward
+    function's scores, says: the model runs as the plan prices it, the function's calls beside it are not priced
+    (make the function a verify vertex to price it). The toy tasks' rule, which scores beside the tiny examples'
+    reward models, costs microseconds and is not reported."""
     if not cfg.reward_function or program.graph is None:
         return None
     for v in program.graph.vertices:
         if v.role == "inference" and program.model(v.model).kind == "reward":
-            return (f"the plan prices @{v.name} as the inference of reward model @{v.model}, but this run scores "
-                    f"with '{cfg.reward}' instead, which the plan does not price; declare it as a verifier "
-                    f"(rpeg.verifier @v {{fn = \"{cfg.reward}\"}}) and make @{v.name} a verify vertex")
+            return (f"the plan prices @{v.name} as the inference of reward model @{v.model}, which runs, but this "
+                    f"run trains on the scores of '{cfg.reward}', whose calls the plan does not price; declare it as "
+                    f"a verifier (rpeg.verifier @v {{fn = \"{cfg.reward}\"}}) and make @{v.name} a verify vertex")
     return None
 
 

@@ -123,14 +123,20 @@ class RolloutAlgorithm(Algorithm):
         data = worker.rows_of(cmd.inputs, lo, hi, ["sequences", "mask"])
         pads = worker.row_pads(cmd.step, lo, hi)
         for f in cmd.fields:
-            if f in ("scores", "task_scores") and worker.run.reward == "model" and (f == "scores" or not worker.run.has_rule):
-                if "model_scores" not in report:  # a dataset has no rule: the model's score is also the reward
+            if f in ("scores", "task_scores"):
+                # The vertex is the reward model's inference, and the plan prices it so: the model runs whichever
+                # score the run trains on (the toy task's rule, a reward function's, or the model's own).
+                if "model_scores" not in report:
                     report["model_scores"] = worker.forward_field(cmd, pm, data, "scores", lo, hi, pads)
-                out[f] = report["model_scores"]
-            elif f in ("scores", "task_scores"):
-                out[f] = worker.verifier_scores(cmd, pm, data, lo, hi, report)
+                # a dataset has no rule: the model's score is also the reward
+                from_model = worker.run.reward == "model" and (f == "scores" or not worker.run.has_rule)
+                out[f] = report["model_scores"] if from_model else worker.verifier_scores(cmd, pm, data, lo, hi, report)
             else:
                 out[f] = worker.forward_field(cmd, pm, data, f, lo, hi, pads)
+        if "model_scores" in report and worker.run.reward != "model" and pm.is_last and pm.t == 0:
+            # trained on another score: the model's is logged beside it (reward_model_score), one reporter a replica
+            stats = report.setdefault("reward_stats", {})
+            stats["model_sum"], stats["model_n"] = float(report["model_scores"].sum()), report["model_scores"].numel()
         return out, report
 
     def train(self, worker: Worker, cmd: Op, lo: int, hi: int) -> dict:
@@ -245,7 +251,7 @@ class ReferenceTrainer:
             self.critic_versions = VersionStore(self.critic_master.export(), serving)
             self.stale_critic = serving_model(cfg.critic, "critic", critic_seed, cfg.critic_hf)
         self.reward_model = None
-        if cfg.reward == "model":
+        if cfg.reward_arch is not None:  # the graph's reward model runs, whichever score trains (rule, function)
             self.reward_model = serving_model(cfg.reward_arch, "reward", derive_seed(seed, "reward"), cfg.reward_hf)
 
     def _at_version(self, model: TransformerModel, store: VersionStore, step: int, tau: int) -> TransformerModel:
@@ -256,7 +262,7 @@ class ReferenceTrainer:
     @torch.no_grad()
     def collect(self, step: int) -> tuple[Experience, Tensor, tuple[float, int]]:
         """Generation and inference vertices of step k: (experience, the verifier's scores, the (sum, count)
-        of the accuracies the reward function gave)."""
+        of the accuracies the reward function gave, the mean score of a reward model the run does not train on)."""
         cfg, w = self.cfg, self.cfg.workload
         batch = self.prompts.batch(w.drawn, self.seed, step)
         prompts = expand_rollouts(batch.tokens, w.R)
@@ -268,16 +274,15 @@ class ReferenceTrainer:
         ref_logp = None
         if self.reference is not None:
             ref_logp = response_forward(self.reference, rollout.sequences, w.Lp, cfg.rl.temperature, pads=pads).logprobs
-        scored = None
+        scored, model_scores = None, None
         if self.reward_model is not None:
-            scores = last_token_scores(self.reward_model, rollout.sequences, w.Lp, rollout.mask, pads)
+            model_scores = last_token_scores(self.reward_model, rollout.sequences, w.Lp, rollout.mask, pads)
         if cfg.has_rule:
             task_scores, scored = score_responses(self.prompts, self.reward_fn, batch, rollout.sequences,
                                                   rollout.mask, range(w.drawn * w.R), w.R)
         else:
-            task_scores = scores
-        if self.reward_model is None:
-            scores = task_scores
+            task_scores = model_scores
+        scores = model_scores if cfg.reward == "model" else task_scores
         values = None
         if self.critic is not None:
             critic = self._at_version(self.stale_critic, self.critic_versions, step, cfg.tau_critic)
@@ -286,7 +291,8 @@ class ReferenceTrainer:
             values = response_forward(gen_model, rollout.sequences, w.Lp, pads=pads).values
         exp = Experience(sequences=rollout.sequences, mask=rollout.mask, old_logprobs=rollout.logprobs,
                          ref_logprobs=ref_logp, scores=scores, values=values, pads=pads)
-        return exp, task_scores, accuracy_sums(scored)
+        logged = None if model_scores is None or cfg.reward == "model" else float(model_scores.mean())
+        return exp, task_scores, accuracy_sums(scored), logged
 
     def train(self, exp: Experience) -> dict[str, float]:
         """Actor (or shared actor-critic) and critic training vertices on the whole batch."""
@@ -315,7 +321,7 @@ class ReferenceTrainer:
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        exp, task_scores, (acc_sum, acc_n) = self.collect(step)
+        exp, task_scores, (acc_sum, acc_n), model_score = self.collect(step)
         w = self.cfg.workload
         exp, task_scores, found = keep_drawn(exp, task_scores, w)
         exp = compute_advantages(exp, self.cfg.rl, w.R)
@@ -327,6 +333,8 @@ class ReferenceTrainer:
                    "response_tokens": float(exp.num_tokens)}
         if acc_n:
             metrics["accuracy"] = acc_sum / acc_n
+        if model_score is not None:
+            metrics["reward_model_score"] = model_score
         if w.oversample > 1:
             metrics["informative_groups"] = float(found.sum()) / w.B
         metrics.update(self.train(exp))
