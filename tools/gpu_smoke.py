@@ -68,7 +68,8 @@ def _worker(device: torch.device):
     run = RunConfig(algorithm="grpo", actor=arch, workload=Workload(B=B, R=R, Lp=LP, Lr=LR, dtype="fp32"),
                     rl=toy_rl_config("grpo"), positions="learned")
     models = {"actor": ModelSpec("actor", "policy", arch, model_seed(0, "policy")),
-              "ref": ModelSpec("ref", "reference", arch, model_seed(0, "reference"))}
+              "ref": ModelSpec("ref", "reference", arch, model_seed(0, "reference")),
+              "reward": ModelSpec("reward", "reward", arch, model_seed(0, "reward"))}
     worker = standalone_worker(run, models, device=device)
     for m in models:
         worker.install(f"W:{m}", m, Layout((0,), 1, 1, 1))
@@ -98,7 +99,7 @@ def _step(worker, rollouts=None) -> dict:
     if rollouts is not None:
         worker.put_rows("Y", 0, B * R, {f: t.to(worker.device) for f, t in rollouts.items()})
     _op(worker, "inference", "ref", ["Y"], "ref", ["ref_logprobs"])
-    _op(worker, "inference", "ref", ["Y"], "reward", ["scores", "task_scores"])
+    _op(worker, "inference", "reward", ["Y"], "reward", ["scores", "task_scores"])  # the model runs, the rule trains
     info = _op(worker, "training", "actor", ["Y", "ref", "reward"], "W:actor:1", [])
     weights = {n: t.cpu() for n, t in worker.entry("W:actor:1").shards.items()}
     return {"generated": generated, "ref": _fields(worker, "ref"), "metrics": info["metrics"], "weights": weights}
