@@ -260,7 +260,7 @@ class ReferenceTrainer:
         return model
 
     @torch.no_grad()
-    def collect(self, step: int) -> tuple[Experience, Tensor, tuple[float, int]]:
+    def collect(self, step: int) -> tuple[Experience, Tensor, tuple[float, int], Optional[float]]:
         """Generation and inference vertices of step k: (experience, the verifier's scores, the (sum, count)
         of the accuracies the reward function gave, the mean score of a reward model the run does not train on)."""
         cfg, w = self.cfg, self.cfg.workload
