@@ -22,10 +22,13 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 TOLERANCE = 0.15  # a drift beyond this (either way) is named in rpeg-run's summary
 REPEATS = 9
+RETRIES = 2  # more tries of a measurement the probe says ran at a slow moment (`at_usual_speed`)
+
+T = TypeVar("T")
 
 
 def probe_seconds(repeats: int = REPEATS) -> float:
@@ -74,6 +77,29 @@ def fresh_probe_seconds(runs: int = 3) -> Optional[float]:
         return float(done.stdout.strip())
     except ValueError:
         return None
+
+
+def at_usual_speed(measure: Callable[[], T], reference_s: float, retries: int = RETRIES,
+                   probe: Callable[[], float] = probe_seconds) -> T:
+    """`measure()`, taken again (at most `retries` times more) when the probe before or after it ran more than
+    TOLERANCE slower than `reference_s`; the try whose slower probe was fastest is kept.
+
+    The calibration's medians (a verifier's time per response, the operators' overheads) are seconds long, and on this
+    project's VM a slow moment can cover all of one: a fresh `make demo` calibrated the math verifier at 1.07 ms a
+    response and the training operator's call at 13.5 ms (0.59 and 6.7 ms an hour earlier), and its runs then
+    measured 0.59x and 0.66x their predictions. The kernels keep their fastest repeats over two passes and do not need
+    this."""
+    best: Optional[tuple[float, T]] = None
+    for _ in range(1 + retries):
+        before = probe()
+        out = measure()
+        slower = max(before, probe())
+        if best is None or slower < best[0]:
+            best = (slower, out)
+        if slower <= reference_s * (1.0 + TOLERANCE):
+            break
+    assert best is not None
+    return best[1]
 
 
 def drift_note(probes: Sequence[float], calibrated_s: float, calibrated: str) -> Optional[str]:

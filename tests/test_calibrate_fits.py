@@ -190,16 +190,18 @@ def _message_after_uneven_gaps(ctx):
 
     gap = _UnevenGap()
 
-    def step() -> None:  # the "message": 2 ms after each gap
+    def step() -> None:  # the "message": a collective's wait for the other rank's gap, then 2 ms
         gap()
+        ctx.barrier([0, 1])
         time.sleep(0.002)
 
     return _seconds_per_iteration(ctx, [0, 1], 2, 4, step, gap, gaps_in_turn=False)
 
 
 def test_a_link_sweep_subtracts_the_compute_its_gaps_spent_as_they_ran():
-    """The gaps' compute is timed as it runs: what is left is the message (2 ms and a sleep's overshoot), not the
-    gaps' 10 ms average (or whatever a gap timed alone at another speed would have left)."""
+    """The gaps' compute is timed as it runs: what is left is the message (2 ms, the barrier and a sleep's
+    overshoot), not the gaps' 10 ms average (or whatever a gap timed alone at another speed would have left). The
+    slowest rank's gaps are subtracted, as a collective waits for them."""
     from rpegc.tools.measure import WorkerPool
 
     with WorkerPool(2) as pool:

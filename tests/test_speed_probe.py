@@ -80,3 +80,19 @@ def test_the_calibration_times_the_probe_in_a_fresh_process():
 
     s = fresh_probe_seconds(runs=1)
     assert s is not None and 0 < s < 5
+
+
+def test_a_measurement_at_a_slow_moment_is_taken_again():
+    """The probe before or after a measurement ran more than TOLERANCE slower than the reference: it is retaken, and
+    the try whose slower probe was fastest is kept (at most RETRIES more)."""
+    from rpegc.runtime.speed_probe import RETRIES, at_usual_speed
+
+    def run(probes: list[float]) -> tuple[int, int]:
+        seq, calls = iter(probes), []
+        kept = at_usual_speed(lambda: calls.append(len(calls)) or len(calls), 0.004, probe=lambda: next(seq))
+        return kept, len(calls)
+
+    assert run([0.0041, 0.0044]) == (1, 1)  # within 15 %: measured once
+    assert run([0.0041, 0.0070, 0.0042, 0.0043]) == (2, 2)  # slow after the first: the second is kept
+    slow = [0.0041, 0.0080, 0.0065, 0.0050, 0.0075, 0.0070]  # slow every time: the try with the fastest slow probe
+    assert run(slow) == (2, 1 + RETRIES)
