@@ -60,7 +60,7 @@ from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.measure import (Progress, WorkerPool, default_backend, device_count, mape, time_per_call,
                                  time_repeats)
-from rpegc.runtime.speed_probe import at_usual_speed, fresh_probe_seconds
+from rpegc.runtime.speed_probe import SpeedReference, at_usual_speed, fresh_probe_seconds
 from rpegc.version import PrintVersion
 
 DEFAULT_EPS_RT = 0.10  # paper Sec. IV-E: reserved runtime fraction
@@ -1143,10 +1143,10 @@ def check_cli_outputs(args: argparse.Namespace) -> Path:
     return Path(output)
 
 
-def _at_speed(measure: Callable[[], str], cal: Calibration, quick: bool) -> str:
-    """A median-based part of the profile measured at the speed the campaign's probe saw (`at_usual_speed`; not
+def _at_speed(measure: Callable[[], str], reference: Optional[SpeedReference], quick: bool) -> str:
+    """A median-based part of the profile measured at the speed of the fastest probe so far (`at_usual_speed`; not
     retaken in a smoke sweep)."""
-    return measure() if quick or cal.speed_probe_s is None else at_usual_speed(measure, cal.speed_probe_s)
+    return measure() if quick or reference is None else at_usual_speed(measure, reference)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1179,13 +1179,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         name = args.name or (machine.CPU if args.machine else output.stem)
         cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
                         concurrent=concurrent, links_from=links)
-        host = _at_speed(host_text, cal, args.quick) if backend == "gloo" else ""  # verifier pools run on the host
-        text = profile_text(cal) + host
+        reference = SpeedReference(cal.speed_probe_s) if cal.speed_probe_s is not None else None
+        tables = _at_speed(host_text, reference, args.quick) if backend == "gloo" else ""  # verifier pools: the host
+        text = profile_text(cal) + tables
         if args.overhead or args.machine:  # this machine's profile prices the operators as they run
             if backend != "gloo":
                 raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")
             overheads = QUICK if args.quick else FULL
-            text += _at_speed(lambda: overhead_text(cal.hardware(), text, overheads, quiet=args.quiet), cal, args.quick)
+            tables += _at_speed(lambda: overhead_text(cal.hardware(), text, overheads, quiet=args.quiet), reference,
+                                args.quick)
+        if reference is not None:  # the profile records the fastest probe of the calibration
+            cal.speed_probe_s = reference.seconds
+        text = profile_text(cal) + tables
         Hardware.from_dict(tomllib.loads(text), source=str(output))  # must load as a profile, before it replaces one
         write_text(str(output), text, "the profile")
         if args.raw:
