@@ -626,8 +626,9 @@ def _seconds_per_iteration(ctx, ranks: list[int], repeats: int, iters: int, body
             body()
         ctx.sync()
         elapsed = time.perf_counter() - t0
-        spent = torch.tensor([gap.spent - before], dtype=torch.float64)
-        dist.all_reduce(spent, op=dist.ReduceOp.SUM if gaps_in_turn else dist.ReduceOp.MAX, group=ctx.group(ranks))
+        spent = torch.tensor([gap.spent - before], dtype=torch.float64, device=ctx.device)
+        if gap.calls:  # every rank has gaps or none (one gap_s); back-to-back sweeps (the GPUs') exchange nothing
+            dist.all_reduce(spent, op=dist.ReduceOp.SUM if gaps_in_turn else dist.ReduceOp.MAX, group=ctx.group(ranks))
         samples.append(max(elapsed - float(spent), 1e-9 * iters) / iters)
     return samples
 
