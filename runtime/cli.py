@@ -279,9 +279,10 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
           f"(dispatch policy {result.policy}, transfers reserve {result.reserve}; the controller's own work "
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
-    for line in _summary_lines(cmp, result.trace, plan):
+    wall = result.trace.header.clock == "wall"
+    for line in _summary_lines(cmp, result.trace, plan, _priced_control_s(plan) if wall else None):
         print(line)
-    if result.trace.header.clock == "wall" and plan.program.cluster is not None:  # measured against predicted
+    if wall and plan.program.cluster is not None:  # measured against predicted
         print(_profile_line(plan.program))
         if drift is not None:
             print(f"note: {drift}")
@@ -322,9 +323,10 @@ def check_run_outputs(args: argparse.Namespace, spec: BackendSpec) -> None:
     check_outputs(wanted, inputs=[args.plan] + list(spec.inputs(options)))
 
 
-def _summary_lines(cmp, trace, plan: RunPlan) -> list[str]:
+def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] = None) -> list[str]:
     """start-up, oversubscription, steady state, control overhead and makespan lines of a run
-    (rpegc.runtime.report)."""
+    (rpegc.runtime.report); given the control round trip the plan's profile prices before every node, a wall-clock
+    run on no more workers than cores also says where its steady state's time went."""
     from rpegc.runtime.report import control_overhead, oversubscription, steady_state
 
     h = trace.header
@@ -340,12 +342,43 @@ def _summary_lines(cmp, trace, plan: RunPlan) -> list[str]:
     if steady is not None:
         lines.append(_steady_line(steady, cmp.steady_abs_rel_error, compared=over is None))
     control = control_overhead(plan.pred_ids(), trace) if h.clock == "wall" else None
+    priced = priced_control_s if h.clock == "wall" and over is None and steady is not None else None
     if control is not None:
-        lines.append(f"control overhead: {1000 * control.per_node_s:.3g} ms per node (report, reaction, command), "
+        also = f"; priced {1000 * priced:.3g} ms" if priced is not None else ""
+        lines.append(f"control overhead: {1000 * control.per_node_s:.3g} ms per node (report, reaction, command{also}), "
                      f"{1000 * control.critical_s:.3g} ms per step on the critical chain "
                      f"({100 * control.step_share:.3g} % of the step)")
+    if priced is not None:
+        lines += _part_lines(cmp, plan, range(steady.first_step, steady.last_step + 1), priced)
     lines.append(_makespan_line(cmp.measured_makespan, None if over else cmp.predicted_makespan,
                                 None if over or steady is not None else cmp.mean_abs_rel_error, h.clock))
+    return lines
+
+
+def _priced_control_s(plan: RunPlan) -> Optional[float]:
+    """The control round trip the plan's profile prices before every node ([overhead] `node`); None where the
+    plan has no cluster to price it with."""
+    from rpegc.core.cost.hardware import program_hardware
+
+    if plan.program.cluster is None:
+        return None
+    return program_hardware(plan.program, what="the prediction").overhead.node
+
+
+def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float) -> list[str]:
+    """Where the steady state's time went, per vertex and kind of transfer, measured against predicted
+    (rpegc.runtime.report.part_times)."""
+    from rpegc.runtime.report import part_label, part_times
+
+    parts = part_times(cmp.nodes, {n.id: part_label(n.node) for n in plan.nodes}, steps, control_s)
+    if not parts:
+        return []
+    width = max(len(p.label) for p in parts)
+    lines = ["time per node (steady steps' medians, the control round trip apart):"]
+    for p in parts:
+        ratio = f" ({p.ratio:.2f}x)" if p.ratio is not None else ""
+        lines.append(f"  {p.label:<{width}}  {1000 * p.measured_s:8.3g} ms measured, "
+                     f"{1000 * p.predicted_s:8.3g} ms predicted{ratio}")
     return lines
 
 

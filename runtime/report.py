@@ -12,6 +12,10 @@ Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run ve
 - steady-state node error: mean |measured - predicted| / predicted node time over the nodes of the
   steady-state steps (step 0, which warms caches and allocators, is left out). With one step there is
   no steady state; the error then falls back to all nodes.
+- time per part: per vertex (and per kind of transfer), the median over the steady-state steps' nodes of the
+  measured run time (start to finish) against the median of what the plan prices each to run for: its annotated
+  time less the control round trip the cost model puts before every node ([overhead] `node`), which the trace
+  measures apart (the control overhead). It says which part of a run its prediction misses.
 - oversubscribed: the torch backend launched more worker processes on this host than the host has
   cores; measured times then say more about the host's scheduler than about the plan, so the
   summary prints measured numbers only.
@@ -22,8 +26,9 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
+from rpegc.core.ir.exec_graph import ExecNode
 from rpegc.runtime.trace import Trace
 
 
@@ -165,3 +170,41 @@ def control_overhead(preds: dict[str, Sequence[str]], trace: Trace) -> Optional[
         critical_s=statistics.median(critical),
         step_share=statistics.median(shares),
     )
+
+
+@dataclass(frozen=True)
+class PartTime:
+    """One part of a run (a vertex, or one kind of transfer) over the steady-state steps: medians of its nodes."""
+
+    label: str
+    nodes: int
+    measured_s: float  # run time, start to finish
+    predicted_s: float  # the annotated time less the control round trip priced before it
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return self.measured_s / self.predicted_s if self.predicted_s > 0 else None
+
+
+def part_label(node: ExecNode) -> str:
+    """The part of a run a node belongs to: its vertex, or what a transfer moves and where."""
+    if node.kind == "op":  # a quantile phase is a part of its own: the first holds the prefill
+        vertex = node.vertex or node.id
+        return f"{vertex} phase {node.phase}/{node.nphases}" if node.phase is not None else vertex
+    if node.kind == "reshard":
+        return f"reshard @{node.model}"
+    what = f"%{node.container}" if node.container else f"@{node.model} weights"
+    where = " to the verifier pool" if node.alloc is None else " from the verifier pool" if node.src_alloc is None \
+        else ""
+    return f"transfer {what}{where}"
+
+
+def part_times(timings: Iterable, labels: Mapping[str, str], steps: range, control_s: float) -> list[PartTime]:
+    """`timings` (runtime.verify.NodeTiming) of the nodes of `steps` grouped by `labels` (node id -> part, the
+    plan's order), each part's median measured run time against the median of its priced time less `control_s`."""
+    groups: dict[str, list[tuple[float, float]]] = {label: [] for label in labels.values()}
+    for t in timings:
+        if t.step in steps and t.id in labels and t.predicted_time is not None:
+            groups[labels[t.id]].append((t.measured_time, max(0.0, t.predicted_time - control_s)))
+    return [PartTime(label, len(rows), statistics.median(m for m, _ in rows), statistics.median(p for _, p in rows))
+            for label, rows in groups.items() if rows]

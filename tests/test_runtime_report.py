@@ -6,10 +6,14 @@ import os
 
 import pytest
 
-from rpegc.runtime import report
+from types import SimpleNamespace
+
+from rpegc.core.ir.exec_graph import DataRef, ExecNode
+from rpegc.core.ir.geometry import Alloc
+from rpegc.runtime import cli, report
 from rpegc.runtime.cli import _summary_lines
-from rpegc.runtime.report import (ControlOverhead, Oversubscription, control_overhead, intervals, oversubscription,
-                                  startup_time, steady_state)
+from rpegc.runtime.report import (ControlOverhead, Oversubscription, PartTime, control_overhead, intervals,
+                                  oversubscription, part_label, part_times, startup_time, steady_state)
 from rpegc.runtime.trace import NodeRecord, StepRecord, Trace, TraceHeader
 from rpegc.runtime.verify import Comparison, NodeTiming
 
@@ -37,7 +41,10 @@ def synthetic(options: dict | None = None, steps=STEPS, nodes=NODES) -> Trace:
 
 
 class ChainPlan:
-    """What the summary needs of a plan: a#k after a#(k-1)."""
+    """What the summary needs of a plan: a#k after a#(k-1); no cluster prices it."""
+
+    program = SimpleNamespace(cluster=None)
+    nodes = tuple(SimpleNamespace(id=i, node=ExecNode(i, "op", int(i[-1]), 0, vertex="a")) for i in NODES)
 
     @staticmethod
     def pred_ids() -> dict[str, tuple[str, ...]]:
@@ -177,3 +184,50 @@ def test_control_overhead_counts_an_early_start_as_no_wait_and_needs_a_steady_st
     assert c is not None and c.per_node_s == pytest.approx((0.004 + 0.006 + 0.001 + 0.003) / 5)
     assert control_overhead(GAP_PREDS, synthetic(steps=GAP_STEPS[:1], nodes=GAPS)) is None
     assert isinstance(c, ControlOverhead)
+
+
+ONE = Alloc((0, 0, 0), (1, 1, 1))
+
+
+def test_a_part_is_a_vertex_or_what_a_transfer_moves_and_where():
+    assert part_label(ExecNode("gen#3", "op", 3, 0, vertex="gen")) == "gen"
+    assert part_label(ExecNode("gen#3.q2", "op", 3, 0, vertex="gen", phase=2, nphases=4)) == "gen phase 2/4"
+    y = (DataRef("Y"),)
+    assert part_label(ExecNode("c1", "comm", 3, 1, container="Y", alloc=ONE, src_alloc=ONE, data_in=y)) \
+        == "transfer %Y"
+    assert part_label(ExecNode("c2", "comm", 3, 1, container="Y", alloc=None, src_alloc=ONE)) \
+        == "transfer %Y to the verifier pool"
+    assert part_label(ExecNode("c3", "comm", 3, 1, container="r", alloc=ONE, src_alloc=None)) \
+        == "transfer %r from the verifier pool"
+    assert part_label(ExecNode("c4", "comm", 3, 1, model="actor", alloc=ONE, src_alloc=ONE)) \
+        == "transfer @actor weights"
+    assert part_label(ExecNode("r1", "reshard", 3, 1, model="actor", alloc=ONE, src_alloc=ONE)) == "reshard @actor"
+
+
+def test_part_times_are_medians_of_the_steady_nodes_less_the_priced_control():
+    # a: steps 1-3 measured 2, 4, 9 ms, each priced 3.5 ms of which 0.5 control; b: one node; step 0 left out
+    rows = [NodeTiming(f"a#{k}", "op", k, 0.0035, None, None, 0.0, m) for k, m in enumerate((0.1, 0.002, 0.004,
+                                                                                         0.009))]
+    rows.append(NodeTiming("c#1", "comm", 1, 0.0015, None, None, 1.0, 1.004))
+    rows.append(NodeTiming("d#1", "op", 1, None, None, None, 0.0, 1.0))  # unscheduled: no part
+    labels = {"a#0": "a", "a#1": "a", "a#2": "a", "a#3": "a", "c#1": "transfer %Y", "d#1": "d"}
+    parts = part_times(rows, labels, range(1, 4), 0.0005)
+    assert [p.label for p in parts] == ["a", "transfer %Y"]  # the labels' order
+    a, c = parts
+    assert (a.nodes, a.measured_s, a.predicted_s) == (3, pytest.approx(0.004), pytest.approx(0.003))
+    assert a.ratio == pytest.approx(4 / 3)
+    assert (c.nodes, c.measured_s, c.predicted_s) == (1, pytest.approx(0.004), pytest.approx(0.001))
+    assert PartTime("x", 1, 0.001, 0.0).ratio is None  # priced at the control round trip alone
+    assert part_times(rows, labels, range(5, 9), 0.0005) == []
+
+
+def test_a_priced_wall_clock_summary_says_where_the_steady_state_went():
+    lines = _summary_lines(comparison(), synthetic({"local_workers": 2, "host_cores": 2}), ChainPlan(), 0.25)
+    assert lines[2] == ("control overhead: 0 ms per node (report, reaction, command; priced 250 ms), 0 ms per step "
+                        "on the critical chain (0 % of the step)")
+    # steps 1-2 of `comparison`: measured 0.5 and 1.0 s, each priced 1.0 s of which 0.25 control
+    assert lines[3:5] == ["time per node (steady steps' medians, the control round trip apart):",
+                          "  a       750 ms measured,      750 ms predicted (1.00x)"]
+    over = _summary_lines(comparison(), synthetic({"local_workers": 8, "host_cores": 2}), ChainPlan(), 0.25)
+    assert not any(line.startswith("time per node") for line in over)  # oversubscribed: measured numbers only
+    assert cli._priced_control_s(ChainPlan()) is None  # no cluster prices it
