@@ -345,8 +345,8 @@ def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] 
     priced = priced_control_s if h.clock == "wall" and over is None and steady is not None else None
     if control is not None:
         also = f"; priced {1000 * priced:.3g} ms" if priced is not None else ""
-        lines.append(f"control overhead: {1000 * control.per_node_s:.3g} ms per node (report, reaction, command{also}), "
-                     f"{1000 * control.critical_s:.3g} ms per step on the critical chain "
+        lines.append(f"control overhead: {1000 * control.per_node_s:.3g} ms per node (report, reaction, "
+                     f"command{also}), {1000 * control.critical_s:.3g} ms per step on the critical chain "
                      f"({100 * control.step_share:.3g} % of the step)")
     if priced is not None:
         lines += _part_lines(cmp, plan, range(steady.first_step, steady.last_step + 1), priced)
