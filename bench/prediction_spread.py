@@ -1,0 +1,180 @@
+"""Issue 36: how closely this machine lets a CPU profile predict the demo's measured runs.
+
+`make demo` prints two runs against their predictions: tiny GRPO on 2 workers (100 steps) and the arithmetic GRPO on
+a Llama checkpoint with the math verifier on a pool (60 steps). Per round this bench does what a fresh clone's demo
+does, `--rounds` times: `rpeg-calibrate --machine` into an empty cache directory (the first use of `hardware =
+"cpu"`), both plans compiled as the Makefile compiles them (its TWO_* and ARITH_* pipelines), then `--runs` runs of
+each, interleaved. Per run it records the steady state's measured and predicted s/step, their ratio, what the speed
+probe said of the machine against its calibration (rpeg-run's drift note) and the verify node's measured and
+predicted time (its `time per node` line); per round the profile's keys that price these runs most.
+
+Two spreads come out of it: run to run under one profile (the same plan, the same prices: the machine alone), and
+profile to profile across rounds (the calibration's moment). A run within 25 % of its prediction needs both small.
+
+Writes bench/results/prediction_spread.csv (one row per run) and prints a table and a summary. No test asserts a
+time. Run it alone on the machine (no tests or helpers beside it). Usage:
+    .venv/bin/python bench/prediction_spread.py [--rounds 3] [--runs 2] [--out DIR]
+About 2 minutes a round with 2 runs of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+WITHIN = 0.25  # issue 36's bound on |measured / predicted - 1|
+
+STEADY = re.compile(r"steady state: measured ([0-9.e-]+) s/step, predicted ([0-9.e-]+) s/step")
+DRIFT = re.compile(r"at least ([0-9.]+)x (slower|faster)")
+VERIFY = re.compile(r"^\s+verify\s+([0-9.e-]+) ms measured,\s+([0-9.e-]+) ms predicted", re.M)
+PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "transfer", "math", "speed_probe_s")
+
+
+@dataclass(frozen=True)
+class Run:
+    round: int
+    workload: str
+    repeat: int
+    clock: str  # when it started, HH:MM:SS
+    measured_s: float
+    predicted_s: float
+    ratio: float
+    probe_drift: Optional[float]  # > 1: the probe ran this much slower than at calibration (before and after)
+    verify_measured_ms: Optional[float]
+    verify_predicted_ms: Optional[float]
+
+
+def makefile_pipelines() -> dict[str, str]:
+    """The demo's pipelines as the Makefile writes them (one source of truth)."""
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    pipes = dict(re.findall(r"^([A-Z_]+) := (.*)$", text, flags=re.M))
+    return {"tiny-2": f"{pipes['TWO_OPT']},{pipes['TWO_LOWER']}",
+            "arith": f"{pipes['ARITH_OPT']},{pipes['ARITH_LOWER']}"}
+
+
+def run(cmd: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"prediction_spread: {' '.join(cmd[:3])} failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
+    return done.stdout
+
+
+def profile_keys(cache: Path) -> dict[str, float]:
+    """The keys of the round's profile that price these runs most."""
+    (path,) = (cache / "hardware").glob("cpu-*.toml")
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    flat: dict[str, float] = {}
+    for table in (data.get("compute", {}), data.get("overhead", {}), data.get("host", {}).get("verify", {}),
+                  data.get("meta", {})):
+        flat.update({k: v for k, v in table.items() if k in PROFILE_KEYS})
+    return flat
+
+
+def parse_run(out: str, round_: int, workload: str, repeat: int, clock: str) -> Run:
+    steady = STEADY.search(out)
+    if steady is None:
+        sys.exit(f"prediction_spread: no steady state in the {workload} run:\n{out[-1500:]}")
+    measured, predicted = float(steady[1]), float(steady[2])
+    drift = DRIFT.search(out)
+    verify = VERIFY.search(out)
+    return Run(round_, workload, repeat, clock, measured, predicted, measured / predicted,
+               None if drift is None else float(drift[1]) ** (1 if drift[2] == "slower" else -1),
+               None if verify is None else float(verify[1]), None if verify is None else float(verify[2]))
+
+
+def one_round(round_: int, runs: int, arith: Path, tmp: Path, env: dict[str, str]) -> tuple[list[Run], dict]:
+    cache = tmp / f"cache-{round_}"
+    env = dict(env, RPEGC_CACHE_DIR=str(cache))
+    start = time.perf_counter()
+    run([str(BIN / "rpeg-calibrate"), "--machine", "--quiet"], env)
+    keys = dict(profile_keys(cache), calibration_s=round(time.perf_counter() - start, 1))
+    pipes = makefile_pipelines()
+    plans = {"tiny-2": (ROOT / "examples" / "grpo-tiny-2.rpeg", []),
+             "arith": (arith / "grpo.rpeg", ["--data", str(arith / "train.jsonl"),
+                                             "--rl-config", str(ROOT / "examples" / "arith-rl.toml")])}
+    for name, (source, _) in plans.items():
+        run([str(BIN / "rpegc"), str(source), "-p", pipes[name], "-o", str(tmp / f"{name}.exec.rpeg")], env)
+    out = []
+    for repeat in range(runs):
+        for name, (_, extra) in plans.items():
+            clock = time.strftime("%H:%M:%S")
+            text = run([str(BIN / "rpeg-run"), str(tmp / f"{name}.exec.rpeg"), "--backend", "torch", "--quiet",
+                        *extra], env)
+            out.append(parse_run(text, round_, name, repeat, clock))
+    return out, keys
+
+
+def summary(rows: list[Run]) -> list[str]:
+    lines = []
+    for name in dict.fromkeys(r.workload for r in rows):
+        mine = [r for r in rows if r.workload == name]
+        ratios = [r.ratio for r in mine]
+        within = sum(abs(x - 1.0) <= WITHIN for x in ratios)
+        by_round: dict[int, list[float]] = {}
+        for r in mine:
+            by_round.setdefault(r.round, []).append(r.measured_s)
+        run_spread = max(max(v) / min(v) for v in by_round.values())
+        predicted = sorted({r.predicted_s for r in mine})
+        lines.append(f"{name}: measured/predicted {min(ratios):.2f}-{max(ratios):.2f} (median "
+                     f"{statistics.median(ratios):.2f}), {within} of {len(ratios)} within {WITHIN:.0%}; the same "
+                     f"plan and profile measured up to {run_spread:.2f}x apart; predictions {predicted[0]:.3g}-"
+                     f"{predicted[-1]:.3g} s/step across the rounds' profiles ({predicted[-1] / predicted[0]:.2f}x)")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="fresh calibrations (each a fresh clone's first use)")
+    ap.add_argument("--runs", type=int, default=2, help="runs of each workload per round, interleaved")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the CSV goes")
+    args = ap.parse_args()
+    if args.rounds < 1 or args.runs < 1:
+        sys.exit("prediction_spread: --rounds and --runs must be >= 1")
+    import os
+
+    env = dict(os.environ)
+    rows: list[Run] = []
+    keys: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="rpeg-spread-") as name:
+        tmp = Path(name)
+        arith = tmp / "arith"
+        run([sys.executable, "-m", "rpegc.tools.arith", "make", str(arith), "--warm-up", "100"], env)
+        for round_ in range(args.rounds):
+            got, profile = one_round(round_, args.runs, arith, tmp, env)
+            rows += got
+            keys.append(profile)
+            print(f"round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in profile.items()))
+            for r in got:
+                drift = f", probe {r.probe_drift:.2f}x" if r.probe_drift is not None else ""
+                if r.verify_measured_ms is not None:
+                    drift += f"; verify {r.verify_measured_ms:.3g} / {r.verify_predicted_ms:.3g} ms"
+                print(f"  {r.clock} {r.workload:6s} {1000 * r.measured_s:6.1f} / {1000 * r.predicted_s:6.1f} ms/step "
+                      f"= {r.ratio:.2f}{drift}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "prediction_spread.csv"
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        names = [f.name for f in fields(Run)] + list(PROFILE_KEYS) + ["calibration_s"]
+        w = csv.DictWriter(fh, fieldnames=names)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**asdict(r), **keys[r.round]})
+    for line in summary(rows):
+        print(line)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
