@@ -133,3 +133,25 @@ def test_scale_ladder_programs_lower_and_count_their_parameters(tmp_path):
         src.write_text(scale.program("60m", "bf16", flags))
         lower = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,annotate-cost,schedule"
         assert rpegc_main([str(src), "-p", lower, "-o", str(tmp_path / f"s{flags}.exec.rpeg")]) == 0
+
+
+def test_prediction_spread_reads_the_demos_pipelines_and_rpeg_runs_summary():
+    """bench/prediction_spread.py compiles the plans as the Makefile does and reads rpeg-run's lines (the runs
+    themselves are measured, alone, by hand)."""
+    spread = load_bench("prediction_spread")
+    pipes = spread.makefile_pipelines()
+    assert "unroll{k=100}" in pipes["tiny-2"] and "unroll{k=60}" in pipes["arith"]
+    assert all(p.startswith("verify-wellformed,optimize{") and p.endswith(",schedule") for p in pipes.values())
+    out = ("steady state: measured 0.0583 s/step, predicted 0.0421 s/step (measured/predicted 1.384) over steps 1-59\n"
+           "time per node (steady steps' medians, the control round trip apart):\n"
+           "  gen        12.4 ms measured,     11.5 ms predicted (1.07x)\n"
+           "  verify     49.7 ms measured,     39.5 ms predicted (1.26x)\n"
+           "note: this machine ran the speed probe at least 1.30x slower before and after the run than ...\n")
+    run = spread.parse_run(out, 0, "arith", 1, "14:00:00")
+    assert (run.measured_s, run.predicted_s, run.probe_drift) == (0.0583, 0.0421, 1.30)
+    assert (run.verify_measured_ms, run.verify_predicted_ms) == (49.7, 39.5)
+    faster = spread.parse_run(out.replace("1.30x slower", "1.25x faster"), 0, "arith", 1, "14:00:00")
+    assert abs(faster.probe_drift - 0.8) < 1e-12
+    rows = [run, spread.Run(1, "arith", 0, "14:01:00", 0.05, 0.0421, 0.05 / 0.0421, None, None, None)]
+    (line,) = spread.summary(rows)
+    assert line.startswith("arith: measured/predicted 1.19-1.38 (median 1.29), 1 of 2 within 25%")
