@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
-
-from types import SimpleNamespace
 
 from rpegc.core.ir.exec_graph import DataRef, ExecNode
 from rpegc.core.ir.geometry import Alloc
@@ -205,7 +204,7 @@ def test_a_part_is_a_vertex_or_what_a_transfer_moves_and_where():
 
 
 def test_part_times_are_medians_of_the_steady_nodes_less_the_priced_control():
-    # a: steps 1-3 measured 2, 4, 9 ms, each priced 3.5 ms of which 0.5 control; b: one node; step 0 left out
+    # a: steps 1-3 measured 2, 4, 9 ms, each priced 3.5 ms of which 0.5 control; c: one node; step 0 left out
     rows = [NodeTiming(f"a#{k}", "op", k, 0.0035, None, None, 0.0, m) for k, m in enumerate((0.1, 0.002, 0.004,
                                                                                          0.009))]
     rows.append(NodeTiming("c#1", "comm", 1, 0.0015, None, None, 1.0, 1.004))

@@ -40,8 +40,8 @@ class OverheadPlan:
     models: tuple[tuple[str, str], ...]  # (rpeg-validate preset or llama-small, position encoding)
     shapes: tuple[tuple[int, int, int, int], ...]  # (B, R, Lp, Lr)
     repeats: int  # timed runs of each operator (median), after WARMUP
-    steps: int  # of the control run: a transfer's extra time is 0 or 1-4 ms (whether an endpoint is busy), and the
-    # median of 12 steps' 54 transfers took 0.29-1.5 ms in identical runs; of 40 steps' 194, 0.71-0.89 ms
+    steps: int  # of the control run: a transfer's extra time is bimodal (whether an endpoint is busy), so its median
+    # holds still only over ~200 transfers (docs/calibration.md)
 
 
 # Two small models whose operators are mostly overhead: rpeg-validate's `tiny` preset (the toy presets' learned
