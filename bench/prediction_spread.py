@@ -6,12 +6,13 @@ does, `--rounds` times: `rpeg-calibrate --machine` into an empty cache directory
 "cpu"`), both plans compiled as the Makefile compiles them (its TWO_* and ARITH_* pipelines), then `--runs` runs of
 each, interleaved. Per run it records the steady state's measured and predicted s/step, their ratio, what the speed
 probe said of the machine against its calibration (rpeg-run's drift note) and the verify node's measured and
-predicted time (its `time per node` line); per round the profile's keys that price these runs most.
+predicted time per part (its `time per node` lines); per round the profile's keys that price these runs most.
 
 Two spreads come out of it: run to run under one profile (the same plan, the same prices: the machine alone), and
 profile to profile across rounds (the calibration's moment). A run within 25 % of its prediction needs both small.
 
-Writes bench/results/prediction_spread.csv (one row per run) and prints a table and a summary. No test asserts a
+Writes bench/results/prediction_spread.csv (one row per run) and prediction_spread_parts.csv (one row per run and
+part: a vertex or a kind of transfer) and prints a table and a summary. No test asserts a
 time. Run it alone on the machine (no tests or helpers beside it). Usage:
     .venv/bin/python bench/prediction_spread.py [--rounds 3] [--runs 2] [--out DIR]
 About 2 minutes a round with 2 runs of each.
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -38,7 +39,7 @@ WITHIN = 0.25  # issue 36's bound on |measured / predicted - 1|
 
 STEADY = re.compile(r"steady state: measured ([0-9.e-]+) s/step, predicted ([0-9.e-]+) s/step")
 DRIFT = re.compile(r"at least ([0-9.]+)x (slower|faster)")
-VERIFY = re.compile(r"^\s+verify\s+([0-9.e-]+) ms measured,\s+([0-9.e-]+) ms predicted", re.M)
+PART = re.compile(r"^  (\S.*?)\s+([0-9.e+-]+) ms measured,\s+([0-9.e+-]+) ms predicted", re.M)
 PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "transfer", "math", "speed_probe_s")
 
 
@@ -52,8 +53,10 @@ class Run:
     predicted_s: float
     ratio: float
     probe_drift: Optional[float]  # > 1: the probe ran this much slower than at calibration (before and after)
-    verify_measured_ms: Optional[float]
-    verify_predicted_ms: Optional[float]
+    parts: tuple[tuple[str, float, float], ...]  # (part, measured ms, predicted ms): rpeg-run's `time per node`
+
+    def part(self, label: str) -> Optional[tuple[float, float]]:
+        return next(((m, p) for name, m, p in self.parts if name == label), None)
 
 
 def makefile_pipelines() -> dict[str, str]:
@@ -88,10 +91,9 @@ def parse_run(out: str, round_: int, workload: str, repeat: int, clock: str) -> 
         sys.exit(f"prediction_spread: no steady state in the {workload} run:\n{out[-1500:]}")
     measured, predicted = float(steady[1]), float(steady[2])
     drift = DRIFT.search(out)
-    verify = VERIFY.search(out)
+    parts = tuple((m[1], float(m[2]), float(m[3])) for m in PART.finditer(out))
     return Run(round_, workload, repeat, clock, measured, predicted, measured / predicted,
-               None if drift is None else float(drift[1]) ** (1 if drift[2] == "slower" else -1),
-               None if verify is None else float(verify[1]), None if verify is None else float(verify[2]))
+               None if drift is None else float(drift[1]) ** (1 if drift[2] == "slower" else -1), parts)
 
 
 def one_round(round_: int, runs: int, arith: Path, tmp: Path, env: dict[str, str]) -> tuple[list[Run], dict]:
@@ -134,6 +136,25 @@ def summary(rows: list[Run]) -> list[str]:
     return lines
 
 
+def write_csvs(rows: list[Run], keys: list[dict], out: Path) -> None:
+    """One row per run (with the round's profile keys), and one per run and part."""
+    head = [f.name for f in fields(Run) if f.name != "parts"]
+    with open(out / "prediction_spread.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(head + ["verify_measured_ms", "verify_predicted_ms"] + list(PROFILE_KEYS) + ["calibration_s"])
+        for r in rows:
+            verify = r.part("verify") or (None, None)
+            profile = keys[r.round]
+            w.writerow([getattr(r, name) for name in head] + list(verify)
+                       + [profile.get(k) for k in PROFILE_KEYS] + [profile.get("calibration_s")])
+    with open(out / "prediction_spread_parts.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["round", "workload", "repeat", "part", "measured_ms", "predicted_ms", "ratio"])
+        for r in rows:
+            for name, m, p in r.parts:
+                w.writerow([r.round, r.workload, r.repeat, name, m, p, round(m / p, 4) if p > 0 else None])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="fresh calibrations (each a fresh clone's first use)")
@@ -158,21 +179,15 @@ def main() -> int:
             print(f"round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in profile.items()))
             for r in got:
                 drift = f", probe {r.probe_drift:.2f}x" if r.probe_drift is not None else ""
-                if r.verify_measured_ms is not None:
-                    drift += f"; verify {r.verify_measured_ms:.3g} / {r.verify_predicted_ms:.3g} ms"
+                if r.part("verify") is not None:
+                    drift += "; verify {:.3g} / {:.3g} ms".format(*r.part("verify"))
                 print(f"  {r.clock} {r.workload:6s} {1000 * r.measured_s:6.1f} / {1000 * r.predicted_s:6.1f} ms/step "
                       f"= {r.ratio:.2f}{drift}")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "prediction_spread.csv"
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        names = [f.name for f in fields(Run)] + list(PROFILE_KEYS) + ["calibration_s"]
-        w = csv.DictWriter(fh, fieldnames=names)
-        w.writeheader()
-        for r in rows:
-            w.writerow({**asdict(r), **keys[r.round]})
+    write_csvs(rows, keys, args.out)
     for line in summary(rows):
         print(line)
-    print(f"wrote {path}")
+    print(f"wrote {args.out / 'prediction_spread.csv'} and {args.out / 'prediction_spread_parts.csv'}")
     return 0
 
 

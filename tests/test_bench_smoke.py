@@ -135,7 +135,7 @@ def test_scale_ladder_programs_lower_and_count_their_parameters(tmp_path):
         assert rpegc_main([str(src), "-p", lower, "-o", str(tmp_path / f"s{flags}.exec.rpeg")]) == 0
 
 
-def test_prediction_spread_reads_the_demos_pipelines_and_rpeg_runs_summary():
+def test_prediction_spread_reads_the_demos_pipelines_and_rpeg_runs_summary(tmp_path):
     """bench/prediction_spread.py compiles the plans as the Makefile does and reads rpeg-run's lines (the runs
     themselves are measured, alone, by hand)."""
     spread = load_bench("prediction_spread")
@@ -149,9 +149,14 @@ def test_prediction_spread_reads_the_demos_pipelines_and_rpeg_runs_summary():
            "note: this machine ran the speed probe at least 1.30x slower before and after the run than ...\n")
     run = spread.parse_run(out, 0, "arith", 1, "14:00:00")
     assert (run.measured_s, run.predicted_s, run.probe_drift) == (0.0583, 0.0421, 1.30)
-    assert (run.verify_measured_ms, run.verify_predicted_ms) == (49.7, 39.5)
+    assert run.parts == (("gen", 12.4, 11.5), ("verify", 49.7, 39.5)) and run.part("verify") == (49.7, 39.5)
     faster = spread.parse_run(out.replace("1.30x slower", "1.25x faster"), 0, "arith", 1, "14:00:00")
     assert abs(faster.probe_drift - 0.8) < 1e-12
-    rows = [run, spread.Run(1, "arith", 0, "14:01:00", 0.05, 0.0421, 0.05 / 0.0421, None, None, None)]
+    rows = [run, spread.Run(1, "arith", 0, "14:01:00", 0.05, 0.0421, 0.05 / 0.0421, None, ())]
     (line,) = spread.summary(rows)
     assert line.startswith("arith: measured/predicted 1.19-1.38 (median 1.29), 1 of 2 within 25%")
+    spread.write_csvs(rows, [{"math": 6e-4, "calibration_s": 30.0}] * 2, tmp_path)
+    table = list(csv.DictReader((tmp_path / "prediction_spread.csv").read_text().splitlines()))
+    assert [row["verify_measured_ms"] for row in table] == ["49.7", ""] and table[0]["math"] == "0.0006"
+    parts = list(csv.DictReader((tmp_path / "prediction_spread_parts.csv").read_text().splitlines()))
+    assert [(p["part"], p["ratio"]) for p in parts] == [("gen", "1.0783"), ("verify", "1.2582")]
