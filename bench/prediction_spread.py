@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
 import statistics
 import subprocess
@@ -163,8 +164,6 @@ def main() -> int:
     args = ap.parse_args()
     if args.rounds < 1 or args.runs < 1:
         sys.exit("prediction_spread: --rounds and --runs must be >= 1")
-    import os
-
     env = dict(os.environ)
     rows: list[Run] = []
     keys: list[dict] = []

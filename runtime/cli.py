@@ -254,7 +254,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(f"step {s.step} done ({s.steps_done}/{s.steps_total}) at t = {s.finish:.6g} s{pred}, "
               f"wall {s.wall_s:.3f} s{extra}", flush=True)
 
-    probed = _probed_profile(plan, backend)
+    priced = _priced_profile(plan, backend)  # resolved once: the probe, the control round trip, the profile line
+    probed = _with_probe(priced)
     probe_s = spaced_probe_seconds() if probed is not None else None  # before the workers start: the probe runs alone
     writer = TraceWriter(args.trace) if args.trace else None
     options = {"jitter": args.jitter, "jitter_dist": args.jitter_dist, "seed": args.seed,
@@ -279,11 +280,10 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
           f"(dispatch policy {result.policy}, transfers reserve {result.reserve}; the controller's own work "
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
-    wall = result.trace.header.clock == "wall"
-    for line in _summary_lines(cmp, result.trace, plan, _priced_control_s(plan) if wall else None):
+    for line in _summary_lines(cmp, result.trace, plan, priced.overhead.node if priced is not None else None):
         print(line)
-    if wall and plan.program.cluster is not None:  # measured against predicted
-        print(_profile_line(plan.program))
+    if priced is not None:  # measured against predicted
+        print(_profile_line(plan.program, priced))
         if drift is not None:
             print(f"note: {drift}")
     for line in backend.memory_summary():
@@ -355,16 +355,6 @@ def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] 
     return lines
 
 
-def _priced_control_s(plan: RunPlan) -> Optional[float]:
-    """The control round trip the plan's profile prices before every node ([overhead] `node`); None where the
-    plan has no cluster to price it with."""
-    from rpegc.core.cost.hardware import program_hardware
-
-    if plan.program.cluster is None:
-        return None
-    return program_hardware(plan.program, what="the prediction").overhead.node
-
-
 def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float) -> list[str]:
     """Where the steady state's time went, per vertex and kind of transfer, measured against predicted
     (rpegc.runtime.report.part_times)."""
@@ -395,21 +385,23 @@ def _devices_text(plan) -> str:
     return f"{text} and a verifier pool{sharing}"
 
 
-def _probed_profile(plan: RunPlan, backend):
-    """The profile a wall-clock run is priced with, if it recorded runtime/speed_probe.py's probe; else None."""
+def _priced_profile(plan: RunPlan, backend):
+    """The profile a wall-clock run is measured against (its plan's cluster's); None on a simulated clock or
+    without a cluster."""
     from rpegc.core.cost.hardware import program_hardware
 
     if backend.clock != "wall" or plan.program.cluster is None:
         return None
-    hw = program_hardware(plan.program, what="the prediction")
-    return hw if hw.speed_probe_s is not None else None
+    return program_hardware(plan.program, what="the prediction")
 
 
-def _profile_line(program) -> str:
-    """Whose machine the predictions were priced for (the plan's cluster's profile)."""
-    from rpegc.core.cost.hardware import program_hardware
+def _with_probe(hw):
+    """`hw` if it recorded runtime/speed_probe.py's probe, else None."""
+    return hw if hw is not None and hw.speed_probe_s is not None else None
 
-    hw = program_hardware(program, what="the prediction")
+
+def _profile_line(program, hw) -> str:
+    """Whose machine the predictions were priced for (`hw`, the plan's cluster's profile)."""
     return f"predictions priced with hardware '{program.cluster.hardware}' = '{hw.name}': {hw.provenance()}"
 
 

@@ -229,4 +229,4 @@ def test_a_priced_wall_clock_summary_says_where_the_steady_state_went():
                           "  a       750 ms measured,      750 ms predicted (1.00x)"]
     over = _summary_lines(comparison(), synthetic({"local_workers": 8, "host_cores": 2}), ChainPlan(), 0.25)
     assert not any(line.startswith("time per node") for line in over)  # oversubscribed: measured numbers only
-    assert cli._priced_control_s(ChainPlan()) is None  # no cluster prices it
+    assert cli._priced_profile(ChainPlan(), SimpleNamespace(clock="wall")) is None  # no cluster prices it

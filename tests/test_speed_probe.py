@@ -49,14 +49,14 @@ def test_the_profile_keeps_the_probe_in_its_meta_and_ignores_what_is_not_a_time(
 
 
 def test_rpeg_run_names_a_machine_that_runs_slower_than_its_profile_was_calibrated(tmp_path, monkeypatch):
-    """rpeg-run's check (`runtime.cli._probed_profile`, then the probe before and after the run, the note printed
+    """rpeg-run's check (`runtime.cli._priced_profile` with a probe, then the probe before and after the run, the note printed
     after the profile line): a wall-clock run of a plan whose profile recorded a probe of a microsecond gets the note;
     a simulated clock or a profile without a probe is not probed."""
     pytest.importorskip("torch")
     from types import SimpleNamespace
 
     from rpegc.core.cost.machine import PIN_ENV
-    from rpegc.runtime.cli import _probed_profile
+    from rpegc.runtime.cli import _priced_profile, _with_probe
     from rpegc.runtime.plan import load_plan
     from fixtures.programs import compile_example
 
@@ -64,6 +64,10 @@ def test_rpeg_run_names_a_machine_that_runs_slower_than_its_profile_was_calibrat
     compile_example("grpo-tiny", path, steps=1)
     plan = load_plan(path)
     wall, sim = SimpleNamespace(clock="wall"), SimpleNamespace(clock="sim")
+
+    def _probed_profile(plan, backend):
+        return _with_probe(_priced_profile(plan, backend))
+
     assert _probed_profile(plan, wall) is None  # the pinned cpu-reference profile predates the probe
     profile = tmp_path / "cpu-fast.toml"  # a machine that ran the probe in a microsecond
     profile.write_text(open(REFERENCE).read().replace("[meta]", "[meta]\nspeed_probe_s = 1e-6"))

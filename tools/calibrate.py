@@ -1182,12 +1182,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         concurrent=concurrent, links_from=links)
         reference = SpeedReference(cal.speed_probe_s) if cal.speed_probe_s is not None else None
         tables = _at_speed(host_text, reference, args.quick) if backend == "gloo" else ""  # verifier pools: the host
-        text = profile_text(cal) + tables
         if args.overhead or args.machine:  # this machine's profile prices the operators as they run
             if backend != "gloo":
                 raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")
             overheads = QUICK if args.quick else FULL
-            tables += _at_speed(lambda: overhead_text(cal.hardware(), text, overheads, quiet=args.quiet), reference,
+            so_far = profile_text(cal) + tables  # what the overheads' control run is priced with
+            tables += _at_speed(lambda: overhead_text(cal.hardware(), so_far, overheads, quiet=args.quiet), reference,
                                 args.quick)
         if reference is not None:  # the profile records the fastest probe of the calibration
             cal.speed_probe_s = reference.seconds
