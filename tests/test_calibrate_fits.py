@@ -131,6 +131,20 @@ def test_profile_round_trips_through_load_hardware(tmp_path: Path):
     assert cal.hardware().F_peak == pytest.approx(5.6e10)
 
 
+def test_a_kernel_scale_moves_the_forward_terms_the_profile_writes(tmp_path: Path):
+    """The operators' overheads were fitted against the forwards as they ran beside them (tools/overhead_timing.py):
+    the profile's F_peak and t_layer are moved by the same scale, and say so."""
+    cal = _calibration()
+    cal.eta_fit = dataclasses.replace(cal.eta_fit, t_layer=3e-4)
+    cal.kernel_scale = 0.8
+    path = tmp_path / "cpu.toml"
+    path.write_text(profile_text(cal))
+    hw = load_hardware(str(path))
+    assert hw.F_peak == pytest.approx(5.6e10 / 0.8) and hw.t_layer == pytest.approx(3e-4 * 0.8)
+    assert hw.BW_mem == pytest.approx(2.5e10) and hw.c_ng == pytest.approx(1.6e-4)  # not forward terms
+    assert "then x 1.25: the operators' moment on one worker" in path.read_text()
+
+
 def test_profile_comments_every_value_and_records_fit_quality():
     text = profile_text(_calibration())
     for line in text.splitlines():

@@ -1,14 +1,20 @@
 """What rpeg-calibrate --overhead measures (tools/overhead_timing.py): the `[overhead]` table of a CPU profile. The fit
-is checked on synthetic operators (it recovers the terms, keeps them >= 0); the measurement end to end on a small grid
-and a short real run. No test asserts a time: only that the values are >= 0 and load as a profile's."""
+is checked on synthetic operators (it recovers the terms, keeps them >= 0, subtracts the kernels as they ran); the
+measurement end to end on a small grid, a kernel forward timed beside it and a short real run. No test asserts a
+time: only that the values are >= 0 and load as a profile's."""
 
+import re
 import tomllib
+from dataclasses import replace
 
 import pytest
 
-from rpegc.core.cost.hardware import Hardware, load_hardware
-from rpegc.tools import overhead_timing
-from rpegc.tools.overhead_timing import fit_role, tokens
+from rpegc.core.cost.hardware import Hardware, Overhead, load_hardware
+from rpegc.core.ir.errors import RpegError
+from rpegc.core.cost.options import cost_options
+from rpegc.tools import overhead_timing, validate
+from rpegc.tools.calibrate import cpu_plan
+from rpegc.tools.overhead_timing import KernelCheck, fit_role, kernel_scale, moved_kernels, tokens
 
 
 def test_the_fit_recovers_per_call_and_per_token_terms():
@@ -33,17 +39,51 @@ def test_the_fit_keeps_both_terms_non_negative():
     assert (f.call, f.token) == (0.0, 0.0)
 
 
+def test_kernels_subtracted_as_they_ran_beside_the_operators_recover_the_terms():
+    """The campaign timed the kernels at a slower moment (1/0.6 of their time beside the operators): subtracted as the
+    campaign timed them they leave nothing to fit, scaled as they ran they leave the true terms."""
+    calls, toks = [1, 1, 1, 1, 1], [128, 256, 512, 1024, 2048]
+    campaign = [4e-3, 5e-3, 7e-3, 11e-3, 19e-3]
+    measured = [0.6 * k + 5e-4 + 4e-6 * t for k, t in zip(campaign, toks)]
+    assert fit_role("generation", calls, toks, campaign, measured).call == 0.0
+    f = fit_role("generation", calls, toks, [0.6 * k for k in campaign], measured)
+    assert f.call == pytest.approx(5e-4, rel=1e-9) and f.token == pytest.approx(4e-6, rel=1e-9)
+
+
+def test_the_kernel_scale_is_the_median_forwards_time_now_over_then_in_the_campaigns_statistic():
+    now = [[2.0, 3.0, 4.0], [1.0, 1.5], [0.9, 5.0]]
+    campaign = [1.0, 0.5, 1.0]
+    assert kernel_scale(now, campaign, "min") == pytest.approx(2.0)  # ratios 2, 2, 0.9
+    assert kernel_scale(now, campaign, "median") == pytest.approx(2.95)  # ratios 3, 2.5, 2.95
+    with pytest.raises(RpegError, match="no kernel forward"):
+        kernel_scale([[]], [1.0], "min")
+
+
+def test_moved_kernels_make_every_forward_that_much_longer():
+    hw = replace(load_hardware("cpu-reference"), overhead=Overhead())
+    case = validate.Case("inference", "reference", "tiny", validate.VALIDATION_ARCHS["tiny"], 8, 4, 8, 8, 1, 1, 1, 1)
+    opts = cost_options(validate.BACKEND_COST_OPTIONS)
+    before = validate.predict(case, hw, opts, 1).T_op
+    assert validate.predict(case, moved_kernels(hw, 1.5), opts, 1).T_op == pytest.approx(1.5 * before, rel=1e-12)
+
+
 def test_tokens_are_a_replicas_whole_sequences():
     assert tokens(4, 2, 8, 16) == 4 * 2 * 24
 
 
 def test_the_overhead_table_loads_into_a_profile():
-    """The whole measurement, as `rpeg-calibrate --machine --quick` runs it: a small grid and a 4-step run."""
+    """The whole measurement, as `rpeg-calibrate --machine --quick` runs it: a small grid with a kernel forward timed
+    after every round, and a 4-step run."""
     hw = load_hardware("cpu-reference")
     base = open(hw.source).read()
-    text = base + overhead_timing.overhead_text(hw, base, overhead_timing.QUICK)
+    forward = cpu_plan(quick=True).forwards[0]
+    check = KernelCheck(((forward, 1e-3),), "min", "fp32", repeats=2)
+    table = overhead_timing.overhead_table(hw, base, overhead_timing.QUICK, check=check)
+    text = base + table.text
     loaded = Hardware.from_dict(tomllib.loads(text), source="t.toml")
     oh = loaded.overhead
     values = [oh.call(r) for r in overhead_timing.ROLES] + [oh.token(r) for r in overhead_timing.ROLES]
     assert all(v >= 0 for v in values) and oh.transfer >= 0 and oh.node > 0  # a real run's round trips take time
     assert "[overhead]" in text and "4-step GRPO of the tiny preset" in text
+    scale = re.search(r"less the kernel terms x ([0-9.e+-]+) \(F_peak and t_layer moved so\): 1 of the", text)
+    assert scale and float(scale.group(1)) == pytest.approx(table.kernel_scale, rel=1e-2)  # timed beside the grid

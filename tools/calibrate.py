@@ -44,14 +44,14 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
-from rpegc.tools.overhead_timing import FULL, QUICK, overhead_text
+from rpegc.tools.overhead_timing import FULL, QUICK, KernelCheck, overhead_table
 from rpegc.tools.verifier_timing import host_text
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.params import layer_gemm_params
@@ -705,9 +705,13 @@ class Calibration:
     memory_bound: int = 0  # forwards the fitted roofline calls memory-bound
     concurrent: bool = False  # forwards timed on every device at once
     raw: list[tuple[str, str, float, float]] = field(default_factory=list)  # (kind, point, x, seconds)
+    forwards: list[tuple[ForwardCase, float]] = field(default_factory=list)  # each forward's seconds (kernel statistic)
     date: str = ""
     links_from: Optional[Hardware] = None  # where the link terms were copied from instead of measured
     speed_probe_s: Optional[float] = None  # runtime/speed_probe.py's probe after the campaign (CPU workers)
+    # The narrow forwards' time beside the operators over their campaign time (`kernel_check`): F_peak and t_layer are
+    # brought to the operators' moment and condition by it, so a profile's compute terms price one of each.
+    kernel_scale: float = 1.0
 
     @property
     def world(self) -> int:
@@ -777,6 +781,7 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
             pooled[i] += slowest_rank(pool.run(_measure_forward, case, plan.dtype, plan.min_time, plan.repeats, busy))
             progress.step(f"forward {case.name} ({round_ + 1}/{plan.rounds})")
     forwards = [(case, summarize(pooled[i], plan.kernel_statistic)) for i, case in enumerate(plan.forwards)]
+    cal.forwards = forwards
     cal.raw += [("forward", case.name, case.work(), seconds) for case, seconds in forwards]
     if plan.eta_from == "layers":
         cal.eta_fit = fit_eta_overhead([c.rows for c, _ in forwards], [c.width for c, _ in forwards],
@@ -796,6 +801,17 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
                                   plan.min_time, plan.repeats)[0], plan.kernel_statistic)
     cal.raw.append(("non_gemm", f"b={plan.B_cal} seq={plan.ng_seq} d={plan.ng_hidden}", 0.0, cal.c_ng))
     progress.step("non-GEMM layer")
+
+
+CHECK_WIDTH = 128  # the campaign's forwards the operators' overheads time again: as narrow as their models (64, 96)
+
+
+def kernel_check(cal: Calibration) -> Optional[KernelCheck]:
+    """The campaign's narrow forwards, to time again beside the operators (`overhead_timing.operator_overheads`): on
+    one worker alone, as the operators run, so the scale holds the campaign's condition (every device busy) as well
+    as its moment. None where the campaign timed none."""
+    narrow = tuple((case, seconds) for case, seconds in cal.forwards if case.width <= CHECK_WIDTH)
+    return KernelCheck(narrow, cal.plan.kernel_statistic, cal.plan.dtype) if narrow else None
 
 
 def _gemm_sweep(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progress: Progress) -> EtaFit:
@@ -896,9 +912,9 @@ def profile_mapping(cal: Calibration) -> dict:
         "name": cal.name,
         "description": _description(cal),
         **per_node,
-        "compute": {"F_peak": cal.f_peak_fit.value, "BW_mem": cal.BW_mem, "gamma_M": cal.eta_fit.gamma_M,
-                    "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng, "B_cal": float(cal.plan.B_cal),
-                    "t_layer": cal.eta_fit.t_layer},
+        "compute": {"F_peak": cal.f_peak_fit.value / cal.kernel_scale, "BW_mem": cal.BW_mem,
+                    "gamma_M": cal.eta_fit.gamma_M, "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng,
+                    "B_cal": float(cal.plan.B_cal), "t_layer": cal.eta_fit.t_layer * cal.kernel_scale},
         "memory": {"M_GPU": cal.M_GPU, "eps_rt": DEFAULT_EPS_RT},
         # One host reaches only the intra-node tier; the others repeat it so the profile is complete.
         "collective": _link_tiers(cal, coll, "coll"),
@@ -926,21 +942,24 @@ def _num(x: float) -> str:
 def _compute_lines(cal: Calibration, c: dict) -> list[str]:
     """F_peak, BW_mem and the gammas with how each was obtained (the two --eta-from methods)."""
     e, f, p = cal.eta_fit, cal.f_peak_fit, cal.plan
+    moved = (f"; then x {1 / cal.kernel_scale:.3g}: the operators' moment on one worker, where the narrow forwards "
+             f"took {cal.kernel_scale:.3g}x their campaign time ([overhead])" if cal.kernel_scale != 1.0 else "")
     bw = f"BW_mem = {_num(c['BW_mem'])}      # B/s; contiguous copy of {p.copy_bytes[-1] >> 20} MiB (read + write bytes)"
     if p.eta_from == "layers":
         return [
             f"F_peak = {_num(c['F_peak'])}      # FLOP/s; one least-squares fit of t = W / (F_peak * eta) + layers * t_layer "
             f"in relative error over {f.points} forwards of the backend's layers (prefill-shaped and decode steps"
-            f"{', every device busy at once' if cal.concurrent else ', one device busy'}), MAPE {f.mape:.1%}",
+            f"{', every device busy at once' if cal.concurrent else ', one device busy'}), MAPE {f.mape:.1%}{moved}",
             bw,
             f"gamma_M = {_num(c['gamma_M'])}    # rows; same fit (rows = b*ell, ell = 1 for a decode step)",
             f"gamma_K = {_num(c['gamma_K'])}    # columns; same fit (k = min(d, d_ff) of widths "
             f"{sorted({fc.width for fc in p.forwards})})",
-            f"t_layer = {_num(c['t_layer'])}    # s per layer per forward call (dispatch; not in the source); same fit",
+            f"t_layer = {_num(c['t_layer'])}    # s per layer per forward call (dispatch; not in the source); same fit"
+            + (f", x {cal.kernel_scale:.3g}" if moved else ""),
         ]
     return [
         f"F_peak = {_num(c['F_peak'])}      # FLOP/s; transformer forwards of the backend's model, fitted through "
-        f"min(F_peak*eta, I*BW_mem): {f.points} forwards, MAPE {f.mape:.1%}",
+        f"min(F_peak*eta, I*BW_mem): {f.points} forwards, MAPE {f.mape:.1%}{moved}",
         bw,
         f"gamma_M = {_num(c['gamma_M'])}    # rows; GEMM shape sweep ({e.points} GEMMs, n = {p.gemm_full}), "
         f"least squares of log F, MAPE {e.mape:.1%}",
@@ -1144,7 +1163,10 @@ def check_cli_outputs(args: argparse.Namespace) -> Path:
     return Path(output)
 
 
-def _at_speed(measure: Callable[[], str], reference: Optional[SpeedReference], quick: bool) -> str:
+T = TypeVar("T")
+
+
+def _at_speed(measure: Callable[[], T], reference: Optional[SpeedReference], quick: bool) -> T:
     """A median-based part of the profile measured at the speed of the fastest probe so far (`at_usual_speed`; not
     retaken in a smoke sweep)."""
     return measure() if quick or reference is None else at_usual_speed(measure, reference)
@@ -1175,6 +1197,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # CPU workers share the host's caches, memory and (on a VM) possibly physical cores: measured
         # here, a layer call is 1.7x slower with the neighbour busy. In a plan every device is busy most
         # of the time, so that is the throughput to calibrate; GPUs do not share compute.
+        # --overhead and --machine then move the forward terms to one worker's condition at the operators' moment,
+        # which the runs measure (overhead_timing.moved_kernels; docs/calibration.md).
         concurrent = args.concurrent if args.concurrent is not None else backend == "gloo"
         links = load_hardware(args.links_from) if args.links_from is not None else None
         name = args.name or (machine.CPU if args.machine else output.stem)
@@ -1187,8 +1211,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")
             overheads = QUICK if args.quick else FULL
             so_far = profile_text(cal) + tables  # what the overheads' control run is priced with
-            tables += _at_speed(lambda: overhead_text(cal.hardware(), so_far, overheads, quiet=args.quiet), reference,
-                                args.quick)
+            table = _at_speed(lambda: overhead_table(cal.hardware(), so_far, overheads, quiet=args.quiet,
+                                                     check=kernel_check(cal)), reference, args.quick)
+            cal.kernel_scale = table.kernel_scale
+            tables += table.text
         if reference is not None:  # the profile records the fastest probe of the calibration
             cal.speed_probe_s = reference.seconds
         text = profile_text(cal) + tables

@@ -1,15 +1,19 @@
 """What running an operator costs on this machine beyond its kernels: the `[overhead]` table of a CPU profile
 (rpegc/core/cost/hardware.py, priced in core/cost/optime.py and on every exec node by core/cost/annotate.py).
 
-- `operator_overheads(hw)`: the torch backend's generation, inference and training operators (the worker's own code,
-  through rpeg-validate's runner) of two small models over `FULL.shapes` on one worker. Per role, the time the profile's
-  kernel terms (`hw`, the campaign's other tables) leave unexplained is fitted as `call * microbatches + token *
-  tokens` (a replica's rows times their prompt and response), least squares in relative error with both terms
-  >= 0. Small models spend most of an operator here.
+- `operator_overheads(hw, check=...)`: the torch backend's generation, inference and training operators (the worker's
+  own code, through rpeg-validate's runner) of two small models over `FULL.shapes` on one worker. Per role, the time the
+  profile's kernel terms (`hw`, the campaign's other tables) leave unexplained is fitted as `call * microbatches +
+  token * tokens` (a replica's rows times their prompt and response), least squares in relative error with both terms
+  >= 0. Small models spend most of an operator here. The kernels are subtracted as they ran beside the operators:
+  after every round of the grid the same worker times the kernel campaign's narrow forwards again (`KernelCheck`),
+  and the profile's forward terms (F_peak, t_layer) are brought to that moment and condition by how long those took
+  against in the campaign (`kernel_scale`); rpeg-calibrate writes them so (`moved_kernels`), so the profile prices
+  kernels and overheads as one moment on one worker saw them.
 - `control_run(hw_text)`: the runtime's control round trip per exec node (a completion's report, the controller's
   reaction, the next command; `runtime/report.control_overhead`, as rpeg-run prints it) and a transfer's cost beside
   its link's terms, from a short real run of a GRPO plan on the host's workers, priced with `hw_text`.
-- `overhead_text(hw, hw_text)`: both as the `[overhead]` table `rpeg-calibrate` appends to a CPU profile.
+- `overhead_table(hw, hw_text)`: both as the `[overhead]` table `rpeg-calibrate` appends to a CPU profile.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import io
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
@@ -29,6 +33,9 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.programs import Cluster, Model, Workload, grpo
 from rpegc.tools.measure import mape
+
+if TYPE_CHECKING:
+    from rpegc.tools.calibrate import ForwardCase
 
 ROLES = ("generation", "inference", "training")
 
@@ -46,10 +53,13 @@ class OverheadPlan:
 
 # Two small models whose operators are mostly overhead: rpeg-validate's `tiny` preset (the toy presets' learned
 # positions, full attention) and a small Llama-style model as a Hugging Face checkpoint builds it (RoPE, grouped-query
-# attention), whose operators cost ~10-30% more beside the same kernels; the fit takes both.
+# attention), whose operators cost ~10-30% more beside the same kernels; the fit takes both. The shapes reach 64-128
+# rows of 12-16 tokens: with 64 rows of 8-24 tokens at most, the kernels explained the grid's generations within 15 %
+# and the fit put the per-token term at 0.6 us, where a grid up to 128 rows finds 3-9 us (docs/calibration.md).
 LLAMA_SMALL = Arch(layers=2, hidden=96, ffn=192, vocab=128, heads=6, kv_heads=2, gated=True, tied=False, norms=True)
 FULL = OverheadPlan(models=(("tiny", "learned"), ("llama-small", "rope")),
-                    shapes=((4, 4, 4, 4), (16, 4, 4, 4), (4, 4, 4, 16), (16, 4, 4, 16), (8, 4, 16, 8)),
+                    shapes=((4, 4, 4, 4), (16, 4, 4, 4), (4, 4, 4, 16), (16, 4, 4, 16), (8, 4, 16, 8), (16, 4, 12, 4),
+                            (32, 4, 8, 4)),
                     repeats=5, steps=40)
 QUICK = OverheadPlan(models=(("tiny", "rope"),), shapes=((4, 4, 4, 4), (8, 4, 4, 8)), repeats=2, steps=4)  # smoke
 WARMUP = 2
@@ -97,16 +107,68 @@ def _sq(X: np.ndarray, y: np.ndarray, coef) -> float:
     return float(np.sum((y - X @ np.asarray(coef)) ** 2))
 
 
-def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = True) -> tuple[RoleFit, ...]:
-    """Every role's fit over the backend's operators on one worker (~10 s)."""
+@dataclass(frozen=True)
+class KernelCheck:
+    """Forwards of the kernel campaign to time again beside the operators, with what each took in the campaign.
+
+    The campaign times its forwards with every device busy and keeps their fastest repeat; the operators run on one
+    worker a minute later. Subtracted as the campaign timed them, the kernels left a residual of the wrong size
+    whenever the two moments differed: in 7 of 17 profiles the generation's call term came out 0 (clipped), and four
+    profiles within 20 minutes priced one operator, measured at 18-21 ms in every run, at 8.4-22.7 ms."""
+
+    forwards: tuple[tuple["ForwardCase", float], ...]  # (calibrate.ForwardCase, its seconds in the campaign)
+    statistic: str  # the campaign's statistic of a forward's repeats (calibrate.STATISTICS)
+    dtype: str
+    repeats: int = 3  # per forward and round of the operators' grid
+
+
+@dataclass(frozen=True)
+class OperatorFits:
+    """Every role's fit, and the kernels' time beside the operators against their campaign's."""
+
+    roles: tuple[RoleFit, ...]
+    kernel_scale: float  # 1.0 where nothing was checked
+    checked: int  # forwards timed again
+
+
+def moved_kernels(hw: Hardware, scale: float) -> Hardware:
+    """`hw` with every forward's kernel time (W / (F_peak eta) + layers t_layer) `scale` times as long."""
+    return replace(hw, F_peak=hw.F_peak / scale, t_layer=hw.t_layer * scale,
+                   F_peak_fp32=None if hw.F_peak_fp32 is None else hw.F_peak_fp32 / scale)
+
+
+def kernel_scale(now: Sequence[Sequence[float]], campaign: Sequence[float], statistic: str) -> float:
+    """The median over forwards of their time beside the operators (the campaign's statistic of the repeats `now[i]`)
+    over their time in the campaign."""
+    from rpegc.tools.calibrate import summarize
+
+    ratios = [summarize(samples, statistic) / then for samples, then in zip(now, campaign) if samples and then > 0]
+    if not ratios:
+        raise RpegError(None, "no kernel forward was timed beside the operators")
+    return float(np.median(ratios))
+
+
+def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = True,
+                       check: Optional[KernelCheck] = None) -> OperatorFits:
+    """Every role's fit over the backend's operators on one worker (~15 s), against the kernel terms of `hw` moved by
+    `check`'s forwards timed after every round on the same worker (`moved_kernels`; none: as `hw` prices them)."""
     from rpegc.tools import validate
+    from rpegc.tools.calibrate import _measure_forward
 
     archs = {**validate.VALIDATION_ARCHS, "llama-small": LLAMA_SMALL}
     cases = [validate.Case(role, kind, name, archs[name], B, R, Lp, Lr, 1, 1, 1, 1, positions=positions)
              for name, positions in plan.models for B, R, Lp, Lr in plan.shapes
              for role, kind in validate.VALIDATION_OPERATORS]
-    measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet)
-    bare = replace(hw, overhead=Overhead())
+    now: list[list[float]] = [[] for _ in (check.forwards if check else ())]
+
+    def time_kernels(pool) -> None:
+        for samples, (case, _) in zip(now, check.forwards):
+            samples += pool.run(_measure_forward, case, check.dtype, 0.0, check.repeats, 1)[0]
+
+    measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet,
+                                after_round=time_kernels if check else None)
+    scale = kernel_scale(now, [t for _, t in check.forwards], check.statistic) if check else 1.0
+    bare = replace(moved_kernels(hw, scale), overhead=Overhead())
     opts = cost_options(validate.BACKEND_COST_OPTIONS)  # the options that describe the torch backend
     fits = []
     for role in ROLES:
@@ -114,7 +176,7 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
         kernels = [validate.predict(c, bare, opts, 1).T_op for c, _ in picked]
         fits.append(fit_role(role, [c.mb for c, _ in picked], [tokens(c.B, c.R, c.Lp, c.Lr) for c, _ in picked],
                              kernels, [s for _, s in picked]))
-    return tuple(fits)
+    return OperatorFits(tuple(fits), scale, len(now))
 
 
 # The control program's plan: generation and the inferences on the first worker, training on the last.
@@ -184,17 +246,32 @@ def control_run(hw_text: str, steps: int, devices: int = 0) -> ControlFit:
     return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices)
 
 
-def overhead_text(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet: bool = True) -> str:
+@dataclass(frozen=True)
+class OverheadTable:
+    """The `[overhead]` table's TOML, and the scale of the kernel terms it was fitted against (`moved_kernels`)."""
+
+    text: str
+    kernel_scale: float
+
+
+def overhead_table(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet: bool = True,
+                   check: Optional[KernelCheck] = None) -> OverheadTable:
     """The `[overhead]` table of this machine's profile, every value with how it was measured; `hw` is the profile
-    so far (its kernel terms), `hw_text` the same as TOML."""
-    fits = {f.role: f for f in operator_overheads(hw, plan, quiet)}
+    so far (its kernel terms), `hw_text` the same as TOML, `check` the campaign's forwards (`operator_overheads`):
+    the profile's F_peak and t_layer must be moved by the table's `kernel_scale` to price what it was fitted to."""
+    operators = operator_overheads(hw, plan, quiet, check)
+    fits = {f.role: f for f in operators.roles}
     control = control_run(hw_text, plan.steps)
     shapes = ", ".join(f"{B}x{R}/{Lp}+{Lr}" for B, R, Lp, Lr in plan.shapes)
     models = " and ".join(f"{name} ({positions} positions)" for name, positions in plan.models)
     run = f"a {plan.steps}-step GRPO of the tiny preset on {control.devices} worker(s)"
+    kernels = (f"the kernel terms x {operators.kernel_scale:.3g} (F_peak and t_layer moved so): {operators.checked} "
+               "of the campaign's forwards took that long against the campaign's time, timed after every round"
+               if operators.checked else "the kernel terms as the profile prices them")
     lines = ["", "# What operators cost beyond their kernels on this machine (tools/overhead_timing.py): the backend's "
              f"operators of {models}", f"# over B x R / Lp + Lr = {shapes} on one worker (median of {plan.repeats}), "
-             "fitted per role in relative error; the runtime's own costs from a short real run.", "[overhead]"]
+             f"less {kernels},", "# fitted per role in relative error; the runtime's own costs from a short real run.",
+             "[overhead]"]
     for role in ROLES:
         f = fits[role]
         lines += [f"{role}_call = {f.call:.6g}    # s per microbatch; {f.points} operators, MAPE {f.mape_before:.1%} "
@@ -204,4 +281,4 @@ def overhead_text(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet: 
               f"{control.transfers} transfers of {run}",
               f"node = {control.node:.6g}    # s per exec node: report, reaction, command (rpeg-run's control "
               f"overhead over {control.nodes} nodes of the same run)", ""]
-    return "\n".join(lines)
+    return OverheadTable("\n".join(lines), operators.kernel_scale)

@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -522,16 +522,21 @@ class Row:
         return float(np.median(self.measured))
 
 
+Samples = list[tuple[tuple[float, ...], Optional[float]]]  # per case: the slowest rank's seconds per repeat, its peak
+
+
 def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 1, seed: int = 0,
-            tp_impl: str = "auto", quiet: bool = False, backend: str = "gloo",
-            isolated: bool = False) -> list[tuple[tuple[float, ...], Optional[float]]]:
+            tp_impl: str = "auto", quiet: bool = False, backend: str = "gloo", isolated: bool = False,
+            after_round: Optional[Callable[[WorkerPool], None]] = None) -> Samples:
     """Run every case on a pool of `devices` workers; per case the slowest rank's seconds per repeat and its peak.
 
     Repeats are rounds over the whole grid (the first round warms every case up), so a burst of load from other
     processes lands on one repeat of many cases, not on every repeat of one case, and the median discards it;
     each case keeps its backend state (modules, optimizer) between rounds. `isolated` (what --isolated selects,
     by default on CUDA devices): each case runs its repeats back to back on a worker holding its model alone,
-    and its peak memory is measured (`_measure_case`).
+    and its peak memory is measured (`_measure_case`). `after_round(pool)` runs on the same workers after every round
+    (what else the caller times at the grid's moments, as tools/overhead_timing.py its kernels; not with
+    `isolated`).
     """
     from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
 
@@ -558,13 +563,15 @@ def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 
                     if ranks_peak:
                         peaks[i] = max(ranks_peak + ([peaks[i]] if peaks[i] is not None else []))
                     progress.step(f"{case.id} ({round_ + 1}/{repeats})")
+                if after_round is not None:
+                    after_round(pool)
     finally:
         progress.close()
     return [(tuple(s), p) for s, p in zip(samples, peaks)]
 
 
 def _measure_isolated(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int, seed: int, tp_impl: str,
-                      quiet: bool, backend: str) -> list[tuple[tuple[float, ...], Optional[float]]]:
+                      quiet: bool, backend: str) -> Samples:
     """`measure` with every case alone, its warm-ups and repeats back to back. A case whose operator fails
     (say it runs out of device memory) is reported on stderr and gets no samples; the pool is restarted and
     the grid goes on. `tp_impl` is resolved (megatron or torch)."""
@@ -572,7 +579,7 @@ def _measure_isolated(cases: Sequence[Case], devices: int, *, repeats: int, warm
     # A GPU worker's host threads draw version 0 and feed the device: the host's cores are shared out.
     threads = max(1, device_count("gloo") // devices) if backend == "nccl" else 1
     progress = Progress(len(cases), quiet, "starting workers")
-    out: list[tuple[tuple[float, ...], Optional[float]]] = []
+    out: Samples = []
     pool: Optional[WorkerPool] = None
     try:
         for case in cases:
