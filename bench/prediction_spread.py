@@ -4,7 +4,9 @@
 a Llama checkpoint with the math verifier on a pool (60 steps). Per round this bench does what a fresh clone's demo
 does, `--rounds` times: `rpeg-calibrate --machine` into an empty cache directory (the first use of `hardware =
 "cpu"`), both plans compiled as the Makefile compiles them (its TWO_* and ARITH_* pipelines), then `--runs` runs of
-each, interleaved. Per run it records the steady state's measured and predicted s/step, their ratio, what the speed
+each, interleaved, the arithmetic one into a run directory with the demo's checkpoint cadence (`--checkpoint-every`,
+read from the Makefile: the demo's run writes them inside its steady state, and the plan does not price them). Per
+run it records the steady state's measured and predicted s/step, their ratio, what the speed
 probe said of the machine against its calibration (rpeg-run's drift note) and the verify node's measured and
 predicted time per part (its `time per node` lines); per round the profile's keys that price these runs most.
 
@@ -68,6 +70,15 @@ def makefile_pipelines() -> dict[str, str]:
             "arith": f"{pipes['ARITH_OPT']},{pipes['ARITH_LOWER']}"}
 
 
+def makefile_checkpoint_every() -> int:
+    """The demo's arithmetic run's `--checkpoint-every` (a run directory without it checkpoints every step)."""
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    found = re.search(r"arith\.exec\.rpeg --backend torch.*?--checkpoint-every (\d+)", text, flags=re.S)
+    if found is None:
+        sys.exit("prediction_spread: the Makefile's arithmetic rpeg-run has no --checkpoint-every")
+    return int(found.group(1))
+
+
 def run(cmd: list[str], env: dict[str, str]) -> str:
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -109,12 +120,14 @@ def one_round(round_: int, runs: int, arith: Path, tmp: Path, env: dict[str, str
                                              "--rl-config", str(ROOT / "examples" / "arith-rl.toml")])}
     for name, (source, _) in plans.items():
         run([str(BIN / "rpegc"), str(source), "-p", pipes[name], "-o", str(tmp / f"{name}.exec.rpeg")], env)
+    every = ["--checkpoint-every", str(makefile_checkpoint_every())]
     out = []
     for repeat in range(runs):
         for name, (_, extra) in plans.items():
             clock = time.strftime("%H:%M:%S")
+            run_dir = ["--run-dir", str(tmp / f"{name}-{round_}-{repeat}.run"), *every] if name == "arith" else []
             text = run([str(BIN / "rpeg-run"), str(tmp / f"{name}.exec.rpeg"), "--backend", "torch", "--quiet",
-                        *extra], env)
+                        *extra, *run_dir], env)
             out.append(parse_run(text, round_, name, repeat, clock))
     return out, keys
 

@@ -100,11 +100,11 @@ def at_usual_speed(measure: Callable[[], T], reference: SpeedReference, retries:
     TOLERANCE slower than the fastest probe seen (`reference`, which every probe here updates); the try whose slower
     probe was fastest is kept.
 
-    The calibration's medians (a verifier's time per response, the operators' overheads) are seconds long, and on this
-    project's VM a slow moment can cover all of one: a fresh `make demo` calibrated the math verifier at 1.07 ms a
-    response and the training operator's call at 13.5 ms (0.59 and 6.7 ms an hour earlier), and its runs then
-    measured 0.59x and 0.66x their predictions. The kernels keep their fastest repeats over two passes and do not need
-    this."""
+    The calibration's medians (a verifier's time per response; the operators' overheads were medians then) are seconds
+    long, and on this project's VM a slow moment can cover all of one: a fresh `make demo` calibrated the math verifier
+    at 1.07 ms a response and the training operator's call at 13.5 ms (0.59 and 6.7 ms an hour earlier), and its runs
+    then measured 0.59x and 0.66x their predictions. The kernels keep their fastest repeats over two passes and do not
+    need this."""
     best: Optional[tuple[float, T]] = None
     for _ in range(1 + retries):
         before = reference.saw(probe())

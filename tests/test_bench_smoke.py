@@ -142,6 +142,7 @@ def test_prediction_spread_reads_the_demos_pipelines_and_rpeg_runs_summary(tmp_p
     pipes = spread.makefile_pipelines()
     assert "unroll{k=100}" in pipes["tiny-2"] and "unroll{k=60}" in pipes["arith"]
     assert all(p.startswith("verify-wellformed,optimize{") and p.endswith(",schedule") for p in pipes.values())
+    assert spread.makefile_checkpoint_every() == 20  # the demo's arithmetic run checkpoints every 20 steps
     out = ("steady state: measured 0.0583 s/step, predicted 0.0421 s/step (measured/predicted 1.384) over steps 1-59\n"
            "time per node (steady steps' medians, the control round trip apart):\n"
            "  gen        12.4 ms measured,     11.5 ms predicted (1.07x)\n"

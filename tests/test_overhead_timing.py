@@ -87,3 +87,4 @@ def test_the_overhead_table_loads_into_a_profile():
     assert "[overhead]" in text and "4-step GRPO of the tiny preset" in text
     scale = re.search(r"less the kernel terms x ([0-9.e+-]+) \(F_peak and t_layer moved so\): 1 of the", text)
     assert scale and float(scale.group(1)) == pytest.approx(table.kernel_scale, rel=1e-2)  # timed beside the grid
+    assert "on one worker (min of 2)" in text  # the operators keep the campaign's statistic of their repeats

@@ -437,8 +437,10 @@ def machine_plan(eta_from: str = "layers") -> SweepPlan:
     The kernels keep their fastest repeat: this VM's cores switch between two speeds ~1.5x apart for seconds at a
     time, and a minute's campaign with the median caught one or the other per point, so five calibrations back to
     back priced the same plan 1.56x apart (with the fastest: 1.09x; docs/calibration.md, "Two speeds"). The
-    operators' overheads beyond the kernels stay medians (`overhead_timing`: what an operator costs as it runs, its
-    slow moments included), and so do the links, whose fastest repeat misses gloo's timer stalls (STATISTICS)."""
+    operators beyond their kernels keep their fastest repeat too (`overhead_timing`, fitted against the kernels as they
+    ran beside them: with medians, three profiles of four in a slow quarter hour fitted the training call at 10-11 ms
+    against 5.5 and priced the 2-worker GRPO at 0.67-0.90x its runs). The links keep medians: their fastest repeat
+    misses gloo's timer stalls (STATISTICS)."""
     return dataclasses.replace(cpu_plan(eta_from=eta_from), copy_bytes=(1 << 26,),
                                message_bytes=_geometric(1 << 8, 1 << 22, 4), min_time=0.01, repeats=3, rounds=2,
                                kernel_statistic="min", link_iterations=48)
@@ -1094,7 +1096,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "on isolated GEMMs and F_peak on the forwards (the paper's split)")
     ap.add_argument("--statistic", choices=STATISTICS, default=None,
                     help="what every point keeps of its repeats: the median (what rpeg-validate reports) or the "
-                         "fastest; by default the median, but --machine keeps the kernels' fastest "
+                         "fastest; by default the median, but --machine keeps the kernels' and operators' fastest "
                          "(docs/calibration.md, \"Two speeds\")")
     ap.add_argument("--solo", dest="concurrent", action="store_false", default=None,
                     help="time the forwards on one device while the others idle (default on GPUs) instead of on "

@@ -5,7 +5,8 @@
   own code, through rpeg-validate's runner) of two small models over `FULL.shapes` on one worker. Per role, the time the
   profile's kernel terms (`hw`, the campaign's other tables) leave unexplained is fitted as `call * microbatches +
   token * tokens` (a replica's rows times their prompt and response), least squares in relative error with both terms
-  >= 0. Small models spend most of an operator here. The kernels are subtracted as they ran beside the operators:
+  >= 0, each operator's time the campaign's statistic of its repeats (its fastest in a `--machine` profile, as the
+  kernels'). Small models spend most of an operator here. The kernels are subtracted as they ran beside the operators:
   after every round of the grid the same worker times the kernel campaign's narrow forwards again (`KernelCheck`),
   and the profile's forward terms (F_peak, t_layer) are brought to that moment and condition by how long those took
   against in the campaign (`kernel_scale`); rpeg-calibrate writes them so (`moved_kernels`), so the profile prices
@@ -46,7 +47,7 @@ class OverheadPlan:
 
     models: tuple[tuple[str, str], ...]  # (rpeg-validate preset or llama-small, position encoding)
     shapes: tuple[tuple[int, int, int, int], ...]  # (B, R, Lp, Lr)
-    repeats: int  # timed runs of each operator (median), after WARMUP
+    repeats: int  # timed runs of each operator (the campaign's statistic of them), after WARMUP
     steps: int  # of the control run: a transfer's extra time is bimodal (whether an endpoint is busy), so its median
     # holds still only over ~200 transfers (docs/calibration.md)
 
@@ -111,10 +112,9 @@ def _sq(X: np.ndarray, y: np.ndarray, coef) -> float:
 class KernelCheck:
     """Forwards of the kernel campaign to time again beside the operators, with what each took in the campaign.
 
-    The campaign times its forwards with every device busy and keeps their fastest repeat; the operators run on one
-    worker a minute later. Subtracted as the campaign timed them, the kernels left a residual of the wrong size
-    whenever the two moments differed: in 7 of 17 profiles the generation's call term came out 0 (clipped), and four
-    profiles within 20 minutes priced one operator, measured at 18-21 ms in every run, at 8.4-22.7 ms."""
+    The campaign times its forwards with every device busy; the operators run on one worker a minute later.
+    Subtracted as the campaign timed them, the kernels left a residual of the wrong size whenever the two moments or
+    conditions differed (the generation's call term clipped to 0 in 7 of 17 profiles; docs/calibration.md)."""
 
     forwards: tuple[tuple["ForwardCase", float], ...]  # (calibrate.ForwardCase, its seconds in the campaign)
     statistic: str  # the campaign's statistic of a forward's repeats (calibrate.STATISTICS)
@@ -129,6 +129,7 @@ class OperatorFits:
     roles: tuple[RoleFit, ...]
     kernel_scale: float  # 1.0 where nothing was checked
     checked: int  # forwards timed again
+    statistic: str  # of each operator's repeats: the campaign's (median where nothing was checked)
 
 
 def moved_kernels(hw: Hardware, scale: float) -> Hardware:
@@ -153,7 +154,7 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     """Every role's fit over the backend's operators on one worker (~15 s), against the kernel terms of `hw` moved by
     `check`'s forwards timed after every round on the same worker (`moved_kernels`; none: as `hw` prices them)."""
     from rpegc.tools import validate
-    from rpegc.tools.calibrate import _measure_forward
+    from rpegc.tools.calibrate import _measure_forward, summarize
 
     archs = {**validate.VALIDATION_ARCHS, "llama-small": LLAMA_SMALL}
     cases = [validate.Case(role, kind, name, archs[name], B, R, Lp, Lr, 1, 1, 1, 1, positions=positions)
@@ -168,15 +169,16 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet,
                                 after_round=time_kernels if check else None)
     scale = kernel_scale(now, [t for _, t in check.forwards], check.statistic) if check else 1.0
+    statistic = check.statistic if check else "median"
     bare = replace(moved_kernels(hw, scale), overhead=Overhead())
     opts = cost_options(validate.BACKEND_COST_OPTIONS)  # the options that describe the torch backend
     fits = []
     for role in ROLES:
-        picked = [(c, float(np.median(m[0]))) for c, m in zip(cases, measured) if c.role == role]
+        picked = [(c, summarize(m[0], statistic)) for c, m in zip(cases, measured) if c.role == role]
         kernels = [validate.predict(c, bare, opts, 1).T_op for c, _ in picked]
         fits.append(fit_role(role, [c.mb for c, _ in picked], [tokens(c.B, c.R, c.Lp, c.Lr) for c, _ in picked],
                              kernels, [s for _, s in picked]))
-    return OperatorFits(tuple(fits), scale, len(now))
+    return OperatorFits(tuple(fits), scale, len(now), statistic)
 
 
 # The control program's plan: generation and the inferences on the first worker, training on the last.
@@ -269,7 +271,8 @@ def overhead_table(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet:
                "of the campaign's forwards took that long against the campaign's time, timed after every round"
                if operators.checked else "the kernel terms as the profile prices them")
     lines = ["", "# What operators cost beyond their kernels on this machine (tools/overhead_timing.py): the backend's "
-             f"operators of {models}", f"# over B x R / Lp + Lr = {shapes} on one worker (median of {plan.repeats}), "
+             f"operators of {models}",
+             f"# over B x R / Lp + Lr = {shapes} on one worker ({operators.statistic} of {plan.repeats}), "
              f"less {kernels},", "# fitted per role in relative error; the runtime's own costs from a short real run.",
              "[overhead]"]
     for role in ROLES:
