@@ -13,7 +13,7 @@ from rpegc.core.cost.hardware import Hardware, Overhead, load_hardware
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.options import cost_options
 from rpegc.tools import overhead_timing, validate
-from rpegc.tools.calibrate import cpu_plan
+from rpegc.tools.calibrate import _measure_forward, cpu_plan
 from rpegc.tools.overhead_timing import KernelCheck, fit_role, kernel_scale, moved_kernels, tokens
 
 
@@ -77,7 +77,7 @@ def test_the_overhead_table_loads_into_a_profile():
     hw = load_hardware("cpu-reference")
     base = open(hw.source).read()
     forward = cpu_plan(quick=True).forwards[0]
-    check = KernelCheck(((forward, 1e-3),), "min", "fp32", repeats=2)
+    check = KernelCheck(((forward, 1e-3),), "min", "fp32", _measure_forward, repeats=2)
     table = overhead_timing.overhead_table(hw, base, overhead_timing.QUICK, check=check)
     text = base + table.text
     loaded = Hardware.from_dict(tomllib.loads(text), source="t.toml")

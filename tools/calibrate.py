@@ -38,7 +38,6 @@ import dataclasses
 import datetime
 import math
 import platform
-import statistics
 import sys
 import time
 import tomllib
@@ -58,8 +57,8 @@ from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
-from rpegc.tools.measure import (Progress, WorkerPool, default_backend, device_count, mape, time_per_call,
-                                 time_repeats)
+from rpegc.tools.measure import (STATISTICS, Progress, WorkerPool, default_backend, device_count, mape,
+                                 summarize, time_per_call, time_repeats)
 from rpegc.runtime.speed_probe import SpeedReference, at_usual_speed, fresh_probe_seconds
 from rpegc.version import PrintVersion
 
@@ -356,19 +355,6 @@ def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
 
 
 ETA_SOURCES = ("layers", "gemm")
-# "median" matches rpeg-validate (median of warm repeats), the paper's latency statistic. On this
-# project's VM gloo collectives stall for a 4 ms timer tick in 10-25% of calls, so their fastest
-# repeat is 2-3x their median; the minimum would make every multi-device prediction optimistic.
-STATISTICS = ("median", "min")
-
-
-def summarize(samples: Sequence[float], statistic: str) -> float:
-    """One number for a point's repeats (STATISTICS)."""
-    if statistic == "min":
-        return float(min(samples))
-    return float(statistics.median(samples))
-
-
 def slowest_rank(per_rank: Sequence[Optional[Sequence[float]]]) -> list[float]:
     """Per repeat, the slowest busy rank (idle ranks return None): what a collective operation takes."""
     return [max(xs) for xs in zip(*[r for r in per_rank if r is not None])]
@@ -813,7 +799,7 @@ def kernel_check(cal: Calibration) -> Optional[KernelCheck]:
     one worker alone, as the operators run, so the scale holds the campaign's condition (every device busy) as well
     as its moment. None where the campaign timed none."""
     narrow = tuple((case, seconds) for case, seconds in cal.forwards if case.width <= CHECK_WIDTH)
-    return KernelCheck(narrow, cal.plan.kernel_statistic, cal.plan.dtype) if narrow else None
+    return KernelCheck(narrow, cal.plan.kernel_statistic, cal.plan.dtype, _measure_forward) if narrow else None
 
 
 def _gemm_sweep(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progress: Progress) -> EtaFit:

@@ -24,7 +24,7 @@ import io
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -33,10 +33,7 @@ from rpegc.core.cost.options import cost_options
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.programs import Cluster, Model, Workload, grpo
-from rpegc.tools.measure import mape
-
-if TYPE_CHECKING:
-    from rpegc.tools.calibrate import ForwardCase
+from rpegc.tools.measure import mape, summarize
 
 ROLES = ("generation", "inference", "training")
 
@@ -116,9 +113,12 @@ class KernelCheck:
     Subtracted as the campaign timed them, the kernels left a residual of the wrong size whenever the two moments or
     conditions differed (the generation's call term clipped to 0 in 7 of 17 profiles; docs/calibration.md)."""
 
-    forwards: tuple[tuple["ForwardCase", float], ...]  # (calibrate.ForwardCase, its seconds in the campaign)
-    statistic: str  # the campaign's statistic of a forward's repeats (calibrate.STATISTICS)
+    forwards: tuple[tuple[Any, float], ...]  # (calibrate.ForwardCase, its seconds in the campaign)
+    statistic: str  # the campaign's statistic of a forward's repeats (measure.STATISTICS)
     dtype: str
+    # The campaign's own worker function that times one forward (calibrate._measure_forward: ctx, case, dtype,
+    # min_time, repeats, busy ranks), handed over so that this module does not import the calibration's.
+    time_forward: Callable[..., Optional[list[float]]]
     repeats: int = 3  # per forward and round of the operators' grid
 
 
@@ -141,8 +141,6 @@ def moved_kernels(hw: Hardware, scale: float) -> Hardware:
 def kernel_scale(now: Sequence[Sequence[float]], campaign: Sequence[float], statistic: str) -> float:
     """The median over forwards of their time beside the operators (the campaign's statistic of the repeats `now[i]`)
     over their time in the campaign."""
-    from rpegc.tools.calibrate import summarize
-
     ratios = [summarize(samples, statistic) / then for samples, then in zip(now, campaign) if samples and then > 0]
     if not ratios:
         raise RpegError(None, "no kernel forward was timed beside the operators")
@@ -154,7 +152,6 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     """Every role's fit over the backend's operators on one worker (~15 s), against the kernel terms of `hw` moved by
     `check`'s forwards timed after every round on the same worker (`moved_kernels`; none: as `hw` prices them)."""
     from rpegc.tools import validate
-    from rpegc.tools.calibrate import _measure_forward, summarize
 
     archs = {**validate.VALIDATION_ARCHS, "llama-small": LLAMA_SMALL}
     cases = [validate.Case(role, kind, name, archs[name], B, R, Lp, Lr, 1, 1, 1, 1, positions=positions)
@@ -164,7 +161,7 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
 
     def time_kernels(pool) -> None:
         for samples, (case, _) in zip(now, check.forwards):
-            samples += pool.run(_measure_forward, case, check.dtype, 0.0, check.repeats, 1)[0]
+            samples += pool.run(check.time_forward, case, check.dtype, 0.0, check.repeats, 1)[0]
 
     measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet,
                                 after_round=time_kernels if check else None)
