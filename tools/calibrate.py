@@ -1155,8 +1155,8 @@ T = TypeVar("T")
 
 
 def _at_speed(measure: Callable[[], T], reference: Optional[SpeedReference], quick: bool) -> T:
-    """A median-based part of the profile measured at the speed of the fastest probe so far (`at_usual_speed`; not
-    retaken in a smoke sweep)."""
+    """A part of the profile measured over seconds (the verifiers' medians, the operators' grid) at the speed of the
+    fastest probe so far (`at_usual_speed`; not retaken in a smoke sweep)."""
     return measure() if quick or reference is None else at_usual_speed(measure, reference)
 
 
