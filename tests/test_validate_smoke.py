@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
 from rpegc.tools.validate import CSV_COLUMNS, VALIDATION_ARCHS, Case, main, measure
 
 
@@ -121,3 +123,10 @@ def test_cli_refuses_nccl_without_cuda_and_a_csv_with_an_unknown_dtype(tmp_path:
     saved.write_text(saved.read_text().replace(",fp32,", ",fp16,"))
     assert main(["--hardware", "h200", "--from", str(saved), "--out", str(tmp_path / "r")]) == 1
     assert "line 2: malformed row (dtype 'fp16' is not fp32 or bf16)" in capsys.readouterr().err
+
+
+def test_a_per_round_hook_needs_rounds_over_the_grid():
+    """`after_round` times something beside every round of the grid; an isolated run has no rounds, so it refuses the
+    hook instead of dropping it."""
+    with pytest.raises(ValueError, match="after_round needs rounds"):
+        measure([], 1, repeats=1, isolated=True, after_round=lambda pool: None)

@@ -50,7 +50,7 @@ import numpy as np
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
-from rpegc.tools.overhead_timing import FULL, QUICK, KernelCheck, overhead_table
+from rpegc.tools.overhead_timing import FULL, QUICK, KernelCheck, moved_forward_terms, overhead_table
 from rpegc.tools.verifier_timing import host_text
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.params import layer_gemm_params
@@ -896,13 +896,14 @@ def profile_mapping(cal: Calibration) -> dict:
     coll = {"alpha": cal.coll_fit.alpha, "beta": cal.coll_fit.beta}
     p2p = {"alpha": cal.p2p_fit.alpha, "beta": cal.p2p_fit.beta}
     per_node = {"gpus_per_node": cal.devices} if cal.backend == "nccl" else {}
+    F_peak, t_layer = moved_forward_terms(cal.f_peak_fit.value, cal.eta_fit.t_layer, cal.kernel_scale)
     return {
         "name": cal.name,
         "description": _description(cal),
         **per_node,
-        "compute": {"F_peak": cal.f_peak_fit.value / cal.kernel_scale, "BW_mem": cal.BW_mem,
-                    "gamma_M": cal.eta_fit.gamma_M, "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng,
-                    "B_cal": float(cal.plan.B_cal), "t_layer": cal.eta_fit.t_layer * cal.kernel_scale},
+        "compute": {"F_peak": F_peak, "BW_mem": cal.BW_mem, "gamma_M": cal.eta_fit.gamma_M,
+                    "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng, "B_cal": float(cal.plan.B_cal),
+                    "t_layer": t_layer},
         "memory": {"M_GPU": cal.M_GPU, "eps_rt": DEFAULT_EPS_RT},
         # One host reaches only the intra-node tier; the others repeat it so the profile is complete.
         "collective": _link_tiers(cal, coll, "coll"),

@@ -132,9 +132,16 @@ class OperatorFits:
     statistic: str  # of each operator's repeats: the campaign's (median where nothing was checked)
 
 
+def moved_forward_terms(F_peak: float, t_layer: float, scale: float) -> tuple[float, float]:
+    """(F_peak, t_layer) that make every forward's kernel time (W / (F_peak eta) + layers t_layer) `scale` times as
+    long: what the fit subtracts (`moved_kernels`) and what rpeg-calibrate writes (calibrate.profile_mapping)."""
+    return F_peak / scale, t_layer * scale
+
+
 def moved_kernels(hw: Hardware, scale: float) -> Hardware:
-    """`hw` with every forward's kernel time (W / (F_peak eta) + layers t_layer) `scale` times as long."""
-    return replace(hw, F_peak=hw.F_peak / scale, t_layer=hw.t_layer * scale,
+    """`hw` with every forward's kernel time `scale` times as long (`moved_forward_terms`)."""
+    F_peak, t_layer = moved_forward_terms(hw.F_peak, hw.t_layer, scale)
+    return replace(hw, F_peak=F_peak, t_layer=t_layer,
                    F_peak_fp32=None if hw.F_peak_fp32 is None else hw.F_peak_fp32 / scale)
 
 

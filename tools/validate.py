@@ -541,6 +541,8 @@ def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 
     from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_impl
 
     tp_impl, _ = resolve_tp_impl(tp_impl, any(c.tp > 1 for c in cases))  # as the torch backend resolves it
+    if isolated and after_round is not None:
+        raise ValueError("validate.measure: after_round needs rounds over the grid; isolated runs each case alone")
     if isolated:
         return _measure_isolated(cases, devices, repeats=repeats, warmup=warmup, seed=seed, tp_impl=tp_impl,
                                  quiet=quiet, backend=backend)
