@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
 from typing import Optional, Sequence
 
@@ -280,7 +281,10 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     print(f"ran {plan.steps} step(s), {len(result.trace.nodes)} nodes in {result.wall_s:.3f} s wall "
           f"(dispatch policy {result.policy}, transfers reserve {result.reserve}; the controller's own work "
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
-    for line in _summary_lines(cmp, result.trace, plan, priced.overhead.node if priced is not None else None):
+    writes = _priced_writes(plan, backend, priced)
+    for line in _summary_lines(cmp, result.trace, plan, priced.overhead.node if priced is not None else None, writes):
+        print(line)
+    for line in _checkpoint_lines(backend, priced, writes):
         print(line)
     if priced is not None:  # measured against predicted
         print(_profile_line(plan.program, priced))
@@ -323,17 +327,19 @@ def check_run_outputs(args: argparse.Namespace, spec: BackendSpec) -> None:
     check_outputs(wanted, inputs=[args.plan] + list(spec.inputs(options)))
 
 
-def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] = None) -> list[str]:
+def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] = None,
+                   writes=None) -> list[str]:
     """start-up, oversubscription, steady state, control overhead and makespan lines of a run
     (rpegc.runtime.report); given the control round trip the plan's profile prices before every node, a wall-clock
-    run on no more workers than cores also says where its steady state's time went."""
+    run on no more workers than cores also says where its steady state's time went. `writes` (report.PricedWrites):
+    the run's checkpoint writes as priced, which the predicted steady state includes."""
     from rpegc.runtime.report import control_overhead, oversubscription, steady_state
 
     h = trace.header
     opts = h.options
     over = oversubscription(int(opts.get("local_workers", 0)), int(opts.get("host_cores", 1))) \
         if "local_workers" in opts else None
-    steady = steady_state(trace)
+    steady = steady_state(trace, writes)
     lines = []
     if h.clock == "wall" and steady is not None:
         lines.append(f"start-up: {steady.startup_s:.3g} s (workers, process groups, installs)")
@@ -395,6 +401,31 @@ def _priced_profile(plan: RunPlan, backend):
     return program_hardware(plan.program, what="the prediction")
 
 
+def _priced_writes(plan: RunPlan, backend, hw):
+    """The run's checkpoint writes as the cost model prices them (report.PricedWrites), or None: no checkpoints, no
+    profile, or a profile without the checkpoint terms ([host] checkpoint_rate)."""
+    from rpegc.core.cost.checkpoint import checkpoint_steps, checkpoint_time
+    from rpegc.runtime.report import PricedWrites
+
+    steps = checkpoint_steps(plan.first_step, plan.steps, backend.checkpoint_every)
+    seconds = checkpoint_time(plan.program, hw) if hw is not None and steps else None
+    return PricedWrites(steps, seconds) if seconds is not None else None
+
+
+def _checkpoint_lines(backend, hw, writes) -> list[str]:
+    """The checkpoints a wall-clock run wrote: their measured write (the slowest worker's serialise, write and fsync)
+    against the price the steady state's prediction includes, or why they are not priced."""
+    measured = backend.checkpoint_write_seconds()
+    if hw is None or not measured:
+        return []
+    what = f"checkpoint writes: {len(measured)}, median {1000 * statistics.median(measured):.3g} ms measured"
+    if writes is None:
+        return [f"{what}, not priced: the profile '{hw.name}' has no [host] checkpoint_rate (rpeg-calibrate "
+                "measures it), so the predicted steady state leaves them out"]
+    return [f"{what}, {1000 * writes.seconds:.3g} ms priced each (core/cost/checkpoint.py; the predicted steady "
+            "state includes them)"]
+
+
 def _with_probe(hw):
     """`hw` if it recorded runtime/speed_probe.py's probe, else None."""
     return hw if hw is not None and hw.speed_probe_s is not None else None
@@ -408,7 +439,8 @@ def _profile_line(program, hw) -> str:
 def _steady_line(steady, err: Optional[float], compared: bool = True) -> str:
     text = f"steady state: measured {steady.measured_s:.3g} s/step"
     if compared and steady.predicted_s:
-        text += f", predicted {steady.predicted_s:.3g} s/step (measured/predicted {steady.ratio:.4g})"
+        writes = f", {1000 * steady.written_s:.3g} ms of it checkpoint writes" if steady.written_s else ""
+        text += f", predicted {steady.predicted_s:.3g} s/step{writes} (measured/predicted {steady.ratio:.4g})"
     steps = f"step {steady.first_step}" if steady.steps == 1 else f"steps {steady.first_step}-{steady.last_step}"
     text += f" over {steps}"
     if compared and err is not None:

@@ -8,7 +8,9 @@ Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run ve
   finish (k > first step), on the measured clock and, from the schedule, on the predicted clock; the
   summary compares their means, the steps' throughput. Not their medians: a pipelined plan (staleness >= 1)
   finishes steps in bursts, two close together and then a long wait, whose median interval is half the step
-  (measured on a 23.6M-parameter GRPO: median 3.7 s, mean 5.9 s); an unpriced checkpoint write counts too.
+  (measured on a 23.6M-parameter GRPO: median 3.7 s, mean 5.9 s); a checkpoint write counts too. The schedule
+  has no checkpoints (their cadence is the run's), so the predicted interval of a step a checkpoint precedes adds
+  its priced write (`PricedWrites`, core/cost/checkpoint.py): the writing worker blocks between its nodes.
 - steady-state node error: mean |measured - predicted| / predicted node time over the nodes of the
   steady-state steps (step 0, which warms caches and allocators, is left out). With one step there is
   no steady state; the error then falls back to all nodes.
@@ -39,6 +41,7 @@ class SteadyState:
     last_step: int
     measured_s: float  # mean measured step interval (the steps' throughput)
     predicted_s: Optional[float]  # mean predicted step interval (None: the plan has no schedule)
+    written_s: float = 0.0  # the priced checkpoint writes per step that predicted_s includes
 
     @property
     def ratio(self) -> Optional[float]:
@@ -71,26 +74,41 @@ def startup_time(trace: Trace) -> float:
     return max(0.0, min(starts, default=0.0))
 
 
+@dataclass(frozen=True)
+class PricedWrites:
+    """A run's checkpoint writes as the cost model prices them: before each step of `steps` (a boundary), one write
+    that blocks its slowest worker `seconds` (core/cost/checkpoint.checkpoint_time)."""
+
+    steps: tuple[int, ...]
+    seconds: float
+
+
 def intervals(finishes: Sequence[tuple[int, float]]) -> list[float]:
     """Step k's finish minus step k-1's finish, for consecutive (step, finish) pairs in step order."""
     ordered = sorted(finishes)
     return [b - a for (ka, a), (kb, b) in zip(ordered, ordered[1:]) if kb == ka + 1]
 
 
-def steady_state(trace: Trace) -> Optional[SteadyState]:
-    """The steady state of a trace's steps (None with fewer than two steps)."""
+def steady_state(trace: Trace, writes: Optional[PricedWrites] = None) -> Optional[SteadyState]:
+    """The steady state of a trace's steps (None with fewer than two steps); the predicted intervals include the
+    priced checkpoint `writes` before their steps."""
     steps = sorted(trace.steps, key=lambda s: s.step)
     measured = intervals([(s.step, s.finish) for s in steps])
     if not measured:
         return None
     predicted_pairs = [(s.step, s.predicted_finish) for s in steps if s.predicted_finish is not None]
     predicted = intervals(predicted_pairs) if len(predicted_pairs) == len(steps) else []
+    first, last = steps[1].step, steps[-1].step
+    written = 0.0
+    if writes is not None and predicted:
+        written = writes.seconds * sum(first <= b <= last for b in writes.steps) / len(predicted)
     return SteadyState(
         startup_s=startup_time(trace),
-        first_step=steps[1].step,
-        last_step=steps[-1].step,
+        first_step=first,
+        last_step=last,
         measured_s=statistics.fmean(measured),
-        predicted_s=statistics.fmean(predicted) if predicted else None,
+        predicted_s=statistics.fmean(predicted) + written if predicted else None,
+        written_s=written,
     )
 
 

@@ -11,8 +11,8 @@ from rpegc.core.ir.exec_graph import DataRef, ExecNode
 from rpegc.core.ir.geometry import Alloc
 from rpegc.runtime import cli, report
 from rpegc.runtime.cli import _summary_lines
-from rpegc.runtime.report import (ControlOverhead, Oversubscription, PartTime, control_overhead, intervals,
-                                  oversubscription, part_label, part_times, startup_time, steady_state)
+from rpegc.runtime.report import (ControlOverhead, Oversubscription, PartTime, PricedWrites, control_overhead,
+                                  intervals, oversubscription, part_label, part_times, startup_time, steady_state)
 from rpegc.runtime.trace import NodeRecord, StepRecord, Trace, TraceHeader
 from rpegc.runtime.verify import Comparison, NodeTiming
 
@@ -75,6 +75,29 @@ def test_steady_state_is_the_throughput_of_steps_that_finish_in_bursts():
     steps = [StepRecord(k, f, 0.5 * k, 1) for k, f in enumerate((1.0, 1.1, 2.0, 2.1))]
     s = steady_state(synthetic(steps=steps))
     assert s is not None and s.measured_s == pytest.approx(1.1 / 3) and s.predicted_s == pytest.approx(0.5)
+
+
+def test_the_predicted_steady_state_includes_the_priced_checkpoint_writes_before_its_steps():
+    """A write before step 2 (inside the steady state) adds its price to step 2's predicted interval; one before
+    step 0 or after the last (not a steady interval) adds nothing."""
+    s = steady_state(synthetic(), PricedWrites((2,), 0.1))
+    assert s.predicted_s == pytest.approx((0.25 + 0.35) / 2) and s.written_s == pytest.approx(0.05)
+    assert steady_state(synthetic(), PricedWrites((0, 3), 0.1)).predicted_s == pytest.approx(0.25)
+    line = cli._steady_line(s, None)
+    assert "predicted 0.3 s/step, 50 ms of it checkpoint writes (measured/predicted 2.5)" in line
+
+
+def test_the_summary_says_what_the_checkpoints_cost_against_their_price_or_why_unpriced():
+    class Written:
+        checkpoint_write_seconds = staticmethod(lambda: [0.004, 0.006, 0.020])
+
+    hw = SimpleNamespace(name="cpu")
+    assert cli._checkpoint_lines(Written, hw, PricedWrites((20, 40, 60), 0.005)) == [
+        "checkpoint writes: 3, median 6 ms measured, 5 ms priced each (core/cost/checkpoint.py; the predicted steady "
+        "state includes them)"]
+    unpriced, = cli._checkpoint_lines(Written, hw, None)
+    assert "not priced: the profile 'cpu' has no [host] checkpoint_rate" in unpriced
+    assert cli._checkpoint_lines(Written, None, None) == []  # a simulated clock: nothing measured against
 
 
 def test_one_step_has_no_steady_state():

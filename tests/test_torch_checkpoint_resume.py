@@ -104,6 +104,23 @@ def test_the_checkpoint_exceeds_64_mib_and_each_worker_wrote_its_own_shards(kill
     assert stat["step"] == 1 and stat["files"] == 4 and stat["bytes"] == sum(sizes)
 
 
+def test_the_cost_model_prices_the_files_the_checkpoint_holds(killed, plans):
+    """core/cost/checkpoint.py's files, tensors and bytes per worker are the checkpoint's: a file per rank for the
+    actor and one for its RNG state, every tensor of the index (the learned position embedding's and the RNG states'
+    included), and the masters' and Adam moments' bytes (the spec-form model leaves its 2.5 K norm weights out of
+    W_shard: 3e-4 of 8.4 M)."""
+    from rpegc.core.cost.checkpoint import rank_writes
+
+    (_, path), = complete_checkpoints(killed)
+    index = read_index(path)
+    writes = rank_writes(plans["A"].program)
+    assert [(w.device, w.files) for w in writes] == [(0, 2), (1, 2)]
+    assert sum(w.tensors for w in writes) == len(index["tensors"])
+    state = sum(torch.Size(t["shape"]).numel() * 4 for k, t in index["tensors"].items()
+                if k.startswith("weights/") or k.endswith("/exp_avg") or k.endswith("/exp_avg_sq"))
+    assert sum(w.bytes for w in writes) == pytest.approx(state, rel=5e-4)
+
+
 def test_the_final_weights_are_sharded_files_in_the_run_directory(uninterrupted):
     on_disk = load_final(uninterrupted.run_dir)
     assert set(on_disk) == {"actor"}

@@ -16,6 +16,8 @@ pytest.importorskip("safetensors")
 from fixtures.cli import one_line_error, rpeg_run  # noqa: E402
 
 from rpegc.cli import main as rpegc_main  # noqa: E402
+from rpegc.core.cost.hardware import load_hardware  # noqa: E402
+from rpegc.core.cost.machine import PIN_ENV  # noqa: E402
 from rpegc.runtime.backends.torch.checkpoints.shard_files import (complete_checkpoints, load_checkpoint,  # noqa: E402
                                                     load_final)
 from rpegc.runtime.backends.torch.worker.process import FAULT_ENV  # noqa: E402
@@ -54,11 +56,39 @@ def steps(run_dir: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(plan_file, tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("full") / "run")
-    out = torch_run(plan_file, "--run-dir", run_dir)  # --keep-checkpoints 2 by default
+def uninterrupted_run(plan_file, tmp_path_factory):
+    """The run directory and summary of an uninterrupted run, priced with the shipped profile plus checkpoint terms
+    ([host] checkpoint_*: core/cost/checkpoint.py)."""
+    d = tmp_path_factory.mktemp("full")
+    profile = d / "priced.toml"
+    text = open(load_hardware("cpu-reference").source).read()
+    profile.write_text(text.replace("[host]\n", "[host]\ncheckpoint_file = 0.0005\ncheckpoint_tensor = 2.5e-5\n"
+                                                 "checkpoint_rate = 7e8\n", 1))
+    run_dir = str(d / "run")
+    out = torch_run(plan_file, "--run-dir", run_dir, env={PIN_ENV: str(profile)})  # --keep-checkpoints 2 by default
     assert out.returncode == 0, out.stderr
-    return run_dir
+    return run_dir, out.stdout
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+    return uninterrupted_run[0]
+
+
+def test_the_runs_prediction_prices_its_checkpoint_writes(uninterrupted_run, plan_file):
+    """A run directory checkpoints every step by default: the 3 writes of the 4-step run (before steps 1-3, none
+    after the last) are priced and in the predicted steady state, and the summary sets them against their price."""
+    from rpegc.core.cost.checkpoint import checkpoint_time
+    from rpegc.runtime.plan import load_plan
+
+    _, stdout = uninterrupted_run
+    profile = os.path.join(os.path.dirname(uninterrupted_run[0]), "priced.toml")
+    price = checkpoint_time(load_plan(plan_file).program, load_hardware(profile))
+    assert price > 0
+    steady = next(line for line in stdout.splitlines() if line.startswith("steady state:"))
+    assert f", {1000 * price:.3g} ms of it checkpoint writes (" in steady  # every steady step follows a write
+    line = next(line for line in stdout.splitlines() if line.startswith("checkpoint writes:"))
+    assert line.startswith("checkpoint writes: 3, median ") and f", {1000 * price:.3g} ms priced each" in line
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,13 @@ from rpegc.runtime.report import host_cores
 from rpegc.tools.verifier_timing import host_text, samples
 
 
-def test_the_host_table_loads_into_a_profile():
+def test_the_host_table_loads_into_a_profile(tmp_path):
     base = (load_hardware("cpu-reference").source)
-    text = open(base).read().split("\n# The host")[0].split("\n[host]")[0] + host_text()
+    text = open(base).read().split("\n# The host")[0].split("\n[host]")[0] + host_text(tmp_path)
     hw = Hardware.from_dict(tomllib.loads(text), source="t.toml")
     assert hw.host_cores >= 1 and hw.verify_call >= 0
+    assert hw.checkpoint_rate > 0 and hw.checkpoint_file >= 0
+    assert list(tmp_path.iterdir()) == []  # the write probe's scratch directory is gone
     assert {fn for fn, _ in hw.verify_s} == {"math", "exact_match", "rule"} and all(s > 0 for _, s in hw.verify_s)
 
 

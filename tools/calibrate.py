@@ -1194,7 +1194,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
                         concurrent=concurrent, links_from=links)
         reference = SpeedReference(cal.speed_probe_s) if cal.speed_probe_s is not None else None
-        tables = _at_speed(host_text, reference, args.quick) if backend == "gloo" else ""  # verifier pools: the host
+        # the host: verifier pools, and checkpoint writes timed beside the profile
+        tables = _at_speed(lambda: host_text(output.parent), reference, args.quick) if backend == "gloo" else ""
         if args.overhead or args.machine:  # this machine's profile prices the operators as they run
             if backend != "gloo":
                 raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")

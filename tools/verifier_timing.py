@@ -8,8 +8,9 @@
 - `call_overhead(spec)`: t_call, what one verify operator costs beyond its calls: handing one response to a pool
   process and collecting its score (runtime/backends/torch/controller/verifier_pool.py), the median over repeats, less
   one call's t_resp.
-- `host_text()`: the `[host]` table `rpeg-calibrate --machine` writes: the host's cores, t_call, and t_resp of the
-  built-in functions over `SAMPLES`, responses shaped as the arithmetic demo's (GSM8K's `#### n` answers).
+- `host_text(where)`: the `[host]` table `rpeg-calibrate --machine` writes: the host's cores, t_call, t_resp of the
+  built-in functions over `SAMPLES`, responses shaped as the arithmetic demo's (GSM8K's `#### n` answers), and the
+  checkpoint writes' terms (tools/checkpoint_timing.py, timed under `where`).
 - `rpeg-calibrate --verifier SPEC --data FILE` measures a user's function over a dataset's ground truths taken as
   responses (`measure_dataset`): what a verifier costs on answers of the right form, before any training.
 """
@@ -20,10 +21,12 @@ import json
 import queue
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.report import host_cores
+from rpegc.tools.checkpoint_timing import checkpoint_lines
 from rpegc.runtime.backends.torch.controller.verifier_pool import TextExample
 
 REPEATS = 5
@@ -134,8 +137,9 @@ def rule_per_response(rows: int = 256, repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
-def host_text() -> str:
-    """The `[host]` table of this machine's profile, every value with how it was measured."""
+def host_text(where: Path) -> str:
+    """The `[host]` table of this machine's profile, every value with how it was measured; the checkpoint writes
+    (tools/checkpoint_timing.py) are timed in a scratch directory under `where`."""
     texts, examples = samples()
     math_s = busy_per_response("math", texts, examples)
     exact_s = busy_per_response("exact_match", texts, examples)
@@ -148,6 +152,7 @@ def host_text() -> str:
         f"cores = {host_cores()}                   # CPU cores this process may use (a worker or a pool process each)",
         f"verify_call = {call:.6g}    # s; one response's round trip through a one-process pool, less its call "
         f"(median of {POOL_REPEATS})",
+        *checkpoint_lines(where),
         "",
         "[host.verify]",
         f"math = {math_s:.6g}    # s per response on one core while every core scores, median of {REPEATS} batches "

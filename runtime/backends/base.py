@@ -120,6 +120,7 @@ class Backend(ABC):
     name: str = "backend"
     clock: str = "wall"  # "wall" (real seconds) or "sim" (simulated seconds)
     run_dir: Optional[str] = None  # where the run keeps what outlives it (checkpoints, logs); None: nowhere
+    checkpoint_every: int = 0  # checkpoint every N steps into run_dir (0: never; core/cost/checkpoint.py prices them)
     # R(x) of a transfer when the user does not choose: Table III reserves both endpoints of a
     # transfer; the scheduler (spec 7) only its destination.
     default_reserve: str = "endpoints"
@@ -211,6 +212,10 @@ class Backend(ABC):
 
     def memory_summary(self) -> list[str]:
         """Lines on the memory the run really held per device beside the cost model's prediction; [] for none."""
+        return []
+
+    def checkpoint_write_seconds(self) -> list[float]:
+        """Per checkpoint written so far, the seconds its slowest worker spent writing it; [] for none."""
         return []
 
     def run_notes(self) -> list[str]:

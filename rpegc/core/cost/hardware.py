@@ -8,7 +8,8 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
     [memory]    M_GPU, eps_rt
     [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
     [p2p.<tier>]         alpha, beta
-    [host]      optional: cores, verify_call, [host.verify] (the verifier pool's host, core/cost/host.py)
+    [host]      optional: cores, verify_call, [host.verify] (the verifier pool's host, core/cost/host.py),
+                checkpoint_file, checkpoint_tensor, checkpoint_rate (checkpoint writes, core/cost/checkpoint.py)
     [overhead]  optional: per-call and per-token fixed costs of each role's operators, the control round trip per
                 node (generation_call, generation_token, inference_*, training_*, node; default 0)
     [meta]      free-form (calibration date, notes)
@@ -85,10 +86,19 @@ _TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "colle
 # of one verify operator (handing the responses to the pool and collecting the scores); [host.verify] the seconds one
 # call of a built-in reward function takes on one core, per response (rpeg-calibrate measures them). Upper bounds:
 # 1e6 cores, 60 s per call or response (a sandbox that runs longer is not a reward function for a training step).
+# `checkpoint_file`, `checkpoint_tensor` and `checkpoint_rate` price a run's checkpoint writes (cost/checkpoint.py): the
+# fixed time of one shard file, of one tensor in it, and the bytes per second a worker serialises, writes and fsyncs;
+# a profile without the rate leaves checkpoints unpriced (rpeg-run says so). Upper bounds: 60 s per file or tensor,
+# 1e12 B/s.
 MAX_HOST_CORES = 10**6
 _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time of one verify operator, s"),
-              ("verify", "seconds per response of each built-in reward function"))
+              ("verify", "seconds per response of each built-in reward function"),
+              ("checkpoint_file", "fixed time of one checkpoint shard file (open, fsync, close), s"),
+              ("checkpoint_tensor", "fixed time of one tensor of a checkpoint shard file (header, hash, write), s"),
+              ("checkpoint_rate", "bytes per second a worker writes a checkpoint's shard files at (serialise, write, "
+                                  "fsync)"))
 MAX_VERIFY_S = 60.0
+MAX_CHECKPOINT_RATE = 1e12
 # [overhead]: what running an operator costs beyond its kernels (not in the source; core/cost/optime.py). A run of a
 # small model spends most of each operator in per-call framework work (Python, tensor set-up, sampling, the loss and
 # the optimizer's fixed part) and most of the gaps between operators in the runtime's control round trip, which the
@@ -161,6 +171,9 @@ class Hardware:
     host_cores: int | None = None  # [host] cores: a node's host CPU cores; None: the profile does not say
     verify_call: float = 0.0  # [host] verify_call: s per verify operator
     verify_s: tuple[tuple[str, float], ...] = ()  # [host.verify]: (built-in reward function, s per response)
+    checkpoint_file: float = 0.0  # [host] checkpoint_file: s per checkpoint shard file
+    checkpoint_tensor: float = 0.0  # [host] checkpoint_tensor: s per tensor of a checkpoint shard file
+    checkpoint_rate: float | None = None  # [host] checkpoint_rate: B/s of a checkpoint write; None: not priced
     overhead: Overhead = Overhead()  # [overhead]: operators' fixed costs beyond their kernels, the control round trip
 
     def provenance(self) -> str:
@@ -369,6 +382,15 @@ def _host(d: Mapping[str, Any], where: _Where) -> dict[str, Any]:
     if "verify_call" in host:
         out["verify_call"] = _number(host, "host.verify_call", "verify_call", _HOST_KEYS[1][1], 0.0, False,
                                      MAX_VERIFY_S, where)
+    if "checkpoint_file" in host:
+        out["checkpoint_file"] = _number(host, "host.checkpoint_file", "checkpoint_file", _HOST_KEYS[3][1], 0.0,
+                                         False, MAX_VERIFY_S, where)
+    if "checkpoint_tensor" in host:
+        out["checkpoint_tensor"] = _number(host, "host.checkpoint_tensor", "checkpoint_tensor", _HOST_KEYS[4][1], 0.0,
+                                           False, MAX_VERIFY_S, where)
+    if "checkpoint_rate" in host:
+        out["checkpoint_rate"] = _number(host, "host.checkpoint_rate", "checkpoint_rate", _HOST_KEYS[5][1], 0.0,
+                                         True, MAX_CHECKPOINT_RATE, where)
     if "verify" in host:
         table = _table(host, "verify", where, prefix="host.")
         out["verify_s"] = tuple((fn, _number(table, f"host.verify.{fn}", fn, f"s per response of {fn}", 0.0, True,

@@ -313,6 +313,9 @@ class TorchBackend(Backend):
         """One entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}."""
         return self.exports.io_stats if self.exports is not None else []
 
+    def checkpoint_write_seconds(self) -> list[float]:
+        return [float(s["write_s"]) for s in self.io_stats if s["what"] == "checkpoint"]
+
     # -- ending -------------------------------------------------------------------------------------------
 
     def interrupt(self) -> None:

@@ -1,0 +1,115 @@
+"""What a run's checkpoint costs: the shard files each worker writes at a checkpoint boundary (issue 36).
+
+A checkpoint is not an operator of the plan: its cadence is the run's (`rpeg-run --checkpoint-every N`), so the
+schedule leaves it out and the run's prediction adds it (runtime/report.py). The torch backend's workers write it
+themselves (runtime/backends/torch/checkpoints/exports.py), between their nodes: at boundary k + 1 every rank of a
+trained model's training layout writes one file of the pieces its data-parallel replica owns, as float32 masters
+with their Adam moments (m, v and the step count: a tensor each), plus the older versions later nodes may still
+read under staleness tau; then every worker writes one file of its RNG state. Per rank:
+
+  bytes   = W_shard / P_d * (12 + 4 tau)       (master, m, v: 4 B each; tau kept float32 versions)
+  tensors = n_stage / P_d * (4 + tau)          (master, m, v, step; tau versions)
+  T_rank  = files * t_file + tensors * t_tensor + bytes / rate
+
+with W_shard the worst pipeline stage's parameters at the training placement's (P_p, P_t) (memory.weight_shard, and
+the (Lp + Lr) x d learned position embedding the backend gives a model without a checkpoint; the replicas split a
+stage's pieces whole, so a rank's share is 1/P_d of it up to one piece), n_stage the parameter
+tensors of that stage as the backend's model has them (`stage_tensors`), `t_file` the fixed time of one file (open,
+fsync, close), `t_tensor` of one tensor in it (its header entry, hashing and write call) and `rate` the bytes per
+second of the serialise + write + fsync ([host] checkpoint_file, checkpoint_tensor and checkpoint_rate, which
+rpeg-calibrate measures with the backend's own writer; a small model's checkpoint is mostly per-tensor work). The
+ranks write in parallel and each blocks its worker while it writes: a checkpoint costs its slowest rank's T_rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from rpegc.core.cost.hardware import Hardware
+from rpegc.core.cost.memory import weight_shard
+from rpegc.core.cost.params import LM_HEAD_KINDS, SCALAR_HEAD_KINDS
+from rpegc.core.ir.program import Arch, Program
+
+STATE_BYTES = 12  # per parameter: the float32 master and Adam's two moments
+VERSION_BYTES = 4  # per parameter of each older version kept under staleness (float32)
+STATE_TENSORS = 4  # per parameter tensor: the master, Adam's two moments and its step count
+
+
+@dataclass(frozen=True)
+class RankWrite:
+    """What one device's worker writes at a checkpoint: shard files and their bytes."""
+
+    device: int
+    files: int
+    tensors: float
+    bytes: float
+
+
+def layer_tensors(arch: Arch) -> int:
+    """Parameter tensors of one layer of the backend's model (runtime/backends/torch/model/transformer.py): the four
+    attention projections, their q/k/v biases, the q/k norms, the FFN's projections and the layer's norms."""
+    return (4 + 3 * arch.qkv_bias + 2 * arch.qk_norm + (3 if arch.gated else 2) + (4 if arch.post_norms else 2))
+
+
+def stage_tensors(arch: Arch, kind: str, pp: int, positions: bool = False) -> float:
+    """Parameter tensors of the worst pipeline stage of `pp`: its layers', and the embedding (and the learned position
+    embedding, `positions`) on the first, the final norm and the head (an untied LM head, a value head's weight and
+    bias) on the last."""
+    first = 1 + positions
+    last = 1 + (kind in LM_HEAD_KINDS) + 2 * (kind in SCALAR_HEAD_KINDS)
+    ends = first + last if pp == 1 else max(first, last)
+    return math.ceil(arch.layers / pp) * layer_tensors(arch) + ends
+
+
+def rank_writes(p: Program) -> tuple[RankWrite, ...]:
+    """Each plan device's files and bytes at a checkpoint boundary (the module docstring), ascending by device; the
+    devices of the cluster the plan places nothing on write nothing (their workers are not started)."""
+    if p.plan is None or p.graph is None or p.cluster is None:
+        return ()
+    state: dict[int, float] = {}
+    tensors: dict[int, float] = {}  # beside the RNG state's one
+    files: dict[int, int] = {}
+    for pl in p.plan.placements:
+        devices = pl.alloc.devices(p.cluster)
+        for d in devices:
+            files.setdefault(d, 1)  # its RNG state
+        vertex = p.graph.vertex(pl.vertex)
+        if vertex.role != "training":
+            continue
+        model = p.model(vertex.model)
+        s = pl.strategy
+        tau = p.graph.tau(model.name)
+        # the backend learns position embeddings for a model without a checkpoint (runtime's run_config), RoPE else
+        learned = model.hf is None
+        positions = learned * (p.workload.Lp + p.workload.Lr) * model.arch.hidden
+        share = (float(weight_shard(model.arch, model.kind, s.pp, s.tp)) + positions) / s.dp
+        pieces = stage_tensors(model.arch, model.kind, s.pp, learned) / s.dp
+        for d in devices:
+            state[d] = state.get(d, 0.0) + share * (STATE_BYTES + VERSION_BYTES * tau)
+            tensors[d] = tensors.get(d, 0.0) + pieces * (STATE_TENSORS + tau)
+            files[d] += 1
+    return tuple(RankWrite(d, files[d], tensors.get(d, 0.0) + 1, state.get(d, 0.0)) for d in sorted(files))
+
+
+def rank_write_time(w: RankWrite, hw: Hardware) -> float:
+    """T_rank = files * t_file + tensors * t_tensor + bytes / rate."""
+    assert hw.checkpoint_rate is not None
+    return w.files * hw.checkpoint_file + w.tensors * hw.checkpoint_tensor + w.bytes / hw.checkpoint_rate
+
+
+def checkpoint_time(p: Program, hw: Hardware) -> Optional[float]:
+    """Seconds one checkpoint of `p`'s run blocks its slowest worker; None where the profile does not price writes
+    ([host] checkpoint_rate left out)."""
+    if hw.checkpoint_rate is None:
+        return None
+    return max((rank_write_time(w, hw) for w in rank_writes(p)), default=0.0)
+
+
+def checkpoint_steps(first: int, steps: int, every: int) -> tuple[int, ...]:
+    """The step boundaries a run of steps [first, steps) checkpoints at, every `every` steps (0: none): k + 1 after
+    step k's training, never after the last step (the final weights are written instead)."""
+    if every <= 0:
+        return ()
+    return tuple(b for b in range(first + 1, steps) if b % every == 0)

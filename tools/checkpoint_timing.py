@@ -1,0 +1,87 @@
+"""The [host] checkpoint terms of a profile: what one worker's checkpoint write costs (core/cost/checkpoint.py).
+
+Writes float32 shard files of a few shapes (one tensor of a few sizes; many small tensors) with the torch backend's
+own writer (`write_shard_file`: safetensors, SHA-256, fsync) into a scratch directory beside the profile (a run
+directory usually sits on the same disk), keeps each shape's fastest of `repeats` (the machine's usual speed, as the
+kernels'), and fits t = t_file + tensors * t_tensor + bytes / rate by least squares, a term that fits below 0 left
+out. The scratch directory is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rpegc.core.ir.errors import RpegError
+from rpegc.runtime.backends.torch.checkpoints.shard_files import write_shard_file
+
+# (tensors, bytes of float32 data) per file: the bytes' term from one large tensor, the tensors' from many small ones
+SHAPES = ((1, 4 << 10), (1, 1 << 20), (1, 8 << 20), (64, 256 << 10), (256, 1 << 20))
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class WriteFit:
+    file_s: float  # t_file: s per file beside its tensors and bytes
+    tensor_s: float  # t_tensor: s per tensor
+    rate: float  # B/s
+    points: int
+    mape: float
+
+
+def time_write(directory: str, tensors: int, nbytes: int) -> float:
+    """Seconds one shard file of `tensors` float32 tensors, `nbytes` in all, takes to write (serialise, hash, write,
+    fsync)."""
+    n = nbytes // 4 // tensors
+    data = {f"t{i}": (t, ((0,), (n,)), (n,)) for i, t in enumerate(torch.rand(tensors, n))}
+    path = os.path.join(directory, "probe.safetensors")
+    t0 = time.perf_counter()
+    write_shard_file(path, data)
+    seconds = time.perf_counter() - t0
+    os.unlink(path)
+    return seconds
+
+
+def fit_writes(shapes, seconds) -> WriteFit:
+    """t = t_file + tensors * t_tensor + bytes / rate through (shape, seconds) points: least squares in relative
+    error, the fixed terms clipped at 0 (and the others refitted without them)."""
+    a = np.array([[1.0, t, b] for t, b in shapes])
+    y = np.asarray(seconds, float)
+    keep = [0, 1, 2]
+    while True:
+        coef = np.zeros(3)
+        coef[keep] = np.linalg.lstsq(a[:, keep] / y[:, None], np.ones_like(y), rcond=None)[0]
+        negative = [k for k in keep if coef[k] < 0 and k != 2]
+        if not negative:
+            break
+        keep.remove(negative[0])
+    if coef[2] <= 0:
+        raise RpegError(None, f"checkpoint writes of {[b for _, b in shapes]} bytes took {list(y)} s: the time does "
+                              "not grow with the bytes; the disk's speed changed during the measurement, calibrate "
+                              "again")
+    pred = a @ coef
+    return WriteFit(float(coef[0]), float(coef[1]), float(1 / coef[2]), len(y), float(np.mean(np.abs(pred - y) / y)))
+
+
+def measure_writes(where: Path, shapes=SHAPES, repeats: int = REPEATS) -> WriteFit:
+    """Each shape's fastest of `repeats` writes in a scratch directory under `where`, fitted."""
+    where.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".rpeg-write-probe-", dir=where) as d:
+        best = [min(time_write(d, t, b) for _ in range(repeats)) for t, b in shapes]
+    return fit_writes(shapes, best)
+
+
+def checkpoint_lines(where: Path) -> list[str]:
+    """The [host] table's checkpoint keys, with how they were measured."""
+    fit = measure_writes(where)
+    shapes = ", ".join(f"{t} x {b // t >> 10} KiB" for t, b in SHAPES)
+    return [f"checkpoint_file = {fit.file_s:.6g}    # s per shard file; least squares (relative error) of the fastest "
+            f"of {REPEATS} writes of tensors {shapes} (the backend's writer, fsync) under {where}, MAPE {fit.mape:.1%}",
+            f"checkpoint_tensor = {fit.tensor_s:.6g}    # s per tensor of a file; same fit",
+            f"checkpoint_rate = {fit.rate:.6g}    # B/s = {fit.rate / 1e6:.4g} MB/s; same fit"]
