@@ -198,8 +198,12 @@ class _Run:
         self.prod_left = {a: len(p) for a, p in plan.producers.items()}
         self.present: set[Artifact] = set()
         self.steps_left: dict[int, int] = {}
+        self.predicted_finish: dict[int, float] = {}  # per step, its last node's scheduled finish
         for n in nodes:
             self.steps_left[n.step] = self.steps_left.get(n.step, 0) + 1
+            if plan.scheduled:
+                self.predicted_finish[n.step] = max(self.predicted_finish.get(n.step, n.node.finish), n.node.finish)
+        self.step_nodes = dict(self.steps_left)
         self.step_finish: dict[int, float] = {}
         self.node_records: dict[str, NodeRecord] = {}
         self.events: list[ArtifactEvent] = []
@@ -427,10 +431,8 @@ class _Run:
         self.steps_left[k] -= 1
         if self.steps_left[k]:
             return
-        predicted = None
-        if self.plan.scheduled:
-            predicted = max(m.node.finish for m in self.plan.nodes if m.step == k)  # type: ignore[type-var]
-        rec = StepRecord(k, self.step_finish[k], predicted, sum(1 for m in self.plan.nodes if m.step == k))
+        predicted = self.predicted_finish.get(k)
+        rec = StepRecord(k, self.step_finish[k], predicted, self.step_nodes[k])
         self.step_records.append(rec)
         self.emit(step_record(rec))
         self.backend.step_done(k, rec.finish)
