@@ -288,6 +288,9 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(line)
     if priced is not None:  # measured against predicted
         print(_profile_line(plan.program, priced))
+        stale = _recalibrated_note(args.plan, priced)
+        if stale is not None:
+            print(f"note: {stale}")
         if drift is not None:
             print(f"note: {drift}")
     for line in backend.memory_summary():
@@ -424,6 +427,25 @@ def _checkpoint_lines(backend, hw, writes) -> list[str]:
                 "measures it), so the predicted steady state leaves them out"]
     return [f"{what}, {1000 * writes.seconds:.3g} ms priced each (core/cost/checkpoint.py; the predicted steady "
             "state includes them)"]
+
+
+def _recalibrated_note(plan_path: str, hw) -> Optional[str]:
+    """Why the run's prices may be another calibration's: the plan's node times were fixed when it was compiled, but
+    the profile that names the machine (`hw`, whose control round trip the per-part lines take apart) was calibrated
+    after the plan file was written (`rpeg-calibrate --machine` refreshes the cached profile in place); None
+    otherwise, or when the profile does not say when it was calibrated."""
+    import datetime
+
+    try:
+        calibrated = datetime.datetime.fromisoformat(hw.calibrated)
+        written = os.path.getmtime(plan_path)
+    except (ValueError, OSError):
+        return None
+    if calibrated.tzinfo is None or calibrated.timestamp() <= written:
+        return None
+    compiled = datetime.datetime.fromtimestamp(written).astimezone().isoformat(timespec="seconds")
+    return (f"the profile was calibrated ({hw.calibrated}) after the plan was compiled ({compiled}): the plan's times "
+            "are an earlier profile's prices; compile it again to price it with this one")
 
 
 def _with_probe(hw):

@@ -240,3 +240,24 @@ def test_a_pipe_or_a_device_as_an_input_is_refused_at_once(plan_file, tmp_path, 
         assert main(args) == 1
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_profile_calibrated_after_the_plan_was_compiled_is_named(tmp_path):
+    """rpeg-run says when the profile that names the machine was calibrated after the plan file was written: the
+    plan's node times are an earlier calibration's prices (`rpeg-calibrate --machine` refreshes the cached profile
+    in place)."""
+    from types import SimpleNamespace
+
+    from rpegc.runtime.cli import _recalibrated_note
+
+    plan = tmp_path / "p.exec.rpeg"
+    plan.write_text("")
+    os.utime(plan, (1_700_000_000, 1_700_000_000))  # 2023-11-14T22:13:20Z
+    later = _recalibrated_note(str(plan), SimpleNamespace(calibrated="2026-12-06T19:45:01+00:00"))
+    assert later.startswith("the profile was calibrated (2026-12-06T19:45:01+00:00) after the plan was compiled (")
+    assert "compile it again to price it with this one" in later
+    assert _recalibrated_note(str(plan), SimpleNamespace(calibrated="2023-11-14T22:13:19+00:00")) is None
+    for unknown in ("", "yesterday", "2026-12-06T19:45:01"):  # no date, not a date, no time zone
+        assert _recalibrated_note(str(plan), SimpleNamespace(calibrated=unknown)) is None
+    assert _recalibrated_note(str(tmp_path / "gone.rpeg"), SimpleNamespace(calibrated="2026-12-06T19:45:01+00:00")) \
+        is None

