@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import os
 import statistics
 import sys
@@ -434,8 +435,6 @@ def _recalibrated_note(plan_path: str, hw) -> Optional[str]:
     the profile that names the machine (`hw`, whose control round trip the per-part lines take apart) was calibrated
     after the plan file was written (`rpeg-calibrate --machine` refreshes the cached profile in place); None
     otherwise, or when the profile does not say when it was calibrated."""
-    import datetime
-
     try:
         calibrated = datetime.datetime.fromisoformat(hw.calibrated)
         written = os.path.getmtime(plan_path)

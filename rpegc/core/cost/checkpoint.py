@@ -107,9 +107,12 @@ def checkpoint_time(p: Program, hw: Hardware) -> Optional[float]:
     return max((rank_write_time(w, hw) for w in rank_writes(p)), default=0.0)
 
 
+def checkpoint_due(boundary: int, steps: int, every: int) -> bool:
+    """Whether a run of `steps` steps that checkpoints every `every` steps (0: never) writes one at `boundary` (k + 1,
+    after step k's training): never after the last step, where the final weights are written instead."""
+    return every > 0 and boundary % every == 0 and boundary < steps
+
+
 def checkpoint_steps(first: int, steps: int, every: int) -> tuple[int, ...]:
-    """The step boundaries a run of steps [first, steps) checkpoints at, every `every` steps (0: none): k + 1 after
-    step k's training, never after the last step (the final weights are written instead)."""
-    if every <= 0:
-        return ()
-    return tuple(b for b in range(first + 1, steps) if b % every == 0)
+    """The step boundaries a run of steps [first, steps) checkpoints at (`checkpoint_due`)."""
+    return tuple(b for b in range(first + 1, steps) if checkpoint_due(b, steps, every))

@@ -98,7 +98,11 @@ _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time 
               ("checkpoint_rate", "bytes per second a worker writes a checkpoint's shard files at (serialise, write, "
                                   "fsync)"))
 MAX_VERIFY_S = 60.0
+MAX_CHECKPOINT_S = 60.0
 MAX_CHECKPOINT_RATE = 1e12
+# The [host] keys that are one number: (key, 0 excluded, upper bound).
+_HOST_NUMBERS = (("verify_call", False, MAX_VERIFY_S), ("checkpoint_file", False, MAX_CHECKPOINT_S),
+                 ("checkpoint_tensor", False, MAX_CHECKPOINT_S), ("checkpoint_rate", True, MAX_CHECKPOINT_RATE))
 # [overhead]: what running an operator costs beyond its kernels (not in the source; core/cost/optime.py). A run of a
 # small model spends most of each operator in per-call framework work (Python, tensor set-up, sampling, the loss and
 # the optimizer's fixed part) and most of the gaps between operators in the runtime's control round trip, which the
@@ -379,18 +383,10 @@ def _host(d: Mapping[str, Any], where: _Where) -> dict[str, Any]:
             raise where.error("host.cores", f"key 'host.cores' = {cores!r} must be an integer in [1, {MAX_HOST_CORES}] "
                                             "(host CPU cores per node)")
         out["host_cores"] = cores
-    if "verify_call" in host:
-        out["verify_call"] = _number(host, "host.verify_call", "verify_call", _HOST_KEYS[1][1], 0.0, False,
-                                     MAX_VERIFY_S, where)
-    if "checkpoint_file" in host:
-        out["checkpoint_file"] = _number(host, "host.checkpoint_file", "checkpoint_file", _HOST_KEYS[3][1], 0.0,
-                                         False, MAX_VERIFY_S, where)
-    if "checkpoint_tensor" in host:
-        out["checkpoint_tensor"] = _number(host, "host.checkpoint_tensor", "checkpoint_tensor", _HOST_KEYS[4][1], 0.0,
-                                           False, MAX_VERIFY_S, where)
-    if "checkpoint_rate" in host:
-        out["checkpoint_rate"] = _number(host, "host.checkpoint_rate", "checkpoint_rate", _HOST_KEYS[5][1], 0.0,
-                                         True, MAX_CHECKPOINT_RATE, where)
+    meaning = dict(_HOST_KEYS)
+    for key, strict, upper in _HOST_NUMBERS:  # each a Hardware field of the same name
+        if key in host:
+            out[key] = _number(host, f"host.{key}", key, meaning[key], 0.0, strict, upper, where)
     if "verify" in host:
         table = _table(host, "verify", where, prefix="host.")
         out["verify_s"] = tuple((fn, _number(table, f"host.verify.{fn}", fn, f"s per response of {fn}", 0.0, True,

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
+from rpegc.core.cost.checkpoint import checkpoint_due
 from rpegc.outputs import PendingDirectory
 from rpegc.runtime.backends.base import Dispatch
 from rpegc.runtime.backends.torch.channel.commands import Export, Keep
@@ -123,7 +124,7 @@ class Exports:
         tau = self.plan.tau.get(m, 0)
         self.train_layout[m] = layout
         self.train_done.setdefault(k, set()).add(m)
-        due = bool(self.every) and (k + 1) % self.every == 0 and k + 1 < self.plan.steps  # a checkpoint at k + 1
+        due = checkpoint_due(k + 1, self.plan.steps, self.every)
         if self.every and tau > 0:
             # nodes after a later checkpoint may still read this version: each rank keeps what it writes
             for r in layout.ranks:
