@@ -1,11 +1,13 @@
 """The [host] checkpoint terms' fit (tools/checkpoint_timing.py): t = t_file + tensors t_tensor + bytes / rate by least
 squares in relative error, a fixed term that fits below 0 left out; a time that does not grow with the bytes is
-refused. The measurement itself is tests/test_verifier_timing.py's (the [host] table loads, no file is left)."""
+refused. The disk two writers share: the second's extra time is its bytes at the shared rate. The measurement itself is
+tests/test_verifier_timing.py's (the [host] table loads, no file is left)."""
 
 import pytest
 
 from rpegc.core.ir.errors import RpegError
-from rpegc.tools.checkpoint_timing import SHAPES, fit_writes
+from rpegc.runtime.report import host_cores
+from rpegc.tools.checkpoint_timing import SHAPES, _writers, disk_rate, fit_writes, shared_rate, time_together
 
 
 def test_the_fit_recovers_the_three_terms():
@@ -26,3 +28,27 @@ def test_a_fixed_term_below_zero_is_left_out_and_the_others_refitted():
 def test_a_time_that_does_not_grow_with_the_bytes_is_refused():
     with pytest.raises(RpegError, match="does not grow with the bytes"):
         fit_writes(SHAPES, [1e-3] * len(SHAPES))
+
+
+def test_the_second_writers_extra_time_is_its_bytes_at_the_shared_rate():
+    assert shared_rate(0.024, 0.040, 32 << 20) == pytest.approx((32 << 20) / 0.016)
+    assert shared_rate(0.024, 0.0245, 32 << 20) is None  # within 5 %: the writes run in parallel
+    assert shared_rate(0.024, 0.020, 32 << 20) is None
+
+
+@pytest.mark.skipif(host_cores() < 2, reason="two writers need two cores")
+def test_the_disk_probe_leaves_nothing_and_gives_a_rate_or_none(tmp_path):
+    rate = disk_rate(tmp_path, nbytes=1 << 20, rounds=2)
+    assert rate is None or rate > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writer_that_dies_is_a_one_line_error(tmp_path):
+    procs = _writers(str(tmp_path / "gone"), 1, 1024)  # its directory does not exist: the write fails
+    try:
+        with pytest.raises(RpegError, match="writer of the checkpoint disk probe exited"):
+            time_together(procs)
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait()

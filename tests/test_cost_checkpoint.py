@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from rpegc.core.cost.checkpoint import (STATE_BYTES, checkpoint_steps, checkpoint_time, layer_tensors, rank_writes,
-                                        stage_tensors)
+from rpegc.core.cost.checkpoint import (STATE_BYTES, RankWrite, checkpoint_steps, checkpoint_time, layer_tensors,
+                                        node_write_time, rank_write_time, rank_writes, stage_tensors)
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.memory import weight_shard
 from rpegc.core.ir.errors import RpegError
@@ -50,6 +50,21 @@ def test_a_checkpoint_costs_its_slowest_worker_and_nothing_without_the_profile_r
     assert checkpoint_time(PPO, load_hardware("cpu-reference")) is None  # the shipped profile does not measure it
 
 
+def test_the_ranks_of_a_node_share_its_disk():
+    # ppo-tiny: train_actor's 4 ranks on node 0, train_critic's on node 1 (gpus = 4); every rank of a node writes the
+    # same, so each waits for the disk parts of the node's 3 others
+    shared = dataclasses.replace(HW, checkpoint_disk_rate=2e9)
+    writes = rank_writes(PPO)
+    per = [w.files * 1e-3 + w.tensors * 2e-5 + w.bytes / 5e8 + 3 * w.bytes / 2e9 for w in writes]
+    assert checkpoint_time(PPO, shared) == pytest.approx(max(per))
+    assert checkpoint_time(PPO, shared) > checkpoint_time(PPO, HW)
+    # unequal ranks: the small one may finish last, behind the large one's disk part
+    big, small = RankWrite(0, 2, 10, 4e8), RankWrite(1, 1, 1, 0.0)
+    own = {w: rank_write_time(w, shared) for w in (big, small)}
+    assert node_write_time([big, small], shared) == pytest.approx(max(own[big], own[small] + 4e8 / 2e9))
+    assert node_write_time([big, small], HW) == pytest.approx(max(rank_write_time(w, HW) for w in (big, small)))
+
+
 def test_the_stage_tensors_are_the_backends_models_parameters():
     torch = pytest.importorskip("torch")  # noqa: F841
     from rpegc.runtime.backends.torch.model.transformer import NetOptions, TransformerModel, arch_net
@@ -88,11 +103,16 @@ def test_the_profile_keys_are_checked():
     import tomllib
     d = tomllib.loads(text)
     d["host"].update(checkpoint_file=0.0005, checkpoint_tensor=2.5e-5, checkpoint_rate=7e8)
+    assert Hardware.from_dict(d, source="t.toml").checkpoint_disk_rate is None  # optional
+    d["host"]["checkpoint_disk_rate"] = 2e9
     hw = Hardware.from_dict(d, source="t.toml")
     assert (hw.checkpoint_file, hw.checkpoint_tensor, hw.checkpoint_rate) == (0.0005, 2.5e-5, 7e8)
+    assert hw.checkpoint_disk_rate == 2e9
     for key, bad in (("checkpoint_rate", 0), ("checkpoint_rate", -1.0), ("checkpoint_file", -1e-3),
-                     ("checkpoint_tensor", "fast"), ("checkpoint_rate", math.inf)):
+                     ("checkpoint_tensor", "fast"), ("checkpoint_rate", math.inf), ("checkpoint_disk_rate", 0),
+                     ("checkpoint_disk_rate", 1e13)):
         d["host"][key] = bad
         with pytest.raises(RpegError, match=f"host.{key}"):
             Hardware.from_dict(d, source="t.toml")
-        d["host"].update(checkpoint_file=0.0005, checkpoint_tensor=2.5e-5, checkpoint_rate=7e8)
+        d["host"].update(checkpoint_file=0.0005, checkpoint_tensor=2.5e-5, checkpoint_rate=7e8,
+                         checkpoint_disk_rate=2e9)

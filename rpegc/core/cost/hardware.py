@@ -9,7 +9,8 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
     [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
     [p2p.<tier>]         alpha, beta
     [host]      optional: cores, verify_call, [host.verify] (the verifier pool's host, core/cost/host.py),
-                checkpoint_file, checkpoint_tensor, checkpoint_rate (checkpoint writes, core/cost/checkpoint.py)
+                checkpoint_file, checkpoint_tensor, checkpoint_rate, checkpoint_disk_rate (checkpoint writes,
+                core/cost/checkpoint.py)
     [overhead]  optional: per-call and per-token fixed costs of each role's operators, the control round trip per
                 node (generation_call, generation_token, inference_*, training_*, node; default 0)
     [meta]      free-form (calibration date, notes)
@@ -88,21 +89,25 @@ _TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "colle
 # 1e6 cores, 60 s per call or response (a sandbox that runs longer is not a reward function for a training step).
 # `checkpoint_file`, `checkpoint_tensor` and `checkpoint_rate` price a run's checkpoint writes (cost/checkpoint.py): the
 # fixed time of one shard file, of one tensor in it, and the bytes per second a worker serialises, writes and fsyncs;
-# a profile without the rate leaves checkpoints unpriced (rpeg-run says so). Upper bounds: 60 s per file or tensor,
-# 1e12 B/s.
+# a profile without the rate leaves checkpoints unpriced (rpeg-run says so). `checkpoint_disk_rate`: the bytes per
+# second of the part of the writes a node's workers do not do in parallel (its disk takes them one after the other);
+# left out, a node's writers do not slow each other. Upper bounds: 60 s per file or tensor, 1e12 B/s.
 MAX_HOST_CORES = 10**6
 _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time of one verify operator, s"),
               ("verify", "seconds per response of each built-in reward function"),
               ("checkpoint_file", "fixed time of one checkpoint shard file (open, fsync, close), s"),
               ("checkpoint_tensor", "fixed time of one tensor of a checkpoint shard file (header, hash, write), s"),
               ("checkpoint_rate", "bytes per second a worker writes a checkpoint's shard files at (serialise, write, "
-                                  "fsync)"))
+                                  "fsync)"),
+              ("checkpoint_disk_rate", "bytes per second of the part of a node's checkpoint writes its workers do not "
+                                       "do in parallel"))
 MAX_VERIFY_S = 60.0
 MAX_CHECKPOINT_S = 60.0
 MAX_CHECKPOINT_RATE = 1e12
 # The [host] keys that are one number: (key, 0 excluded, upper bound).
 _HOST_NUMBERS = (("verify_call", False, MAX_VERIFY_S), ("checkpoint_file", False, MAX_CHECKPOINT_S),
-                 ("checkpoint_tensor", False, MAX_CHECKPOINT_S), ("checkpoint_rate", True, MAX_CHECKPOINT_RATE))
+                 ("checkpoint_tensor", False, MAX_CHECKPOINT_S), ("checkpoint_rate", True, MAX_CHECKPOINT_RATE),
+                 ("checkpoint_disk_rate", True, MAX_CHECKPOINT_RATE))
 # [overhead]: what running an operator costs beyond its kernels (not in the source; core/cost/optime.py). A run of a
 # small model spends most of each operator in per-call framework work (Python, tensor set-up, sampling, the loss and
 # the optimizer's fixed part) and most of the gaps between operators in the runtime's control round trip, which the
@@ -178,6 +183,7 @@ class Hardware:
     checkpoint_file: float = 0.0  # [host] checkpoint_file: s per checkpoint shard file
     checkpoint_tensor: float = 0.0  # [host] checkpoint_tensor: s per tensor of a checkpoint shard file
     checkpoint_rate: float | None = None  # [host] checkpoint_rate: B/s of a checkpoint write; None: not priced
+    checkpoint_disk_rate: float | None = None  # [host] checkpoint_disk_rate: B/s a node's writers share; None: none
     overhead: Overhead = Overhead()  # [overhead]: operators' fixed costs beyond their kernels, the control round trip
 
     def provenance(self) -> str:
