@@ -296,6 +296,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             print(f"note: {drift}")
     for line in backend.memory_summary():
         print(line)
+    for line in backend.cpu_summary():
+        print(line)
     for line in backend.run_notes():
         print(line)
     if args.gantt:

@@ -6,6 +6,7 @@ and damaged or mismatched run directories are one-line errors naming the file, e
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pytest
@@ -89,6 +90,24 @@ def test_the_runs_prediction_prices_its_checkpoint_writes(uninterrupted_run, pla
     assert f", {1000 * price:.3g} ms of it checkpoint writes (" in steady  # every steady step follows a write
     line = next(line for line in stdout.splitlines() if line.startswith("checkpoint writes:"))
     assert line.startswith("checkpoint writes: 3, median ") and f", {1000 * price:.3g} ms priced each" in line
+
+
+def test_the_summary_says_where_the_host_cores_went(uninterrupted_run):
+    """worker/thread_cpu.py: each worker's main thread on a core and waiting for one, its other threads, the
+    controller, in cores per second of the run (at most the host's)."""
+    from rpegc.runtime.report import host_cores
+
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/schedstat"):
+        pytest.skip("no per-thread scheduler statistics here")
+    lines = uninterrupted_run[1].splitlines()
+    at = lines.index("threads on the host's cores (cores busy per second of the run, /proc schedstat):")
+    for r, line in zip((0, 1), lines[at + 1:at + 3]):
+        n = r"([\d.]+)"
+        m = re.fullmatch(rf"  worker {r}: main thread {n}, waiting for a core {n}; its other threads {n}", line)
+        assert m, line
+        main, wait, others = map(float, m.groups())
+        assert 0 < main <= host_cores() and 0 <= wait <= host_cores() and 0 <= others <= host_cores()
+    assert lines[at + 3].startswith("  controller: ") and 0 < float(lines[at + 3].split(": ")[1]) <= host_cores()
 
 
 @pytest.fixture(scope="module")

@@ -214,6 +214,10 @@ class Backend(ABC):
         """Lines on the memory the run really held per device beside the cost model's prediction; [] for none."""
         return []
 
+    def cpu_summary(self) -> list[str]:
+        """Lines on where the run's host cores went (its processes' threads); [] for none."""
+        return []
+
     def checkpoint_write_seconds(self) -> list[float]:
         """Per checkpoint written so far, the seconds its slowest worker spent writing it; [] for none."""
         return []

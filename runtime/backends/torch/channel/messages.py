@@ -85,8 +85,9 @@ def _message_type(cls: type) -> MessageType:
 COMMANDS = {c.type: _message_type(c) for c in commands.COMMAND_CLASSES}  # declared once, in channel/commands.py
 REPORTS = {
     "ready": MessageType(("rank", "groups")),
-    # peak: bytes held above the start-up size; resident: the resident high-water mark above it (peak_memory.py)
-    "bye": MessageType(("rank",), ("peak", "resident")),
+    # peak: bytes held above the start-up size; resident: the resident high-water mark above it (peak_memory.py);
+    # cpu: its threads' cores from ready to stop (thread_cpu.usage)
+    "bye": MessageType(("rank",), ("peak", "resident", "cpu")),
     "error": MessageType(("node", "what", "rank", "message")),
     "done": MessageType(("node", "rank", "start", "finish", "mem"),
                         ("bytes", "versions_in", "versions_out", "metrics", "reward_stats",

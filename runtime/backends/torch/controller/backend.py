@@ -60,6 +60,7 @@ from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_imp
 from rpegc.runtime.backends.torch.run_config import RunConfig
 from rpegc.runtime.backends.torch.worker.peak_memory import WorkerPeak, peak_lines
 from rpegc.runtime.backends.torch.worker.process import FAULT_ENV
+from rpegc.runtime.backends.torch.worker.thread_cpu import ThreadCpu, cpu_lines, read_thread_cpu, usage
 from rpegc.runtime.interrupt import stop_on_signals
 from rpegc.runtime.metrics_log import MetricsLog
 from rpegc.runtime.plan import Artifact, RunPlan
@@ -104,6 +105,8 @@ class TorchBackend(Backend):
         self.trackers = trackers  # --log: where the metrics also go (runtime/trackers.py); None: the default
         self._interrupted = False  # SIGINT/SIGTERM: stop fast, write no final weights, reap the fork server
         self._stopped = True
+        self._cpu_start: Optional[ThreadCpu] = None  # the controller's threads once the workers are ready
+        self._cpu: Optional[dict[str, float]] = None  # their cores from then to the workers' stop
 
     @classmethod
     def from_options(cls, o: TorchOptions) -> "TorchBackend":
@@ -223,6 +226,7 @@ class TorchBackend(Backend):
         for w in self.warnings:
             warn(w)
         self.flight.await_ready(len(plan.devices))
+        self._cpu_start = read_thread_cpu()  # the controller's threads from here to the workers' stop
         return dict(run.rank_of)
 
     def _worker_setup(self, run: RunDescription, dist_backend: str, tp_impl: str) -> WorkerSetup:
@@ -246,6 +250,10 @@ class TorchBackend(Backend):
         peaks = [WorkerPeak(r, d, predicted.get(d, 0.0), self.pool.peaks.get(r), self.pool.resident.get(r))
                  for d, r in sorted(self.run.rank_of.items(), key=lambda dr: dr[1]) if d in predicted]
         return peak_lines(peaks, self._measured_what)
+
+    def cpu_summary(self) -> list[str]:
+        """Each worker's threads' cores from its ready to its stop, and the controller's (worker/thread_cpu.py)."""
+        return cpu_lines(self.pool.cpu, self._cpu)
 
     def run_notes(self) -> list[str]:
         """What the summary says after the run (run_record.py: failed reward calls, what the plan does not price)."""
@@ -346,6 +354,7 @@ class TorchBackend(Backend):
                     self.exports.collect_final(flight.drain_exports)
                     outcome = FINISHED
             finally:
+                self._cpu = usage(self._cpu_start, read_thread_cpu())
                 self._stop_workers()
         finally:
             if self.record.log is not None:  # also when the run failed before its workers started

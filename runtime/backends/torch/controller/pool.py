@@ -89,6 +89,7 @@ class WorkerPool:
         self._inbox: Optional[StoreInbox | PipeInbox] = None
         self.peaks: dict[int, int] = {}  # rank -> bytes it held above its start-up size (its bye says)
         self.resident: dict[int, int] = {}  # rank -> its resident high-water mark above it (CPU workers)
+        self.cpu: dict[int, dict[str, float]] = {}  # rank -> its threads' cores from ready to stop (thread_cpu.usage)
         self._releases: dict[int, list[str]] = {}  # rank -> labels freed since its last command
         self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
         self._secret_tmpdir: Optional[str] = None
@@ -297,6 +298,8 @@ class WorkerPool:
                         self.peaks[msg["rank"]] = int(msg["peak"])
                     if msg.get("resident") is not None:
                         self.resident[msg["rank"]] = int(msg["resident"])
+                    if isinstance(msg.get("cpu"), dict):
+                        self.cpu[msg["rank"]] = msg["cpu"]
             for p in self._procs:
                 p.join(timeout=max(0.0, deadline - time.time()))
         self.kill(kill_grace_s)

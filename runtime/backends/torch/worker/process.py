@@ -90,6 +90,7 @@ from rpegc.runtime.backends.torch.worker.peak_memory import PeakMeter
 from rpegc.runtime.backends.torch.worker.sender import CommandRouter
 from rpegc.runtime.backends.torch.worker.shard_writer import ShardWriter
 from rpegc.runtime.backends.torch.worker.step_inputs import StepInputs
+from rpegc.runtime.backends.torch.worker.thread_cpu import read_thread_cpu, usage
 from rpegc.runtime.backends.torch.worker.train_states import TrainStates
 from rpegc.runtime.backends.torch.worker.transfers import Transfers
 
@@ -205,13 +206,15 @@ class Worker:
         # the default 5 ms switch interval for each message and send.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         commands = CommandRouter(self.next_command, lambda cmd: self.handle(cmd, sender=True)).start()
+        cpu = read_thread_cpu()
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
         while True:
             cmd = commands.next()
             if cmd.type == "stop":
                 self.operators.close()
                 # the controller keeps its store until all said bye
-                self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident()})
+                self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident(),
+                             "cpu": usage(cpu, read_thread_cpu())})
                 return
             self.handle(cmd)
             commands.finished(cmd)

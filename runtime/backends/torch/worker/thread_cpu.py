@@ -1,0 +1,84 @@
+"""Where a run's host cores go: each process's main thread's time on a core and waiting for one, and its other
+threads' time on a core, from Linux's per-thread scheduler statistics (/proc/self/task/TID/schedstat: ns on a core,
+ns runnable but waiting for one, time slices).
+
+A CPU worker's main thread runs the plan's operators on the core it is bound to (controller/pinning.py); everything
+else floats: the controller, and each worker's command reader, sender and gloo transport threads. Where every core
+of the host is taken by a worker, that work preempts the operators, and a node takes longer than its price by the
+time its main thread waited (docs/calibration.md, "What slows the nodes that share their cores"). The cost model does
+not price that work yet; rpeg-run shows it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+TASKS = "/proc/self/task"
+WAIT_NOTE = 0.05  # a main thread that waited longer than this share of the time it ran is named in the summary
+
+
+@dataclass(frozen=True)
+class ThreadCpu:
+    """A process's threads at one moment: seconds its main thread ran and waited for a core, its others ran."""
+
+    at: float  # time.monotonic()
+    main_on: float
+    main_wait: float
+    others_on: float
+
+
+def read_thread_cpu(main_tid: Optional[int] = None) -> Optional[ThreadCpu]:
+    """This process's threads now (`main_tid`: the main thread's id, default the caller's); None where the kernel
+    keeps no per-thread statistics."""
+    main = main_tid if main_tid is not None else threading.get_native_id()
+    on = wait = others = 0.0
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return None
+    found = False
+    for tid in tids:
+        try:
+            with open(os.path.join(TASKS, tid, "schedstat"), encoding="ascii") as f:
+                ran, waited = (int(x) / 1e9 for x in f.read().split()[:2])
+        except (OSError, ValueError):
+            continue  # the thread exited meanwhile
+        if int(tid) == main:
+            on, wait, found = ran, waited, True
+        else:
+            others += ran
+    return ThreadCpu(time.monotonic(), on, wait, others) if found else None
+
+
+def usage(start: Optional[ThreadCpu], end: Optional[ThreadCpu]) -> Optional[dict[str, float]]:
+    """Cores used between two readings (plain values: a worker sends it in its bye): the wall span and, per second of
+    it, the main thread's time on a core and waiting for one, the other threads' time on a core."""
+    if start is None or end is None or end.at <= start.at:
+        return None
+    span = end.at - start.at
+    return {"span_s": span, "main": (end.main_on - start.main_on) / span,
+            "main_wait": (end.main_wait - start.main_wait) / span, "others": (end.others_on - start.others_on) / span}
+
+
+def cpu_lines(workers: Mapping[int, Mapping[str, float]], controller: Optional[Mapping[str, float]]) -> list[str]:
+    """The summary's lines: per worker (rank -> `usage`) and for the controller's process, the cores they took from
+    their start to their stop; a note where a worker's main thread waited for a core (module docstring)."""
+    if not workers:
+        return []
+    lines = ["threads on the host's cores (cores busy per second of the run, /proc schedstat):"]
+    for r, u in sorted(workers.items()):
+        lines.append(f"  worker {r}: main thread {u['main']:.2f}, waiting for a core {u['main_wait']:.2f}; "
+                     f"its other threads {u['others']:.2f}")
+    if controller is not None:
+        lines.append(f"  controller: {controller['main'] + controller['others']:.2f}")
+    waited = {r: u["main_wait"] / u["main"] for r, u in workers.items() if u["main"] > 0}
+    if waited and max(waited.values()) > WAIT_NOTE:
+        worst = max(waited, key=lambda r: waited[r])
+        lines.append(f"note: worker {worst}'s main thread waited for a core {waited[worst]:.0%} of the time it ran: "
+                     "the controller and the workers' other threads share the cores of the plan's operators, which "
+                     "the cost model does not price (docs/calibration.md)")
+    return lines

@@ -1,0 +1,69 @@
+"""Where a run's host cores go (runtime/backends/torch/worker/thread_cpu.py): the main thread's time on a core and
+waiting for one, and the other threads', read from Linux's per-thread scheduler statistics, and the summary's lines.
+That a real run prints them is tests/test_torch_checkpoint_run.py's."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from rpegc.runtime.backends.torch.worker.thread_cpu import WAIT_NOTE, ThreadCpu, cpu_lines, read_thread_cpu, usage
+
+HAS_SCHEDSTAT = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+
+
+def spin(seconds: float) -> float:
+    """Busy for `seconds` of this thread's CPU time; returns the CPU time it took (time.thread_time)."""
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        sum(range(1000))
+    return time.thread_time() - t0
+
+
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="no per-thread scheduler statistics here")
+def test_the_main_threads_time_on_a_core_is_its_cpu_time():
+    a = read_thread_cpu()
+    cpu = spin(0.05)
+    b = read_thread_cpu()
+    assert a is not None and b is not None and b.at > a.at
+    # schedstat and thread_time count the same scheduler clock; the reads themselves run between them (well under 5 ms)
+    assert b.main_on - a.main_on == pytest.approx(cpu, abs=5e-3)
+    assert b.main_wait >= a.main_wait >= 0 and b.others_on >= a.others_on
+
+
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="no per-thread scheduler statistics here")
+def test_another_threads_time_is_the_others():
+    main = threading.get_native_id()
+    took: list[float] = []
+    done = threading.Event()
+    before = read_thread_cpu(main)
+    t = threading.Thread(target=lambda: (took.append(spin(0.05)), done.wait()))  # alive while read
+    t.start()
+    while not took:
+        time.sleep(0.005)
+    after = read_thread_cpu(main)
+    done.set()
+    t.join()
+    assert after.others_on - before.others_on == pytest.approx(took[0], abs=5e-3)
+    assert after.main_on - before.main_on < 0.5 * took[0]  # the main thread mostly slept meanwhile
+
+
+def test_usage_is_cores_per_second_of_the_span():
+    a, b = ThreadCpu(10.0, 1.0, 0.5, 2.0), ThreadCpu(12.0, 2.4, 0.9, 2.5)
+    u = usage(a, b)
+    assert u == pytest.approx({"span_s": 2.0, "main": 0.7, "main_wait": 0.2, "others": 0.25})
+    assert usage(None, b) is None and usage(a, None) is None and usage(b, b) is None
+
+
+def test_the_summary_names_a_main_thread_that_waited():
+    workers = {1: {"span_s": 3.0, "main": 0.6, "main_wait": 0.2, "others": 0.12},
+               0: {"span_s": 3.0, "main": 0.7, "main_wait": 0.01, "others": 0.11}}
+    lines = cpu_lines(workers, {"span_s": 3.0, "main": 0.15, "main_wait": 0.1, "others": 0.02})
+    assert lines[1] == "  worker 0: main thread 0.70, waiting for a core 0.01; its other threads 0.11"
+    assert lines[2] == "  worker 1: main thread 0.60, waiting for a core 0.20; its other threads 0.12"
+    assert lines[3] == "  controller: 0.17"
+    assert lines[4].startswith("note: worker 1's main thread waited for a core 33% of the time it ran")
+    quiet = {0: dict(workers[0], main_wait=WAIT_NOTE * 0.7 * 0.9)}
+    assert not any(line.startswith("note:") for line in cpu_lines(quiet, None))
+    assert cpu_lines({}, None) == []
