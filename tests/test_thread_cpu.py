@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from rpegc.runtime.backends.torch.worker.thread_cpu import WAIT_NOTE, ThreadCpu, cpu_lines, read_thread_cpu, usage
+from rpegc.runtime.backends.torch.worker.thread_cpu import (BUSY_NOTE, WAIT_NOTE, ThreadCpu, cpu_lines, read_thread_cpu,
+                                                            usage)
 
 HAS_SCHEDSTAT = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
 
@@ -67,3 +68,14 @@ def test_the_summary_names_a_main_thread_that_waited():
     quiet = {0: dict(workers[0], main_wait=WAIT_NOTE * 0.7 * 0.9)}
     assert not any(line.startswith("note:") for line in cpu_lines(quiet, None))
     assert cpu_lines({}, None) == []
+
+
+def test_no_note_for_a_pools_worker_an_idle_one_or_an_oversubscribed_run():
+    waits = {"span_s": 3.0, "main": 0.6, "main_wait": 0.2, "others": 0.12}
+    pool = cpu_lines({0: waits, 1: waits}, None, pools=frozenset({1}))
+    assert pool[2].startswith("  worker 1 (the verifier pool's; its processes apart): main thread 0.60")
+    assert pool[3].startswith("note: worker 0's")  # the device worker, not the pool's
+    assert not any(line.startswith("note:") for line in cpu_lines({1: waits}, None, pools=frozenset({1})))
+    idle = dict(waits, main=BUSY_NOTE / 2, main_wait=BUSY_NOTE)  # mostly waits for the others' results
+    assert not any(line.startswith("note:") for line in cpu_lines({0: idle}, None))
+    assert not any(line.startswith("note:") for line in cpu_lines({0: waits}, None, oversubscribed=True))

@@ -253,7 +253,9 @@ class TorchBackend(Backend):
 
     def cpu_summary(self) -> list[str]:
         """Each worker's threads' cores from its ready to its stop, and the controller's (worker/thread_cpu.py)."""
-        return cpu_lines(self.pool.cpu, self._cpu)
+        devices = len(self.run.plan.model_devices) if self.run is not None else len(self.pool.cpu)
+        pools = frozenset(r for r in self.pool.cpu if r >= devices)  # a verifier pool's worker: the last rank
+        return cpu_lines(self.pool.cpu, self._cpu, pools, oversubscribed=len(self.pool.cpu) > host_cores())
 
     def run_notes(self) -> list[str]:
         """What the summary says after the run (run_record.py: failed reward calls, what the plan does not price)."""

@@ -19,6 +19,7 @@ from typing import Mapping, Optional
 
 TASKS = "/proc/self/task"
 WAIT_NOTE = 0.05  # a main thread that waited longer than this share of the time it ran is named in the summary
+BUSY_NOTE = 0.1  # ... if it ran at least this many cores: a worker that mostly waits for others is not the plan's time
 
 
 @dataclass(frozen=True)
@@ -64,19 +65,23 @@ def usage(start: Optional[ThreadCpu], end: Optional[ThreadCpu]) -> Optional[dict
             "main_wait": (end.main_wait - start.main_wait) / span, "others": (end.others_on - start.others_on) / span}
 
 
-def cpu_lines(workers: Mapping[int, Mapping[str, float]], controller: Optional[Mapping[str, float]]) -> list[str]:
-    """The summary's lines: per worker (rank -> `usage`) and for the controller's process, the cores they took from
-    their start to their stop; a note where a worker's main thread waited for a core (module docstring)."""
+def cpu_lines(workers: Mapping[int, Mapping[str, float]], controller: Optional[Mapping[str, float]],
+              pools: frozenset[int] = frozenset(), oversubscribed: bool = False) -> list[str]:
+    """The summary's lines: per worker (rank -> `usage`; `pools`: the ranks that run a verifier pool, whose processes
+    are not counted) and for the controller's process, the cores they took from their start to their stop; a note where
+    a device worker's main thread waited for a core (module docstring), unless the run has more workers than cores
+    (`oversubscribed`: they wait for each other, as the summary says)."""
     if not workers:
         return []
     lines = ["threads on the host's cores (cores busy per second of the run, /proc schedstat):"]
     for r, u in sorted(workers.items()):
-        lines.append(f"  worker {r}: main thread {u['main']:.2f}, waiting for a core {u['main_wait']:.2f}; "
+        what = " (the verifier pool's; its processes apart)" if r in pools else ""
+        lines.append(f"  worker {r}{what}: main thread {u['main']:.2f}, waiting for a core {u['main_wait']:.2f}; "
                      f"its other threads {u['others']:.2f}")
     if controller is not None:
         lines.append(f"  controller: {controller['main'] + controller['others']:.2f}")
-    waited = {r: u["main_wait"] / u["main"] for r, u in workers.items() if u["main"] > 0}
-    if waited and max(waited.values()) > WAIT_NOTE:
+    waited = {r: u["main_wait"] / u["main"] for r, u in workers.items() if u["main"] >= BUSY_NOTE and r not in pools}
+    if waited and max(waited.values()) > WAIT_NOTE and not oversubscribed:
         worst = max(waited, key=lambda r: waited[r])
         lines.append(f"note: worker {worst}'s main thread waited for a core {waited[worst]:.0%} of the time it ran: "
                      "the controller and the workers' other threads share the cores of the plan's operators, which "
