@@ -5,11 +5,12 @@ That a real run prints them is tests/test_torch_checkpoint_run.py's."""
 import os
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
-from rpegc.runtime.backends.torch.worker.thread_cpu import (BUSY_NOTE, WAIT_NOTE, ThreadCpu, cpu_lines, read_thread_cpu,
-                                                            usage)
+from rpegc.runtime.backends.torch.worker.thread_cpu import (BUSY_NOTE, WAIT_NOTE, CoreUse, ThreadCpu, cpu_lines,
+                                                            read_thread_cpu, usage)
 
 HAS_SCHEDSTAT = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
 
@@ -53,29 +54,36 @@ def test_another_threads_time_is_the_others():
 def test_usage_is_cores_per_second_of_the_span():
     a, b = ThreadCpu(10.0, 1.0, 0.5, 2.0), ThreadCpu(12.0, 2.4, 0.9, 2.5)
     u = usage(a, b)
-    assert u == pytest.approx({"span_s": 2.0, "main": 0.7, "main_wait": 0.2, "others": 0.25})
+    assert (u.span_s, u.main, u.main_wait, u.others) == pytest.approx((2.0, 0.7, 0.2, 0.25))
     assert usage(None, b) is None and usage(a, None) is None and usage(b, b) is None
 
 
+def test_the_byes_plain_form_comes_back_and_nothing_else_does():
+    u = CoreUse(2.0, 0.7, 0.2, 0.25)
+    assert CoreUse.from_plain(u.plain()) == u
+    for bad in (None, [], {"span_s": 2.0}, dict(u.plain(), main="fast"), dict(u.plain(), main=float("nan")),
+                dict(u.plain(), extra=1.0), dict(u.plain(), main=True)):
+        assert CoreUse.from_plain(bad) is None
+
+
 def test_the_summary_names_a_main_thread_that_waited():
-    workers = {1: {"span_s": 3.0, "main": 0.6, "main_wait": 0.2, "others": 0.12},
-               0: {"span_s": 3.0, "main": 0.7, "main_wait": 0.01, "others": 0.11}}
-    lines = cpu_lines(workers, {"span_s": 3.0, "main": 0.15, "main_wait": 0.1, "others": 0.02})
+    workers = {1: CoreUse(3.0, 0.6, 0.2, 0.12), 0: CoreUse(3.0, 0.7, 0.01, 0.11)}
+    lines = cpu_lines(workers, CoreUse(3.0, 0.15, 0.1, 0.02))
     assert lines[1] == "  worker 0: main thread 0.70, waiting for a core 0.01; its other threads 0.11"
     assert lines[2] == "  worker 1: main thread 0.60, waiting for a core 0.20; its other threads 0.12"
     assert lines[3] == "  controller: 0.17"
     assert lines[4].startswith("note: worker 1's main thread waited for a core 33% of the time it ran")
-    quiet = {0: dict(workers[0], main_wait=WAIT_NOTE * 0.7 * 0.9)}
+    quiet = {0: replace(workers[0], main_wait=WAIT_NOTE * 0.7 * 0.9)}
     assert not any(line.startswith("note:") for line in cpu_lines(quiet, None))
     assert cpu_lines({}, None) == []
 
 
 def test_no_note_for_a_pools_worker_an_idle_one_or_an_oversubscribed_run():
-    waits = {"span_s": 3.0, "main": 0.6, "main_wait": 0.2, "others": 0.12}
+    waits = CoreUse(3.0, 0.6, 0.2, 0.12)
     pool = cpu_lines({0: waits, 1: waits}, None, pools=frozenset({1}))
     assert pool[2].startswith("  worker 1 (the verifier pool's; its processes apart): main thread 0.60")
     assert pool[3].startswith("note: worker 0's")  # the device worker, not the pool's
     assert not any(line.startswith("note:") for line in cpu_lines({1: waits}, None, pools=frozenset({1})))
-    idle = dict(waits, main=BUSY_NOTE / 2, main_wait=BUSY_NOTE)  # mostly waits for the others' results
+    idle = replace(waits, main=BUSY_NOTE / 2, main_wait=BUSY_NOTE)  # mostly waits for the others' results
     assert not any(line.startswith("note:") for line in cpu_lines({0: idle}, None))
     assert not any(line.startswith("note:") for line in cpu_lines({0: waits}, None, oversubscribed=True))

@@ -24,8 +24,8 @@ node. So a rank finishes at worst after its own write and the disk parts of the 
 
   T_node = max over its ranks r of  T_rank(r) + (bytes of the node's other ranks) / disk_rate
 
-(two workers writing 32 MB each on this project's 2-core VM took 1.7x one's time: the serialisation and hashing run in
-parallel, the write-back does not), and a checkpoint costs its slowest node's T_node. A profile without the disk rate
+(the serialisation and hashing run on each worker's core, the write-back does not: docs/calibration.md, "The disk a
+node's writers share"), and a checkpoint costs its slowest node's T_node. A profile without the disk rate
 prices the ranks of a node as independent.
 """
 

@@ -60,7 +60,7 @@ from rpegc.runtime.backends.torch.parallel.tensor_parallel import resolve_tp_imp
 from rpegc.runtime.backends.torch.run_config import RunConfig
 from rpegc.runtime.backends.torch.worker.peak_memory import WorkerPeak, peak_lines
 from rpegc.runtime.backends.torch.worker.process import FAULT_ENV
-from rpegc.runtime.backends.torch.worker.thread_cpu import ThreadCpu, cpu_lines, read_thread_cpu, usage
+from rpegc.runtime.backends.torch.worker.thread_cpu import CoreUse, ThreadCpu, cpu_lines, read_thread_cpu, usage
 from rpegc.runtime.interrupt import stop_on_signals
 from rpegc.runtime.metrics_log import MetricsLog
 from rpegc.runtime.plan import Artifact, RunPlan
@@ -106,7 +106,7 @@ class TorchBackend(Backend):
         self._interrupted = False  # SIGINT/SIGTERM: stop fast, write no final weights, reap the fork server
         self._stopped = True
         self._cpu_start: Optional[ThreadCpu] = None  # the controller's threads once the workers are ready
-        self._cpu: Optional[dict[str, float]] = None  # their cores from then to the workers' stop
+        self._cpu: Optional[CoreUse] = None  # their cores from then to the workers' stop
 
     @classmethod
     def from_options(cls, o: TorchOptions) -> "TorchBackend":

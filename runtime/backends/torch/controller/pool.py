@@ -33,6 +33,7 @@ from rpegc.runtime.backends.torch.channel.messages import Endpoint, new_secret, 
 from rpegc.runtime.backends.torch.controller.processes import forkserver_pid
 from rpegc.runtime.backends.torch.checkpoints.run_dir import WORKER_LOGS
 from rpegc.runtime.backends.torch.channel.worker_setup import WorkerSetup
+from rpegc.runtime.backends.torch.worker.thread_cpu import CoreUse
 
 LAUNCHERS = ("local", "external")
 CONTROL_TRANSPORTS = ("auto", "pipe", "store")
@@ -89,7 +90,7 @@ class WorkerPool:
         self._inbox: Optional[StoreInbox | PipeInbox] = None
         self.peaks: dict[int, int] = {}  # rank -> bytes it held above its start-up size (its bye says)
         self.resident: dict[int, int] = {}  # rank -> its resident high-water mark above it (CPU workers)
-        self.cpu: dict[int, dict[str, float]] = {}  # rank -> its threads' cores from ready to stop (thread_cpu.usage)
+        self.cpu: dict[int, CoreUse] = {}  # rank -> its threads' cores from ready to stop (its bye says)
         self._releases: dict[int, list[str]] = {}  # rank -> labels freed since its last command
         self._secret_written: Optional[str] = None  # the secret file of an external launch, removed at the end
         self._secret_tmpdir: Optional[str] = None
@@ -298,8 +299,8 @@ class WorkerPool:
                         self.peaks[msg["rank"]] = int(msg["peak"])
                     if msg.get("resident") is not None:
                         self.resident[msg["rank"]] = int(msg["resident"])
-                    if isinstance(msg.get("cpu"), dict):
-                        self.cpu[msg["rank"]] = msg["cpu"]
+                    if (use := CoreUse.from_plain(msg.get("cpu"))) is not None:
+                        self.cpu[msg["rank"]] = use
             for p in self._procs:
                 p.join(timeout=max(0.0, deadline - time.time()))
         self.kill(kill_grace_s)

@@ -214,7 +214,7 @@ class Worker:
                 self.operators.close()
                 # the controller keeps its store until all said bye
                 self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident(),
-                             "cpu": usage(cpu, read_thread_cpu())})
+                             "cpu": use.plain() if (use := usage(cpu, read_thread_cpu())) else None})
                 return
             self.handle(cmd)
             commands.finished(cmd)

@@ -11,6 +11,8 @@ not price that work yet; rpeg-run shows it.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import threading
 import time
@@ -55,17 +57,39 @@ def read_thread_cpu(main_tid: Optional[int] = None) -> Optional[ThreadCpu]:
     return ThreadCpu(time.monotonic(), on, wait, others) if found else None
 
 
-def usage(start: Optional[ThreadCpu], end: Optional[ThreadCpu]) -> Optional[dict[str, float]]:
-    """Cores used between two readings (plain values: a worker sends it in its bye): the wall span and, per second of
-    it, the main thread's time on a core and waiting for one, the other threads' time on a core."""
+@dataclass(frozen=True)
+class CoreUse:
+    """Cores a process used between two readings: per second of the wall span, its main thread's time on a core and
+    waiting for one, its other threads' time on a core."""
+
+    span_s: float
+    main: float
+    main_wait: float
+    others: float
+
+    def plain(self) -> dict[str, float]:
+        """As a worker's bye carries it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_plain(cls, d) -> Optional["CoreUse"]:
+        """The `plain` form back; None for anything else."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        ok = isinstance(d, dict) and sorted(d) == sorted(names) and all(
+            isinstance(d[n], (int, float)) and not isinstance(d[n], bool) and math.isfinite(d[n]) for n in names)
+        return cls(**{n: float(d[n]) for n in names}) if ok else None
+
+
+def usage(start: Optional[ThreadCpu], end: Optional[ThreadCpu]) -> Optional[CoreUse]:
+    """The cores used between two readings; None where either is missing."""
     if start is None or end is None or end.at <= start.at:
         return None
     span = end.at - start.at
-    return {"span_s": span, "main": (end.main_on - start.main_on) / span,
-            "main_wait": (end.main_wait - start.main_wait) / span, "others": (end.others_on - start.others_on) / span}
+    return CoreUse(span, (end.main_on - start.main_on) / span, (end.main_wait - start.main_wait) / span,
+                   (end.others_on - start.others_on) / span)
 
 
-def cpu_lines(workers: Mapping[int, Mapping[str, float]], controller: Optional[Mapping[str, float]],
+def cpu_lines(workers: Mapping[int, CoreUse], controller: Optional[CoreUse],
               pools: frozenset[int] = frozenset(), oversubscribed: bool = False) -> list[str]:
     """The summary's lines: per worker (rank -> `usage`; `pools`: the ranks that run a verifier pool, whose processes
     are not counted) and for the controller's process, the cores they took from their start to their stop; a note where
@@ -76,11 +100,11 @@ def cpu_lines(workers: Mapping[int, Mapping[str, float]], controller: Optional[M
     lines = ["threads on the host's cores (cores busy per second of the run, /proc schedstat):"]
     for r, u in sorted(workers.items()):
         what = " (the verifier pool's; its processes apart)" if r in pools else ""
-        lines.append(f"  worker {r}{what}: main thread {u['main']:.2f}, waiting for a core {u['main_wait']:.2f}; "
-                     f"its other threads {u['others']:.2f}")
+        lines.append(f"  worker {r}{what}: main thread {u.main:.2f}, waiting for a core {u.main_wait:.2f}; "
+                     f"its other threads {u.others:.2f}")
     if controller is not None:
-        lines.append(f"  controller: {controller['main'] + controller['others']:.2f}")
-    waited = {r: u["main_wait"] / u["main"] for r, u in workers.items() if u["main"] >= BUSY_NOTE and r not in pools}
+        lines.append(f"  controller: {controller.main + controller.others:.2f}")
+    waited = {r: u.main_wait / u.main for r, u in workers.items() if u.main >= BUSY_NOTE and r not in pools}
     if waited and max(waited.values()) > WAIT_NOTE and not oversubscribed:
         worst = max(waited, key=lambda r: waited[r])
         lines.append(f"note: worker {worst}'s main thread waited for a core {waited[worst]:.0%} of the time it ran: "
