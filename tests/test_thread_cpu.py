@@ -3,6 +3,8 @@ waiting for one, and the other threads', read from Linux's per-thread scheduler 
 That a real run prints them is tests/test_torch_checkpoint_run.py's."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -51,15 +53,31 @@ def test_another_threads_time_is_the_others():
     assert after.main_on - before.main_on < 0.5 * took[0]  # the main thread mostly slept meanwhile
 
 
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="no per-thread scheduler statistics here")
+def test_a_living_child_process_counts_apart():
+    code = ("import sys, time\nt = time.thread_time()\nwhile time.thread_time() - t < 0.1: sum(range(1000))\n"
+            "print(time.thread_time(), flush=True)\nsys.stdin.readline()")
+    before = read_thread_cpu()
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ran = float(child.stdout.readline())  # its main thread's CPU time; its start-up's threads' beside it
+        during = read_thread_cpu()
+    finally:
+        child.communicate("\n")
+    assert during.children_on - before.children_on >= ran - 5e-3
+    assert during.children_on - before.children_on < ran + 2.0  # an interpreter's start-up, not another process
+    assert read_thread_cpu().children_on < during.children_on - 0.5 * ran  # its time leaves with it
+
+
 def test_usage_is_cores_per_second_of_the_span():
-    a, b = ThreadCpu(10.0, 1.0, 0.5, 2.0), ThreadCpu(12.0, 2.4, 0.9, 2.5)
+    a, b = ThreadCpu(10.0, 1.0, 0.5, 2.0, 0.0), ThreadCpu(12.0, 2.4, 0.9, 2.5, 1.2)
     u = usage(a, b)
-    assert (u.span_s, u.main, u.main_wait, u.others) == pytest.approx((2.0, 0.7, 0.2, 0.25))
+    assert (u.span_s, u.main, u.main_wait, u.others, u.children) == pytest.approx((2.0, 0.7, 0.2, 0.25, 0.6))
     assert usage(None, b) is None and usage(a, None) is None and usage(b, b) is None
 
 
 def test_the_byes_plain_form_comes_back_and_nothing_else_does():
-    u = CoreUse(2.0, 0.7, 0.2, 0.25)
+    u = CoreUse(2.0, 0.7, 0.2, 0.25, 0.1)
     assert CoreUse.from_plain(u.plain()) == u
     for bad in (None, [], {"span_s": 2.0}, dict(u.plain(), main="fast"), dict(u.plain(), main=float("nan")),
                 dict(u.plain(), extra=1.0), dict(u.plain(), main=True)):
@@ -79,9 +97,11 @@ def test_the_summary_names_a_main_thread_that_waited():
 
 
 def test_no_note_for_a_pools_worker_an_idle_one_or_an_oversubscribed_run():
-    waits = CoreUse(3.0, 0.6, 0.2, 0.12)
+    waits = CoreUse(3.0, 0.6, 0.2, 0.12, 0.9)
     pool = cpu_lines({0: waits, 1: waits}, None, pools=frozenset({1}))
-    assert pool[2].startswith("  worker 1 (the verifier pool's; its processes apart): main thread 0.60")
+    assert pool[1] == "  worker 0: main thread 0.60, waiting for a core 0.20; its other threads 0.12"
+    assert pool[2] == ("  worker 1 (the verifier pool's): main thread 0.60, waiting for a core 0.20; its other threads "
+                       "0.12; its pool processes 0.90")
     assert pool[3].startswith("note: worker 0's")  # the device worker, not the pool's
     assert not any(line.startswith("note:") for line in cpu_lines({1: waits}, None, pools=frozenset({1})))
     idle = replace(waits, main=BUSY_NOTE / 2, main_wait=BUSY_NOTE)  # mostly waits for the others' results

@@ -211,10 +211,11 @@ class Worker:
         while True:
             cmd = commands.next()
             if cmd.type == "stop":
+                use = usage(cpu, read_thread_cpu())  # before a verifier pool's processes exit with it
                 self.operators.close()
                 # the controller keeps its store until all said bye
                 self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident(),
-                             "cpu": use.plain() if (use := usage(cpu, read_thread_cpu())) else None})
+                             "cpu": use.plain() if use else None})
                 return
             self.handle(cmd)
             commands.finished(cmd)

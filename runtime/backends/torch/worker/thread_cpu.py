@@ -2,11 +2,12 @@
 threads' time on a core, from Linux's per-thread scheduler statistics (/proc/self/task/TID/schedstat: ns on a core,
 ns runnable but waiting for one, time slices).
 
-A CPU worker's main thread runs the plan's operators on the core it is bound to (controller/pinning.py); everything
-else floats: the controller, and each worker's command reader, sender and gloo transport threads. Where every core
-of the host is taken by a worker, that work preempts the operators, and a node takes longer than its price by the
-time its main thread waited (docs/calibration.md, "What slows the nodes that share their cores"). The cost model does
-not price that work yet; rpeg-run shows it.
+A CPU worker's main thread runs the plan's operators on the core it is bound to (controller/pinning.py); a verifier
+pool's worker hands its responses to its child processes (counted apart, while they live); everything else floats:
+the controller, and each worker's command reader, sender and gloo transport threads. Where every core of the host is
+taken by a worker, that work preempts the operators, and a node takes longer than its price by the time its main
+thread waited (docs/calibration.md, "What slows the nodes that share their cores"). The cost model does not price
+that work yet; rpeg-run shows it.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ BUSY_NOTE = 0.1  # ... if it ran at least this many cores: a worker that mostly 
 
 @dataclass(frozen=True)
 class ThreadCpu:
-    """A process's threads at one moment: seconds its main thread ran and waited for a core, its others ran."""
+    """A process's threads at one moment: seconds its main thread ran and waited for a core, its others ran, and its
+    living child processes' threads ran."""
 
     at: float  # time.monotonic()
     main_on: float
     main_wait: float
     others_on: float
+    children_on: float = 0.0
 
 
 def read_thread_cpu(main_tid: Optional[int] = None) -> Optional[ThreadCpu]:
@@ -39,22 +42,49 @@ def read_thread_cpu(main_tid: Optional[int] = None) -> Optional[ThreadCpu]:
     keeps no per-thread statistics."""
     main = main_tid if main_tid is not None else threading.get_native_id()
     on = wait = others = 0.0
-    try:
-        tids = os.listdir(TASKS)
-    except OSError:
-        return None
     found = False
-    for tid in tids:
-        try:
-            with open(os.path.join(TASKS, tid, "schedstat"), encoding="ascii") as f:
-                ran, waited = (int(x) / 1e9 for x in f.read().split()[:2])
-        except (OSError, ValueError):
-            continue  # the thread exited meanwhile
-        if int(tid) == main:
+    for tid, (ran, waited) in _threads(TASKS):
+        if tid == main:
             on, wait, found = ran, waited, True
         else:
             others += ran
-    return ThreadCpu(time.monotonic(), on, wait, others) if found else None
+    children = sum(ran for pid in _children() for _, (ran, _) in _threads(f"/proc/{pid}/task"))
+    return ThreadCpu(time.monotonic(), on, wait, others, children) if found else None
+
+
+def _threads(tasks: str) -> list[tuple[int, tuple[float, float]]]:
+    """(thread id, (s on a core, s waiting for one)) of every thread under a /proc task directory that still lives."""
+    out = []
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return out  # the process exited, or no /proc here
+    for tid in tids:
+        try:
+            with open(os.path.join(tasks, tid, "schedstat"), encoding="ascii") as f:
+                ran, waited = (int(x) / 1e9 for x in f.read().split()[:2])
+        except (OSError, ValueError):
+            continue  # the thread exited meanwhile
+        out.append((int(tid), (ran, waited)))
+    return out
+
+
+def _children() -> list[int]:
+    """The ids of this process's living child processes (their parent id in /proc/PID/stat)."""
+    me, out = os.getpid(), []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == me:
+            out.append(int(pid))
+    return out
 
 
 @dataclass(frozen=True)
@@ -66,6 +96,7 @@ class CoreUse:
     main: float
     main_wait: float
     others: float
+    children: float = 0.0
 
     def plain(self) -> dict[str, float]:
         """As a worker's bye carries it."""
@@ -86,22 +117,23 @@ def usage(start: Optional[ThreadCpu], end: Optional[ThreadCpu]) -> Optional[Core
         return None
     span = end.at - start.at
     return CoreUse(span, (end.main_on - start.main_on) / span, (end.main_wait - start.main_wait) / span,
-                   (end.others_on - start.others_on) / span)
+                   (end.others_on - start.others_on) / span, max(0.0, end.children_on - start.children_on) / span)
 
 
 def cpu_lines(workers: Mapping[int, CoreUse], controller: Optional[CoreUse],
               pools: frozenset[int] = frozenset(), oversubscribed: bool = False) -> list[str]:
-    """The summary's lines: per worker (rank -> `usage`; `pools`: the ranks that run a verifier pool, whose processes
-    are not counted) and for the controller's process, the cores they took from their start to their stop; a note where
+    """The summary's lines: per worker (rank -> `usage`; `pools`: the ranks that run a verifier pool, with their pool
+    processes' cores) and for the controller's process, the cores they took from their start to their stop; a note where
     a device worker's main thread waited for a core (module docstring), unless the run has more workers than cores
     (`oversubscribed`: they wait for each other, as the summary says)."""
     if not workers:
         return []
     lines = ["threads on the host's cores (cores busy per second of the run, /proc schedstat):"]
     for r, u in sorted(workers.items()):
-        what = " (the verifier pool's; its processes apart)" if r in pools else ""
+        what = " (the verifier pool's)" if r in pools else ""
+        pool = f"; its pool processes {u.children:.2f}" if r in pools else ""
         lines.append(f"  worker {r}{what}: main thread {u.main:.2f}, waiting for a core {u.main_wait:.2f}; "
-                     f"its other threads {u.others:.2f}")
+                     f"its other threads {u.others:.2f}{pool}")
     if controller is not None:
         lines.append(f"  controller: {controller.main + controller.others:.2f}")
     waited = {r: u.main_wait / u.main for r, u in workers.items() if u.main >= BUSY_NOTE and r not in pools}
