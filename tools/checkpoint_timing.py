@@ -156,21 +156,23 @@ def disk_rate(where: Path, nbytes: int = DISK_BYTES, rounds: int = DISK_ROUNDS) 
     return shared_rate(statistics.median(times[1]), statistics.median(times[2]), nbytes)
 
 
-def checkpoint_lines(where: Path) -> list[str]:
-    """The [host] table's checkpoint keys, with how they were measured."""
-    fit = measure_writes(where)
+def checkpoint_lines(where: Path, quick: bool = False) -> list[str]:
+    """The [host] table's checkpoint keys, with how they were measured (`quick`: one write a shape, a 4 MiB disk
+    probe of three rounds)."""
+    repeats = 1 if quick else REPEATS
+    fit = measure_writes(where, repeats=repeats)
     shapes = ", ".join(f"{t} x {b // t >> 10} KiB" for t, b in SHAPES)
     return [f"checkpoint_file = {fit.file_s:.6g}    # s per shard file; least squares (relative error) of the fastest "
-            f"of {REPEATS} writes of tensors {shapes} (the backend's writer, fsync) under {where}, MAPE {fit.mape:.1%}",
+            f"of {repeats} writes of tensors {shapes} (the backend's writer, fsync) under {where}, MAPE {fit.mape:.1%}",
             f"checkpoint_tensor = {fit.tensor_s:.6g}    # s per tensor of a file; same fit",
             f"checkpoint_rate = {fit.rate:.6g}    # B/s = {fit.rate / 1e6:.4g} MB/s; same fit",
-            *disk_lines(where)]
+            *disk_lines(where, *((4 << 20, 3) if quick else (DISK_BYTES, DISK_ROUNDS)))]
 
 
-def disk_lines(where: Path) -> list[str]:
-    rate = disk_rate(where)
+def disk_lines(where: Path, nbytes: int = DISK_BYTES, rounds: int = DISK_ROUNDS) -> list[str]:
+    rate = disk_rate(where, nbytes, rounds)
     if rate is None:
-        return [f"# checkpoint_disk_rate left out: {host_cores()} core(s), or two writers of {DISK_BYTES >> 20} MiB "
+        return [f"# checkpoint_disk_rate left out: {host_cores()} core(s), or two writers of {nbytes >> 20} MiB "
                 "took no longer than one"]
     return [f"checkpoint_disk_rate = {rate:.6g}    # B/s = {rate / 1e6:.4g} MB/s the node's writers share: two "
-            f"processes' {DISK_BYTES >> 20} MiB (write, fsync) against one's, medians of {DISK_ROUNDS} rounds"]
+            f"processes' {nbytes >> 20} MiB (write, fsync) against one's, medians of {rounds} rounds"]

@@ -137,26 +137,29 @@ def rule_per_response(rows: int = 256, repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
-def host_text(where: Path) -> str:
+def host_text(where: Path, quick: bool = False) -> str:
     """The `[host]` table of this machine's profile, every value with how it was measured; the checkpoint writes
-    (tools/checkpoint_timing.py) are timed in a scratch directory under `where`."""
+    (tools/checkpoint_timing.py) are timed in a scratch directory under `where`. `quick` (rpeg-calibrate --quick, the
+    smoke tests' calibration): the reward functions on this process's core alone, fewer repeats, a small disk probe."""
     texts, examples = samples()
-    math_s = busy_per_response("math", texts, examples)
-    exact_s = busy_per_response("exact_match", texts, examples)
+    cores = 1 if quick else None
+    math_s = busy_per_response("math", texts, examples, cores)
+    exact_s = busy_per_response("exact_match", texts, examples, cores)
     rule_s = rule_per_response()
-    call = call_overhead("exact_match", exact_s)
+    pool_repeats = 3 if quick else POOL_REPEATS
+    call = call_overhead("exact_match", exact_s, pool_repeats)
     return "\n".join([
         "",
         "# The host, where verifier pools run (rpegc/core/cost/host.py); measured by tools/verifier_timing.py",
         "[host]",
         f"cores = {host_cores()}                   # CPU cores this process may use (a worker or a pool process each)",
         f"verify_call = {call:.6g}    # s; one response's round trip through a one-process pool, less its call "
-        f"(median of {POOL_REPEATS})",
-        *checkpoint_lines(where),
+        f"(median of {pool_repeats})",
+        *checkpoint_lines(where, quick),
         "",
         "[host.verify]",
-        f"math = {math_s:.6g}    # s per response on one core while every core scores, median of {REPEATS} batches "
-        "of 64 arithmetic answers (half right)",
+        f"math = {math_s:.6g}    # s per response on one core {'alone' if quick else 'while every core scores'}, "
+        f"median of {REPEATS} batches of 64 arithmetic answers (half right)",
         f"exact_match = {exact_s:.6g}    # s per response; the same batches",
         f"rule = {rule_s:.6g}    # s per row of a 256-row batch of the toy tasks' token rule",
         "",
