@@ -285,7 +285,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     writes = _priced_writes(plan, backend, priced)
     for line in _summary_lines(cmp, result.trace, plan, priced.overhead.node if priced is not None else None, writes):
         print(line)
-    for line in _checkpoint_lines(backend, priced, writes):
+    for line in _checkpoint_lines(backend, priced, writes, _oversubscribed(result.trace) is not None):
         print(line)
     if priced is not None:  # measured against predicted
         print(_profile_line(plan.program, priced))
@@ -339,12 +339,10 @@ def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] 
     (rpegc.runtime.report); given the control round trip the plan's profile prices before every node, a wall-clock
     run on no more workers than cores also says where its steady state's time went. `writes` (report.PricedWrites):
     the run's checkpoint writes as priced, which the predicted steady state includes."""
-    from rpegc.runtime.report import control_overhead, oversubscription, steady_state
+    from rpegc.runtime.report import control_overhead, steady_state
 
     h = trace.header
-    opts = h.options
-    over = oversubscription(int(opts.get("local_workers", 0)), int(opts.get("host_cores", 1))) \
-        if "local_workers" in opts else None
+    over = _oversubscribed(trace)
     steady = steady_state(trace, writes)
     lines = []
     if h.clock == "wall" and steady is not None:
@@ -365,6 +363,15 @@ def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] 
     lines.append(_makespan_line(cmp.measured_makespan, None if over else cmp.predicted_makespan,
                                 None if over or steady is not None else cmp.mean_abs_rel_error, h.clock))
     return lines
+
+
+def _oversubscribed(trace):
+    """The run's report.Oversubscription (more local workers than cores), or None."""
+    from rpegc.runtime.report import oversubscription
+
+    opts = trace.header.options
+    return oversubscription(int(opts.get("local_workers", 0)), int(opts.get("host_cores", 1))) \
+        if "local_workers" in opts else None
 
 
 def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float) -> list[str]:
@@ -418,13 +425,16 @@ def _priced_writes(plan: RunPlan, backend, hw):
     return PricedWrites(steps, seconds) if seconds is not None else None
 
 
-def _checkpoint_lines(backend, hw, writes) -> list[str]:
+def _checkpoint_lines(backend, hw, writes, oversubscribed: bool = False) -> list[str]:
     """The checkpoints a wall-clock run wrote: their measured write (the slowest worker's serialise, write and fsync)
-    against the price the steady state's prediction includes, or why they are not priced."""
+    against the price the steady state's prediction includes, or why they are not priced; measured only on an
+    `oversubscribed` host (more workers than cores), as the run's other times."""
     measured = backend.checkpoint_write_seconds()
     if hw is None or not measured:
         return []
     what = f"checkpoint writes: {len(measured)}, median {1000 * statistics.median(measured):.3g} ms measured"
+    if oversubscribed:
+        return [what]
     if writes is None:
         return [f"{what}, not priced: the profile '{hw.name}' has no [host] checkpoint_rate (rpeg-calibrate "
                 "measures it), so the predicted steady state leaves them out"]

@@ -98,6 +98,9 @@ def test_the_summary_says_what_the_checkpoints_cost_against_their_price_or_why_u
     unpriced, = cli._checkpoint_lines(Written, hw, None)
     assert "not priced: the profile 'cpu' has no [host] checkpoint_rate" in unpriced
     assert cli._checkpoint_lines(Written, None, None) == []  # a simulated clock: nothing measured against
+    # more workers than cores: measured only, as the run's other times
+    assert cli._checkpoint_lines(Written, hw, PricedWrites((20,), 0.005), oversubscribed=True) == [
+        "checkpoint writes: 3, median 6 ms measured"]
 
 
 def test_one_step_has_no_steady_state():
