@@ -55,18 +55,20 @@ def test_another_threads_time_is_the_others():
 
 @pytest.mark.skipif(not HAS_SCHEDSTAT, reason="no per-thread scheduler statistics here")
 def test_a_living_child_process_counts_apart():
+    """Asked for (a worker's verifier pool): its descendants' threads, apart from its own; not asked, none."""
     code = ("import sys, time\nt = time.thread_time()\nwhile time.thread_time() - t < 0.1: sum(range(1000))\n"
             "print(time.thread_time(), flush=True)\nsys.stdin.readline()")
-    before = read_thread_cpu()
+    before = read_thread_cpu(children=True)
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         ran = float(child.stdout.readline())  # its main thread's CPU time; its start-up's threads' beside it
-        during = read_thread_cpu()
+        during = read_thread_cpu(children=True)
     finally:
         child.communicate("\n")
     assert during.children_on - before.children_on >= ran - 5e-3
     assert during.children_on - before.children_on < ran + 2.0  # an interpreter's start-up, not another process
-    assert read_thread_cpu().children_on < during.children_on - 0.5 * ran  # its time leaves with it
+    assert read_thread_cpu(children=True).children_on < during.children_on - 0.5 * ran  # its time leaves with it
+    assert during.children_on > 0 and before.children_on >= 0 and read_thread_cpu().children_on == 0.0
 
 
 def test_usage_is_cores_per_second_of_the_span():

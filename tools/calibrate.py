@@ -1195,8 +1195,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         concurrent=concurrent, links_from=links)
         reference = SpeedReference(cal.speed_probe_s) if cal.speed_probe_s is not None else None
         # the host: verifier pools, and checkpoint writes timed beside the profile
-        host = (lambda: host_text(output.parent, args.quick))
-        tables = _at_speed(host, reference, args.quick) if backend == "gloo" else ""
+        tables = (_at_speed(lambda: host_text(output.parent, args.quick), reference, args.quick)
+                  if backend == "gloo" else "")
         if args.overhead or args.machine:  # this machine's profile prices the operators as they run
             if backend != "gloo":
                 raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")

@@ -29,12 +29,14 @@ import torch
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.report import host_cores
 from rpegc.runtime.backends.torch.checkpoints.shard_files import write_shard_file
+from rpegc.runtime.backends.torch.controller.pinning import cores_to_pin
 
 # (tensors, bytes of float32 data) per file: the bytes' term from one large tensor, the tensors' from many small ones
 SHAPES = ((1, 4 << 10), (1, 1 << 20), (1, 8 << 20), (64, 256 << 10), (256, 1 << 20))
 REPEATS = 3
 DISK_BYTES = 32 << 20
 DISK_ROUNDS = 10
+QUICK_DISK = (4 << 20, 3)  # (bytes, rounds) of rpeg-calibrate --quick's disk probe
 # A writer process of the disk probe (no torch: it starts in ~30 ms): a write of its bytes, fsynced, per line read.
 _WRITER = """
 import os, sys, time
@@ -103,13 +105,13 @@ def measure_writes(where: Path, shapes=SHAPES, repeats: int = REPEATS) -> WriteF
 
 
 def _writers(directory: str, count: int, nbytes: int) -> list[subprocess.Popen]:
-    """`count` writer processes, the i-th bound to the i-th core this process may use."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    """`count` writer processes, the i-th bound to the i-th core this process may use (as CPU workers are)."""
+    cores = cores_to_pin(count, "gloo")
     procs = []
     for i in range(count):
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, os.path.join(directory, f"disk-{i}"), str(nbytes)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if len(cores) >= count:
+        if cores is not None:
             os.sched_setaffinity(proc.pid, {cores[i]})
         procs.append(proc)
     return procs
@@ -166,7 +168,7 @@ def checkpoint_lines(where: Path, quick: bool = False) -> list[str]:
             f"of {repeats} writes of tensors {shapes} (the backend's writer, fsync) under {where}, MAPE {fit.mape:.1%}",
             f"checkpoint_tensor = {fit.tensor_s:.6g}    # s per tensor of a file; same fit",
             f"checkpoint_rate = {fit.rate:.6g}    # B/s = {fit.rate / 1e6:.4g} MB/s; same fit",
-            *disk_lines(where, *((4 << 20, 3) if quick else (DISK_BYTES, DISK_ROUNDS)))]
+            *disk_lines(where, *(QUICK_DISK if quick else (DISK_BYTES, DISK_ROUNDS)))]
 
 
 def disk_lines(where: Path, nbytes: int = DISK_BYTES, rounds: int = DISK_ROUNDS) -> list[str]:

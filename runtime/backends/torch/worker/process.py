@@ -206,12 +206,12 @@ class Worker:
         # the default 5 ms switch interval for each message and send.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         commands = CommandRouter(self.next_command, lambda cmd: self.handle(cmd, sender=True)).start()
-        cpu = read_thread_cpu()
+        cpu = read_thread_cpu(children=True)
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
         while True:
             cmd = commands.next()
             if cmd.type == "stop":
-                use = usage(cpu, read_thread_cpu())  # before a verifier pool's processes exit with it
+                use = usage(cpu, read_thread_cpu(children=True))  # before a verifier pool's processes exit with it
                 self.operators.close()
                 # the controller keeps its store until all said bye
                 self.report({"type": "bye", "rank": self.rank, "peak": meter.peak(), "resident": meter.resident(),

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from rpegc.runtime.backends.torch.controller.processes import descendants
+
 TASKS = "/proc/self/task"
 WAIT_NOTE = 0.05  # a main thread that waited longer than this share of the time it ran is named in the summary
 BUSY_NOTE = 0.1  # ... if it ran at least this many cores: a worker that mostly waits for others is not the plan's time
@@ -37,9 +39,9 @@ class ThreadCpu:
     children_on: float = 0.0
 
 
-def read_thread_cpu(main_tid: Optional[int] = None) -> Optional[ThreadCpu]:
-    """This process's threads now (`main_tid`: the main thread's id, default the caller's); None where the kernel
-    keeps no per-thread statistics."""
+def read_thread_cpu(main_tid: Optional[int] = None, children: bool = False) -> Optional[ThreadCpu]:
+    """This process's threads now (`main_tid`: the main thread's id, default the caller's; `children`: also its
+    living descendant processes', a worker's verifier pool); None where the kernel keeps no per-thread statistics."""
     main = main_tid if main_tid is not None else threading.get_native_id()
     on = wait = others = 0.0
     found = False
@@ -48,8 +50,9 @@ def read_thread_cpu(main_tid: Optional[int] = None) -> Optional[ThreadCpu]:
             on, wait, found = ran, waited, True
         else:
             others += ran
-    children = sum(ran for pid in _children() for _, (ran, _) in _threads(f"/proc/{pid}/task"))
-    return ThreadCpu(time.monotonic(), on, wait, others, children) if found else None
+    below = descendants(os.getpid()) if children else []
+    return ThreadCpu(time.monotonic(), on, wait, others,
+                     sum(ran for pid in below for _, (ran, _) in _threads(f"/proc/{pid}/task"))) if found else None
 
 
 def _threads(tasks: str) -> list[tuple[int, tuple[float, float]]]:
@@ -66,24 +69,6 @@ def _threads(tasks: str) -> list[tuple[int, tuple[float, float]]]:
         except (OSError, ValueError):
             continue  # the thread exited meanwhile
         out.append((int(tid), (ran, waited)))
-    return out
-
-
-def _children() -> list[int]:
-    """The ids of this process's living child processes (their parent id in /proc/PID/stat)."""
-    me, out = os.getpid(), []
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return out
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == me:
-            out.append(int(pid))
     return out
 
 
