@@ -229,6 +229,7 @@ def make_backend(args: argparse.Namespace):
 
 
 def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    from rpegc.core.cost.annotate import priced_round_trip
     from rpegc.runtime.controller import RunOptions, StepProgress, run
     from rpegc.runtime.speed_probe import drift_note, spaced_probe_seconds
     from rpegc.runtime.trace import TraceWriter
@@ -283,7 +284,8 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
           f"(dispatch policy {result.policy}, transfers reserve {result.reserve}; the controller's own work "
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
     writes = _priced_writes(plan, backend, priced)
-    for line in _summary_lines(cmp, result.trace, plan, priced.overhead.node if priced is not None else None, writes):
+    round_trip = priced_round_trip(plan.program, priced) if priced is not None else None
+    for line in _summary_lines(cmp, result.trace, plan, round_trip, writes):
         print(line)
     for line in _checkpoint_lines(backend, priced, writes, _oversubscribed(result.trace) is not None):
         print(line)
@@ -296,7 +298,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             print(f"note: {drift}")
     for line in backend.memory_summary():
         print(line)
-    for line in backend.cpu_summary():
+    for line in backend.cpu_summary(priced is not None and priced.overhead.node_free is not None):
         print(line)
     for line in backend.run_notes():
         print(line)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rpegc.core.cost.options import CostOptions, cost_options
@@ -134,6 +135,14 @@ def test_overhead_table_is_optional_and_checked(tmp_path):
     assert err.loc.line == line_of(text, "node = -1")
     err = error_of(write(tmp_path, GOOD + "\n[overhead]\nlaunch = 1e-3\n"))
     assert "unknown key 'overhead.launch'" in err.message and "generation_call" in err.message
+    # the round trip on a host with a core left is `node` unless the profile says otherwise
+    assert (hw.overhead.node_free, hw.overhead.contention, hw.overhead.round_trip(False)) == (None, 0.0, 3e-4)
+    both = load_hardware(str(write(tmp_path, GOOD + "\n[overhead]\nnode = 1e-3\nnode_free = 2e-4\n"
+                                                     "contention = 5e-4\n"))).overhead
+    assert (both.round_trip(True), both.round_trip(False), both.contention) == (1e-3, 2e-4, 5e-4)
+    assert both.round_trip(np.array([True, False])).tolist() == [1e-3, 2e-4]
+    err = error_of(write(tmp_path, GOOD + "\n[overhead]\ncontention = -1\n"))
+    assert "key 'overhead.contention' = -1.0 is outside the allowed range" in err.message
 
 
 @pytest.mark.parametrize("value", ["0", "-4", "100000", "2.5", '"four"'])

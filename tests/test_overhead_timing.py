@@ -14,7 +14,9 @@ from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.options import cost_options
 from rpegc.tools import overhead_timing, validate
 from rpegc.tools.calibrate import _measure_forward, cpu_plan
-from rpegc.tools.overhead_timing import KernelCheck, fit_role, kernel_scale, moved_kernels, tokens
+from rpegc.runtime.report import host_cores
+from rpegc.tools.overhead_timing import (ControlFit, ControlRuns, KernelCheck, control_lines, fit_role, kernel_scale,
+                                         moved_kernels, tokens)
 
 
 def test_the_fit_recovers_per_call_and_per_token_terms():
@@ -88,3 +90,22 @@ def test_the_overhead_table_loads_into_a_profile():
     scale = re.search(r"less the kernel terms x ([0-9.e+-]+) \(F_peak and t_layer moved so\): 1 of the", text)
     assert scale and float(scale.group(1)) == pytest.approx(table.kernel_scale, rel=1e-2)  # timed beside the grid
     assert "on one worker (min of 2)" in text  # the operators keep the campaign's statistic of their repeats
+    two = host_cores() == 2  # both conditions are measured on a 2-core host only (overhead_timing.control_runs)
+    assert (oh.node_free is not None, "node_free = " in text, "contention = " in text) == (two, two, two)
+    assert oh.contention >= 0 and (oh.node_free is None or oh.node_free > 0)
+
+
+def fit(devices: int, node: float, op_s: float, nodes_per_step: float = 9.0) -> ControlFit:
+    return ControlFit(node, 1e-4, 300, 150, devices, op_s, nodes_per_step)
+
+
+def test_contention_is_the_operator_time_a_full_host_loses_per_node():
+    runs = ControlRuns(free=fit(1, 3e-4, 0.025, 4.0), full=fit(2, 1.4e-3, 0.034))
+    assert runs.contention == pytest.approx(0.009 / 9, rel=1e-12) and runs.transfers.devices == 2
+    assert ControlRuns(fit(1, 3e-4, 0.03), fit(2, 1e-3, 0.025)).contention == 0.0  # faster: nothing taken
+    assert ControlRuns(None, fit(1, 1e-3, 0.03)).contention == 0.0  # a 1-core host: no run with a core left
+    lines = "\n".join(control_lines(runs, 40))
+    assert "node = 0.0014 " in lines and "every core taken" in lines and "node_free = 0.0003 " in lines
+    assert "contention = 0.001 " in lines and "34 ms on 2 workers against 25 ms on 1" in lines
+    roomy = "\n".join(control_lines(ControlRuns(fit(2, 3e-4, 0.03), None), 40))  # a host of more cores
+    assert "node = 0.0003 " in roomy and "no run here takes every core" in roomy and "node_free" not in roomy

@@ -137,14 +137,23 @@ OVERHEAD = Overhead(generation_call=1e-3, generation_token=2e-6, inference_call=
                     training_call=5e-3, training_token=6e-6, transfer=3e-4, node=7e-4)
 
 
+# ... and the runtime's threads on a host without a free core (core/cost/contention.py), on hosts of a core per device:
+# a node full where the plan uses all its devices, or (the first) all but those whose cores a pool takes.
+CONTENDED = replace(OVERHEAD, node_free=2e-4, contention=9e-4)
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("overhead", [OVERHEAD, CONTENDED], ids=["overhead", "contended"])
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), variant=st.integers(0, 5), steps=st.integers(1, 3), split=st.booleans())
-def test_overhead_profile_pipeline_equals_compact_paths(name, data, variant, steps, split):
-    """The operators' overhead and the control round trip per node are priced alike on all three paths."""
+def test_overhead_profile_pipeline_equals_compact_paths(name, overhead, data, variant, steps, split):
+    """The operators' overhead, the control round trip per node and the stretch of the operators of a host whose
+    cores the plan takes are priced alike on all three paths."""
     p = PROGRAMS[name]
+    hw = load_hardware(p.cluster.hardware)
+    cores = p.cluster.gpus if overhead is CONTENDED else hw.host_cores
     cv = compiled(p, variant, steps, split, fuse=data.draw(st.booleans()),
-                  hw=replace(load_hardware(p.cluster.hardware), overhead=OVERHEAD))
+                  hw=replace(hw, overhead=overhead, host_cores=cores))
     check_identical(cv, data.draw(st.lists(choices(cv), min_size=1, max_size=4)))
 
 

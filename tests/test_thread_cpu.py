@@ -98,7 +98,7 @@ def test_the_summary_names_a_main_thread_that_waited():
     assert cpu_lines({}, None) == []
 
 
-def test_no_note_for_a_pools_worker_an_idle_one_or_an_oversubscribed_run():
+def test_no_note_for_a_pools_worker_an_idle_one_an_oversubscribed_run_or_a_priced_wait():
     waits = CoreUse(3.0, 0.6, 0.2, 0.12, 0.9)
     pool = cpu_lines({0: waits, 1: waits}, None, pools=frozenset({1}))
     assert pool[1] == "  worker 0: main thread 0.60, waiting for a core 0.20; its other threads 0.12"
@@ -109,3 +109,4 @@ def test_no_note_for_a_pools_worker_an_idle_one_or_an_oversubscribed_run():
     idle = replace(waits, main=BUSY_NOTE / 2, main_wait=BUSY_NOTE)  # mostly waits for the others' results
     assert not any(line.startswith("note:") for line in cpu_lines({0: idle}, None))
     assert not any(line.startswith("note:") for line in cpu_lines({0: waits}, None, oversubscribed=True))
+    assert not any(line.startswith("note:") for line in cpu_lines({0: waits}, None, priced=True))  # [overhead]

@@ -11,9 +11,12 @@
   and the profile's forward terms (F_peak, t_layer) are brought to that moment and condition by how long those took
   against in the campaign (`kernel_scale`); rpeg-calibrate writes them so (`moved_kernels`), so the profile prices
   kernels and overheads as one moment on one worker saw them.
-- `control_run(hw_text)`: the runtime's control round trip per exec node (a completion's report, the controller's
-  reaction, the next command; `runtime/report.control_overhead`, as rpeg-run prints it) and a transfer's cost beside
-  its link's terms, from a short real run of a GRPO plan on the host's workers, priced with `hw_text`.
+- `control_runs(hw_text, ...)`: the runtime's control round trip per exec node (a completion's report, the
+  controller's reaction, the next command; `runtime/report.control_overhead`, as rpeg-run prints it) and a transfer's
+  cost beside its link's terms, from short real runs of a GRPO plan, priced with `hw_text`: on one worker (a core left
+  free for the runtime's threads: `node_free`) and on a worker per core (`node`, `transfer`); the operator time the
+  runtime's threads take per exec node where they have no core of their own (`contention`, core/cost/contention.py) is
+  the second run's operators' time beyond the first's.
 - `overhead_table(hw, hw_text)`: both as the `[overhead]` table `rpeg-calibrate` appends to a CPU profile.
 """
 
@@ -212,21 +215,21 @@ class ControlFit:
     nodes: int  # steady nodes measured
     transfers: int  # steady transfers measured
     devices: int
+    op_s: float  # the operators' measured time of a steady step (the median step's sum)
+    nodes_per_step: float
 
 
-def control_run(hw_text: str, steps: int, devices: int = 0) -> ControlFit:
+def control_run(hw_text: str, steps: int, devices: int) -> ControlFit:
     """The runtime's control round trip and a transfer's fixed cost in a run of `control_program` over `steps` steps
-    on `devices` workers (default: 2 where the host has 2 cores, else 1), priced with the profile `hw_text` (TOML,
-    without [overhead]): rpegc lowers it, rpeg-run runs it and its trace says."""
+    on `devices` workers, priced with the profile `hw_text` (TOML, without [overhead]): rpegc lowers it, rpeg-run runs
+    it and its trace says."""
     from rpegc.cli import main as rpegc_main
     from rpegc.runtime.cli import main as run_main
     from rpegc.runtime.plan import load_plan
     from rpegc.runtime.report import control_overhead, steady_state
     from rpegc.runtime.trace import read_trace
     from rpegc.runtime.verify import compare
-    from rpegc.runtime.report import host_cores
 
-    devices = devices or min(2, host_cores())
     with tempfile.TemporaryDirectory(prefix="rpeg-overhead-") as tmp:
         d = Path(tmp)
         (d / "profile.toml").write_text(hw_text, encoding="utf-8")
@@ -246,10 +249,49 @@ def control_run(hw_text: str, steps: int, devices: int = 0) -> ControlFit:
     control, steady = control_overhead(plan.pred_ids(), trace), steady_state(trace)
     if control is None or steady is None:
         raise RpegError(None, "the control round trip's run has no steady state")
-    extra = [t.measured_time - t.predicted_time for t in compare(plan, trace).nodes
-             if t.kind != "op" and t.predicted_time is not None and steady.first_step <= t.step <= steady.last_step]
+    timed = [t for t in compare(plan, trace).nodes if steady.first_step <= t.step <= steady.last_step]
+    extra = [t.measured_time - t.predicted_time for t in timed if t.kind != "op" and t.predicted_time is not None]
     transfer = max(0.0, float(np.median(extra))) if extra else 0.0
-    return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices)
+    per_step: dict[int, float] = {}
+    for t in timed:
+        if t.kind == "op":
+            per_step[t.step] = per_step.get(t.step, 0.0) + t.measured_time
+    return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices,
+                      float(np.median(list(per_step.values()))), len(timed) / max(1, len(per_step)))
+
+
+@dataclass(frozen=True)
+class ControlRuns:
+    """The control program where the runtime's threads have a core to themselves (`free`: one worker) and where the
+    workers take every core (`full`: one per core); either is None where the host's cores cannot give it."""
+
+    free: Optional[ControlFit]
+    full: Optional[ControlFit]
+
+    @property
+    def contention(self) -> float:
+        """s of operator time the runtime's threads take from the operators per exec node on a host without a free
+        core (core/cost/contention.py): the full run's steady step's operator time beyond the free run's, over its
+        nodes; 0 where one of the runs is missing."""
+        if self.free is None or self.full is None:
+            return 0.0
+        return max(0.0, self.full.op_s - self.free.op_s) / self.full.nodes_per_step
+
+    @property
+    def transfers(self) -> ControlFit:
+        """The run whose transfers price a transfer's fixed cost (the one with two workers)."""
+        return max((r for r in (self.full, self.free) if r is not None), key=lambda r: r.devices)
+
+
+def control_runs(hw_text: str, steps: int, cores: int) -> ControlRuns:
+    """The control program on one worker (a core left for the runtime's threads) and on a worker per core, on a
+    host of `cores` cores: a 2-core host gives both; a 1-core host only the full run; a larger one only runs on two
+    workers, which leave its other cores free (the full condition would need a worker per core)."""
+    if cores <= 1:
+        return ControlRuns(None, control_run(hw_text, steps, 1))
+    if cores == 2:
+        return ControlRuns(control_run(hw_text, steps, 1), control_run(hw_text, steps, 2))
+    return ControlRuns(control_run(hw_text, steps, 2), None)
 
 
 @dataclass(frozen=True)
@@ -265,27 +307,45 @@ def overhead_table(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet:
     """The `[overhead]` table of this machine's profile, every value with how it was measured; `hw` is the profile
     so far (its kernel terms), `hw_text` the same as TOML, `check` the campaign's forwards (`operator_overheads`):
     the profile's F_peak and t_layer must be moved by the table's `kernel_scale` to price what it was fitted to."""
+    from rpegc.runtime.report import host_cores
+
     operators = operator_overheads(hw, plan, quiet, check)
     fits = {f.role: f for f in operators.roles}
-    control = control_run(hw_text, plan.steps)
+    runs = control_runs(hw_text, plan.steps, host_cores())
     shapes = ", ".join(f"{B}x{R}/{Lp}+{Lr}" for B, R, Lp, Lr in plan.shapes)
     models = " and ".join(f"{name} ({positions} positions)" for name, positions in plan.models)
-    run = f"a {plan.steps}-step GRPO of the tiny preset on {control.devices} worker(s)"
     kernels = (f"the kernel terms x {operators.kernel_scale:.3g} (F_peak and t_layer moved so): {operators.checked} "
                "of the campaign's forwards took that long against the campaign's time, timed after every round"
                if operators.checked else "the kernel terms as the profile prices them")
     lines = ["", "# What operators cost beyond their kernels on this machine (tools/overhead_timing.py): the backend's "
              f"operators of {models}",
              f"# over B x R / Lp + Lr = {shapes} on one worker ({operators.statistic} of {plan.repeats}), "
-             f"less {kernels},", "# fitted per role in relative error; the runtime's own costs from a short real run.",
+             f"less {kernels},", "# fitted per role in relative error; the runtime's own costs from short real runs.",
              "[overhead]"]
     for role in ROLES:
         f = fits[role]
         lines += [f"{role}_call = {f.call:.6g}    # s per microbatch; {f.points} operators, MAPE {f.mape_before:.1%} "
                   f"without the overhead, {f.mape_after:.1%} with it",
                   f"{role}_token = {f.token:.6g}    # s per token (prompt and response) of a row; same fit"]
-    lines += [f"transfer = {control.transfer:.6g}    # s per transfer beside its link's terms: median over "
-              f"{control.transfers} transfers of {run}",
-              f"node = {control.node:.6g}    # s per exec node: report, reaction, command (rpeg-run's control "
-              f"overhead over {control.nodes} nodes of the same run)", ""]
-    return OverheadTable("\n".join(lines), operators.kernel_scale)
+    return OverheadTable("\n".join(lines + control_lines(runs, plan.steps) + [""]), operators.kernel_scale)
+
+
+def control_lines(runs: ControlRuns, steps: int) -> list[str]:
+    """The [overhead] keys of the runtime's own costs, each with the run it was measured in."""
+    def run(r: ControlFit) -> str:
+        return f"a {steps}-step GRPO of the tiny preset on {r.devices} worker(s)"
+
+    t = runs.transfers
+    lines = [f"transfer = {t.transfer:.6g}    # s per transfer beside its link's terms: median over "
+             f"{t.transfers} transfers of {run(t)}"]
+    node = runs.full or runs.free
+    where = "every core taken" if runs.full is not None else "cores left free: no run here takes every core"
+    lines.append(f"node = {node.node:.6g}    # s per exec node: report, reaction, command (rpeg-run's control "
+                 f"overhead over {node.nodes} nodes of {run(node)}; {where})")
+    if runs.full is not None and runs.free is not None:
+        lines += [f"node_free = {runs.free.node:.6g}    # the same on {run(runs.free)}, a core left free",
+                  f"contention = {runs.contention:.6g}    # s of operator time per exec node taken by the runtime's "
+                  f"threads: a steady step's operators {1e3 * runs.full.op_s:.4g} ms on {runs.full.devices} workers "
+                  f"against {1e3 * runs.free.op_s:.4g} ms on {runs.free.devices}, over "
+                  f"{runs.full.nodes_per_step:.3g} nodes a step"]
+    return lines

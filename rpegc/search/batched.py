@@ -40,6 +40,7 @@ from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
+from rpegc.core.cost.contention import full_hosts, host_stretches
 from rpegc.core.cost.transfer import comm_node_time_at, priced_node_time
 from rpegc.search.compact import (DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups,
                                   Superset, kept_over)
@@ -236,8 +237,9 @@ class BatchEvaluator:
         parts = []
         groups = [(np.nonzero(inverse == g)[0], self._graph(self.cv.superset(key))) for g, key in enumerate(keys)]
         src = self._source_times(groups, ch, allocs)
+        hosts, full = self._hosts(ch, allocs)
         for rows, G in groups:
-            T, cls, prio, bz, ot = self._node_arrays(G, rows, src, allocs)
+            T, cls, prio, bz, ot = self._node_arrays(G, rows, src, allocs, hosts, full)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
         makespan = np.empty(B)
@@ -431,27 +433,66 @@ class BatchEvaluator:
                 continue
             sel = np.concatenate(users[key])
             if key[0] == "fused":  # a fusion's first member: the fusion's time on the rows of the groups fusing it
-                t[sel, k] = priced_node_time(self._fused_times(key[1], ch[sel]), cv.hw)
+                t[sel, k] = self._fused_times(key[1], ch[sel])
                 continue
             if len(key) == 2:  # an operator: (vertex, phase), phase 0 the whole op
                 v, q = key
-                t[:, k] = priced_node_time(cv.t_whole[v][ch[:, v]] if q == 0 else cv.t_phase[v][ch[:, v], q - 1],
-                                           cv.hw)
+                t[:, k] = cv.t_whole[v][ch[:, v]] if q == 0 else cv.t_phase[v][ch[:, v], q - 1]
                 continue
             if len(sel) == B:
                 t[:, k], relay[:, k], as_resh[:, k] = self._transfer(allocs, ch, key)
             else:
                 t[sel, k], relay[sel, k], as_resh[sel, k] = self._transfer(allocs.rows(sel), ch[sel], key)
-            t[sel, k] = np.where(relay[sel, k], 0.0, priced_node_time(t[sel, k], cv.hw, transfer=True))
         return _Sources(t, relay, as_resh, col)
 
-    def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations):
+    def _hosts(self, ch: np.ndarray, allocs: Allocations) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """Per configuration, each vertex's host (B x V: its allocation's first device's; a pool's the first node's)
+        and whether the plan's processes take all of each host's cores (B x hosts: `CompactVariant.full_hosts`);
+        (None, None) where the profile prices both conditions alike (no contention, one round trip: a GPU profile's)."""
+        cv = self.cv
+        oh = cv.hw.overhead
+        if not oh.contention and oh.round_trip(True) == oh.round_trip(False):
+            return None, None
+        c = self.cluster
+        hosts = np.where(cv.device_vertex, allocs.origin[:, :, 0] * c.nodes + allocs.origin[:, :, 1], 0)
+        used = np.zeros((len(ch), self.ndev), dtype=bool)
+        for v, on in enumerate(cv.device_vertex):
+            if on:
+                used |= self.devmask[v][ch[:, v]]
+        pool = np.zeros(len(ch), dtype=np.int64)  # cost/host.pool_taken_cores: a pool's rows are the devices it shares
+        for v, on in enumerate(cv.device_vertex):
+            if not on:
+                pool = np.maximum(pool, self.pool_own[v][ch[:, v]] + (self.devmask[v][ch[:, v]] & ~used).sum(axis=1))
+        per_host = used.reshape(len(ch), c.racks * c.nodes, c.gpus).sum(axis=2)
+        return hosts, full_hosts(per_host, pool, cv.host_cores)
+
+    def _priced(self, G: _Graph, runs: np.ndarray, relay: np.ndarray, size: np.ndarray,
+                hosts_v: Optional[np.ndarray], full: Optional[np.ndarray]) -> np.ndarray:
+        """`CompactVariant._priced` of one pattern group's rows: what each node runs for (`runs`, B x N) as the
+        schedule takes it (`size`, `hosts_v`: B x V; `full`: B x hosts)."""
+        cv = self.cv
+        if full is None:  # no host's condition changes a price (`_hosts`)
+            return np.where(relay, 0.0, priced_node_time(runs, cv.hw, transfer=~G.is_op))
+        hosts = hosts_v[:, G.vertex]
+        stretched = runs
+        if cv.hw.overhead.contention:
+            device_op = G.is_op & np.asarray(cv.device_vertex)[G.vertex]
+            device_s = np.where(device_op & ~relay, runs * size[:, G.vertex], 0.0)
+            k = host_stretches(hosts, device_s, ~relay, full, cv.hw.overhead.contention)
+            stretched = np.where(device_op, runs * np.take_along_axis(k, hosts, axis=1), runs)
+        t = priced_node_time(stretched, cv.hw, transfer=~G.is_op, full=np.take_along_axis(full, hosts, axis=1))
+        return np.where(relay, 0.0, t)
+
+    def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations,
+                     hosts: Optional[np.ndarray], full: Optional[np.ndarray]):
         """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
-        and op time), from the batch's source times."""
+        and op time), from the batch's source times and hosts (`_hosts`)."""
         B, N, V = len(rows), G.n, self.V
         cols = np.array([src.col[key] for key in G.sources], dtype=np.int64)[G.source]
         at = (rows[:, None], cols[None, :])
-        T, relay = src.t[at], src.relay[at]
+        relay = src.relay[at]
+        conditions = (hosts[rows], full[rows]) if full is not None else (None, None)
+        T = self._priced(G, src.t[at], relay, allocs_all.size[rows], *conditions)
         pos = np.where(src.as_reshard[at], G.pos_reshard, G.pos_comm)
         pos[relay] = -1
         cls = np.where(relay, V, G.vertex)

@@ -63,7 +63,8 @@ from rpegc.core.lower.rules import (
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Fuse, Placement, Plan, Pool, Program
 from rpegc.core.ir.geometry import Alloc, Strategy, mask_devices
-from rpegc.core.cost.host import cores_needed, pool_cores
+from rpegc.core.cost.contention import full_hosts, host_of, host_stretches
+from rpegc.core.cost.host import cores_needed, pool_cores, pool_taken_cores
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, device_sizes, prepare_schedule, run_schedule
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
@@ -416,7 +417,7 @@ class CompactVariant:
     def node_times(self, s: Superset, choice: Choice, allocs, strats, masks: list[int]):
         """Per superset node: (time, reserved bitmask, order key); relays get (0.0, 0, RELAY_KEY). `masks`: what each
         vertex's nodes hold (`held_masks`)."""
-        times: list[float] = []
+        runs: list[Optional[float]] = []  # what each node runs for; None: a relay
         reserved: list[int] = []
         keys: list[tuple] = []
         memo: dict = {}
@@ -428,12 +429,12 @@ class CompactVariant:
                     t = self.fused_time(group, choice)
                 else:
                     t = float(self.t_whole[v][choice[v]]) if q == 0 else float(self.t_phase[v][choice[v], q - 1])
-                times.append(priced_node_time(t, self.hw))
+                runs.append(t)
                 reserved.append(masks[v])
                 keys.append(s.key[i])
                 continue
             if kind == FUSED_MEMBER:
-                times.append(0.0)
+                runs.append(None)
                 reserved.append(0)
                 keys.append(RELAY_KEY)
                 continue
@@ -442,15 +443,38 @@ class CompactVariant:
             if hit is None:
                 hit = memo[spec] = self._transfer(kind, s.src[i], v, s.nbytes[i], s.model[i], allocs, strats)
             t, as_reshard = hit
-            if t is None:
-                times.append(0.0)
-                reserved.append(0)
-                keys.append(RELAY_KEY)
-            else:
-                times.append(priced_node_time(t, self.hw, transfer=True))
-                reserved.append(masks[v])
-                keys.append(s.reshard_key[i] if as_reshard else s.key[i])
-        return times, reserved, keys
+            runs.append(t)
+            reserved.append(0 if t is None else masks[v])
+            keys.append(RELAY_KEY if t is None else (s.reshard_key[i] if as_reshard else s.key[i]))
+        return self._priced(s, choice, allocs, runs), reserved, keys
+
+    def _priced(self, s: Superset, choice: Choice, allocs, runs: list[Optional[float]]) -> list[float]:
+        """The superset's node times as `annotate.priced_times` makes the lowered graph's (a relay: 0)."""
+        c = self.program.cluster
+        host = [host_of(min(a.devices(c)), c.gpus) if on else 0 for a, on in zip(allocs, self.device_vertex)]
+        hosts = [host[v] for v in s.vertex]
+        device_op = [k == OPERATOR and self.device_vertex[v] for k, v in zip(s.kind, s.vertex)]
+        device_s = [t * allocs[v].size if op and t is not None else 0.0
+                    for t, v, op in zip(runs, s.vertex, device_op)]
+        full = self.full_hosts(choice)
+        k = host_stretches(hosts, device_s, [t is not None for t in runs], full, self.hw.overhead.contention)
+        return [0.0 if t is None else
+                float(priced_node_time(t * k[h] if op else t, self.hw, transfer=kind != OPERATOR, full=bool(full[h])))
+                for t, h, op, kind in zip(runs, hosts, device_op, s.kind)]
+
+    def full_hosts(self, choice: Choice) -> np.ndarray:
+        """Per host, whether the plan's processes take all its cores (contention.full_hosts)."""
+        c = self.program.cluster
+        used = 0
+        for d, ch, on in zip(self.dirs, choice, self.device_vertex):
+            if on:
+                used |= d.masks[ch]
+        devices = set(mask_devices(used))
+        pool = max((pool_taken_cores(d.pools[ch], self.host_cores, c, devices)
+                    for d, ch, on in zip(self.dirs, choice, self.device_vertex)
+                    if not on and self.host_cores is not None), default=0)
+        per_host = np.bincount([host_of(d, c.gpus) for d in devices], minlength=c.racks * c.nodes)
+        return full_hosts(per_host, pool, self.host_cores)
 
     def held_masks(self, choice: Choice) -> list[int]:
         """Per vertex, the resources its nodes hold: a device vertex its allocation; a pool its resource and, of the

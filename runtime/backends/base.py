@@ -214,8 +214,9 @@ class Backend(ABC):
         """Lines on the memory the run really held per device beside the cost model's prediction; [] for none."""
         return []
 
-    def cpu_summary(self) -> list[str]:
-        """Lines on where the run's host cores went (its processes' threads); [] for none."""
+    def cpu_summary(self, contention_priced: bool = False) -> list[str]:
+        """Lines on where the run's host cores went (its processes' threads); [] for none. `contention_priced`: the
+        profile prices what the runtime's threads take from the operators ([overhead] contention)."""
         return []
 
     def checkpoint_write_seconds(self) -> list[float]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
+import numpy as np
+
 from rpegc.core.ir.geometry import Alloc, replica_tier, span_tier
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.errors import UNKNOWN_LOC, RpegError
@@ -21,7 +23,8 @@ from rpegc.core.cost.fused import FusedTime, fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Program
-from rpegc.core.cost.host import check_pools, link_alloc, shared_devices, verify_node_time
+from rpegc.core.cost.contention import full_hosts, host_of, host_stretches
+from rpegc.core.cost.host import check_pools, link_alloc, pool_taken_cores, shared_devices, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
 from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, priced_node_time,
                                       reshard_node_time)
@@ -31,9 +34,10 @@ from rpegc.core.sched.microtasks import MemberPipeline
 
 def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> Program:
     """`p` with `time` on every exec node and `exec.memory` filled in. A node's time is what it runs for (a
-    transfer's with its fixed [overhead] transfer) plus the runtime's control round trip before it ([overhead]
-    node); both 0 in the spec's model. A verify node, and a transfer into its pool, also get the devices whose host
-    cores the pool shares (`shares`, cost/host.shared_devices), which the schedule reserves with the pool."""
+    transfer's with its fixed [overhead] transfer, a device operator's stretched where the runtime's threads share
+    its host's cores) plus the runtime's control round trip before it (`priced_times`); all 0 in the spec's model. A
+    verify node, and a transfer into its pool, also get the devices whose host cores the pool shares (`shares`,
+    cost/host.shared_devices), which the schedule reserves with the pool."""
     eg = _lowered_exec(p)
     _require_graph_and_cluster(p)
     if p.plan is not None and p.plan.fusions and not eg.fusions:  # priced apart, they would run apart too
@@ -45,6 +49,7 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
     nodes = []
     check_pools(p, hw)
     shares = _pool_shares(eg, p, hw)
+    runs: list[float] = []
     for node in eg.nodes:
         if node.alloc is None:
             node = node.with_(shares=shares.get(node.id, ()))
@@ -57,12 +62,49 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
             t = _op_node_time(node, times[placement], quantile_tokens, p)
         else:
             t = transfer_time(node, p, hw, opts)
-        nodes.append(node.with_(time=float(priced_node_time(t, hw, transfer=node.kind != "op"))))
+        nodes.append(node)
+        runs.append(float(t))
     fused = fusion_times(p, times)  # one command: one control round trip for all its members
-    nodes = [n.with_(time=priced_node_time(fused[n.id], hw)) if n.id in fused else n for n in nodes]
+    runs = [fused.get(n.id, t) for n, t in zip(nodes, runs)]
+    nodes = [n.with_(time=t) for n, t in zip(nodes, priced_times(p, hw, eg, runs))]
     mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts,
                         fused_vertices(p))
     return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))
+
+
+def priced_times(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]) -> list[float]:
+    """Each node of `eg` as the schedule takes it, from what it runs for (`runs`): a device operator's time stretched
+    on a host whose cores the plan takes, a transfer's fixed cost, every node's control round trip by its host's
+    condition (core/cost/contention.py)."""
+    hosts, full = node_hosts(p, hw, eg)
+    device_op = [n.kind == "op" and n.role != VERIFY for n in eg.nodes]
+    second = {m for f in eg.fusions for m in f.members[1:]}  # a fusion runs as one command
+    counted = [n.id not in second for n in eg.nodes]
+    device_s = [t * n.alloc.size if op else 0.0 for n, t, op in zip(eg.nodes, runs, device_op)]
+    k = host_stretches(hosts, device_s, counted, full, hw.overhead.contention)
+    return [float(priced_node_time(t * k[h] if op else t, hw, transfer=n.kind != "op", full=bool(full[h])))
+            for n, t, h, op in zip(eg.nodes, runs, hosts, device_op)]
+
+
+def node_hosts(p: Program, hw: Hardware, eg: ExecGraph) -> tuple[list[int], np.ndarray]:
+    """Each node's host (its first device's; a verifier pool's node's, the first node's) and, per host, whether the
+    plan's processes take all its cores (core/cost/contention.py)."""
+    c = p.cluster
+    first = {}  # an allocation's first device, once per allocation
+    hosts = [0 if n.alloc is None else host_of(first.setdefault(n.alloc, min(n.alloc.devices(c))), c.gpus)
+             for n in eg.nodes]
+    used = {d for n in eg.nodes if n.kind == "op" and n.role != VERIFY for d in n.alloc.devices(c)}
+    pools = [n.pool for n in eg.nodes if n.kind == "op" and n.role == VERIFY and n.pool is not None]
+    pool = pool_taken_cores(max(pools), hw.host_cores, c, used) if pools and hw.host_cores is not None else 0
+    per_host = np.bincount([host_of(d, c.gpus) for d in used], minlength=c.racks * c.nodes)
+    return hosts, full_hosts(per_host, pool, hw.host_cores)
+
+
+def priced_round_trip(p: Program, hw: Hardware) -> float:
+    """The control round trip the plan's exec nodes are priced with, on average (`Overhead.round_trip` by their
+    hosts' condition)."""
+    hosts, full = node_hosts(p, hw, _lowered_exec(p))
+    return float(np.mean([hw.overhead.round_trip(bool(full[h])) for h in hosts])) if hosts else hw.overhead.node
 
 
 def fused_vertices(p: Program) -> tuple[tuple[str, ...], ...]:

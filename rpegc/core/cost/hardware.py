@@ -124,7 +124,11 @@ _OVERHEAD_KEYS = (
     ("transfer", "s per Comm or Reshard node beside its link's alpha and beta (both workers' handling, one message "
                  "per field)"),
     ("node", "s per exec node: the runtime's control round trip (a completion's report, the controller's "
-             "reaction, the next command)"),
+             "reaction, the next command) on a host whose cores the plan's processes all take"),
+    ("node_free", "s per exec node: the same round trip on a host where the plan leaves a core free (left out: "
+                  "node)"),
+    ("contention", "s of operator time per exec node that the runtime's own threads take from the operators on a "
+                   "host whose cores the plan's processes all take (core/cost/contention.py)"),
 )
 MAX_OVERHEAD_S = 10.0
 
@@ -132,7 +136,9 @@ MAX_OVERHEAD_S = 10.0
 @dataclass(frozen=True)
 class Overhead:
     """The [overhead] table (all 0 where a profile leaves it out): per-call and per-token fixed costs of each role's
-    operators beside its kernels, and the control round trip of every exec node."""
+    operators beside its kernels, the control round trip of every exec node (where the plan's processes take every
+    core of its host, and where they leave one free) and the operator time the runtime's threads take from the
+    operators on a host without a free core."""
 
     generation_call: float = 0.0
     generation_token: float = 0.0
@@ -142,12 +148,20 @@ class Overhead:
     training_token: float = 0.0
     transfer: float = 0.0
     node: float = 0.0
+    node_free: float | None = None  # None: node
+    contention: float = 0.0
 
     def call(self, role: str) -> float:
         return getattr(self, f"{role}_call")
 
     def token(self, role: str) -> float:
         return getattr(self, f"{role}_token")
+
+    def round_trip(self, full):
+        """The control round trip of a node on a host whose cores the plan takes (`full`: a bool or a bool array)
+        or leaves one free."""
+        free = self.node if self.node_free is None else self.node_free
+        return free + full * (self.node - free)
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,13 @@ def shared_devices(size: int, host_cores: int, p: Program) -> tuple[int, ...]:
     return tuple(sorted(d for d in pool_cores(size, host_cores, p.cluster)[1] if d in used))
 
 
+def pool_taken_cores(size: int, host_cores: int, cluster: Cluster, used) -> int:
+    """Cores of the first node's host that a pool of `size` processes takes beside the plan's devices (`used`: their
+    flat ids): its own, and those of the devices it shares that the plan leaves unused (core/cost/contention.py)."""
+    own, shared = pool_cores(size, host_cores, cluster)
+    return own + sum(1 for d in shared if d not in used)
+
+
 def cores_needed(device_ids, own_cores: int, cluster: Cluster) -> int:
     """Host cores the first node's host needs: one per device of the plan on that node, and the own cores of its
     largest pool (`pool_cores`; the pools run one at a time)."""

@@ -31,9 +31,10 @@ CACHE_ENV = "RPEGC_CACHE_DIR"
 # host's verifier times, [host]; 3: the operators' overheads, [overhead]; 4: grouped-query attention inside SDPA and
 # freed heap memory kept for reuse, which made the backend's operators faster; 5: the speed probe rpeg-run compares
 # with, runtime/speed_probe.py; 6: the checkpoint writes, [host] checkpoint_file and checkpoint_rate; 7: the disk a
-# node's checkpoint writers share, [host] checkpoint_disk_rate), so that a profile cached by an earlier campaign is
+# node's checkpoint writers share, [host] checkpoint_disk_rate; 8: the runtime's threads on a host without a free core,
+# [overhead] node_free and contention), so that a profile cached by an earlier campaign is
 # calibrated again instead of lacking keys or pricing the old operators.
-CAMPAIGN = "7"
+CAMPAIGN = "8"
 # The child process that calibrates this machine (tools/calibrate.py); `--quick` is the tests' smoke version.
 CALIBRATE = ("-m", "rpegc.tools.calibrate", "--machine", "--quiet")
 

@@ -44,11 +44,12 @@ def reshard_node_time(n_params, s_b, alloc: Alloc, hw: Hardware, opts: CostOptio
     return reshard_time(n_params, s_b, alloc.size, alpha, beta)
 
 
-def priced_node_time(t, hw: Hardware, transfer: bool = False):
+def priced_node_time(t, hw: Hardware, transfer: bool = False, full=True):
     """A node's time as the schedule takes it: what it runs for (`t`), a transfer's fixed cost beside its link
-    ([overhead] `transfer`) and the runtime's control round trip before it ([overhead] `node`); both 0 in the
-    spec's model. Numbers or arrays (the batched evaluator's form)."""
-    return ((t + hw.overhead.transfer) if transfer else t) + hw.overhead.node
+    ([overhead] `transfer`) and the runtime's control round trip before it ([overhead] `node`, or `node_free` on a
+    host the plan leaves a core of: `full` False, core/cost/contention.py); all 0 in the spec's model. Numbers or
+    arrays (the batched evaluator's form, `transfer` and `full` too)."""
+    return (t + transfer * hw.overhead.transfer) + hw.overhead.round_trip(full)
 
 
 def generation_phase_time(prefill_time, decode_time, q: int, t_q, t_prev, t_last):

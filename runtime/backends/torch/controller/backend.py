@@ -251,11 +251,12 @@ class TorchBackend(Backend):
                  for d, r in sorted(self.run.rank_of.items(), key=lambda dr: dr[1]) if d in predicted]
         return peak_lines(peaks, self._measured_what)
 
-    def cpu_summary(self) -> list[str]:
+    def cpu_summary(self, contention_priced: bool = False) -> list[str]:
         """Each worker's threads' cores from its ready to its stop, and the controller's (worker/thread_cpu.py)."""
         devices = len(self.run.plan.model_devices) if self.run is not None else len(self.pool.cpu)
         pools = frozenset(r for r in self.pool.cpu if r >= devices)  # a verifier pool's worker: the last rank
-        return cpu_lines(self.pool.cpu, self._cpu, pools, oversubscribed=len(self.pool.cpu) > host_cores())
+        return cpu_lines(self.pool.cpu, self._cpu, pools, oversubscribed=len(self.pool.cpu) > host_cores(),
+                         priced=contention_priced)
 
     def run_notes(self) -> list[str]:
         """What the summary says after the run (run_record.py: failed reward calls, what the plan does not price)."""

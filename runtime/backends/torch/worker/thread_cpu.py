@@ -6,8 +6,8 @@ A CPU worker's main thread runs the plan's operators on the core it is bound to 
 pool's worker hands its responses to its child processes (counted apart, while they live); everything else floats:
 the controller, and each worker's command reader, sender and gloo transport threads. Where every core of the host is
 taken by a worker, that work preempts the operators, and a node takes longer than its price by the time its main
-thread waited (docs/calibration.md, "What slows the nodes that share their cores"). The cost model does not price
-that work yet; rpeg-run shows it.
+thread waited (docs/calibration.md, "What slows the nodes that share their cores"). The cost model prices that work
+where the profile calibrates it ([overhead] contention and node, core/cost/contention.py); rpeg-run shows it.
 """
 
 from __future__ import annotations
@@ -106,11 +106,11 @@ def usage(start: Optional[ThreadCpu], end: Optional[ThreadCpu]) -> Optional[Core
 
 
 def cpu_lines(workers: Mapping[int, CoreUse], controller: Optional[CoreUse],
-              pools: frozenset[int] = frozenset(), oversubscribed: bool = False) -> list[str]:
+              pools: frozenset[int] = frozenset(), oversubscribed: bool = False, priced: bool = False) -> list[str]:
     """The summary's lines: per worker (rank -> `usage`; `pools`: the ranks that run a verifier pool, with their pool
     processes' cores) and for the controller's process, the cores they took from their start to their stop; a note where
     a device worker's main thread waited for a core (module docstring), unless the run has more workers than cores
-    (`oversubscribed`: they wait for each other, as the summary says)."""
+    (`oversubscribed`: they wait for each other, as the summary says) or the profile prices it (`priced`)."""
     if not workers:
         return []
     lines = ["threads on the host's cores (cores busy per second of the run, /proc schedstat):"]
@@ -122,9 +122,10 @@ def cpu_lines(workers: Mapping[int, CoreUse], controller: Optional[CoreUse],
     if controller is not None:
         lines.append(f"  controller: {controller.main + controller.others:.2f}")
     waited = {r: u.main_wait / u.main for r, u in workers.items() if u.main >= BUSY_NOTE and r not in pools}
-    if waited and max(waited.values()) > WAIT_NOTE and not oversubscribed:
+    if waited and max(waited.values()) > WAIT_NOTE and not oversubscribed and not priced:
         worst = max(waited, key=lambda r: waited[r])
         lines.append(f"note: worker {worst}'s main thread waited for a core {waited[worst]:.0%} of the time it ran: "
                      "the controller and the workers' other threads share the cores of the plan's operators, which "
-                     "the cost model does not price (docs/calibration.md)")
+                     "the profile does not price (it has no [overhead] contention: calibrate it again, "
+                     "docs/calibration.md)")
     return lines

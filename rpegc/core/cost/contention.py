@@ -1,0 +1,68 @@
+"""The runtime's own threads on a host whose cores the plan takes (issue 36; docs/cost-model.md, "Hosts without a
+free core").
+
+A CPU run's operators run on the main threads of its worker processes, a core each (controller/pinning.py); the
+controller and each worker's command reader, sender and gloo threads float. On a host where the plan's processes
+take every core (a worker per device of the plan there and, on the first node, the cores its largest verifier pool
+takes beside them: cost/host.pool_taken_cores) that floating work has no core of its own: it preempts the operators,
+and the controller's reaction to a completion waits for a core. Two prices follow, from the `[overhead]` table
+(calibrated by the overheads' control runs on one worker and on every core, tools/overhead_timing.py):
+
+- a node's control round trip is `node` on such a host and `node_free` on one with a core left
+  (`Overhead.round_trip`);
+- the device operators of such a host h stretch: an operator's time t becomes t (1 + c N_h / B_h), with c the operator
+  time the floating work takes per exec node (`contention`), N_h the graph's exec nodes on h and B_h the device-seconds
+  of its operators there (time x devices): the floating work of h's nodes, taken from its operators in proportion to
+  their time. Where the operators are long (a model whose kernels dominate), the stretch goes to 1.
+
+A node is on the host of its first device (a verifier pool's nodes and the transfers into it on the first node's); a
+fusion is one node (its members run as one command). Every function takes numbers or numpy arrays (the optimizer's
+batched form: a leading axis of configurations).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+
+def host_of(first_device, gpus: int):
+    """The flat node (host) of a device id."""
+    return first_device // gpus
+
+
+def full_hosts(devices_per_host, pool_taken, host_cores: Optional[int]) -> np.ndarray:
+    """Per host (last axis), whether the plan's processes take all its cores: its devices the plan uses
+    (`devices_per_host`) plus, on the first, the cores its largest pool takes beside them (`pool_taken`:
+    cost/host.pool_taken_cores) reach the profile's [host] cores; nowhere where the profile does not give them."""
+    taken = np.array(devices_per_host, dtype=np.int64, copy=True)
+    if host_cores is None:
+        return np.zeros(taken.shape, dtype=bool)
+    taken[..., 0] += np.asarray(pool_taken, dtype=np.int64)
+    return taken >= host_cores
+
+
+def stretch(device_s, nodes, contention: float):
+    """1 + c N / B (module docstring); 1 where a host runs no operator."""
+    busy = np.asarray(device_s, dtype=float)
+    return 1.0 + np.where(busy > 0, contention * np.asarray(nodes) / np.where(busy > 0, busy, 1.0), 0.0)
+
+
+def host_stretches(hosts, device_s, counted, full, contention: float) -> np.ndarray:
+    """Per host (the last axis of `full`), the factor its device operators' times take: `hosts` is each node's host,
+    `device_s` its operator's device-seconds (0 for a transfer or a verifier pool's node), `counted` whether it is a
+    node of the lowered graph (not a relay, not a fusion's second member); the node axis is the last."""
+    full = np.asarray(full, dtype=bool)
+    out = np.ones(full.shape)
+    if contention == 0:
+        return out
+    hosts, counted = np.asarray(hosts), np.asarray(counted, dtype=bool)
+    # In whole nanoseconds, so that the sum is exact in any order: the pass pipeline and the optimizer's two
+    # evaluators add the same nodes in different orders and must price the same plan alike to the last bit.
+    ns = np.rint(np.asarray(device_s, dtype=float) * 1e9).astype(np.int64)
+    for h in range(full.shape[-1]):
+        on = counted & (hosts == h)
+        s = stretch((ns * on).sum(axis=-1) / 1e9, on.sum(axis=-1), contention)
+        out[..., h] = np.where(full[..., h], s, 1.0)
+    return out

@@ -1,0 +1,111 @@
+"""The runtime's threads on a host whose cores the plan takes (core/cost/contention.py): such a host's device operators
+stretch by 1 + c N_h / B_h and its nodes pay the full round trip (`node`), a host with a core left the free one
+(`node_free`); a verifier pool's cores count as taken. The optimizer's two evaluators price it alike
+(tests/test_search_differential.py, the contended profile)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from rpegc.api import parse, run_pipeline
+from rpegc.core.cost.annotate import annotate, priced_round_trip
+from rpegc.core.cost.contention import full_hosts, host_stretches, stretch
+from rpegc.core.cost.hardware import Overhead, load_hardware
+from rpegc.core.cost.host import pool_taken_cores
+from rpegc.core.ir.geometry import Cluster
+from rpegc.core.ir.program import VERIFY
+
+TWO = open("examples/grpo-tiny-2.rpeg").read()  # every vertex on both devices of a 2-core host
+ONE = TWO.replace("extent (1, 1, 2) dp = 2", "extent (1, 1, 1) dp = 1")  # every vertex on the first device
+VERIFIED = open("examples/grpo-verify.rpeg").read().replace('{fn = "rule"}', '{fn = "rule", per_response = 2e-4}')
+LOWER = "verify-wellformed,unroll{k=2},split-quantiles,insert-comm,insert-reshard,fuse-stages"
+CONTENDED = Overhead(node=1e-3, node_free=2e-4, contention=5e-4)
+
+
+def lowered(text: str):
+    return run_pipeline(parse(text, "t.rpeg"), LOWER)
+
+
+def times(p, overhead: Overhead, cores=2) -> dict:
+    hw = replace(load_hardware("cpu-reference"), overhead=overhead, host_cores=cores)
+    return {n.id: n.time for n in annotate(p, hw).exec.nodes}
+
+
+def device_op(n) -> bool:
+    return n.kind == "op" and n.role != VERIFY
+
+
+def test_the_stretch_is_the_floating_work_over_the_operators_time():
+    assert stretch(0.04, 9, 1e-3) == pytest.approx(1 + 9e-3 / 0.04, rel=1e-12)
+    assert stretch(0.0, 9, 1e-3) == 1.0  # a host that runs no operator
+    assert np.allclose(stretch(np.array([0.02, 0.04]), np.array([4, 8]), 1e-3), [1.2, 1.2])
+
+
+def test_a_host_is_full_where_its_devices_and_the_pool_take_its_cores():
+    assert full_hosts([2, 1], 0, 2).tolist() == [True, False]
+    assert full_hosts([1, 0], 1, 2).tolist() == [True, False]  # the pool's core: the first node's
+    assert full_hosts([[1], [2]], [0, 0], 2).tolist() == [[False], [True]]  # the optimizer's rows
+    assert not full_hosts([8], 0, None).any()  # a profile without [host] cores: nowhere
+    c1, c2 = Cluster("c", 1, 1, 1, "cpu"), Cluster("c", 1, 1, 2, "cpu")
+    assert pool_taken_cores(1, 2, c1, {0}) == 1  # its own core beside the device's
+    assert pool_taken_cores(1, 2, c2, {0}) == 1  # the core of device 1, which the plan leaves unused
+    assert pool_taken_cores(1, 2, c2, {0, 1}) == 0  # it shares device 1's core: not one more
+
+
+def test_host_stretches_count_each_node_once_in_any_order():
+    hosts = np.array([0, 0, 1, 0, 1])
+    device_s = np.array([0.01, 0.0, 0.02, 0.03, 0.0])
+    counted = np.array([True, True, True, False, True])  # the fourth: a relay
+    k = host_stretches(hosts, device_s, counted, [True, True], 1e-3)
+    assert k == pytest.approx([1 + 2e-3 / 0.01, 1 + 2e-3 / 0.02], rel=1e-12)
+    order = np.array([4, 2, 0, 3, 1])
+    assert np.array_equal(host_stretches(hosts[order], device_s[order], counted[order], [True, True], 1e-3), k)
+    assert host_stretches(hosts, device_s, counted, [True, False], 1e-3)[1] == 1.0  # a host with a core left
+    assert np.array_equal(host_stretches(hosts, device_s, counted, [True, True], 0.0), [1.0, 1.0])
+
+
+def test_a_plan_on_every_core_stretches_its_operators_and_pays_the_full_round_trip():
+    p = lowered(TWO)
+    runs = times(p, Overhead())
+    priced = times(p, CONTENDED)
+    nodes = p.exec.nodes
+    assert not p.exec.fusions
+    busy = sum(runs[n.id] * n.alloc.size for n in nodes if device_op(n))
+    k = 1 + 5e-4 * len(nodes) / busy
+    assert k > 1.01  # the stretch is not lost in the tolerance
+    for n in nodes:
+        want = (runs[n.id] * k if device_op(n) else runs[n.id]) + 1e-3
+        assert priced[n.id] == pytest.approx(want, rel=1e-9), n.id
+
+
+def test_a_plan_that_leaves_a_core_free_pays_the_free_round_trip_only():
+    p = lowered(ONE)
+    runs, priced = times(p, Overhead()), times(p, CONTENDED)
+    assert all(priced[i] == pytest.approx(t + 2e-4, rel=1e-12) for i, t in runs.items())
+    # a profile without node_free prices both conditions with `node`; one with more cores leaves the 2 devices a core
+    plain = times(lowered(TWO), replace(CONTENDED, node_free=None, contention=0.0))
+    assert all(t == pytest.approx(r + 1e-3, rel=1e-12) for t, r in zip(plain.values(), times(lowered(TWO),
+                                                                                             Overhead()).values()))
+    roomy = times(lowered(TWO), CONTENDED, cores=3)
+    assert all(t == pytest.approx(r + 2e-4, rel=1e-12) for t, r in zip(roomy.values(), times(lowered(TWO),
+                                                                                             Overhead()).values()))
+
+
+def test_a_verifier_pool_on_the_second_core_fills_the_host():
+    p = lowered(VERIFIED)  # one device and a pool of one process on a 2-core host
+    runs, priced = times(p, Overhead()), times(p, CONTENDED)
+    nodes = p.exec.nodes
+    busy = sum(runs[n.id] * n.alloc.size for n in nodes if device_op(n))
+    k = 1 + 5e-4 * len(nodes) / busy
+    assert k > 1.01  # the stretch is not lost in the tolerance
+    for n in nodes:  # the pool's node is not stretched: it runs on the pool's processes, priced per response
+        want = (runs[n.id] * k if device_op(n) else runs[n.id]) + 1e-3
+        assert priced[n.id] == pytest.approx(want, rel=1e-9), n.id
+    assert all(t == pytest.approx(runs[i] + 2e-4, rel=1e-12) for i, t in times(p, CONTENDED, cores=3).items())
+
+
+def test_the_summary_compares_with_the_round_trip_the_plan_is_priced_with():
+    hw = replace(load_hardware("cpu-reference"), overhead=CONTENDED, host_cores=2)
+    assert priced_round_trip(annotate(lowered(TWO), hw), hw) == pytest.approx(1e-3, rel=1e-12)
+    assert priced_round_trip(annotate(lowered(ONE), hw), hw) == pytest.approx(2e-4, rel=1e-12)
