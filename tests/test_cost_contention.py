@@ -109,3 +109,19 @@ def test_the_summary_compares_with_the_round_trip_the_plan_is_priced_with():
     hw = replace(load_hardware("cpu-reference"), overhead=CONTENDED, host_cores=2)
     assert priced_round_trip(annotate(lowered(TWO), hw), hw) == pytest.approx(1e-3, rel=1e-12)
     assert priced_round_trip(annotate(lowered(ONE), hw), hw) == pytest.approx(2e-4, rel=1e-12)
+
+
+def test_explain_says_each_hosts_condition_and_factor():
+    from rpegc.core.cost.explain import explain
+
+    hw = replace(load_hardware("cpu-reference"), overhead=CONTENDED, host_cores=2)
+    p = annotate(lowered(TWO), hw)
+    runs = times(lowered(TWO), Overhead())
+    busy = sum(runs[n.id] * n.alloc.size for n in p.exec.nodes if device_op(n))
+    text = explain(p, hw)
+    assert "The runtime's own costs per host" in text
+    row = next(line for line in text.splitlines() if line.startswith("  node 0"))
+    assert row.split()[2:] == ["every", "core", "taken", str(len(p.exec.nodes)), "1", "ms", "x",
+                               f"{1 + 5e-4 * len(p.exec.nodes) / busy:.4f}"]
+    assert "a core left free" in explain(annotate(lowered(ONE), hw), hw)
+    assert "The runtime's own costs" not in explain(p, load_hardware("cpu-reference"))  # no [overhead]: none

@@ -44,15 +44,27 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
         f = p.plan.fusions[0]
         raise RpegError(f.loc, f"the plan fuses {', '.join('@' + v for v in f.vertices)}, but the exec graph has no "
                                "exec.fusion; run fuse-stages after insert-reshard")
-    quantile_tokens = _quantile_tokens(p)
-    times: dict[OpPlacement, OpTime] = {}
-    nodes = []
     check_pools(p, hw)
     shares = _pool_shares(eg, p, hw)
+    times: dict[OpPlacement, OpTime] = {}
+    runs = node_runs(p, hw, opts, times)
+    nodes = [n.with_(shares=shares.get(n.id, ())) if n.alloc is None else n for n in eg.nodes]
+    nodes = [n.with_(time=t) for n, t in zip(nodes, priced_times(p, hw, eg, runs))]
+    mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts,
+                        fused_vertices(p))
+    return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))
+
+
+def node_runs(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS,
+              times: dict[OpPlacement, OpTime] | None = None) -> list[float]:
+    """What each node of `p.exec` runs for, before the runtime's own costs (`priced_times`): an operator's T_op (its
+    quantile phase's share; a fusion's member the fusion's time), a verify node's T_verify, a transfer's T_xfer or
+    T_reshard. `times` collects each placed operator's OpTime."""
+    eg = p.exec
+    times = {} if times is None else times
+    quantile_tokens = _quantile_tokens(p)
     runs: list[float] = []
     for node in eg.nodes:
-        if node.alloc is None:
-            node = node.with_(shares=shares.get(node.id, ()))
         if node.kind == "op" and node.role == VERIFY:
             t = _verify_node_time(node, p, hw)
         elif node.kind == "op":
@@ -62,28 +74,33 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
             t = _op_node_time(node, times[placement], quantile_tokens, p)
         else:
             t = transfer_time(node, p, hw, opts)
-        nodes.append(node)
         runs.append(float(t))
     fused = fusion_times(p, times)  # one command: one control round trip for all its members
-    runs = [fused.get(n.id, t) for n, t in zip(nodes, runs)]
-    nodes = [n.with_(time=t) for n, t in zip(nodes, priced_times(p, hw, eg, runs))]
-    mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts,
-                        fused_vertices(p))
-    return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))
+    return [fused.get(n.id, t) for n, t in zip(eg.nodes, runs)]
 
 
 def priced_times(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]) -> list[float]:
     """Each node of `eg` as the schedule takes it, from what it runs for (`runs`): a device operator's time stretched
     on a host whose cores the plan takes, a transfer's fixed cost, every node's control round trip by its host's
     condition (core/cost/contention.py)."""
+    hosts, full, k = host_conditions(p, hw, eg, runs)
+    return [float(priced_node_time(t * k[h] if _device_op(n) else t, hw, transfer=n.kind != "op",
+                                   full=bool(full[h])))
+            for n, t, h in zip(eg.nodes, runs, hosts)]
+
+
+def host_conditions(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]):
+    """(each node's host, per host whether the plan's processes take all its cores, per host the factor of its device
+    operators' times: contention.host_stretches)."""
     hosts, full = node_hosts(p, hw, eg)
-    device_op = [n.kind == "op" and n.role != VERIFY for n in eg.nodes]
     second = {m for f in eg.fusions for m in f.members[1:]}  # a fusion runs as one command
     counted = [n.id not in second for n in eg.nodes]
-    device_s = [t * n.alloc.size if op else 0.0 for n, t, op in zip(eg.nodes, runs, device_op)]
-    k = host_stretches(hosts, device_s, counted, full, hw.overhead.contention)
-    return [float(priced_node_time(t * k[h] if op else t, hw, transfer=n.kind != "op", full=bool(full[h])))
-            for n, t, h, op in zip(eg.nodes, runs, hosts, device_op)]
+    device_s = [t * n.alloc.size if _device_op(n) else 0.0 for n, t in zip(eg.nodes, runs)]
+    return hosts, full, host_stretches(hosts, device_s, counted, full, hw.overhead.contention)
+
+
+def _device_op(n: ExecNode) -> bool:
+    return n.kind == "op" and n.role != VERIFY
 
 
 def node_hosts(p: Program, hw: Hardware, eg: ExecGraph) -> tuple[list[int], np.ndarray]:

@@ -12,8 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from rpegc.core.cost.annotate import (fusion_time, node_placement, placement_time, program_memory, program_placements,
-                                     transfer_time)
+from rpegc.core.cost.annotate import (fusion_time, host_conditions, node_placement, node_runs, placement_time,
+                                      program_memory, program_placements, transfer_time)
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.geometry import alloc_ids, id_ranges
 from rpegc.core.cost.hardware import Hardware
@@ -38,6 +38,10 @@ def explain(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> st
         out += ["", "Transfers in the executable graph"] + _transfer_lines(p, hw, opts)
     if p.exec is not None and p.exec.fusions:
         out += ["", "Fused operators (docs/stage-fusion.md; every step alike)"] + _fusion_lines(p, hw, opts)
+    oh = hw.overhead
+    if p.exec is not None and (oh.node or oh.node_free or oh.contention):
+        out += ["", "The runtime's own costs per host ([overhead]; docs/cost-model.md, \"Hosts without a free core\")"]
+        out += _host_lines(p, hw, opts)
     out += ["", f"Memory per device (GiB; usable M_eff = {_gib(mem.m_eff)} of M_GPU = {_gib(hw.M_GPU)})"]
     out += _memory_lines(mem, p.cluster.num_devices, p.workload)
     out += ["", _verdict(mem, p.workload)]
@@ -107,6 +111,15 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     rows = [[what, f"{len(ts)}x", f"{nbytes:,.0f} B", f"{src} -> {dst}", f"{float(ts[0]):.4e} s each"]
             for (what, nbytes, src, dst), ts in groups.items()]
     return _table(["node", "count", "payload", "GPUs", "time"], rows)
+
+
+def _host_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
+    """Per host of the plan's nodes: whether its cores are all taken, its nodes' control round trip and the factor
+    of its device operators' times (annotate.host_conditions)."""
+    hosts, full, k = host_conditions(p, hw, p.exec, node_runs(p, hw, opts))
+    rows = [[f"node {h}", "every core taken" if full[h] else "a core left free", f"{hosts.count(h)}",
+             f"{1e3 * hw.overhead.round_trip(bool(full[h])):.3g} ms", f"x {k[h]:.4f}"] for h in sorted(set(hosts))]
+    return _table(["host", "cores", "exec nodes", "round trip", "device operators"], rows)
 
 
 def _where(alloc, p: Program) -> str:
