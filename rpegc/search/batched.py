@@ -281,15 +281,20 @@ class BatchEvaluator:
         cv = self.cv
         if all(cv.device_vertex):
             return np.zeros(len(ch))
-        gpus = cv.program.cluster.gpus
-        used = np.zeros((len(ch), gpus), dtype=bool)
+        used = self._used_devices(ch)[:, :cv.program.cluster.gpus]
         pools = np.zeros(len(ch), dtype=np.int64)
         for v, on in enumerate(cv.device_vertex):
-            if on:
-                used |= self.devmask[v][ch[:, v], :gpus]
-            else:
+            if not on:
                 pools = np.maximum(pools, self.pool_own[v][ch[:, v]])
         return (used.sum(axis=1) + pools) / cv.host_cores
+
+    def _used_devices(self, ch: np.ndarray) -> np.ndarray:
+        """`CompactVariant.used_mask` of every configuration, as rows of booleans (B x devices)."""
+        used = np.zeros((len(ch), self.ndev), dtype=bool)
+        for v, on in enumerate(self.cv.device_vertex):
+            if on:
+                used |= self.devmask[v][ch[:, v]]
+        return used
 
     def critical_weights(self, choice) -> Optional[np.ndarray]:
         """`CompactVariant.critical_weights` of a plan of a recent batch evaluated with `keep`, from its kept
@@ -455,10 +460,7 @@ class BatchEvaluator:
             return None, None
         c = self.cluster
         hosts = np.where(cv.device_vertex, allocs.origin[:, :, 0] * c.nodes + allocs.origin[:, :, 1], 0)
-        used = np.zeros((len(ch), self.ndev), dtype=bool)
-        for v, on in enumerate(cv.device_vertex):
-            if on:
-                used |= self.devmask[v][ch[:, v]]
+        used = self._used_devices(ch)
         pool = np.zeros(len(ch), dtype=np.int64)  # cost/host.pool_taken_cores: a pool's rows are the devices it shares
         for v, on in enumerate(cv.device_vertex):
             if not on:

@@ -465,11 +465,7 @@ class CompactVariant:
     def full_hosts(self, choice: Choice) -> np.ndarray:
         """Per host, whether the plan's processes take all its cores (contention.full_hosts)."""
         c = self.program.cluster
-        used = 0
-        for d, ch, on in zip(self.dirs, choice, self.device_vertex):
-            if on:
-                used |= d.masks[ch]
-        devices = set(mask_devices(used))
+        devices = set(mask_devices(self.used_mask(choice)))
         pool = max((pool_taken_cores(d.pools[ch], self.host_cores, c, devices)
                     for d, ch, on in zip(self.dirs, choice, self.device_vertex)
                     if not on and self.host_cores is not None), default=0)
@@ -482,12 +478,16 @@ class CompactVariant:
         masks = [d.masks[c] for d, c in zip(self.dirs, choice)]
         if all(self.device_vertex):
             return masks
-        used = 0
-        for m, on in zip(masks, self.device_vertex):
-            if on:
-                used |= m
-        keep = used | (1 << self.num_devices)
+        keep = self.used_mask(choice) | (1 << self.num_devices)
         return [m if on else m & keep for m, on in zip(masks, self.device_vertex)]
+
+    def used_mask(self, choice: Choice) -> int:
+        """The devices the plan's device vertices use, as a bitmask (a pool's mask is the cores it shares)."""
+        used = 0
+        for d, c, on in zip(self.dirs, choice, self.device_vertex):
+            if on:
+                used |= d.masks[c]
+        return used
 
     def _transfer(self, kind, u, v, nbytes, model, allocs, strats) -> tuple[Optional[float], bool]:
         """(time, lowers-to-Reshard) of a Comm/Reshard superset node, (None, False) for a relay."""
@@ -566,14 +566,9 @@ class CompactVariant:
         cost/host.cores_needed, pool_cores) over the cores it has; 0 without pools."""
         if all(self.device_vertex):
             return 0.0
-        used = 0
-        pools = 0
-        for d, c, on in zip(self.dirs, choice, self.device_vertex):
-            if on:
-                used |= d.masks[c]
-            else:
-                pools = max(pools, pool_cores(d.pools[c], self.host_cores, self.program.cluster)[0])
-        return cores_needed(mask_devices(used), pools, self.program.cluster) / self.host_cores
+        pools = max(pool_cores(d.pools[c], self.host_cores, self.program.cluster)[0]
+                    for d, c, on in zip(self.dirs, choice, self.device_vertex) if not on)
+        return cores_needed(mask_devices(self.used_mask(choice)), pools, self.program.cluster) / self.host_cores
 
     def cores_fit(self, choice: Choice) -> bool:
         return self.host_ratio(choice) <= 1.0

@@ -107,11 +107,10 @@ def node_hosts(p: Program, hw: Hardware, eg: ExecGraph) -> tuple[list[int], np.n
     """Each node's host (its first device's; a verifier pool's node's, the first node's) and, per host, whether the
     plan's processes take all its cores (core/cost/contention.py)."""
     c = p.cluster
-    first = {}  # an allocation's first device, once per allocation
-    hosts = [0 if n.alloc is None else host_of(first.setdefault(n.alloc, min(n.alloc.devices(c))), c.gpus)
-             for n in eg.nodes]
-    used = {d for n in eg.nodes if n.kind == "op" and n.role != VERIFY for d in n.alloc.devices(c)}
-    pools = [n.pool for n in eg.nodes if n.kind == "op" and n.role == VERIFY and n.pool is not None]
+    devices = {a: a.devices(c) for a in {n.alloc for n in eg.nodes if n.alloc is not None}}  # once per allocation
+    hosts = [0 if n.alloc is None else host_of(min(devices[n.alloc]), c.gpus) for n in eg.nodes]
+    used = {d for n in eg.nodes if _device_op(n) for d in devices[n.alloc]}
+    pools = _pool_sizes(eg)
     pool = pool_taken_cores(max(pools), hw.host_cores, c, used) if pools and hw.host_cores is not None else 0
     per_host = np.bincount([host_of(d, c.gpus) for d in used], minlength=c.racks * c.nodes)
     return hosts, full_hosts(per_host, pool, hw.host_cores)
@@ -175,8 +174,7 @@ def _pool_shares(eg: ExecGraph, p: Program, hw: Hardware) -> dict[str, tuple[int
     (check_pools has then refused every plan with a pool)."""
     if hw.host_cores is None:
         return {}
-    sizes = {n.pool for n in eg.nodes if n.kind == "op" and n.role == VERIFY and n.pool is not None}
-    by_size = {size: shared_devices(size, hw.host_cores, p) for size in sizes}  # once per pool size, not per step
+    by_size = {size: shared_devices(size, hw.host_cores, p) for size in _pool_sizes(eg)}  # once per size, not step
     out = {n.id: by_size[n.pool] for n in eg.nodes if n.kind == "op" and n.role == VERIFY and n.pool is not None}
     into: dict[str, set[int]] = {}
     for e in eg.edges:
@@ -186,6 +184,11 @@ def _pool_shares(eg: ExecGraph, p: Program, hw: Hardware) -> dict[str, tuple[int
         if n.kind != "op" and n.alloc is None and n.id in into:
             out[n.id] = tuple(sorted(into[n.id]))
     return out
+
+
+def _pool_sizes(eg: ExecGraph) -> set[int]:
+    """The sizes of the verifier pools the graph's verify nodes run on."""
+    return {n.pool for n in eg.nodes if n.kind == "op" and n.role == VERIFY and n.pool is not None}
 
 
 def _verify_node_time(node: ExecNode, p: Program, hw: Hardware) -> float:
