@@ -43,8 +43,8 @@ WITHIN = 0.25  # issue 36's bound on |measured / predicted - 1|
 STEADY = re.compile(r"steady state: measured ([0-9.e-]+) s/step, predicted ([0-9.e-]+) s/step")
 DRIFT = re.compile(r"at least ([0-9.]+)x (slower|faster)")
 PART = re.compile(r"^  (\S.*?)\s+([0-9.e+-]+) ms measured,\s+([0-9.e+-]+) ms predicted", re.M)
-PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "node_free", "contention", "transfer",
-                "math", "speed_probe_s")
+PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "node_free", "contention", "co_busy",
+                "transfer", "math", "speed_probe_s")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 
 from rpegc.api import parse, run_pipeline
 from rpegc.core.cost.annotate import annotate, priced_round_trip
-from rpegc.core.cost.contention import full_hosts, host_stretches, stretch
+from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_stretches, stretch
 from rpegc.core.cost.hardware import Overhead, load_hardware
 from rpegc.core.cost.host import pool_taken_cores
 from rpegc.core.ir.geometry import Cluster
@@ -122,6 +122,32 @@ def test_explain_says_each_hosts_condition_and_factor():
     assert "The runtime's own costs per host" in text
     row = next(line for line in text.splitlines() if line.startswith("  node 0"))
     assert row.split()[2:] == ["every", "core", "taken", str(len(p.exec.nodes)), "1", "ms", "x",
-                               f"{1 + 5e-4 * len(p.exec.nodes) / busy:.4f}"]
+                               f"{1 + 5e-4 * len(p.exec.nodes) / busy:.4f}", "x", "1.0000"]
     assert "a core left free" in explain(annotate(lowered(ONE), hw), hw)
     assert "The runtime's own costs" not in explain(p, load_hardware("cpu-reference"))  # no [overhead]: none
+    sib = replace(hw, overhead=replace(CONTENDED, co_busy=0.35))
+    assert next(line for line in explain(annotate(lowered(TWO), sib), sib).splitlines()
+                if line.startswith("  node 0")).endswith("x 1.3500")  # every operator on both cores
+
+
+def test_co_busy_grows_with_the_allocations_devices_on_a_host():
+    assert co_busy_stretch(2, 2, 0.3) == pytest.approx(1.3, rel=1e-12)  # the other core computes a sibling
+    assert co_busy_stretch(1, 2, 0.3) == 1.0  # alone on its host
+    assert co_busy_stretch(3, 5, 0.4) == pytest.approx(1.2, rel=1e-12)  # 2 of 4 other cores
+    assert co_busy_stretch(8, 2, 0.3) == pytest.approx(1.3, rel=1e-12)  # at most the host's cores
+    assert np.allclose(co_busy_stretch(np.array([[1, 2]]), 2, 0.5), [[1.0, 1.5]])  # the optimizer's rows
+    assert co_busy_stretch(2, None, 0.3) == 1.0 and co_busy_stretch(2, 1, 0.3) == 1.0 and co_busy_stretch(2, 2, 0) == 1
+
+
+def test_the_operators_of_an_allocation_on_both_cores_stretch_by_co_busy():
+    busy = Overhead(co_busy=0.4)
+    for text, factor in ((TWO, 1.4), (ONE, 1.0)):
+        p = lowered(text)
+        runs, priced = times(p, Overhead()), times(p, busy)
+        for n in p.exec.nodes:  # transfers and verifier pools do not compute on the devices' cores
+            assert priced[n.id] == pytest.approx(runs[n.id] * (factor if device_op(n) else 1.0), rel=1e-12), n.id
+    both = times(lowered(TWO), replace(CONTENDED, co_busy=0.4))  # beside the contention stretch, which it multiplies
+    alone = times(lowered(TWO), CONTENDED)
+    for n in lowered(TWO).exec.nodes:
+        if device_op(n):
+            assert both[n.id] - 1e-3 == pytest.approx((alone[n.id] - 1e-3) * 1.4, rel=1e-9), n.id

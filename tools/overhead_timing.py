@@ -16,7 +16,8 @@
   cost beside its link's terms, from short real runs of a GRPO plan, priced with `hw_text`: on one worker (a core left
   free for the runtime's threads: `node_free`) and on a worker per core (`node`, `transfer`); the operator time the
   runtime's threads take per exec node where they have no core of their own (`contention`, core/cost/contention.py) is
-  the second run's operators' time beyond the first's.
+  the second run's operators' time beyond the first's. What an operator's time grows by with siblings computing on the
+  host's other cores (`co_busy`) compares the program data-parallel on two workers with one's share on one worker.
 - `overhead_table(hw, hw_text)`: both as the `[overhead]` table `rpeg-calibrate` appends to a CPU profile.
 """
 
@@ -196,14 +197,27 @@ CONTROL_PLAN = """rpeg.plan @p for @grpo on @c {{
   @train_actor at (0, 0, {last}) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
 }}
 """
+# ... and every vertex data-parallel over the first `n` workers: on two, siblings computing on both cores at once
+# (`ControlRuns.co_busy`); on one with half the prompts, what each of them computes, alone.
+SIBLINGS_PLAN = """rpeg.plan @p for @grpo on @c {{
+  @gen at (0, 0, 0) extent (1, 1, {n}) dp = {n} pp = 1 tp = 1 mb = 1
+  @ref_inf at (0, 0, 0) extent (1, 1, {n}) dp = {n} pp = 1 tp = 1 mb = 1
+  @reward_inf at (0, 0, 0) extent (1, 1, {n}) dp = {n} pp = 1 tp = 1 mb = 1
+  @train_actor at (0, 0, 0) extent (1, 1, {n}) dp = {n} pp = 1 tp = 1 mb = 1
+}}
+"""
+PROMPTS = 4  # the control program's B
 
 
-def control_program(profile: str, devices: int) -> str:
+def control_program(profile: str, devices: int, siblings: int = 0) -> str:
     """A GRPO of the tiny preset with a toy reward model (its rule runs there) on `devices` workers of the hardware
     profile `profile`, training with staleness 1 (as the demo's plans overlap it): the runtime's own round trips and
-    transfers, with every core busy as in a run."""
-    return grpo(Workload(4, 4, 4, 4, "fp32"), Model("tiny"), direct_edges=True, staleness={"actor": 1},
-                cluster=Cluster(1, 1, devices, profile, name="c"), plan=CONTROL_PLAN.format(last=devices - 1))
+    transfers, with every core busy as in a run. `siblings` > 0: every vertex data-parallel over that many workers,
+    each with PROMPTS / 2 prompts (`ControlRuns.co_busy`)."""
+    prompts = PROMPTS // 2 if siblings else PROMPTS
+    plan = SIBLINGS_PLAN.format(n=siblings) if siblings else CONTROL_PLAN.format(last=devices - 1)
+    return grpo(Workload(prompts * max(1, siblings), 4, 4, 4, "fp32"), Model("tiny"), direct_edges=True,
+                staleness={"actor": 1}, cluster=Cluster(1, 1, devices, profile, name="c"), plan=plan)
 
 
 @dataclass(frozen=True)
@@ -217,12 +231,13 @@ class ControlFit:
     devices: int
     op_s: float  # the operators' measured time of a steady step (the median step's sum)
     nodes_per_step: float
+    forward_s: float = 0.0  # the same of its generation and inference operators (no collective in them)
 
 
-def control_run(hw_text: str, steps: int, devices: int) -> ControlFit:
-    """The runtime's control round trip and a transfer's fixed cost in a run of `control_program` over `steps` steps
-    on `devices` workers, priced with the profile `hw_text` (TOML, without [overhead]): rpegc lowers it, rpeg-run runs
-    it and its trace says."""
+def control_run(hw_text: str, steps: int, devices: int, siblings: int = 0) -> ControlFit:
+    """The runtime's control round trip and a transfer's fixed cost in a run of `control_program` (`siblings`: its
+    data-parallel form) over `steps` steps on `devices` workers, priced with the profile `hw_text` (TOML, without
+    [overhead]): rpegc lowers it, rpeg-run runs it and its trace says."""
     from rpegc.cli import main as rpegc_main
     from rpegc.runtime.cli import main as run_main
     from rpegc.runtime.plan import load_plan
@@ -233,7 +248,7 @@ def control_run(hw_text: str, steps: int, devices: int) -> ControlFit:
     with tempfile.TemporaryDirectory(prefix="rpeg-overhead-") as tmp:
         d = Path(tmp)
         (d / "profile.toml").write_text(hw_text, encoding="utf-8")
-        (d / "grpo.rpeg").write_text(control_program(str(d / "profile.toml"), devices), encoding="utf-8")
+        (d / "grpo.rpeg").write_text(control_program(str(d / "profile.toml"), devices, siblings), encoding="utf-8")
         pipeline = (f"verify-wellformed,unroll{{k={steps}}},split-quantiles,insert-comm,insert-reshard,fuse-stages,"
                     "annotate-cost,schedule")
         out = io.StringIO()
@@ -252,21 +267,32 @@ def control_run(hw_text: str, steps: int, devices: int) -> ControlFit:
     timed = [t for t in compare(plan, trace).nodes if steady.first_step <= t.step <= steady.last_step]
     extra = [t.measured_time - t.predicted_time for t in timed if t.kind != "op" and t.predicted_time is not None]
     transfer = max(0.0, float(np.median(extra))) if extra else 0.0
+    ops = [t for t in timed if t.kind == "op"]
+    forwards = [t for t in ops if plan.nodes[plan.index[t.id]].node.role != "training"]
+    return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices, step_median(ops),
+                      len(timed) / max(1, len({t.step for t in ops})), step_median(forwards))
+
+
+def step_median(timed) -> float:
+    """The median over steps of the measured time of the nodes `timed` of each step."""
     per_step: dict[int, float] = {}
     for t in timed:
-        if t.kind == "op":
-            per_step[t.step] = per_step.get(t.step, 0.0) + t.measured_time
-    return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices,
-                      float(np.median(list(per_step.values()))), len(timed) / max(1, len(per_step)))
+        per_step[t.step] = per_step.get(t.step, 0.0) + t.measured_time
+    return float(np.median(list(per_step.values()))) if per_step else 0.0
 
 
 @dataclass(frozen=True)
 class ControlRuns:
     """The control program where the runtime's threads have a core to themselves (`free`: one worker) and where the
-    workers take every core (`full`: one per core); either is None where the host's cores cannot give it."""
+    workers take every core (`full`: one per core); either is None where the host's cores cannot give it. `pair` is
+    its data-parallel form on two workers (siblings computing at once) and `half` what each of them computes, on one
+    worker; None where the host has one core."""
 
     free: Optional[ControlFit]
     full: Optional[ControlFit]
+    pair: Optional[ControlFit] = None
+    half: Optional[ControlFit] = None
+    cores: int = 2  # the host's
 
     @property
     def contention(self) -> float:
@@ -278,6 +304,19 @@ class ControlRuns:
         return max(0.0, self.full.op_s - self.free.op_s) / self.full.nodes_per_step
 
     @property
+    def co_busy(self) -> float:
+        """What an operator's time grows by with every other core of its host computing a sibling
+        (contention.co_busy_stretch): the pair's generation and inference operators against the same on one worker
+        (the half run), beyond the contention stretch the pair's host prices where it takes every core, scaled from
+        the pair's one sibling to the host's other cores; 0 where a run is missing."""
+        pair, half = self.pair, self.half
+        if pair is None or half is None or half.forward_s <= 0 or pair.op_s <= 0:
+            return 0.0
+        floating = 1.0 + (self.contention * pair.nodes_per_step / (pair.devices * pair.op_s)
+                          if pair.devices >= self.cores else 0.0)
+        return max(0.0, pair.forward_s / (half.forward_s * floating) - 1.0) * (self.cores - 1) / (pair.devices - 1)
+
+    @property
     def transfers(self) -> ControlFit:
         """The run whose transfers price a transfer's fixed cost (the one with two workers)."""
         return max((r for r in (self.full, self.free) if r is not None), key=lambda r: r.devices)
@@ -286,12 +325,15 @@ class ControlRuns:
 def control_runs(hw_text: str, steps: int, cores: int) -> ControlRuns:
     """The control program on one worker (a core left for the runtime's threads) and on a worker per core, on a
     host of `cores` cores: a 2-core host gives both; a 1-core host only the full run; a larger one only runs on two
-    workers, which leave its other cores free (the full condition would need a worker per core)."""
+    workers, which leave its other cores free (the full condition would need a worker per core). Where there are two
+    cores or more, the pair and its half too (`ControlRuns.co_busy`)."""
     if cores <= 1:
-        return ControlRuns(None, control_run(hw_text, steps, 1))
+        return ControlRuns(None, control_run(hw_text, steps, 1), cores=cores)
+    pair = control_run(hw_text, steps, 2, siblings=2)
+    half = control_run(hw_text, steps, 1, siblings=1)
     if cores == 2:
-        return ControlRuns(control_run(hw_text, steps, 1), control_run(hw_text, steps, 2))
-    return ControlRuns(control_run(hw_text, steps, 2), None)
+        return ControlRuns(control_run(hw_text, steps, 1), control_run(hw_text, steps, 2), pair, half, cores)
+    return ControlRuns(control_run(hw_text, steps, 2), None, pair, half, cores)
 
 
 @dataclass(frozen=True)
@@ -348,4 +390,9 @@ def control_lines(runs: ControlRuns, steps: int) -> list[str]:
                   f"threads: a steady step's operators {1e3 * runs.full.op_s:.4g} ms on {runs.full.devices} workers "
                   f"against {1e3 * runs.free.op_s:.4g} ms on {runs.free.devices}, over "
                   f"{runs.full.nodes_per_step:.3g} nodes a step"]
+    if runs.pair is not None and runs.half is not None:
+        lines.append(f"co_busy = {runs.co_busy:.6g}    # an operator's time grows by this with its siblings on every "
+                     f"other core: a steady step's generation and inference {1e3 * runs.pair.forward_s:.4g} ms data-"
+                     f"parallel on {run(runs.pair)} against {1e3 * runs.half.forward_s:.4g} ms of one's share on "
+                     f"{runs.half.devices}, beyond the contention stretch")
     return lines

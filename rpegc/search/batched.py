@@ -40,7 +40,7 @@ from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
-from rpegc.core.cost.contention import full_hosts, host_stretches
+from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_stretches
 from rpegc.core.cost.transfer import comm_node_time_at, priced_node_time
 from rpegc.search.compact import (DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups,
                                   Superset, kept_over)
@@ -468,20 +468,25 @@ class BatchEvaluator:
         per_host = used.reshape(len(ch), c.racks * c.nodes, c.gpus).sum(axis=2)
         return hosts, full_hosts(per_host, pool, cv.host_cores)
 
-    def _priced(self, G: _Graph, runs: np.ndarray, relay: np.ndarray, size: np.ndarray,
+    def _priced(self, G: _Graph, runs: np.ndarray, relay: np.ndarray, extent: np.ndarray, size: np.ndarray,
                 hosts_v: Optional[np.ndarray], full: Optional[np.ndarray]) -> np.ndarray:
         """`CompactVariant._priced` of one pattern group's rows: what each node runs for (`runs`, B x N) as the
-        schedule takes it (`size`, `hosts_v`: B x V; `full`: B x hosts)."""
+        schedule takes it (the rows' allocations' `extent`, B x V x 3, and `size`, `hosts_v`: B x V; `full`: B x
+        hosts)."""
         cv = self.cv
-        if full is None:  # no host's condition changes a price (`_hosts`)
-            return np.where(relay, 0.0, priced_node_time(runs, cv.hw, transfer=~G.is_op))
-        hosts = hosts_v[:, G.vertex]
+        oh = cv.hw.overhead
+        device_op = G.is_op & np.asarray(cv.device_vertex)[G.vertex]
         stretched = runs
-        if cv.hw.overhead.contention:
-            device_op = G.is_op & np.asarray(cv.device_vertex)[G.vertex]
+        if oh.co_busy:
+            busy = co_busy_stretch(extent[:, G.vertex, 2], cv.host_cores, oh.co_busy)
+            stretched = np.where(device_op, runs * busy, runs)
+        if full is None:  # no host's condition changes a price (`_hosts`)
+            return np.where(relay, 0.0, priced_node_time(stretched, cv.hw, transfer=~G.is_op))
+        hosts = hosts_v[:, G.vertex]
+        if oh.contention:
             device_s = np.where(device_op & ~relay, runs * size[:, G.vertex], 0.0)
-            k = host_stretches(hosts, device_s, ~relay, full, cv.hw.overhead.contention)
-            stretched = np.where(device_op, runs * np.take_along_axis(k, hosts, axis=1), runs)
+            k = host_stretches(hosts, device_s, ~relay, full, oh.contention)
+            stretched = np.where(device_op, stretched * np.take_along_axis(k, hosts, axis=1), stretched)
         t = priced_node_time(stretched, cv.hw, transfer=~G.is_op, full=np.take_along_axis(full, hosts, axis=1))
         return np.where(relay, 0.0, t)
 
@@ -494,7 +499,7 @@ class BatchEvaluator:
         at = (rows[:, None], cols[None, :])
         relay = src.relay[at]
         conditions = (hosts[rows], full[rows]) if full is not None else (None, None)
-        T = self._priced(G, src.t[at], relay, allocs_all.size[rows], *conditions)
+        T = self._priced(G, src.t[at], relay, allocs_all.extent[rows], allocs_all.size[rows], *conditions)
         pos = np.where(src.as_reshard[at], G.pos_reshard, G.pos_comm)
         pos[relay] = -1
         cls = np.where(relay, V, G.vertex)

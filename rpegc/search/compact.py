@@ -63,7 +63,7 @@ from rpegc.core.lower.rules import (
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Fuse, Placement, Plan, Pool, Program
 from rpegc.core.ir.geometry import Alloc, Strategy, mask_devices
-from rpegc.core.cost.contention import full_hosts, host_of, host_stretches
+from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_of, host_stretches
 from rpegc.core.cost.host import cores_needed, pool_cores, pool_taken_cores
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, device_sizes, prepare_schedule, run_schedule
@@ -458,9 +458,12 @@ class CompactVariant:
                     for t, v, op in zip(runs, s.vertex, device_op)]
         full = self.full_hosts(choice)
         k = host_stretches(hosts, device_s, [t is not None for t in runs], full, self.hw.overhead.contention)
+        busy = [float(co_busy_stretch(a.extent[2], self.host_cores, self.hw.overhead.co_busy)) if on else 1.0
+                for a, on in zip(allocs, self.device_vertex)]
         return [0.0 if t is None else
-                float(priced_node_time(t * k[h] if op else t, self.hw, transfer=kind != OPERATOR, full=bool(full[h])))
-                for t, h, op, kind in zip(runs, hosts, device_op, s.kind)]
+                float(priced_node_time(t * busy[v] * k[h] if op else t, self.hw, transfer=kind != OPERATOR,
+                                       full=bool(full[h])))
+                for t, h, op, kind, v in zip(runs, hosts, device_op, s.kind, s.vertex)]
 
     def full_hosts(self, choice: Choice) -> np.ndarray:
         """Per host, whether the plan's processes take all its cores (contention.full_hosts)."""

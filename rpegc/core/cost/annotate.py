@@ -23,7 +23,7 @@ from rpegc.core.cost.fused import FusedTime, fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Program
-from rpegc.core.cost.contention import full_hosts, host_of, host_stretches
+from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_of, host_stretches
 from rpegc.core.cost.host import check_pools, link_alloc, pool_taken_cores, shared_devices, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
 from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, priced_node_time,
@@ -81,12 +81,17 @@ def node_runs(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS,
 
 def priced_times(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]) -> list[float]:
     """Each node of `eg` as the schedule takes it, from what it runs for (`runs`): a device operator's time stretched
-    on a host whose cores the plan takes, a transfer's fixed cost, every node's control round trip by its host's
-    condition (core/cost/contention.py)."""
+    by its siblings computing beside it and on a host whose cores the plan takes, a transfer's fixed cost, every
+    node's control round trip by its host's condition (core/cost/contention.py)."""
     hosts, full, k = host_conditions(p, hw, eg, runs)
-    return [float(priced_node_time(t * k[h] if _device_op(n) else t, hw, transfer=n.kind != "op",
+    return [float(priced_node_time(t * co_busy_factor(n, hw) * k[h] if device_op(n) else t, hw, transfer=n.kind != "op",
                                    full=bool(full[h])))
             for n, t, h in zip(eg.nodes, runs, hosts)]
+
+
+def co_busy_factor(n: ExecNode, hw: Hardware) -> float:
+    """The factor of a device operator's time with its allocation's devices computing together on a host."""
+    return float(co_busy_stretch(n.alloc.extent[2], hw.host_cores, hw.overhead.co_busy))
 
 
 def host_conditions(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]):
@@ -95,11 +100,11 @@ def host_conditions(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[floa
     hosts, full = node_hosts(p, hw, eg)
     second = {m for f in eg.fusions for m in f.members[1:]}  # a fusion runs as one command
     counted = [n.id not in second for n in eg.nodes]
-    device_s = [t * n.alloc.size if _device_op(n) else 0.0 for n, t in zip(eg.nodes, runs)]
+    device_s = [t * n.alloc.size if device_op(n) else 0.0 for n, t in zip(eg.nodes, runs)]
     return hosts, full, host_stretches(hosts, device_s, counted, full, hw.overhead.contention)
 
 
-def _device_op(n: ExecNode) -> bool:
+def device_op(n: ExecNode) -> bool:
     return n.kind == "op" and n.role != VERIFY
 
 
@@ -109,7 +114,7 @@ def node_hosts(p: Program, hw: Hardware, eg: ExecGraph) -> tuple[list[int], np.n
     c = p.cluster
     devices = {a: a.devices(c) for a in {n.alloc for n in eg.nodes if n.alloc is not None}}  # once per allocation
     hosts = [0 if n.alloc is None else host_of(min(devices[n.alloc]), c.gpus) for n in eg.nodes]
-    used = {d for n in eg.nodes if _device_op(n) for d in devices[n.alloc]}
+    used = {d for n in eg.nodes if device_op(n) for d in devices[n.alloc]}
     pools = _pool_sizes(eg)
     pool = pool_taken_cores(max(pools), hw.host_cores, c, used) if pools and hw.host_cores is not None else 0
     per_host = np.bincount([host_of(d, c.gpus) for d in used], minlength=c.racks * c.nodes)

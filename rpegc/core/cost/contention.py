@@ -15,6 +15,13 @@ and the controller's reaction to a completion waits for a core. Two prices follo
   of its operators there (time x devices): the floating work of h's nodes, taken from its operators in proportion to
   their time. Where the operators are long (a model whose kernels dominate), the stretch goes to 1.
 
+Beside that, two operators computing at once on one host's cores share its memory bandwidth and caches: the
+operator of an allocation with k devices on a host (k of its cores computing together: a dp, tp or pp group) takes
+`1 + b (k - 1) / (cores - 1)` times as long (`co_busy_stretch`; b = `[overhead] co_busy`, what one operator's time
+grows by with every other core of its host computing its siblings, measured by the overheads' control runs). Operators
+of different vertices that the schedule happens to overlap are not priced so (that needs the schedule;
+docs/cost-model.md).
+
 A node is on the host of its first device (a verifier pool's nodes and the transfers into it on the first node's); a
 fusion is one node (its members run as one command). Every function takes numbers or numpy arrays (the optimizer's
 batched form: a leading axis of configurations).
@@ -66,3 +73,12 @@ def host_stretches(hosts, device_s, counted, full, contention: float) -> np.ndar
         s = stretch((ns * on).sum(axis=-1) / 1e9, on.sum(axis=-1), contention)
         out[..., h] = np.where(full[..., h], s, 1.0)
     return out
+
+
+def co_busy_stretch(devices_on_host, host_cores: Optional[int], co_busy: float):
+    """1 + b (k - 1) / (cores - 1) (module docstring): `devices_on_host` (k) an operator's allocation's devices on one
+    host, its extent's last axis; 1 where the profile gives no cores or the host has one."""
+    k = np.asarray(devices_on_host, dtype=np.int64)
+    if not co_busy or host_cores is None or host_cores < 2:
+        return np.ones(k.shape)
+    return 1.0 + co_busy * (np.minimum(k, host_cores) - 1) / (host_cores - 1)

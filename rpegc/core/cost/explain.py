@@ -12,8 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from rpegc.core.cost.annotate import (fusion_time, host_conditions, node_placement, node_runs, placement_time,
-                                      program_memory, program_placements, transfer_time)
+from rpegc.core.cost.annotate import (co_busy_factor, device_op, fusion_time, host_conditions, node_placement,
+                                      node_runs, placement_time, program_memory, program_placements, transfer_time)
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.geometry import alloc_ids, id_ranges
 from rpegc.core.cost.hardware import Hardware
@@ -39,7 +39,7 @@ def explain(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> st
     if p.exec is not None and p.exec.fusions:
         out += ["", "Fused operators (docs/stage-fusion.md; every step alike)"] + _fusion_lines(p, hw, opts)
     oh = hw.overhead
-    if p.exec is not None and (oh.node or oh.node_free or oh.contention):
+    if p.exec is not None and (oh.node or oh.node_free or oh.contention or oh.co_busy):
         out += ["", "The runtime's own costs per host ([overhead]; docs/cost-model.md, \"Hosts without a free core\")"]
         out += _host_lines(p, hw, opts)
     out += ["", f"Memory per device (GiB; usable M_eff = {_gib(mem.m_eff)} of M_GPU = {_gib(hw.M_GPU)})"]
@@ -114,12 +114,24 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
 
 
 def _host_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
-    """Per host of the plan's nodes: whether its cores are all taken, its nodes' control round trip and the factor
-    of its device operators' times (annotate.host_conditions)."""
+    """Per host of the plan's nodes: whether its cores are all taken, its nodes' control round trip, the factor of
+    its device operators' times (annotate.host_conditions) and the range of their siblings' factor
+    (annotate.co_busy_factor)."""
     hosts, full, k = host_conditions(p, hw, p.exec, node_runs(p, hw, opts))
+    siblings = {h: [co_busy_factor(n, hw) for n, at in zip(p.exec.nodes, hosts) if at == h and device_op(n)]
+                for h in set(hosts)}
     rows = [[f"node {h}", "every core taken" if full[h] else "a core left free", f"{hosts.count(h)}",
-             f"{1e3 * hw.overhead.round_trip(bool(full[h])):.3g} ms", f"x {k[h]:.4f}"] for h in sorted(set(hosts))]
-    return _table(["host", "cores", "exec nodes", "round trip", "device operators"], rows)
+             f"{1e3 * hw.overhead.round_trip(bool(full[h])):.3g} ms", f"x {k[h]:.4f}", _span(siblings[h])]
+            for h in sorted(set(hosts))]
+    return _table(["host", "cores", "exec nodes", "round trip", "device operators", "with siblings"], rows)
+
+
+def _span(factors: list[float]) -> str:
+    """`x 1.0000-1.3500`: the least and greatest of a host's factors; `-` for none."""
+    if not factors:
+        return "-"
+    lo, hi = min(factors), max(factors)
+    return f"x {lo:.4f}" if lo == hi else f"x {lo:.4f}-{hi:.4f}"
 
 
 def _where(alloc, p: Program) -> str:

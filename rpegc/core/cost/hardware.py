@@ -129,6 +129,8 @@ _OVERHEAD_KEYS = (
                   "node)"),
     ("contention", "s of operator time per exec node that the runtime's own threads take from the operators on a "
                    "host whose cores the plan's processes all take (core/cost/contention.py)"),
+    ("co_busy", "what an operator's time grows by (a fraction) where every other core of its host computes an "
+                "operator of its allocation beside it (its dp, tp or pp siblings: core/cost/contention.py)"),
 )
 MAX_OVERHEAD_S = 10.0
 
@@ -137,8 +139,9 @@ MAX_OVERHEAD_S = 10.0
 class Overhead:
     """The [overhead] table (all 0 where a profile leaves it out): per-call and per-token fixed costs of each role's
     operators beside its kernels, the control round trip of every exec node (where the plan's processes take every
-    core of its host, and where they leave one free) and the operator time the runtime's threads take from the
-    operators on a host without a free core."""
+    core of its host, and where they leave one free), the operator time the runtime's threads take from the
+    operators on a host without a free core and what an operator's time grows by with its siblings computing on the
+    host's other cores."""
 
     generation_call: float = 0.0
     generation_token: float = 0.0
@@ -150,6 +153,7 @@ class Overhead:
     node: float = 0.0
     node_free: float | None = None  # None: node
     contention: float = 0.0
+    co_busy: float = 0.0
 
     def call(self, role: str) -> float:
         return getattr(self, f"{role}_call")
