@@ -23,6 +23,7 @@ def test_the_host_table_loads_into_a_profile(tmp_path):
     assert (hw.checkpoint_disk_rate is not None) != ("# checkpoint_disk_rate left out" in text)
     assert list(tmp_path.iterdir()) == []  # the write probe's scratch directory is gone
     assert {fn for fn, _ in hw.verify_s} == {"math", "exact_match", "rule"} and all(s > 0 for _, s in hw.verify_s)
+    assert "median of 25 batches of 64 arithmetic answers" in text  # a machine profile's built-ins: a longer window
 
 
 def test_the_samples_are_half_right_for_the_math_verifier():

@@ -30,6 +30,10 @@ from rpegc.tools.checkpoint_timing import checkpoint_lines
 from rpegc.runtime.backends.torch.controller.verifier_pool import TextExample
 
 REPEATS = 5
+# The built-ins of a machine profile take 25 batches (~1.7 s of math on each core): this VM's speed moves within
+# tenths of a second, and 5 batches of math (0.2 s) measured 0.58-1.11 ms a response where 25 measured 0.63-0.75 and
+# the demo's runs, over 59 steps, 0.68-0.74 (docs/calibration.md, "Siblings priced").
+BUILT_IN_REPEATS = 25
 POOL_REPEATS = 20
 
 
@@ -59,16 +63,18 @@ def per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], repea
     return statistics.median(times)
 
 
-def _busy_measure(spec: str, texts: Sequence[str], examples: Sequence[Any], start: Any, results: Any) -> None:
+def _busy_measure(spec: str, texts: Sequence[str], examples: Sequence[Any], start: Any, results: Any,
+                  repeats: int) -> None:
     """One core's share of `busy_per_response`: warm up, wait for the others, measure."""
     per_response(spec, texts[:1], examples[:1], repeats=1)
     start.wait()
-    results.put(per_response(spec, texts, examples))
+    results.put(per_response(spec, texts, examples, repeats))
 
 
-def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], cores: Optional[int] = None) -> float:
-    """t_resp of `spec` with `cores` processes (default: every core of the host) scoring the same batches at once, the
-    median of theirs: what a call costs while the host is busy, as in a run."""
+def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], cores: Optional[int] = None,
+                      repeats: int = REPEATS) -> float:
+    """t_resp of `spec` with `cores` processes (default: every core of the host) scoring the same batches at once
+    (`repeats` each), the median of theirs: what a call costs while the host is busy, as in a run."""
     import multiprocessing as mp
 
     from rpegc.runtime.backends.torch.rl.rewards import load_reward
@@ -76,10 +82,11 @@ def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], 
     load_reward(spec)  # a bad spec is this process's one-line error, not a child's
     cores = host_cores() if cores is None else cores
     if cores <= 1:
-        return per_response(spec, texts, examples)
+        return per_response(spec, texts, examples, repeats)
     ctx = mp.get_context("spawn")  # the caller may hold torch's threads: no fork
     start, results = ctx.Barrier(cores), ctx.Queue()
-    procs = [ctx.Process(target=_busy_measure, args=(spec, list(texts), list(examples), start, results), daemon=True)
+    procs = [ctx.Process(target=_busy_measure, args=(spec, list(texts), list(examples), start, results, repeats),
+                         daemon=True)
              for _ in range(cores)]
     for proc in procs:
         proc.start()
@@ -142,9 +149,9 @@ def host_text(where: Path, quick: bool = False) -> str:
     (tools/checkpoint_timing.py) are timed in a scratch directory under `where`. `quick` (rpeg-calibrate --quick, the
     smoke tests' calibration): the reward functions on this process's core alone, fewer repeats, a small disk probe."""
     texts, examples = samples()
-    cores = 1 if quick else None
-    math_s = busy_per_response("math", texts, examples, cores)
-    exact_s = busy_per_response("exact_match", texts, examples, cores)
+    cores, repeats = (1, REPEATS) if quick else (None, BUILT_IN_REPEATS)
+    math_s = busy_per_response("math", texts, examples, cores, repeats)
+    exact_s = busy_per_response("exact_match", texts, examples, cores, repeats)
     rule_s = rule_per_response()
     pool_repeats = 3 if quick else POOL_REPEATS
     call = call_overhead("exact_match", exact_s, pool_repeats)
@@ -159,7 +166,7 @@ def host_text(where: Path, quick: bool = False) -> str:
         "",
         "[host.verify]",
         f"math = {math_s:.6g}    # s per response on one core {'alone' if quick else 'while every core scores'}, "
-        f"median of {REPEATS} batches of 64 arithmetic answers (half right)",
+        f"median of {repeats} batches of 64 arithmetic answers (half right)",
         f"exact_match = {exact_s:.6g}    # s per response; the same batches",
         f"rule = {rule_s:.6g}    # s per row of a 256-row batch of the toy tasks' token rule",
         "",
