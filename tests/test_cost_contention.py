@@ -1,6 +1,7 @@
 """The runtime's threads on a host whose cores the plan takes (core/cost/contention.py): such a host's device operators
 stretch by 1 + c N_h / B_h and its nodes pay the full round trip (`node`), a host with a core left the free one
-(`node_free`); a verifier pool's cores count as taken. The optimizer's two evaluators price it alike
+(`node_free`); a verifier pool's cores count as taken. An allocation's ranks computing together on a host's cores
+stretch by 1 + co_busy (k - 1) / (cores - 1). The optimizer's two evaluators price both alike
 (tests/test_search_differential.py, the contended profile)."""
 
 from dataclasses import replace
@@ -151,3 +152,18 @@ def test_the_operators_of_an_allocation_on_both_cores_stretch_by_co_busy():
     for n in lowered(TWO).exec.nodes:
         if device_op(n):
             assert both[n.id] - 1e-3 == pytest.approx((alone[n.id] - 1e-3) * 1.4, rel=1e-9), n.id
+
+
+def test_the_optimizer_leaves_a_plan_of_siblings_once_they_are_priced(tmp_path):
+    """A GRPO large enough that two busy cores beat one (every vertex data-parallel on both) is split instead, a
+    device per group of vertices, once siblings computing together cost 30 % more (`co_busy`)."""
+    base = open(load_hardware("cpu-reference").source).read()
+    text = TWO.replace("B = 16, R = 4, Lp = 4, Lr = 6", "B = 64, R = 4, Lp = 16, Lr = 32")
+    widths = {}
+    for b in (0.0, 0.3):
+        profile = tmp_path / f"cpu-{b}.toml"
+        profile.write_text(base + f"\n[overhead]\nco_busy = {b}\n")
+        p = run_pipeline(parse(text.replace('hardware = "cpu"', f'hardware = "{profile}"'), "t.rpeg"),
+                         "verify-wellformed,optimize{evals=500 seed=0 steps=4 summary=false}")
+        widths[b] = {pl.vertex: pl.alloc.extent[2] for pl in p.plan.placements}
+    assert set(widths[0.0].values()) == {2} and set(widths[0.3].values()) == {1}, widths
