@@ -377,20 +377,40 @@ def _oversubscribed(trace):
 
 
 def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float) -> list[str]:
-    """Where the steady state's time went, per vertex and kind of transfer, measured against predicted
-    (rpegc.runtime.report.part_times)."""
-    from rpegc.runtime.report import part_label, part_times
+    """Where the steady state's time went, per vertex and kind of transfer, measured against predicted, and how
+    much of each operator's time another core of its host computed beside it (rpegc.runtime.report.part_times,
+    beside_shares)."""
+    from rpegc.runtime.report import beside_shares, part_label, part_times
 
-    parts = part_times(cmp.nodes, {n.id: part_label(n.node) for n in plan.nodes}, steps, control_s)
+    parts = part_times(cmp.nodes, {n.id: part_label(n.node) for n in plan.nodes}, steps, control_s,
+                       beside_shares(_operator_runs(cmp, plan)))
     if not parts:
         return []
     width = max(len(p.label) for p in parts)
-    lines = ["time per node (steady steps' medians, the control round trip apart):"]
+    shown = any(p.beside for p in parts)  # a plan on one core has nothing beside it
+    lines = ["time per node (steady steps' medians, the control round trip apart"
+             + ("; the share of an operator's time another core computed beside it" if shown else "") + "):"]
     for p in parts:
         ratio = f" ({p.ratio:.2f}x)" if p.ratio is not None else ""
+        beside = f", {100 * p.beside:3.0f} % beside" if shown and p.beside is not None else ""
         lines.append(f"  {p.label:<{width}}  {1000 * p.measured_s:8.3g} ms measured, "
-                     f"{1000 * p.predicted_s:8.3g} ms predicted{ratio}")
+                     f"{1000 * p.predicted_s:8.3g} ms predicted{ratio}{beside}")
     return lines
+
+
+def _operator_runs(cmp, plan: RunPlan) -> list:
+    """The measured runs of the plan's operator nodes with their hosts and cores (report.Busy): a device's on its
+    node's host, the verifier pool's on the first node's, on its own id and the devices whose cores it shares."""
+    from rpegc.runtime.report import Busy
+
+    if plan.program.cluster is None:
+        return []
+    gpus = plan.program.cluster.gpus
+    devices = len(plan.model_devices)
+    nodes = {n.id: n for n in plan.nodes}
+    return [Busy(t.id, 0 if min(n.devices) >= devices else min(n.devices) // gpus,
+                 frozenset(n.devices) | frozenset(n.node.shares), t.measured_start, t.measured_finish)
+            for t in cmp.nodes if (n := nodes.get(t.id)) is not None and n.kind == "op" and n.devices]
 
 
 def _devices_text(plan) -> str:

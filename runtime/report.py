@@ -18,6 +18,11 @@ Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run ve
   measured run time (start to finish) against the median of what the plan prices each to run for: its annotated
   time less the control round trip the cost model puts before every node ([overhead] `node`), which the trace
   measures apart (the control overhead). It says which part of a run its prediction misses.
+- beside another core: per operator part, the median share of its nodes' run time during which another core of
+  their host ran an operator of another node (a device's worker on a device the node does not hold, or the verifier
+  pool's processes). Two operators computing at once share the host's memory bandwidth and caches; the cost model
+  prices that for an allocation's own ranks (core/cost/contention.co_busy_stretch), not for different vertices that
+  the schedule overlaps, so a part measured slower than priced and mostly beside another core is that.
 - oversubscribed: the torch backend launched more worker processes on this host than the host has
   cores; measured times then say more about the host's scheduler than about the plan, so the
   summary prints measured numbers only.
@@ -25,6 +30,7 @@ Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run ve
 
 from __future__ import annotations
 
+import bisect
 import os
 import statistics
 from dataclasses import dataclass
@@ -198,6 +204,7 @@ class PartTime:
     nodes: int
     measured_s: float  # run time, start to finish
     predicted_s: float  # the annotated time less the control round trip priced before it
+    beside: Optional[float] = None  # median share of its run time beside another core's operator; None: not known
 
     @property
     def ratio(self) -> Optional[float]:
@@ -217,12 +224,62 @@ def part_label(node: ExecNode) -> str:
     return f"transfer {what}{where}"
 
 
-def part_times(timings: Iterable, labels: Mapping[str, str], steps: range, control_s: float) -> list[PartTime]:
+def part_times(timings: Iterable, labels: Mapping[str, str], steps: range, control_s: float,
+               beside: Optional[Mapping[str, float]] = None) -> list[PartTime]:
     """`timings` (runtime.verify.NodeTiming) of the nodes of `steps` grouped by `labels` (node id -> part, the
-    plan's order), each part's median measured run time against the median of its priced time less `control_s`."""
-    groups: dict[str, list[tuple[float, float]]] = {label: [] for label in labels.values()}
+    plan's order), each part's median measured run time against the median of its priced time less `control_s`;
+    with `beside` (node id -> share: `beside_shares`), the median share of its nodes that have one."""
+    beside = beside or {}
+    groups: dict[str, list[tuple[float, float, Optional[float]]]] = {label: [] for label in labels.values()}
     for t in timings:
         if t.step in steps and t.id in labels and t.predicted_time is not None:
-            groups[labels[t.id]].append((t.measured_time, max(0.0, t.predicted_time - control_s)))
-    return [PartTime(label, len(rows), statistics.median(m for m, _ in rows), statistics.median(p for _, p in rows))
+            groups[labels[t.id]].append((t.measured_time, max(0.0, t.predicted_time - control_s), beside.get(t.id)))
+    return [PartTime(label, len(rows), statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
+                     _median_known(r[2] for r in rows))
             for label, rows in groups.items() if rows]
+
+
+def _median_known(values: Iterable[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+@dataclass(frozen=True)
+class Busy:
+    """An operator node's run on the measured clock and the cores its process(es) compute on."""
+
+    id: str
+    host: int
+    cores: frozenset  # device ids (a verifier pool: its own id, one past the devices)
+    start: float
+    finish: float
+
+
+def beside_shares(busy: Sequence[Busy]) -> dict[str, float]:
+    """Per operator node, the share of its run time during which another core of its host ran another operator:
+    the length of the union of the others' runs (on cores it does not hold) within its own, over its own."""
+    by_host: dict[int, list[Busy]] = {}
+    for b in sorted(busy, key=lambda b: b.start):
+        by_host.setdefault(b.host, []).append(b)
+    out: dict[str, float] = {}
+    for runs in by_host.values():
+        starts = [o.start for o in runs]
+        longest = max(o.finish - o.start for o in runs)
+        for b in runs:
+            if b.finish <= b.start:
+                continue
+            near = runs[bisect.bisect_left(starts, b.start - longest):bisect.bisect_left(starts, b.finish)]
+            inside = sorted((max(o.start, b.start), min(o.finish, b.finish)) for o in near
+                            if o is not b and not (o.cores & b.cores) and o.finish > b.start)
+            out[b.id] = _union_length(inside) / (b.finish - b.start)
+    return out
+
+
+def _union_length(spans: Sequence[tuple[float, float]]) -> float:
+    """The length of the union of sorted spans."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in spans:
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total

@@ -11,8 +11,9 @@ from rpegc.core.ir.exec_graph import DataRef, ExecNode
 from rpegc.core.ir.geometry import Alloc
 from rpegc.runtime import cli, report
 from rpegc.runtime.cli import _summary_lines
-from rpegc.runtime.report import (ControlOverhead, Oversubscription, PartTime, PricedWrites, control_overhead,
-                                  intervals, oversubscription, part_label, part_times, startup_time, steady_state)
+from rpegc.runtime.report import (Busy, ControlOverhead, Oversubscription, PartTime, PricedWrites, beside_shares,
+                                  control_overhead, intervals, oversubscription, part_label, part_times, startup_time,
+                                  steady_state)
 from rpegc.runtime.trace import NodeRecord, StepRecord, Trace, TraceHeader
 from rpegc.runtime.verify import Comparison, NodeTiming
 
@@ -244,6 +245,35 @@ def test_part_times_are_medians_of_the_steady_nodes_less_the_priced_control():
     assert (c.nodes, c.measured_s, c.predicted_s) == (1, pytest.approx(0.004), pytest.approx(0.001))
     assert PartTime("x", 1, 0.001, 0.0).ratio is None  # priced at the control round trip alone
     assert part_times(rows, labels, range(5, 9), 0.0005) == []
+
+
+def test_beside_is_the_share_of_a_run_another_core_of_its_host_computed():
+    runs = [Busy("a", 0, frozenset({0}), 0.0, 10.0), Busy("b", 0, frozenset({1}), 5.0, 15.0),
+            Busy("c", 0, frozenset({1}), 12.0, 20.0), Busy("d", 0, frozenset({0}), 10.0, 20.0),
+            Busy("e", 0, frozenset({0, 1}), 20.0, 30.0),  # both cores: its own ranks, nothing beside
+            Busy("f", 1, frozenset({2}), 0.0, 30.0),  # another host's
+            Busy("pool", 0, frozenset({2, 1}), 25.0, 40.0)]  # a pool sharing device 1's core, which e holds
+    shares = beside_shares(runs)
+    assert shares["a"] == pytest.approx(0.5)  # b from 5 to 10
+    assert shares["b"] == shares["d"] == shares["c"] == pytest.approx(1.0)  # c and d overlap: counted once
+    assert shares["e"] == 0.0 and shares["f"] == 0.0 and shares["pool"] == 0.0
+    rows = [NodeTiming(i, "op", 1, 0.002, None, None, 0.0, 0.001) for i in ("a", "b", "x")]
+    (part,) = part_times(rows, {"a": "v", "b": "v", "x": "v"}, range(1, 2), 0.0, {"a": 0.2, "b": 0.6})
+    assert part.beside == pytest.approx(0.4)  # the median of the nodes that have one
+    assert part_times(rows, {"a": "v"}, range(1, 2), 0.0)[0].beside is None
+
+
+def test_the_parts_say_how_much_of_their_time_another_core_computed_beside_them():
+    nodes = tuple(SimpleNamespace(id=i, kind="op", devices=(d,), node=ExecNode(i, "op", s, 0, vertex=v))
+                  for i, d, s, v in (("g#1", 0, 1, "gen"), ("t#1", 1, 1, "train"), ("g#2", 0, 2, "gen")))
+    plan = SimpleNamespace(program=SimpleNamespace(cluster=SimpleNamespace(gpus=2)), model_devices=(0, 1),
+                           nodes=nodes)
+    rows = (NodeTiming("g#1", "op", 1, 1.0, None, None, 0.0, 1.0),
+            NodeTiming("t#1", "op", 1, 1.0, None, None, 0.5, 2.5),  # beside g#1 from 0.5 and g#2 to 2.5
+            NodeTiming("g#2", "op", 2, 1.0, None, None, 2.0, 3.0))
+    lines = cli._part_lines(Comparison(rows, 0.0, 3.0), plan, range(1, 3), 0.0)
+    assert lines[0].endswith("; the share of an operator's time another core computed beside it):")
+    assert lines[1].endswith("(1.00x),  50 % beside") and lines[2].endswith("(2.00x),  50 % beside")
 
 
 def test_a_priced_wall_clock_summary_says_where_the_steady_state_went():
