@@ -14,8 +14,9 @@ Two spreads come out of it: run to run under one profile (the same plan, the sam
 profile to profile across rounds (the calibration's moment). A run within 25 % of its prediction needs both small.
 
 Writes bench/results/prediction_spread.csv (one row per run) and prediction_spread_parts.csv (one row per run and
-part: a vertex or a kind of transfer) and prints a table and a summary. No test asserts a
-time. Run it alone on the machine (no tests or helpers beside it). Usage:
+part: a vertex or a kind of transfer, with the share of an operator's time another core computed beside it) and
+prints a table and a summary. No test asserts a time. Run it alone on the machine (no tests or helpers beside it).
+Usage:
     .venv/bin/python bench/prediction_spread.py [--rounds 3] [--runs 2] [--out DIR]
 About 2 minutes a round with 2 runs of each.
 """
@@ -42,7 +43,8 @@ WITHIN = 0.25  # issue 36's bound on |measured / predicted - 1|
 
 STEADY = re.compile(r"steady state: measured ([0-9.e-]+) s/step, predicted ([0-9.e-]+) s/step")
 DRIFT = re.compile(r"at least ([0-9.]+)x (slower|faster)")
-PART = re.compile(r"^  (\S.*?)\s+([0-9.e+-]+) ms measured,\s+([0-9.e+-]+) ms predicted", re.M)
+PART = re.compile(r"^  (\S.*?)\s+([0-9.e+-]+) ms measured,\s+([0-9.e+-]+) ms predicted(?: \([0-9.]+x\))?"
+                  r"(?:,\s+([0-9]+) % beside)?", re.M)
 PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "node_free", "contention", "co_busy",
                 "transfer", "math", "speed_probe_s")
 
@@ -57,10 +59,12 @@ class Run:
     predicted_s: float
     ratio: float
     probe_drift: Optional[float]  # > 1: the probe ran this much slower than at calibration (before and after)
-    parts: tuple[tuple[str, float, float], ...]  # (part, measured ms, predicted ms): rpeg-run's `time per node`
+    # (part, measured ms, predicted ms, % of its time beside another core's operator or None): rpeg-run's `time per
+    # node`
+    parts: tuple[tuple[str, float, float, Optional[int]], ...]
 
     def part(self, label: str) -> Optional[tuple[float, float]]:
-        return next(((m, p) for name, m, p in self.parts if name == label), None)
+        return next(((m, p) for name, m, p, _ in self.parts if name == label), None)
 
 
 def makefile_pipelines() -> dict[str, str]:
@@ -104,7 +108,7 @@ def parse_run(out: str, round_: int, workload: str, repeat: int, clock: str) -> 
         sys.exit(f"prediction_spread: no steady state in the {workload} run:\n{out[-1500:]}")
     measured, predicted = float(steady[1]), float(steady[2])
     drift = DRIFT.search(out)
-    parts = tuple((m[1], float(m[2]), float(m[3])) for m in PART.finditer(out))
+    parts = tuple((m[1], float(m[2]), float(m[3]), None if m[4] is None else int(m[4])) for m in PART.finditer(out))
     return Run(round_, workload, repeat, clock, measured, predicted, measured / predicted,
                None if drift is None else float(drift[1]) ** (1 if drift[2] == "slower" else -1), parts)
 
@@ -164,10 +168,10 @@ def write_csvs(rows: list[Run], keys: list[dict], out: Path) -> None:
                        + [profile.get(k) for k in PROFILE_KEYS] + [profile.get("calibration_s")])
     with open(out / "prediction_spread_parts.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["round", "workload", "repeat", "part", "measured_ms", "predicted_ms", "ratio"])
+        w.writerow(["round", "workload", "repeat", "part", "measured_ms", "predicted_ms", "ratio", "beside_pct"])
         for r in rows:
-            for name, m, p in r.parts:
-                w.writerow([r.round, r.workload, r.repeat, name, m, p, round(m / p, 4) if p > 0 else None])
+            for name, m, p, beside in r.parts:
+                w.writerow([r.round, r.workload, r.repeat, name, m, p, round(m / p, 4) if p > 0 else None, beside])
 
 
 def main() -> int:
