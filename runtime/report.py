@@ -31,6 +31,7 @@ Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run ve
 from __future__ import annotations
 
 import bisect
+import heapq
 import os
 import statistics
 from dataclasses import dataclass
@@ -264,13 +265,18 @@ def beside_shares(busy: Sequence[Busy]) -> dict[str, float]:
     out: dict[str, float] = {}
     for runs in by_host.values():
         starts = [o.start for o in runs]
-        longest = max(o.finish - o.start for o in runs)
-        for b in runs:
+        running: list[tuple[float, int]] = []  # (finish, index) of the runs started before the current one
+        for i, b in enumerate(runs):
+            while running and running[0][0] <= b.start:
+                heapq.heappop(running)
+            # the runs it meets: those still running when it starts and those that start while it runs (the work
+            # is the number of overlapping pairs, whatever the runs' lengths)
+            near = [runs[j] for _, j in running] + runs[i + 1:bisect.bisect_left(starts, b.finish, lo=i + 1)]
+            heapq.heappush(running, (b.finish, i))
             if b.finish <= b.start:
                 continue
-            near = runs[bisect.bisect_left(starts, b.start - longest):bisect.bisect_left(starts, b.finish)]
             inside = sorted((max(o.start, b.start), min(o.finish, b.finish)) for o in near
-                            if o is not b and not (o.cores & b.cores) and o.finish > b.start)
+                            if not (o.cores & b.cores) and o.finish > b.start)
             out[b.id] = _union_length(inside) / (b.finish - b.start)
     return out
 

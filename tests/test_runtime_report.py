@@ -257,6 +257,10 @@ def test_beside_is_the_share_of_a_run_another_core_of_its_host_computed():
     assert shares["a"] == pytest.approx(0.5)  # b from 5 to 10
     assert shares["b"] == shares["d"] == shares["c"] == pytest.approx(1.0)  # c and d overlap: counted once
     assert shares["e"] == 0.0 and shares["f"] == 0.0 and shares["pool"] == 0.0
+    long = [Busy("L", 0, frozenset({0}), 0.0, 100.0)] + [Busy(f"s{k}", 0, frozenset({1}), k / 10, k / 10 + 0.05)
+                                                          for k in range(1000)]
+    spread = beside_shares(long)  # one long run among many short ones, each met once
+    assert spread["L"] == pytest.approx(0.5) and all(spread[f"s{k}"] == pytest.approx(1.0) for k in range(1000))
     rows = [NodeTiming(i, "op", 1, 0.002, None, None, 0.0, 0.001) for i in ("a", "b", "x")]
     (part,) = part_times(rows, {"a": "v", "b": "v", "x": "v"}, range(1, 2), 0.0, {"a": 0.2, "b": 0.6})
     assert part.beside == pytest.approx(0.4)  # the median of the nodes that have one
