@@ -401,6 +401,7 @@ def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float) -> list[str]
 def _operator_runs(cmp, plan: RunPlan) -> list:
     """The measured runs of the plan's operator nodes with their hosts and cores (report.Busy): a device's on its
     node's host, the verifier pool's on the first node's, on its own id and the devices whose cores it shares."""
+    from rpegc.core.cost.contention import host_of
     from rpegc.runtime.report import Busy
 
     if plan.program.cluster is None:
@@ -408,7 +409,7 @@ def _operator_runs(cmp, plan: RunPlan) -> list:
     gpus = plan.program.cluster.gpus
     devices = len(plan.model_devices)
     nodes = {n.id: n for n in plan.nodes}
-    return [Busy(t.id, 0 if min(n.devices) >= devices else min(n.devices) // gpus,
+    return [Busy(t.id, 0 if min(n.devices) >= devices else host_of(min(n.devices), gpus),
                  frozenset(n.devices) | frozenset(n.node.shares), t.measured_start, t.measured_finish)
             for t in cmp.nodes if (n := nodes.get(t.id)) is not None and n.kind == "op" and n.devices]
 

@@ -478,8 +478,8 @@ class BatchEvaluator:
         device_op = G.is_op & np.asarray(cv.device_vertex)[G.vertex]
         stretched = runs
         if oh.co_busy:
-            busy = co_busy_stretch(extent[:, G.vertex, 2], cv.host_cores, oh.co_busy)
-            stretched = np.where(device_op, runs * busy, runs)
+            busy = co_busy_stretch(extent[:, :, 2], cv.host_cores, oh.co_busy)  # per vertex, then per node
+            stretched = np.where(device_op, runs * busy[:, G.vertex], runs)
         if full is None:  # no host's condition changes a price (`_hosts`)
             return np.where(relay, 0.0, priced_node_time(stretched, cv.hw, transfer=~G.is_op))
         hosts = hosts_v[:, G.vertex]
