@@ -4,6 +4,13 @@ must not calibrate. Set before any test runs, so the CLI processes the tests sta
 
 import os
 
+from hypothesis import settings
+
 from rpegc.core.cost.machine import PIN_ENV
 
 os.environ[PIN_ENV] = "cpu-reference"
+
+# Hypothesis' default deadline (200 ms an example) is a wall-clock assertion, which no test makes: the suite runs two
+# test processes on two cores (tests/run_all.py), and an example's time is the moment's.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")

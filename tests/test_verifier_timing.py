@@ -59,3 +59,20 @@ def test_a_verifier_that_kills_its_process_is_a_one_line_error(tmp_path, capsys)
     assert calibrate(["--verifier", f"{plugin}:compute_score", "--data", str(data)]) == 1
     err = capsys.readouterr().err
     assert "cores at once failed: a process ended without a time" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(host_cores() < 2, reason="with one core the verifier is measured in this process")
+def test_a_verifier_that_kills_one_of_the_processes_is_a_one_line_error_not_a_hang(tmp_path, capsys):
+    """The first process to call it dies, the other waits for it at the barrier before measuring: the measurement
+    stops them both and names the function (it waited for the live one for ever before)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    plugin = tmp_path / "dies_once.py"
+    plugin.write_text("import os\n\nMARK = " + repr(str(tmp_path / "died")) + "\n\n"
+                      "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    try:\n        os.close(os.open(MARK, os.O_CREAT | os.O_EXCL))\n"
+                      "    except FileExistsError:\n        return 1.0\n    os._exit(3)\n")
+    assert calibrate(["--verifier", f"{plugin}:compute_score", "--data", str(data)]) == 1
+    err = capsys.readouterr().err
+    assert f"measuring the verifier '{plugin}:compute_score'" in err and "a process ended without a time" in err
+    assert "Traceback" not in err

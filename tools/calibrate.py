@@ -418,7 +418,9 @@ def machine_plan(eta_from: str = "layers") -> SweepPlan:
     """`rpeg-calibrate --machine` (what `hardware = "cpu"` runs on first use, core/cost/machine.py): the CPU
     campaign's forwards (every width and shape: fewer made the fit 17 points of validation MAPE worse) in fewer
     passes and shorter repeats, one copy size, fewer and shorter link points (48 messages at most per repeat: 200 took
-    28 of the 55 s), 30-90 s on 2 cores (the machine's moment); the full campaign stays for validation.
+    28 of the 55 s; five sizes, a factor 16 apart below 1 MiB, 7 s where eight a factor 4 apart took 9.7 and fitted
+    alpha and beta as far apart as their own repeats: docs/calibration.md), 45-90 s on 2 cores (the machine's
+    moment); the full campaign stays for validation.
 
     The kernels keep their fastest repeat: this VM's cores switch between two speeds ~1.5x apart for seconds at a
     time, and a minute's campaign with the median caught one or the other per point, so five calibrations back to
@@ -428,8 +430,8 @@ def machine_plan(eta_from: str = "layers") -> SweepPlan:
     against 5.5 and priced the 2-worker GRPO at 0.67-0.90x its runs). The links keep medians: their fastest repeat
     misses gloo's timer stalls (STATISTICS)."""
     return dataclasses.replace(cpu_plan(eta_from=eta_from), copy_bytes=(1 << 26,),
-                               message_bytes=_geometric(1 << 8, 1 << 22, 4), min_time=0.01, repeats=3, rounds=2,
-                               kernel_statistic="min", link_iterations=48)
+                               message_bytes=(1 << 8, 1 << 12, 1 << 16, 1 << 20, 1 << 22), min_time=0.01, repeats=3,
+                               rounds=2, kernel_statistic="min", link_iterations=48)
 
 
 def gpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
@@ -1076,7 +1078,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="a tiny sweep for smoke tests (seconds, rough values)")
     ap.add_argument("--machine", action="store_true",
                     help="calibrate this machine's CPU profile, the one `hardware = \"cpu\"` names, into the user's "
-                         "cache (what the first use of `cpu` runs; this refreshes it): a shorter campaign, 30-90 s "
+                         "cache (what the first use of `cpu` runs; this refreshes it): a shorter campaign, 45-90 s "
                          "on 2 cores")
     ap.add_argument("--eta-from", choices=ETA_SOURCES, default="layers",
                     help="fit F_peak, gamma_M, gamma_K on forwards of the backend's layers (default), or the gammas "

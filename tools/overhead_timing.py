@@ -197,8 +197,8 @@ CONTROL_PLAN = """rpeg.plan @p for @grpo on @c {{
   @train_actor at (0, 0, {last}) extent (1, 1, 1) dp = 1 pp = 1 tp = 1 mb = 1
 }}
 """
-# ... and every vertex data-parallel over the first `n` workers: on two, siblings computing on both cores at once
-# (`ControlRuns.co_busy`); on one with half the prompts, what each of them computes, alone.
+# ... and every vertex data-parallel over the first `n` workers, each with the control program's prompts: siblings
+# computing on `n` cores at once (`ControlRuns.co_busy`), each what the control program computes on one worker alone.
 SIBLINGS_PLAN = """rpeg.plan @p for @grpo on @c {{
   @gen at (0, 0, 0) extent (1, 1, {n}) dp = {n} pp = 1 tp = 1 mb = 1
   @ref_inf at (0, 0, 0) extent (1, 1, {n}) dp = {n} pp = 1 tp = 1 mb = 1
@@ -213,10 +213,9 @@ def control_program(profile: str, devices: int, siblings: int = 0) -> str:
     """A GRPO of the tiny preset with a toy reward model (its rule runs there) on `devices` workers of the hardware
     profile `profile`, training with staleness 1 (as the demo's plans overlap it): the runtime's own round trips and
     transfers, with every core busy as in a run. `siblings` > 0: every vertex data-parallel over that many workers,
-    each with PROMPTS / 2 prompts (`ControlRuns.co_busy`)."""
-    prompts = PROMPTS // 2 if siblings else PROMPTS
+    each with PROMPTS prompts (`ControlRuns.co_busy`)."""
     plan = SIBLINGS_PLAN.format(n=siblings) if siblings else CONTROL_PLAN.format(last=devices - 1)
-    return grpo(Workload(prompts * max(1, siblings), 4, 4, 4, "fp32"), Model("tiny"), direct_edges=True,
+    return grpo(Workload(PROMPTS * max(1, siblings), 4, 4, 4, "fp32"), Model("tiny"), direct_edges=True,
                 staleness={"actor": 1}, cluster=Cluster(1, 1, devices, profile, name="c"), plan=plan)
 
 
@@ -286,7 +285,7 @@ class ControlRuns:
     """The control program where the runtime's threads have a core to themselves (`free`: one worker) and where the
     workers take every core (`full`: one per core); either is None where the host's cores cannot give it. `pair` is
     its data-parallel form on two workers (siblings computing at once) and `half` what each of them computes, on one
-    worker; None where the host has one core."""
+    worker (the control program there: on a 2-core host the free run itself); None where the host has one core."""
 
     free: Optional[ControlFit]
     full: Optional[ControlFit]
@@ -326,14 +325,15 @@ def control_runs(hw_text: str, steps: int, cores: int) -> ControlRuns:
     """The control program on one worker (a core left for the runtime's threads) and on a worker per core, on a
     host of `cores` cores: a 2-core host gives both; a 1-core host only the full run; a larger one only runs on two
     workers, which leave its other cores free (the full condition would need a worker per core). Where there are two
-    cores or more, the pair and its half too (`ControlRuns.co_busy`)."""
+    cores or more, the pair too, held against the program on one worker (`ControlRuns.co_busy`): on a 2-core host
+    that is the free run, one worker start-up (3-6 s of the first-use calibration) less."""
+    alone = control_run(hw_text, steps, 1)
     if cores <= 1:
-        return ControlRuns(None, control_run(hw_text, steps, 1), cores=cores)
+        return ControlRuns(None, alone, cores=cores)
     pair = control_run(hw_text, steps, 2, siblings=2)
-    half = control_run(hw_text, steps, 1, siblings=1)
     if cores == 2:
-        return ControlRuns(control_run(hw_text, steps, 1), control_run(hw_text, steps, 2), pair, half, cores)
-    return ControlRuns(control_run(hw_text, steps, 2), None, pair, half, cores)
+        return ControlRuns(alone, control_run(hw_text, steps, 2), pair, alone, cores)
+    return ControlRuns(control_run(hw_text, steps, 2), None, pair, alone, cores)
 
 
 @dataclass(frozen=True)

@@ -63,48 +63,62 @@ def per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], repea
     return statistics.median(times)
 
 
-def _busy_measure(spec: str, texts: Sequence[str], examples: Sequence[Any], start: Any, results: Any,
+def _busy_measure(specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any], start: Any, results: Any,
                   repeats: int) -> None:
-    """One core's share of `busy_per_response`: warm up, wait for the others, measure."""
-    per_response(spec, texts[:1], examples[:1], repeats=1)
-    start.wait()
-    results.put(per_response(spec, texts, examples, repeats))
+    """One core's share of `busy_per_response`: per function, warm up, wait for the others, measure."""
+    for spec in specs:
+        per_response(spec, texts[:1], examples[:1], repeats=1)
+        start.wait()
+        results.put((spec, per_response(spec, texts, examples, repeats)))
 
 
 def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], cores: Optional[int] = None,
                       repeats: int = REPEATS) -> float:
     """t_resp of `spec` with `cores` processes (default: every core of the host) scoring the same batches at once
     (`repeats` each), the median of theirs: what a call costs while the host is busy, as in a run."""
+    return busy_per_responses((spec,), texts, examples, cores, repeats)[spec]
+
+
+def busy_per_responses(specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
+                       cores: Optional[int] = None, repeats: int = REPEATS) -> dict[str, float]:
+    """`busy_per_response` of each of `specs`, one after another in the same processes (their start-up, ~1.5 s on
+    the 2-core VM, paid once)."""
     import multiprocessing as mp
 
     from rpegc.runtime.backends.torch.rl.rewards import load_reward
 
-    load_reward(spec)  # a bad spec is this process's one-line error, not a child's
+    for spec in specs:
+        load_reward(spec)  # a bad spec is this process's one-line error, not a child's
     cores = host_cores() if cores is None else cores
     if cores <= 1:
-        return per_response(spec, texts, examples, repeats)
+        return {spec: per_response(spec, texts, examples, repeats) for spec in specs}
     ctx = mp.get_context("spawn")  # the caller may hold torch's threads: no fork
     start, results = ctx.Barrier(cores), ctx.Queue()
-    procs = [ctx.Process(target=_busy_measure, args=(spec, list(texts), list(examples), start, results, repeats),
-                         daemon=True)
+    procs = [ctx.Process(target=_busy_measure, args=(list(specs), list(texts), list(examples), start, results,
+                                                     repeats), daemon=True)
              for _ in range(cores)]
     for proc in procs:
         proc.start()
-    times: list[float] = []
+    times: dict[str, list[float]] = {spec: [] for spec in specs}
     try:
-        while len(times) < cores:
+        while sum(map(len, times.values())) < cores * len(specs):
             try:
-                times.append(results.get(timeout=1.0))
+                spec, t = results.get(timeout=1.0)
+                times[spec].append(t)
             except queue.Empty:
-                if not any(proc.is_alive() for proc in procs) and results.empty():
-                    raise RpegError(None, f"measuring the verifier '{spec}' on {cores} cores at once failed: a "
+                # a process that ended without its times leaves the others waiting at the barrier: stop them all
+                if any(proc.exitcode not in (None, 0) for proc in procs) or not any(proc.is_alive() for proc in procs):
+                    failed = next(spec for spec in specs if len(times[spec]) < cores)
+                    for proc in procs:
+                        proc.kill()
+                    raise RpegError(None, f"measuring the verifier '{failed}' on {cores} cores at once failed: a "
                                           "process ended without a time") from None
     finally:
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
-    return statistics.median(times)
+    return {spec: statistics.median(ts) for spec, ts in times.items()}
 
 
 def call_overhead(spec: str, t_resp: float, repeats: int = POOL_REPEATS) -> float:
@@ -150,8 +164,8 @@ def host_text(where: Path, quick: bool = False) -> str:
     smoke tests' calibration): the reward functions on this process's core alone, fewer repeats, a small disk probe."""
     texts, examples = samples()
     cores, repeats = (1, REPEATS) if quick else (None, BUILT_IN_REPEATS)
-    math_s = busy_per_response("math", texts, examples, cores, repeats)
-    exact_s = busy_per_response("exact_match", texts, examples, cores, repeats)
+    busy = busy_per_responses(("math", "exact_match"), texts, examples, cores, repeats)
+    math_s, exact_s = busy["math"], busy["exact_match"]
     rule_s = rule_per_response()
     pool_repeats = 3 if quick else POOL_REPEATS
     call = call_overhead("exact_match", exact_s, pool_repeats)

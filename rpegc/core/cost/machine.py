@@ -103,7 +103,7 @@ def machine_profile(loc: Loc | None = None) -> Path:
     path = cached_profile_path()
     if path.is_file():
         return path
-    print(f"rpegc: calibrating this machine's CPU profile (first use of hardware \"cpu\" here, 30-90 s); it "
+    print(f"rpegc: calibrating this machine's CPU profile (first use of hardware \"cpu\" here, 45-90 s); it "
           f"is cached in {path} (refresh: rpeg-calibrate --machine)", file=sys.stderr, flush=True)
     proc = subprocess.run([sys.executable, *CALIBRATE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0 or not path.is_file():
