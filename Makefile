@@ -37,7 +37,8 @@ demo: $(STAMP)
 	$(BIN)/rpeg-run verify $(OUT)/ppo.exec.rpeg $(OUT)/ppo.trace.jsonl
 	@echo "== 3. train tiny PPO and GRPO for real: optimized plans, CPU worker processes (torch + gloo) =="
 	@echo "   (start-up is reported apart; steady state compares step intervals after step 0; a host with fewer"
-	@echo "    cores than workers is labelled oversubscribed and gets measured numbers only)"
+	@echo "    cores than workers, or a plan over several of the cluster's nodes run on this one host, is labelled"
+	@echo "    oversubscribed and gets measured numbers only)"
 	@for x in ppo-tiny grpo-tiny; do \
 	  $(BIN)/rpegc examples/$$x.rpeg -p '$(TINY_OPT),$(TINY_LOWER)' -o $(OUT)/$$x.exec.rpeg && \
 	  $(BIN)/rpeg-run $(OUT)/$$x.exec.rpeg --backend torch --run-dir $(OUT)/$$x.run --overwrite --trace $(OUT)/$$x.trace.jsonl \

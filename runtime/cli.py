@@ -368,12 +368,13 @@ def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] 
 
 
 def _oversubscribed(trace):
-    """The run's report.Oversubscription (more local workers than cores), or None."""
+    """The run's report.Oversubscription (more local workers than cores, or the plan's nodes on this one host), or
+    None."""
     from rpegc.runtime.report import oversubscription
 
     opts = trace.header.options
-    return oversubscription(int(opts.get("local_workers", 0)), int(opts.get("host_cores", 1))) \
-        if "local_workers" in opts else None
+    return oversubscription(int(opts.get("local_workers", 0)), int(opts.get("host_cores", 1)),
+                            int(opts.get("plan_nodes", 1))) if "local_workers" in opts else None
 
 
 def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float) -> list[str]:

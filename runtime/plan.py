@@ -39,6 +39,7 @@ from typing import Optional
 
 from rpegc.core.check.exec_numbers import check_exec
 from rpegc.core.check.wellformed import check_program
+from rpegc.core.cost.contention import host_of
 from rpegc.core.cost.hardware import load_hardware
 from rpegc.core.ir.errors import Loc, RpegError, RpegErrors
 from rpegc.inputs import MAX_MODULE_BYTES, read_input_text
@@ -131,6 +132,11 @@ class RunPlan:
     def model_devices(self) -> tuple[int, ...]:
         """The devices that run models: `devices` without the verifier pool's (the one id past the cluster's)."""
         return tuple(d for d in self.devices if d < self.program.cluster.num_devices)
+
+    @property
+    def nodes_used(self) -> int:
+        """The cluster's nodes its model devices lie on (each a host of its own to the cost model)."""
+        return len({host_of(d, self.program.cluster.gpus) for d in self.model_devices})
 
     @property
     def predicted_makespan(self) -> Optional[float]:

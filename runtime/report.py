@@ -24,8 +24,10 @@ Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run ve
   prices that for an allocation's own ranks (core/cost/contention.co_busy_stretch), not for different vertices that
   the schedule overlaps, so a part measured slower than priced and mostly beside another core is that.
 - oversubscribed: the torch backend launched more worker processes on this host than the host has
-  cores; measured times then say more about the host's scheduler than about the plan, so the
-  summary prints measured numbers only.
+  cores, or the plan's devices lie on more than one of its cluster's nodes and a local launch put them all on this
+  host (the cost model priced each node as a host of its own: its cores, its control round trip, links between
+  nodes); measured times then say more about the host than about the plan, so the summary prints measured numbers
+  only.
 """
 
 from __future__ import annotations
@@ -65,9 +67,14 @@ class SteadyState:
 class Oversubscription:
     workers: int
     cores: int
+    nodes: int = 1  # the cluster's nodes the plan's devices lie on, all launched on this host
 
     @property
     def label(self) -> str:
+        if self.workers <= self.cores:
+            return (f"oversubscribed: the plan's devices lie on {self.nodes} nodes, each priced as a host of its "
+                    f"own, and all {self.workers} workers run on this host's {self.cores} cores; measured times are "
+                    "not comparable with the prediction")
         return (f"oversubscribed: {self.workers} workers on {self.cores} cores; measured times are not comparable "
                 "with the prediction")
 
@@ -127,11 +134,12 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def oversubscription(local_workers: int, cores: Optional[int] = None) -> Optional[Oversubscription]:
-    """The label's data when `local_workers` processes share fewer cores, else None."""
+def oversubscription(local_workers: int, cores: Optional[int] = None, nodes: int = 1) -> Optional[Oversubscription]:
+    """The label's data when `local_workers` processes share fewer cores, or the plan's devices lie on `nodes` > 1
+    nodes of its cluster that a local launch puts on this one host, else None."""
     cores = host_cores() if cores is None else cores
-    if local_workers > cores:
-        return Oversubscription(local_workers, cores)
+    if local_workers > cores or (local_workers > 0 and nodes > 1):
+        return Oversubscription(local_workers, cores, nodes)
     return None
 
 

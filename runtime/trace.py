@@ -25,8 +25,9 @@ Record types, in file order:
 
 Artifact labels are `rpegc.runtime.plan.Artifact.label`. Times are seconds on the backend clock.
 The header's options of a torch run also record the host (`rpeg-run`): "local_workers" (worker
-processes launched on this host), "host_cores" (the cores they share) and "dist_backend" (gloo or
-nccl); `rpegc.runtime.report` labels a run with more local workers than cores oversubscribed.
+processes launched on this host), "host_cores" (the cores they share), "plan_nodes" (the cluster nodes the plan's
+devices lie on) and "dist_backend" (gloo or nccl); `rpegc.runtime.report` labels a run with more local workers than
+cores, or with the plan's nodes all launched on this host, oversubscribed.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -33,9 +34,9 @@ def junit_counts(path: str) -> tuple[int, int, int]:
 def parallel() -> list[str]:
     """pytest-xdist's options: a test process per core, two at most. Alone, the suite keeps one of two cores busy
     (14.0 min of CPU in 14.6 min); two processes, each module's tests in one of them (their module fixtures built
-    once), take 9.9 min (tests/README.md). One core: none."""
+    once), take 9.9 min (tests/README.md). One core, or no pytest-xdist (an environment without the dev extra): none."""
     cores = min(2, len(os.sched_getaffinity(0)))
-    return ["-n", str(cores), "--dist", "loadfile"] if cores > 1 else []
+    return ["-n", str(cores), "--dist", "loadfile"] if cores > 1 and importlib.util.find_spec("xdist") else []
 
 
 def main() -> int:

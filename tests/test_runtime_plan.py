@@ -38,6 +38,13 @@ def test_load_json_plan(tmp_path):
     assert plan.predicted_makespan == p.exec.schedule.makespan
 
 
+def test_a_plan_knows_the_cluster_nodes_its_devices_lie_on(tmp_path):
+    """What a local run's report holds against the cost model's hosts (report.oversubscription): flat nodes of the
+    racks x nodes x gpus cluster."""
+    assert load_plan(write_json(scheduled(disaggregated_plan(1), 2), tmp_path / "d.json")).nodes_used == 4
+    assert load_plan(write_json(scheduled(colocated_plan(0), 2), tmp_path / "c.json")).nodes_used == 1
+
+
 def test_load_text_plan(tmp_path):
     printer = pytest.importorskip("rpegc.syntax.printer")
     p = scheduled(disaggregated_plan(1), 2)
