@@ -137,8 +137,8 @@ class TorchBackend(Backend):
 
     def header_options(self, plan: RunPlan) -> dict:
         """What the trace header records: the worker processes launched here, the cores they share, the cluster
-        nodes the plan's devices lie on, the torch.distributed backend (gloo: CPU workers; nccl: a GPU each), and the effective RL
-        hyper-parameters, prompts and reward of a run of `plan`."""
+        nodes the plan's devices lie on, the torch.distributed backend (gloo: CPU workers; nccl: a GPU each), and
+        the effective RL hyper-parameters, prompts and reward of a run of `plan`."""
         cfg = self.config(plan.program)
         slots = {s for ss in plan_core_slots(plan) for s in ss}
         out = {"local_workers": len(slots) if self.launcher == "local" else 0, "host_cores": host_cores(),
