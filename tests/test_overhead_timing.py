@@ -93,7 +93,7 @@ def test_the_overhead_table_loads_into_a_profile():
     two = host_cores() == 2  # both conditions are measured on a 2-core host only (overhead_timing.control_runs)
     assert (oh.node_free is not None, "node_free = " in text, "contention = " in text) == (two, two, two)
     assert oh.contention >= 0 and (oh.node_free is None or oh.node_free > 0)
-    assert ("co_busy = " in text) == (host_cores() >= 2) and oh.co_busy >= 0  # the pair and its half: 2 cores or more
+    assert ("co_busy = " in text) == (host_cores() >= 2) and oh.co_busy >= 0  # the pair and one alone: 2 cores or more
 
 
 def fit(devices: int, node: float, op_s: float, nodes_per_step: float = 9.0, forward_s: float = 0.0) -> ControlFit:
@@ -114,13 +114,13 @@ def test_contention_is_the_operator_time_a_full_host_loses_per_node():
 
 def test_co_busy_is_the_pairs_forwards_beyond_one_workers_share_and_the_contention_stretch():
     free, full = fit(1, 3e-4, 0.025, 4.0), fit(2, 1.4e-3, 0.034)  # contention 1 ms per node
-    pair, half = fit(2, 1e-3, 0.05, 10.0, 0.03), fit(1, 3e-4, 0.03, 10.0, 0.02)
-    runs = ControlRuns(free, full, pair, half, cores=2)
+    pair, alone = fit(2, 1e-3, 0.05, 10.0, 0.03), fit(1, 3e-4, 0.03, 10.0, 0.02)
+    runs = ControlRuns(free, full, pair, alone, cores=2)
     floating = 1 + 1e-3 * 10 / (2 * 0.05)  # the pair takes both cores: its operators' contention stretch
     assert runs.co_busy == pytest.approx(0.03 / (0.02 * floating) - 1, rel=1e-12)
     assert runs.co_busy > 0.3  # not lost in the tolerance
     # on a host of 5 cores the pair leaves cores free (no contention) and one sibling is a quarter of the others
-    assert ControlRuns(fit(2, 3e-4, 0.03), None, pair, half, cores=5).co_busy == pytest.approx(0.5 * 4, rel=1e-12)
+    assert ControlRuns(fit(2, 3e-4, 0.03), None, pair, alone, cores=5).co_busy == pytest.approx(0.5 * 4, rel=1e-12)
     assert ControlRuns(free, full, pair, fit(1, 3e-4, 0.03, 10.0, 0.04)).co_busy == 0.0  # faster: nothing grows
     assert ControlRuns(free, full).co_busy == 0.0 and ControlRuns(None, fit(1, 1e-3, 0.03)).co_busy == 0.0
     lines = "\n".join(control_lines(runs, 40))

@@ -284,13 +284,13 @@ def step_median(timed) -> float:
 class ControlRuns:
     """The control program where the runtime's threads have a core to themselves (`free`: one worker) and where the
     workers take every core (`full`: one per core); either is None where the host's cores cannot give it. `pair` is
-    its data-parallel form on two workers (siblings computing at once) and `half` what each of them computes, on one
+    its data-parallel form on two workers (siblings computing at once) and `alone` what each of them computes, on one
     worker (the control program there: on a 2-core host the free run itself); None where the host has one core."""
 
     free: Optional[ControlFit]
     full: Optional[ControlFit]
     pair: Optional[ControlFit] = None
-    half: Optional[ControlFit] = None
+    alone: Optional[ControlFit] = None
     cores: int = 2  # the host's
 
     @property
@@ -306,14 +306,14 @@ class ControlRuns:
     def co_busy(self) -> float:
         """What an operator's time grows by with every other core of its host computing a sibling
         (contention.co_busy_stretch): the pair's generation and inference operators against the same on one worker
-        (the half run), beyond the contention stretch the pair's host prices where it takes every core, scaled from
-        the pair's one sibling to the host's other cores; 0 where a run is missing."""
-        pair, half = self.pair, self.half
-        if pair is None or half is None or half.forward_s <= 0 or pair.op_s <= 0:
+        (`alone`), beyond the contention stretch the pair's host prices where it takes every core, scaled from the
+        pair's one sibling to the host's other cores; 0 where a run is missing."""
+        pair, alone = self.pair, self.alone
+        if pair is None or alone is None or alone.forward_s <= 0 or pair.op_s <= 0:
             return 0.0
         floating = 1.0 + (self.contention * pair.nodes_per_step / (pair.devices * pair.op_s)
                           if pair.devices >= self.cores else 0.0)
-        return max(0.0, pair.forward_s / (half.forward_s * floating) - 1.0) * (self.cores - 1) / (pair.devices - 1)
+        return max(0.0, pair.forward_s / (alone.forward_s * floating) - 1.0) * (self.cores - 1) / (pair.devices - 1)
 
     @property
     def transfers(self) -> ControlFit:
@@ -390,9 +390,9 @@ def control_lines(runs: ControlRuns, steps: int) -> list[str]:
                   f"threads: a steady step's operators {1e3 * runs.full.op_s:.4g} ms on {runs.full.devices} workers "
                   f"against {1e3 * runs.free.op_s:.4g} ms on {runs.free.devices}, over "
                   f"{runs.full.nodes_per_step:.3g} nodes a step"]
-    if runs.pair is not None and runs.half is not None:
+    if runs.pair is not None and runs.alone is not None:
         lines.append(f"co_busy = {runs.co_busy:.6g}    # an operator's time grows by this with its siblings on every "
                      f"other core: a steady step's generation and inference {1e3 * runs.pair.forward_s:.4g} ms data-"
-                     f"parallel on {run(runs.pair)} against {1e3 * runs.half.forward_s:.4g} ms of one's share on "
-                     f"{runs.half.devices}, beyond the contention stretch")
+                     f"parallel on {run(runs.pair)} against {1e3 * runs.alone.forward_s:.4g} ms of one's share on "
+                     f"{runs.alone.devices}, beyond the contention stretch")
     return lines
