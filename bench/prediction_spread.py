@@ -17,13 +17,14 @@ Writes bench/results/prediction_spread.csv (one row per run) and prediction_spre
 part: a vertex or a kind of transfer, with the share of an operator's time another core computed beside it) and
 prints a table and a summary. No test asserts a time. Run it alone on the machine (no tests or helpers beside it).
 Usage:
-    .venv/bin/python bench/prediction_spread.py [--rounds 3] [--runs 2] [--out DIR]
+    .venv/bin/python bench/prediction_spread.py [--rounds 3] [--runs 2] [--out DIR] [--keep DIR]
 About 2 minutes a round with 2 runs of each.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import re
@@ -124,14 +125,14 @@ def one_round(round_: int, runs: int, arith: Path, tmp: Path, env: dict[str, str
              "arith": (arith / "grpo.rpeg", ["--data", str(arith / "train.jsonl"),
                                              "--rl-config", str(ROOT / "examples" / "arith-rl.toml")])}
     for name, (source, _) in plans.items():
-        run([str(BIN / "rpegc"), str(source), "-p", pipes[name], "-o", str(tmp / f"{name}.exec.rpeg")], env)
+        run([str(BIN / "rpegc"), str(source), "-p", pipes[name], "-o", str(tmp / f"{name}-{round_}.exec.rpeg")], env)
     every = ["--checkpoint-every", str(makefile_checkpoint_every())]
     out = []
     for repeat in range(runs):
         for name, (_, extra) in plans.items():
             clock = time.strftime("%H:%M:%S")
             run_dir = ["--run-dir", str(tmp / f"{name}-{round_}-{repeat}.run"), *every] if name == "arith" else []
-            text = run([str(BIN / "rpeg-run"), str(tmp / f"{name}.exec.rpeg"), "--backend", "torch", "--quiet",
+            text = run([str(BIN / "rpeg-run"), str(tmp / f"{name}-{round_}.exec.rpeg"), "--backend", "torch", "--quiet",
                         *extra, *run_dir], env)
             out.append(parse_run(text, round_, name, repeat, clock))
     return out, keys
@@ -179,14 +180,23 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="fresh calibrations (each a fresh clone's first use)")
     ap.add_argument("--runs", type=int, default=2, help="runs of each workload per round, interleaved")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the CSV goes")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="work in this new directory and keep it (each round's profile, plans and run directories) "
+                         "instead of a temporary one")
     args = ap.parse_args()
     if args.rounds < 1 or args.runs < 1:
         sys.exit("prediction_spread: --rounds and --runs must be >= 1")
     env = dict(os.environ)
     rows: list[Run] = []
     keys: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="rpeg-spread-") as name:
-        tmp = Path(name)
+    if args.keep is not None:
+        try:
+            args.keep.mkdir(parents=True)
+        except OSError as e:
+            sys.exit(f"prediction_spread: --keep {args.keep}: {e.strerror} (give a directory that does not exist)")
+    with (contextlib.nullcontext(str(args.keep)) if args.keep is not None
+          else tempfile.TemporaryDirectory(prefix="rpeg-spread-")) as name:
+        tmp = Path(name).resolve()
         arith = tmp / "arith"
         run([sys.executable, "-m", "rpegc.tools.arith", "make", str(arith), "--warm-up", "100"], env)
         for round_ in range(args.rounds):

@@ -21,8 +21,8 @@ Definitions (used by `rpeg-run`'s summary and its `--gantt`, and by `rpeg-run ve
 - beside another core: per operator part, the median share of its nodes' run time during which another core of
   their host ran an operator of another node (a device's worker on a device the node does not hold, or the verifier
   pool's processes). Two operators computing at once share the host's memory bandwidth and caches; the cost model
-  prices that for an allocation's own ranks (core/cost/contention.co_busy_stretch), not for different vertices that
-  the schedule overlaps, so a part measured slower than priced and mostly beside another core is that.
+  prices that where its schedule overlaps them (core/cost/contention.overlap_stretches), so a part measured slower
+  than priced and mostly beside another core, more than its schedule put it there, is that.
 - oversubscribed: the torch backend launched more worker processes on this host than the host has
   cores, or the plan's devices lie on more than one of its cluster's nodes and a local launch put them all on this
   host (the cost model priced each node as a host of its own: its cores, its control round trip, links between

@@ -1,8 +1,9 @@
 """The runtime's threads on a host whose cores the plan takes (core/cost/contention.py): such a host's device operators
 stretch by 1 + c N_h / B_h and its nodes pay the full round trip (`node`), a host with a core left the free one
 (`node_free`); a verifier pool's cores count as taken. An allocation's ranks computing together on a host's cores
-stretch by 1 + co_busy (k - 1) / (cores - 1). The optimizer's two evaluators price both alike
-(tests/test_search_differential.py, the contended profile)."""
+stretch by 1 + co_busy (k - 1) / (cores - 1), and by the cores that other operators and pools compute beside them in
+the schedule. The optimizer's two evaluators price all of it alike (tests/test_search_differential.py, the contended
+profile)."""
 
 from dataclasses import replace
 
@@ -11,11 +12,13 @@ import pytest
 
 from rpegc.api import parse, run_pipeline
 from rpegc.core.cost.annotate import annotate, priced_round_trip
-from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_stretches, stretch
+from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_stretches, overlap_stretches, prices_overlaps,
+                                        stretch)
 from rpegc.core.cost.hardware import Overhead, load_hardware
 from rpegc.core.cost.host import pool_taken_cores
 from rpegc.core.ir.geometry import Cluster
 from rpegc.core.ir.program import VERIFY
+from rpegc.core.sched.schedule import schedule_program
 
 TWO = open("examples/grpo-tiny-2.rpeg").read()  # every vertex on both devices of a 2-core host
 ONE = TWO.replace("extent (1, 1, 2) dp = 2", "extent (1, 1, 1) dp = 1")  # every vertex on the first device
@@ -155,8 +158,9 @@ def test_the_operators_of_an_allocation_on_both_cores_stretch_by_co_busy():
 
 
 def test_the_optimizer_leaves_a_plan_of_siblings_once_they_are_priced(tmp_path):
-    """A GRPO large enough that two busy cores beat one (every vertex data-parallel on both) is split instead, a
-    device per group of vertices, once siblings computing together cost 30 % more (`co_busy`)."""
+    """A GRPO large enough that two busy cores beat one (every vertex data-parallel on both) moves vertices to one
+    device each once siblings computing together cost 30 % more (`co_busy`; the operators that then overlap on the
+    two cores cost so too, so not every vertex moves)."""
     base = open(load_hardware("cpu-reference").source).read()
     text = TWO.replace("B = 16, R = 4, Lp = 4, Lr = 6", "B = 64, R = 4, Lp = 16, Lr = 32")
     widths = {}
@@ -166,4 +170,45 @@ def test_the_optimizer_leaves_a_plan_of_siblings_once_they_are_priced(tmp_path):
         p = run_pipeline(parse(text.replace('hardware = "cpu"', f'hardware = "{profile}"'), "t.rpeg"),
                          "verify-wellformed,optimize{evals=500 seed=0 steps=4 summary=false}")
         widths[b] = {pl.vertex: pl.alloc.extent[2] for pl in p.plan.placements}
-    assert set(widths[0.0].values()) == {2} and set(widths[0.3].values()) == {1}, widths
+    assert set(widths[0.0].values()) == {2} and 1 in set(widths[0.3].values()), widths
+
+
+def test_overlaps_count_the_cores_computing_beside_an_operator_over_its_interval():
+    """Host 0 of 3 cores (2 others at most), b = 0.4: x [0, 10) and y [5, 15) on a device each, a pool of 2 scoring
+    over [0, 4); host 1: w [0, 10) on 2 devices; a transfer across all. x sees 2 others for 4 ns, none for 1, one for 5:
+    1 + 0.4 * 13 / 20; y one for 5 of 10 ns; w its sibling throughout (co_busy_stretch); the pool, the transfer: 1."""
+    start = np.array([[0, 5, 0, 0, 0]], dtype=np.int64)
+    finish = np.array([[10, 15, 4, 10, 20]], dtype=np.int64)
+    host = np.array([[0, 0, 0, 1, 0]], dtype=np.int64)
+    cores = np.array([[1, 1, 2, 2, 0]], dtype=np.int64)
+    computing = np.array([[True, True, True, True, False]])
+    stretched = np.array([[True, True, False, True, False]])
+    out = np.zeros((1, 5))
+    overlap_stretches(start, finish, host, cores, computing, stretched, 3, 0.4, out)
+    assert out[0].tolist() == pytest.approx([1 + 0.4 * 13 / 20, 1 + 0.4 * 5 / 20, 1, co_busy_stretch(2, 3, 0.4), 1],
+                                            rel=1e-15)
+    crowded = np.zeros((1, 4))  # four operators of one core at once on 3 cores: 3 others, at most 2 count
+    ones = np.ones((1, 4), dtype=np.int64)
+    overlap_stretches(0 * ones, 10 * ones, 0 * ones, ones, ones == 1, ones == 1, 3, 0.4, crowded)
+    assert crowded[0].tolist() == pytest.approx([1.4] * 4, rel=1e-15)
+    assert not prices_overlaps(0.0, 2) and not prices_overlaps(0.3, 1) and not prices_overlaps(0.3, None)
+    assert prices_overlaps(0.3, 2)
+
+
+def test_an_operator_beside_the_verifier_pool_stretches_by_the_share_of_its_time_the_pool_scores():
+    """One device and a pool of one process on a 2-core host: each device operator is priced with b times the share
+    of its interval (in the schedule of the times without overlaps) that a verify node overlaps."""
+    p = lowered(VERIFIED)
+    hw = replace(load_hardware("cpu-reference"), overhead=Overhead(), host_cores=2)
+    first = schedule_program(annotate(p, hw)).exec.nodes
+    pools = [(n.start, n.finish) for n in first if n.kind == "op" and n.role == VERIFY]
+    priced = times(p, Overhead(co_busy=0.4))
+    shares = {}
+    for n in first:
+        if device_op(n):
+            shares[n.id] = sum(max(0.0, min(n.finish, f) - max(n.start, s)) for s, f in pools) / (n.finish - n.start)
+            ns = 2e-9 / (n.finish - n.start)  # the overlaps are integrated in whole ns: the share within 2 ns
+            assert priced[n.id] == pytest.approx(n.time * (1 + 0.4 * shares[n.id]), rel=ns + 1e-12), n.id
+        else:
+            assert priced[n.id] == n.time, n.id
+    assert max(shares.values()) > 0.5 and min(shares.values()) == 0.0  # the inference beside it, the others not

@@ -40,7 +40,8 @@ from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
 from rpegc.core.sched.row_scheduler import downstream_ranks, schedule_rows
 from rpegc.core.sched.score import p_eff, score, score_pen, utilization
-from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_stretches
+from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_stretches, overlap_stretches, prices_overlaps,
+                                        whole_ns)
 from rpegc.core.cost.transfer import comm_node_time_at, priced_node_time
 from rpegc.search.compact import (DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups,
                                   Superset, kept_over)
@@ -238,18 +239,16 @@ class BatchEvaluator:
         groups = [(np.nonzero(inverse == g)[0], self._graph(self.cv.superset(key))) for g, key in enumerate(keys)]
         src = self._source_times(groups, ch, allocs)
         hosts, full = self._hosts(ch, allocs)
+        overlap = self._class_overlap(allocs)
         for rows, G in groups:
             T, cls, prio, bz, ot = self._node_arrays(G, rows, src, allocs, hosts, full)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
+        if prices_overlaps(self.cv.hw.overhead.co_busy, self.cv.host_cores):  # one more step of the fixed point
+            parts = self._overlap_priced(parts, ch, allocs, src, hosts, full, overlap, busy, op_time)
         makespan = np.empty(B)
-        overlap = self._class_overlap(allocs)
         for bucket in _buckets(parts):
-            rows = np.concatenate([p[0] for p in bucket])
-            sub, k = [], 0
-            for r, G, T, cls, prio in bucket:
-                sub.append((np.arange(k, k + len(r)), G, T, cls, prio))
-                k += len(r)
+            rows, sub = _local(bucket)
             out = _run(_stack(sub, len(rows), self.V), overlap[rows], record=keep)
             makespan[rows] = out[0] if keep else out
             if keep:
@@ -459,7 +458,7 @@ class BatchEvaluator:
         if not oh.contention and oh.round_trip(True) == oh.round_trip(False):
             return None, None
         c = self.cluster
-        hosts = np.where(cv.device_vertex, allocs.origin[:, :, 0] * c.nodes + allocs.origin[:, :, 1], 0)
+        hosts = self._vertex_hosts(allocs)
         used = self._used_devices(ch)
         pool = np.zeros(len(ch), dtype=np.int64)  # cost/host.pool_taken_cores: a pool's rows are the devices it shares
         for v, on in enumerate(cv.device_vertex):
@@ -468,16 +467,49 @@ class BatchEvaluator:
         per_host = used.reshape(len(ch), c.racks * c.nodes, c.gpus).sum(axis=2)
         return hosts, full_hosts(per_host, pool, cv.host_cores)
 
+    def _overlap_priced(self, parts, ch, allocs: Allocations, src: "_Sources", hosts, full, overlap, busy, op_time):
+        """`parts` (rows, G, T, cls, prio) with every device operator's time priced with the cores that their first
+        schedule computes beside it (`CompactVariant._overlap_factors`); `busy` and `op_time` rewritten."""
+        out = []
+        vertex_hosts = self._vertex_hosts(allocs)
+        pools = np.stack([np.asarray(d.pools, dtype=np.int64)[ch[:, v]] if d.pools else np.zeros(len(ch), np.int64)
+                          for v, d in enumerate(self.cv.dirs)], axis=1)
+        device_vertex = np.asarray(self.cv.device_vertex)
+        for bucket in _buckets(parts):
+            rows, sub = _local(bucket)
+            _, start, finish = _run(_stack(sub, len(rows), self.V), overlap[rows], record=True)
+            for (r, G, *_), (local, *_) in zip(bucket, sub):
+                cols = np.array([src.col[key] for key in G.sources], dtype=np.int64)[G.source]
+                relay = src.relay[r[:, None], cols[None, :]]
+                on_device = device_vertex[G.vertex]
+                cores = np.where(on_device, allocs.extent[r][:, G.vertex, 2], pools[r][:, G.vertex])
+                factors = np.ones((len(r), G.n))
+                overlap_stretches(whole_ns(start[local, :G.n]), whole_ns(finish[local, :G.n]),
+                                  vertex_hosts[r][:, G.vertex], cores, G.is_op & ~relay,
+                                  np.repeat([G.is_op & on_device], len(r), axis=0), self.cv.host_cores,
+                                  self.cv.hw.overhead.co_busy, factors)
+                T, cls, prio, busy[r], op_time[r] = self._node_arrays(G, r, src, allocs, hosts, full, factors)
+                out.append((r, G, T, cls, prio))
+        return out
+
+    def _vertex_hosts(self, allocs: Allocations) -> np.ndarray:
+        """Each vertex's host per configuration (B x V): its allocation's first device's; a pool's the first node's."""
+        c = self.cluster
+        return np.where(self.cv.device_vertex, allocs.origin[:, :, 0] * c.nodes + allocs.origin[:, :, 1], 0)
+
     def _priced(self, G: _Graph, runs: np.ndarray, relay: np.ndarray, extent: np.ndarray, size: np.ndarray,
-                hosts_v: Optional[np.ndarray], full: Optional[np.ndarray]) -> np.ndarray:
+                hosts_v: Optional[np.ndarray], full: Optional[np.ndarray],
+                factors: Optional[np.ndarray] = None) -> np.ndarray:
         """`CompactVariant._priced` of one pattern group's rows: what each node runs for (`runs`, B x N) as the
         schedule takes it (the rows' allocations' `extent`, B x V x 3, and `size`, `hosts_v`: B x V; `full`: B x
-        hosts)."""
+        hosts; `factors`: B x N, each node's factor of the cores computing beside it, None: its siblings' alone)."""
         cv = self.cv
         oh = cv.hw.overhead
         device_op = G.is_op & np.asarray(cv.device_vertex)[G.vertex]
         stretched = runs
-        if oh.co_busy:
+        if factors is not None:
+            stretched = np.where(device_op, runs * factors, runs)
+        elif oh.co_busy:
             busy = co_busy_stretch(extent[:, :, 2], cv.host_cores, oh.co_busy)  # per vertex, then per node
             stretched = np.where(device_op, runs * busy[:, G.vertex], runs)
         if full is None:  # no host's condition changes a price (`_hosts`)
@@ -491,15 +523,15 @@ class BatchEvaluator:
         return np.where(relay, 0.0, t)
 
     def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations,
-                     hosts: Optional[np.ndarray], full: Optional[np.ndarray]):
+                     hosts: Optional[np.ndarray], full: Optional[np.ndarray], factors: Optional[np.ndarray] = None):
         """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
-        and op time), from the batch's source times and hosts (`_hosts`)."""
+        and op time), from the batch's source times and hosts (`_hosts`); `factors`: `_priced`'s."""
         B, N, V = len(rows), G.n, self.V
         cols = np.array([src.col[key] for key in G.sources], dtype=np.int64)[G.source]
         at = (rows[:, None], cols[None, :])
         relay = src.relay[at]
         conditions = (hosts[rows], full[rows]) if full is not None else (None, None)
-        T = self._priced(G, src.t[at], relay, allocs_all.extent[rows], allocs_all.size[rows], *conditions)
+        T = self._priced(G, src.t[at], relay, allocs_all.extent[rows], allocs_all.size[rows], *conditions, factors)
         pos = np.where(src.as_reshard[at], G.pos_reshard, G.pos_comm)
         pos[relay] = -1
         cls = np.where(relay, V, G.vertex)
@@ -634,6 +666,16 @@ def _buckets(parts):
         buckets.append(parts[cut[j]:j])
         j = cut[j]
     return buckets[::-1]
+
+
+def _local(bucket):
+    """The batch's rows of a bucket of pattern groups, and the groups with their rows numbered within it."""
+    rows = np.concatenate([p[0] for p in bucket])
+    sub, k = [], 0
+    for r, G, T, cls, prio in bucket:
+        sub.append((np.arange(k, k + len(r)), G, T, cls, prio))
+        k += len(r)
+    return rows, sub
 
 
 def _stack(parts, B: int, V: int) -> _Rows:

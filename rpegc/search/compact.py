@@ -63,7 +63,8 @@ from rpegc.core.lower.rules import (
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Fuse, Placement, Plan, Pool, Program
 from rpegc.core.ir.geometry import Alloc, Strategy, mask_devices
-from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_of, host_stretches
+from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_of, host_stretches, overlap_stretches,
+                                        prices_overlaps, whole_ns)
 from rpegc.core.cost.host import cores_needed, pool_cores, pool_taken_cores
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, device_sizes, prepare_schedule, run_schedule
@@ -414,9 +415,9 @@ class CompactVariant:
 
     # --- reference evaluation ------------------------------------------------------------------------
 
-    def node_times(self, s: Superset, choice: Choice, allocs, strats, masks: list[int]):
-        """Per superset node: (time, reserved bitmask, order key); relays get (0.0, 0, RELAY_KEY). `masks`: what each
-        vertex's nodes hold (`held_masks`)."""
+    def node_runs(self, s: Superset, choice: Choice, allocs, strats, masks: list[int]):
+        """Per superset node: (what it runs for, reserved bitmask, order key); relays get (None, 0, RELAY_KEY).
+        `masks`: what each vertex's nodes hold (`held_masks`)."""
         runs: list[Optional[float]] = []  # what each node runs for; None: a relay
         reserved: list[int] = []
         keys: list[tuple] = []
@@ -446,24 +447,49 @@ class CompactVariant:
             runs.append(t)
             reserved.append(0 if t is None else masks[v])
             keys.append(RELAY_KEY if t is None else (s.reshard_key[i] if as_reshard else s.key[i]))
-        return self._priced(s, choice, allocs, runs), reserved, keys
+        return runs, reserved, keys
 
-    def _priced(self, s: Superset, choice: Choice, allocs, runs: list[Optional[float]]) -> list[float]:
-        """The superset's node times as `annotate.priced_times` makes the lowered graph's (a relay: 0)."""
+    def _hosts(self, s: Superset, allocs) -> list[int]:
+        """Each superset node's host (its vertex's allocation's first device's; a pool's the first node's)."""
         c = self.program.cluster
         host = [host_of(min(a.devices(c)), c.gpus) if on else 0 for a, on in zip(allocs, self.device_vertex)]
-        hosts = [host[v] for v in s.vertex]
-        device_op = [k == OPERATOR and self.device_vertex[v] for k, v in zip(s.kind, s.vertex)]
+        return [host[v] for v in s.vertex]
+
+    def _device_ops(self, s: Superset) -> list[bool]:
+        return [k == OPERATOR and self.device_vertex[v] for k, v in zip(s.kind, s.vertex)]
+
+    def _priced(self, s: Superset, choice: Choice, allocs, runs: list[Optional[float]],
+                busy: Optional[Sequence[float]] = None) -> list[float]:
+        """The superset's node times as `annotate.priced_times` makes the lowered graph's (a relay: 0); `busy`: each
+        node's factor of the cores computing beside it (None: its allocation's siblings alone)."""
+        hosts = self._hosts(s, allocs)
+        device_op = self._device_ops(s)
         device_s = [t * allocs[v].size if op and t is not None else 0.0
                     for t, v, op in zip(runs, s.vertex, device_op)]
         full = self.full_hosts(choice)
         k = host_stretches(hosts, device_s, [t is not None for t in runs], full, self.hw.overhead.contention)
-        busy = [float(co_busy_stretch(a.extent[2], self.host_cores, self.hw.overhead.co_busy)) if on else 1.0
-                for a, on in zip(allocs, self.device_vertex)]
+        if busy is None:
+            alone = [float(co_busy_stretch(a.extent[2], self.host_cores, self.hw.overhead.co_busy)) if on else 1.0
+                     for a, on in zip(allocs, self.device_vertex)]
+            busy = [alone[v] for v in s.vertex]
         return [0.0 if t is None else
-                float(priced_node_time(t * busy[v] * k[h] if op else t, self.hw, transfer=kind != OPERATOR,
+                float(priced_node_time(t * b * k[h] if op else t, self.hw, transfer=kind != OPERATOR,
                                        full=bool(full[h])))
-                for t, h, op, kind, v in zip(runs, hosts, device_op, s.kind, s.vertex)]
+                for t, h, op, kind, b in zip(runs, hosts, device_op, s.kind, busy)]
+
+    def _overlap_factors(self, s: Superset, choice: Choice, allocs, runs: list[Optional[float]],
+                         sched: Schedule) -> np.ndarray:
+        """`annotate.busy_factors` of the superset's nodes from their first schedule `sched`."""
+        device_op = self._device_ops(s)
+        pool = [d.pools[c] if d.pools else 0 for d, c in zip(self.dirs, choice)]
+        real = [t is not None for t in runs]
+        computing = [r and k == OPERATOR for r, k in zip(real, s.kind)]
+        cores = [allocs[v].extent[2] if self.device_vertex[v] else pool[v] for v in s.vertex]
+        out = np.ones((1, s.n))
+        overlap_stretches(whole_ns([sched.start]), whole_ns([sched.finish]), np.array([self._hosts(s, allocs)]),
+                          np.array([cores], dtype=np.int64), np.array([computing]),
+                          np.array([device_op]), self.host_cores, self.hw.overhead.co_busy, out)
+        return out[0]
 
     def full_hosts(self, choice: Choice) -> np.ndarray:
         """Per host, whether the plan's processes take all its cores (contention.full_hosts)."""
@@ -524,8 +550,14 @@ class CompactVariant:
         allocs, strats = self.placement(choice)
         s = self.superset(self.fused_pattern(self.pattern(allocs, strats), fused))
         masks = self.held_masks(choice)
-        times, reserved, keys = self.node_times(s, choice, allocs, strats, masks)
-        return s, times, reserved, run_schedule(self._prepared(s, masks, reserved, keys), times)
+        runs, reserved, keys = self.node_runs(s, choice, allocs, strats, masks)
+        structure = self._prepared(s, masks, reserved, keys)
+        times = self._priced(s, choice, allocs, runs)
+        sched = run_schedule(structure, times)
+        if prices_overlaps(self.hw.overhead.co_busy, self.host_cores):  # one more step of the fixed point
+            times = self._priced(s, choice, allocs, runs, self._overlap_factors(s, choice, allocs, runs, sched))
+            sched = run_schedule(structure, times)
+        return s, times, reserved, sched
 
     def _prepared(self, s: Superset, masks: list[int], reserved: list[int], keys: list[tuple]):
         """`schedule.prepare_schedule`, reused across plans with the same graph and device overlaps (`masks`: what each

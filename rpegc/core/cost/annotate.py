@@ -23,13 +23,15 @@ from rpegc.core.cost.fused import FusedTime, fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Program
-from rpegc.core.cost.contention import co_busy_stretch, full_hosts, host_of, host_stretches
+from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_of, host_stretches, overlap_stretches,
+                                        prices_overlaps, whole_ns)
 from rpegc.core.cost.host import check_pools, link_alloc, pool_taken_cores, shared_devices, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
 from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, priced_node_time,
                                       reshard_node_time)
 from rpegc.core.cost.work import check_role_kind
 from rpegc.core.sched.microtasks import MemberPipeline
+from rpegc.core.sched.schedule import schedule_exec
 
 
 def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> Program:
@@ -48,8 +50,8 @@ def annotate(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS) -> P
     shares = _pool_shares(eg, p, hw)
     times: dict[OpPlacement, OpTime] = {}
     runs = node_runs(p, hw, opts, times)
-    nodes = [n.with_(shares=shares.get(n.id, ())) if n.alloc is None else n for n in eg.nodes]
-    nodes = [n.with_(time=t) for n, t in zip(nodes, priced_times(p, hw, eg, runs))]
+    eg = replace(eg, nodes=tuple(n.with_(shares=shares.get(n.id, ())) if n.alloc is None else n for n in eg.nodes))
+    nodes = [n.with_(time=t) for n, t in zip(eg.nodes, priced_times(p, hw, eg, runs))]
     mem = device_memory(tuple(times), _models(p), dict(p.graph.staleness), p.cluster, p.workload, hw, opts,
                         fused_vertices(p))
     return replace(p, exec=replace(eg, nodes=tuple(nodes), memory=memory_report(mem)))
@@ -81,12 +83,38 @@ def node_runs(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS,
 
 def priced_times(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]) -> list[float]:
     """Each node of `eg` as the schedule takes it, from what it runs for (`runs`): a device operator's time stretched
-    by its siblings computing beside it and on a host whose cores the plan takes, a transfer's fixed cost, every
-    node's control round trip by its host's condition (core/cost/contention.py)."""
+    by the cores computing beside it (`busy_factors`) and on a host whose cores the plan takes, a transfer's fixed
+    cost, every node's control round trip by its host's condition (core/cost/contention.py)."""
+    return _priced_with(p, hw, eg, runs, busy_factors(p, hw, eg, runs))
+
+
+def _priced_with(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float], busy: Sequence[float]) -> list[float]:
     hosts, full, k = host_conditions(p, hw, eg, runs)
-    return [float(priced_node_time(t * co_busy_factor(n, hw) * k[h] if device_op(n) else t, hw, transfer=n.kind != "op",
+    return [float(priced_node_time(t * b * k[h] if device_op(n) else t, hw, transfer=n.kind != "op",
                                    full=bool(full[h])))
-            for n, t, h in zip(eg.nodes, runs, hosts)]
+            for n, t, h, b in zip(eg.nodes, runs, hosts, busy)]
+
+
+def busy_factors(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]) -> list[float]:
+    """Per node of `eg`, the factor of a device operator's time with the cores computing beside it on its host: its
+    allocation's siblings (`co_busy_factor`); on a profile that prices overlaps (contention.prices_overlaps), the
+    other operators and pools too that a first schedule, of the times with the siblings alone, overlaps with it
+    (contention.overlap_stretches). 1 for other nodes."""
+    alone = [co_busy_factor(n, hw) if device_op(n) else 1.0 for n in eg.nodes]
+    if not prices_overlaps(hw.overhead.co_busy, hw.host_cores):
+        return alone
+    first = _priced_with(p, hw, eg, runs, alone)
+    sched = schedule_exec(replace(eg, nodes=tuple(n.with_(time=t) for n, t in zip(eg.nodes, first))), p.cluster)
+    head = {m: f.members[0] for f in eg.fusions for m in f.members}
+    counted = [head.get(n.id, n.id) == n.id for n in eg.nodes]
+    computing = [(device_op(n) and c) or (n.kind == "op" and n.role == VERIFY) for n, c in zip(eg.nodes, counted)]
+    cores = [n.pool if n.alloc is None else n.alloc.extent[2] for n in eg.nodes]
+    out = np.ones((1, len(eg.nodes)))
+    overlap_stretches(whole_ns([sched.start]), whole_ns([sched.finish]), np.array([node_hosts(p, hw, eg)[0]]),
+                      np.array([[c or 0 for c in cores]], dtype=np.int64), np.array([computing]),
+                      np.array([[device_op(n) for n in eg.nodes]]), hw.host_cores, hw.overhead.co_busy, out)
+    index = {n.id: i for i, n in enumerate(eg.nodes)}
+    return [float(out[0, index[head.get(n.id, n.id)]]) for n in eg.nodes]  # a fusion's members: its first's
 
 
 def co_busy_factor(n: ExecNode, hw: Hardware) -> float:

@@ -18,9 +18,13 @@ and the controller's reaction to a completion waits for a core. Two prices follo
 Beside that, two operators computing at once on one host's cores share its memory bandwidth and caches: the
 operator of an allocation with k devices on a host (k of its cores computing together: a dp, tp or pp group) takes
 `1 + b (k - 1) / (cores - 1)` times as long (`co_busy_stretch`; b = `[overhead] co_busy`, what one operator's time
-grows by with every other core of its host computing its siblings, measured by the overheads' control runs). Operators
-of different vertices that the schedule happens to overlap are not priced so (that needs the schedule;
-docs/cost-model.md).
+grows by with every other core of its host computing its siblings, measured by the overheads' control runs). So do
+operators of different vertices that the schedule overlaps on a host (a verifier pool scoring beside an inference, an
+asynchronous generation beside training): with the cores computing beside an operator counted over its scheduled
+interval, it takes `1 + b m / (cores - 1)` times as long, m the mean over the interval of the other cores computing
+(its siblings, the other vertices' operators and a pool's processes there, at most cores - 1; `overlap_stretches`). The
+overlaps come from a first schedule of the times without them, and every path schedules once more with the stretched
+times (one step of the fixed point: docs/cost-model.md, "Siblings on a host's cores").
 
 A node is on the host of its first device (a verifier pool's nodes and the transfers into it on the first node's); a
 fusion is one node (its members run as one command). Every function takes numbers or numpy arrays (the optimizer's
@@ -32,6 +36,7 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from numba import njit
 
 
 def host_of(first_device, gpus: int):
@@ -82,3 +87,73 @@ def co_busy_stretch(devices_on_host, host_cores: Optional[int], co_busy: float):
     if not co_busy or host_cores is None or host_cores < 2:
         return np.ones(k.shape)
     return 1.0 + co_busy * (np.minimum(k, host_cores) - 1) / (host_cores - 1)
+
+
+def prices_overlaps(co_busy: float, host_cores: Optional[int]) -> bool:
+    """Whether operators that the schedule overlaps on a host are priced (`overlap_stretches`): a profile with co_busy
+    and hosts of two cores or more (a CPU profile's); the paths then schedule twice."""
+    return bool(co_busy) and host_cores is not None and host_cores >= 2
+
+
+def whole_ns(seconds) -> np.ndarray:
+    """Times in whole nanoseconds (int64): the overlaps are integrated so, exact in any order on every path."""
+    return np.rint(np.asarray(seconds, dtype=float) * 1e9).astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def overlap_stretches(start_ns, finish_ns, host, cores, computing, stretched, host_cores, co_busy,
+                      out):  # pragma: no cover
+    """Per row r (a configuration) and node i with `stretched[r, i]` (a device operator), over its scheduled interval
+    [start, finish): 1 + b * (the integral of min(others(t), cores - 1)) / ((cores - 1) (finish - start)), with
+    others(t) the cores computing on its host at t beside its own first one: the `cores` of every `computing` node (an
+    operator: its allocation's devices on the host; a verify node: its pool's processes) whose interval holds t, less
+    1. Alone with its k devices that is `co_busy_stretch`. Other nodes, and one of zero length, get 1.
+
+    B x N arrays: start_ns, finish_ns (int64 ns: `whole_ns`), host, cores (int64), computing, stretched (bool); out
+    (float) is written. One sweep per row over the computing nodes' starts and finishes sorted by time; per host the
+    running count and the integral up to the last event (int64 core-ns), read at each node's start and finish."""
+    B, N = start_ns.shape
+    cap = host_cores - 1
+    for r in range(B):
+        for i in range(N):
+            out[r, i] = 1.0
+        M = 0
+        H = 1
+        for i in range(N):
+            if computing[r, i] and finish_ns[r, i] > start_ns[r, i]:
+                M += 1
+                if host[r, i] + 1 > H:
+                    H = host[r, i] + 1
+        if M == 0:
+            continue
+        when = np.empty(2 * M, dtype=np.int64)
+        node = np.empty(2 * M, dtype=np.int64)
+        m = 0
+        for i in range(N):
+            if computing[r, i] and finish_ns[r, i] > start_ns[r, i]:
+                when[m], node[m] = start_ns[r, i], i
+                when[m + 1], node[m + 1] = finish_ns[r, i], -1 - i
+                m += 2
+        order = np.argsort(when, kind="mergesort")
+        total = np.zeros(H, dtype=np.int64)
+        integral = np.zeros(H, dtype=np.int64)
+        last = np.zeros(H, dtype=np.int64)
+        at_start = np.zeros(N, dtype=np.int64)
+        at_finish = np.zeros(N, dtype=np.int64)
+        for e in order:
+            t, x = when[e], node[e]
+            i = x if x >= 0 else -1 - x
+            h = host[r, i]
+            if total[h] > 0:
+                integral[h] += min(total[h] - 1, cap) * (t - last[h])
+            last[h] = t
+            if x >= 0:
+                at_start[i] = integral[h]
+                total[h] += cores[r, i]
+            else:
+                at_finish[i] = integral[h]
+                total[h] -= cores[r, i]
+        for i in range(N):
+            span = finish_ns[r, i] - start_ns[r, i]
+            if stretched[r, i] and computing[r, i] and span > 0:
+                out[r, i] = 1.0 + co_busy * (at_finish[i] - at_start[i]) / (cap * span)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from rpegc.core.cost.annotate import (co_busy_factor, device_op, fusion_time, host_conditions, node_placement,
+from rpegc.core.cost.annotate import (busy_factors, device_op, fusion_time, host_conditions, node_placement,
                                       node_runs, placement_time, program_memory, program_placements, transfer_time)
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.geometry import alloc_ids, id_ranges
@@ -115,15 +115,17 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
 
 def _host_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     """Per host of the plan's nodes: whether its cores are all taken, its nodes' control round trip, the factor of
-    its device operators' times (annotate.host_conditions) and the range of their siblings' factor
-    (annotate.co_busy_factor)."""
-    hosts, full, k = host_conditions(p, hw, p.exec, node_runs(p, hw, opts))
-    siblings = {h: [co_busy_factor(n, hw) for n, at in zip(p.exec.nodes, hosts) if at == h and device_op(n)]
+    its device operators' times (annotate.host_conditions) and the range of their factors of the cores computing
+    beside them (annotate.busy_factors: their siblings, and the operators and pools the schedule overlaps)."""
+    runs = node_runs(p, hw, opts)
+    hosts, full, k = host_conditions(p, hw, p.exec, runs)
+    factors = busy_factors(p, hw, p.exec, runs)
+    siblings = {h: [b for n, at, b in zip(p.exec.nodes, hosts, factors) if at == h and device_op(n)]
                 for h in set(hosts)}
     rows = [[f"node {h}", "every core taken" if full[h] else "a core left free", f"{hosts.count(h)}",
              f"{1e3 * hw.overhead.round_trip(bool(full[h])):.3g} ms", f"x {k[h]:.4f}", _span(siblings[h])]
             for h in sorted(set(hosts))]
-    return _table(["host", "cores", "exec nodes", "round trip", "device operators", "with siblings"], rows)
+    return _table(["host", "cores", "exec nodes", "round trip", "device operators", "cores beside"], rows)
 
 
 def _span(factors: list[float]) -> str:
