@@ -323,3 +323,42 @@ def test_one_cuda_device_without_links_from_is_a_clear_error():
     with pytest.raises(RpegError, match="--links-from"):
         calibrate(1, "nccl", gpu_plan(quick=True))
 
+
+
+class _FakePool:
+    """A pool whose first worker's forward takes `alone` seconds by itself and `beside` with the others busy."""
+
+    def __init__(self, alone: float, beside: float):
+        self.alone, self.beside, self.calls = alone, beside, []
+
+    def run(self, fn, case, dtype, min_time, repeats, busy):
+        self.calls.append(busy)
+        t = self.alone if busy == 1 else self.beside
+        return [[t * 1.1, t, t * 1.2]] + [[t * 2] if busy > 1 else None]
+
+
+def test_co_running_is_the_narrow_forwards_beside_every_core_over_alone_alternated():
+    from rpegc.tools.calibrate import CHECK_WIDTH, CO_RUN_ROUNDS, _co_running
+    from rpegc.tools.overhead_timing import KernelCheck, co_run_lines
+
+    plan = dataclasses.replace(cpu_plan(quick=True), kernel_statistic="min")
+    narrow = [c for c in plan.forwards if c.width <= CHECK_WIDTH]
+    pool = _FakePool(1e-3, 1.25e-3)
+    got = _co_running(pool, plan, 2)
+    # the first worker's fastest beside over its fastest alone (the other rank's slower time is not the operator's)
+    assert got.value == pytest.approx(0.25, rel=1e-12) and got.forwards == len(narrow) > 0 and got.busy == 2
+    assert pool.calls == [1, 2] * len(narrow) * CO_RUN_ROUNDS  # alone and beside alternated
+    assert _co_running(_FakePool(1e-3, 0.9e-3), plan, 2).value == 0.0  # faster beside: nothing grows
+    lines = co_run_lines(KernelCheck((), "min", "fp32", None, co_run=got))
+    base = open(load_hardware("cpu-reference").source).read()
+    loaded = load_hardware_text(base + "\n[overhead]\n" + "\n".join(lines) + "\n")
+    assert loaded.overhead.co_run == pytest.approx(0.25, rel=1e-5) and "on 2 workers at once" in lines[0]
+    assert co_run_lines(None) == [] and co_run_lines(KernelCheck((), "min", "fp32", None)) == []
+
+
+def load_hardware_text(text: str):
+    import tomllib
+
+    from rpegc.core.cost.hardware import Hardware
+
+    return Hardware.from_dict(tomllib.loads(text), source="t.toml")

@@ -137,10 +137,10 @@ OVERHEAD = Overhead(generation_call=1e-3, generation_token=2e-6, inference_call=
                     training_call=5e-3, training_token=6e-6, transfer=3e-4, node=7e-4)
 
 
-# ... and the runtime's threads on a host without a free core and siblings computing beside each other
-# (core/cost/contention.py), on hosts of a core per device:
+# ... and the runtime's threads on a host without a free core, siblings computing beside each other and the operators
+# and pools the schedule overlaps (core/cost/contention.py), on hosts of a core per device:
 # a node full where the plan uses all its devices, or (the first) all but those whose cores a pool takes.
-CONTENDED = replace(OVERHEAD, node_free=2e-4, contention=9e-4, co_busy=0.35)
+CONTENDED = replace(OVERHEAD, node_free=2e-4, contention=9e-4, co_busy=0.35, co_run=0.12)
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))

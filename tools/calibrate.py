@@ -676,6 +676,15 @@ def _measure_p2p(ctx, nbytes: int, dtype: str, repeats: int, iters: int, gap_s: 
 # The campaign
 
 
+@dataclass(frozen=True)
+class CoRunning:
+    """`[overhead] co_run` as the campaign measured it (`_co_running`)."""
+
+    value: float
+    forwards: int
+    busy: int  # workers computing at once
+
+
 @dataclass
 class Calibration:
     """Everything the campaign found: the profile's values, the fits behind them and the raw points."""
@@ -702,6 +711,7 @@ class Calibration:
     # The narrow forwards' time beside the operators over their campaign time (`kernel_check`): F_peak and t_layer are
     # brought to the operators' moment and condition by it, so a profile's compute terms price one of each.
     kernel_scale: float = 1.0
+    co_run: Optional[CoRunning] = None  # the narrow forwards beside every core busy against alone (`_co_running`)
 
     @property
     def world(self) -> int:
@@ -791,6 +801,29 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
                                   plan.min_time, plan.repeats)[0], plan.kernel_statistic)
     cal.raw.append(("non_gemm", f"b={plan.B_cal} seq={plan.ng_seq} d={plan.ng_hidden}", 0.0, cal.c_ng))
     progress.step("non-GEMM layer")
+    if cal.concurrent and cal.devices > 1:
+        cal.co_run = _co_running(pool, plan, cal.devices)
+
+
+CO_RUN_ROUNDS = 2  # alone and beside, alternated
+
+
+def _co_running(pool: WorkerPool, plan: SweepPlan, busy: int) -> CoRunning:
+    """What a forward's time grows by where every other core computes one too (`[overhead] co_run`): the narrow
+    forwards (`CHECK_WIDTH`, the operators' sizes) on the first worker alone and on `busy` workers at once, alternated
+    so both see one moment; per forward the first worker's statistic beside over alone (not the slowest rank's: that
+    would add the wait for the slower, which siblings have and operators of different vertices do not), the median
+    over forwards, less 1."""
+    narrow = [case for case in plan.forwards if case.width <= CHECK_WIDTH]
+    alone: dict[int, list[float]] = {i: [] for i in range(len(narrow))}
+    beside: dict[int, list[float]] = {i: [] for i in range(len(narrow))}
+    for _ in range(CO_RUN_ROUNDS):
+        for i, case in enumerate(narrow):
+            alone[i] += pool.run(_measure_forward, case, plan.dtype, plan.min_time, plan.repeats, 1)[0]
+            beside[i] += pool.run(_measure_forward, case, plan.dtype, plan.min_time, plan.repeats, busy)[0]
+    ratios = [summarize(beside[i], plan.kernel_statistic) / summarize(alone[i], plan.kernel_statistic)
+              for i in range(len(narrow))]
+    return CoRunning(max(0.0, float(np.median(ratios)) - 1.0), len(narrow), busy)
 
 
 CHECK_WIDTH = 128  # the campaign's forwards the operators' overheads time again: as narrow as their models (64, 96)
@@ -801,7 +834,8 @@ def kernel_check(cal: Calibration) -> Optional[KernelCheck]:
     one worker alone, as the operators run, so the scale holds the campaign's condition (every device busy) as well
     as its moment. None where the campaign timed none."""
     narrow = tuple((case, seconds) for case, seconds in cal.forwards if case.width <= CHECK_WIDTH)
-    return KernelCheck(narrow, cal.plan.kernel_statistic, cal.plan.dtype, _measure_forward) if narrow else None
+    return KernelCheck(narrow, cal.plan.kernel_statistic, cal.plan.dtype, _measure_forward,
+                       co_run=cal.co_run) if narrow else None
 
 
 def _gemm_sweep(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progress: Progress) -> EtaFit:

@@ -18,6 +18,8 @@
   runtime's threads take per exec node where they have no core of their own (`contention`, core/cost/contention.py) is
   the second run's operators' time beyond the first's. What an operator's time grows by with siblings computing on the
   host's other cores (`co_busy`) compares the program data-parallel on two workers with one's share on one worker.
+  What it grows by with other operators or processes there (`co_run`) comes from the kernel campaign
+  (`calibrate._co_running`) and is written with this table.
 - `overhead_table(hw, hw_text)`: both as the `[overhead]` table `rpeg-calibrate` appends to a CPU profile.
 """
 
@@ -124,6 +126,7 @@ class KernelCheck:
     # min_time, repeats, busy ranks), handed over so that this module does not import the calibration's.
     time_forward: Callable[..., Optional[list[float]]]
     repeats: int = 3  # per forward and round of the operators' grid
+    co_run: Any = None  # calibrate.CoRunning: the campaign's `[overhead] co_run`, written with this table
 
 
 @dataclass(frozen=True)
@@ -369,7 +372,18 @@ def overhead_table(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet:
         lines += [f"{role}_call = {f.call:.6g}    # s per microbatch; {f.points} operators, MAPE {f.mape_before:.1%} "
                   f"without the overhead, {f.mape_after:.1%} with it",
                   f"{role}_token = {f.token:.6g}    # s per token (prompt and response) of a row; same fit"]
-    return OverheadTable("\n".join(lines + control_lines(runs, plan.steps) + [""]), operators.kernel_scale)
+    return OverheadTable("\n".join(lines + control_lines(runs, plan.steps) + co_run_lines(check) + [""]),
+                         operators.kernel_scale)
+
+
+def co_run_lines(check: Optional[KernelCheck]) -> list[str]:
+    """The `co_run` key where the campaign measured it (`calibrate._co_running`)."""
+    c = check.co_run if check is not None else None
+    if c is None:
+        return []
+    return [f"co_run = {c.value:.6g}    # an operator's time grows by this with other operators or processes on every "
+            f"other core: the median of {c.forwards} narrow forwards on {c.busy} workers at once against one alone, "
+            "alternated (the first worker's time)"]
 
 
 def control_lines(runs: ControlRuns, steps: int) -> list[str]:

@@ -244,7 +244,7 @@ class BatchEvaluator:
             T, cls, prio, bz, ot = self._node_arrays(G, rows, src, allocs, hosts, full)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
-        if prices_overlaps(self.cv.hw.overhead.co_busy, self.cv.host_cores):  # one more step of the fixed point
+        if prices_overlaps(self.cv.hw.overhead.co_run, self.cv.host_cores):  # one more step of the fixed point
             parts = self._overlap_priced(parts, ch, allocs, src, hosts, full, overlap, busy, op_time)
         makespan = np.empty(B)
         for bucket in _buckets(parts):
@@ -487,7 +487,7 @@ class BatchEvaluator:
                 overlap_stretches(whole_ns(start[local, :G.n]), whole_ns(finish[local, :G.n]),
                                   vertex_hosts[r][:, G.vertex], cores, G.is_op & ~relay,
                                   np.repeat([G.is_op & on_device], len(r), axis=0), self.cv.host_cores,
-                                  self.cv.hw.overhead.co_busy, factors)
+                                  self.cv.hw.overhead.co_busy, self.cv.hw.overhead.co_run, factors)
                 T, cls, prio, busy[r], op_time[r] = self._node_arrays(G, r, src, allocs, hosts, full, factors)
                 out.append((r, G, T, cls, prio))
         return out

@@ -488,7 +488,8 @@ class CompactVariant:
         out = np.ones((1, s.n))
         overlap_stretches(whole_ns([sched.start]), whole_ns([sched.finish]), np.array([self._hosts(s, allocs)]),
                           np.array([cores], dtype=np.int64), np.array([computing]),
-                          np.array([device_op]), self.host_cores, self.hw.overhead.co_busy, out)
+                          np.array([device_op]), self.host_cores, self.hw.overhead.co_busy,
+                          self.hw.overhead.co_run, out)
         return out[0]
 
     def full_hosts(self, choice: Choice) -> np.ndarray:
@@ -554,7 +555,7 @@ class CompactVariant:
         structure = self._prepared(s, masks, reserved, keys)
         times = self._priced(s, choice, allocs, runs)
         sched = run_schedule(structure, times)
-        if prices_overlaps(self.hw.overhead.co_busy, self.host_cores):  # one more step of the fixed point
+        if prices_overlaps(self.hw.overhead.co_run, self.host_cores):  # one more step of the fixed point
             times = self._priced(s, choice, allocs, runs, self._overlap_factors(s, choice, allocs, runs, sched))
             sched = run_schedule(structure, times)
         return s, times, reserved, sched

@@ -101,7 +101,7 @@ def busy_factors(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float])
     other operators and pools too that a first schedule, of the times with the siblings alone, overlaps with it
     (contention.overlap_stretches). 1 for other nodes."""
     alone = [co_busy_factor(n, hw) if device_op(n) else 1.0 for n in eg.nodes]
-    if not prices_overlaps(hw.overhead.co_busy, hw.host_cores):
+    if not prices_overlaps(hw.overhead.co_run, hw.host_cores):
         return alone
     first = _priced_with(p, hw, eg, runs, alone)
     sched = schedule_exec(replace(eg, nodes=tuple(n.with_(time=t) for n, t in zip(eg.nodes, first))), p.cluster)
@@ -112,7 +112,8 @@ def busy_factors(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float])
     out = np.ones((1, len(eg.nodes)))
     overlap_stretches(whole_ns([sched.start]), whole_ns([sched.finish]), np.array([node_hosts(p, hw, eg)[0]]),
                       np.array([[c or 0 for c in cores]], dtype=np.int64), np.array([computing]),
-                      np.array([[device_op(n) for n in eg.nodes]]), hw.host_cores, hw.overhead.co_busy, out)
+                      np.array([[device_op(n) for n in eg.nodes]]), hw.host_cores, hw.overhead.co_busy,
+                      hw.overhead.co_run, out)
     index = {n.id: i for i, n in enumerate(eg.nodes)}
     return [float(out[0, index[head.get(n.id, n.id)]]) for n in eg.nodes]  # a fusion's members: its first's
 

@@ -18,13 +18,15 @@ and the controller's reaction to a completion waits for a core. Two prices follo
 Beside that, two operators computing at once on one host's cores share its memory bandwidth and caches: the
 operator of an allocation with k devices on a host (k of its cores computing together: a dp, tp or pp group) takes
 `1 + b (k - 1) / (cores - 1)` times as long (`co_busy_stretch`; b = `[overhead] co_busy`, what one operator's time
-grows by with every other core of its host computing its siblings, measured by the overheads' control runs). So do
-operators of different vertices that the schedule overlaps on a host (a verifier pool scoring beside an inference, an
-asynchronous generation beside training): with the cores computing beside an operator counted over its scheduled
-interval, it takes `1 + b m / (cores - 1)` times as long, m the mean over the interval of the other cores computing
-(its siblings, the other vertices' operators and a pool's processes there, at most cores - 1; `overlap_stretches`). The
-overlaps come from a first schedule of the times without them, and every path schedules once more with the stretched
-times (one step of the fixed point: docs/cost-model.md, "Siblings on a host's cores").
+grows by with every other core of its host computing its siblings, measured by the overheads' control runs: siblings
+run in lockstep, each step waiting for the slower). Operators of different vertices that the schedule overlaps on a
+host (a verifier pool scoring beside an inference, an asynchronous generation beside training) only share the cores'
+memory bandwidth and caches: with the cores computing beside an operator counted over its scheduled interval, it takes
+`1 + (b s + b' m) / (cores - 1)` times as long, s = min(k - 1, cores - 1) its siblings and m the mean over the
+interval of the other cores computing there (other operators' devices, a pool's processes; all at most cores - 1), b'
+= `[overhead] co_run`, measured by the kernel campaign's narrow forwards on every core against one alone
+(`overlap_stretches`). The overlaps come from a first schedule of the times without them, and every path schedules
+once more with the stretched times (one step of the fixed point: docs/cost-model.md, "Siblings on a host's cores").
 
 A node is on the host of its first device (a verifier pool's nodes and the transfers into it on the first node's); a
 fusion is one node (its members run as one command). Every function takes numbers or numpy arrays (the optimizer's
@@ -89,10 +91,10 @@ def co_busy_stretch(devices_on_host, host_cores: Optional[int], co_busy: float):
     return 1.0 + co_busy * (np.minimum(k, host_cores) - 1) / (host_cores - 1)
 
 
-def prices_overlaps(co_busy: float, host_cores: Optional[int]) -> bool:
-    """Whether operators that the schedule overlaps on a host are priced (`overlap_stretches`): a profile with co_busy
+def prices_overlaps(co_run: float, host_cores: Optional[int]) -> bool:
+    """Whether operators that the schedule overlaps on a host are priced (`overlap_stretches`): a profile with co_run
     and hosts of two cores or more (a CPU profile's); the paths then schedule twice."""
-    return bool(co_busy) and host_cores is not None and host_cores >= 2
+    return bool(co_run) and host_cores is not None and host_cores >= 2
 
 
 def whole_ns(seconds) -> np.ndarray:
@@ -101,13 +103,15 @@ def whole_ns(seconds) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def overlap_stretches(start_ns, finish_ns, host, cores, computing, stretched, host_cores, co_busy,
+def overlap_stretches(start_ns, finish_ns, host, cores, computing, stretched, host_cores, co_busy, co_run,
                       out):  # pragma: no cover
-    """Per row r (a configuration) and node i with `stretched[r, i]` (a device operator), over its scheduled interval
-    [start, finish): 1 + b * (the integral of min(others(t), cores - 1)) / ((cores - 1) (finish - start)), with
-    others(t) the cores computing on its host at t beside its own first one: the `cores` of every `computing` node (an
-    operator: its allocation's devices on the host; a verify node: its pool's processes) whose interval holds t, less
-    1. Alone with its k devices that is `co_busy_stretch`. Other nodes, and one of zero length, get 1.
+    """Per row r (a configuration) and node i with `stretched[r, i]` (a device operator of k = cores[r, i] devices on
+    its host), over its scheduled interval [start, finish) of length L: 1 + (b s L + b' (I - s L)) / ((cores - 1) L),
+    with s = min(k - 1, cores - 1) its siblings, b = co_busy, b' = co_run and I the integral over the interval of
+    min(others(t), cores - 1), others(t) the cores computing on its host at t beside its own first one: the `cores` of
+    every `computing` node (an operator: its allocation's devices on the host; a verify node: its pool's processes)
+    whose interval holds t, less 1 (at least its siblings, so I >= s L). Alone that is `co_busy_stretch`. Other
+    nodes, and one of zero length, get 1.
 
     B x N arrays: start_ns, finish_ns (int64 ns: `whole_ns`), host, cores (int64), computing, stretched (bool); out
     (float) is written. One sweep per row over the computing nodes' starts and finishes sorted by time; per host the
@@ -156,4 +160,6 @@ def overlap_stretches(start_ns, finish_ns, host, cores, computing, stretched, ho
         for i in range(N):
             span = finish_ns[r, i] - start_ns[r, i]
             if stretched[r, i] and computing[r, i] and span > 0:
-                out[r, i] = 1.0 + co_busy * (at_finish[i] - at_start[i]) / (cap * span)
+                siblings = min(cores[r, i] - 1, cap) * span
+                others = at_finish[i] - at_start[i] - siblings
+                out[r, i] = 1.0 + (co_busy * siblings + co_run * others) / (cap * span)

@@ -131,6 +131,9 @@ _OVERHEAD_KEYS = (
                    "host whose cores the plan's processes all take (core/cost/contention.py)"),
     ("co_busy", "what an operator's time grows by (a fraction) where every other core of its host computes an "
                 "operator of its allocation beside it (its dp, tp or pp siblings: core/cost/contention.py)"),
+    ("co_run", "what an operator's time grows by (a fraction) where every other core of its host computes something "
+               "else beside it: another vertex's operator or a verifier pool's process that the schedule overlaps "
+               "with it (core/cost/contention.py; left out: overlaps are not priced)"),
 )
 MAX_OVERHEAD_S = 10.0
 
@@ -141,7 +144,7 @@ class Overhead:
     operators beside its kernels, the control round trip of every exec node (where the plan's processes take every
     core of its host, and where they leave one free), the operator time the runtime's threads take from the
     operators on a host without a free core and what an operator's time grows by with its siblings computing on the
-    host's other cores."""
+    host's other cores, or with other operators and processes computing there."""
 
     generation_call: float = 0.0
     generation_token: float = 0.0
@@ -154,6 +157,7 @@ class Overhead:
     node_free: float | None = None  # None: node
     contention: float = 0.0
     co_busy: float = 0.0
+    co_run: float = 0.0
 
     def call(self, role: str) -> float:
         return getattr(self, f"{role}_call")
