@@ -41,6 +41,10 @@ def test_the_first_use_calibrates_this_machine_and_caches_it(this_machine, monke
     assert this_machine.is_file() and hw.source == str(this_machine) and hw.name == "cpu"
     assert hw.provenance().startswith("this machine's profile (") and hw.F_peak > 0
     assert hw.speed_probe_s is not None and hw.speed_probe_s > 0  # what rpeg-run compares its own probe with
+    from rpegc.tools.measure import device_count
+
+    two = min(8, device_count("gloo")) >= 2  # forwards alone against every worker busy: two workers or more
+    assert ("co_run = " in this_machine.read_text()) == two and hw.overhead.co_run >= 0
     assert "calibrating this machine's CPU profile" in capsys.readouterr().err
     assert load_hardware("cpu") == hw  # the second use reads the cache
 
