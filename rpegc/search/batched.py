@@ -130,6 +130,11 @@ class _Sources:
     as_reshard: np.ndarray
     col: dict
 
+    def at(self, G: "_Graph", rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The index of the rows `rows` and the nodes of pattern group `G` into the source arrays (rows x nodes)."""
+        cols = np.array([self.col[key] for key in G.sources], dtype=np.int64)[G.source]
+        return rows[:, None], cols[None, :]
+
 
 class BatchEvaluator:
     """Evaluates arrays of plans (B x V directory indices) of one compiled variant."""
@@ -479,8 +484,7 @@ class BatchEvaluator:
             rows, sub = _local(bucket)
             _, start, finish = _run(_stack(sub, len(rows), self.V), overlap[rows], record=True)
             for (r, G, *_), (local, *_) in zip(bucket, sub):
-                cols = np.array([src.col[key] for key in G.sources], dtype=np.int64)[G.source]
-                relay = src.relay[r[:, None], cols[None, :]]
+                relay = src.relay[src.at(G, r)]
                 on_device = device_vertex[G.vertex]
                 cores = np.where(on_device, allocs.extent[r][:, G.vertex, 2], pools[r][:, G.vertex])
                 factors = np.ones((len(r), G.n))
@@ -527,8 +531,7 @@ class BatchEvaluator:
         """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
         and op time), from the batch's source times and hosts (`_hosts`); `factors`: `_priced`'s."""
         B, N, V = len(rows), G.n, self.V
-        cols = np.array([src.col[key] for key in G.sources], dtype=np.int64)[G.source]
-        at = (rows[:, None], cols[None, :])
+        at = src.at(G, rows)
         relay = src.relay[at]
         conditions = (hosts[rows], full[rows]) if full is not None else (None, None)
         T = self._priced(G, src.t[at], relay, allocs_all.extent[rows], allocs_all.size[rows], *conditions, factors)

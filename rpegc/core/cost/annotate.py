@@ -85,32 +85,36 @@ def priced_times(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float])
     """Each node of `eg` as the schedule takes it, from what it runs for (`runs`): a device operator's time stretched
     by the cores computing beside it (`busy_factors`) and on a host whose cores the plan takes, a transfer's fixed
     cost, every node's control round trip by its host's condition (core/cost/contention.py)."""
-    return _priced_with(p, hw, eg, runs, busy_factors(p, hw, eg, runs))
+    conditions = host_conditions(p, hw, eg, runs)
+    return _priced_with(hw, eg, runs, conditions, busy_factors(p, hw, eg, runs, conditions))
 
 
-def _priced_with(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float], busy: Sequence[float]) -> list[float]:
-    hosts, full, k = host_conditions(p, hw, eg, runs)
+def _priced_with(hw: Hardware, eg: ExecGraph, runs: Sequence[float], conditions, busy: Sequence[float]) -> list[float]:
+    """`priced_times` with each device operator's factor of the cores beside it given (`busy`); `conditions`:
+    `host_conditions`."""
+    hosts, full, k = conditions
     return [float(priced_node_time(t * b * k[h] if device_op(n) else t, hw, transfer=n.kind != "op",
                                    full=bool(full[h])))
             for n, t, h, b in zip(eg.nodes, runs, hosts, busy)]
 
 
-def busy_factors(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]) -> list[float]:
+def busy_factors(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float], conditions=None) -> list[float]:
     """Per node of `eg`, the factor of a device operator's time with the cores computing beside it on its host: its
     allocation's siblings (`co_busy_factor`); on a profile that prices overlaps (contention.prices_overlaps), the
     other operators and pools too that a first schedule, of the times with the siblings alone, overlaps with it
-    (contention.overlap_stretches). 1 for other nodes."""
+    (contention.overlap_stretches). 1 for other nodes. `conditions`: `host_conditions`, where the caller has them."""
     alone = [co_busy_factor(n, hw) if device_op(n) else 1.0 for n in eg.nodes]
     if not prices_overlaps(hw.overhead.co_run, hw.host_cores):
         return alone
-    first = _priced_with(p, hw, eg, runs, alone)
+    conditions = host_conditions(p, hw, eg, runs) if conditions is None else conditions
+    first = _priced_with(hw, eg, runs, conditions, alone)
     sched = schedule_exec(replace(eg, nodes=tuple(n.with_(time=t) for n, t in zip(eg.nodes, first))), p.cluster)
     head = {m: f.members[0] for f in eg.fusions for m in f.members}
     counted = [head.get(n.id, n.id) == n.id for n in eg.nodes]
     computing = [(device_op(n) and c) or (n.kind == "op" and n.role == VERIFY) for n, c in zip(eg.nodes, counted)]
     cores = [n.pool if n.alloc is None else n.alloc.extent[2] for n in eg.nodes]
     out = np.ones((1, len(eg.nodes)))
-    overlap_stretches(whole_ns([sched.start]), whole_ns([sched.finish]), np.array([node_hosts(p, hw, eg)[0]]),
+    overlap_stretches(whole_ns([sched.start]), whole_ns([sched.finish]), np.array([conditions[0]], dtype=np.int64),
                       np.array([[c or 0 for c in cores]], dtype=np.int64), np.array([computing]),
                       np.array([[device_op(n) for n in eg.nodes]]), hw.host_cores, hw.overhead.co_busy,
                       hw.overhead.co_run, out)

@@ -118,8 +118,8 @@ def _host_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     its device operators' times (annotate.host_conditions) and the range of their factors of the cores computing
     beside them (annotate.busy_factors: their siblings, and the operators and pools the schedule overlaps)."""
     runs = node_runs(p, hw, opts)
-    hosts, full, k = host_conditions(p, hw, p.exec, runs)
-    factors = busy_factors(p, hw, p.exec, runs)
+    hosts, full, k = conditions = host_conditions(p, hw, p.exec, runs)
+    factors = busy_factors(p, hw, p.exec, runs, conditions)
     siblings = {h: [b for n, at, b in zip(p.exec.nodes, hosts, factors) if at == h and device_op(n)]
                 for h in set(hosts)}
     rows = [[f"node {h}", "every core taken" if full[h] else "a core left free", f"{hosts.count(h)}",
