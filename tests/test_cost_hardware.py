@@ -143,6 +143,11 @@ def test_overhead_table_is_optional_and_checked(tmp_path):
     assert both.round_trip(np.array([True, False])).tolist() == [1e-3, 2e-4]
     err = error_of(write(tmp_path, GOOD + "\n[overhead]\ncontention = -1\n"))
     assert "key 'overhead.contention' = -1.0 is outside the allowed range" in err.message
+    assert load_hardware(str(write(tmp_path, GOOD + "\n[overhead]\nco_run = 0.05\n"))).overhead.co_run == 0.05
+    text = GOOD + "\n[overhead]\nco_run = -0.1\n"
+    err = error_of(write(tmp_path, text))
+    assert "key 'overhead.co_run' = -0.1 is outside the allowed range" in err.message
+    assert err.loc.line == line_of(text, "co_run = -0.1")
 
 
 @pytest.mark.parametrize("value", ["0", "-4", "100000", "2.5", '"four"'])
