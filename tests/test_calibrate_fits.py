@@ -171,15 +171,53 @@ def test_tiny_campaign_on_two_workers_writes_a_loadable_profile(tmp_path: Path):
     forwards = (ForwardCase("fwd", d64, 2, 8), ForwardCase("fwd", d64, 4, 8),
                 ForwardCase("dec", d64, 2, 1, 8), ForwardCase("dec", CPU_LAYER_ARCHS["d128"], 4, 1, 8))
     plan = SweepPlan("fp32", "layers", (1 << 20,), (1, 8), (8, 32), 64, forwards, 8, 8, 64,
-                     (1 << 10, 1 << 14), 0.001, 1, rounds=1)
+                     (1 << 10, 1 << 14), 0.001, 1, rounds=1, rope_shapes=((1, 1, 4, 4, 16), (8, 8, 4, 2, 16)))
     cal = calibrate(2, "gloo", plan, name="smoke", quiet=True)
     hw = cal.hardware()
     assert hw.F_peak > 0 and hw.BW_mem > 0 and hw.c_ng > 0 and hw.M_GPU > 0
     assert hw.beta_coll[0] > 0 and hw.beta_p2p[0] > 0
     assert {kind for kind, *_ in cal.raw} == {"copy", "forward", "non_gemm", "allreduce", "p2p"}
+    assert hw.rope_call + hw.rope_element > 0 and cal.rope.forward.points == cal.rope.with_backward.points == 2
     path = tmp_path / "smoke.toml"
     path.write_text(profile_text(cal))
-    assert load_hardware(str(path)).gpus_per_node is None
+    loaded = load_hardware(str(path))
+    assert loaded.gpus_per_node is None and loaded.rope_call == pytest.approx(hw.rope_call, rel=1e-5)
+    assert "rope_backward_element = " in path.read_text()
+
+
+class _RopePool:
+    """A worker whose rotations take call + element * elements: forward, and with the backward's terms beside."""
+
+    def __init__(self, forward: tuple[float, float], backward: tuple[float, float]):
+        self.forward, self.backward = forward, backward
+
+    def run(self, fn, b, t, h, kv, hd, dtype, min_time, repeats):
+        n = b * t * (h + kv) * hd
+        ahead = self.forward[0] + self.forward[1] * n
+        both = ahead + self.backward[0] + self.backward[1] * n
+        return [([ahead * 1.3, ahead], [both, both * 1.1]), None]
+
+
+def test_the_rope_terms_are_the_rotations_fits_forward_and_backward(tmp_path: Path):
+    from rpegc.tools.calibrate import CPU_ROPE_SHAPES, _rope_campaign, rope_keys
+
+    plan = dataclasses.replace(cpu_plan(), kernel_statistic="min")
+    rope = _rope_campaign(_RopePool((3e-5, 9e-10), (1.2e-4, 1.6e-9)), plan)
+    keys = rope_keys(rope)
+    assert (keys["rope_call"], keys["rope_element"]) == (pytest.approx(3e-5, rel=1e-9), pytest.approx(9e-10, rel=1e-9))
+    assert (keys["rope_backward_call"], keys["rope_backward_element"]) == (pytest.approx(1.2e-4, rel=1e-9),
+                                                                           pytest.approx(1.6e-9, rel=1e-9))
+    assert rope.forward.points == len(CPU_ROPE_SHAPES) == len(plan.rope_shapes) and rope.forward.mape < 1e-9
+    # a backward faster than its forward's terms (noise) is priced 0, never negative
+    cheap = _rope_campaign(_RopePool((3e-5, 9e-10), (-1e-5, 1e-10)), plan)
+    assert rope_keys(cheap)["rope_backward_call"] == 0.0 and rope_keys(cheap)["rope_backward_element"] > 0
+    cal = _calibration()
+    cal.rope = rope
+    path = tmp_path / "rope.toml"
+    path.write_text(profile_text(cal))
+    hw = load_hardware(str(path))
+    assert (hw.rope_call, hw.rope_backward_element) == (pytest.approx(3e-5, rel=1e-5), pytest.approx(1.6e-9, rel=1e-5))
+    assert rope_keys(None) == {} and load_hardware("h200").rope_call == 0.0  # not measured: not priced
 
 
 class _UnevenGap:

@@ -606,3 +606,52 @@ def test_layer_call_overhead_t_layer():
     _, per_mb = both("generation", "policy", CostOptions(accounting="spec", tp_decode="per_microbatch"))
     assert per_mb.launch_decode == approx(127 * mb * layers_local * t_layer)
     assert HW.t_layer == 0.0  # an optional key: profiles without it keep the spec's model
+
+
+def test_rope_rotations_priced_per_layer_call_and_rotated_element():
+    """hardware rope_* (not in the source; 0 in the spec's profile): a RoPE model's every layer call rotates its TP
+    shard's query and key heads of each token it computes, a fixed part and a part per element; a training step's
+    forwards (its recomputation's too) and one backward; a model with learned positions pays none of it."""
+    a, e, c, g = 3e-5, 1e-9, 1.2e-4, 1.6e-9
+    hw = Hardware.from_dict({**HW_DICT, "compute": {**HW_DICT["compute"], "rope_call": a, "rope_element": e,
+                                                    "rope_backward_call": c, "rope_backward_element": g}})
+    layers_local, mb, rows = 32 / 2, 4, 64 / 2  # pp = 2; dp = 2 replicas of the 64 rows
+    rotated = (32 / 2 + 32 / 2) * 128  # tp = 2 shards the query and the key heads
+
+    def both(role, kind, arch=ARCH, opts=CostOptions()):
+        return (op_time(role, arch, kind, WL, **PLAN, gpus_per_node=8, hw=hw, opts=opts),
+                op_time(role, arch, kind, WL, **PLAN, gpus_per_node=8, hw=hw, opts=opts, rope=True))
+
+    learned, rope = both("inference", "reference")
+    assert rope.T_non_gemm - learned.T_non_gemm == approx(layers_local * (mb * a + rows * 640 * rotated * e))
+    learned, rope = both("training", "policy")
+    forward = layers_local * (mb * a + rows * 640 * rotated * e)
+    backward = layers_local * (mb * c + rows * 640 * rotated * g)
+    assert rope.T_op - learned.T_op == approx(2 * forward + backward)  # recomputation: a second forward
+    learned, rope = both("generation", "policy")
+    assert rope.prefill_time - learned.prefill_time == approx(layers_local * (mb * a + rows * 512 * rotated * e))
+    assert rope.decode_time - learned.decode_time == approx(layers_local * 127 * (a + rows * rotated * e))
+    # fewer key heads than TP ranks: each rank keeps one whole
+    gqa = dataclasses.replace(ARCH, kv_heads=1)
+    learned, rope = both("inference", "reference", gqa)
+    assert rope.T_op - learned.T_op == approx(layers_local * (mb * a + rows * 640 * (16 + 1) * 128 * e))
+    assert op_time("inference", ARCH, "reference", WL, **PLAN, gpus_per_node=8, hw=HW, rope=True).T_op == approx(
+        op_time("inference", ARCH, "reference", WL, **PLAN, gpus_per_node=8, hw=HW).T_op)  # keys left out: 0
+
+
+def test_a_checkpoint_model_is_priced_with_its_rotations_on_the_pass_path():
+    """`Model.rope` (a Hugging Face checkpoint's network: the backend builds RoPE for it, learned positions else) is
+    what annotate prices every placed operator with."""
+    from rpegc.core.cost.annotate import node_placement, placement_time
+
+    hw = Hardware.from_dict({**HW_DICT, "compute": {**HW_DICT["compute"], "rope_call": 3e-5, "rope_element": 1e-9,
+                                                    "rope_backward_call": 1e-4, "rope_backward_element": 2e-9}})
+    p = toy_program()
+    hf = dataclasses.replace(p, models=tuple(dataclasses.replace(m, hf="ckpt") for m in p.models))
+    assert all(m.rope for m in hf.models) and not any(m.rope for m in p.models)
+    for n in p.exec.nodes:
+        model = p.model(n.model)
+        grown = placement_time(hf, node_placement(n, hf), hw).T_op - placement_time(p, node_placement(n, p), hw).T_op
+        alone = [op_time(n.role, ARCH, model.kind, WL, **PLAN, gpus_per_node=8, hw=hw, rope=r).T_op
+                 for r in (False, True)]
+        assert grown == approx(alone[1] - alone[0]) and grown > 0

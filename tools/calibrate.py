@@ -344,6 +344,9 @@ class SweepPlan:
     link_gap_s: float = 0.0  # compute before every message of the link sweeps (`_Gap`); 0 = back to back
     link_iterations: int = 200  # most messages per timed repeat of a link point (`link_iterations`)
     probe_runs: int = 3  # speed probes after the campaign, in a fresh process (the fastest is kept; CPU only)
+    # One layer's RoPE rotations timed for the [compute] rope_* terms: (batch, seq, heads, kv_heads, head_dim) of its
+    # queries and keys (`_measure_rope`); none: the profile leaves them out (not priced).
+    rope_shapes: tuple[tuple[int, int, int, int, int], ...] = ()
 
 
 def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -378,6 +381,11 @@ CPU_DECODE_CONTEXT = 48
 # 1.2 ms after 0.5-1 ms (measured): it saturates there. GPU sweeps send back to back:
 # NCCL progresses on the device, and host compute would not model a GPU kernel anyway.
 CPU_LINK_GAP_S = 5e-4
+# The rotations of the CPU backend's small models' heads (head_dim 16; grouped-query keys too) over decode steps and
+# prefill-shaped calls: 96 to 131k elements of queries and keys, whose tensors stay in a core's cache as the
+# operators' do (with head_dim 32 the largest point's queries, 512 KiB, took 2-5x as long per element).
+CPU_ROPE_SHAPES = tuple((b, t, h, kv, hd) for h, kv, hd in ((4, 4, 16), (4, 2, 16))
+                        for b, t in ((1, 1), (16, 1), (64, 1), (4, 32), (16, 16), (64, 16)))
 
 
 def _layer_forwards(archs: dict[str, Arch], prefill, decode, context: int) -> tuple[ForwardCase, ...]:
@@ -393,7 +401,8 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         two = {k: CPU_LAYER_ARCHS[k] for k in ("d64", "d128")}  # two widths, so gamma_K is identifiable
         forwards = _layer_forwards(two, ((2, 16), (8, 16)), (1, 8), 16)
         return SweepPlan("fp32", eta_from, (1 << 22,), (1, 16, 256), (16, 128), 128, forwards, 8, 32, 128,
-                         (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1, link_gap_s=CPU_LINK_GAP_S, probe_runs=1)
+                         (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1, link_gap_s=CPU_LINK_GAP_S, probe_runs=1,
+                         rope_shapes=((1, 1, 4, 4, 16), (16, 16, 4, 4, 16)))
     forwards = _layer_forwards(CPU_LAYER_ARCHS, CPU_PREFILL_SHAPES, CPU_DECODE_BATCHES, CPU_DECODE_CONTEXT)
     return SweepPlan(
         dtype="fp32",
@@ -411,6 +420,7 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         repeats=5,
         link_gap_s=CPU_LINK_GAP_S,
         rounds=5,  # a shared VM's speed drifts over minutes: five passes pool more of it
+        rope_shapes=CPU_ROPE_SHAPES,
     )
 
 
@@ -442,8 +452,9 @@ def gpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
                          _layer_forwards({"4k": big}, ((4, 512),), (8,), 512), 8, 512, 4096,
                          (1 << 12, 1 << 20, 1 << 26), 0.01, 2, rounds=1)
     forwards = _layer_forwards({"4k": big, "2k": mid}, ((1, 512), (4, 512), (8, 2048)), (1, 8, 64, 256), 1024)
+    rope = tuple((b, t, 32, kv, 128) for kv in (32, 8) for b, t in ((1, 1), (64, 1), (256, 1), (4, 512), (8, 2048)))
     return SweepPlan("bf16", eta_from, (1 << 28, 1 << 30), _geometric(16, 16384), _geometric(128, 16384), 8192,
-                     forwards, 8, 1024, 4096, _geometric(1 << 12, 1 << 28, 4), 0.05, 5)
+                     forwards, 8, 1024, 4096, _geometric(1 << 12, 1 << 28, 4), 0.05, 5, rope_shapes=rope)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -546,6 +557,39 @@ def _measure_non_gemm(ctx, batch: int, seq: int, hidden: int, dtype: str, min_ti
 
     with torch.no_grad():
         return time_per_call(layer, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
+
+
+def _measure_rope(ctx, batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, dtype: str, min_time: float,
+                  repeats: int):
+    """Seconds of one layer's RoPE rotation of its queries [batch, heads, seq, head_dim] and keys (kv_heads), the
+    backend's own functions on the attention's layout (the tables at the call's positions, then both rotations): the
+    forward, and the forward with its backward (the gradients of queries and keys from given ones, as a layer's
+    backward passes them on)."""
+    if ctx.rank != 0:
+        return None
+    import torch
+
+    from rpegc.runtime.backends.torch.model.transformer import apply_rope, positioned_rope, rope_tables
+
+    dt = _dtype(dtype)
+    cos, sin = (x.to(ctx.device, dt) for x in rope_tables(seq, head_dim, 10000.0))
+    positions = torch.arange(seq, device=ctx.device)
+    # laid out as the attention's projections give them: [batch, seq, heads, head_dim] seen as [batch, heads, seq, ...]
+    q = torch.randn(batch, seq, heads, head_dim, device=ctx.device).to(dt).requires_grad_()
+    k = torch.randn(batch, seq, kv_heads, head_dim, device=ctx.device).to(dt).requires_grad_()
+    grads = tuple(torch.randn(batch, n, seq, head_dim, device=ctx.device).to(dt) for n in (heads, kv_heads))
+
+    def forward():
+        c, s = positioned_rope(cos, sin, positions)
+        return apply_rope(q.transpose(1, 2), c, s), apply_rope(k.transpose(1, 2), c, s)
+
+    def forward_backward() -> None:
+        torch.autograd.grad(forward(), (q, k), grads)
+
+    with torch.no_grad():
+        ahead = time_per_call(forward, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
+    both = time_per_call(forward_backward, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
+    return ahead, both
 
 
 def link_iterations(plan: SweepPlan, nbytes: int) -> int:
@@ -685,6 +729,23 @@ class CoRunning:
     busy: int  # workers computing at once
 
 
+@dataclass(frozen=True)
+class RopeFits:
+    """[compute] rope_*: seconds = call + element * (rotated query and key elements) of one layer's RoPE rotations,
+    fitted over the plan's `rope_shapes` (relative error): the forward's, and the forward's with its backward (the
+    backward's terms are the difference of the two fits: per point, the two timings' difference was noise-dominated
+    where the forward's tensors left the cache)."""
+
+    forward: LinkFit  # alpha: s per call, beta: s per element
+    with_backward: LinkFit
+
+    @property
+    def backward(self) -> tuple[float, float]:
+        """(s per call, s per element) of the backward alone."""
+        return (max(self.with_backward.alpha - self.forward.alpha, 0.0),
+                max(self.with_backward.beta - self.forward.beta, 0.0))
+
+
 @dataclass
 class Calibration:
     """Everything the campaign found: the profile's values, the fits behind them and the raw points."""
@@ -712,6 +773,7 @@ class Calibration:
     # brought to the operators' moment and condition by it, so a profile's compute terms price one of each.
     kernel_scale: float = 1.0
     co_run: Optional[CoRunning] = None  # the narrow forwards beside every core busy against alone (`_co_running`)
+    rope: Optional[RopeFits] = None  # one layer's RoPE rotations (`_rope_campaign`); None: not measured
 
     @property
     def world(self) -> int:
@@ -728,7 +790,7 @@ def _steps(plan: SweepPlan, world: int) -> int:
     p2p_points = len(plan.message_bytes) if world > 1 else 0
     gemm_points = len(plan.gemm_rows) * len(plan.gemm_widths) if plan.eta_from == "gemm" else 0
     rounds = plan.rounds * (len(plan.forwards) + coll_points + p2p_points)
-    return len(plan.copy_bytes) + gemm_points + 1 + rounds
+    return len(plan.copy_bytes) + gemm_points + 1 + bool(plan.rope_shapes) + rounds
 
 
 def calibrate(devices: int, backend: str, plan: SweepPlan, *, name: str = "cpu", quiet: bool = False,
@@ -801,8 +863,23 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
                                   plan.min_time, plan.repeats)[0], plan.kernel_statistic)
     cal.raw.append(("non_gemm", f"b={plan.B_cal} seq={plan.ng_seq} d={plan.ng_hidden}", 0.0, cal.c_ng))
     progress.step("non-GEMM layer")
+    if plan.rope_shapes:
+        cal.rope = _rope_campaign(pool, plan)
+        progress.step("RoPE rotations")
     if cal.concurrent and cal.devices > 1:
         cal.co_run = _co_running(pool, plan, cal.devices)
+
+
+def _rope_campaign(pool: WorkerPool, plan: SweepPlan) -> RopeFits:
+    """`RopeFits` of one worker's timings of `plan.rope_shapes` (the kernel statistic of each point's repeats)."""
+    elements, ahead, both = [], [], []
+    for b, t, h, kv, hd in plan.rope_shapes:
+        fwd, fwd_bwd = pool.run(_measure_rope, b, t, h, kv, hd, plan.dtype, plan.min_time, plan.repeats)[0]
+        elements.append(float(b * t * (h + kv) * hd))
+        ahead.append(summarize(fwd, plan.kernel_statistic))
+        both.append(summarize(fwd_bwd, plan.kernel_statistic))
+    ones = [1.0] * len(elements)
+    return RopeFits(fit_alpha_beta(ones, elements, ahead), fit_alpha_beta(ones, elements, both))
 
 
 CO_RUN_ROUNDS = 2  # alone and beside, alternated
@@ -939,12 +1016,37 @@ def profile_mapping(cal: Calibration) -> dict:
         **per_node,
         "compute": {"F_peak": F_peak, "BW_mem": cal.BW_mem, "gamma_M": cal.eta_fit.gamma_M,
                     "gamma_K": cal.eta_fit.gamma_K, "c_ng": cal.c_ng, "B_cal": float(cal.plan.B_cal),
-                    "t_layer": t_layer},
+                    "t_layer": t_layer, **rope_keys(cal.rope)},
         "memory": {"M_GPU": cal.M_GPU, "eps_rt": DEFAULT_EPS_RT},
         # One host reaches only the intra-node tier; the others repeat it so the profile is complete.
         "collective": _link_tiers(cal, coll, "coll"),
         "p2p": _link_tiers(cal, p2p, "p2p"),
     }
+
+
+def rope_keys(rope: Optional[RopeFits]) -> dict:
+    """The [compute] rope_* keys of the fits (none where the campaign timed no rotation)."""
+    if rope is None:
+        return {}
+    call, element = rope.backward
+    return {"rope_call": rope.forward.alpha, "rope_element": rope.forward.beta,
+            "rope_backward_call": call, "rope_backward_element": element}
+
+
+def _rope_lines(cal: Calibration, c: dict) -> list[str]:
+    if cal.rope is None:
+        return []
+    f, b = cal.rope.forward, cal.rope.with_backward
+    return [
+        f"rope_call = {_num(c['rope_call'])}    # s per layer call; one layer's RoPE rotation of its queries and keys "
+        f"(the backend's apply_rope), least squares of call + element * elements in relative error over {f.points} "
+        f"shapes ({min(e[0] * e[1] for e in cal.plan.rope_shapes)}-{max(e[0] * e[1] for e in cal.plan.rope_shapes)} "
+        f"tokens) on one worker, MAPE {f.mape:.1%}",
+        f"rope_element = {_num(c['rope_element'])}    # s per rotated query or key element; same fit",
+        f"rope_backward_call = {_num(c['rope_backward_call'])}    # s per layer call of its backward: the same fit of "
+        f"the forward with its backward (MAPE {b.mape:.1%}) less the forward's",
+        f"rope_backward_element = {_num(c['rope_backward_element'])}    # s per element; the same difference",
+    ]
 
 
 def _link_tiers(cal: Calibration, measured: dict, family: str) -> dict:
@@ -1011,6 +1113,7 @@ def profile_text(cal: Calibration) -> str:
         f"c_ng = {_num(c['c_ng'])}          # s per layer; 2 RMSNorm + 2 residual adds at b = B_cal, "
         f"seq = {p.ng_seq}, d = {p.ng_hidden}",
         f"B_cal = {p.B_cal}                   # sequences; reference batch of the c_ng measurement",
+        *_rope_lines(cal, c),
         "",
         "[memory]",
         f"M_GPU = {_num(cal.M_GPU)}         # B; {cal.memory_source}",
@@ -1085,6 +1188,8 @@ def summary(cal: Calibration) -> str:
         f"gamma_M {e.gamma_M:.4g} rows   gamma_K {e.gamma_K:.4g} cols   (eta fit over {e.points}, MAPE {e.mape:.1%})",
         f"t_layer {e.t_layer:.4g} s per layer call",
         f"c_ng    {cal.c_ng:.4g} s/layer at B_cal = {cal.plan.B_cal}",
+        *([f"rope    {cal.rope.forward.alpha:.4g} s + {cal.rope.forward.beta:.4g} s/element per layer call, backward "
+           f"{cal.rope.backward[0]:.4g} s + {cal.rope.backward[1]:.4g} s/element"] if cal.rope else []),
         f"coll    alpha {cal.coll_fit.alpha:.4g} s  beta {cal.coll_fit.beta:.4g} s/B  ({_fit_quality(cal.coll_fit)})",
         f"p2p     alpha {cal.p2p_fit.alpha:.4g} s  beta {cal.p2p_fit.beta:.4g} s/B  ({_fit_quality(cal.p2p_fit)})",
         f"M_GPU   {cal.M_GPU:.4g} B  eps_rt {DEFAULT_EPS_RT}",

@@ -319,7 +319,7 @@ def predict(case: Case, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> 
     """T_op of spec 3 and the isolated operator's per-device memory peak of spec 6 (all devices on one node)."""
     wl = case.workload
     t = op_time(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
-                gpus_per_node=gpus_per_node, hw=hw, opts=opts, train=case.training)
+                gpus_per_node=gpus_per_node, hw=hw, opts=opts, train=case.training, rope=case.positions == "rope")
     mem = op_memory(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
                     train=case.training, opts=opts)
     # Alone on its devices: a training operator keeps its Adam state; a serving one loads its weights.

@@ -265,7 +265,7 @@ def placement_time(p: Program, placement: OpPlacement, hw: Hardware, opts: CostO
     return op_time(
         placement.role, model.arch, model.kind, p.workload,
         dp=s.dp, pp=s.pp, tp=s.tp, mb=s.mb, gpus_per_node=p.cluster.gpus,
-        hw=hw, opts=opts, span_tier=tier, pp_tier=pp_tier, train=placement.training(p.workload),
+        hw=hw, opts=opts, span_tier=tier, pp_tier=pp_tier, train=placement.training(p.workload), rope=model.rope,
     )
 
 

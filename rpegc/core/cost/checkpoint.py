@@ -89,8 +89,7 @@ def rank_writes(p: Program) -> tuple[RankWrite, ...]:
         model = p.model(vertex.model)
         s = pl.strategy
         tau = p.graph.tau(model.name)
-        # the backend learns position embeddings for a model without a checkpoint (runtime's run_config), RoPE else
-        learned = model.hf is None
+        learned = not model.rope  # a learned position embedding is trained state
         positions = learned * (p.workload.Lp + p.workload.Lr) * model.arch.hidden
         share = (float(weight_shard(model.arch, model.kind, s.pp, s.tp)) + positions) / s.dp
         pieces = stage_tensors(model.arch, model.kind, s.pp, learned) / s.dp

@@ -4,7 +4,7 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
 
     name = "gh200"
     gpus_per_node = 4            # optional, informational
-    [compute]   F_peak, BW_mem, gamma_M, gamma_K, c_ng, B_cal, optional t_layer (default 0)
+    [compute]   F_peak, BW_mem, gamma_M, gamma_K, c_ng, B_cal, optional t_layer, F_peak_fp32 and rope_* (default 0)
     [memory]    M_GPU, eps_rt
     [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
     [p2p.<tier>]         alpha, beta
@@ -64,10 +64,20 @@ _COMPUTE_KEYS = (
 # CPU workers, where rpeg-calibrate fits it (bench/validation/README.md).
 # F_peak_fp32 is the ceiling of float32 GEMMs, which price the training operators of a 16-bit workload that train in
 # precision = fp32 (core/ir/training.py); F_peak is the ceiling of the workload's own dtype. Default (None): F_peak.
+# rope_*: what a model with rotary position embeddings (the torch backend builds them for a Hugging Face checkpoint)
+# computes per layer beyond the forwards t_layer and F_peak were fitted to (learned positions): its queries' and keys'
+# rotations, a fixed part per layer call and a part per rotated element, in the forward and in the backward
+# (core/cost/optime.py `rope_time`). Default 0: not priced (the spec's model; shipped GPU profiles).
 _OPTIONAL_COMPUTE_KEYS = (
     ("t_layer", "fixed time of one layer's forward call, s", 0.0, False, 10.0, 0.0),
     ("F_peak_fp32", "calibrated float32 GEMM ceiling per GPU (precision = fp32 training of a 16-bit workload), "
                     "FLOP/s; default F_peak", 0.0, True, 1e17, None),
+    ("rope_call", "fixed time of one layer's RoPE rotation of its queries and keys in one forward call, s", 0.0, False,
+     10.0, 0.0),
+    ("rope_element", "time per query or key element one layer's forward rotates, s", 0.0, False, 10.0, 0.0),
+    ("rope_backward_call", "fixed time of the backward of one layer's RoPE rotation, s", 0.0, False, 10.0, 0.0),
+    ("rope_backward_element", "time per query or key element of the backward of one layer's RoPE rotation, s", 0.0,
+     False, 10.0, 0.0),
 )
 _MEMORY_KEYS = (
     ("M_GPU", "HBM capacity per GPU, B", 0.0, True, 1e14),
@@ -194,6 +204,10 @@ class Hardware:
     source: str = "<dict>"
     t_layer: float = 0.0  # s per layer per forward call (optional key, see _OPTIONAL_COMPUTE_KEYS)
     F_peak_fp32: float | None = None  # float32 GEMM ceiling (optional key); None: F_peak
+    rope_call: float = 0.0  # s per layer call of a RoPE model's rotations, forward (optional key)
+    rope_element: float = 0.0  # s per rotated element, forward (optional key)
+    rope_backward_call: float = 0.0  # the same of the backward (optional key)
+    rope_backward_element: float = 0.0
     # Where it was calibrated ([meta]; free-form there, read when they are strings): rpeg-calibrate writes them
     calibrated: str = ""  # meta.date
     host: str = ""  # meta.host

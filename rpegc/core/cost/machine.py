@@ -33,10 +33,10 @@ CACHE_ENV = "RPEGC_CACHE_DIR"
 # with, runtime/speed_probe.py; 6: the checkpoint writes, [host] checkpoint_file and checkpoint_rate; 7: the disk a
 # node's checkpoint writers share, [host] checkpoint_disk_rate; 8: the runtime's threads on a host without a free core,
 # [overhead] node_free and contention; 9: siblings computing on a host's other cores, [overhead] co_busy, and the
-# built-in verifiers timed over 25 batches; 10: the narrow forwards alone beside every core busy, [overhead] co_run),
-# so that a profile cached by an earlier campaign is calibrated again
+# built-in verifiers timed over 25 batches; 10: the narrow forwards alone beside every core busy, [overhead] co_run;
+# 11: a RoPE model's rotations, [compute] rope_*), so that a profile cached by an earlier campaign is calibrated again
 # instead of lacking keys or pricing the old operators.
-CAMPAIGN = "10"
+CAMPAIGN = "11"
 # The child process that calibrates this machine (tools/calibrate.py); `--quick` is the tests' smoke version.
 CALIBRATE = ("-m", "rpegc.tools.calibrate", "--machine", "--quiet")
 

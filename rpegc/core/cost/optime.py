@@ -121,9 +121,9 @@ class OpTime:
     T_opt: Quantity
     bubble_factor: Quantity  # T_bubble / T_gemm
     decode_pp: Optional[PpComm] = None  # [A7] "wavefront": the decode loop's transfers (in T_pp)
-    # Fixed time beside the kernels (not in the source), included in T_non_gemm: per layer call (hardware t_layer)
-    # and the operator's per-call and per-token overhead ([overhead]); for generation split into its prefill and
-    # decode shares.
+    # Fixed time beside the kernels (not in the source), included in T_non_gemm: per layer call (hardware t_layer),
+    # a RoPE model's rotations (`rope_time`) and the operator's per-call and per-token overhead ([overhead]); for
+    # generation split into its prefill and decode shares.
     T_launch: Quantity = 0.0
     launch_prefill: Quantity = 0.0
     launch_decode: Quantity = 0.0
@@ -181,6 +181,16 @@ def data_parallel(msg, dp, mb, train: Training, hw: Hardware, span_tier, opts: C
     return DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), reduces, allgather(msg, dp, a_dp, b_dp), scalars)
 
 
+def rope_time(arch: Arch, hw: Hardware, layers, tp, calls, tokens, backward: bool = False):
+    """Seconds of a RoPE model's rotations on one device ([compute] rope_*, not in the source): `calls` calls of each
+    of its `layers` layers over `tokens` tokens in all, each layer rotating every token's queries and keys (its TP
+    shard's heads: a key head stays whole on a rank where there are fewer than tp). The forward's, or the backward's."""
+    call, element = ((hw.rope_backward_call, hw.rope_backward_element) if backward
+                     else (hw.rope_call, hw.rope_element))
+    rotated = (arch.heads / tp + np.maximum(arch.kv_heads / tp, 1)) * arch.head_dim
+    return layers * (calls * call + tokens * rotated * element)
+
+
 def op_time(
     role: str,
     arch: Arch,
@@ -197,8 +207,10 @@ def op_time(
     span_tier="intra_node",
     pp_tier=None,
     train: Optional[Training] = None,
+    rope: bool = False,
 ) -> OpTime:
     """T_op of one Op vertex (spec 3); a training operator's as `train` says (the workload's training by default).
+    `rope`: the model rotates its queries and keys (`Model.rope`), priced by `rope_time`.
 
     `span_tier` is tier(sigma(v)) (DP collectives, inter-node PP boundaries); `pp_tier` overrides
     the latter (option A8 "replica"). `gpus_per_node` is the cluster's N_g. Generation and inference run on the
@@ -286,6 +298,10 @@ def op_time(
         # replica's rows in the prefill, each generated token in the decode.
         launch_prefill = mb * (layers_local * hw.t_layer + oh.generation_call) + rows_replica * wl.Lp * oh.generation_token
         launch_decode = decode_calls * layers_local * hw.t_layer + rows_replica * wl.Lr * oh.generation_token
+        if rope:
+            launch_prefill = launch_prefill + rope_time(arch, hw, layers_local, tp, mb, rows_replica * wl.Lp)
+            launch_decode = launch_decode + rope_time(arch, hw, layers_local, tp, decode_calls,
+                                                      rows_replica * decode_steps)
         launch = launch_prefill + launch_decode
         if opts.generation_pp in ("prefill", "wavefront"):
             pp_comm = pipeline(wl.Lp, mb + pp - 2)
@@ -297,6 +313,8 @@ def op_time(
         tps = (tp_calls("forward", 2 * layers_local * mb, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + pp - 2)
         launch = mb * (layers_local * hw.t_layer + oh.inference_call) + rows_replica * ell_full * oh.inference_token
+        if rope:
+            launch = launch + rope_time(arch, hw, layers_local, tp, mb, rows_replica * ell_full)
     elif role == "training":
         assert train is not None
         n_fe = train.forward_equivalents
@@ -310,6 +328,10 @@ def op_time(
         # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch.
         launch = (n_fe * mb * layers_local * hw.t_layer + mb * oh.training_call
                   + rows_replica * ell_full * oh.training_token)
+        if rope:  # the forward passes (the step's and a recomputation's) and one backward
+            tokens = rows_replica * ell_full
+            launch = launch + ((n_fe - 2) * rope_time(arch, hw, layers_local, tp, mb, tokens)
+                               + rope_time(arch, hw, layers_local, tp, mb, tokens, backward=True))
         dp_comm = data_parallel(N_m * s_b / (pp * tp), dp, mb, train, hw, span_tier, opts)
     else:
         raise ValueError(f"unknown role {role!r}")

@@ -144,6 +144,12 @@ class Model:
     loc: Loc = loc_field()
     hf: Optional[str] = None  # a Hugging Face checkpoint directory the arch was read from (core/ir/hf_config.py)
 
+    @property
+    def rope(self) -> bool:
+        """Whether the network encodes positions with RoPE (a checkpoint's, as the torch backend builds it) rather
+        than a learned embedding (a model without a checkpoint: the backend's run_config)."""
+        return self.hf is not None
+
 
 @dataclass(frozen=True)
 class Verifier:
