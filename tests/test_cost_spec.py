@@ -655,3 +655,19 @@ def test_a_checkpoint_model_is_priced_with_its_rotations_on_the_pass_path():
         alone = [op_time(n.role, ARCH, model.kind, WL, **PLAN, gpus_per_node=8, hw=hw, rope=r).T_op
                  for r in (False, True)]
         assert grown == approx(alone[1] - alone[0]) and grown > 0
+
+
+def test_a_recomputed_forward_pays_its_own_fixed_costs():
+    """[overhead] recompute_call and recompute_token: each forward a training step recomputes (n_fe - 3 of them) costs
+    them per microbatch and per token of the replica's rows beside its kernels; a step without recomputation none."""
+    call, token = 2e-3, 3e-6
+    hw = Hardware.from_dict({**HW_DICT, "overhead": {"recompute_call": call, "recompute_token": token}})
+    mb, rows = 4, 64 / 2
+
+    def priced(recompute, profile):
+        train = Training(precision="mixed", zero=2, recompute=recompute, schedule="1f1b")
+        return op_time("training", ARCH, "policy", WL, **PLAN, gpus_per_node=8, hw=profile, train=train).T_op
+
+    for recompute in ("interval", "full"):
+        assert priced(recompute, hw) - priced(recompute, HW) == approx(mb * call + rows * 640 * token)
+    assert priced("none", hw) == priced("none", HW)

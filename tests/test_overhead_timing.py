@@ -84,8 +84,9 @@ def test_the_overhead_table_loads_into_a_profile():
     text = base + table.text
     loaded = Hardware.from_dict(tomllib.loads(text), source="t.toml")
     oh = loaded.overhead
-    values = [oh.call(r) for r in overhead_timing.ROLES] + [oh.token(r) for r in overhead_timing.ROLES]
+    values = [oh.call(r) for r in overhead_timing.FITS] + [oh.token(r) for r in overhead_timing.FITS]
     assert all(v >= 0 for v in values) and oh.transfer >= 0 and oh.node > 0  # a real run's round trips take time
+    assert "recompute_call = " in text and "(training without recomputation)" in text
     assert "[overhead]" in text and "4-step GRPO of the tiny preset" in text
     scale = re.search(r"less the kernel terms x ([0-9.e+-]+) \(F_peak and t_layer moved so\): 1 of the", text)
     assert scale and float(scale.group(1)) == pytest.approx(table.kernel_scale, rel=1e-2)  # timed beside the grid
@@ -94,6 +95,21 @@ def test_the_overhead_table_loads_into_a_profile():
     assert (oh.node_free is not None, "node_free = " in text, "contention = " in text) == (two, two, two)
     assert oh.contention >= 0 and (oh.node_free is None or oh.node_free > 0)
     assert ("co_busy = " in text) == (host_cores() >= 2) and oh.co_busy >= 0  # the pair and one alone: 2 cores or more
+
+
+def test_the_grid_trains_without_recomputation_and_times_the_recompute_shapes_recomputing_apart():
+    """The training fit prices a step that recomputes nothing (what the optimizer picks where memory allows); the
+    recompute shapes' training recomputes, in a backend worker of its own (one worker trains a model one way)."""
+    plan = overhead_timing.FULL
+    cases = overhead_timing.grid_cases(plan)
+    train = [c for c in cases if c.role == "training"]
+    plain = [c for c in train if not c.model.endswith(overhead_timing.RECOMPUTING)]
+    again = [c for c in train if c.model.endswith(overhead_timing.RECOMPUTING)]
+    assert {c.training.recompute for c in plain} == {"none"} and {c.training.recompute for c in again} == {"interval"}
+    assert len(plain) == len(plan.models) * len(plan.shapes) and len(again) == len(plan.models) * len(
+        plan.recompute_shapes) > 0
+    assert not {c.suite for c in plain} & {c.suite for c in again}
+    assert {c.training for c in cases if c.role != "training"} == {None}
 
 
 def fit(devices: int, node: float, op_s: float, nodes_per_step: float = 9.0, forward_s: float = 0.0) -> ControlFit:

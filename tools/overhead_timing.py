@@ -10,7 +10,9 @@
   after every round of the grid the same worker times the kernel campaign's narrow forwards again (`KernelCheck`),
   and the profile's forward terms (F_peak, t_layer) are brought to that moment and condition by how long those took
   against in the campaign (`kernel_scale`); rpeg-calibrate writes them so (`moved_kernels`), so the profile prices
-  kernels and overheads as one moment on one worker saw them.
+  kernels and overheads as one moment on one worker saw them. The grid's training recomputes nothing (recompute =
+  none); at `recompute_shapes` it is timed recomputing too (interval), and what that costs beyond its kernels and the
+  training terms is fitted the same way (`recompute_call`, `recompute_token`, per recomputed forward).
 - `control_runs(hw_text, ...)`: the runtime's control round trip per exec node (a completion's report, the
   controller's reaction, the next command; `runtime/report.control_overhead`, as rpeg-run prints it) and a transfer's
   cost beside its link's terms, from short real runs of a GRPO plan, priced with `hw_text`: on one worker (a core left
@@ -38,6 +40,7 @@ from rpegc.core.cost.hardware import Hardware, Overhead
 from rpegc.core.cost.options import cost_options
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
+from rpegc.core.ir.training import TrainSpec
 from rpegc.programs import Cluster, Model, Workload, grpo
 from rpegc.tools.measure import mape, summarize
 
@@ -53,6 +56,9 @@ class OverheadPlan:
     repeats: int  # timed runs of each operator (the campaign's statistic of them), after WARMUP
     steps: int  # of the control run: a transfer's extra time is bimodal (whether an endpoint is busy), so its median
     # holds still only over ~200 transfers (docs/calibration.md)
+    # Shapes whose training is timed recomputing its activations too (recompute = interval; the grid's others train
+    # without, recompute = none): what a recomputed forward costs beyond its kernels (`recompute_*`)
+    recompute_shapes: tuple[tuple[int, int, int, int], ...] = ()
 
 
 # Two small models whose operators are mostly overhead: rpeg-validate's `tiny` preset (the toy presets' learned
@@ -64,8 +70,12 @@ LLAMA_SMALL = Arch(layers=2, hidden=96, ffn=192, vocab=128, heads=6, kv_heads=2,
 FULL = OverheadPlan(models=(("tiny", "learned"), ("llama-small", "rope")),
                     shapes=((4, 4, 4, 4), (16, 4, 4, 4), (4, 4, 4, 16), (16, 4, 4, 16), (8, 4, 16, 8), (16, 4, 12, 4),
                             (32, 4, 8, 4)),
-                    repeats=5, steps=40)
-QUICK = OverheadPlan(models=(("tiny", "rope"),), shapes=((4, 4, 4, 4), (8, 4, 4, 8)), repeats=2, steps=4)  # smoke
+                    repeats=5, steps=40, recompute_shapes=((4, 4, 4, 4), (4, 4, 4, 16), (16, 4, 12, 4), (32, 4, 8, 4)))
+QUICK = OverheadPlan(models=(("tiny", "rope"),), shapes=((4, 4, 4, 4), (8, 4, 4, 8)), repeats=2, steps=4,
+                     recompute_shapes=((4, 4, 4, 4), (8, 4, 4, 8)))  # smoke
+# What the table fits: each role's operators, and a training step's recomputation beyond its kernels
+FITS = ROLES + ("recompute",)
+RECOMPUTING = "+recompute"  # the model name of the recomputing training cases (a backend worker of their own)
 WARMUP = 2
 
 
@@ -167,10 +177,7 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     `check`'s forwards timed after every round on the same worker (`moved_kernels`; none: as `hw` prices them)."""
     from rpegc.tools import validate
 
-    archs = {**validate.VALIDATION_ARCHS, "llama-small": LLAMA_SMALL}
-    cases = [validate.Case(role, kind, name, archs[name], B, R, Lp, Lr, 1, 1, 1, 1, positions=positions)
-             for name, positions in plan.models for B, R, Lp, Lr in plan.shapes
-             for role, kind in validate.VALIDATION_OPERATORS]
+    cases = grid_cases(plan)
     now: list[list[float]] = [[] for _ in (check.forwards if check else ())]
 
     def time_kernels(pool) -> None:
@@ -183,13 +190,42 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     statistic = check.statistic if check else "median"
     bare = replace(moved_kernels(hw, scale), overhead=Overhead())
     opts = cost_options(validate.BACKEND_COST_OPTIONS)  # the options that describe the torch backend
-    fits = []
+    timed = [(c, summarize(m[0], statistic)) for c, m in zip(cases, measured)]
+    fits = {}
     for role in ROLES:
-        picked = [(c, summarize(m[0], statistic)) for c, m in zip(cases, measured) if c.role == role]
-        kernels = [validate.predict(c, bare, opts, 1).T_op for c, _ in picked]
-        fits.append(fit_role(role, [c.mb for c, _ in picked], [tokens(c.B, c.R, c.Lp, c.Lr) for c, _ in picked],
-                             kernels, [s for _, s in picked]))
-    return OperatorFits(tuple(fits), scale, len(now), statistic)
+        picked = [(c, s) for c, s in timed if c.role == role and not c.model.endswith(RECOMPUTING)]
+        fits[role] = _fit(role, picked, [validate.predict(c, bare, opts, 1).T_op for c, _ in picked])
+    # a recomputing step less its kernels (the recomputed forward's among them) and the training fit's terms
+    picked = [(c, s) for c, s in timed if c.model.endswith(RECOMPUTING)]
+    train = fits["training"]
+    base = [validate.predict(c, bare, opts, 1).T_op + train.call * c.mb + train.token * tokens(c.B, c.R, c.Lp, c.Lr)
+            for c, _ in picked]
+    fits["recompute"] = _fit("recompute", picked, base)
+    return OperatorFits(tuple(fits[name] for name in FITS), scale, len(now), statistic)
+
+
+def grid_cases(plan: OverheadPlan) -> list:
+    """The overheads' operators (validate.Case): every role of every model at every shape, training without
+    recomputation, and the recompute shapes' training recomputing (a model name of its own: one backend worker trains
+    one way)."""
+    from rpegc.tools import validate
+
+    archs = {**validate.VALIDATION_ARCHS, "llama-small": LLAMA_SMALL}
+    plain, recomputing = TrainSpec(recompute="none"), TrainSpec(recompute="interval")
+    cases = [validate.Case(role, kind, name, archs[name], B, R, Lp, Lr, 1, 1, 1, 1, positions=positions,
+                           train=plain if role == "training" else TrainSpec())
+             for name, positions in plan.models for B, R, Lp, Lr in plan.shapes
+             for role, kind in validate.VALIDATION_OPERATORS]
+    return cases + [validate.Case("training", "policy", name + RECOMPUTING, archs[name], B, R, Lp, Lr, 1, 1, 1, 1,
+                                  positions=positions, train=recomputing)
+                    for name, positions in plan.models for B, R, Lp, Lr in plan.recompute_shapes]
+
+
+def _fit(name: str, picked: list, kernels: list[float]) -> RoleFit:
+    if not picked:  # a plan without recompute shapes
+        return RoleFit(name, 0.0, 0.0, 0, 0.0, 0.0)
+    return fit_role(name, [c.mb for c, _ in picked], [tokens(c.B, c.R, c.Lp, c.Lr) for c, _ in picked], kernels,
+                    [s for _, s in picked])
 
 
 # The control program's plan: generation and the inferences on the first worker, training on the last.
@@ -370,8 +406,15 @@ def overhead_table(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet:
     for role in ROLES:
         f = fits[role]
         lines += [f"{role}_call = {f.call:.6g}    # s per microbatch; {f.points} operators, MAPE {f.mape_before:.1%} "
-                  f"without the overhead, {f.mape_after:.1%} with it",
+                  f"without the overhead, {f.mape_after:.1%} with it"
+                  + (" (training without recomputation)" if role == "training" else ""),
                   f"{role}_token = {f.token:.6g}    # s per token (prompt and response) of a row; same fit"]
+    f = fits["recompute"]
+    if f.points:
+        lines += [f"recompute_call = {f.call:.6g}    # s per microbatch of a recomputed forward beyond its kernels: "
+                  f"{f.points} training operators recomputing (interval) less their kernels and the training terms, "
+                  f"MAPE {f.mape_before:.1%} without it, {f.mape_after:.1%} with it",
+                  f"recompute_token = {f.token:.6g}    # s per token of a row; same fit"]
     return OverheadTable("\n".join(lines + control_lines(runs, plan.steps) + co_run_lines(check) + [""]),
                          operators.kernel_scale)
 

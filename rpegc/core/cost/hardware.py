@@ -131,6 +131,9 @@ _OVERHEAD_KEYS = (
     ("training_call", "s per microbatch of a training operator (the loss, the backward's set-up, the optimizer's "
                       "fixed part)"),
     ("training_token", "s per token of one row of a training operator"),
+    ("recompute_call", "s per microbatch of each forward a training operator recomputes, beyond its kernels (the "
+                       "recomputation's own calls; recompute = interval or full)"),
+    ("recompute_token", "s per token of one row of each forward a training operator recomputes"),
     ("transfer", "s per Comm or Reshard node beside its link's alpha and beta (both workers' handling, one message "
                  "per field)"),
     ("node", "s per exec node: the runtime's control round trip (a completion's report, the controller's "
@@ -151,7 +154,7 @@ MAX_OVERHEAD_S = 10.0
 @dataclass(frozen=True)
 class Overhead:
     """The [overhead] table (all 0 where a profile leaves it out): per-call and per-token fixed costs of each role's
-    operators beside its kernels, the control round trip of every exec node (where the plan's processes take every
+    operators beside its kernels (and of a training operator's recomputed forwards), the control round trip of every exec node (where the plan's processes take every
     core of its host, and where they leave one free), the operator time the runtime's threads take from the
     operators on a host without a free core and what an operator's time grows by with its siblings computing on the
     host's other cores, or with other operators and processes computing there."""
@@ -162,6 +165,8 @@ class Overhead:
     inference_token: float = 0.0
     training_call: float = 0.0
     training_token: float = 0.0
+    recompute_call: float = 0.0
+    recompute_token: float = 0.0
     transfer: float = 0.0
     node: float = 0.0
     node_free: float | None = None  # None: node

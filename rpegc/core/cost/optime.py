@@ -326,8 +326,10 @@ def op_time(
         tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
         # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch.
+        # and each recomputed forward (n_fe - 3: none without recomputation) its own fixed costs
         launch = (n_fe * mb * layers_local * hw.t_layer + mb * oh.training_call
-                  + rows_replica * ell_full * oh.training_token)
+                  + rows_replica * ell_full * oh.training_token
+                  + (n_fe - 3) * (mb * oh.recompute_call + rows_replica * ell_full * oh.recompute_token))
         if rope:  # the forward passes (the step's and a recomputation's) and one backward
             tokens = rows_replica * ell_full
             launch = launch + ((n_fe - 2) * rope_time(arch, hw, layers_local, tp, mb, tokens)
