@@ -235,3 +235,20 @@ def test_cost_options_from_user_values():
         cost_options({"decode": "x"}, loc)
     with pytest.raises(RpegError, match="must be true or false"):
         cost_options({"bubble_on_generation": "maybe"}, loc)
+
+
+def test_the_rope_and_recompute_keys_are_read_and_checked(tmp_path):
+    """[compute] rope_* and [overhead] recompute_*: optional (0 where left out), read, and a negative one is an error
+    located at its line."""
+    text = GOOD.replace("[compute]\n", "[compute]\nrope_call = 3e-5\nrope_backward_element = 1.5e-9\n", 1)
+    hw = load_hardware(str(write(tmp_path, text + "\n[overhead]\nrecompute_call = 4e-3\n")))
+    assert (hw.rope_call, hw.rope_element, hw.rope_backward_element) == (3e-5, 0.0, 1.5e-9)
+    assert (hw.overhead.recompute_call, hw.overhead.recompute_token) == (4e-3, 0.0)
+    assert load_hardware("gh200").rope_call == 0.0 and load_hardware("gh200").overhead.recompute_call == 0.0
+    bad = GOOD.replace("[compute]\n", "[compute]\nrope_element = -1e-9\n", 1)
+    err = error_of(write(tmp_path, bad))
+    assert "key 'compute.rope_element' = -1e-09 is outside the allowed range" in err.message
+    assert err.loc.line == line_of(bad, "rope_element = -1e-9")
+    bad = GOOD + "\n[overhead]\nrecompute_token = -1\n"
+    err = error_of(write(tmp_path, bad))
+    assert "key 'overhead.recompute_token' = -1.0 is outside the allowed range" in err.message
