@@ -154,10 +154,11 @@ MAX_OVERHEAD_S = 10.0
 @dataclass(frozen=True)
 class Overhead:
     """The [overhead] table (all 0 where a profile leaves it out): per-call and per-token fixed costs of each role's
-    operators beside its kernels (and of a training operator's recomputed forwards), the control round trip of every exec node (where the plan's processes take every
-    core of its host, and where they leave one free), the operator time the runtime's threads take from the
-    operators on a host without a free core and what an operator's time grows by with its siblings computing on the
-    host's other cores, or with other operators and processes computing there."""
+    operators beside its kernels (and of a training operator's recomputed forwards), the control round trip of every
+    exec node (where the plan's processes take every core of its host, and where they leave one free), the operator
+    time the runtime's threads take from the operators on a host without a free core and what an operator's time
+    grows by with its siblings computing on the host's other cores, or with other operators and processes computing
+    there."""
 
     generation_call: float = 0.0
     generation_token: float = 0.0

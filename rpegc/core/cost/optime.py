@@ -325,8 +325,8 @@ def op_time(
         count = 2 * (n_fe - 1) * layers_local * mb
         tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
         pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
-        # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch.
-        # and each recomputed forward (n_fe - 3: none without recomputation) its own fixed costs
+        # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch, and each recomputed
+        # forward (n_fe - 3 of them: none without recomputation) pays its own fixed costs.
         launch = (n_fe * mb * layers_local * hw.t_layer + mb * oh.training_call
                   + rows_replica * ell_full * oh.training_token
                   + (n_fe - 3) * (mb * oh.recompute_call + rows_replica * ell_full * oh.recompute_token))
