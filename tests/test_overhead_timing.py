@@ -109,6 +109,7 @@ def test_the_grid_trains_without_recomputation_and_times_the_recompute_shapes_re
     assert len(plain) == len(plan.models) * len(plan.shapes) and len(again) == len(plan.models) * len(
         plan.recompute_shapes) > 0
     assert not {c.suite for c in plain} & {c.suite for c in again}
+    assert [overhead_timing.recomputes(c) for c in cases] == [c in again for c in cases]
     assert {c.training for c in cases if c.role != "training"} == {None}
 
 

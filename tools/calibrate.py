@@ -53,6 +53,7 @@ from rpegc.core.cost import machine
 from rpegc.tools.overhead_timing import FULL, QUICK, KernelCheck, moved_forward_terms, overhead_table
 from rpegc.tools.verifier_timing import host_text
 from rpegc.core.cost.hardware import Hardware, load_hardware
+from rpegc.core.cost.optime import rotated_per_token
 from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
@@ -875,7 +876,7 @@ def _rope_campaign(pool: WorkerPool, plan: SweepPlan) -> RopeFits:
     elements, ahead, both = [], [], []
     for b, t, h, kv, hd in plan.rope_shapes:
         fwd, fwd_bwd = pool.run(_measure_rope, b, t, h, kv, hd, plan.dtype, plan.min_time, plan.repeats)[0]
-        elements.append(float(b * t * (h + kv) * hd))
+        elements.append(float(b * t * rotated_per_token(h, kv, hd)))
         ahead.append(summarize(fwd, plan.kernel_statistic))
         both.append(summarize(fwd_bwd, plan.kernel_statistic))
     ones = [1.0] * len(elements)

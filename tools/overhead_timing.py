@@ -193,10 +193,10 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     timed = [(c, summarize(m[0], statistic)) for c, m in zip(cases, measured)]
     fits = {}
     for role in ROLES:
-        picked = [(c, s) for c, s in timed if c.role == role and not c.model.endswith(RECOMPUTING)]
+        picked = [(c, s) for c, s in timed if c.role == role and not recomputes(c)]
         fits[role] = _fit(role, picked, [validate.predict(c, bare, opts, 1).T_op for c, _ in picked])
     # a recomputing step less its kernels (the recomputed forward's among them) and the training fit's terms
-    picked = [(c, s) for c, s in timed if c.model.endswith(RECOMPUTING)]
+    picked = [(c, s) for c, s in timed if recomputes(c)]
     train = fits["training"]
     base = [validate.predict(c, bare, opts, 1).T_op + train.call * c.mb + train.token * tokens(c.B, c.R, c.Lp, c.Lr)
             for c, _ in picked]
@@ -219,6 +219,11 @@ def grid_cases(plan: OverheadPlan) -> list:
     return cases + [validate.Case("training", "policy", name + RECOMPUTING, archs[name], B, R, Lp, Lr, 1, 1, 1, 1,
                                   positions=positions, train=recomputing)
                     for name, positions in plan.models for B, R, Lp, Lr in plan.recompute_shapes]
+
+
+def recomputes(case) -> bool:
+    """Whether a grid case (validate.Case) is a training step that recomputes its activations."""
+    return case.training is not None and case.training.recompute != "none"
 
 
 def _fit(name: str, picked: list, kernels: list[float]) -> RoleFit:

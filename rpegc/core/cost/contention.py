@@ -74,7 +74,7 @@ def host_stretches(hosts, device_s, counted, full, contention: float) -> np.ndar
     hosts, counted = np.asarray(hosts), np.asarray(counted, dtype=bool)
     # In whole nanoseconds, so that the sum is exact in any order: the pass pipeline and the optimizer's two
     # evaluators add the same nodes in different orders and must price the same plan alike to the last bit.
-    ns = np.rint(np.asarray(device_s, dtype=float) * 1e9).astype(np.int64)
+    ns = whole_ns(device_s)
     for h in range(full.shape[-1]):
         on = counted & (hosts == h)
         s = stretch((ns * on).sum(axis=-1) / 1e9, on.sum(axis=-1), contention)

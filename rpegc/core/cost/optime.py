@@ -181,14 +181,19 @@ def data_parallel(msg, dp, mb, train: Training, hw: Hardware, span_tier, opts: C
     return DpComm(msg, reduce_scatter(msg, dp, a_dp, b_dp), reduces, allgather(msg, dp, a_dp, b_dp), scalars)
 
 
+def rotated_per_token(heads, kv_heads, head_dim, tp=1):
+    """The query and key elements one layer of a RoPE model rotates per token on one rank: its TP shard's heads (a key
+    head stays whole on a rank where there are fewer than tp)."""
+    return (heads / tp + np.maximum(kv_heads / tp, 1)) * head_dim
+
+
 def rope_time(arch: Arch, hw: Hardware, layers, tp, calls, tokens, backward: bool = False):
     """Seconds of a RoPE model's rotations on one device ([compute] rope_*, not in the source): `calls` calls of each
-    of its `layers` layers over `tokens` tokens in all, each layer rotating every token's queries and keys (its TP
-    shard's heads: a key head stays whole on a rank where there are fewer than tp). The forward's, or the backward's."""
+    of its `layers` layers over `tokens` tokens in all, each layer rotating every token's queries and keys
+    (`rotated_per_token`). The forward's, or the backward's."""
     call, element = ((hw.rope_backward_call, hw.rope_backward_element) if backward
                      else (hw.rope_call, hw.rope_element))
-    rotated = (arch.heads / tp + np.maximum(arch.kv_heads / tp, 1)) * arch.head_dim
-    return layers * (calls * call + tokens * rotated * element)
+    return layers * (calls * call + tokens * rotated_per_token(arch.heads, arch.kv_heads, arch.head_dim, tp) * element)
 
 
 def op_time(
