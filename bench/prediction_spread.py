@@ -45,7 +45,7 @@ WITHIN = 0.25  # issue 36's bound on |measured / predicted - 1|
 STEADY = re.compile(r"steady state: measured ([0-9.e-]+) s/step, predicted ([0-9.e-]+) s/step")
 DRIFT = re.compile(r"at least ([0-9.]+)x (slower|faster)")
 PART = re.compile(r"^  (\S.*?)\s+([0-9.e+-]+) ms measured,\s+([0-9.e+-]+) ms predicted(?: \([0-9.]+x\))?"
-                  r"(?:,\s+([0-9]+) % beside)?", re.M)
+                  r"(?:,\s+([0-9]+) % beside)?(?:, waited ([0-9.e+-]+) ms)?", re.M)
 PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "node_free", "contention", "co_busy",
                 "co_run", "transfer", "math", "speed_probe_s", "rope_call", "rope_element")
 
@@ -60,12 +60,12 @@ class Run:
     predicted_s: float
     ratio: float
     probe_drift: Optional[float]  # > 1: the probe ran this much slower than at calibration (before and after)
-    # (part, measured ms, predicted ms, % of its time beside another core's operator or None): rpeg-run's `time per
-    # node`
-    parts: tuple[tuple[str, float, float, Optional[int]], ...]
+    # (part, measured ms, predicted ms, % of its time beside another core's operator or None, ms its worker waited for
+    # a core in it or None): rpeg-run's `time per node`
+    parts: tuple[tuple[str, float, float, Optional[int], Optional[float]], ...]
 
     def part(self, label: str) -> Optional[tuple[float, float]]:
-        return next(((m, p) for name, m, p, _ in self.parts if name == label), None)
+        return next(((m, p) for name, m, p, _, _ in self.parts if name == label), None)
 
 
 def makefile_pipelines() -> dict[str, str]:
@@ -109,7 +109,8 @@ def parse_run(out: str, round_: int, workload: str, repeat: int, clock: str) -> 
         sys.exit(f"prediction_spread: no steady state in the {workload} run:\n{out[-1500:]}")
     measured, predicted = float(steady[1]), float(steady[2])
     drift = DRIFT.search(out)
-    parts = tuple((m[1], float(m[2]), float(m[3]), None if m[4] is None else int(m[4])) for m in PART.finditer(out))
+    parts = tuple((m[1], float(m[2]), float(m[3]), None if m[4] is None else int(m[4]),
+                   None if m[5] is None else float(m[5])) for m in PART.finditer(out))
     return Run(round_, workload, repeat, clock, measured, predicted, measured / predicted,
                None if drift is None else float(drift[1]) ** (1 if drift[2] == "slower" else -1), parts)
 
@@ -169,10 +170,12 @@ def write_csvs(rows: list[Run], keys: list[dict], out: Path) -> None:
                        + [profile.get(k) for k in PROFILE_KEYS] + [profile.get("calibration_s")])
     with open(out / "prediction_spread_parts.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["round", "workload", "repeat", "part", "measured_ms", "predicted_ms", "ratio", "beside_pct"])
+        w.writerow(["round", "workload", "repeat", "part", "measured_ms", "predicted_ms", "ratio", "beside_pct",
+                    "waited_ms"])
         for r in rows:
-            for name, m, p, beside in r.parts:
-                w.writerow([r.round, r.workload, r.repeat, name, m, p, round(m / p, 4) if p > 0 else None, beside])
+            for name, m, p, beside, waited in r.parts:
+                w.writerow([r.round, r.workload, r.repeat, name, m, p, round(m / p, 4) if p > 0 else None, beside,
+                            waited])
 
 
 def main() -> int:

@@ -361,7 +361,8 @@ def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] 
                      f"command{also}), {1000 * control.critical_s:.3g} ms per step on the critical chain "
                      f"({100 * control.step_share:.3g} % of the step)")
     if priced is not None:
-        lines += _part_lines(cmp, plan, range(steady.first_step, steady.last_step + 1), priced)
+        waited = {r.id: r.waited for r in trace.nodes.values() if r.kind == "op" and r.waited is not None}
+        lines += _part_lines(cmp, plan, range(steady.first_step, steady.last_step + 1), priced, waited)
     lines.append(_makespan_line(cmp.measured_makespan, None if over else cmp.predicted_makespan,
                                 None if over or steady is not None else cmp.mean_abs_rel_error, h.clock))
     return lines
@@ -377,25 +378,28 @@ def _oversubscribed(trace):
                             int(opts.get("plan_nodes", 1))) if "local_workers" in opts else None
 
 
-def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float) -> list[str]:
-    """Where the steady state's time went, per vertex and kind of transfer, measured against predicted, and how
-    much of each operator's time another core of its host computed beside it (rpegc.runtime.report.part_times,
-    beside_shares)."""
+def _part_lines(cmp, plan: RunPlan, steps: range, control_s: float, waited: dict[str, float]) -> list[str]:
+    """Where the steady state's time went, per vertex and kind of transfer, measured against predicted, how much of
+    each operator's time another core of its host computed beside it (rpegc.runtime.report.part_times,
+    beside_shares) and how long its worker thread waited for a core in it (`waited`: node id -> s, the trace's)."""
     from rpegc.runtime.report import beside_shares, part_label, part_times
 
     parts = part_times(cmp.nodes, {n.id: part_label(n.node) for n in plan.nodes}, steps, control_s,
-                       beside_shares(_operator_runs(cmp, plan)))
+                       beside_shares(_operator_runs(cmp, plan)), waited)
     if not parts:
         return []
     width = max(len(p.label) for p in parts)
     shown = any(p.beside for p in parts)  # a plan on one core has nothing beside it
+    waits = any(p.waited for p in parts)  # nor anything that preempts its operators
     lines = ["time per node (steady steps' medians, the control round trip apart"
-             + ("; the share of an operator's time another core computed beside it" if shown else "") + "):"]
+             + ("; the share of an operator's time another core computed beside it" if shown else "")
+             + ("; the mean time an operator's worker waited for a core in it" if waits else "") + "):"]
     for p in parts:
         ratio = f" ({p.ratio:.2f}x)" if p.ratio is not None else ""
         beside = f", {100 * p.beside:3.0f} % beside" if shown and p.beside is not None else ""
+        wait = f", waited {1000 * p.waited:.2g} ms" if waits and p.waited is not None else ""
         lines.append(f"  {p.label:<{width}}  {1000 * p.measured_s:8.3g} ms measured, "
-                     f"{1000 * p.predicted_s:8.3g} ms predicted{ratio}{beside}")
+                     f"{1000 * p.predicted_s:8.3g} ms predicted{ratio}{beside}{wait}")
     return lines
 
 

@@ -37,7 +37,7 @@ import heapq
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from rpegc.core.ir.exec_graph import ExecNode
 from rpegc.runtime.trace import Trace
@@ -214,6 +214,9 @@ class PartTime:
     measured_s: float  # run time, start to finish
     predicted_s: float  # the annotated time less the control round trip priced before it
     beside: Optional[float] = None  # median share of its run time beside another core's operator; None: not known
+    # mean s its worker thread waited for a core in one of its nodes (the trace's `waited`); None: not measured. The
+    # mean, not the median: a few long waits are the part's time as much as many short ones
+    waited: Optional[float] = None
 
     @property
     def ratio(self) -> Optional[float]:
@@ -234,23 +237,28 @@ def part_label(node: ExecNode) -> str:
 
 
 def part_times(timings: Iterable, labels: Mapping[str, str], steps: range, control_s: float,
-               beside: Optional[Mapping[str, float]] = None) -> list[PartTime]:
+               beside: Optional[Mapping[str, float]] = None,
+               waited: Optional[Mapping[str, float]] = None) -> list[PartTime]:
     """`timings` (runtime.verify.NodeTiming) of the nodes of `steps` grouped by `labels` (node id -> part, the
     plan's order), each part's median measured run time against the median of its priced time less `control_s`;
-    with `beside` (node id -> share: `beside_shares`), the median share of its nodes that have one."""
-    beside = beside or {}
-    groups: dict[str, list[tuple[float, float, Optional[float]]]] = {label: [] for label in labels.values()}
+    with `beside` (node id -> share: `beside_shares`), the median share of its nodes that have one; with `waited`
+    (node id -> s), the mean wait for a core of its nodes that have one."""
+    beside, waited = beside or {}, waited or {}
+    groups: dict[str, list[tuple[float, float, Optional[float], Optional[float]]]] = {
+        label: [] for label in labels.values()}
     for t in timings:
         if t.step in steps and t.id in labels and t.predicted_time is not None:
-            groups[labels[t.id]].append((t.measured_time, max(0.0, t.predicted_time - control_s), beside.get(t.id)))
+            groups[labels[t.id]].append((t.measured_time, max(0.0, t.predicted_time - control_s), beside.get(t.id),
+                                         waited.get(t.id)))
     return [PartTime(label, len(rows), statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
-                     _median_known(r[2] for r in rows))
+                     _known(statistics.median, (r[2] for r in rows)), _known(statistics.fmean, (r[3] for r in rows)))
             for label, rows in groups.items() if rows]
 
 
-def _median_known(values: Iterable[Optional[float]]) -> Optional[float]:
+def _known(statistic: Callable[[list[float]], float], values: Iterable[Optional[float]]) -> Optional[float]:
+    """`statistic` of the values that are not None; None where none is."""
     known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
+    return statistic(known) if known else None
 
 
 @dataclass(frozen=True)

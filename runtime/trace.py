@@ -17,7 +17,8 @@ Record types, in file order:
      "finish": float, "devices": [int], "workers": [int], "strategy": [dp, pp, tp, mb] | null,
      "consumed": {model: version}, "produced": {model: version}, "bytes": int,
      "inputs": [label], "outputs": [label],                              // in completion order
-     "microtasks": [[rank, stage, "F" | "B", microbatch, start, finish]]} // optional: a fused member's, per rank
+     "microtasks": [[rank, stage, "F" | "B", microbatch, start, finish]], // optional: a fused member's, per rank
+     "waited": float}  // optional: s the node's worker thread waited for a core while it ran (its ranks' most)
     {"type": "release", "artifact": label, "time": float, "after": node id | null}
     {"type": "step", "step": int, "finish": float, "predicted_finish": float | null, "nodes": int}
     {"type": "summary", "steps": int, "nodes": int, "makespan": float,
@@ -79,6 +80,9 @@ class NodeRecord:
     line: int = 0  # line in the trace file (0: built in memory)
     # a fused member's microtasks as its workers ran them: (rank, stage, "F" | "B", microbatch, start, finish)
     microtasks: tuple[tuple[int, int, str, int, float, float], ...] = ()
+    # s its worker thread was runnable but waited for a core while it ran (the most of its ranks'; None: not measured,
+    # a simulated run, a fused member or a host without per-thread scheduler statistics)
+    waited: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ def node_record(r: NodeRecord) -> dict:
         "consumed": dict(r.consumed), "produced": dict(r.produced), "bytes": r.bytes,
         "inputs": list(r.inputs), "outputs": list(r.outputs),
         **({"microtasks": [list(t) for t in r.microtasks]} if r.microtasks else {}),
+        **({"waited": r.waited} if r.waited is not None else {}),
     }
 
 
@@ -250,7 +255,7 @@ FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "install": (("type", "artifact", "time"), ()),
     "release": (("type", "artifact", "time"), ("after",)),
     "node": (("type", "id", "kind", "step", "dispatch", "start", "finish", "devices", "workers", "consumed",
-              "produced", "bytes"), ("strategy", "inputs", "outputs", "microtasks")),
+              "produced", "bytes"), ("strategy", "inputs", "outputs", "microtasks", "waited")),
     "step": (("type", "step", "finish", "nodes"), ("predicted_finish",)),
     "summary": (("type", "steps", "nodes", "makespan"), ("predicted_makespan", "wall_s", "peak_memory")),
 }
@@ -432,6 +437,7 @@ def _read_node(r: _Rec) -> NodeRecord:
         strategy=strategy,
         consumed=r.versions("consumed"), produced=r.versions("produced"), bytes=r.integer("bytes"),
         inputs=r.strs("inputs"), outputs=r.strs("outputs"), line=r.line, microtasks=_read_microtasks(r),
+        waited=r.time("waited") if r.raw.get("waited") is not None else None,
     )
 
 

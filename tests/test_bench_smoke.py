@@ -145,13 +145,14 @@ def test_prediction_spread_reads_the_demos_pipelines_and_rpeg_runs_summary(tmp_p
     assert spread.makefile_checkpoint_every() == 20  # the demo's arithmetic run checkpoints every 20 steps
     out = ("steady state: measured 0.0583 s/step, predicted 0.0421 s/step (measured/predicted 1.384) over steps 1-59\n"
            "time per node (steady steps' medians, the control round trip apart; the share of ...):\n"
-           "  gen        12.4 ms measured,     11.5 ms predicted (1.07x), 100 % beside\n"
+           "  gen        12.4 ms measured,     11.5 ms predicted (1.07x), 100 % beside, waited 0.85 ms\n"
            "  transfer   0.4 ms measured,     1.2 ms predicted (0.33x)\n"
            "  verify     49.7 ms measured,     39.5 ms predicted (1.26x),  82 % beside\n"
            "note: this machine ran the speed probe at least 1.30x slower before and after the run than ...\n")
     run = spread.parse_run(out, 0, "arith", 1, "14:00:00")
     assert (run.measured_s, run.predicted_s, run.probe_drift) == (0.0583, 0.0421, 1.30)
-    assert run.parts == (("gen", 12.4, 11.5, 100), ("transfer", 0.4, 1.2, None), ("verify", 49.7, 39.5, 82))
+    assert run.parts == (("gen", 12.4, 11.5, 100, 0.85), ("transfer", 0.4, 1.2, None, None),
+                         ("verify", 49.7, 39.5, 82, None))
     assert run.part("verify") == (49.7, 39.5)
     faster = spread.parse_run(out.replace("1.30x slower", "1.25x faster"), 0, "arith", 1, "14:00:00")
     assert abs(faster.probe_drift - 0.8) < 1e-12

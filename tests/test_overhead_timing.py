@@ -129,6 +129,18 @@ def test_contention_is_the_operator_time_a_full_host_loses_per_node():
     assert "node = 0.0003 " in roomy and "no run here takes every core" in roomy and "node_free" not in roomy
 
 
+def test_contention_is_what_the_full_runs_operators_waited_for_a_core_where_the_workers_measure_it():
+    """Measured where it happens, the wait does not move with the machine's moment as a difference of two runs does:
+    here the full run's operators took 9 ms a step more than the free run's, of which they waited 2.7 ms."""
+    full = replace(fit(2, 1.4e-3, 0.034), op_wait_s=0.0027)
+    runs = ControlRuns(free=fit(1, 3e-4, 0.025, 4.0), full=full)
+    assert runs.contention == pytest.approx(0.0027 / 9, rel=1e-12)
+    lines = "\n".join(control_lines(runs, 40))
+    assert "contention = 0.0003 " in lines
+    assert "operators on 2 workers waited 2.7 ms for a core (they took 34 ms, 25 on 1)" in lines
+    assert ControlRuns(None, full).contention == 0.0  # a 1-core host: no run with a core left
+
+
 def test_co_busy_is_the_pairs_forwards_beyond_one_workers_share_and_the_contention_stretch():
     free, full = fit(1, 3e-4, 0.025, 4.0), fit(2, 1.4e-3, 0.034)  # contention 1 ms per node
     pair, alone = fit(2, 1e-3, 0.05, 10.0, 0.03), fit(1, 3e-4, 0.03, 10.0, 0.02)

@@ -279,6 +279,9 @@ def test_beside_is_the_share_of_a_run_another_core_of_its_host_computed():
     (part,) = part_times(rows, {"a": "v", "b": "v", "x": "v"}, range(1, 2), 0.0, {"a": 0.2, "b": 0.6})
     assert part.beside == pytest.approx(0.4)  # the median of the nodes that have one
     assert part_times(rows, {"a": "v"}, range(1, 2), 0.0)[0].beside is None
+    (part,) = part_times(rows, {"a": "v", "b": "v", "x": "v"}, range(1, 2), 0.0, None, {"a": 0.001, "b": 0.004})
+    assert part.waited == pytest.approx(0.0025)  # the mean of the nodes that have one: a long wait counts in full
+    assert part_times(rows, {"a": "v"}, range(1, 2), 0.0)[0].waited is None
 
 
 def test_the_parts_say_how_much_of_their_time_another_core_computed_beside_them():
@@ -289,9 +292,12 @@ def test_the_parts_say_how_much_of_their_time_another_core_computed_beside_them(
     rows = (NodeTiming("g#1", "op", 1, 1.0, None, None, 0.0, 1.0),
             NodeTiming("t#1", "op", 1, 1.0, None, None, 0.5, 2.5),  # beside g#1 from 0.5 and g#2 to 2.5
             NodeTiming("g#2", "op", 2, 1.0, None, None, 2.0, 3.0))
-    lines = cli._part_lines(Comparison(rows, 0.0, 3.0), plan, range(1, 3), 0.0)
+    lines = cli._part_lines(Comparison(rows, 0.0, 3.0), plan, range(1, 3), 0.0, {})
     assert lines[0].endswith("; the share of an operator's time another core computed beside it):")
     assert lines[1].endswith("(1.00x),  50 % beside") and lines[2].endswith("(2.00x),  50 % beside")
+    waited = cli._part_lines(Comparison(rows, 0.0, 3.0), plan, range(1, 3), 0.0, {"g#1": 0.002, "g#2": 0.001})
+    assert waited[0].endswith("beside it; the mean time an operator's worker waited for a core in it):")
+    assert waited[1].endswith("(1.00x),  50 % beside, waited 1.5 ms") and waited[2].endswith("50 % beside")
 
 
 def test_a_priced_wall_clock_summary_says_where_the_steady_state_went():

@@ -59,6 +59,21 @@ def test_untampered_trace_verifies_after_a_file_round_trip(ran, tmp_path):
     assert again.nodes == {k: replace(v, line=again.nodes[k].line) for k, v in trace.nodes.items()}
 
 
+def test_a_nodes_wait_for_a_core_is_written_where_measured_and_read_back(ran, tmp_path):
+    """A wall-clock backend's workers say how long a node's thread waited for a core (trace `waited`); a simulated
+    run measures none and writes no field."""
+    plan, records = ran
+    assert not any("waited" in r for r in records)
+    trace = trace_from_records(list(enumerate(records, start=1)))
+    first = next(iter(trace.nodes))
+    trace.nodes[first] = replace(trace.nodes[first], waited=0.00125)
+    path = tmp_path / "t.jsonl"
+    write_trace(trace, str(path))
+    again = read_trace(str(path))
+    assert again.nodes[first].waited == 0.00125 and verify(plan, again) == []
+    assert {n.waited for k, n in again.nodes.items() if k != first} == {None}
+
+
 def test_swapped_version_is_rejected(ran):
     plan, records = ran
     # tau(actor) = 1: gen at step 2 reads v1. Claim it read v2.
@@ -225,6 +240,8 @@ def _set(key, value):
     ("finish", "NaN", r"'NaN' is not a JSON number"),
     ("finish", "1e999", r"too large"),
     ("start", "-1", r"'start' must be a finite number >= 0, got -1"),
+    ("waited", "-0.5", r"'waited' must be a finite number >= 0, got -0.5"),
+    ("waited", '"long"', r"'waited' must be a finite number >= 0"),
     ("bytes", "-1", r"'bytes' must be an integer >= 0, got -1"),
     ("finish", "0", r"finish 0\.0 is before start"),
     ("step", "true", r"'step' must be an integer >= 0, got true"),

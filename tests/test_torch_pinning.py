@@ -6,6 +6,7 @@ how many workers share the node, nothing is bound."""
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 
@@ -77,6 +78,26 @@ def test_two_workers_on_two_cores_run_bound_to_distinct_cores(tmp_path):
 
     plan_file = str(tmp_path / "g.exec.rpeg")
     compile_example("grpo-tiny-2", plan_file, steps=1)
-    run(load_plan(plan_file), TorchBackend(seed=0, run_dir=str(tmp_path / "run")))
+    result = run(load_plan(plan_file), TorchBackend(seed=0, run_dir=str(tmp_path / "run")))
+    if os.path.exists("/proc/thread-self/schedstat"):  # each node's worker thread's wait for a core, in the trace
+        waits = [r.waited for r in result.trace.nodes.values()]
+        assert waits and all(w is not None and math.isfinite(w) and w >= 0 for w in waits)
     bound = bound_cores(tmp_path / "run")
     assert len(bound) == 2 and len(set(bound)) == 2 and {c for (c,) in bound} <= set(CORES)
+    # The worker's own threads (its command reader, transfer sender and heap meter) stay on every core: bound beside
+    # the operators, they took from them while the other core idled.
+    for threads in helper_cores(tmp_path / "run"):
+        assert {"rpeg-commands", "rpeg-sender", "heap-meter"} <= set(threads)
+        assert all(set(on) == set(CORES) for on in threads.values())
+
+
+def helper_cores(run_dir) -> list[dict[str, tuple[int, ...]]]:
+    """Per worker log, the cores its other threads may run on, by thread name."""
+    out = []
+    for path in sorted(glob.glob(str(run_dir / "workers" / "worker-*.log"))):
+        with open(path) as f:
+            found = re.findall(r"its other threads may run on: (.*)$", f.read(), re.M)
+        assert len(found) == 1, path
+        out.append({name: tuple(int(c) for c in cores.split(", "))
+                    for name, cores in re.findall(r"(\S+) cores? ([\d, ]+)(?:; |$)", found[0])})
+    return out

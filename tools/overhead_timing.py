@@ -275,6 +275,9 @@ class ControlFit:
     op_s: float  # the operators' measured time of a steady step (the median step's sum)
     nodes_per_step: float
     forward_s: float = 0.0  # the same of its generation and inference operators (no collective in them)
+    # the median over steps of the time its operators' threads waited for a core while they ran (trace `waited`);
+    # None where the workers could not measure it (no per-thread scheduler statistics)
+    op_wait_s: Optional[float] = None
 
 
 def control_run(hw_text: str, steps: int, devices: int, siblings: int = 0) -> ControlFit:
@@ -312,15 +315,17 @@ def control_run(hw_text: str, steps: int, devices: int, siblings: int = 0) -> Co
     transfer = max(0.0, float(np.median(extra))) if extra else 0.0
     ops = [t for t in timed if t.kind == "op"]
     forwards = [t for t in ops if plan.nodes[plan.index[t.id]].node.role != "training"]
+    waits = [trace.nodes[t.id].waited for t in ops]
     return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices, step_median(ops),
-                      len(timed) / max(1, len({t.step for t in ops})), step_median(forwards))
+                      len(timed) / max(1, len({t.step for t in ops})), step_median(forwards),
+                      step_median(ops, waits) if ops and None not in waits else None)
 
 
-def step_median(timed) -> float:
-    """The median over steps of the measured time of the nodes `timed` of each step."""
+def step_median(timed, values: Optional[Sequence[float]] = None) -> float:
+    """The median over steps of the measured time of the nodes `timed` of each step (or the sum of their `values`)."""
     per_step: dict[int, float] = {}
-    for t in timed:
-        per_step[t.step] = per_step.get(t.step, 0.0) + t.measured_time
+    for i, t in enumerate(timed):
+        per_step[t.step] = per_step.get(t.step, 0.0) + (t.measured_time if values is None else values[i])
     return float(np.median(list(per_step.values()))) if per_step else 0.0
 
 
@@ -340,10 +345,15 @@ class ControlRuns:
     @property
     def contention(self) -> float:
         """s of operator time the runtime's threads take from the operators per exec node on a host without a free
-        core (core/cost/contention.py): the full run's steady step's operator time beyond the free run's, over its
-        nodes; 0 where one of the runs is missing."""
+        core (core/cost/contention.py): what the full run's operators waited for a core in a steady step (their main
+        threads runnable while another thread had their core), over its nodes; 0 where one of the runs is missing.
+        Where the workers cannot measure their waits, the full run's operator time beyond the free run's: a
+        difference of two runs, which the machine's moment moves as much as the contention (0.1-0.4 ms a node on the
+        2-core VM where the waits read 0.3-0.4, docs/calibration.md)."""
         if self.free is None or self.full is None:
             return 0.0
+        if self.full.op_wait_s is not None:
+            return self.full.op_wait_s / self.full.nodes_per_step
         return max(0.0, self.full.op_s - self.free.op_s) / self.full.nodes_per_step
 
     @property
@@ -434,6 +444,17 @@ def co_run_lines(check: Optional[KernelCheck]) -> list[str]:
             "alternated (the first worker's time)"]
 
 
+def contention_source(runs: ControlRuns) -> str:
+    """How `contention` was measured (`ControlRuns.contention`), for its line's comment."""
+    full, free = runs.full, runs.free
+    assert full is not None and free is not None
+    if full.op_wait_s is not None:
+        return (f"a steady step's operators on {full.devices} workers waited {1e3 * full.op_wait_s:.4g} ms for a core "
+                f"(they took {1e3 * full.op_s:.4g} ms, {1e3 * free.op_s:.4g} on {free.devices})")
+    return (f"a steady step's operators {1e3 * full.op_s:.4g} ms on {full.devices} workers against "
+            f"{1e3 * free.op_s:.4g} ms on {free.devices}")
+
+
 def control_lines(runs: ControlRuns, steps: int) -> list[str]:
     """The [overhead] keys of the runtime's own costs, each with the run it was measured in."""
     def run(r: ControlFit) -> str:
@@ -449,9 +470,7 @@ def control_lines(runs: ControlRuns, steps: int) -> list[str]:
     if runs.full is not None and runs.free is not None:
         lines += [f"node_free = {runs.free.node:.6g}    # the same on {run(runs.free)}, a core left free",
                   f"contention = {runs.contention:.6g}    # s of operator time per exec node taken by the runtime's "
-                  f"threads: a steady step's operators {1e3 * runs.full.op_s:.4g} ms on {runs.full.devices} workers "
-                  f"against {1e3 * runs.free.op_s:.4g} ms on {runs.free.devices}, over "
-                  f"{runs.full.nodes_per_step:.3g} nodes a step"]
+                  f"threads: {contention_source(runs)}, over {runs.full.nodes_per_step:.3g} nodes a step"]
     if runs.pair is not None and runs.alone is not None:
         lines.append(f"co_busy = {runs.co_busy:.6g}    # an operator's time grows by this with its siblings on every "
                      f"other core: a steady step's generation and inference {1e3 * runs.pair.forward_s:.4g} ms data-"

@@ -108,6 +108,7 @@ class Completion:
     versions_in: tuple[tuple[str, int], ...] = ()  # versions the workers actually read
     versions_out: tuple[tuple[str, int], ...] = ()  # versions the workers actually produced
     microtasks: tuple[tuple[int, int, str, int, float, float], ...] = ()  # a fused member's (trace.NodeRecord)
+    waited: Optional[float] = None  # s its worker thread waited for a core while it ran (trace.NodeRecord)
 
 
 class BackendError(RpegError):

@@ -32,6 +32,7 @@ class Pending:
     since: float = 0.0  # when it could start: sent, or the last node it is chained after finished
     after: tuple[str, ...] = ()  # the nodes it is chained after
     microtasks: list = field(default_factory=list)  # a fused member's, as its ranks report them
+    waited: Optional[float] = None  # the most any rank's thread waited for a core while it ran it (None: unmeasured)
     senders: frozenset[int] = frozenset()  # ranks that run it on their sender thread (a transfer's sources)
 
 
@@ -152,6 +153,8 @@ class InFlight:
         pend.versions_in.update(msg.get("versions_in") or {})
         pend.versions_out.update(msg.get("versions_out") or {})
         pend.microtasks += [tuple(t) for t in msg.get("microtasks") or ()]
+        if msg.get("waited") is not None:
+            pend.waited = max(pend.waited or 0.0, float(msg["waited"]))
         if msg.get("metrics") or msg.get("reward_stats"):
             assert pend.dispatch is not None
             step = pend.dispatch.node.step
@@ -187,7 +190,8 @@ class InFlight:
         out = d.versions_out if d.node.kind != "op" else tuple(sorted(pend.versions_out.items()))
         self.ready.append(Completion(node=node, start=pend.start, finish=pend.finish, bytes=pend.bytes,
                                      versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out,
-                                     microtasks=tuple(sorted(pend.microtasks, key=lambda t: (t[0], t[4], t[5])))))
+                                     microtasks=tuple(sorted(pend.microtasks, key=lambda t: (t[0], t[4], t[5]))),
+                                     waited=pend.waited))
         self.count += 1
         if is_training(d):  # the checkpoint parts this training makes due are asked for now (exports.py)
             self.exports.after_training(d)

@@ -5,7 +5,8 @@ worker process stands for one device, so its compute must not migrate or share a
 on this project's 2-vCPU VM two unpinned single-threaded workers slow each other's small kernels down up to
 3x (bench/validation/README.md), and a TP decode, which meets the other rank at every layer's AllReduce, loses
 most. gloo's transport threads stay free: they wake when the main thread waits, and pinned to its core they
-would queue behind it.
+would queue behind it. So do the worker's own command reader, sender and heap meter: a thread inherits its creator's
+binding, so the worker starts them before it binds its main thread (`thread_cores` says where they may run).
 
 The worker of a verifier pool (cost/host.py) is bound to the cores of its pool's processes, which inherit its
 binding: a core of their own each where the plan gives them one, and the cores of the devices whose cores the plan
@@ -46,6 +47,18 @@ def pin_main_thread(core: int | frozenset, free: frozenset) -> None:
         except OSError:
             pass  # the thread exited meanwhile
     os.sched_setaffinity(0, mine)
+
+
+def thread_cores() -> dict[str, tuple[int, ...]]:
+    """The cores each of this process's Python threads other than the calling one may run on, by thread name."""
+    out = {}
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and t.native_id is not None:
+            try:
+                out[t.name] = tuple(sorted(os.sched_getaffinity(t.native_id)))
+            except OSError:
+                pass  # the thread exited meanwhile
+    return out
 
 
 def core_slots(devices: int, pool_processes: int = 0,

@@ -78,7 +78,7 @@ from rpegc.runtime.backends.torch.channel.messages import SECRET_ENV, Endpoint, 
 from rpegc.runtime.backends.torch.channel.worker_setup import ModelSpec, WorkerSetup
 from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
 from rpegc.runtime.backends.torch.controller.device import local_rank, rank_and_world, synchronize, worker_device
-from rpegc.runtime.backends.torch.controller.pinning import local_workers, pin_cpu_worker, pin_slots
+from rpegc.runtime.backends.torch.controller.pinning import local_workers, pin_cpu_worker, pin_slots, thread_cores
 from rpegc.runtime.backends.torch.parallel.layout import Layout
 from rpegc.runtime.backends.torch.parallel.parallel_model import ProcessGroups
 from rpegc.runtime.backends.torch.rl.finite import NonFiniteError
@@ -90,7 +90,7 @@ from rpegc.runtime.backends.torch.worker.peak_memory import PeakMeter
 from rpegc.runtime.backends.torch.worker.sender import CommandRouter
 from rpegc.runtime.backends.torch.worker.shard_writer import ShardWriter
 from rpegc.runtime.backends.torch.worker.step_inputs import StepInputs
-from rpegc.runtime.backends.torch.worker.thread_cpu import read_thread_cpu, usage
+from rpegc.runtime.backends.torch.worker.thread_cpu import read_thread_cpu, thread_wait_s, usage
 from rpegc.runtime.backends.torch.worker.train_states import TrainStates
 from rpegc.runtime.backends.torch.worker.transfers import Transfers
 
@@ -198,14 +198,22 @@ class Worker:
                 except Exception:
                     raise SystemExit(3)
 
-    def loop(self) -> None:
-        meter = self.meter = PeakMeter(self.device)
-        meter.start()  # what the plan makes this worker hold is measured from here on
+    def start_threads(self) -> CommandRouter:
+        """The heap meter's and the command router's threads (the reader and the sender). Started before the main
+        thread is bound to its core (pinning.pin_main_thread frees the threads that exist then; a thread started
+        after inherits the main thread's core), so that they run on whichever core is free: bound beside the
+        operators, a worker's own reports, commands and sends took from its operators even while another core
+        idled."""
+        self.meter = PeakMeter(self.device)
+        self.meter.start()  # what the plan makes this worker hold is measured from here on
         # A transfer's source side runs on a sender thread beside the operators (sender.py). The reader and the
         # sender hold the interpreter briefly; an operator's Python holds it otherwise, and would keep them waiting
         # the default 5 ms switch interval for each message and send.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        commands = CommandRouter(self.next_command, lambda cmd: self.handle(cmd, sender=True)).start()
+        return CommandRouter(self.next_command, lambda cmd: self.handle(cmd, sender=True)).start()
+
+    def loop(self, commands: CommandRouter) -> None:
+        meter = self.meter
         cpu = read_thread_cpu(children=True)
         self.report({"type": "ready", "rank": self.rank, "groups": len(self.groups)})
         while True:
@@ -223,7 +231,7 @@ class Worker:
     def handle(self, cmd: Command, sender: bool = False) -> None:
         """Run one command and report it; `sender`: on the sender thread, a transfer's source side (it frees and
         trims nothing: the main loop owns what the worker holds)."""
-        start = self.now()
+        start, waited_before = self.now(), thread_wait_s()
         node = cmd.node if isinstance(cmd, NodeCommand) else None
         try:
             if not sender:
@@ -247,8 +255,12 @@ class Worker:
             what = node or getattr(cmd, "label", "")
             print(f"[{start:9.3f} -> {self.now():9.3f}] {cmd.type} {what}{held}", flush=True)
         if node is not None or cmd.type == "export":
-            finish = self.now()
-            for report in info.pop("members", None) or [info]:  # a fusion: each member, with its start and finish
+            finish, waited_after = self.now(), thread_wait_s()
+            members = info.pop("members", None)
+            if not members and node is not None and waited_before is not None and waited_after is not None:
+                # (not a fusion's: its members run on threads of their own)
+                info["waited"] = max(0.0, waited_after - waited_before)
+            for report in members or [info]:  # a fusion: each member, with its start and finish
                 report.update(type="done", node=report.get("node", node), rank=self.rank, start=start,
                               finish=finish, mem=self.holdings.nbytes())
                 self.report(report)
@@ -356,7 +368,8 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
         worker = Worker(setup, rank, channel, device, commands)
     except Exception as e:  # a located error (a checkpoint, a config), else the traceback of a bug
         return _setup_failed(channel, rank, _error_text(e, {}))
-    if device.type == "cpu":  # after the process groups exist: their threads stay free (pinning.py)
+    commands = worker.start_threads() if not os.environ.get("RPEG_AB_OLD") else None
+    if device.type == "cpu":  # after the process groups and the worker's threads exist: they stay free (pinning.py)
         if setup.core_slots is not None and not env:  # launched here: the plan's slots
             slots = setup.core_slots
             core = pin_slots(slots[rank], 1 + max(s for ss in slots for s in ss), setup.dist_backend)
@@ -367,7 +380,11 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
         _log(rank)(f"main thread bound to core{'s' if len(cores) > 1 else ''} {', '.join(map(str, cores))}" if cores
                    else "not bound to a core (more workers than cores on this node, or the launcher does not say how "
                         "many share it)")
-    worker.loop()
+        if cores:
+            _log(rank)("its other threads may run on: " + "; ".join(
+                f"{name} core{'s' if len(on) > 1 else ''} {', '.join(map(str, on))}"
+                for name, on in thread_cores().items()))
+    worker.loop(commands or worker.start_threads())
     return 0
 
 

@@ -7,7 +7,9 @@ pool's worker hands its responses to its child processes (counted apart, while t
 the controller, and each worker's command reader, sender and gloo transport threads. Where every core of the host is
 taken by a worker, that work preempts the operators, and a node takes longer than its price by the time its main
 thread waited (docs/calibration.md, "What slows the nodes that share their cores"). The cost model prices that work
-where the profile calibrates it ([overhead] contention and node, core/cost/contention.py); rpeg-run shows it.
+where the profile calibrates it ([overhead] contention and node, core/cost/contention.py); rpeg-run shows it. A
+worker also reads its thread's wait around each node it runs (`thread_wait_s`): the trace's `waited`, which the
+overheads' control runs calibrate `contention` from (tools/overhead_timing.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ def read_thread_cpu(main_tid: Optional[int] = None, children: bool = False) -> O
     below = descendants(os.getpid()) if children else []
     return ThreadCpu(time.monotonic(), on, wait, others,
                      sum(ran for pid in below for _, (ran, _) in _threads(f"/proc/{pid}/task"))) if found else None
+
+
+def thread_wait_s() -> Optional[float]:
+    """Seconds the calling thread has been runnable but waiting for a core since it started; None where the kernel
+    keeps no per-thread statistics. A worker reads it around each node (trace.NodeRecord.waited)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _threads(tasks: str) -> list[tuple[int, tuple[float, float]]]:
