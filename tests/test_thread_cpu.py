@@ -69,17 +69,19 @@ def test_a_living_child_process_counts_apart():
     assert during.children_on - before.children_on < ran + 2.0  # an interpreter's start-up, not another process
     assert read_thread_cpu(children=True).children_on < during.children_on - 0.5 * ran  # its time leaves with it
     assert during.children_on > 0 and before.children_on >= 0 and read_thread_cpu().children_on == 0.0
+    assert during.children_wait >= 0 and read_thread_cpu().children_wait == 0.0
 
 
 def test_usage_is_cores_per_second_of_the_span():
-    a, b = ThreadCpu(10.0, 1.0, 0.5, 2.0, 0.0), ThreadCpu(12.0, 2.4, 0.9, 2.5, 1.2)
+    a, b = ThreadCpu(10.0, 1.0, 0.5, 2.0, 0.0, 0.1), ThreadCpu(12.0, 2.4, 0.9, 2.5, 1.2, 0.3)
     u = usage(a, b)
-    assert (u.span_s, u.main, u.main_wait, u.others, u.children) == pytest.approx((2.0, 0.7, 0.2, 0.25, 0.6))
+    assert (u.span_s, u.main, u.main_wait, u.others, u.children, u.children_wait) == pytest.approx(
+        (2.0, 0.7, 0.2, 0.25, 0.6, 0.1))
     assert usage(None, b) is None and usage(a, None) is None and usage(b, b) is None
 
 
 def test_the_byes_plain_form_comes_back_and_nothing_else_does():
-    u = CoreUse(2.0, 0.7, 0.2, 0.25, 0.1)
+    u = CoreUse(2.0, 0.7, 0.2, 0.25, 0.1, 0.02)
     assert CoreUse.from_plain(u.plain()) == u
     for bad in (None, [], {"span_s": 2.0}, dict(u.plain(), main="fast"), dict(u.plain(), main=float("nan")),
                 dict(u.plain(), extra=1.0), dict(u.plain(), main=True)):
@@ -99,11 +101,11 @@ def test_the_summary_names_a_main_thread_that_waited():
 
 
 def test_no_note_for_a_pools_worker_an_idle_one_an_oversubscribed_run_or_a_priced_wait():
-    waits = CoreUse(3.0, 0.6, 0.2, 0.12, 0.9)
+    waits = CoreUse(3.0, 0.6, 0.2, 0.12, 0.9, 0.11)
     pool = cpu_lines({0: waits, 1: waits}, None, pools=frozenset({1}))
     assert pool[1] == "  worker 0: main thread 0.60, waiting for a core 0.20; its other threads 0.12"
     assert pool[2] == ("  worker 1 (the verifier pool's): main thread 0.60, waiting for a core 0.20; its other threads "
-                       "0.12; its pool processes 0.90")
+                       "0.12; its pool processes 0.90, waiting for a core 0.11")
     assert pool[3].startswith("note: worker 0's")  # the device worker, not the pool's
     assert not any(line.startswith("note:") for line in cpu_lines({1: waits}, None, pools=frozenset({1})))
     idle = replace(waits, main=BUSY_NOTE / 2, main_wait=BUSY_NOTE)  # mostly waits for the others' results

@@ -32,13 +32,14 @@ BUSY_NOTE = 0.1  # ... if it ran at least this many cores: a worker that mostly 
 @dataclass(frozen=True)
 class ThreadCpu:
     """A process's threads at one moment: seconds its main thread ran and waited for a core, its others ran, and its
-    living child processes' threads ran."""
+    living child processes' threads ran and waited for a core."""
 
     at: float  # time.monotonic()
     main_on: float
     main_wait: float
     others_on: float
     children_on: float = 0.0
+    children_wait: float = 0.0
 
 
 def read_thread_cpu(main_tid: Optional[int] = None, children: bool = False) -> Optional[ThreadCpu]:
@@ -52,9 +53,9 @@ def read_thread_cpu(main_tid: Optional[int] = None, children: bool = False) -> O
             on, wait, found = ran, waited, True
         else:
             others += ran
-    below = descendants(os.getpid()) if children else []
-    return ThreadCpu(time.monotonic(), on, wait, others,
-                     sum(ran for pid in below for _, (ran, _) in _threads(f"/proc/{pid}/task"))) if found else None
+    below = [t for pid in (descendants(os.getpid()) if children else []) for _, t in _threads(f"/proc/{pid}/task")]
+    return ThreadCpu(time.monotonic(), on, wait, others, sum(ran for ran, _ in below),
+                     sum(waited for _, waited in below)) if found else None
 
 
 def thread_wait_s() -> Optional[float]:
@@ -87,13 +88,15 @@ def _threads(tasks: str) -> list[tuple[int, tuple[float, float]]]:
 @dataclass(frozen=True)
 class CoreUse:
     """Cores a process used between two readings: per second of the wall span, its main thread's time on a core and
-    waiting for one, its other threads' time on a core."""
+    waiting for one, its other threads' time on a core, its child processes' (a verifier pool's) on a core and waiting
+    for one."""
 
     span_s: float
     main: float
     main_wait: float
     others: float
     children: float = 0.0
+    children_wait: float = 0.0
 
     def plain(self) -> dict[str, float]:
         """As a worker's bye carries it."""
@@ -114,7 +117,8 @@ def usage(start: Optional[ThreadCpu], end: Optional[ThreadCpu]) -> Optional[Core
         return None
     span = end.at - start.at
     return CoreUse(span, (end.main_on - start.main_on) / span, (end.main_wait - start.main_wait) / span,
-                   (end.others_on - start.others_on) / span, max(0.0, end.children_on - start.children_on) / span)
+                   (end.others_on - start.others_on) / span, max(0.0, end.children_on - start.children_on) / span,
+                   max(0.0, end.children_wait - start.children_wait) / span)
 
 
 def cpu_lines(workers: Mapping[int, CoreUse], controller: Optional[CoreUse],
@@ -128,7 +132,7 @@ def cpu_lines(workers: Mapping[int, CoreUse], controller: Optional[CoreUse],
     lines = ["threads on the host's cores (cores busy per second of the run, /proc schedstat):"]
     for r, u in sorted(workers.items()):
         what = " (the verifier pool's)" if r in pools else ""
-        pool = f"; its pool processes {u.children:.2f}" if r in pools else ""
+        pool = f"; its pool processes {u.children:.2f}, waiting for a core {u.children_wait:.2f}" if r in pools else ""
         lines.append(f"  worker {r}{what}: main thread {u.main:.2f}, waiting for a core {u.main_wait:.2f}; "
                      f"its other threads {u.others:.2f}{pool}")
     if controller is not None:
