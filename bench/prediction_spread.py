@@ -47,7 +47,7 @@ DRIFT = re.compile(r"at least ([0-9.]+)x (slower|faster)")
 PART = re.compile(r"^  (\S.*?)\s+([0-9.e+-]+) ms measured,\s+([0-9.e+-]+) ms predicted(?: \([0-9.]+x\))?"
                   r"(?:,\s+([0-9]+) % beside)?(?:, waited ([0-9.e+-]+) ms)?", re.M)
 PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "node_free", "contention", "co_busy",
-                "co_run", "transfer", "math", "speed_probe_s", "rope_call", "rope_element")
+                "co_run", "transfer", "transfer_weights", "math", "speed_probe_s", "rope_call", "rope_element")
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,21 @@ def test_a_plan_on_every_core_stretches_its_operators_and_pays_the_full_round_tr
         assert priced[n.id] == pytest.approx(want, rel=1e-9), n.id
 
 
+def test_a_transfer_of_weights_pays_transfer_weights_and_a_fields_transfer():
+    """The publication of the trained weights to the generating device is one large message; the fields are small."""
+    split = ONE.replace("@train_actor at (0, 0, 0) extent (1, 1, 1)", "@train_actor at (0, 0, 1) extent (1, 1, 1)")
+    p = lowered(split)
+    runs = times(p, Overhead())
+    priced = times(p, Overhead(transfer=3e-4, transfer_weights=2e-3))
+    moved = [n for n in p.exec.nodes if n.kind != "op"]
+    assert {n.model is not None for n in moved} == {True, False}  # both kinds in the plan
+    for n in moved:
+        assert priced[n.id] - runs[n.id] == pytest.approx(2e-3 if n.model is not None else 3e-4, rel=1e-9), n.id
+    assert all(priced[n.id] == runs[n.id] for n in p.exec.nodes if n.kind == "op")
+    plain = times(p, Overhead(transfer=3e-4))  # a profile without the key prices every transfer alike
+    assert all(plain[n.id] - runs[n.id] == pytest.approx(3e-4, rel=1e-9) for n in moved)
+
+
 def test_a_plan_that_leaves_a_core_free_pays_the_free_round_trip_only():
     p = lowered(ONE)
     runs, priced = times(p, Overhead()), times(p, CONTENDED)

@@ -150,6 +150,18 @@ def test_overhead_table_is_optional_and_checked(tmp_path):
     assert err.loc.line == line_of(text, "co_run = -0.1")
 
 
+def test_a_weights_transfer_costs_transfer_weights_where_the_profile_says_and_transfer_otherwise(tmp_path):
+    plain = load_hardware(str(write(tmp_path, GOOD + "\n[overhead]\ntransfer = 3e-4\n"))).overhead
+    assert plain.transfer_weights is None and plain.transfer_cost(True) == plain.transfer_cost(False) == 3e-4
+    both = load_hardware(str(write(tmp_path, GOOD + "\n[overhead]\ntransfer = 3e-4\ntransfer_weights = 2e-3\n"))).overhead
+    assert (both.transfer_cost(False), both.transfer_cost(True)) == (3e-4, 2e-3)
+    assert both.transfer_cost(np.array([False, True])).tolist() == [3e-4, 2e-3]
+    text = GOOD + "\n[overhead]\ntransfer_weights = 11\n"
+    err = error_of(write(tmp_path, text))
+    assert "key 'overhead.transfer_weights' = 11.0 is outside the allowed range [0, 10]" in err.message
+    assert err.loc.line == line_of(text, "transfer_weights = 11")
+
+
 @pytest.mark.parametrize("value", ["0", "-4", "100000", "2.5", '"four"'])
 def test_gpus_per_node_out_of_range(tmp_path, value):
     text = GOOD.replace("gpus_per_node = 4 ", f"gpus_per_node = {value} ")

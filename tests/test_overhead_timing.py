@@ -141,6 +141,16 @@ def test_contention_is_what_the_full_runs_operators_waited_for_a_core_where_the_
     assert ControlRuns(None, full).contention == 0.0  # a 1-core host: no run with a core left
 
 
+def test_a_weights_transfer_has_its_own_fixed_cost_where_the_control_run_moved_weights():
+    full = replace(fit(2, 1.4e-3, 0.034), transfer_weights=2.5e-3, weight_transfers=38)
+    lines = control_lines(ControlRuns(free=fit(1, 3e-4, 0.025, 4.0), full=full), 40)
+    assert "transfer = 0.0001    # s per transfer of a data field" in "\n".join(lines)
+    assert any(line.startswith("transfer_weights = 0.0025    # s per transfer of a model's weights") and
+               "median over 38 of the same run's" in line for line in lines)
+    assert not any("transfer_weights" in line for line in control_lines(ControlRuns(fit(1, 3e-4, 0.025, 4.0),
+                                                                                    fit(2, 1.4e-3, 0.034)), 40))
+
+
 def test_co_busy_is_the_pairs_forwards_beyond_one_workers_share_and_the_contention_stretch():
     free, full = fit(1, 3e-4, 0.025, 4.0), fit(2, 1.4e-3, 0.034)  # contention 1 ms per node
     pair, alone = fit(2, 1e-3, 0.05, 10.0, 0.03), fit(1, 3e-4, 0.03, 10.0, 0.02)

@@ -134,7 +134,7 @@ def test_examples_pipeline_equals_compact_paths(name, data, variant, steps, spli
 
 # A profile with every [overhead] term (a CPU profile's per-call, per-token and per-node costs) on the GH200 kernels.
 OVERHEAD = Overhead(generation_call=1e-3, generation_token=2e-6, inference_call=3e-4, inference_token=4e-7,
-                    training_call=5e-3, training_token=6e-6, transfer=3e-4, node=7e-4)
+                    training_call=5e-3, training_token=6e-6, transfer=3e-4, transfer_weights=8e-4, node=7e-4)
 
 
 # ... and the runtime's threads on a host without a free core, siblings computing beside each other and the operators

@@ -16,9 +16,10 @@
 - `control_runs(hw_text, ...)`: the runtime's control round trip per exec node (a completion's report, the
   controller's reaction, the next command; `runtime/report.control_overhead`, as rpeg-run prints it) and a transfer's
   cost beside its link's terms, from short real runs of a GRPO plan, priced with `hw_text`: on one worker (a core left
-  free for the runtime's threads: `node_free`) and on a worker per core (`node`, `transfer`); the operator time the
-  runtime's threads take per exec node where they have no core of their own (`contention`, core/cost/contention.py) is
-  the second run's operators' time beyond the first's. What an operator's time grows by with siblings computing on the
+  free for the runtime's threads: `node_free`) and on a worker per core (`node`, `transfer` of a data field and
+  `transfer_weights` of a model's weights); the operator time the runtime's threads take per exec node where they have
+  no core of their own (`contention`, core/cost/contention.py) is what the second run's operators waited for a core
+  (each node's `waited` in its trace). What an operator's time grows by with siblings computing on the
   host's other cores (`co_busy`) compares the program data-parallel on two workers with one's share on one worker.
   What it grows by with other operators or processes there (`co_run`) comes from the kernel campaign
   (`calibrate._co_running`) and is written with this table.
@@ -38,6 +39,7 @@ import numpy as np
 
 from rpegc.core.cost.hardware import Hardware, Overhead
 from rpegc.core.cost.options import cost_options
+from rpegc.core.cost.transfer import moves_weights
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.core.ir.training import TrainSpec
@@ -268,9 +270,9 @@ class ControlFit:
     """What a short real run says of the runtime beside its operators."""
 
     node: float  # s per node: report, reaction, command (runtime/report.control_overhead)
-    transfer: float  # s per transfer beside its link's priced time (median over the steady transfers)
+    transfer: float  # s per transfer of a data field beside its link's priced time (median over the steady ones)
     nodes: int  # steady nodes measured
-    transfers: int  # steady transfers measured
+    transfers: int  # steady transfers of data fields measured
     devices: int
     op_s: float  # the operators' measured time of a steady step (the median step's sum)
     nodes_per_step: float
@@ -278,6 +280,10 @@ class ControlFit:
     # the median over steps of the time its operators' threads waited for a core while they ran (trace `waited`);
     # None where the workers could not measure it (no per-thread scheduler statistics)
     op_wait_s: Optional[float] = None
+    # the same as `transfer` of the transfers that move a model's weights (transfer.moves_weights), and how many; None
+    # where the run has none
+    transfer_weights: Optional[float] = None
+    weight_transfers: int = 0
 
 
 def control_run(hw_text: str, steps: int, devices: int, siblings: int = 0) -> ControlFit:
@@ -311,14 +317,18 @@ def control_run(hw_text: str, steps: int, devices: int, siblings: int = 0) -> Co
     if control is None or steady is None:
         raise RpegError(None, "the control round trip's run has no steady state")
     timed = [t for t in compare(plan, trace).nodes if steady.first_step <= t.step <= steady.last_step]
-    extra = [t.measured_time - t.predicted_time for t in timed if t.kind != "op" and t.predicted_time is not None]
+    moved = [t for t in timed if t.kind != "op" and t.predicted_time is not None]
+    heavy = [moves_weights(plan.nodes[plan.index[t.id]].node) for t in moved]
+    extra = [t.measured_time - t.predicted_time for t, w in zip(moved, heavy) if not w]
+    weights = [t.measured_time - t.predicted_time for t, w in zip(moved, heavy) if w]
     transfer = max(0.0, float(np.median(extra))) if extra else 0.0
     ops = [t for t in timed if t.kind == "op"]
     forwards = [t for t in ops if plan.nodes[plan.index[t.id]].node.role != "training"]
     waits = [trace.nodes[t.id].waited for t in ops]
     return ControlFit(control.per_node_s, transfer, control.nodes, len(extra), devices, step_median(ops),
                       len(timed) / max(1, len({t.step for t in ops})), step_median(forwards),
-                      step_median(ops, waits) if ops and None not in waits else None)
+                      step_median(ops, waits) if ops and None not in waits else None,
+                      max(0.0, float(np.median(weights))) if weights else None, len(weights))
 
 
 def step_median(timed, values: Optional[Sequence[float]] = None) -> float:
@@ -461,8 +471,11 @@ def control_lines(runs: ControlRuns, steps: int) -> list[str]:
         return f"a {steps}-step GRPO of the tiny preset on {r.devices} worker(s)"
 
     t = runs.transfers
-    lines = [f"transfer = {t.transfer:.6g}    # s per transfer beside its link's terms: median over "
+    lines = [f"transfer = {t.transfer:.6g}    # s per transfer of a data field beside its link's terms: median over "
              f"{t.transfers} transfers of {run(t)}"]
+    if t.transfer_weights is not None:
+        lines.append(f"transfer_weights = {t.transfer_weights:.6g}    # s per transfer of a model's weights beside its "
+                     f"link's terms: median over {t.weight_transfers} of the same run's")
     node = runs.full or runs.free
     where = "every core taken" if runs.full is not None else "cores left free: no run here takes every core"
     lines.append(f"node = {node.node:.6g}    # s per exec node: report, reaction, command (rpeg-run's control "

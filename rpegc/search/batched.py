@@ -43,8 +43,8 @@ from rpegc.core.sched.score import p_eff, score, score_pen, utilization
 from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_stretches, overlap_stretches, prices_overlaps,
                                         whole_ns)
 from rpegc.core.cost.transfer import comm_node_time_at, priced_node_time
-from rpegc.search.compact import (DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, CompactVariant, FusionGroups,
-                                  Superset, kept_over)
+from rpegc.search.compact import (DATA_COMM, FUSED_MEMBER, OPERATOR, PUBLICATION, WEIGHT_MOVES, CompactVariant,
+                                  FusionGroups, Superset, kept_over)
 
 _TERMS = ("train_state", "copy", "transient", "transient_with_copy")
 _COMM, _DEP, _RESHARD = (ACTIONS.index(a) for a in (COMM, DEP, RESHARD))
@@ -93,6 +93,7 @@ class _Graph:
     next_in_chain: np.ndarray  # (N+1,), dummy N after the last node of a chain
     heads: np.ndarray  # (C,) first node of each chain
     is_op: np.ndarray  # (N,) bool
+    moves_weights: np.ndarray  # (N,) bool: a publication or a pair Reshard (transfer.moves_weights)
     pos_comm: np.ndarray  # (N,) order-key rank when real (PUBLICATION: as a Comm)
     pos_reshard: np.ndarray  # (N,) PUBLICATION: order-key rank as a Reshard
     sources: tuple  # what sets node times: (vertex, phase) of operators, (kind, src, dst, nbytes, model) of transfers
@@ -517,13 +518,14 @@ class BatchEvaluator:
             busy = co_busy_stretch(extent[:, :, 2], cv.host_cores, oh.co_busy)  # per vertex, then per node
             stretched = np.where(device_op, runs * busy[:, G.vertex], runs)
         if full is None:  # no host's condition changes a price (`_hosts`)
-            return np.where(relay, 0.0, priced_node_time(stretched, cv.hw, transfer=~G.is_op))
+            return np.where(relay, 0.0, priced_node_time(stretched, cv.hw, transfer=~G.is_op, weights=G.moves_weights))
         hosts = hosts_v[:, G.vertex]
         if oh.contention:
             device_s = np.where(device_op & ~relay, runs * size[:, G.vertex], 0.0)
             k = host_stretches(hosts, device_s, ~relay, full, oh.contention)
             stretched = np.where(device_op, stretched * np.take_along_axis(k, hosts, axis=1), stretched)
-        t = priced_node_time(stretched, cv.hw, transfer=~G.is_op, full=np.take_along_axis(full, hosts, axis=1))
+        t = priced_node_time(stretched, cv.hw, transfer=~G.is_op, full=np.take_along_axis(full, hosts, axis=1),
+                             weights=G.moves_weights)
         return np.where(relay, 0.0, t)
 
     def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations,
@@ -764,6 +766,7 @@ def prepare_graph(s: Superset) -> _Graph:
     source = np.array([index.setdefault(_source_key(s, i), len(index)) for i in range(n)], dtype=np.int64)
     is_op = np.array([k == OPERATOR for k in s.kind], dtype=bool)
     return _Graph(
+        moves_weights=np.array([k in WEIGHT_MOVES for k in s.kind], dtype=bool),
         n=n,
         succ=succ,
         npred=npred,

@@ -80,6 +80,7 @@ Choice = tuple[int, ...]  # one directory index per vertex, in the variant's ver
 # Superset node kinds: an operator, a data Comm, a publication Comm or Reshard, a pair Reshard, and a fused member
 # that is not its fusion's first (always a relay: the first member's node runs the fusion).
 OPERATOR, DATA_COMM, PUBLICATION, PAIR_RESHARD, FUSED_MEMBER = 0, 1, 2, 3, 4
+WEIGHT_MOVES = (PUBLICATION, PAIR_RESHARD)  # the kinds that move a model's weights (transfer.moves_weights)
 FusionGroups = tuple[tuple[int, ...], ...]  # vertex indices of each fusion, ascending
 RELAY_KEY = (-1,)  # order key of a relay: below every real node
 STRUCTURE_CACHE = 2048  # prepared scheduler structures kept per variant
@@ -474,7 +475,7 @@ class CompactVariant:
             busy = [alone[v] for v in s.vertex]
         return [0.0 if t is None else
                 float(priced_node_time(t * b * k[h] if op else t, self.hw, transfer=kind != OPERATOR,
-                                       full=bool(full[h])))
+                                       full=bool(full[h]), weights=kind in WEIGHT_MOVES))
                 for t, h, op, kind, b in zip(runs, hosts, device_op, s.kind, busy)]
 
     def _overlap_factors(self, s: Superset, choice: Choice, allocs, runs: list[Optional[float]],

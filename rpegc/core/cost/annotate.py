@@ -27,8 +27,8 @@ from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_of, ho
                                         prices_overlaps, whole_ns)
 from rpegc.core.cost.host import check_pools, link_alloc, pool_taken_cores, shared_devices, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
-from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, priced_node_time,
-                                      reshard_node_time)
+from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, moves_weights,
+                                      priced_node_time, reshard_node_time)
 from rpegc.core.cost.work import check_role_kind
 from rpegc.core.sched.microtasks import MemberPipeline
 from rpegc.core.sched.schedule import schedule_exec
@@ -94,7 +94,7 @@ def _priced_with(hw: Hardware, eg: ExecGraph, runs: Sequence[float], conditions,
     `host_conditions`."""
     hosts, full, k = conditions
     return [float(priced_node_time(t * b * k[h] if device_op(n) else t, hw, transfer=n.kind != "op",
-                                   full=bool(full[h])))
+                                   full=bool(full[h]), weights=moves_weights(n)))
             for n, t, h, b in zip(eg.nodes, runs, hosts, busy)]
 
 

@@ -136,6 +136,9 @@ _OVERHEAD_KEYS = (
     ("recompute_token", "s per token of one row of each forward a training operator recomputes"),
     ("transfer", "s per Comm or Reshard node beside its link's alpha and beta (both workers' handling, one message "
                  "per field)"),
+    ("transfer_weights", "s per Comm or Reshard node that moves a model's weights (a publication, a reshard) beside its "
+                         "link's alpha and beta: one large message, which costs more to hand over than a field's "
+                         "(left out: transfer)"),
     ("node", "s per exec node: the runtime's control round trip (a completion's report, the controller's "
              "reaction, the next command) on a host whose cores the plan's processes all take"),
     ("node_free", "s per exec node: the same round trip on a host where the plan leaves a core free (left out: "
@@ -169,6 +172,7 @@ class Overhead:
     recompute_call: float = 0.0
     recompute_token: float = 0.0
     transfer: float = 0.0
+    transfer_weights: float | None = None  # None: transfer
     node: float = 0.0
     node_free: float | None = None  # None: node
     contention: float = 0.0
@@ -180,6 +184,12 @@ class Overhead:
 
     def token(self, role: str) -> float:
         return getattr(self, f"{role}_token")
+
+    def transfer_cost(self, weights):
+        """A transfer's fixed cost beside its link's terms: a weights move's (`weights`: a bool or a bool array) or a
+        field's."""
+        heavy = self.transfer if self.transfer_weights is None else self.transfer_weights
+        return self.transfer + weights * (heavy - self.transfer)
 
     def round_trip(self, full):
         """The control round trip of a node on a host whose cores the plan takes (`full`: a bool or a bool array)

@@ -12,6 +12,7 @@ from rpegc.core.cost.collectives import alltoall
 from rpegc.core.ir.geometry import Alloc, span_tier, span_tier_index
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.cost.hardware import Hardware
+from rpegc.core.ir.exec_graph import ExecNode
 
 
 def comm_time(payload, n_src, n_dst, alpha, beta):
@@ -44,12 +45,18 @@ def reshard_node_time(n_params, s_b, alloc: Alloc, hw: Hardware, opts: CostOptio
     return reshard_time(n_params, s_b, alloc.size, alpha, beta)
 
 
-def priced_node_time(t, hw: Hardware, transfer: bool = False, full=True):
+def priced_node_time(t, hw: Hardware, transfer: bool = False, full=True, weights=False):
     """A node's time as the schedule takes it: what it runs for (`t`), a transfer's fixed cost beside its link
-    ([overhead] `transfer`) and the runtime's control round trip before it ([overhead] `node`, or `node_free` on a
-    host the plan leaves a core of: `full` False, core/cost/contention.py); all 0 in the spec's model. Numbers or
-    arrays (the batched evaluator's form, `transfer` and `full` too)."""
-    return (t + transfer * hw.overhead.transfer) + hw.overhead.round_trip(full)
+    ([overhead] `transfer`, or `transfer_weights` where it moves a model's weights: `weights`, `moves_weights`) and the
+    runtime's control round trip before it ([overhead] `node`, or `node_free` on a host the plan leaves a core of:
+    `full` False, core/cost/contention.py); all 0 in the spec's model. Numbers or arrays (the batched evaluator's
+    form, `transfer`, `full` and `weights` too)."""
+    return (t + transfer * hw.overhead.transfer_cost(weights)) + hw.overhead.round_trip(full)
+
+
+def moves_weights(n: ExecNode) -> bool:
+    """Whether an exec node moves a model's weights (a publication's Comm, a Reshard) rather than a data field."""
+    return n.kind != "op" and n.model is not None
 
 
 def generation_phase_time(prefill_time, decode_time, q: int, t_q, t_prev, t_last):
