@@ -368,7 +368,7 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
         worker = Worker(setup, rank, channel, device, commands)
     except Exception as e:  # a located error (a checkpoint, a config), else the traceback of a bug
         return _setup_failed(channel, rank, _error_text(e, {}))
-    commands = worker.start_threads() if not os.environ.get("RPEG_AB_OLD") else None
+    router = worker.start_threads()
     if device.type == "cpu":  # after the process groups and the worker's threads exist: they stay free (pinning.py)
         if setup.core_slots is not None and not env:  # launched here: the plan's slots
             slots = setup.core_slots
@@ -384,7 +384,7 @@ def run_worker(host: str, port: int, rank: int, world: int, env: dict[str, str],
             _log(rank)("its other threads may run on: " + "; ".join(
                 f"{name} core{'s' if len(on) > 1 else ''} {', '.join(map(str, on))}"
                 for name, on in thread_cores().items()))
-    worker.loop(commands or worker.start_threads())
+    worker.loop(router)
     return 0
 
 
