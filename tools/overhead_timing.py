@@ -358,8 +358,8 @@ class ControlRuns:
         core (core/cost/contention.py): what the full run's operators waited for a core in a steady step (their main
         threads runnable while another thread had their core), over its nodes; 0 where one of the runs is missing.
         Where the workers cannot measure their waits, the full run's operator time beyond the free run's: a
-        difference of two runs, which the machine's moment moves as much as the contention (0.1-0.4 ms a node on the
-        2-core VM where the waits read 0.3-0.4, docs/calibration.md)."""
+        difference of two runs, which the machine's moment moves as much as the contention (docs/calibration.md,
+        "Where the runtime's threads wait, measured per node")."""
         if self.free is None or self.full is None:
             return 0.0
         if self.full.op_wait_s is not None:
