@@ -766,7 +766,6 @@ def prepare_graph(s: Superset) -> _Graph:
     source = np.array([index.setdefault(_source_key(s, i), len(index)) for i in range(n)], dtype=np.int64)
     is_op = np.array([k == OPERATOR for k in s.kind], dtype=bool)
     return _Graph(
-        moves_weights=np.array([k in WEIGHT_MOVES for k in s.kind], dtype=bool),
         n=n,
         succ=succ,
         npred=npred,
@@ -777,6 +776,7 @@ def prepare_graph(s: Superset) -> _Graph:
         next_in_chain=nxt,
         heads=heads,
         is_op=is_op,
+        moves_weights=np.array([k in WEIGHT_MOVES for k in s.kind], dtype=bool),
         pos_comm=pos_comm,
         pos_reshard=pos_reshard,
         sources=tuple(index),

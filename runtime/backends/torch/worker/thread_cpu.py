@@ -61,11 +61,19 @@ def read_thread_cpu(main_tid: Optional[int] = None, children: bool = False) -> O
 def thread_wait_s() -> Optional[float]:
     """Seconds the calling thread has been runnable but waiting for a core since it started; None where the kernel
     keeps no per-thread statistics. A worker reads it around each node (trace.NodeRecord.waited)."""
+    stat = _schedstat("/proc/thread-self/schedstat")
+    return None if stat is None else stat[1]
+
+
+def _schedstat(path: str) -> Optional[tuple[float, float]]:
+    """(s on a core, s runnable but waiting for one) of a thread's schedstat file; None where it cannot be read (the
+    thread exited, or no /proc here)."""
     try:
-        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+        with open(path, encoding="ascii") as f:
+            ran, waited = (int(x) / 1e9 for x in f.read().split()[:2])
+    except (OSError, ValueError):
         return None
+    return ran, waited
 
 
 def _threads(tasks: str) -> list[tuple[int, tuple[float, float]]]:
@@ -76,12 +84,9 @@ def _threads(tasks: str) -> list[tuple[int, tuple[float, float]]]:
     except OSError:
         return out  # the process exited, or no /proc here
     for tid in tids:
-        try:
-            with open(os.path.join(tasks, tid, "schedstat"), encoding="ascii") as f:
-                ran, waited = (int(x) / 1e9 for x in f.read().split()[:2])
-        except (OSError, ValueError):
-            continue  # the thread exited meanwhile
-        out.append((int(tid), (ran, waited)))
+        stat = _schedstat(os.path.join(tasks, tid, "schedstat"))
+        if stat is not None:  # else the thread exited meanwhile
+            out.append((int(tid), stat))
     return out
 
 
