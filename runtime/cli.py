@@ -449,7 +449,7 @@ def _priced_writes(plan: RunPlan, backend, hw):
     from rpegc.runtime.report import PricedWrites
 
     steps = checkpoint_steps(plan.first_step, plan.steps, backend.checkpoint_every)
-    seconds = checkpoint_time(plan.program, hw) if hw is not None and steps else None
+    seconds = checkpoint_time(plan.program, hw, backend.checkpoint_every) if hw is not None and steps else None
     return PricedWrites(steps, seconds) if seconds is not None else None
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.report import host_cores
-from rpegc.tools.checkpoint_timing import SHAPES, _writers, disk_rate, fit_writes, shared_rate, time_together
+from rpegc.tools.checkpoint_timing import (SHAPES, CheckpointProbe, _writers, disk_rate, fit_copies, fit_writes,
+                                           shared_rate, time_together)
 
 
 def test_the_fit_recovers_the_three_terms():
@@ -15,6 +16,27 @@ def test_the_fit_recovers_the_three_terms():
     fit = fit_writes(SHAPES, seconds)
     assert fit.file_s == pytest.approx(5e-4, rel=1e-6) and fit.tensor_s == pytest.approx(2e-5, rel=1e-6)
     assert fit.rate == pytest.approx(8e8, rel=1e-6) and fit.mape < 1e-9 and fit.points == len(SHAPES)
+
+
+def test_the_kept_copies_fit_recovers_its_two_terms():
+    seconds = [t * 3e-6 + b / 2e10 for t, b in SHAPES]
+    assert fit_copies(SHAPES, seconds) == pytest.approx((3e-6, 2e10), rel=1e-6)
+    many_small_faster = [b / 2e10 * (0.5 if t > 1 else 1.0) for t, b in SHAPES]  # the tensor term would fit below 0
+    tensor_s, rate = fit_copies(SHAPES, many_small_faster)
+    assert tensor_s == 0.0 and rate > 0
+
+
+def test_the_probe_writes_parts_as_a_run_does_and_keeps_what_a_run_keeps(tmp_path):
+    pytest.importorskip("torch")
+    from rpegc.runtime.backends.torch.checkpoints.shard_files import complete_checkpoints, read_index
+    from rpegc.runtime.backends.torch.controller.options import KEEP_CHECKPOINTS
+
+    probe = CheckpointProbe(str(tmp_path))
+    assert all(probe.part(t, b) > 0 for t, b in SHAPES[:2] * 2)
+    found = complete_checkpoints(str(tmp_path))
+    assert [s for s, _ in found] == [3, 4][-KEEP_CHECKPOINTS:]  # committed, the older ones pruned
+    index = read_index(found[-1][1])
+    assert index["step"] == 4 and len(index["files"]) == 1 and len(index["tensors"]) == SHAPES[1][0]
 
 
 def test_a_fixed_term_below_zero_is_left_out_and_the_others_refitted():

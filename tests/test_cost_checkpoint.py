@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from rpegc.core.cost.checkpoint import (STATE_BYTES, RankWrite, checkpoint_steps, checkpoint_time, layer_tensors,
-                                        node_write_time, rank_write_time, rank_writes, stage_tensors)
+from rpegc.core.cost.checkpoint import (STATE_BYTES, VERSION_BYTES, RankWrite, checkpoint_steps, checkpoint_time,
+                                        layer_tensors, node_write_time, rank_write_time, rank_writes, stage_tensors,
+                                        version_kept)
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.memory import weight_shard
 from rpegc.core.ir.errors import RpegError
@@ -42,6 +43,35 @@ def test_staleness_adds_the_kept_float32_versions():
     fresh, kept = rank_writes(PPO)[0], rank_writes(stale)[0]
     assert kept.bytes == pytest.approx(fresh.bytes * (STATE_BYTES + 2 * 4) / STATE_BYTES)
     assert kept.tensors - 1 == pytest.approx((fresh.tensors - 1) * (4 + 2) / 4)
+
+
+def test_a_stale_model_keeps_min_tau_every_versions_a_checkpoint_copied_by_its_training_ranks():
+    text = open("examples/ppo-tiny.rpeg").read()
+    stale = parse(text.replace("{@actor = 0, @critic = 0}", "{@actor = 2, @critic = 0}"), "s.rpeg")
+    assert all(w.keep_tensors == w.keep_bytes == 0 for w in rank_writes(PPO))  # on-policy: nothing kept
+    one = {w.device: w for w in rank_writes(stale, every=1)}
+    for every, keeps in ((1, 1), (2, 2), (20, 2)):  # a version a step, at most tau of them a checkpoint
+        for w in rank_writes(stale, every=every):
+            if w.device < 4:  # the actor's training ranks: their share of a float32 version each
+                per_version = one[w.device].keep_bytes
+                assert w.keep_bytes == pytest.approx(keeps * per_version) and per_version > 0
+                assert per_version == pytest.approx((w.bytes / (STATE_BYTES + 2 * VERSION_BYTES)) * VERSION_BYTES)
+                assert w.keep_tensors == pytest.approx(keeps * (one[w.device].tensors - 1) / (4 + 2))
+            else:
+                assert w.keep_tensors == w.keep_bytes == 0
+    kept = dataclasses.replace(HW, checkpoint_keep_tensor=3e-6, checkpoint_keep_rate=1e10)
+    w = rank_writes(stale, every=20)[0]
+    assert rank_write_time(w, kept) == pytest.approx(rank_write_time(w, HW) + w.keep_tensors * 3e-6
+                                                    + w.keep_bytes / 1e10)
+    assert checkpoint_time(stale, kept, every=20) > checkpoint_time(stale, kept, every=1) > checkpoint_time(stale, HW)
+
+
+@pytest.mark.parametrize("version,tau,every,kept", [
+    (2, 1, 3, True), (3, 1, 3, False), (1, 2, 3, True), (19, 1, 1, False),  # boundary 20 is the last step's: none
+    (4, 0, 1, False), (5, 2, 0, False),
+])
+def test_a_version_is_kept_where_a_checkpoint_within_tau_saves_it(version, tau, every, kept):
+    assert version_kept(version, tau, 20, every) is kept
 
 
 def test_a_checkpoint_costs_its_slowest_worker_and_nothing_without_the_profile_rate():
@@ -108,11 +138,15 @@ def test_the_profile_keys_are_checked():
     hw = Hardware.from_dict(d, source="t.toml")
     assert (hw.checkpoint_file, hw.checkpoint_tensor, hw.checkpoint_rate) == (0.0005, 2.5e-5, 7e8)
     assert hw.checkpoint_disk_rate == 2e9
+    assert hw.checkpoint_keep_rate is None and hw.checkpoint_keep_tensor == 0  # optional: keeps free
+    d["host"].update(checkpoint_keep_tensor=3e-6, checkpoint_keep_rate=1e10)
+    hw = Hardware.from_dict(d, source="t.toml")
+    assert (hw.checkpoint_keep_tensor, hw.checkpoint_keep_rate) == (3e-6, 1e10)
     for key, bad in (("checkpoint_rate", 0), ("checkpoint_rate", -1.0), ("checkpoint_file", -1e-3),
                      ("checkpoint_tensor", "fast"), ("checkpoint_rate", math.inf), ("checkpoint_disk_rate", 0),
-                     ("checkpoint_disk_rate", 1e13)):
+                     ("checkpoint_disk_rate", 1e13), ("checkpoint_keep_rate", 0), ("checkpoint_keep_tensor", -1.0)):
         d["host"][key] = bad
         with pytest.raises(RpegError, match=f"host.{key}"):
             Hardware.from_dict(d, source="t.toml")
         d["host"].update(checkpoint_file=0.0005, checkpoint_tensor=2.5e-5, checkpoint_rate=7e8,
-                         checkpoint_disk_rate=2e9)
+                         checkpoint_disk_rate=2e9, checkpoint_keep_tensor=3e-6, checkpoint_keep_rate=1e10)

@@ -92,6 +92,28 @@ def test_the_runs_prediction_prices_its_checkpoint_writes(uninterrupted_run, pla
     assert line.startswith("checkpoint writes: 3, median ") and f", {1000 * price:.3g} ms priced each" in line
 
 
+def test_a_training_that_checkpoints_still_has_its_successors_chained_behind_it(tmp_path):
+    """exports.py queues a checkpoint's parts behind the training that makes it due, the moment the training is sent,
+    so an on-policy generation after it is sent before it finishes (Dispatcher.chain) and runs behind the parts, with
+    no control round trip between: a run with checkpoints once left every training unchained, ~1.5 ms a step on
+    this host."""
+    from rpegc.runtime.plan import load_plan
+    from rpegc.runtime.trace import read_trace
+
+    src = open(os.path.join(ROOT, "examples/grpo-tiny.rpeg")).read()
+    one_device = PLAN.replace("(1, 1, 2) dp = 2", "(1, 1, 1) dp = 1")
+    (tmp_path / "g.rpeg").write_text(src[:src.index("rpeg.cluster")] + one_device)
+    plan_file = str(tmp_path / "g.exec.rpeg")
+    assert rpegc_main([str(tmp_path / "g.rpeg"), "-p", PIPELINE, "-o", plan_file]) == 0
+    out = torch_run(plan_file, "--run-dir", str(tmp_path / "run"), "--trace", str(tmp_path / "trace.jsonl"))
+    assert out.returncode == 0, out.stderr
+    plan, trace = load_plan(plan_file), read_trace(str(tmp_path / "trace.jsonl"))
+    assert plan.tau.get("actor", 0) == 0 and len(steps(str(tmp_path / "run"))) == 2  # of 3, kept 2
+    for k in range(3):  # generation k + 1 reads what training k made, on the same worker
+        gen, train = trace.nodes[f"gen#{k + 1}"], trace.nodes[f"train_actor#{k}"]
+        assert gen.dispatch < train.finish <= gen.start  # sent behind it, run after it (and after its checkpoint)
+
+
 def test_the_summary_says_where_the_host_cores_went(uninterrupted_run):
     """worker/thread_cpu.py: each worker's main thread on a core and waiting for one, its other threads, the
     controller, in cores per second of the run (at most the host's)."""

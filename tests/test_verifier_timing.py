@@ -19,6 +19,7 @@ def test_the_host_table_loads_into_a_profile(tmp_path):
     hw = Hardware.from_dict(tomllib.loads(text), source="t.toml")
     assert hw.host_cores >= 1 and hw.verify_call >= 0
     assert hw.checkpoint_rate > 0 and hw.checkpoint_file >= 0
+    assert hw.checkpoint_keep_rate > 0 and hw.checkpoint_keep_tensor >= 0  # the copies a stale model keeps
     # the disk the writers share is measured, or the table says why not
     assert (hw.checkpoint_disk_rate is not None) != ("# checkpoint_disk_rate left out" in text)
     assert list(tmp_path.iterdir()) == []  # the write probe's scratch directory is gone

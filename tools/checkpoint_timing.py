@@ -1,10 +1,17 @@
 """The [host] checkpoint terms of a profile: what one worker's checkpoint write costs (core/cost/checkpoint.py).
 
-Writes float32 shard files of a few shapes (one tensor of a few sizes; many small tensors) with the torch backend's
-own writer (`write_shard_file`: safetensors, SHA-256, fsync) into a scratch directory beside the profile (a run
-directory usually sits on the same disk), keeps each shape's fastest of `repeats` (the machine's usual speed, as the
-kernels'), and fits t = t_file + tensors * t_tensor + bytes / rate by least squares, a term that fits below 0 left
-out. On a host of two cores or more, `disk_rate` times the part of the writes a node's workers do not do in parallel:
+Writes float32 shard files of a few shapes (one tensor of a few sizes; many small tensors) as a run's workers and
+controller write a checkpoint's parts (checkpoints/exports.py), in a scratch run directory beside the profile (a run
+directory usually sits on the same disk): each file with the torch backend's own writer (`write_shard_file`:
+safetensors, SHA-256, fsync) into a fresh pending checkpoint directory and its report sealed for the control channel,
+both timed; then, untimed, the index written, the directory committed and the checkpoints beyond the run's default
+two pruned, whose file-system work the next write's fsync meets in a run too. It takes each shape's median of
+`repeats` (a write's usual time: the disk's times spread, the fastest is a lucky one), and fits
+t = t_file + tensors * t_tensor + bytes / rate by least squares, a term that fits below 0 left out. The copies a worker
+keeps of a stale model's versions for later checkpoints (`holdings.kept_copy`) are timed on the same tensors, fitted
+as t = tensors * t_keep_tensor + bytes / keep_rate.
+
+On a host of two cores or more, `disk_rate` times the part of the writes a node's workers do not do in parallel:
 DISK_BYTES written and fsynced by one process, then by two at once (each on a core of its own, started together every
 round), the median of DISK_ROUNDS rounds each, interleaved (the fastest of two writers' rounds is the one where they
 overlapped least); the second writer's extra time is its bytes at the disk's shared rate. The scratch directory is
@@ -28,12 +35,17 @@ import torch
 
 from rpegc.core.ir.errors import RpegError
 from rpegc.runtime.report import host_cores
-from rpegc.runtime.backends.torch.checkpoints.shard_files import write_shard_file
+from rpegc.outputs import PendingDirectory
+from rpegc.runtime.backends.torch.channel.messages import new_secret, seal
+from rpegc.runtime.backends.torch.checkpoints import shard_files as ckpt
+from rpegc.runtime.backends.torch.controller.options import KEEP_CHECKPOINTS
 from rpegc.runtime.backends.torch.controller.pinning import cores_to_pin
+from rpegc.runtime.backends.torch.worker.holdings import kept_copy
 
 # (tensors, bytes of float32 data) per file: the bytes' term from one large tensor, the tensors' from many small ones
 SHAPES = ((1, 4 << 10), (1, 1 << 20), (1, 8 << 20), (64, 256 << 10), (256, 1 << 20))
-REPEATS = 3
+REPEATS = 5
+QUICK_REPEATS = 3  # rpeg-calibrate --quick's
 DISK_BYTES = 32 << 20
 DISK_ROUNDS = 10
 QUICK_DISK = (4 << 20, 3)  # (bytes, rounds) of rpeg-calibrate --quick's disk probe
@@ -62,46 +74,88 @@ class WriteFit:
     mape: float
 
 
-def time_write(directory: str, tensors: int, nbytes: int) -> float:
-    """Seconds one shard file of `tensors` float32 tensors, `nbytes` in all, takes to write (serialise, hash, write,
-    fsync)."""
-    n = nbytes // 4 // tensors
-    data = {f"t{i}": (t, ((0,), (n,)), (n,)) for i, t in enumerate(torch.rand(tensors, n))}
-    path = os.path.join(directory, "probe.safetensors")
-    t0 = time.perf_counter()
-    write_shard_file(path, data)
-    seconds = time.perf_counter() - t0
-    os.unlink(path)
-    return seconds
+class CheckpointProbe:
+    """Checkpoint parts written into a scratch run directory as a run writes them (the module docstring)."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir, self.step = run_dir, 0
+        self.secret = new_secret()
+
+    def part(self, tensors: int, nbytes: int) -> float:
+        """Seconds a worker's part of `tensors` float32 tensors, `nbytes` in all, takes: its shard file (serialise,
+        hash, write, fsync) and its sealed report."""
+        data = {k: (t, ((0,), tuple(t.shape)), tuple(t.shape)) for k, t in probe_tensors(tensors, nbytes).items()}
+        self.step += 1
+        pending = PendingDirectory(ckpt.checkpoint_path(self.run_dir, self.step), "the probe checkpoint")
+        t0 = time.perf_counter()
+        report = ckpt.write_shard_file(os.path.join(pending.path, ckpt.shard_file(0)), data)
+        seal(self.secret, "res", "worker-0", self.step, {"type": "done", "export": self.step, **report, "rank": 0,
+                                                         "node": None, "start": 0.0, "finish": 0.0, "mem": 0})
+        seconds = time.perf_counter() - t0
+        ckpt.write_index(pending.path, ckpt.build_index(ckpt.FORMAT, [report], step=self.step))
+        pending.commit()
+        ckpt.prune_checkpoints(self.run_dir, KEEP_CHECKPOINTS)
+        return seconds
 
 
-def fit_writes(shapes, seconds) -> WriteFit:
-    """t = t_file + tensors * t_tensor + bytes / rate through (shape, seconds) points: least squares in relative
-    error, the fixed terms clipped at 0 (and the others refitted without them)."""
-    a = np.array([[1.0, t, b] for t, b in shapes])
-    y = np.asarray(seconds, float)
-    keep = [0, 1, 2]
+def _fit(a: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
+    """Coefficients of y ~ a @ coef by least squares in relative error, the fixed terms (all columns but the last,
+    the bytes') clipped at 0 and the others refitted without them; and the mean relative error."""
+    last = a.shape[1] - 1
+    keep = list(range(a.shape[1]))
     while True:
-        coef = np.zeros(3)
+        coef = np.zeros(a.shape[1])
         coef[keep] = np.linalg.lstsq(a[:, keep] / y[:, None], np.ones_like(y), rcond=None)[0]
-        negative = [k for k in keep if coef[k] < 0 and k != 2]
+        negative = [k for k in keep if coef[k] < 0 and k != last]
         if not negative:
             break
         keep.remove(negative[0])
-    if coef[2] <= 0:
-        raise RpegError(None, f"checkpoint writes of {[b for _, b in shapes]} bytes took {list(y)} s: the time does "
-                              "not grow with the bytes; the disk's speed changed during the measurement, calibrate "
+    if coef[last] <= 0:
+        raise RpegError(None, f"{what} of {[int(b) for b in a[:, last]]} bytes took {list(y)} s: the time does not "
+                              "grow with the bytes; the machine's speed changed during the measurement, calibrate "
                               "again")
-    pred = a @ coef
-    return WriteFit(float(coef[0]), float(coef[1]), float(1 / coef[2]), len(y), float(np.mean(np.abs(pred - y) / y)))
+    return coef, float(np.mean(np.abs(a @ coef - y) / y))
+
+
+def fit_writes(shapes, seconds) -> WriteFit:
+    """t = t_file + tensors * t_tensor + bytes / rate through (shape, seconds) points (`_fit`)."""
+    coef, mape = _fit(np.array([[1.0, t, b] for t, b in shapes]), np.asarray(seconds, float), "checkpoint writes")
+    return WriteFit(float(coef[0]), float(coef[1]), float(1 / coef[2]), len(seconds), mape)
+
+
+def fit_copies(shapes, seconds) -> tuple[float, float]:
+    """(t_keep_tensor, keep_rate) of t = tensors * t_keep_tensor + bytes / keep_rate through (shape, seconds)
+    points (`_fit`)."""
+    coef, _ = _fit(np.array([[t, b] for t, b in shapes], float), np.asarray(seconds, float), "kept copies")
+    return float(coef[0]), float(1 / coef[1])
+
+
+def probe_tensors(tensors: int, nbytes: int) -> dict[str, torch.Tensor]:
+    """`tensors` float32 tensors of `nbytes` in all, as a probe writes or copies them."""
+    n = nbytes // 4 // tensors
+    return {f"t{i}": t for i, t in enumerate(torch.rand(tensors, n))}
+
+
+def time_copy(tensors: int, nbytes: int) -> float:
+    """Seconds a worker's copy of a kept version of `tensors` float32 tensors, `nbytes` in all, takes."""
+    data = probe_tensors(tensors, nbytes)
+    t0 = time.perf_counter()
+    kept_copy(data)
+    return time.perf_counter() - t0
+
+
+def measure_copies(shapes=SHAPES, repeats: int = REPEATS) -> tuple[float, float]:
+    """Each shape's median of `repeats` kept copies, fitted."""
+    return fit_copies(shapes, [statistics.median(time_copy(t, b) for _ in range(repeats)) for t, b in shapes])
 
 
 def measure_writes(where: Path, shapes=SHAPES, repeats: int = REPEATS) -> WriteFit:
-    """Each shape's fastest of `repeats` writes in a scratch directory under `where`, fitted."""
+    """Each shape's median of `repeats` parts written in a scratch run directory under `where`, fitted."""
     where.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".rpeg-write-probe-", dir=where) as d:
-        best = [min(time_write(d, t, b) for _ in range(repeats)) for t, b in shapes]
-    return fit_writes(shapes, best)
+        probe = CheckpointProbe(d)
+        usual = [statistics.median(probe.part(t, b) for _ in range(repeats)) for t, b in shapes]
+    return fit_writes(shapes, usual)
 
 
 def _writers(directory: str, count: int, nbytes: int) -> list[subprocess.Popen]:
@@ -161,13 +215,18 @@ def disk_rate(where: Path, nbytes: int = DISK_BYTES, rounds: int = DISK_ROUNDS) 
 def checkpoint_lines(where: Path, quick: bool = False) -> list[str]:
     """The [host] table's checkpoint keys, with how they were measured (`quick`: one write a shape, a 4 MiB disk
     probe of three rounds)."""
-    repeats = 1 if quick else REPEATS
+    repeats = QUICK_REPEATS if quick else REPEATS
     fit = measure_writes(where, repeats=repeats)
+    keep_tensor, keep_rate = measure_copies(repeats=repeats)
     shapes = ", ".join(f"{t} x {b // t >> 10} KiB" for t, b in SHAPES)
-    return [f"checkpoint_file = {fit.file_s:.6g}    # s per shard file; least squares (relative error) of the fastest "
-            f"of {repeats} writes of tensors {shapes} (the backend's writer, fsync) under {where}, MAPE {fit.mape:.1%}",
+    return [f"checkpoint_file = {fit.file_s:.6g}    # s per shard file; least squares (relative error) of the medians "
+            f"of {repeats} checkpoint parts of tensors {shapes} (the backend's writer, fsync, the sealed report; "
+            f"committed and pruned as a run does) under {where}, MAPE {fit.mape:.1%}",
             f"checkpoint_tensor = {fit.tensor_s:.6g}    # s per tensor of a file; same fit",
             f"checkpoint_rate = {fit.rate:.6g}    # B/s = {fit.rate / 1e6:.4g} MB/s; same fit",
+            f"checkpoint_keep_tensor = {keep_tensor:.6g}    # s per tensor of a kept version's copy; least squares "
+            f"(relative error) of the medians of {repeats} copies of the same tensors",
+            f"checkpoint_keep_rate = {keep_rate:.6g}    # B/s = {keep_rate / 1e6:.4g} MB/s; same fit",
             *disk_lines(where, *(QUICK_DISK if quick else (DISK_BYTES, DISK_ROUNDS)))]
 
 

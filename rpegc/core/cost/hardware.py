@@ -9,8 +9,8 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
     [collective.<tier>]  alpha, beta      for each tier in intra_node, inter_node, inter_rack
     [p2p.<tier>]         alpha, beta
     [host]      optional: cores, verify_call, [host.verify] (the verifier pool's host, core/cost/host.py),
-                checkpoint_file, checkpoint_tensor, checkpoint_rate, checkpoint_disk_rate (checkpoint writes,
-                core/cost/checkpoint.py)
+                checkpoint_file, checkpoint_tensor, checkpoint_rate, checkpoint_disk_rate, checkpoint_keep_tensor,
+                checkpoint_keep_rate (checkpoint writes, core/cost/checkpoint.py)
     [overhead]  optional: per-call and per-token fixed costs of each role's operators, the control round trip per
                 node (generation_call, generation_token, inference_*, training_*, node; default 0)
     [meta]      free-form (calibration date, notes)
@@ -101,7 +101,9 @@ _TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "colle
 # fixed time of one shard file, of one tensor in it, and the bytes per second a worker serialises, writes and fsyncs;
 # a profile without the rate leaves checkpoints unpriced (rpeg-run says so). `checkpoint_disk_rate`: the bytes per
 # second of the part of the writes a node's workers do not do in parallel (its disk takes them one after the other);
-# left out, a node's writers do not slow each other. Upper bounds: 60 s per file or tensor, 1e12 B/s.
+# left out, a node's writers do not slow each other. `checkpoint_keep_tensor` and `checkpoint_keep_rate`: the fixed
+# time per tensor and the bytes per second of the copy a worker keeps of a version a later checkpoint saves (staleness
+# > 0); left out, keeps are not priced. Upper bounds: 60 s per file or tensor, 1e12 B/s.
 MAX_HOST_CORES = 10**6
 _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time of one verify operator, s"),
               ("verify", "seconds per response of each built-in reward function"),
@@ -110,14 +112,19 @@ _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time 
               ("checkpoint_rate", "bytes per second a worker writes a checkpoint's shard files at (serialise, write, "
                                   "fsync)"),
               ("checkpoint_disk_rate", "bytes per second of the part of a node's checkpoint writes its workers do not "
-                                       "do in parallel"))
+                                       "do in parallel"),
+              ("checkpoint_keep_tensor", "fixed time per tensor of a version a worker keeps for a later checkpoint, s"),
+              ("checkpoint_keep_rate", "bytes per second a worker copies a version it keeps for a later checkpoint "
+                                       "at"))
 MAX_VERIFY_S = 60.0
 MAX_CHECKPOINT_S = 60.0
 MAX_CHECKPOINT_RATE = 1e12
 # The [host] keys that are one number: (key, 0 excluded, upper bound).
 _HOST_NUMBERS = (("verify_call", False, MAX_VERIFY_S), ("checkpoint_file", False, MAX_CHECKPOINT_S),
                  ("checkpoint_tensor", False, MAX_CHECKPOINT_S), ("checkpoint_rate", True, MAX_CHECKPOINT_RATE),
-                 ("checkpoint_disk_rate", True, MAX_CHECKPOINT_RATE))
+                 ("checkpoint_disk_rate", True, MAX_CHECKPOINT_RATE),
+                 ("checkpoint_keep_tensor", False, MAX_CHECKPOINT_S),
+                 ("checkpoint_keep_rate", True, MAX_CHECKPOINT_RATE))
 # [overhead]: what running an operator costs beyond its kernels (not in the source; core/cost/optime.py). A run of a
 # small model spends most of each operator in per-call framework work (Python, tensor set-up, sampling, the loss and
 # the optimizer's fixed part) and most of the gaps between operators in the runtime's control round trip, which the
@@ -236,6 +243,8 @@ class Hardware:
     checkpoint_tensor: float = 0.0  # [host] checkpoint_tensor: s per tensor of a checkpoint shard file
     checkpoint_rate: float | None = None  # [host] checkpoint_rate: B/s of a checkpoint write; None: not priced
     checkpoint_disk_rate: float | None = None  # [host] checkpoint_disk_rate: B/s a node's writers share; None: none
+    checkpoint_keep_tensor: float = 0.0  # [host] checkpoint_keep_tensor: s per tensor of a kept version's copy
+    checkpoint_keep_rate: float | None = None  # [host] checkpoint_keep_rate: B/s of a kept version's copy; None: free
     overhead: Overhead = Overhead()  # [overhead]: operators' fixed costs beyond their kernels, the control round trip
 
     def provenance(self) -> str:

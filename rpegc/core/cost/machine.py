@@ -35,10 +35,11 @@ CACHE_ENV = "RPEGC_CACHE_DIR"
 # [overhead] node_free and contention; 9: siblings computing on a host's other cores, [overhead] co_busy, and the
 # built-in verifiers timed over 25 batches; 10: the narrow forwards alone beside every core busy, [overhead] co_run;
 # 11: a RoPE model's rotations, [compute] rope_*; 12: a worker's reader, sender and heap-meter threads left free of
-# its operators' core, contention from the operators' measured waits for a core and [overhead] transfer_weights), so
-# that a profile cached by an earlier campaign is calibrated again instead of lacking keys or pricing the old
-# operators.
-CAMPAIGN = "12"
+# its operators' core, contention from the operators' measured waits for a core and [overhead] transfer_weights; 13:
+# checkpoint parts written as a run writes them, with their reports, and the kept versions' copies, [host]
+# checkpoint_keep_*), so that a profile cached by an earlier campaign is calibrated again instead of lacking keys or
+# pricing the old operators.
+CAMPAIGN = "13"
 # The child process that calibrates this machine (tools/calibrate.py); `--quick` is the tests' smoke version.
 CALIBRATE = ("-m", "rpegc.tools.calibrate", "--machine", "--quiet")
 

@@ -9,10 +9,11 @@ nodes may still read under staleness (the workers keep those once trained, or on
 at the end the final version of every trained model. Checkpoints are pruned to the newest `keep`.
 
 A checkpoint at boundary k+1 is written in parts: each trained model's part (its master and Adam state of version
-k+1, its kept versions) is asked for the moment its training of step k completes, before its training of step k+1
-can be dispatched (a training node is never chained while checkpoints are on), and the workers' RNG states once every
-model's has; the index is written when all parts are in. Under mixed staleness one model's training of step k+1 may
-run before another's of step k ends (PPO with the actor one step stale and the critic on-policy, trained on devices of
+k+1, its kept versions) is queued on its training ranks right behind its training of step k, the moment that
+training's commands are sent, so it runs as the training ends and before anything sent later (the training of step
+k+1 above all), with no control round trip between them; and the workers' RNG states once every model's part is
+queued. The index is written when all parts are in. Under mixed staleness one model's training of step k+1 may run
+before another's of step k ends (PPO with the actor one step stale and the critic on-policy, trained on devices of
 their own), so waiting for the whole boundary would find its master already a version further.
 """
 
@@ -27,7 +28,7 @@ from typing import Callable, Optional
 
 import torch
 
-from rpegc.core.cost.checkpoint import checkpoint_due
+from rpegc.core.cost.checkpoint import checkpoint_due, version_kept
 from rpegc.outputs import PendingDirectory
 from rpegc.runtime.backends.base import Dispatch
 from rpegc.runtime.backends.torch.channel.commands import Export, Keep
@@ -71,7 +72,7 @@ class Exports:
         self.metrics = metrics  # the backend's per-step metrics, saved with each checkpoint
         self.resumed_at = resumed_at  # the step a resumed run started at; None: not resumed
         self.trained = {n.node.model for n in plan.nodes if n.kind == "op" and n.node.role == "training"}
-        self.train_done: dict[int, set[str]] = {}
+        self.train_sent: dict[int, set[str]] = {}  # step -> the models whose training of it was sent
         self.train_layout: dict[str, Layout] = {}  # where each model's training state (master, Adam) lives
         # versions the workers keep for later checkpoints (tau > 0): model -> version -> layout kept in
         self.kept: dict[str, dict[int, Layout]] = {m: {} for m in self.trained}
@@ -80,7 +81,7 @@ class Exports:
         self._last_id = 0
         self.checkpoints: list[str] = []
         # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}
-        # (write_s: the slowest worker's serialise + write + fsync of its file)
+        # (write_s: the slowest worker's time in its parts: gathering, serialise, write and fsync of each file)
         self.io_stats: list[dict] = []
         self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -114,18 +115,19 @@ class Exports:
         for r, req in sorted(requests.items()):
             self.pool.send(r, Export(export=self._last_id, dir=os.path.abspath(directory), part=part, **req))
 
-    def after_training(self, d: Dispatch) -> None:
-        """A training node completed: its model's training state is where it ran; under staleness the workers
-        keep the versions a later checkpoint saves; a step boundary of every trained model checkpoints."""
+    def training_sent(self, d: Dispatch) -> None:
+        """A training node's commands were sent: its model's training state will be where it runs; under staleness
+        its ranks keep the version it makes for later checkpoints, and a step boundary checkpoints, each asked for
+        now, so that the workers run it behind the training in their queues."""
         k, m = d.node.step, d.node.node.model
         out = next(a for a in d.outputs if a.kind == "weights")
         layout = self.routes.holdings[out].layout
         assert layout is not None
         tau = self.plan.tau.get(m, 0)
         self.train_layout[m] = layout
-        self.train_done.setdefault(k, set()).add(m)
+        self.train_sent.setdefault(k, set()).add(m)
         due = checkpoint_due(k + 1, self.plan.steps, self.every)
-        if self.every and tau > 0:
+        if version_kept(out.index, tau, self.plan.steps, self.every):
             # nodes after a later checkpoint may still read this version: each rank keeps what it writes
             for r in layout.ranks:
                 self.pool.send(r, Keep(label=out.label, tau=tau))
@@ -135,14 +137,15 @@ class Exports:
                 del kept[v]
         if due:
             self._checkpoint_model(k + 1, m, layout)
-            if self.train_done[k] >= self.trained:
+            if self.train_sent[k] >= self.trained:
                 self._seal(k + 1)
 
     def _io_stat(self, what: str, step: int, reports: list[tuple[int, dict]]) -> None:
-        """One write's files and bytes, and its slowest worker's serialise + write + fsync over all its parts."""
+        """One write's files and bytes, and its slowest worker's time in all its parts (each from its command's start
+        to its finish on the worker)."""
         per_rank: dict[int, float] = {}
         for r, rep in reports:
-            per_rank[r] = per_rank.get(r, 0.0) + float(rep.get("write_s", 0.0))
+            per_rank[r] = per_rank.get(r, 0.0) + float(rep["finish"]) - float(rep["start"])
         self.io_stats.append({"what": what, "step": step, "files": len(reports),
                               "bytes": sum(int(rep["bytes"]) for _, rep in reports),
                               "write_s": max(per_rank.values(), default=0.0)})
@@ -167,10 +170,10 @@ class Exports:
         self._export(requests, cp.pending.path, done, part)
 
     def _checkpoint_model(self, step: int, m: str, layout: Layout) -> None:
-        """Model `m`'s part of the checkpoint at boundary `step`, asked for as its training of step - 1 completes:
+        """Model `m`'s part of the checkpoint at boundary `step`, queued behind its training of step - 1: there
         the training state holds version `step` as its float32 master with its Adam state, whatever Comm/Reshard
-        nodes did with the published copy since (a Reshard may have moved it), and the workers keep the older
-        versions later nodes may still read."""
+        nodes do with the published copy (a Reshard may move it), and the workers keep the older versions later
+        nodes may still read."""
         cp = self._open(step)
         requests: dict[int, dict] = defaultdict(lambda: {"masters": [], "window": [], "optimizer": []})
         for r in layout.ranks:  # each writes its share (`Holdings.writes` in worker/holdings.py)
@@ -207,6 +210,14 @@ class Exports:
         self.checkpoints.append(cp.pending.target)
         self._io_stat("checkpoint", cp.step, cp.parts)
         ckpt.prune_checkpoints(self.run_dir or "", self.keep)
+
+    def discard_open(self) -> None:
+        """Remove the checkpoints still being written once the workers are stopped: a run that failed or was
+        interrupted leaves its newest complete checkpoint, not the directory of one it had asked for (a part is
+        asked for as its training is sent, so a training that fails has one)."""
+        for cp in self.open.values():
+            cp.pending.discard()
+        self.open.clear()
 
     def collect_final(self, drain: Callable[[], None]) -> None:
         """The workers write the final version of every trained model (the retained weights) to

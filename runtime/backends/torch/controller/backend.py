@@ -50,7 +50,7 @@ from rpegc.runtime.backends.torch.controller.device import DIST_BACKEND_CHOICES,
 from rpegc.runtime.backends.torch.controller.inbox import warn
 from rpegc.runtime.backends.torch.controller.inflight import InFlight
 from rpegc.runtime.backends.torch.controller.memory_check import check_memory
-from rpegc.runtime.backends.torch.controller.options import TorchOptions
+from rpegc.runtime.backends.torch.controller.options import KEEP_CHECKPOINTS, TorchOptions
 from rpegc.runtime.backends.torch.controller.pool import WorkerPool
 from rpegc.runtime.backends.torch.controller.processes import stop_forkserver
 from rpegc.runtime.backends.torch.controller.run_description import (RunDescription, RunSettings, describe_run,
@@ -80,7 +80,8 @@ class TorchBackend(Backend):
                  tp_impl: str = "auto", timeout_s: float = 120.0, fault: Optional[str] = None,
                  dist_backend: str = "gloo", rl: Optional[dict] = None, data: Optional[dict] = None,
                  launcher: str = "local",
-                 store: Optional[str] = None, secret_file: Optional[str] = None, keep_checkpoints: int = 2,
+                 store: Optional[str] = None, secret_file: Optional[str] = None,
+                 keep_checkpoints: int = KEEP_CHECKPOINTS,
                  memory_check: bool = True, control: str = "auto", overwrite: bool = False,
                  trackers: Optional[tuple[str, ...]] = None):
         _check_arguments(tp_impl, checkpoint_every, keep_checkpoints, bool(checkpoint_every or resume) and not run_dir,
@@ -121,7 +122,8 @@ class TorchBackend(Backend):
         return cls(seed=o.seed, rl=settings.rl, data=settings.data, run_dir=run_dir, checkpoint_every=every,
                    resume=bool(o.resume), lr=o.lr, tp_impl=o.tp_impl, reward=o.reward, task=o.task,
                    dist_backend=o.dist_backend, launcher="external" if o.store else "local", store=o.store,
-                   secret_file=o.secret_file, keep_checkpoints=2 if o.keep_checkpoints is None else o.keep_checkpoints,
+                   secret_file=o.secret_file,
+                   keep_checkpoints=KEEP_CHECKPOINTS if o.keep_checkpoints is None else o.keep_checkpoints,
                    memory_check=not o.no_memory_check, overwrite=o.overwrite,
                    trackers=parse_log(o.log) if o.log is not None else None)
 
@@ -220,8 +222,7 @@ class TorchBackend(Backend):
         self.flight = InFlight(self.pool, run.device_of, self.timeout_s, self.now, self.record, self.exports)
         # gloo's sends may come from a second thread (tags keep them apart); NCCL's would need their own stream and
         # an order matched on both sides, not built yet: there a transfer's sources send in their command loop.
-        self.dispatcher = Dispatcher(run, self.pool, self.flight, self.exports, sender_threads=dist_backend == "gloo",
-                                     checkpoints=bool(self.checkpoint_every))
+        self.dispatcher = Dispatcher(run, self.pool, self.flight, self.exports, sender_threads=dist_backend == "gloo")
         self._stopped = False  # from here on shutdown() must stop workers, even if the launch fails halfway
         self.pool.open(self._worker_setup(run, dist_backend, tp_impl), tp_impl)
         for w in self.warnings:
@@ -360,6 +361,8 @@ class TorchBackend(Backend):
             finally:
                 self._cpu = usage(self._cpu_start, read_thread_cpu())
                 self._stop_workers()
+                if self.exports is not None:
+                    self.exports.discard_open()
         finally:
             if self.record.log is not None:  # also when the run failed before its workers started
                 self.record.log.close(KILLED if self._interrupted else outcome)

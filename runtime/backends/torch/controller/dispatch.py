@@ -22,12 +22,11 @@ class Dispatcher:
     """The commands of a run's nodes and parameter copies, sent to its workers."""
 
     def __init__(self, run: RunDescription, pool: WorkerPool, flight: InFlight, exports: Exports,
-                 sender_threads: bool, checkpoints: bool):
+                 sender_threads: bool):
         self.run, self.pool, self.flight, self.exports = run, pool, flight, exports
         self.routes = run.routes
         self.device_of = run.device_of
         self.sender_threads = sender_threads  # sources of transfers send on their sender thread (gloo)
-        self.checkpoints = checkpoints  # checkpoints are on: a training node is never chained
 
     def install(self, artifact: Artifact, devices: tuple[int, ...]) -> None:
         if artifact.kind != "weights":
@@ -69,6 +68,8 @@ class Dispatcher:
         for r in ranks:
             members = [c.commands[r] for c in commands]
             self.pool.send(r, Fused(node=ds[0].id, tag=members[0].tag, ranks=ranks, members=members, stages=stages))
+        for d in ds:
+            self._sent(d)
 
     def transfer(self, d: Dispatch) -> None:
         self._issue(d, self.routes.transfer_command(d))
@@ -79,12 +80,8 @@ class Dispatcher:
     def chain(self, d: Dispatch, after: tuple[str, ...]) -> bool:
         """Send `d` behind its running predecessors `after` when its start cannot come before their finish:
         every rank that ends a predecessor (`routing.Command.ends`) runs `d` too, after it in its queue, and `d`
-        starts when its last rank begins it. Not with checkpoints around a training node: a step boundary's
-        checkpoint is requested when its training completes and must reach the workers before the nodes
-        after it."""
+        starts when its last rank begins it (a training's checkpoint part, queued behind it, in between)."""
         running = [p for x in after if (p := self.flight.running(x)) is not None]
-        if self.checkpoints and any(is_training(x) for x in (d, *(p.dispatch for p in running if p.dispatch))):
-            return False
         c = self.routes.command(d)
         if not c.commands:
             return False  # nothing to send: it completes at once when dispatched
@@ -116,3 +113,9 @@ class Dispatcher:
         self.flight.sent(d, commands, c.ends, after, frozenset(senders))
         for r, cmd in sorted(commands.items()):  # a transfer's ranks share one command: a sender's is marked
             self.pool.send(r, replace(cmd, sender=True) if r in senders else cmd)
+        self._sent(d)
+
+    def _sent(self, d: Dispatch) -> None:
+        """A training's commands are sent: what it makes due for checkpoints goes right behind them (exports.py)."""
+        if is_training(d):
+            self.exports.training_sent(d)

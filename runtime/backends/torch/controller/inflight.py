@@ -193,8 +193,6 @@ class InFlight:
                                      microtasks=tuple(sorted(pend.microtasks, key=lambda t: (t[0], t[4], t[5]))),
                                      waited=pend.waited))
         self.count += 1
-        if is_training(d):  # the checkpoint parts this training makes due are asked for now (exports.py)
-            self.exports.after_training(d)
 
 
 def is_training(d: Dispatch) -> bool:

@@ -15,6 +15,9 @@ _LOG_HELP = ("with --run-dir: also send metrics.jsonl's per-step values and the 
              "metrics.jsonl only (default: tensorboard when its package is installed)")
 
 
+KEEP_CHECKPOINTS = 2  # complete checkpoints a run directory keeps by default
+
+
 @dataclass(frozen=True)
 class TorchOptions:
     """rpeg-run's options of the torch backend."""
@@ -24,7 +27,8 @@ class TorchOptions:
     checkpoint_every: Optional[int] = cli_option(
         None, "checkpoint every N RL steps (default 1 with --run-dir, else none)", metavar="N")
     keep_checkpoints: Optional[int] = cli_option(
-        None, "keep the newest N complete checkpoints in the run directory (default 2, N >= 1)", metavar="N")
+        None, f"keep the newest N complete checkpoints in the run directory (default {KEEP_CHECKPOINTS}, N >= 1)",
+        metavar="N")
     resume: Optional[str] = cli_option(None, "continue the run in DIR from its last checkpoint", metavar="DIR")
     overwrite: bool = cli_option(
         False, "a fresh run in a --run-dir where an earlier run left checkpoints, final weights or metrics replaces "

@@ -79,6 +79,12 @@ def _bytes_of(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def kept_copy(shards: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A copy in host memory of the pieces of a version kept for later checkpoints (the training goes on updating its
+    own; [host] checkpoint_keep_* price it, tools/checkpoint_timing.py times this)."""
+    return {n: t.detach().to("cpu", copy=True) for n, t in shards.items()}
+
+
 class Holdings:
     """Everything one worker holds, and the bookkeeping commands (install, keep, release) that change it."""
 
@@ -97,6 +103,9 @@ class Holdings:
         # Versions a checkpoint must still save once the live copies moved on (staleness tau > 0):
         # (model, version) -> (layout, this rank's float32 pieces), on the CPU
         self.window: dict[tuple[str, int], tuple[Layout, dict[str, Tensor]]] = {}
+        # (model, layout) -> this rank's pieces, and the names of those it writes (`pieces`, `writes`)
+        self._pieces: dict[tuple[str, Layout], dict] = {}
+        self._writes: dict[tuple[str, Layout], frozenset[str]] = {}
 
     def nbytes(self) -> int:
         """Bytes this worker holds: its entries, its models' parameters and their optimizer state."""
@@ -171,17 +180,24 @@ class Holdings:
                             self.nets[model].init_std, convert)
 
     def pieces(self, model: str, layout: Layout) -> dict:
-        """This rank's pieces of `model`'s parameters under `layout`."""
-        return rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
+        """This rank's pieces of `model`'s parameters under `layout` (computed once: a checkpoint part, a keep and a
+        weights transfer each ask; callers only read it)."""
+        key = (model, layout)
+        if key not in self._pieces:
+            self._pieces[key] = rank_pieces(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
+        return self._pieces[key]
 
-    def writes(self, model: str, layout: Layout) -> set[str]:
+    def writes(self, model: str, layout: Layout) -> frozenset[str]:
         """The parameters of `model` whose pieces this rank writes under `layout`: those its data-parallel
         replica owns (`layout.replica_owner`: the pieces whose optimizer state it keeps), and of a piece
-        replicated over TP only t = 0's."""
-        d, _, t = layout.coord(self.rank)
-        owner = replica_owner(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
-        return {n for n, piece in self.pieces(model, layout).items()
-                if owner[n] == d and (piece.dim is not None or t == 0)}
+        replicated over TP only t = 0's (computed once, as `pieces`)."""
+        key = (model, layout)
+        if key not in self._writes:
+            d, _, t = layout.coord(self.rank)
+            owner = replica_owner(self.shapes[model], layout, self.rank, self.setup.models[model].arch.layers)
+            self._writes[key] = frozenset(n for n, piece in self.pieces(model, layout).items()
+                                          if owner[n] == d and (piece.dim is not None or t == 0))
+        return self._writes[key]
 
     def saved_shards(self, e: Entry) -> dict[str, Tensor]:
         """What an export saves of a weights entry: the entry, unless it is a reduced-precision serving copy
@@ -207,8 +223,7 @@ class Holdings:
 
     def _keep(self, model: str, version: int, layout: Layout, shards: dict[str, Tensor], tau: int) -> None:
         mine = self.writes(model, layout)
-        self.window[(model, version)] = (layout, {n: t.detach().to("cpu", copy=True) for n, t in shards.items()
-                                                  if n in mine})
+        self.window[(model, version)] = (layout, kept_copy({n: t for n, t in shards.items() if n in mine}))
         for key in [k for k in self.window if k[0] == model and k[1] < version - tau]:
             del self.window[key]
 
