@@ -173,11 +173,12 @@ def test_the_operators_of_an_allocation_on_both_cores_stretch_by_co_busy():
 
 
 def test_the_optimizer_leaves_a_plan_of_siblings_once_they_are_priced(tmp_path):
-    """A GRPO large enough that two busy cores beat one (every vertex data-parallel on both) is split instead, a
-    device per group of vertices, once siblings computing together cost 30 % more (`co_busy`; the profile prices no
-    overlaps of different vertices: no `co_run`)."""
+    """A GRPO large enough that two busy cores beat one (its generation and training data-parallel on both; the
+    reference's and the reward model's inferences beside each other, a core each) is split instead, a device per group
+    of vertices, once siblings computing together cost 30 % more (`co_busy`; the profile prices no overlaps of
+    different vertices: no `co_run`)."""
     base = open(load_hardware("cpu-reference").source).read()
-    text = TWO.replace("B = 16, R = 4, Lp = 4, Lr = 6", "B = 64, R = 4, Lp = 16, Lr = 32")
+    text = TWO.replace("B = 16, R = 4, Lp = 4, Lr = 6", "B = 64, R = 8, Lp = 16, Lr = 32")
     widths = {}
     for b in (0.0, 0.3):
         profile = tmp_path / f"cpu-{b}.toml"
@@ -185,7 +186,7 @@ def test_the_optimizer_leaves_a_plan_of_siblings_once_they_are_priced(tmp_path):
         p = run_pipeline(parse(text.replace('hardware = "cpu"', f'hardware = "{profile}"'), "t.rpeg"),
                          "verify-wellformed,optimize{evals=500 seed=0 steps=4 summary=false}")
         widths[b] = {pl.vertex: pl.alloc.extent[2] for pl in p.plan.placements}
-    assert set(widths[0.0].values()) == {2} and set(widths[0.3].values()) == {1}, widths
+    assert widths[0.0]["gen"] == widths[0.0]["train_actor"] == 2 and set(widths[0.3].values()) == {1}, widths
 
 
 def test_overlaps_count_the_cores_computing_beside_an_operator_over_its_interval():

@@ -33,9 +33,13 @@ from rpegc.core.cost.transfer import (
 )
 from rpegc.core.cost.work import (
     decode_flops_per_rollout,
+    forward_flops_per_sequence,
     forward_flops_per_token,
+    forward_length,
     generation_work,
+    inference_work,
     prefill_flops_per_rollout,
+    training_work,
 )
 
 from fixtures.spec_example import ARCH, GIB, HW, HW_DICT, PLAN, WL, approx
@@ -83,6 +87,21 @@ def test_generation_work():
     assert prefill_flops_per_rollout(ARCH, 512) == 5_222_942_375_936
     assert decode_flops_per_rollout(ARCH, 512, 128) == 1_350_068_862_976
     assert generation_work(ARCH, WL) == (334_268_312_059_904, 86_404_407_230_464)
+
+
+@pytest.mark.parametrize("kind", ["policy", "reference", "critic", "actor_critic", "reward"])
+def test_a_teacher_forced_forward_runs_the_tokens_the_backend_runs(kind):
+    """The spec's ell_full = L_p + L_r; the backend reads log-probs and values at the positions that predict the
+    response, so it runs a row less its last token, and a reward model's score at the last token, the whole row."""
+    ell = 640 if kind == "reward" else 639
+    assert forward_length(kind, 512, 128) == ell and forward_length(kind, 512, 128, SPEC) == 640
+    assert inference_work(ARCH, kind, WL) == WL.B * WL.R * forward_flops_per_sequence(ARCH, kind, ell)
+    assert inference_work(ARCH, kind, WL, SPEC) == WL.B * WL.R * forward_flops_per_sequence(ARCH, kind, 640)
+    if kind != "reward":
+        assert training_work(ARCH, kind, WL, 3) == 3 * WL.B * WL.R * forward_flops_per_sequence(ARCH, kind, ell)
+        assert timing("training", kind, CostOptions()).phase("forward").ell == 639
+    assert timing("inference", kind, CostOptions()).phase("forward").ell == ell
+    assert timing("inference", kind).phase("forward").ell == 640  # the worked example's
 
 
 def test_generation_time():
@@ -248,7 +267,8 @@ def test_tier_selection_on_two_racks():
     assert comm_node_time(81_920, r0n0, r1n0, HW) == approx(4.163840e-5)
     two_nodes = Alloc((0, 0, 0), (1, 2, 4))
     tier = span_tier(two_nodes)
-    t = op_time("training", ARCH, "policy", WL, dp=1, pp=4, tp=2, mb=4, gpus_per_node=4, hw=HW, span_tier=tier)
+    t = op_time("training", ARCH, "policy", WL, dp=1, pp=4, tp=2, mb=4, gpus_per_node=4, hw=HW, span_tier=tier,
+                opts=SPEC)
     assert (t.pp.n_intra, t.pp.n_inter, t.pp.msg) == (2, 1, 41_943_040)
     assert t.pp.per_step == approx(7.556540e-4)
     assert t.T_pp == approx(6.800886e-3)
@@ -455,7 +475,8 @@ def test_annotate_quantile_comm_and_reshard_nodes():
 def test_operator_overhead_terms():
     """[overhead] (not in the source; 0 in the spec's profile): per microbatch `call`, per token (prompt and response)
     of a replica's rows `token`, in T_non_gemm; generation's call and prompt tokens are in its prefill share, its
-    generated tokens in its decode share."""
+    generated tokens in its decode share; a teacher-forced forward's tokens are those the backend runs
+    (`forward_length`: a row less its last token)."""
     oh = {"generation_call": 1e-3, "generation_token": 2e-6, "inference_call": 3e-4, "inference_token": 4e-7,
           "training_call": 5e-3, "training_token": 6e-6}
     hw = Hardware.from_dict({**HW_DICT, "overhead": oh})
@@ -470,9 +491,9 @@ def test_operator_overhead_terms():
     assert slow.decode_time - base.decode_time == approx(rows * WL.Lr * 2e-6)
     assert slow.T_non_gemm - base.T_non_gemm == approx(mb * 1e-3 + rows * (WL.Lp + WL.Lr) * 2e-6)
     base, slow = both("inference", "reference")
-    assert slow.T_op - base.T_op == approx(mb * 3e-4 + rows * (WL.Lp + WL.Lr) * 4e-7)
+    assert slow.T_op - base.T_op == approx(mb * 3e-4 + rows * (WL.Lp + WL.Lr - 1) * 4e-7)
     base, slow = both("training", "policy")
-    assert slow.T_op - base.T_op == approx(mb * 5e-3 + rows * (WL.Lp + WL.Lr) * 6e-6)
+    assert slow.T_op - base.T_op == approx(mb * 5e-3 + rows * (WL.Lp + WL.Lr - 1) * 6e-6)
     assert HW.overhead == type(HW.overhead)()  # an optional table: profiles without it keep the spec's model
 
 
@@ -622,11 +643,12 @@ def test_rope_rotations_priced_per_layer_call_and_rotated_element():
         return (op_time(role, arch, kind, WL, **PLAN, gpus_per_node=8, hw=hw, opts=opts),
                 op_time(role, arch, kind, WL, **PLAN, gpus_per_node=8, hw=hw, opts=opts, rope=True))
 
+    ell = 639  # the tokens of a row less its last (`forward_length`), where generation's prefill has 512
     learned, rope = both("inference", "reference")
-    assert rope.T_non_gemm - learned.T_non_gemm == approx(layers_local * (mb * a + rows * 640 * rotated * e))
+    assert rope.T_non_gemm - learned.T_non_gemm == approx(layers_local * (mb * a + rows * ell * rotated * e))
     learned, rope = both("training", "policy")
-    forward = layers_local * (mb * a + rows * 640 * rotated * e)
-    backward = layers_local * (mb * c + rows * 640 * rotated * g)
+    forward = layers_local * (mb * a + rows * ell * rotated * e)
+    backward = layers_local * (mb * c + rows * ell * rotated * g)
     assert rope.T_op - learned.T_op == approx(2 * forward + backward)  # recomputation: a second forward
     learned, rope = both("generation", "policy")
     assert rope.prefill_time - learned.prefill_time == approx(layers_local * (mb * a + rows * 512 * rotated * e))
@@ -634,7 +656,7 @@ def test_rope_rotations_priced_per_layer_call_and_rotated_element():
     # fewer key heads than TP ranks: each rank keeps one whole
     gqa = dataclasses.replace(ARCH, kv_heads=1)
     learned, rope = both("inference", "reference", gqa)
-    assert rope.T_op - learned.T_op == approx(layers_local * (mb * a + rows * 640 * (16 + 1) * 128 * e))
+    assert rope.T_op - learned.T_op == approx(layers_local * (mb * a + rows * ell * (16 + 1) * 128 * e))
     assert op_time("inference", ARCH, "reference", WL, **PLAN, gpus_per_node=8, hw=HW, rope=True).T_op == approx(
         op_time("inference", ARCH, "reference", WL, **PLAN, gpus_per_node=8, hw=HW).T_op)  # keys left out: 0
 
@@ -669,5 +691,5 @@ def test_a_recomputed_forward_pays_its_own_fixed_costs():
         return op_time("training", ARCH, "policy", WL, **PLAN, gpus_per_node=8, hw=profile, train=train).T_op
 
     for recompute in ("interval", "full"):
-        assert priced(recompute, hw) - priced(recompute, HW) == approx(mb * call + rows * 640 * token)
+        assert priced(recompute, hw) - priced(recompute, HW) == approx(mb * call + rows * 639 * token)
     assert priced("none", hw) == priced("none", HW)

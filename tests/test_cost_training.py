@@ -19,7 +19,7 @@ from fixtures.spec_example import ARCH, HW, PLAN, SCALAR_AR, WL, approx
 W = 1_389_363_200  # W_shard of the example (spec 8.4)
 RS = 6.465296e-3  # one ReduceScatter (and one AllGather) of its 2,582,118,400 gradient bytes over P_d = 2
 T_OPT = 3.873178e-3  # one Adam step over the shard, W / P_d of it per replica
-TOKENS = 8 * 640  # b_loc x (L_p + L_r) of a microbatch
+TOKENS = 8 * 639  # b_loc x (L_p + L_r - 1) of a microbatch: the backend's forward runs a row less its last token
 D = 4096
 BUCKET = 25 << 20  # a reduction bucket: a quarter of a replica's gradient share, at most 25 MiB
 LARGEST = 32000 * 4096  # the largest parameter: the LM head (V x d)
@@ -124,7 +124,7 @@ def test_serving_operators_hold_their_vocabulary_wide_float32_tensors():
     float32 copy of bf16 logits (3 x 4 B), float64 probabilities and their cumulative sum (2 x 8 B)."""
     ref = op_memory("inference", ARCH, "reference", WL, **PLAN)
     gen = op_memory("generation", ARCH, "policy", WL, **PLAN)
-    assert ref.pieces == 2 * 4 * 128 * 32000 and ref.M_act == 369_623_040 + ref.pieces
+    assert ref.pieces == 2 * 4 * 128 * 32000 and ref.M_act == 369_045_504 + ref.pieces  # 8 x 639 tokens
     assert gen.pieces == 28 * 8 * 32000 and gen.M_act == 295_698_432 + gen.pieces
     critic = op_memory("inference", ARCH, "critic", WL, **PLAN)
     assert critic.pieces == 0  # no LM head

@@ -69,8 +69,18 @@ def test_moved_kernels_make_every_forward_that_much_longer():
     assert validate.predict(case, moved_kernels(hw, 1.5), opts, 1).T_op == pytest.approx(1.5 * before, rel=1e-12)
 
 
-def test_tokens_are_a_replicas_whole_sequences():
-    assert tokens(4, 2, 8, 16) == 4 * 2 * 24
+def test_tokens_are_those_each_operator_runs():
+    """A generation pays its prompts' and responses' tokens; a teacher-forced forward its `forward_length`: under the
+    backend's accounting a row less its last token, a reward model's whole row (the spec's: every row whole)."""
+    arch, backend = validate.VALIDATION_ARCHS["tiny"], cost_options(validate.BACKEND_COST_OPTIONS)
+
+    def case(role, kind):
+        return validate.Case(role, kind, "tiny", arch, 4, 2, 8, 16, 1, 1, 1, 1)
+
+    assert tokens(case("generation", "policy"), backend) == 4 * 2 * 24
+    assert tokens(case("inference", "reference"), backend) == tokens(case("training", "policy"), backend) == 4 * 2 * 23
+    assert tokens(case("inference", "reward"), backend) == 4 * 2 * 24
+    assert tokens(case("inference", "reference"), cost_options({"accounting": "spec"})) == 4 * 2 * 24
 
 
 def test_the_overhead_table_loads_into_a_profile():

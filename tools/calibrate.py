@@ -56,7 +56,7 @@ from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.optime import rotated_per_token
 from rpegc.core.cost.params import layer_gemm_params
 from rpegc.core.ir.program import Arch, Workload
-from rpegc.core.cost.work import decode_flops_per_rollout, inference_work
+from rpegc.core.cost.work import decode_flops_per_rollout, forward_flops_per_sequence
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
 from rpegc.tools.measure import (STATISTICS, Progress, WorkerPool, default_backend, device_count, mape,
                                  summarize, time_per_call, time_repeats)
@@ -313,9 +313,10 @@ class ForwardCase:
         return min(self.arch.hidden, self.arch.ffn)
 
     def work(self) -> float:
-        """The model's FLOPs of this forward: inference work, or one decode step at context + 1 (spec 2)."""
+        """The model's FLOPs of this forward: a teacher-forced forward over `seq` tokens, or one decode step at
+        context + 1 (spec 2)."""
         if self.context == 0:
-            return float(inference_work(self.arch, "policy", Workload(self.batch, 1, self.seq, 0)))
+            return float(self.batch * forward_flops_per_sequence(self.arch, "policy", self.seq))
         return float(self.batch * decode_flops_per_rollout(self.arch, self.context, 2))
 
 

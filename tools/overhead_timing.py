@@ -38,8 +38,9 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from rpegc.core.cost.hardware import Hardware, Overhead
-from rpegc.core.cost.options import cost_options
+from rpegc.core.cost.options import CostOptions, cost_options
 from rpegc.core.cost.transfer import moves_weights
+from rpegc.core.cost.work import forward_length
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.program import Arch
 from rpegc.core.ir.training import TrainSpec
@@ -93,10 +94,11 @@ class RoleFit:
     mape_after: float  # with the fitted terms
 
 
-def tokens(B: int, R: int, Lp: int, Lr: int) -> int:
-    """The tokens whose per-token overhead an operator of one replica pays (core/cost/optime.py): every row's
-    prompt and response."""
-    return B * R * (Lp + Lr)
+def tokens(case, opts: CostOptions) -> int:
+    """The tokens whose per-token overhead an operator (validate.Case) of one replica pays (core/cost/optime.py):
+    a generation's every prompt and response token, a teacher-forced forward's `forward_length` a row."""
+    per_row = case.Lp + case.Lr if case.role == "generation" else forward_length(case.kind, case.Lp, case.Lr, opts)
+    return case.B * case.R * per_row
 
 
 def fit_role(role: str, calls: Sequence[float], toks: Sequence[float], kernels: Sequence[float],
@@ -196,13 +198,13 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     fits = {}
     for role in ROLES:
         picked = [(c, s) for c, s in timed if c.role == role and not recomputes(c)]
-        fits[role] = _fit(role, picked, [validate.predict(c, bare, opts, 1).T_op for c, _ in picked])
+        fits[role] = _fit(role, picked, [validate.predict(c, bare, opts, 1).T_op for c, _ in picked], opts)
     # a recomputing step less its kernels (the recomputed forward's among them) and the training fit's terms
     picked = [(c, s) for c, s in timed if recomputes(c)]
     train = fits["training"]
-    base = [validate.predict(c, bare, opts, 1).T_op + train.call * c.mb + train.token * tokens(c.B, c.R, c.Lp, c.Lr)
+    base = [validate.predict(c, bare, opts, 1).T_op + train.call * c.mb + train.token * tokens(c, opts)
             for c, _ in picked]
-    fits["recompute"] = _fit("recompute", picked, base)
+    fits["recompute"] = _fit("recompute", picked, base, opts)
     return OperatorFits(tuple(fits[name] for name in FITS), scale, len(now), statistic)
 
 
@@ -228,10 +230,10 @@ def recomputes(case) -> bool:
     return case.training is not None and case.training.recompute != "none"
 
 
-def _fit(name: str, picked: list, kernels: list[float]) -> RoleFit:
+def _fit(name: str, picked: list, kernels: list[float], opts: CostOptions) -> RoleFit:
     if not picked:  # a plan without recompute shapes
         return RoleFit(name, 0.0, 0.0, 0, 0.0, 0.0)
-    return fit_role(name, [c.mb for c, _ in picked], [tokens(c.B, c.R, c.Lp, c.Lr) for c, _ in picked], kernels,
+    return fit_role(name, [c.mb for c, _ in picked], [tokens(c, opts) for c, _ in picked], kernels,
                     [s for _, s in picked])
 
 
@@ -433,13 +435,15 @@ def overhead_table(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet:
         lines += [f"{role}_call = {f.call:.6g}    # s per microbatch; {f.points} operators, MAPE {f.mape_before:.1%} "
                   f"without the overhead, {f.mape_after:.1%} with it"
                   + (" (training without recomputation)" if role == "training" else ""),
-                  f"{role}_token = {f.token:.6g}    # s per token (prompt and response) of a row; same fit"]
+                  f"{role}_token = {f.token:.6g}    # s per "
+                  + ("token (prompt and response) of a row" if role == "generation" else
+                     "token a row runs (work.forward_length)") + "; same fit"]
     f = fits["recompute"]
     if f.points:
         lines += [f"recompute_call = {f.call:.6g}    # s per microbatch of a recomputed forward beyond its kernels: "
                   f"{f.points} training operators recomputing (interval) less their kernels and the training terms, "
                   f"MAPE {f.mape_before:.1%} without it, {f.mape_after:.1%} with it",
-                  f"recompute_token = {f.token:.6g}    # s per token of a row; same fit"]
+                  f"recompute_token = {f.token:.6g}    # s per token a row runs; same fit"]
     return OverheadTable("\n".join(lines + control_lines(runs, plan.steps) + co_run_lines(check) + [""]),
                          operators.kernel_scale)
 

@@ -41,6 +41,7 @@ from rpegc.core.cost.optime import Quantity
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.cost.params import (LM_HEAD_KINDS, SCALAR_HEAD_KINDS, ffn_matrices, final_norm_params,
                                     layer_replicated_params, layer_sharded_params)
+from rpegc.core.cost.work import forward_length
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.ir.training import Training
 
@@ -209,7 +210,7 @@ def op_memory(role: str, arch: Arch, kind: str, wl: Workload, *, dp, pp, tp, mb,
     backend = opts.accounting == "backend"
     if role == "inference":
         pieces = logprob_piece_bytes(arch, kind, b_loc, wl.Lr) if backend else zero
-        M_act = s_b * b_loc * (wl.Lp + wl.Lr) * width + pieces
+        M_act = s_b * b_loc * forward_length(kind, wl.Lp, wl.Lr, opts) * width + pieces
         return OpMemory(role, w_shard, M_w, zero, zero, M_act, zero, M_act, pieces=pieces)
     if role == "generation":
         pieces = sampling_bytes(arch, s_b, b_loc) if backend else zero
@@ -267,7 +268,7 @@ def _training_memory(arch: Arch, kind: str, wl: Workload, w_shard, b_loc, layers
     if opts.accounting == "backend":
         M_grad = M_grad + _gradient_transients(arch, kind, w_shard * s_t, dp, pp, tp, mb, s_t, train)
     live = live_microbatches(train, pp, mb)
-    tokens = b_loc * (wl.Lp + wl.Lr)
+    tokens = b_loc * forward_length(kind, wl.Lp, wl.Lr, opts)
     c = segment_layers(train.recompute, layers_local, opts)
     n_ckpt = None if c is None else np.ceil(layers_local / c)
     if opts.accounting == "spec":  # [B]: every live microbatch reserves its checkpoints and a buffer of [A12]

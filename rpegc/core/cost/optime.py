@@ -20,7 +20,7 @@ from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.params import layer_gemm_params, param_count
 from rpegc.core.ir.program import Arch, Workload
 from rpegc.core.ir.training import Training
-from rpegc.core.cost.work import generation_work, inference_work, training_work
+from rpegc.core.cost.work import forward_length, generation_work, inference_work, training_work
 
 _TINY = 1e-300  # F_eff floor: a phase without work (L_r = 1 decode) then takes 0 s, not 0/0
 ADAM_BYTES_PER_PARAM = 18  # effective HBM traffic of one Adam step (spec 3.6)
@@ -229,7 +229,7 @@ def op_time(
     s_b, d = (train.working_bytes(wl.s_b) if train is not None else wl.s_b), arch.hidden
     f_peak = hw.peak(fp32=s_b > wl.s_b)
     BR = wl.B * wl.R
-    ell_full = wl.Lp + wl.Lr
+    ell = forward_length(kind, wl.Lp, wl.Lr, opts)  # of inference and training (the spec's Lp + Lr)
     P = dp * pp * tp
     b_loc = BR / (dp * mb)
     layers_local = arch.layers / pp
@@ -314,29 +314,29 @@ def op_time(
             decode_pp = decode_loop()
     elif role == "inference":
         W = inference_work(arch, kind, wl, opts) * 1.0
-        phases = (gemm("forward", W, W / (P * mb), ell_full, b_loc),)
-        tps = (tp_calls("forward", 2 * layers_local * mb, BR * ell_full * d * s_b / (dp * mb)),)
-        pp_comm = pipeline(ell_full, mb + pp - 2)
-        launch = mb * (layers_local * hw.t_layer + oh.inference_call) + rows_replica * ell_full * oh.inference_token
+        phases = (gemm("forward", W, W / (P * mb), ell, b_loc),)
+        tps = (tp_calls("forward", 2 * layers_local * mb, BR * ell * d * s_b / (dp * mb)),)
+        pp_comm = pipeline(ell, mb + pp - 2)
+        launch = mb * (layers_local * hw.t_layer + oh.inference_call) + rows_replica * ell * oh.inference_token
         if rope:
-            launch = launch + rope_time(arch, hw, layers_local, tp, mb, rows_replica * ell_full)
+            launch = launch + rope_time(arch, hw, layers_local, tp, mb, rows_replica * ell)
     elif role == "training":
         assert train is not None
         n_fe = train.forward_equivalents
-        W = training_work(arch, kind, wl, n_fe) * 1.0
+        W = training_work(arch, kind, wl, n_fe, opts) * 1.0
         # Intensity is that of one forward-equivalent pass.
-        phases = (gemm("forward", W, W / (n_fe * P * mb), ell_full, b_loc),)
+        phases = (gemm("forward", W, W / (n_fe * P * mb), ell, b_loc),)
         # Two TP AllReduces per layer in every forward-equivalent pass (the backward is one pass of them).
         count = 2 * (n_fe - 1) * layers_local * mb
-        tps = (tp_calls("forward", count, BR * ell_full * d * s_b / (dp * mb)),)
-        pp_comm = pipeline(ell_full, mb + 2 * pp - 3)
+        tps = (tp_calls("forward", count, BR * ell * d * s_b / (dp * mb)),)
+        pp_comm = pipeline(ell, mb + 2 * pp - 3)
         # Every forward-equivalent pass (backward = 2) calls each layer once per microbatch, and each recomputed
         # forward (n_fe - 3 of them: none without recomputation) pays its own fixed costs.
         launch = (n_fe * mb * layers_local * hw.t_layer + mb * oh.training_call
-                  + rows_replica * ell_full * oh.training_token
-                  + (n_fe - 3) * (mb * oh.recompute_call + rows_replica * ell_full * oh.recompute_token))
+                  + rows_replica * ell * oh.training_token
+                  + (n_fe - 3) * (mb * oh.recompute_call + rows_replica * ell * oh.recompute_token))
         if rope:  # the forward passes (the step's and a recomputation's) and one backward
-            tokens = rows_replica * ell_full
+            tokens = rows_replica * ell
             launch = launch + ((n_fe - 2) * rope_time(arch, hw, layers_local, tp, mb, tokens)
                                + rope_time(arch, hw, layers_local, tp, mb, tokens, backward=True))
         dp_comm = data_parallel(N_m * s_b / (pp * tp), dp, mb, train, hw, span_tier, opts)

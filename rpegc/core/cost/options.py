@@ -57,7 +57,9 @@ class CostOptions:
     scalar_head_act_width: str = option(
         "vocab", "A23: LM-head width in M_act^I for scalar-head kinds (vocab: d + V; one: d + 1)")
     accounting: str = option(
-        "backend", "A12, [B], 3.4.3: backend prices what the torch backend holds and does (training keeps every live "
+        "backend", "A12, [B], 3.4.3: backend prices what the torch backend holds and does (a teacher-forced forward "
+                   "runs a row less its last token, a reward model's the whole row: work.forward_length; training "
+                   "keeps every live "
                    "microbatch's segment inputs and recomputes one segment of the layers' measured saved tensors at "
                    "a time; serving holds two float32 log-softmax pieces; ZeRO-2 reduces the gradients after every "
                    "microbatch); spec is the spec's literal form (every live microbatch reserves its checkpoints "

@@ -68,16 +68,28 @@ def generation_work(arch: Arch, wl: Workload, opts: CostOptions = DEFAULT_OPTION
     return BR * prefill_flops_per_rollout(arch, wl.Lp), BR * decode_flops_per_rollout(arch, wl.Lp, wl.Lr, opts)
 
 
+def forward_length(kind: str, Lp, Lr, opts: CostOptions = DEFAULT_OPTIONS):
+    """The tokens per row of a teacher-forced forward (inference, and each pass of training): the spec's ell_full =
+    Lp + Lr; under accounting = backend what the torch backend runs: a model read at the positions that predict the
+    response (log-probs, values; rl/step.response_forward) runs every row less its last token, which predicts
+    nothing, and a reward model, read at the last token (rl/step.last_token_scores), the whole row."""
+    full = Lp + Lr
+    return full if opts.accounting == "spec" or kind == "reward" else full - 1
+
+
 def inference_work(arch: Arch, kind: str, wl: Workload, opts: CostOptions = DEFAULT_OPTIONS):
-    """W_I = BR * ell_full * C_f^tok(m, ell_full)."""
-    return wl.B * wl.R * forward_flops_per_sequence(arch, kind, wl.Lp + wl.Lr, opts.actor_critic_inference_heads)
+    """W_I = BR * ell * C_f^tok(m, ell), ell = `forward_length` (ell_full in the spec)."""
+    ell = forward_length(kind, wl.Lp, wl.Lr, opts)
+    return wl.B * wl.R * forward_flops_per_sequence(arch, kind, ell, opts.actor_critic_inference_heads)
 
 
-def training_work(arch: Arch, kind: str, wl: Workload, forward_equivalents: int = 4):
-    """W_T = n_fe * BR * ell_full * C_f^tok, n_fe = 4 forward-equivalents with recomputation, 3 without ([A1];
-    `Training.forward_equivalents`)."""
+def training_work(arch: Arch, kind: str, wl: Workload, forward_equivalents: int = 4,
+                  opts: CostOptions = DEFAULT_OPTIONS):
+    """W_T = n_fe * BR * ell * C_f^tok, n_fe = 4 forward-equivalents with recomputation, 3 without ([A1];
+    `Training.forward_equivalents`), ell = `forward_length` (ell_full in the spec)."""
     # Training always runs both heads of a shared actor-critic (policy and value losses).
-    return forward_equivalents * wl.B * wl.R * forward_flops_per_sequence(arch, kind, wl.Lp + wl.Lr)
+    ell = forward_length(kind, wl.Lp, wl.Lr, opts)
+    return forward_equivalents * wl.B * wl.R * forward_flops_per_sequence(arch, kind, ell)
 
 
 def check_role_kind(role: str, kind: str, loc: Loc | None = None) -> None:
