@@ -246,12 +246,13 @@ class BatchEvaluator:
         src = self._source_times(groups, ch, allocs)
         hosts, full = self._hosts(ch, allocs)
         overlap = self._class_overlap(allocs)
+        pools = self._pools(ch)
         for rows, G in groups:
-            T, cls, prio, bz, ot = self._node_arrays(G, rows, src, allocs, hosts, full)
+            T, cls, prio, bz, ot = self._node_arrays(G, rows, src, allocs, pools, hosts, full)
             busy[rows], op_time[rows] = bz, ot
             parts.append((rows, G, T, cls, prio))
         if prices_overlaps(self.cv.hw.overhead.co_run, self.cv.host_cores):  # one more step of the fixed point
-            parts = self._overlap_priced(parts, ch, allocs, src, hosts, full, overlap, busy, op_time)
+            parts = self._overlap_priced(parts, pools, allocs, src, hosts, full, overlap, busy, op_time)
         makespan = np.empty(B)
         for bucket in _buckets(parts):
             rows, sub = _local(bucket)
@@ -473,13 +474,18 @@ class BatchEvaluator:
         per_host = used.reshape(len(ch), c.racks * c.nodes, c.gpus).sum(axis=2)
         return hosts, full_hosts(per_host, pool, cv.host_cores)
 
-    def _overlap_priced(self, parts, ch, allocs: Allocations, src: "_Sources", hosts, full, overlap, busy, op_time):
+    def _pools(self, ch: np.ndarray) -> np.ndarray:
+        """Each configuration's pool processes per vertex (B x V; 0 for a device vertex)."""
+        return np.stack([np.asarray(d.pools, dtype=np.int64)[ch[:, v]] if d.pools else np.zeros(len(ch), np.int64)
+                         for v, d in enumerate(self.cv.dirs)], axis=1)
+
+    def _overlap_priced(self, parts, pools: np.ndarray, allocs: Allocations, src: "_Sources", hosts, full, overlap,
+                        busy, op_time):
         """`parts` (rows, G, T, cls, prio) with every device operator's time priced with the cores that their first
-        schedule computes beside it (`CompactVariant._overlap_factors`); `busy` and `op_time` rewritten."""
+        schedule computes beside it (`CompactVariant._overlap_factors`; `pools`: `_pools`); `busy` and `op_time`
+        rewritten."""
         out = []
         vertex_hosts = self._vertex_hosts(allocs)
-        pools = np.stack([np.asarray(d.pools, dtype=np.int64)[ch[:, v]] if d.pools else np.zeros(len(ch), np.int64)
-                          for v, d in enumerate(self.cv.dirs)], axis=1)
         device_vertex = np.asarray(self.cv.device_vertex)
         for bucket in _buckets(parts):
             rows, sub = _local(bucket)
@@ -493,7 +499,7 @@ class BatchEvaluator:
                                   vertex_hosts[r][:, G.vertex], cores, G.is_op & ~relay,
                                   np.repeat([G.is_op & on_device], len(r), axis=0), self.cv.host_cores,
                                   self.cv.hw.overhead.co_busy, self.cv.hw.overhead.co_run, factors)
-                T, cls, prio, busy[r], op_time[r] = self._node_arrays(G, r, src, allocs, hosts, full, factors)
+                T, cls, prio, busy[r], op_time[r] = self._node_arrays(G, r, src, allocs, pools, hosts, full, factors)
                 out.append((r, G, T, cls, prio))
         return out
 
@@ -503,11 +509,12 @@ class BatchEvaluator:
         return np.where(self.cv.device_vertex, allocs.origin[:, :, 0] * c.nodes + allocs.origin[:, :, 1], 0)
 
     def _priced(self, G: _Graph, runs: np.ndarray, relay: np.ndarray, extent: np.ndarray, size: np.ndarray,
-                hosts_v: Optional[np.ndarray], full: Optional[np.ndarray],
+                pools: np.ndarray, hosts_v: Optional[np.ndarray], full: Optional[np.ndarray],
                 factors: Optional[np.ndarray] = None) -> np.ndarray:
         """`CompactVariant._priced` of one pattern group's rows: what each node runs for (`runs`, B x N) as the
-        schedule takes it (the rows' allocations' `extent`, B x V x 3, and `size`, `hosts_v`: B x V; `full`: B x
-        hosts; `factors`: B x N, each node's factor of the cores computing beside it, None: its siblings' alone)."""
+        schedule takes it (the rows' allocations' `extent`, B x V x 3, and `size`, their `pools`, `hosts_v`: B x V;
+        `full`: B x hosts; `factors`: B x N, each node's factor of the cores computing beside it, None: its siblings'
+        alone)."""
         cv = self.cv
         oh = cv.hw.overhead
         device_op = G.is_op & np.asarray(cv.device_vertex)[G.vertex]
@@ -520,23 +527,25 @@ class BatchEvaluator:
         if full is None:  # no host's condition changes a price (`_hosts`)
             return np.where(relay, 0.0, priced_node_time(stretched, cv.hw, transfer=~G.is_op, weights=G.moves_weights))
         hosts = hosts_v[:, G.vertex]
-        if oh.contention:
-            device_s = np.where(device_op & ~relay, runs * size[:, G.vertex], 0.0)
-            k = host_stretches(hosts, device_s, ~relay, full, oh.contention)
-            stretched = np.where(device_op, stretched * np.take_along_axis(k, hosts, axis=1), stretched)
+        if oh.contention:  # the operators of a full host, a device's and a pool's (`annotate.computing_cores`)
+            cores = np.where(device_op, size[:, G.vertex], pools[:, G.vertex])
+            core_s = np.where(G.is_op & ~relay, runs * cores, 0.0)
+            k = host_stretches(hosts, core_s, ~relay, full, oh.contention)
+            stretched = np.where(G.is_op, stretched * np.take_along_axis(k, hosts, axis=1), stretched)
         t = priced_node_time(stretched, cv.hw, transfer=~G.is_op, full=np.take_along_axis(full, hosts, axis=1),
                              weights=G.moves_weights)
         return np.where(relay, 0.0, t)
 
-    def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations,
+    def _node_arrays(self, G: _Graph, rows: np.ndarray, src: "_Sources", allocs_all: Allocations, pools: np.ndarray,
                      hosts: Optional[np.ndarray], full: Optional[np.ndarray], factors: Optional[np.ndarray] = None):
         """Times, reserved classes and tie-break priorities of one pattern group, the batch's `rows` (plus busy
-        and op time), from the batch's source times and hosts (`_hosts`); `factors`: `_priced`'s."""
+        and op time), from the batch's source times, pools (`_pools`) and hosts (`_hosts`); `factors`: `_priced`'s."""
         B, N, V = len(rows), G.n, self.V
         at = src.at(G, rows)
         relay = src.relay[at]
         conditions = (hosts[rows], full[rows]) if full is not None else (None, None)
-        T = self._priced(G, src.t[at], relay, allocs_all.extent[rows], allocs_all.size[rows], *conditions, factors)
+        T = self._priced(G, src.t[at], relay, allocs_all.extent[rows], allocs_all.size[rows], pools[rows], *conditions,
+                         factors)
         pos = np.where(src.as_reshard[at], G.pos_reshard, G.pos_comm)
         pos[relay] = -1
         cls = np.where(relay, V, G.vertex)

@@ -464,25 +464,35 @@ class CompactVariant:
         """The superset's node times as `annotate.priced_times` makes the lowered graph's (a relay: 0); `busy`: each
         node's factor of the cores computing beside it (None: its allocation's siblings alone)."""
         hosts = self._hosts(s, allocs)
-        device_op = self._device_ops(s)
-        device_s = [t * allocs[v].size if op and t is not None else 0.0
-                    for t, v, op in zip(runs, s.vertex, device_op)]
+        cores = self._computing_cores(s, choice, allocs)
+        core_s = [t * c if t is not None else 0.0 for t, c in zip(runs, cores)]
         full = self.full_hosts(choice)
-        k = host_stretches(hosts, device_s, [t is not None for t in runs], full, self.hw.overhead.contention)
+        k = host_stretches(hosts, core_s, [t is not None for t in runs], full, self.hw.overhead.contention)
         if busy is None:
             alone = [float(co_busy_stretch(a.extent[2], self.host_cores, self.hw.overhead.co_busy)) if on else 1.0
                      for a, on in zip(allocs, self.device_vertex)]
             busy = [alone[v] for v in s.vertex]
         return [0.0 if t is None else
-                float(priced_node_time(t * b * k[h] if op else t, self.hw, transfer=kind != OPERATOR,
+                float(priced_node_time(t * b * k[h] if kind == OPERATOR else t, self.hw, transfer=kind != OPERATOR,
                                        full=bool(full[h]), weights=kind in WEIGHT_MOVES))
-                for t, h, op, kind, b in zip(runs, hosts, device_op, s.kind, busy)]
+                for t, h, kind, b in zip(runs, hosts, s.kind, busy)]
+
+    def _computing_cores(self, s: Superset, choice: Choice, allocs) -> list[int]:
+        """`annotate.computing_cores` of the superset's nodes: an operator's devices, a verify node's pool processes,
+        0 for a transfer."""
+        pool = self._pools(choice)
+        return [(allocs[v].size if self.device_vertex[v] else pool[v]) if k == OPERATOR else 0
+                for k, v in zip(s.kind, s.vertex)]
+
+    def _pools(self, choice: Choice) -> list[int]:
+        """Each vertex's pool processes under `choice` (0 for a device vertex)."""
+        return [d.pools[c] if d.pools else 0 for d, c in zip(self.dirs, choice)]
 
     def _overlap_factors(self, s: Superset, choice: Choice, allocs, runs: list[Optional[float]],
                          sched: Schedule) -> np.ndarray:
         """`annotate.busy_factors` of the superset's nodes from their first schedule `sched`."""
         device_op = self._device_ops(s)
-        pool = [d.pools[c] if d.pools else 0 for d, c in zip(self.dirs, choice)]
+        pool = self._pools(choice)
         real = [t is not None for t in runs]
         computing = [r and k == OPERATOR for r, k in zip(real, s.kind)]
         cores = [allocs[v].extent[2] if self.device_vertex[v] else pool[v] for v in s.vertex]

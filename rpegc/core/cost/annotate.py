@@ -83,8 +83,9 @@ def node_runs(p: Program, hw: Hardware, opts: CostOptions = DEFAULT_OPTIONS,
 
 def priced_times(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]) -> list[float]:
     """Each node of `eg` as the schedule takes it, from what it runs for (`runs`): a device operator's time stretched
-    by the cores computing beside it (`busy_factors`) and on a host whose cores the plan takes, a transfer's fixed
-    cost, every node's control round trip by its host's condition (core/cost/contention.py)."""
+    by the cores computing beside it (`busy_factors`), and a device operator's or a verify node's on a host whose
+    cores the plan takes, a transfer's fixed cost, every node's control round trip by its host's condition
+    (core/cost/contention.py)."""
     conditions = host_conditions(p, hw, eg, runs)
     return _priced_with(hw, eg, runs, conditions, busy_factors(p, hw, eg, runs, conditions))
 
@@ -93,7 +94,7 @@ def _priced_with(hw: Hardware, eg: ExecGraph, runs: Sequence[float], conditions,
     """`priced_times` with each device operator's factor of the cores beside it given (`busy`); `conditions`:
     `host_conditions`."""
     hosts, full, k = conditions
-    return [float(priced_node_time(t * b * k[h] if device_op(n) else t, hw, transfer=n.kind != "op",
+    return [float(priced_node_time(t * b * k[h] if n.kind == "op" else t, hw, transfer=n.kind != "op",
                                    full=bool(full[h]), weights=moves_weights(n)))
             for n, t, h, b in zip(eg.nodes, runs, hosts, busy)]
 
@@ -128,13 +129,20 @@ def co_busy_factor(n: ExecNode, hw: Hardware) -> float:
 
 
 def host_conditions(p: Program, hw: Hardware, eg: ExecGraph, runs: Sequence[float]):
-    """(each node's host, per host whether the plan's processes take all its cores, per host the factor of its device
-    operators' times: contention.host_stretches)."""
+    """(each node's host, per host whether the plan's processes take all its cores, per host the factor of its
+    operators' times, the device operators' and the verify nodes': contention.host_stretches)."""
     hosts, full = node_hosts(p, hw, eg)
     second = {m for f in eg.fusions for m in f.members[1:]}  # a fusion runs as one command
     counted = [n.id not in second for n in eg.nodes]
-    device_s = [t * n.alloc.size if device_op(n) else 0.0 for n, t in zip(eg.nodes, runs)]
-    return hosts, full, host_stretches(hosts, device_s, counted, full, hw.overhead.contention)
+    return hosts, full, host_stretches(hosts, [t * computing_cores(n) for n, t in zip(eg.nodes, runs)], counted, full,
+                                       hw.overhead.contention)
+
+
+def computing_cores(n: ExecNode) -> int:
+    """The cores an exec node computes on: an operator's devices, a verify node's pool processes; 0 for a transfer."""
+    if n.kind != "op":
+        return 0
+    return n.alloc.size if device_op(n) else n.pool
 
 
 def device_op(n: ExecNode) -> bool:

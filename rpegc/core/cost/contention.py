@@ -10,10 +10,12 @@ and the controller's reaction to a completion waits for a core. Two prices follo
 
 - a node's control round trip is `node` on such a host and `node_free` on one with a core left
   (`Overhead.round_trip`);
-- the device operators of such a host h stretch: an operator's time t becomes t (1 + c N_h / B_h), with c the operator
-  time the floating work takes per exec node (`contention`), N_h the graph's exec nodes on h and B_h the device-seconds
-  of its operators there (time x devices): the floating work of h's nodes, taken from its operators in proportion to
-  their time. Where the operators are long (a model whose kernels dominate), the stretch goes to 1.
+- the operators of such a host h stretch, a device's and a verifier pool's alike (the floating work preempts a pool's
+  processes as it does the workers' main threads): an operator's time t becomes t (1 + c N_h / B_h), with c the
+  operator time the floating work takes per exec node (`contention`), N_h the graph's exec nodes on h and B_h the
+  core-seconds of its operators there (time x devices, a verify node's time x its pool's processes): the floating work
+  of h's nodes, taken from its operators in proportion to their time. Where the operators are long (a model whose
+  kernels dominate), the stretch goes to 1.
 
 Beside that, two operators computing at once on one host's cores share its memory bandwidth and caches: the
 operator of an allocation with k devices on a host (k of its cores computing together: a dp, tp or pp group) takes
@@ -64,9 +66,10 @@ def stretch(device_s, nodes, contention: float):
 
 
 def host_stretches(hosts, device_s, counted, full, contention: float) -> np.ndarray:
-    """Per host (the last axis of `full`), the factor its device operators' times take: `hosts` is each node's host,
-    `device_s` its operator's device-seconds (0 for a transfer or a verifier pool's node), `counted` whether it is a
-    node of the lowered graph (not a relay, not a fusion's second member); the node axis is the last."""
+    """Per host (the last axis of `full`), the factor its operators' times take: `hosts` is each node's host,
+    `device_s` its operator's core-seconds (a device operator's time x devices, a verify node's x its pool's processes;
+    0 for a transfer), `counted` whether it is a node of the lowered graph (not a relay, not a fusion's second member);
+    the node axis is the last."""
     full = np.asarray(full, dtype=bool)
     out = np.ones(full.shape)
     if contention == 0:

@@ -115,8 +115,9 @@ def _transfer_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
 
 def _host_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     """Per host of the plan's nodes: whether its cores are all taken, its nodes' control round trip, the factor of
-    its device operators' times (annotate.host_conditions) and the range of their factors of the cores computing
-    beside them (annotate.busy_factors: their siblings, and the operators and pools the schedule overlaps)."""
+    its operators' times, its device operators' and its verify nodes' (annotate.host_conditions), and the range of
+    the device operators' factors of the cores computing beside them (annotate.busy_factors: their siblings, and the
+    operators and pools the schedule overlaps)."""
     runs = node_runs(p, hw, opts)
     hosts, full, k = conditions = host_conditions(p, hw, p.exec, runs)
     factors = busy_factors(p, hw, p.exec, runs, conditions)
@@ -125,7 +126,7 @@ def _host_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     rows = [[f"node {h}", "every core taken" if full[h] else "a core left free", f"{hosts.count(h)}",
              f"{1e3 * hw.overhead.round_trip(bool(full[h])):.3g} ms", f"x {k[h]:.4f}", _span(siblings[h])]
             for h in sorted(set(hosts))]
-    return _table(["host", "cores", "exec nodes", "round trip", "device operators", "cores beside"], rows)
+    return _table(["host", "cores", "exec nodes", "round trip", "operators", "cores beside"], rows)
 
 
 def _span(factors: list[float]) -> str:
