@@ -92,9 +92,7 @@ class CheckpointProbe:
         seal(self.secret, "res", "worker-0", self.step, {"type": "done", "export": self.step, **report, "rank": 0,
                                                          "node": None, "start": 0.0, "finish": 0.0, "mem": 0})
         seconds = time.perf_counter() - t0
-        ckpt.write_index(pending.path, ckpt.build_index(ckpt.FORMAT, [report], step=self.step))
-        pending.commit()
-        ckpt.prune_checkpoints(self.run_dir, KEEP_CHECKPOINTS)
+        ckpt.commit_checkpoint(pending, [report], self.run_dir, KEEP_CHECKPOINTS, step=self.step)
         return seconds
 
 

@@ -205,11 +205,9 @@ class Exports:
                   "versions": {m: sorted(vs) for m, vs in sorted(cp.versions.items())},
                   "optimizer": sorted(cp.versions),
                   "metrics": {str(k): v for k, v in self.metrics.items() if k < cp.step}}
-        ckpt.write_index(cp.pending.path, ckpt.build_index(ckpt.FORMAT, [rep for _, rep in cp.parts], **fields))
-        cp.pending.commit()
+        ckpt.commit_checkpoint(cp.pending, [rep for _, rep in cp.parts], self.run_dir or "", self.keep, **fields)
         self.checkpoints.append(cp.pending.target)
         self._io_stat("checkpoint", cp.step, cp.parts)
-        ckpt.prune_checkpoints(self.run_dir or "", self.keep)
 
     def discard_open(self) -> None:
         """Remove the checkpoints still being written once the workers are stopped: a run that failed or was

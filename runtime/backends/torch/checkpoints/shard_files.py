@@ -295,6 +295,14 @@ def write_index(directory: str, index: dict) -> None:
     write_text(os.path.join(directory, INDEX), text, "the checkpoint index")
 
 
+def commit_checkpoint(pending: PendingDirectory, reports: Iterable[dict], run_dir: str, keep: int, **fields) -> None:
+    """A checkpoint whose files are all written (`reports`: its workers'): its index written last, the directory
+    renamed into place, the run directory pruned to its newest `keep` complete checkpoints."""
+    write_index(pending.path, build_index(FORMAT, reports, **fields))
+    pending.commit()
+    prune_checkpoints(run_dir, keep)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Reading (workers on resume, the controller for final weights and tests)
 
@@ -575,4 +583,4 @@ __all__ = ["FORMAT", "FINAL_FORMAT", "FINAL", "INDEX", "CheckpointError", "Reade
            "checkpoint_path", "final_path", "latest_checkpoint", "complete_checkpoints", "prune_checkpoints",
            "remove_partials", "load_checkpoint", "load_final", "find_resume_checkpoint", "resume_plan",
            "kept_versions", "assemble", "run_identity", "identity_difference", "write_shard_file", "build_index",
-           "write_index", "read_index", "verify_files", "piece_box", "tiling_error"]
+           "write_index", "commit_checkpoint", "read_index", "verify_files", "piece_box", "tiling_error"]
