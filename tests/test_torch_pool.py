@@ -51,3 +51,24 @@ def test_a_local_run_serves_its_control_store_on_loopback_only(tmp_path):
     seen: list[set[str]] = []
     run(plan, backend, RunOptions(), on_step=lambda _: seen.append(_listening(backend.pool.store_port)))
     assert seen == [{"0100007F"}]
+
+
+def test_a_command_to_a_dead_workers_closed_pipe_is_left_to_the_death_check():
+    """A worker killed while the controller frees copies on it (the checkpoint tests' `kill:train_actor#1`): the
+    release to its closed pipe is dropped, not raised as a broken pipe's traceback; `InFlight.check_workers` names the
+    death (tests/test_torchrun_failure.py)."""
+    import multiprocessing
+
+    from rpegc.runtime.backends.torch.channel.commands import Release
+    from rpegc.runtime.backends.torch.channel.messages import Endpoint, new_secret
+    from rpegc.runtime.backends.torch.controller.pool import WorkerPool
+
+    ours, theirs = multiprocessing.Pipe()
+    theirs.close()  # the worker's end, gone with its process
+    pool = WorkerPool()
+    pool._chan = Endpoint(None, new_secret(), "controller", lambda line: None, links={"cmd/0": ours})
+    with pytest.raises((BrokenPipeError, ConnectionResetError)):
+        pool._chan.push("cmd/0", Release(labels=["x"]))  # the link itself fails
+    pool.free(0, "weights @actor v1 @(0,0,0)+(1,1,1)")
+    pool.flush_releases()  # the pool's sends do not
+    pool.send(0, Release(labels=["y"]))

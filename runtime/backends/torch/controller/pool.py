@@ -244,8 +244,14 @@ class WorkerPool:
             self._push(rank, Release(labels=self._releases.pop(rank)))
 
     def _push(self, rank: int, cmd: Command) -> None:
+        """Send `cmd` to `rank`. A forked worker whose pipe is closed has died: what it is sent is lost, as it is in a
+        dead worker's store queue, and the caller's next check of the workers (`exited`) reports the death with its
+        cause and the node it ran, where the broken pipe had ended the run with a traceback."""
         assert self._chan is not None
-        self._chan.push(f"cmd/{rank}", cmd)
+        try:
+            self._chan.push(f"cmd/{rank}", cmd)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def poll(self) -> Optional[dict]:
         """The next worker report, or None after POLL_S without one.
