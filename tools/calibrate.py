@@ -33,6 +33,7 @@ The fit functions are pure functions on arrays (no torch), tested on synthetic d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -51,7 +52,7 @@ from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
 from rpegc.tools.overhead_timing import FULL, QUICK, KernelCheck, moved_forward_terms, overhead_table
-from rpegc.tools.verifier_timing import host_text
+from rpegc.tools.verifier_timing import WINDOW_REPEATS, built_in_scorers, measure_host
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.optime import rotated_per_token
 from rpegc.core.cost.params import layer_gemm_params
@@ -1334,21 +1335,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         concurrent = args.concurrent if args.concurrent is not None else backend == "gloo"
         links = load_hardware(args.links_from) if args.links_from is not None else None
         name = args.name or (machine.CPU if args.machine else output.stem)
-        cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
-                        concurrent=concurrent, links_from=links)
-        reference = SpeedReference(cal.speed_probe_s) if cal.speed_probe_s is not None else None
-        # the host: verifier pools, and checkpoint writes timed beside the profile
-        tables = (_at_speed(lambda: host_text(output.parent, args.quick), reference, args.quick)
-                  if backend == "gloo" else "")
-        if args.overhead or args.machine:  # this machine's profile prices the operators as they run
-            if backend != "gloo":
-                raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")
-            overheads = QUICK if args.quick else FULL
-            so_far = profile_text(cal) + tables  # what the overheads' control run is priced with
-            table = _at_speed(lambda: overhead_table(cal.hardware(), so_far, overheads, quiet=args.quiet,
-                                                     check=kernel_check(cal)), reference, args.quick)
-            cal.kernel_scale = table.kernel_scale
-            tables += table.text
+        if (args.overhead or args.machine) and backend != "gloo":
+            raise RpegError(None, "--overhead measures the torch backend's CPU workers; pass --backend gloo")
+        with contextlib.ExitStack() as stack:
+            # the host's built-in verifiers, timed in windows across the calibration (verifier_timing.BusyScorers)
+            scorers = stack.enter_context(built_in_scorers(args.quick)) if backend == "gloo" else None
+            if scorers is not None and not args.quick:
+                scorers.window(WINDOW_REPEATS)
+            cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
+                            concurrent=concurrent, links_from=links)
+            reference = SpeedReference(cal.speed_probe_s) if cal.speed_probe_s is not None else None
+            # the host: verifier pools, and checkpoint writes timed beside the profile
+            host = (_at_speed(lambda: measure_host(output.parent, scorers, args.quick), reference, args.quick)
+                    if scorers is not None else None)
+            overheads = ""
+            if args.overhead or args.machine:  # this machine's profile prices the operators as they run
+                so_far = profile_text(cal) + host.text(scorers)  # what the overheads' control run is priced with
+                table = _at_speed(lambda: overhead_table(cal.hardware(), so_far, QUICK if args.quick else FULL,
+                                                         quiet=args.quiet, check=kernel_check(cal)),
+                                  reference, args.quick)
+                cal.kernel_scale, overheads = table.kernel_scale, table.text
+                if not args.quick:
+                    scorers.window(WINDOW_REPEATS)
+            tables = (host.text(scorers) if host is not None else "") + overheads
         if reference is not None:  # the profile records the fastest probe of the calibration
             cal.speed_probe_s = reference.seconds
         text = profile_text(cal) + tables
