@@ -27,20 +27,20 @@ def test_the_host_table_loads_into_a_profile(tmp_path):
     assert "median of 12 batches of 64 arithmetic answers" in text  # one window of a machine profile's built-ins
 
 
-def test_a_machine_profile_keeps_the_fastest_window_of_the_built_ins(tmp_path):
+def test_a_machine_profile_keeps_the_median_window_of_the_built_ins(tmp_path):
     """`rpeg-calibrate --machine` times the built-ins in windows across the calibration and keeps per function the
-    fastest window's median, naming every window's (a slow minute that covers one window prices nothing)."""
+    median of the windows' medians, naming every window's (a slow minute that covers one window prices nothing)."""
     scorers = BusyScorers(("math", "exact_match"), *samples(2), cores=1)
     scorers.windows = [{"math": 9e-4, "exact_match": 2e-6}, {"math": 6e-4, "exact_match": 3e-6},
                        {"math": 7e-4, "exact_match": 1e-6}]
-    assert scorers.fastest() == {"math": 6e-4, "exact_match": 1e-6}
+    assert scorers.typical() == {"math": 7e-4, "exact_match": 2e-6}
     table = HostTable(2, 3e-4, 20, (), 1e-7, quick=False).text(scorers)
-    assert "\nmath = 0.0006    # s per response on one core while every core scores, the fastest of 3 windows' " \
+    assert "\nmath = 0.0007    # s per response on one core while every core scores, the median of 3 windows' " \
            "medians (0.9, 0.6, 0.7 ms) across the calibration, each of 12 batches" in table
-    assert "\nexact_match = 1e-06 " in table
+    assert "\nexact_match = 2e-06 " in table
     base = open(load_hardware("cpu-reference").source).read().split("\n# The host")[0].split("\n[host]")[0]
     hw = Hardware.from_dict(tomllib.loads(base + table), source="t.toml")
-    assert dict(hw.verify_s)["math"] == 6e-4
+    assert dict(hw.verify_s)["math"] == 7e-4
 
 
 @pytest.mark.skipif(host_cores() < 2, reason="with one core the verifier is measured in this process")
@@ -52,7 +52,7 @@ def test_the_built_ins_windows_are_taken_by_one_set_of_processes():
         assert len(pids) == host_cores() and all(p.is_alive() for p in scorers._procs)
         second = scorers.window(2)
         assert [p.pid for p in scorers._procs] == pids and scorers.windows == [first, second]
-        assert scorers.fastest()["exact_match"] == min(first["exact_match"], second["exact_match"]) > 0
+        assert scorers.typical()["exact_match"] == (first["exact_match"] + second["exact_match"]) / 2 > 0
     assert not any(p.is_alive() for p in scorers._procs)  # the processes end with the measurement
 
 

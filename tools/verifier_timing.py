@@ -11,9 +11,10 @@
 - `measure_host(where, scorers)`: the `[host]` table `rpeg-calibrate --machine` writes (`HostTable.text`): the host's
   cores, t_call, t_resp of the built-in functions over `samples()`, responses shaped as the arithmetic demo's (GSM8K's
   `#### n` answers), and the checkpoint writes' terms (tools/checkpoint_timing.py, timed under `where`). The built-ins
-  are timed in windows at several moments of the calibration by one set of processes (`BusyScorers`), and the fastest
-  window's median is kept, as the kernels keep their fastest repeat: one window a slow minute covers whole priced the
-  arithmetic demo's verifier 1.6x its runs. `host_text(where)` is the table with one window.
+  are timed in windows at several moments of the calibration by one set of processes (`BusyScorers`), and the
+  windows' median is kept: the machine's typical speed over the calibration, which one slow window does not move (one
+  window a slow minute covers whole priced the arithmetic demo's verifier 1.6x its runs). `host_text(where)` is the
+  table with one window.
 - `rpeg-calibrate --verifier SPEC --data FILE` measures a user's function over a dataset's ground truths taken as
   responses (`measure_dataset`): what a verifier costs on answers of the right form, before any training.
 """
@@ -35,10 +36,11 @@ from rpegc.runtime.backends.torch.controller.verifier_pool import TextExample
 
 REPEATS = 5
 # A machine profile's built-ins take windows of 12 batches (~0.5 s of math on each core) at three moments of the
-# calibration and keep the fastest window's median: this VM's speed moves within tenths of a second, and 5 batches of
-# math (0.2 s) measured 0.58-1.11 ms a response where 25 measured 0.63-0.75 (docs/calibration.md, "Siblings priced");
-# and it runs slow for minutes at a time, which one window of 25 batches caught whole in 3 of 5 calibrations of one
-# hour (0.90-1.09 ms against 0.56-0.63: docs/calibration.md, "The built-ins' windows").
+# calibration and keep the median of the windows' medians: this VM's speed moves within tenths of a second, and 5
+# batches of math (0.2 s) measured 0.58-1.11 ms a response where 25 measured 0.63-0.75 (docs/calibration.md, "Siblings
+# priced"); and it runs slow for minutes at a time, which one window of 25 batches caught whole in 3 of 5 calibrations
+# of one hour (0.90-1.09 ms against 0.56-0.63: docs/calibration.md, "The built-ins' windows"). The fastest window
+# instead priced every run of a slow half hour below it (docs/calibration.md, the same section).
 WINDOW_REPEATS = 12
 POOL_REPEATS = 20
 
@@ -84,8 +86,8 @@ def _scorer(specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
 class BusyScorers:
     """`busy_per_response` of several functions, taken in windows at several moments by one set of processes, a
     process per core of the host that loads the functions once (their start-up, ~1.5 s on the 2-core VM, paid once)
-    and waits, idle, between windows (`window`); `fastest` is per function the fastest window's median. One core:
-    this process measures."""
+    and waits, idle, between windows (`window`); `typical` is per function the median of the windows' medians. One
+    core: this process measures."""
 
     def __init__(self, specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
                  cores: Optional[int] = None):
@@ -133,8 +135,8 @@ class BusyScorers:
         self.windows.append(out)
         return out
 
-    def fastest(self) -> dict[str, float]:
-        return {spec: min(w[spec] for w in self.windows) for spec in self.specs}
+    def typical(self) -> dict[str, float]:
+        return {spec: statistics.median(w[spec] for w in self.windows) for spec in self.specs}
 
     def _collect(self, repeats: int) -> dict[str, list[float]]:
         for q in self._requests:
@@ -222,15 +224,15 @@ class HostTable:
     quick: bool
 
     def text(self, scorers: BusyScorers) -> str:
-        """The table, the built-ins at the fastest of `scorers`' windows so far."""
-        fastest, n = scorers.fastest(), len(scorers.windows)
+        """The table, the built-ins at the median of `scorers`' windows so far."""
+        typical, n = scorers.typical(), len(scorers.windows)
         batches = WINDOW_REPEATS if not self.quick else REPEATS
         how = "alone" if self.quick else "while every core scores"
         if n == 1:
             taken = f"median of {batches} batches of 64 arithmetic answers (half right)"
         else:
             medians = ", ".join(f"{w['math'] * 1e3:.3g}" for w in scorers.windows)
-            taken = (f"the fastest of {n} windows' medians ({medians} ms) across the calibration, each of {batches} "
+            taken = (f"the median of {n} windows' medians ({medians} ms) across the calibration, each of {batches} "
                      "batches of 64 arithmetic answers (half right)")
         return "\n".join([
             "",
@@ -242,8 +244,8 @@ class HostTable:
             *self.checkpoint,
             "",
             "[host.verify]",
-            f"math = {fastest['math']:.6g}    # s per response on one core {how}, {taken}",
-            f"exact_match = {fastest['exact_match']:.6g}    # s per response; the same batches",
+            f"math = {typical['math']:.6g}    # s per response on one core {how}, {taken}",
+            f"exact_match = {typical['exact_match']:.6g}    # s per response; the same batches",
             f"rule = {self.rule:.6g}    # s per row of a 256-row batch of the toy tasks' token rule",
             "",
         ])
@@ -255,7 +257,7 @@ def measure_host(where: Path, scorers: BusyScorers, quick: bool = False) -> Host
     tests' calibration): fewer repeats, a small disk probe."""
     scorers.window(REPEATS if quick else WINDOW_REPEATS)
     pool_repeats = 3 if quick else POOL_REPEATS
-    call = call_overhead("exact_match", scorers.fastest()["exact_match"], pool_repeats)
+    call = call_overhead("exact_match", scorers.typical()["exact_match"], pool_repeats)
     return HostTable(host_cores(), call, pool_repeats, tuple(checkpoint_lines(where, quick)), rule_per_response(),
                      quick)
 
