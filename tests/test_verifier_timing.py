@@ -48,12 +48,12 @@ def test_the_built_ins_windows_are_taken_by_one_set_of_processes():
     """The scoring processes start once and wait, idle, between windows (a window is ~1.5 s less than a start)."""
     with BusyScorers(("exact_match",), *samples(4)) as scorers:
         first = scorers.window(2)
-        pids = [p.pid for p in scorers._procs]
-        assert len(pids) == host_cores() and all(p.is_alive() for p in scorers._procs)
+        pids = scorers.live_pids
+        assert len(pids) == host_cores()
         second = scorers.window(2)
-        assert [p.pid for p in scorers._procs] == pids and scorers.windows == [first, second]
+        assert scorers.live_pids == pids and scorers.windows == [first, second]
         assert scorers.typical()["exact_match"] == (first["exact_match"] + second["exact_match"]) / 2 > 0
-    assert not any(p.is_alive() for p in scorers._procs)  # the processes end with the measurement
+    assert scorers.live_pids == ()  # the processes end with the measurement
 
 
 def test_the_samples_are_half_right_for_the_math_verifier():

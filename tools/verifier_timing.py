@@ -135,6 +135,11 @@ class BusyScorers:
         self.windows.append(out)
         return out
 
+    @property
+    def live_pids(self) -> tuple[int, ...]:
+        """The scoring processes that live now (none where this process measures)."""
+        return tuple(proc.pid for proc in self._procs if proc.is_alive())
+
     def typical(self) -> dict[str, float]:
         return {spec: statistics.median(w[spec] for w in self.windows) for spec in self.specs}
 
