@@ -52,7 +52,7 @@ from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
 from rpegc.tools.overhead_timing import FULL, QUICK, KernelCheck, moved_forward_terms, overhead_table
-from rpegc.tools.verifier_timing import WINDOW_REPEATS, built_in_scorers, measure_host
+from rpegc.tools.verifier_timing import built_in_scorers, measure_host
 from rpegc.core.cost.hardware import Hardware, load_hardware
 from rpegc.core.cost.optime import rotated_per_token
 from rpegc.core.cost.params import layer_gemm_params
@@ -1341,7 +1341,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # the host's built-in verifiers, timed in windows across the calibration (verifier_timing.BusyScorers)
             scorers = stack.enter_context(built_in_scorers(args.quick)) if backend == "gloo" else None
             if scorers is not None and not args.quick:
-                scorers.window(WINDOW_REPEATS)
+                scorers.window()
             cal = calibrate(devices, backend, plan, name=name, quiet=args.quiet,
                             concurrent=concurrent, links_from=links)
             reference = SpeedReference(cal.speed_probe_s) if cal.speed_probe_s is not None else None
@@ -1356,7 +1356,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                   reference, args.quick)
                 cal.kernel_scale, overheads = table.kernel_scale, table.text
                 if not args.quick:
-                    scorers.window(WINDOW_REPEATS)
+                    scorers.window()
             tables = (host.text(scorers) if host is not None else "") + overheads
         if reference is not None:  # the profile records the fastest probe of the calibration
             cal.speed_probe_s = reference.seconds

@@ -86,17 +86,18 @@ def _scorer(specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
 class BusyScorers:
     """`busy_per_response` of several functions, taken in windows at several moments by one set of processes, a
     process per core of the host that loads the functions once (their start-up, ~1.5 s on the 2-core VM, paid once)
-    and waits, idle, between windows (`window`); `typical` is per function the median of the windows' medians. One
-    core: this process measures."""
+    and waits, idle, between windows (`window`, `repeats` batches each); `typical` is per function the median of the
+    windows' medians. One core: this process measures."""
 
     def __init__(self, specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
-                 cores: Optional[int] = None):
+                 cores: Optional[int] = None, repeats: int = REPEATS):
         from rpegc.runtime.backends.torch.rl.rewards import load_reward
 
         for spec in specs:
             load_reward(spec)  # a bad spec is this process's one-line error, not a child's
         self.specs, self.texts, self.examples = list(specs), list(texts), list(examples)
         self.cores = host_cores() if cores is None else cores
+        self.repeats = repeats
         self.windows: list[dict[str, float]] = []
         self._procs: list = []
         self._requests: list = []
@@ -125,13 +126,13 @@ class BusyScorers:
             if proc.is_alive():
                 proc.kill()
 
-    def window(self, repeats: int) -> dict[str, float]:
+    def window(self) -> dict[str, float]:
         """Per function, t_resp with every core scoring the same `repeats` batches at once: the median of the cores'
         medians. Recorded in `windows`."""
         if self.cores <= 1:
-            out = {spec: per_response(spec, self.texts, self.examples, repeats) for spec in self.specs}
+            out = {spec: per_response(spec, self.texts, self.examples, self.repeats) for spec in self.specs}
         else:
-            out = {spec: statistics.median(ts) for spec, ts in self._collect(repeats).items()}
+            out = {spec: statistics.median(ts) for spec, ts in self._collect().items()}
         self.windows.append(out)
         return out
 
@@ -143,9 +144,9 @@ class BusyScorers:
     def typical(self) -> dict[str, float]:
         return {spec: statistics.median(w[spec] for w in self.windows) for spec in self.specs}
 
-    def _collect(self, repeats: int) -> dict[str, list[float]]:
+    def _collect(self) -> dict[str, list[float]]:
         for q in self._requests:
-            q.put(repeats)
+            q.put(self.repeats)
         times: dict[str, list[float]] = {spec: [] for spec in self.specs}
         while sum(map(len, times.values())) < self.cores * len(self.specs):
             try:
@@ -167,8 +168,8 @@ def busy_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], 
                       repeats: int = REPEATS) -> float:
     """t_resp of `spec` with `cores` processes (default: every core of the host) scoring the same batches at once
     (`repeats` each), the median of theirs: what a call costs while the host is busy, as in a run."""
-    with BusyScorers((spec,), texts, examples, cores) as scorers:
-        return scorers.window(repeats)[spec]
+    with BusyScorers((spec,), texts, examples, cores, repeats) as scorers:
+        return scorers.window()[spec]
 
 
 def call_overhead(spec: str, t_resp: float, repeats: int = POOL_REPEATS) -> float:
@@ -212,9 +213,10 @@ BUILT_INS = ("math", "exact_match")  # the reward functions a machine profile ti
 
 
 def built_in_scorers(quick: bool = False) -> BusyScorers:
-    """The processes that time the built-in functions over `samples()`: one per core, or (quick) this process."""
+    """The processes that time the built-in functions over `samples()` in windows of `WINDOW_REPEATS` batches: one per
+    core, or (quick) this process, in windows of `REPEATS`."""
     texts, examples = samples()
-    return BusyScorers(BUILT_INS, texts, examples, 1 if quick else None)
+    return BusyScorers(BUILT_INS, texts, examples, 1 if quick else None, REPEATS if quick else WINDOW_REPEATS)
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,7 @@ class HostTable:
     def text(self, scorers: BusyScorers) -> str:
         """The table, the built-ins at the median of `scorers`' windows so far."""
         typical, n = scorers.typical(), len(scorers.windows)
-        batches = WINDOW_REPEATS if not self.quick else REPEATS
+        batches = scorers.repeats
         how = "alone" if self.quick else "while every core scores"
         if n == 1:
             taken = f"median of {batches} batches of 64 arithmetic answers (half right)"
@@ -260,7 +262,7 @@ def measure_host(where: Path, scorers: BusyScorers, quick: bool = False) -> Host
     """The host's measurements, and a window of the built-ins (`scorers`); the checkpoint writes (tools/
     checkpoint_timing.py) are timed in a scratch directory under `where`. `quick` (rpeg-calibrate --quick, the smoke
     tests' calibration): fewer repeats, a small disk probe."""
-    scorers.window(REPEATS if quick else WINDOW_REPEATS)
+    scorers.window()
     pool_repeats = 3 if quick else POOL_REPEATS
     call = call_overhead("exact_match", scorers.typical()["exact_match"], pool_repeats)
     return HostTable(host_cores(), call, pool_repeats, tuple(checkpoint_lines(where, quick)), rule_per_response(),
