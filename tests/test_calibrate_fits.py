@@ -13,8 +13,10 @@ import pytest
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost.hardware import load_hardware
-from rpegc.tools.calibrate import (Calibration, EtaFit, copied_links, LinkFit, ScaleFit, allreduce_terms, cpu_plan, eta,
-                                   fit_alpha_beta, fit_eta, fit_f_peak, mape, p2p_terms, profile_text)
+from rpegc.tools.calibrate import (allreduce_terms, copied_links, cpu_plan, eta, fit_alpha_beta, fit_eta, fit_f_peak,
+                                   mape, p2p_terms, profile_text)
+
+from fixtures.calibration import calibration
 
 ROWS = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], dtype=float)
 WIDTHS = np.array([8, 16, 32, 64, 128, 256, 512], dtype=float)
@@ -97,22 +99,8 @@ def test_mape():
         mape([1.0], [0.0])
 
 
-def _calibration() -> Calibration:
-    cal = Calibration(name="unit", devices=2, backend="gloo", plan=cpu_plan(quick=True), date="2026-01-01T00:00:00")
-    cal.BW_mem = 2.5e10
-    cal.eta_fit = EtaFit(1.2e11, 9.0, 25.0, 0.2, 168)
-    cal.f_peak_fit = ScaleFit(5.6e10, 0.1, 6)
-    cal.c_ng = 1.6e-4
-    cal.coll_fit = LinkFit(3.2e-4, 7.8e-10, 0.19, 9)
-    cal.p2p_fit = LinkFit(1.7e-3, 2.9e-10, 0.05, 9, "alpha clamped at 0")
-    cal.M_GPU = 1.2e10
-    cal.memory_source = "psutil RAM / 2 workers"
-    cal.raw.append(("copy", "128 MiB", 2.0**28, 0.01))
-    return cal
-
-
 def test_profile_round_trips_through_load_hardware(tmp_path: Path):
-    cal = _calibration()
+    cal = calibration()
     path = tmp_path / "cpu.toml"
     path.write_text(profile_text(cal))
     hw = load_hardware(str(path))
@@ -134,7 +122,7 @@ def test_profile_round_trips_through_load_hardware(tmp_path: Path):
 def test_a_kernel_scale_moves_the_forward_terms_the_profile_writes(tmp_path: Path):
     """The operators' overheads were fitted against the forwards as they ran beside them (tools/overhead_timing.py):
     the profile's F_peak and t_layer are moved by the same scale, and say so."""
-    cal = _calibration()
+    cal = calibration()
     cal.eta_fit = dataclasses.replace(cal.eta_fit, t_layer=3e-4)
     cal.kernel_scale = 0.8
     path = tmp_path / "cpu.toml"
@@ -146,7 +134,7 @@ def test_a_kernel_scale_moves_the_forward_terms_the_profile_writes(tmp_path: Pat
 
 
 def test_profile_comments_every_value_and_records_fit_quality():
-    text = profile_text(_calibration())
+    text = profile_text(calibration())
     for line in text.splitlines():
         code = line.split("#", 1)[0]
         if "=" in code and not code.startswith(("name", "description")):
@@ -156,7 +144,7 @@ def test_profile_comments_every_value_and_records_fit_quality():
 
 
 def test_incomplete_calibration_is_an_error():
-    cal = _calibration()
+    cal = calibration()
     cal.coll_fit = None
     with pytest.raises(RpegError, match="incomplete"):
         profile_text(cal)
@@ -211,7 +199,7 @@ def test_the_rope_terms_are_the_rotations_fits_forward_and_backward(tmp_path: Pa
     # a backward faster than its forward's terms (noise) is priced 0, never negative
     cheap = _rope_campaign(_RopePool((3e-5, 9e-10), (-1e-5, 1e-10)), plan)
     assert rope_keys(cheap)["rope_backward_call"] == 0.0 and rope_keys(cheap)["rope_backward_element"] > 0
-    cal = _calibration()
+    cal = calibration()
     cal.rope = rope
     path = tmp_path / "rope.toml"
     path.write_text(profile_text(cal))
@@ -346,7 +334,7 @@ def test_fit_eta_overhead_never_gives_a_negative_peak():
 def test_links_copied_from_a_profile_keep_every_tier_and_say_so(tmp_path: Path):
     """One CUDA device reaches no link: its profile takes every tier's collective and p2p terms from another."""
     h200 = load_hardware("h200")
-    cal = dataclasses.replace(_calibration(), backend="nccl", devices=1, links_from=h200)
+    cal = dataclasses.replace(calibration(), backend="nccl", devices=1, links_from=h200)
     cal.coll_fit, cal.p2p_fit = copied_links(h200)
     path = tmp_path / "one-gpu.toml"
     path.write_text(profile_text(cal))

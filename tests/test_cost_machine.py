@@ -41,6 +41,9 @@ def test_the_first_use_calibrates_this_machine_and_caches_it(this_machine, monke
     assert this_machine.is_file() and hw.source == str(this_machine) and hw.name == "cpu"
     assert hw.provenance().startswith("this machine's profile (") and hw.F_peak > 0
     assert hw.speed_probe_s is not None and hw.speed_probe_s > 0  # what rpeg-run compares its own probe with
+    table = hw.attention  # the attention kernel timed as the backend calls it, at the smoke sweep's 4 lengths
+    assert table is not None and table.head_dim == 16 and len(table.forward) == 4
+    assert all(0 < t < 1e-4 for t in table.forward + table.decode) and all(t >= 0 for t in table.backward)
     from rpegc.tools.measure import device_count
 
     two = min(8, device_count("gloo")) >= 2  # forwards alone against every worker busy: two workers or more

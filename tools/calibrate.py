@@ -51,6 +51,7 @@ import numpy as np
 from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.cost import machine
+from rpegc.core.cost.attention import AttentionTable
 from rpegc.tools.overhead_timing import FULL, QUICK, KernelCheck, moved_forward_terms, overhead_table
 from rpegc.tools.verifier_timing import built_in_scorers, measure_host
 from rpegc.core.cost.hardware import Hardware, load_hardware
@@ -350,6 +351,9 @@ class SweepPlan:
     # One layer's RoPE rotations timed for the [compute] rope_* terms: (batch, seq, heads, kv_heads, head_dim) of its
     # queries and keys (`_measure_rope`); none: the profile leaves them out (not priced).
     rope_shapes: tuple[tuple[int, int, int, int, int], ...] = ()
+    # The attention kernel timed per row and query head for the [attention] table (`_measure_attention`): at 1 ..
+    # `attention_positions` positions, head size ATTENTION_HEAD_DIM; 0: the profile leaves it out (priced by FLOPs)
+    attention_positions: int = 0
 
 
 def _geometric(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
@@ -384,6 +388,14 @@ CPU_DECODE_CONTEXT = 48
 # 1.2 ms after 0.5-1 ms (measured): it saturates there. GPU sweeps send back to back:
 # NCCL progresses on the device, and host compute would not model a GPU kernel anyway.
 CPU_LINK_GAP_S = 5e-4
+# The [attention] table's head size and calls: the head size of the overheads' models (tools/overhead_timing.py) and
+# of the demo's, ATTENTION_ROWS rows of ATTENTION_HEADS heads per call (the time per row and head holds within ~5 %
+# from 256 row-heads up on the 2-core VM, ~25 % more at 64), each point a loop of ATTENTION_MIN_TIME s (32 lengths x 3
+# calls x 3 repeats, ~2 s)
+ATTENTION_HEAD_DIM = 16
+ATTENTION_ROWS, ATTENTION_HEADS = 64, 4
+ATTENTION_MIN_TIME = 0.004
+CPU_ATTENTION_POSITIONS = 32  # the demo's rows run 10-16 positions, the overheads' grid 8-24
 # The rotations of the CPU backend's small models' heads (head_dim 16; grouped-query keys too) over decode steps and
 # prefill-shaped calls: 96 to 131k elements of queries and keys, whose tensors stay in a core's cache as the
 # operators' do (with head_dim 32 the largest point's queries, 512 KiB, took 2-5x as long per element).
@@ -405,7 +417,7 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         forwards = _layer_forwards(two, ((2, 16), (8, 16)), (1, 8), 16)
         return SweepPlan("fp32", eta_from, (1 << 22,), (1, 16, 256), (16, 128), 128, forwards, 8, 32, 128,
                          (1 << 10, 1 << 16, 1 << 20), 0.004, 2, rounds=1, link_gap_s=CPU_LINK_GAP_S, probe_runs=1,
-                         rope_shapes=((1, 1, 4, 4, 16), (16, 16, 4, 4, 16)))
+                         rope_shapes=((1, 1, 4, 4, 16), (16, 16, 4, 4, 16)), attention_positions=4)
     forwards = _layer_forwards(CPU_LAYER_ARCHS, CPU_PREFILL_SHAPES, CPU_DECODE_BATCHES, CPU_DECODE_CONTEXT)
     return SweepPlan(
         dtype="fp32",
@@ -424,6 +436,7 @@ def cpu_plan(quick: bool = False, eta_from: str = "layers") -> SweepPlan:
         link_gap_s=CPU_LINK_GAP_S,
         rounds=5,  # a shared VM's speed drifts over minutes: five passes pool more of it
         rope_shapes=CPU_ROPE_SHAPES,
+        attention_positions=CPU_ATTENTION_POSITIONS,
     )
 
 
@@ -593,6 +606,50 @@ def _measure_rope(ctx, batch: int, seq: int, heads: int, kv_heads: int, head_dim
         ahead = time_per_call(forward, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
     both = time_per_call(forward_backward, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
     return ahead, both
+
+
+def _measure_attention(ctx, positions: int, dtype: str, min_time: float, repeats: int):
+    """Seconds per row and query head of one attention call at 1 .. `positions` positions, as the backend's layer calls
+    it (transformer.Attention: the projections' [rows, positions, heads, head size] seen as [rows, heads, ...], its
+    boolean mask): a forward over as many queries and keys, that forward's backward (the forward with its backward,
+    less the forward), and a decode step's one query over as many cached keys. Per length, (forward, backward, decode)
+    lists of repeats."""
+    if ctx.rank != 0:
+        return None
+    import torch
+    import torch.nn.functional as F
+
+    from rpegc.runtime.backends.torch.model.transformer import attention_mask
+
+    dt, b, h, hd = _dtype(dtype), ATTENTION_ROWS, ATTENTION_HEADS, ATTENTION_HEAD_DIM
+    per = 1.0 / (b * h)
+
+    def projected(n: int, grad: bool = False):
+        return torch.randn(b, n, h, hd, device=ctx.device).to(dt).requires_grad_(grad).transpose(1, 2)
+
+    out = []
+    for n in range(1, positions + 1):
+        mask = attention_mask(None, 0, n, ctx.device)
+        q, k, v = (projected(n, grad=True) for _ in range(3))
+        upstream = torch.randn(b, h, n, hd, device=ctx.device).to(dt)
+        cache = torch.zeros(2, b, h, n + 1, hd, device=ctx.device).to(dt)  # a decode step's keys and values
+        one, last = projected(1), attention_mask(None, n - 1, 1, ctx.device)
+
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        def forward_backward() -> None:
+            torch.autograd.grad(forward(), (q, k, v), upstream)
+
+        def decode():
+            return F.scaled_dot_product_attention(one, cache[0, :, :, :n], cache[1, :, :, :n], attn_mask=last)
+
+        with torch.no_grad():
+            ahead = time_per_call(forward, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
+            step = time_per_call(decode, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
+        both = time_per_call(forward_backward, min_time=min_time, repeats=repeats, sync=ctx.sync).samples
+        out.append(([t * per for t in ahead], [t * per for t in both], [t * per for t in step]))
+    return out
 
 
 def link_iterations(plan: SweepPlan, nbytes: int) -> int:
@@ -777,6 +834,7 @@ class Calibration:
     kernel_scale: float = 1.0
     co_run: Optional[CoRunning] = None  # the narrow forwards beside every core busy against alone (`_co_running`)
     rope: Optional[RopeFits] = None  # one layer's RoPE rotations (`_rope_campaign`); None: not measured
+    attention: Optional[AttentionTable] = None  # the attention kernel per row and head (`_attention_campaign`)
 
     @property
     def world(self) -> int:
@@ -793,7 +851,7 @@ def _steps(plan: SweepPlan, world: int) -> int:
     p2p_points = len(plan.message_bytes) if world > 1 else 0
     gemm_points = len(plan.gemm_rows) * len(plan.gemm_widths) if plan.eta_from == "gemm" else 0
     rounds = plan.rounds * (len(plan.forwards) + coll_points + p2p_points)
-    return len(plan.copy_bytes) + gemm_points + 1 + bool(plan.rope_shapes) + rounds
+    return len(plan.copy_bytes) + gemm_points + 1 + bool(plan.rope_shapes) + bool(plan.attention_positions) + rounds
 
 
 def calibrate(devices: int, backend: str, plan: SweepPlan, *, name: str = "cpu", quiet: bool = False,
@@ -869,6 +927,9 @@ def _compute_campaign(pool: WorkerPool, plan: SweepPlan, cal: Calibration, progr
     if plan.rope_shapes:
         cal.rope = _rope_campaign(pool, plan)
         progress.step("RoPE rotations")
+    if plan.attention_positions:
+        cal.attention = _attention_campaign(pool, plan)
+        progress.step("attention")
     if cal.concurrent and cal.devices > 1:
         cal.co_run = _co_running(pool, plan, cal.devices)
 
@@ -883,6 +944,16 @@ def _rope_campaign(pool: WorkerPool, plan: SweepPlan) -> RopeFits:
         both.append(summarize(fwd_bwd, plan.kernel_statistic))
     ones = [1.0] * len(elements)
     return RopeFits(fit_alpha_beta(ones, elements, ahead), fit_alpha_beta(ones, elements, both))
+
+
+def _attention_campaign(pool: WorkerPool, plan: SweepPlan) -> AttentionTable:
+    """The [attention] table of one worker's timings (the kernel statistic of each point's repeats; a backward is the
+    forward with its backward less the forward, never below 0)."""
+    points = pool.run(_measure_attention, plan.attention_positions, plan.dtype, ATTENTION_MIN_TIME, plan.repeats)[0]
+    stat = plan.kernel_statistic
+    forward = tuple(summarize(f, stat) for f, _, _ in points)
+    backward = tuple(max(summarize(fb, stat) - fw, 0.0) for (_, fb, _), fw in zip(points, forward))
+    return AttentionTable(ATTENTION_HEAD_DIM, forward, backward, tuple(summarize(d, stat) for _, _, d in points))
 
 
 CO_RUN_ROUNDS = 2  # alone and beside, alternated
@@ -1024,7 +1095,38 @@ def profile_mapping(cal: Calibration) -> dict:
         # One host reaches only the intra-node tier; the others repeat it so the profile is complete.
         "collective": _link_tiers(cal, coll, "coll"),
         "p2p": _link_tiers(cal, p2p, "p2p"),
+        **attention_keys(cal.attention),
     }
+
+
+def attention_keys(table: Optional[AttentionTable]) -> dict:
+    """The [attention] table of the profile (none where the campaign timed no attention)."""
+    if table is None:
+        return {}
+    return {"attention": {"head_dim": table.head_dim, "forward": list(table.forward), "backward": list(table.backward),
+                          "decode": list(table.decode)}}
+
+
+def _attention_lines(cal: Calibration) -> list[str]:
+    t = cal.attention
+    if t is None:
+        return []
+
+    def values(xs) -> str:
+        return "[" + ", ".join(_num(x) for x in xs) + "]"
+
+    return [
+        "",
+        "# The attention kernel (core/cost/attention.py): seconds per row and query head of one layer's call at 1, 2,",
+        f"# ... positions, head size {t.head_dim}, timed as the backend calls it ({ATTENTION_ROWS} rows x "
+        f"{ATTENTION_HEADS} heads, its boolean mask; the {cal.plan.kernel_statistic} of {cal.plan.repeats} repeats) on "
+        "one worker",
+        "[attention]",
+        f"head_dim = {t.head_dim}",
+        f"forward = {values(t.forward)}    # a forward over as many queries and keys",
+        f"backward = {values(t.backward)}    # its backward (the forward with its backward, less the forward)",
+        f"decode = {values(t.decode)}    # one query over as many cached keys (a decode step)",
+    ]
 
 
 def rope_keys(rope: Optional[RopeFits]) -> dict:
@@ -1063,6 +1165,10 @@ def _link_tiers(cal: Calibration, measured: dict, family: str) -> dict:
 def _description(cal: Calibration) -> str:
     unit = "CUDA device (NCCL)" if cal.backend == "nccl" else "single-threaded CPU worker process (gloo)"
     return f"calibrated on {platform.node() or 'this machine'}: {cal.devices} x {unit}, {cal.plan.dtype}"
+
+
+def _us(seconds: float) -> str:
+    return f"{1e6 * seconds:.3g}"
 
 
 def _num(x: float) -> str:
@@ -1137,6 +1243,7 @@ def profile_text(cal: Calibration) -> str:
             else:
                 lines.append(f"alpha = {_num(fit.alpha)}     # s; not reachable on one host: the intra_node value")
                 lines.append(f"beta = {_num(fit.beta)}      # s/B; not reachable on one host: the intra_node value")
+    lines += _attention_lines(cal)
     lines += [
         "",
         "[meta]",
@@ -1193,6 +1300,9 @@ def summary(cal: Calibration) -> str:
         f"c_ng    {cal.c_ng:.4g} s/layer at B_cal = {cal.plan.B_cal}",
         *([f"rope    {cal.rope.forward.alpha:.4g} s + {cal.rope.forward.beta:.4g} s/element per layer call, backward "
            f"{cal.rope.backward[0]:.4g} s + {cal.rope.backward[1]:.4g} s/element"] if cal.rope else []),
+        *([f"attn    {_us(a.forward[0])}-{_us(max(a.forward))} us per row and head of a forward at 1-{len(a.forward)} "
+           f"positions (head size {a.head_dim}), backward {_us(min(a.backward))}-{_us(max(a.backward))}, decode "
+           f"{_us(min(a.decode))}-{_us(max(a.decode))}"] if (a := cal.attention) else []),
         f"coll    alpha {cal.coll_fit.alpha:.4g} s  beta {cal.coll_fit.beta:.4g} s/B  ({_fit_quality(cal.coll_fit)})",
         f"p2p     alpha {cal.p2p_fit.alpha:.4g} s  beta {cal.p2p_fit.beta:.4g} s/B  ({_fit_quality(cal.p2p_fit)})",
         f"M_GPU   {cal.M_GPU:.4g} B  eps_rt {DEFAULT_EPS_RT}",

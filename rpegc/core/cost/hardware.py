@@ -13,6 +13,8 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
                 checkpoint_keep_rate (checkpoint writes, core/cost/checkpoint.py)
     [overhead]  optional: per-call and per-token fixed costs of each role's operators, the control round trip per
                 node (generation_call, generation_token, inference_*, training_*, node; default 0)
+    [attention] optional: head_dim and the attention kernel's seconds per row and query head of one call at 1, 2, ...
+                positions: forward, backward, decode (core/cost/attention.py; absent: attention priced by its FLOPs)
     [meta]      free-form (calibration date, notes)
 
 `beta` is an inverse bandwidth in s/B. Every error names the file, the key and (where it can be
@@ -34,6 +36,7 @@ from rpegc.core.ir.geometry import TIERS
 from rpegc.core.ir.errors import Loc, RpegError, utf8_text
 from rpegc.core.ir.toml_text import decode_error_position, key_position
 from rpegc.core.cost import machine
+from rpegc.core.cost.attention import MAX_ENTRY_S, AttentionTable
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware"
 
@@ -90,7 +93,13 @@ _LINK_KEYS = (
 # gpus_per_node: 1..1024 (the largest single-node systems today hold 72 GPUs in one NVLink domain).
 MAX_GPUS_PER_NODE = 1024
 _TOP_KEYS = ("name", "description", "gpus_per_node", "compute", "memory", "collective", "p2p", "host", "overhead",
-             "meta")
+             "attention", "meta")
+# [attention] (core/cost/attention.py): the head size its entries were timed at, and per call kind the seconds per row
+# and query head at 1, 2, ... positions
+_ATTENTION_LISTS = (("forward", "a forward over as many queries and keys"),
+                    ("backward", "the backward of that forward"), ("decode", "one query over as many keys"))
+MAX_ATTENTION_POSITIONS = 4096
+MAX_HEAD_DIM = 1024
 # [host]: the CPU side of a node, where verify vertices run their reward function in a pool of processes. `cores` is
 # a node's host cores (each device's worker process takes one, a pool process another or shares a device's: see
 # cost/host.py); `verify_call` the fixed time
@@ -246,6 +255,7 @@ class Hardware:
     checkpoint_keep_tensor: float = 0.0  # [host] checkpoint_keep_tensor: s per tensor of a kept version's copy
     checkpoint_keep_rate: float | None = None  # [host] checkpoint_keep_rate: B/s of a kept version's copy; None: free
     overhead: Overhead = Overhead()  # [overhead]: operators' fixed costs beyond their kernels, the control round trip
+    attention: AttentionTable | None = None  # [attention]: the attention kernel's time per row and head; None: FLOPs
 
     def provenance(self) -> str:
         """Whose machine the profile describes, for the summaries: this one's, or which other one's."""
@@ -422,6 +432,8 @@ def _from_mapping(d: Mapping[str, Any], where: _Where) -> Hardware:
     values.update(_host(d, where))
     if "overhead" in d:
         values["overhead"] = _overhead(_table(d, "overhead", where), where)
+    if "attention" in d:
+        values["attention"] = _attention(_table(d, "attention", where), where)
     return Hardware(
         calibrated=_text(meta, "date"), host=_text(meta, "host"), machine_key=_text(meta, "machine_key"),
         speed_probe_s=_positive(meta, "speed_probe_s"),
@@ -466,6 +478,28 @@ def _overhead(table: Mapping[str, Any], where: _Where) -> Overhead:
     _reject_unknown(table, "overhead", [k for k, _ in _OVERHEAD_KEYS], where)
     return Overhead(**{k: _number(table, f"overhead.{k}", k, meaning, 0.0, False, MAX_OVERHEAD_S, where)
                        for k, meaning in _OVERHEAD_KEYS if k in table})
+
+
+def _attention(table: Mapping[str, Any], where: _Where) -> AttentionTable:
+    """The optional [attention] table: a head size and three lists of equal length of seconds >= 0."""
+    _reject_unknown(table, "attention", ["head_dim"] + [k for k, _ in _ATTENTION_LISTS], where)
+    head_dim = table.get("head_dim")
+    if not _is_int(head_dim) or not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise where.error("attention.head_dim", f"key 'attention.head_dim' = {head_dim!r} must be an integer in "
+                                                f"[1, {MAX_HEAD_DIM}] (the head size the table was timed at)")
+    lists = {}
+    for key, meaning in _ATTENTION_LISTS:
+        full = f"attention.{key}"
+        values = table.get(key)
+        if not isinstance(values, list) or not 1 <= len(values) <= MAX_ATTENTION_POSITIONS:
+            raise where.error(full, f"key '{full}' must be a list of 1 to {MAX_ATTENTION_POSITIONS} numbers (s per row "
+                                    f"and query head of {meaning}, at 1, 2, ... positions), got {values!r}")
+        lists[key] = tuple(_number({key: v}, f"{full}[{i}]", key, f"s per row and query head of {meaning}", 0.0,
+                                   False, MAX_ENTRY_S, where) for i, v in enumerate(values))
+    if len({len(v) for v in lists.values()}) != 1:
+        lengths = ", ".join(f"{k} {len(v)}" for k, v in lists.items())
+        raise where.error("attention.forward", f"the [attention] lists must cover the same positions; got {lengths}")
+    return AttentionTable(head_dim, lists["forward"], lists["backward"], lists["decode"])
 
 
 def _text(meta: Mapping[str, Any], key: str) -> str:

@@ -14,6 +14,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from rpegc.core.cost.attention import decode_attention, layer_attention
 from rpegc.core.cost.collectives import allgather, allreduce, p2p, reduce_scatter
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.cost.hardware import Hardware
@@ -307,6 +308,9 @@ def op_time(
             launch_prefill = launch_prefill + rope_time(arch, hw, layers_local, tp, mb, rows_replica * wl.Lp)
             launch_decode = launch_decode + rope_time(arch, hw, layers_local, tp, decode_calls,
                                                       rows_replica * decode_steps)
+        launch_prefill = launch_prefill + layer_attention(hw.attention, arch, layers_local, tp, rows_replica, wl.Lp)
+        launch_decode = launch_decode + decode_attention(hw.attention, arch, layers_local, tp, rows_replica, wl.Lp,
+                                                         wl.Lr)
         launch = launch_prefill + launch_decode
         if opts.generation_pp in ("prefill", "wavefront"):
             pp_comm = pipeline(wl.Lp, mb + pp - 2)
@@ -320,6 +324,7 @@ def op_time(
         launch = mb * (layers_local * hw.t_layer + oh.inference_call) + rows_replica * ell * oh.inference_token
         if rope:
             launch = launch + rope_time(arch, hw, layers_local, tp, mb, rows_replica * ell)
+        launch = launch + layer_attention(hw.attention, arch, layers_local, tp, rows_replica, ell)
     elif role == "training":
         assert train is not None
         n_fe = train.forward_equivalents
@@ -339,6 +344,9 @@ def op_time(
             tokens = rows_replica * ell
             launch = launch + ((n_fe - 2) * rope_time(arch, hw, layers_local, tp, mb, tokens)
                                + rope_time(arch, hw, layers_local, tp, mb, tokens, backward=True))
+        # the attention of the same passes: every forward's (the step's and a recomputation's) and one backward
+        launch = launch + ((n_fe - 2) * layer_attention(hw.attention, arch, layers_local, tp, rows_replica, ell)
+                           + layer_attention(hw.attention, arch, layers_local, tp, rows_replica, ell, backward=True))
         dp_comm = data_parallel(N_m * s_b / (pp * tp), dp, mb, train, hw, span_tier, opts)
     else:
         raise ValueError(f"unknown role {role!r}")
