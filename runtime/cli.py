@@ -445,12 +445,14 @@ def _priced_profile(plan: RunPlan, backend):
 def _priced_writes(plan: RunPlan, backend, hw):
     """The run's checkpoint writes as the cost model prices them (report.PricedWrites), or None: no checkpoints, no
     profile, or a profile without the checkpoint terms ([host] checkpoint_rate)."""
-    from rpegc.core.cost.checkpoint import checkpoint_steps, checkpoint_time
+    from rpegc.core.cost.checkpoint import checkpoint_steps, checkpoint_time, commit_time
     from rpegc.runtime.report import PricedWrites
 
     steps = checkpoint_steps(plan.first_step, plan.steps, backend.checkpoint_every)
     seconds = checkpoint_time(plan.program, hw, backend.checkpoint_every) if hw is not None and steps else None
-    return PricedWrites(steps, seconds) if seconds is not None else None
+    if seconds is None:
+        return None
+    return PricedWrites(steps, seconds, commit_time(plan.program, hw, backend.checkpoint_every))
 
 
 def _checkpoint_lines(backend, hw, writes, oversubscribed: bool = False) -> list[str]:
@@ -466,8 +468,14 @@ def _checkpoint_lines(backend, hw, writes, oversubscribed: bool = False) -> list
     if writes is None:
         return [f"{what}, not priced: the profile '{hw.name}' has no [host] checkpoint_rate (rpeg-calibrate "
                 "measures it), so the predicted steady state leaves them out"]
-    return [f"{what}, {1000 * writes.seconds:.3g} ms priced each (core/cost/checkpoint.py; the predicted steady "
-            "state includes them)"]
+    lines = [f"{what}, {1000 * writes.seconds:.3g} ms priced each (core/cost/checkpoint.py; the predicted steady "
+             "state includes them)"]
+    commits = backend.checkpoint_commit_seconds()
+    if commits and writes.commit_s:
+        median = 1000 * statistics.median(commits)
+        lines.append(f"checkpoint commits (the controller's index, rename and pruning): median {median:.3g} ms "
+                     f"measured, {1000 * writes.commit_s:.3g} ms priced each")
+    return lines
 
 
 def _recalibrated_note(plan_path: str, hw) -> Optional[str]:

@@ -50,7 +50,7 @@ class SteadyState:
     last_step: int
     measured_s: float  # mean measured step interval (the steps' throughput)
     predicted_s: Optional[float]  # mean predicted step interval (None: the plan has no schedule)
-    written_s: float = 0.0  # the priced checkpoint writes per step that predicted_s includes
+    written_s: float = 0.0  # the priced checkpoint writes (with their commits) per step that predicted_s includes
 
     @property
     def ratio(self) -> Optional[float]:
@@ -91,10 +91,17 @@ def startup_time(trace: Trace) -> float:
 @dataclass(frozen=True)
 class PricedWrites:
     """A run's checkpoint writes as the cost model prices them: before each step of `steps` (a boundary), one write
-    that blocks its slowest worker `seconds` (core/cost/checkpoint.checkpoint_time)."""
+    that blocks its slowest worker `seconds` (core/cost/checkpoint.checkpoint_time), then the controller's commit of
+    it, `commit_s` (core/cost/checkpoint.commit_time), during which it dispatches nothing."""
 
     steps: tuple[int, ...]
     seconds: float
+    commit_s: float = 0.0
+
+    @property
+    def each_s(self) -> float:
+        """What one checkpoint adds to its step."""
+        return self.seconds + self.commit_s
 
 
 def intervals(finishes: Sequence[tuple[int, float]]) -> list[float]:
@@ -115,7 +122,7 @@ def steady_state(trace: Trace, writes: Optional[PricedWrites] = None) -> Optiona
     first, last = steps[1].step, steps[-1].step
     written = 0.0
     if writes is not None and predicted:
-        written = writes.seconds * sum(first <= b <= last for b in writes.steps) / len(predicted)
+        written = writes.each_s * sum(first <= b <= last for b in writes.steps) / len(predicted)
     return SteadyState(
         startup_s=startup_time(trace),
         first_step=first,

@@ -32,7 +32,7 @@ def test_the_probe_writes_parts_as_a_run_does_and_keeps_what_a_run_keeps(tmp_pat
     from rpegc.runtime.backends.torch.controller.options import KEEP_CHECKPOINTS
 
     probe = CheckpointProbe(str(tmp_path))
-    assert all(probe.part(t, b) > 0 for t, b in SHAPES[:2] * 2)
+    assert all(write > 0 and commit > 0 for write, commit in (probe.part(t, b) for t, b in SHAPES[:2] * 2))
     found = complete_checkpoints(str(tmp_path))
     assert [s for s, _ in found] == [3, 4][-KEEP_CHECKPOINTS:]  # committed, the older ones pruned
     index = read_index(found[-1][1])
@@ -74,3 +74,11 @@ def test_a_writer_that_dies_is_a_one_line_error(tmp_path):
         for p in procs:
             p.stdin.close()
             p.wait()
+
+
+def test_the_commits_fit_a_fixed_part_and_one_per_tensor_or_their_median():
+    from rpegc.tools.checkpoint_timing import fit_commits
+
+    assert fit_commits(SHAPES, [2e-3 + 4e-6 * t for t, _ in SHAPES]) == (pytest.approx(2e-3), pytest.approx(4e-6))
+    fewer_tensors_slower = [3e-3 - 4e-6 * t for t, _ in SHAPES]
+    assert fit_commits(SHAPES, fewer_tensors_slower) == (pytest.approx(sorted(fewer_tensors_slower)[2]), 0.0)

@@ -142,11 +142,27 @@ def test_the_profile_keys_are_checked():
     d["host"].update(checkpoint_keep_tensor=3e-6, checkpoint_keep_rate=1e10)
     hw = Hardware.from_dict(d, source="t.toml")
     assert (hw.checkpoint_keep_tensor, hw.checkpoint_keep_rate) == (3e-6, 1e10)
+    assert hw.checkpoint_commit == 0.0  # optional: the controller's commit unpriced
+    d["host"]["checkpoint_commit"] = 2.7e-3
+    assert Hardware.from_dict(d, source="t.toml").checkpoint_commit == 2.7e-3
     for key, bad in (("checkpoint_rate", 0), ("checkpoint_rate", -1.0), ("checkpoint_file", -1e-3),
                      ("checkpoint_tensor", "fast"), ("checkpoint_rate", math.inf), ("checkpoint_disk_rate", 0),
-                     ("checkpoint_disk_rate", 1e13), ("checkpoint_keep_rate", 0), ("checkpoint_keep_tensor", -1.0)):
+                     ("checkpoint_disk_rate", 1e13), ("checkpoint_keep_rate", 0), ("checkpoint_keep_tensor", -1.0),
+                     ("checkpoint_commit", -1e-3)):
         d["host"][key] = bad
         with pytest.raises(RpegError, match=f"host.{key}"):
             Hardware.from_dict(d, source="t.toml")
         d["host"].update(checkpoint_file=0.0005, checkpoint_tensor=2.5e-5, checkpoint_rate=7e8,
-                         checkpoint_disk_rate=2e9, checkpoint_keep_tensor=3e-6, checkpoint_keep_rate=1e10)
+                         checkpoint_disk_rate=2e9, checkpoint_keep_tensor=3e-6, checkpoint_keep_rate=1e10,
+                         checkpoint_commit=2.7e-3)
+
+
+def test_the_controllers_commit_is_priced_per_checkpoint_and_per_tensor_its_index_lists():
+    """[host] checkpoint_commit, checkpoint_commit_tensor: the controller's index, rename and pruning of a checkpoint
+    once its parts are in, a fixed part and one per tensor of every rank's files; left out, 0."""
+    from rpegc.core.cost.checkpoint import commit_time, rank_writes
+
+    assert commit_time(PPO, HW) == 0.0
+    hw = dataclasses.replace(HW, checkpoint_commit=2e-3, checkpoint_commit_tensor=5e-6)
+    tensors = sum(w.tensors for w in rank_writes(PPO))
+    assert tensors > 0 and commit_time(PPO, hw) == pytest.approx(2e-3 + 5e-6 * tensors)

@@ -84,6 +84,9 @@ def test_the_predicted_steady_state_includes_the_priced_checkpoint_writes_before
     s = steady_state(synthetic(), PricedWrites((2,), 0.1))
     assert s.predicted_s == pytest.approx((0.25 + 0.35) / 2) and s.written_s == pytest.approx(0.05)
     assert steady_state(synthetic(), PricedWrites((0, 3), 0.1)).predicted_s == pytest.approx(0.25)
+    # the controller's commit of each ([host] checkpoint_commit) adds to the same step
+    committed = steady_state(synthetic(), PricedWrites((2,), 0.06, 0.04))
+    assert committed.predicted_s == pytest.approx(s.predicted_s) and committed.written_s == pytest.approx(0.05)
     line = cli._steady_line(s, None)
     assert "predicted 0.3 s/step, 50 ms of it checkpoint writes (measured/predicted 2.5)" in line
 
@@ -91,11 +94,14 @@ def test_the_predicted_steady_state_includes_the_priced_checkpoint_writes_before
 def test_the_summary_says_what_the_checkpoints_cost_against_their_price_or_why_unpriced():
     class Written:
         checkpoint_write_seconds = staticmethod(lambda: [0.004, 0.006, 0.020])
+        checkpoint_commit_seconds = staticmethod(lambda: [0.003, 0.002, 0.004])
 
     hw = SimpleNamespace(name="cpu")
     assert cli._checkpoint_lines(Written, hw, PricedWrites((20, 40, 60), 0.005)) == [
         "checkpoint writes: 3, median 6 ms measured, 5 ms priced each (core/cost/checkpoint.py; the predicted steady "
         "state includes them)"]
+    assert cli._checkpoint_lines(Written, hw, PricedWrites((20, 40, 60), 0.005, 0.0025))[1:] == [
+        "checkpoint commits (the controller's index, rename and pruning): median 3 ms measured, 2.5 ms priced each"]
     unpriced, = cli._checkpoint_lines(Written, hw, None)
     assert "not priced: the profile 'cpu' has no [host] checkpoint_rate" in unpriced
     assert cli._checkpoint_lines(Written, None, None) == []  # a simulated clock: nothing measured against

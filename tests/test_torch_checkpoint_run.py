@@ -64,7 +64,7 @@ def uninterrupted_run(plan_file, tmp_path_factory):
     profile = d / "priced.toml"
     text = open(load_hardware("cpu-reference").source).read()
     profile.write_text(text.replace("[host]\n", "[host]\ncheckpoint_file = 0.0005\ncheckpoint_tensor = 2.5e-5\n"
-                                                 "checkpoint_rate = 7e8\n", 1))
+                                                 "checkpoint_rate = 7e8\ncheckpoint_commit = 0.002\n", 1))
     run_dir = str(d / "run")
     out = torch_run(plan_file, "--run-dir", run_dir, env={PIN_ENV: str(profile)})  # --keep-checkpoints 2 by default
     assert out.returncode == 0, out.stderr
@@ -78,7 +78,8 @@ def uninterrupted(uninterrupted_run):
 
 def test_the_runs_prediction_prices_its_checkpoint_writes(uninterrupted_run, plan_file):
     """A run directory checkpoints every step by default: the 3 writes of the 4-step run (before steps 1-3, none
-    after the last) are priced and in the predicted steady state, and the summary sets them against their price."""
+    after the last) are priced, each with the controller's commit after it, and in the predicted steady state, and the
+    summary sets the writes and the commits against their prices."""
     from rpegc.core.cost.checkpoint import checkpoint_time
     from rpegc.runtime.plan import load_plan
 
@@ -87,9 +88,12 @@ def test_the_runs_prediction_prices_its_checkpoint_writes(uninterrupted_run, pla
     price = checkpoint_time(load_plan(plan_file).program, load_hardware(profile))
     assert price > 0
     steady = next(line for line in stdout.splitlines() if line.startswith("steady state:"))
-    assert f", {1000 * price:.3g} ms of it checkpoint writes (" in steady  # every steady step follows a write
+    assert f", {1000 * (price + 0.002):.3g} ms of it checkpoint writes (" in steady  # every steady step follows one
     line = next(line for line in stdout.splitlines() if line.startswith("checkpoint writes:"))
     assert line.startswith("checkpoint writes: 3, median ") and f", {1000 * price:.3g} ms priced each" in line
+    line = next(line for line in stdout.splitlines() if line.startswith("checkpoint commits"))
+    assert line.startswith("checkpoint commits (the controller's index, rename and pruning): median ")
+    assert line.endswith(" ms measured, 2 ms priced each")
 
 
 def test_a_training_that_checkpoints_still_has_its_successors_chained_behind_it(tmp_path):

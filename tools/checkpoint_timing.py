@@ -4,10 +4,13 @@ Writes float32 shard files of a few shapes (one tensor of a few sizes; many smal
 controller write a checkpoint's parts (checkpoints/exports.py), in a scratch run directory beside the profile (a run
 directory usually sits on the same disk): each file with the torch backend's own writer (`write_shard_file`:
 safetensors, SHA-256, fsync) into a fresh pending checkpoint directory and its report sealed for the control channel,
-both timed; then, untimed, the index written, the directory committed and the checkpoints beyond the run's default
-two pruned, whose file-system work the next write's fsync meets in a run too. It takes each shape's median of
-`repeats` (a write's usual time: the disk's times spread, the fastest is a lucky one), and fits
-t = t_file + tensors * t_tensor + bytes / rate by least squares, a term that fits below 0 left out. The copies a worker
+both timed; then, timed apart, what the run's controller does once a checkpoint's parts are in: the index written, the
+directory committed and the checkpoints beyond the run's default two pruned (its file-system work the next write's
+fsync meets in a run too). It takes each shape's median of `repeats` (a write's usual time: the disk's times spread,
+the fastest is a lucky one), and fits t = t_file + tensors * t_tensor + bytes / rate by least squares, a term that
+fits below 0 left out; the commits are fitted as t = t_commit + tensors * t_commit_tensor (the index lists every
+tensor's shards: `checkpoint_commit`, `checkpoint_commit_tensor`; on the 2-core VM a tiny PPO's commit took ~2.7 ms
+in a run, of which the index 1.3, the rename 0.3 and the pruning 1.1). The copies a worker
 keeps of a stale model's versions for later checkpoints (`holdings.kept_copy`) are timed on the same tensors, fitted
 as t = tensors * t_keep_tensor + bytes / keep_rate.
 
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -72,6 +75,8 @@ class WriteFit:
     rate: float  # B/s
     points: int
     mape: float
+    commit_s: float = 0.0  # the controller's commit of a checkpoint (index, rename, pruning): its fixed part
+    commit_tensor_s: float = 0.0  # and its part per tensor the index lists
 
 
 class CheckpointProbe:
@@ -81,9 +86,9 @@ class CheckpointProbe:
         self.run_dir, self.step = run_dir, 0
         self.secret = new_secret()
 
-    def part(self, tensors: int, nbytes: int) -> float:
-        """Seconds a worker's part of `tensors` float32 tensors, `nbytes` in all, takes: its shard file (serialise,
-        hash, write, fsync) and its sealed report."""
+    def part(self, tensors: int, nbytes: int) -> tuple[float, float]:
+        """Seconds a worker's part of `tensors` float32 tensors, `nbytes` in all, takes (its shard file: serialise,
+        hash, write, fsync; and its sealed report), and seconds the controller's commit of it takes."""
         data = {k: (t, ((0,), tuple(t.shape)), tuple(t.shape)) for k, t in probe_tensors(tensors, nbytes).items()}
         self.step += 1
         pending = PendingDirectory(ckpt.checkpoint_path(self.run_dir, self.step), "the probe checkpoint")
@@ -93,7 +98,7 @@ class CheckpointProbe:
                                                          "node": None, "start": 0.0, "finish": 0.0, "mem": 0})
         seconds = time.perf_counter() - t0
         ckpt.commit_checkpoint(pending, [report], self.run_dir, KEEP_CHECKPOINTS, step=self.step)
-        return seconds
+        return seconds, time.perf_counter() - t0 - seconds
 
 
 def _fit(a: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, float]:
@@ -148,12 +153,26 @@ def measure_copies(shapes=SHAPES, repeats: int = REPEATS) -> tuple[float, float]
 
 
 def measure_writes(where: Path, shapes=SHAPES, repeats: int = REPEATS) -> WriteFit:
-    """Each shape's median of `repeats` parts written in a scratch run directory under `where`, fitted."""
+    """Each shape's median of `repeats` parts written in a scratch run directory under `where`, fitted, with the
+    median of their commits."""
     where.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".rpeg-write-probe-", dir=where) as d:
         probe = CheckpointProbe(d)
-        usual = [statistics.median(probe.part(t, b) for _ in range(repeats)) for t, b in shapes]
-    return fit_writes(shapes, usual)
+        timed = [[probe.part(t, b) for _ in range(repeats)] for t, b in shapes]
+    fit = fit_writes(shapes, [statistics.median(w for w, _ in parts) for parts in timed])
+    return replace(fit, **dict(zip(("commit_s", "commit_tensor_s"),
+                                   fit_commits(shapes, [statistics.median(c for _, c in parts) for parts in timed]))))
+
+
+def fit_commits(shapes, seconds) -> tuple[float, float]:
+    """(t_commit, t_commit_tensor) >= 0 of t = t_commit + tensors * t_commit_tensor through (shape, seconds) points, in
+    relative error; the median alone where the tensors' term would fit below 0."""
+    y = np.asarray(seconds, float)
+    a = np.array([[1.0, t] for t, _ in shapes]) / y[:, None]
+    coef = np.linalg.lstsq(a, np.ones_like(y), rcond=None)[0]
+    if (coef < 0).any():
+        return float(np.median(y)), 0.0
+    return float(coef[0]), float(coef[1])
 
 
 def _writers(directory: str, count: int, nbytes: int) -> list[subprocess.Popen]:
@@ -225,6 +244,10 @@ def checkpoint_lines(where: Path, quick: bool = False) -> list[str]:
             f"checkpoint_keep_tensor = {keep_tensor:.6g}    # s per tensor of a kept version's copy; least squares "
             f"(relative error) of the medians of {repeats} copies of the same tensors",
             f"checkpoint_keep_rate = {keep_rate:.6g}    # B/s = {keep_rate / 1e6:.4g} MB/s; same fit",
+            f"checkpoint_commit = {fit.commit_s:.6g}    # s per checkpoint of the controller's commit once its parts "
+            f"are in (index, rename, pruning to {KEEP_CHECKPOINTS}): least squares (relative error) of the medians of "
+            "the parts' commits above",
+            f"checkpoint_commit_tensor = {fit.commit_tensor_s:.6g}    # s per tensor the index lists; same fit",
             *disk_lines(where, *(QUICK_DISK if quick else (DISK_BYTES, DISK_ROUNDS)))]
 
 

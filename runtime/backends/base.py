@@ -224,6 +224,10 @@ class Backend(ABC):
         """Per checkpoint written so far, the seconds its slowest worker spent writing it; [] for none."""
         return []
 
+    def checkpoint_commit_seconds(self) -> list[float]:
+        """Per checkpoint written so far, the seconds the controller spent committing it once written; [] for none."""
+        return []
+
     def run_notes(self) -> list[str]:
         """Lines printed after the run: what it did that its plan does not price, its reward function's failures; []
         for nothing."""

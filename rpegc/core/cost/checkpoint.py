@@ -31,7 +31,11 @@ node. So a rank finishes at worst after its own write and the disk parts of the 
 
 (the serialisation and hashing run on each worker's core, the write-back does not: docs/calibration.md, "The disk a
 node's writers share"), and a checkpoint costs its slowest node's T_node. A profile without the disk rate
-prices the ranks of a node as independent.
+prices the ranks of a node as independent. Once every part is in, the run's controller commits the checkpoint (its
+index, an entry per tensor of every rank's files; the directory renamed into place; the oldest pruned) and dispatches
+nothing meanwhile, which the step pays too:
+
+  T_commit = t_commit + (tensors of every rank) * t_commit_tensor    ([host] checkpoint_commit, _commit_tensor)
 """
 
 from __future__ import annotations
@@ -140,6 +144,14 @@ def checkpoint_time(p: Program, hw: Hardware, every: int = 1) -> Optional[float]
     for w in rank_writes(p, every):
         nodes.setdefault(w.device // p.cluster.gpus, []).append(w)  # flat device ids: a node's gpus in a row
     return max((node_write_time(ws, hw) for ws in nodes.values()), default=0.0)
+
+
+def commit_time(p: Program, hw: Hardware, every: int = 1) -> float:
+    """Seconds the run's controller takes to commit one checkpoint of `p`'s run once its parts are in: its index (an
+    entry per tensor of every rank's files), the directory's rename into place and the pruning ([host]
+    checkpoint_commit, checkpoint_commit_tensor; 0 where the profile leaves them out). The control loop dispatches
+    nothing meanwhile, so the step it falls in takes that much longer."""
+    return hw.checkpoint_commit + hw.checkpoint_commit_tensor * sum(w.tensors for w in rank_writes(p, every))
 
 
 def checkpoint_due(boundary: int, steps: int, every: int) -> bool:

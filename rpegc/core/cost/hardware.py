@@ -10,7 +10,7 @@ A profile is a TOML file, shipped ones live in `rpegc/hardware/<name>.toml`:
     [p2p.<tier>]         alpha, beta
     [host]      optional: cores, verify_call, [host.verify] (the verifier pool's host, core/cost/host.py),
                 checkpoint_file, checkpoint_tensor, checkpoint_rate, checkpoint_disk_rate, checkpoint_keep_tensor,
-                checkpoint_keep_rate (checkpoint writes, core/cost/checkpoint.py)
+                checkpoint_keep_rate, checkpoint_commit* (checkpoint writes, core/cost/checkpoint.py)
     [overhead]  optional: per-call and per-token fixed costs of each role's operators, the control round trip per
                 node (generation_call, generation_token, inference_*, training_*, node; default 0)
     [attention] optional: head_dim and the attention kernel's seconds per row and query head of one call at 1, 2, ...
@@ -112,7 +112,10 @@ MAX_HEAD_DIM = 1024
 # second of the part of the writes a node's workers do not do in parallel (its disk takes them one after the other);
 # left out, a node's writers do not slow each other. `checkpoint_keep_tensor` and `checkpoint_keep_rate`: the fixed
 # time per tensor and the bytes per second of the copy a worker keeps of a version a later checkpoint saves (staleness
-# > 0); left out, keeps are not priced. Upper bounds: 60 s per file or tensor, 1e12 B/s.
+# > 0); left out, keeps are not priced. `checkpoint_commit` and `checkpoint_commit_tensor`: the time the run's
+# controller takes per checkpoint once its parts are in (its index, the directory's rename into place, the pruning),
+# dispatching nothing meanwhile, a fixed part and a part per tensor the index lists; left out, 0. Upper bounds: 60 s
+# per file, tensor or commit, 1e12 B/s.
 MAX_HOST_CORES = 10**6
 _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time of one verify operator, s"),
               ("verify", "seconds per response of each built-in reward function"),
@@ -124,7 +127,10 @@ _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time 
                                        "do in parallel"),
               ("checkpoint_keep_tensor", "fixed time per tensor of a version a worker keeps for a later checkpoint, s"),
               ("checkpoint_keep_rate", "bytes per second a worker copies a version it keeps for a later checkpoint "
-                                       "at"))
+                                       "at"),
+              ("checkpoint_commit", "time the run's controller takes per checkpoint once its parts are in (index, "
+                                    "rename, pruning), s"),
+              ("checkpoint_commit_tensor", "the same per tensor the checkpoint's index lists, s"))
 MAX_VERIFY_S = 60.0
 MAX_CHECKPOINT_S = 60.0
 MAX_CHECKPOINT_RATE = 1e12
@@ -133,7 +139,8 @@ _HOST_NUMBERS = (("verify_call", False, MAX_VERIFY_S), ("checkpoint_file", False
                  ("checkpoint_tensor", False, MAX_CHECKPOINT_S), ("checkpoint_rate", True, MAX_CHECKPOINT_RATE),
                  ("checkpoint_disk_rate", True, MAX_CHECKPOINT_RATE),
                  ("checkpoint_keep_tensor", False, MAX_CHECKPOINT_S),
-                 ("checkpoint_keep_rate", True, MAX_CHECKPOINT_RATE))
+                 ("checkpoint_keep_rate", True, MAX_CHECKPOINT_RATE), ("checkpoint_commit", False, MAX_CHECKPOINT_S),
+                 ("checkpoint_commit_tensor", False, MAX_CHECKPOINT_S))
 # [overhead]: what running an operator costs beyond its kernels (not in the source; core/cost/optime.py). A run of a
 # small model spends most of each operator in per-call framework work (Python, tensor set-up, sampling, the loss and
 # the optimizer's fixed part) and most of the gaps between operators in the runtime's control round trip, which the
@@ -254,6 +261,8 @@ class Hardware:
     checkpoint_disk_rate: float | None = None  # [host] checkpoint_disk_rate: B/s a node's writers share; None: none
     checkpoint_keep_tensor: float = 0.0  # [host] checkpoint_keep_tensor: s per tensor of a kept version's copy
     checkpoint_keep_rate: float | None = None  # [host] checkpoint_keep_rate: B/s of a kept version's copy; None: free
+    checkpoint_commit: float = 0.0  # [host] checkpoint_commit: s the controller takes per checkpoint once it is written
+    checkpoint_commit_tensor: float = 0.0  # [host] checkpoint_commit_tensor: the same per tensor its index lists
     overhead: Overhead = Overhead()  # [overhead]: operators' fixed costs beyond their kernels, the control round trip
     attention: AttentionTable | None = None  # [attention]: the attention kernel's time per row and head; None: FLOPs
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -80,8 +81,9 @@ class Exports:
         self.open: dict[int, _Checkpoint] = {}  # checkpoints whose parts are being written, by boundary
         self._last_id = 0
         self.checkpoints: list[str] = []
-        # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}
-        # (write_s: the slowest worker's time in its parts: gathering, serialise, write and fsync of each file)
+        # one entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s", "commit_s"}
+        # (write_s: the slowest worker's time in its parts: gathering, serialise, write and fsync of each file;
+        # commit_s: the controller's, writing the index, renaming the directory into place and pruning)
         self.io_stats: list[dict] = []
         self.final_weights: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -140,15 +142,15 @@ class Exports:
             if self.train_sent[k] >= self.trained:
                 self._seal(k + 1)
 
-    def _io_stat(self, what: str, step: int, reports: list[tuple[int, dict]]) -> None:
-        """One write's files and bytes, and its slowest worker's time in all its parts (each from its command's start
-        to its finish on the worker)."""
+    def _io_stat(self, what: str, step: int, reports: list[tuple[int, dict]], commit_s: float) -> None:
+        """One write's files and bytes, its slowest worker's time in all its parts (each from its command's start to
+        its finish on the worker) and the controller's time committing it."""
         per_rank: dict[int, float] = {}
         for r, rep in reports:
             per_rank[r] = per_rank.get(r, 0.0) + float(rep["finish"]) - float(rep["start"])
         self.io_stats.append({"what": what, "step": step, "files": len(reports),
                               "bytes": sum(int(rep["bytes"]) for _, rep in reports),
-                              "write_s": max(per_rank.values(), default=0.0)})
+                              "write_s": max(per_rank.values(), default=0.0), "commit_s": commit_s})
 
     def _open(self, step: int) -> _Checkpoint:
         """The checkpoint of boundary `step`, its pending directory made at its first part."""
@@ -205,9 +207,10 @@ class Exports:
                   "versions": {m: sorted(vs) for m, vs in sorted(cp.versions.items())},
                   "optimizer": sorted(cp.versions),
                   "metrics": {str(k): v for k, v in self.metrics.items() if k < cp.step}}
+        start = time.perf_counter()
         ckpt.commit_checkpoint(cp.pending, [rep for _, rep in cp.parts], self.run_dir or "", self.keep, **fields)
         self.checkpoints.append(cp.pending.target)
-        self._io_stat("checkpoint", cp.step, cp.parts)
+        self._io_stat("checkpoint", cp.step, cp.parts, time.perf_counter() - start)
 
     def discard_open(self) -> None:
         """Remove the checkpoints still being written once the workers are stopped: a run that failed or was
@@ -249,9 +252,10 @@ class Exports:
                       "metrics": {str(k): v for k, v in self.metrics.items()}}
 
             def write(job: ExportJob) -> None:
+                start = time.perf_counter()
                 ckpt.write_index(pending.path, ckpt.build_index(ckpt.FINAL_FORMAT, job.parts.values(), **fields))
                 pending.commit()
-                self._io_stat("final", self.plan.steps, list(job.parts.items()))
+                self._io_stat("final", self.plan.steps, list(job.parts.items()), time.perf_counter() - start)
 
             self._export(requests, pending.path, write)
             drain()

@@ -323,11 +323,14 @@ class TorchBackend(Backend):
 
     @property
     def io_stats(self) -> list[dict]:
-        """One entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s"}."""
+        """One entry per checkpoint / final-weights write: {"what", "step", "bytes", "files", "write_s", "commit_s"}."""
         return self.exports.io_stats if self.exports is not None else []
 
     def checkpoint_write_seconds(self) -> list[float]:
         return [float(s["write_s"]) for s in self.io_stats if s["what"] == "checkpoint"]
+
+    def checkpoint_commit_seconds(self) -> list[float]:
+        return [float(s["commit_s"]) for s in self.io_stats if s["what"] == "checkpoint"]
 
     # -- ending -------------------------------------------------------------------------------------------
 
