@@ -1300,7 +1300,7 @@ def summary(cal: Calibration) -> str:
         f"c_ng    {cal.c_ng:.4g} s/layer at B_cal = {cal.plan.B_cal}",
         *([f"rope    {cal.rope.forward.alpha:.4g} s + {cal.rope.forward.beta:.4g} s/element per layer call, backward "
            f"{cal.rope.backward[0]:.4g} s + {cal.rope.backward[1]:.4g} s/element"] if cal.rope else []),
-        *([f"attn    {_us(a.forward[0])}-{_us(max(a.forward))} us per row and head of a forward at 1-{len(a.forward)} "
+        *([f"attn    {_us(min(a.forward))}-{_us(max(a.forward))} us per row and head of a forward at 1-{len(a.forward)} "
            f"positions (head size {a.head_dim}), backward {_us(min(a.backward))}-{_us(max(a.backward))}, decode "
            f"{_us(min(a.decode))}-{_us(max(a.decode))}"] if (a := cal.attention) else []),
         f"coll    alpha {cal.coll_fit.alpha:.4g} s  beta {cal.coll_fit.beta:.4g} s/B  ({_fit_quality(cal.coll_fit)})",

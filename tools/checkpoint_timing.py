@@ -160,8 +160,8 @@ def measure_writes(where: Path, shapes=SHAPES, repeats: int = REPEATS) -> WriteF
         probe = CheckpointProbe(d)
         timed = [[probe.part(t, b) for _ in range(repeats)] for t, b in shapes]
     fit = fit_writes(shapes, [statistics.median(w for w, _ in parts) for parts in timed])
-    return replace(fit, **dict(zip(("commit_s", "commit_tensor_s"),
-                                   fit_commits(shapes, [statistics.median(c for _, c in parts) for parts in timed]))))
+    commit_s, commit_tensor_s = fit_commits(shapes, [statistics.median(c for _, c in parts) for parts in timed])
+    return replace(fit, commit_s=commit_s, commit_tensor_s=commit_tensor_s)
 
 
 def fit_commits(shapes, seconds) -> tuple[float, float]:

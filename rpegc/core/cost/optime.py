@@ -345,8 +345,9 @@ def op_time(
             launch = launch + ((n_fe - 2) * rope_time(arch, hw, layers_local, tp, mb, tokens)
                                + rope_time(arch, hw, layers_local, tp, mb, tokens, backward=True))
         # the attention of the same passes: every forward's (the step's and a recomputation's) and one backward
-        launch = launch + ((n_fe - 2) * layer_attention(hw.attention, arch, layers_local, tp, rows_replica, ell)
-                           + layer_attention(hw.attention, arch, layers_local, tp, rows_replica, ell, backward=True))
+        forward_attention = layer_attention(hw.attention, arch, layers_local, tp, rows_replica, ell)
+        launch = (launch + (n_fe - 2) * forward_attention
+                  + layer_attention(hw.attention, arch, layers_local, tp, rows_replica, ell, backward=True))
         dp_comm = data_parallel(N_m * s_b / (pp * tp), dp, mb, train, hw, span_tier, opts)
     else:
         raise ValueError(f"unknown role {role!r}")
