@@ -7,11 +7,14 @@ does, `--rounds` times: `rpeg-calibrate --machine` into an empty cache directory
 each, interleaved, the arithmetic one into a run directory with the demo's checkpoint cadence (`--checkpoint-every`,
 read from the Makefile: the demo's run writes them inside its steady state, and the plan does not price them). Per
 run it records the steady state's measured and predicted s/step, their ratio, what the speed
-probe said of the machine against its calibration (rpeg-run's drift note) and the verify node's measured and
-predicted time per part (its `time per node` lines); per round the profile's keys that price these runs most.
+probe said of the machine against its calibration (rpeg-run's drift note), how fast the run's cores ran against the
+speed they were priced at and the ratio at that speed (rpeg-run's speed witness line: runtime/speed_probe.py) and the
+verify node's measured and predicted time per part (its `time per node` lines); per round the profile's keys that
+price these runs most.
 
 Two spreads come out of it: run to run under one profile (the same plan, the same prices: the machine alone), and
 profile to profile across rounds (the calibration's moment). A run within 25 % of its prediction needs both small.
+The ratio at the speed the cores ran takes the first out, where the witnesses follow the operators.
 
 Writes bench/results/prediction_spread.csv (one row per run) and prediction_spread_parts.csv (one row per run and
 part: a vertex or a kind of transfer, with the share of an operator's time another core computed beside it) and
@@ -44,10 +47,13 @@ WITHIN = 0.25  # issue 36's bound on |measured / predicted - 1|
 
 STEADY = re.compile(r"steady state: measured ([0-9.e-]+) s/step, predicted ([0-9.e-]+) s/step")
 DRIFT = re.compile(r"at least ([0-9.]+)x (slower|faster)")
+WITNESS = re.compile(r"the cores ran at ([0-9.e+-]+)x the speed they were priced at; measured/predicted at that speed "
+                     r"([0-9.e+-]+)")
 PART = re.compile(r"^  (\S.*?)\s+([0-9.e+-]+) ms measured,\s+([0-9.e+-]+) ms predicted(?: \([0-9.]+x\))?"
                   r"(?:,\s+([0-9]+) % beside)?(?:, waited ([0-9.e+-]+) ms)?", re.M)
 PROFILE_KEYS = ("F_peak", "t_layer", "training_call", "generation_call", "node", "node_free", "contention", "co_busy",
-                "co_run", "transfer", "transfer_weights", "math", "speed_probe_s", "rope_call", "rope_element")
+                "co_run", "transfer", "transfer_weights", "math", "speed_probe_s", "rope_call", "rope_element",
+                "witness", "verify_witness")
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,8 @@ class Run:
     # (part, measured ms, predicted ms, % of its time beside another core's operator or None, ms its worker waited for
     # a core in it or None): rpeg-run's `time per node`
     parts: tuple[tuple[str, float, float, Optional[int], Optional[float]], ...]
+    speed: Optional[float] = None  # how fast the run's cores ran against the speed they were priced at (witnesses)
+    at_speed: Optional[float] = None  # measured / predicted at that speed
 
     def part(self, label: str) -> Optional[tuple[float, float]]:
         return next(((m, p) for name, m, p, _, _ in self.parts if name == label), None)
@@ -97,8 +105,9 @@ def profile_keys(cache: Path) -> dict[str, float]:
     (path,) = (cache / "hardware").glob("cpu-*.toml")
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     flat: dict[str, float] = {}
-    for table in (data.get("compute", {}), data.get("overhead", {}), data.get("host", {}).get("verify", {}),
-                  data.get("meta", {})):
+    host = data.get("host", {})
+    for table in (data.get("compute", {}), data.get("overhead", {}), host.get("verify", {}), data.get("meta", {}),
+                  {k: v for k, v in host.items() if k == "verify_witness"}):
         flat.update({k: v for k, v in table.items() if k in PROFILE_KEYS})
     return flat
 
@@ -111,8 +120,10 @@ def parse_run(out: str, round_: int, workload: str, repeat: int, clock: str) -> 
     drift = DRIFT.search(out)
     parts = tuple((m[1], float(m[2]), float(m[3]), None if m[4] is None else int(m[4]),
                    None if m[5] is None else float(m[5])) for m in PART.finditer(out))
+    witness = WITNESS.search(out)
     return Run(round_, workload, repeat, clock, measured, predicted, measured / predicted,
-               None if drift is None else float(drift[1]) ** (1 if drift[2] == "slower" else -1), parts)
+               None if drift is None else float(drift[1]) ** (1 if drift[2] == "slower" else -1), parts,
+               None if witness is None else float(witness[1]), None if witness is None else float(witness[2]))
 
 
 def one_round(round_: int, runs: int, arith: Path, tmp: Path, env: dict[str, str]) -> tuple[list[Run], dict]:
@@ -154,6 +165,14 @@ def summary(rows: list[Run]) -> list[str]:
                      f"{statistics.median(ratios):.2f}), {within} of {len(ratios)} within {WITHIN:.0%}; the same "
                      f"plan and profile measured up to {run_spread:.2f}x apart; predictions {predicted[0]:.3g}-"
                      f"{predicted[-1]:.3g} s/step across the rounds' profiles ({predicted[-1] / predicted[0]:.2f}x)")
+        seen = [r for r in mine if r.at_speed is not None and r.speed is not None]
+        if seen:
+            at = [r.at_speed for r in seen]
+            speeds = [r.speed for r in seen]
+            lines.append(f"{name} at the speed its cores ran: measured/predicted {min(at):.2f}-{max(at):.2f} (median "
+                         f"{statistics.median(at):.2f}), {sum(abs(x - 1.0) <= WITHIN for x in at)} of {len(at)} "
+                         f"within {WITHIN:.0%}; the cores ran at {min(speeds):.2f}-{max(speeds):.2f}x the speed they "
+                         "were priced at")
     return lines
 
 
@@ -211,6 +230,8 @@ def main() -> int:
                 drift = f", probe {r.probe_drift:.2f}x" if r.probe_drift is not None else ""
                 if r.part("verify") is not None:
                     drift += "; verify {:.3g} / {:.3g} ms".format(*r.part("verify"))
+                if r.at_speed is not None:
+                    drift += f"; cores at {r.speed:.2f}x, {r.at_speed:.2f} at that speed"
                 print(f"  {r.clock} {r.workload:6s} {1000 * r.measured_s:6.1f} / {1000 * r.predicted_s:6.1f} ms/step "
                       f"= {r.ratio:.2f}{drift}")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -285,7 +285,7 @@ def _run_main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
           f"{1000 * result.controller_s / max(1, len(result.trace.nodes)):.3g} ms per node)")
     writes = _priced_writes(plan, backend, priced)
     round_trip = priced_round_trip(plan.program, priced) if priced is not None else None
-    for line in _summary_lines(cmp, result.trace, plan, round_trip, writes):
+    for line in _summary_lines(cmp, result.trace, plan, round_trip, writes, priced):
         print(line)
     for line in _checkpoint_lines(backend, priced, writes, _oversubscribed(result.trace) is not None):
         print(line)
@@ -336,12 +336,13 @@ def check_run_outputs(args: argparse.Namespace, spec: BackendSpec) -> None:
 
 
 def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] = None,
-                   writes=None) -> list[str]:
+                   writes=None, hw=None) -> list[str]:
     """start-up, oversubscription, steady state, control overhead and makespan lines of a run
     (rpegc.runtime.report); given the control round trip the plan's profile prices before every node, a wall-clock
     run on no more workers than cores also says where its steady state's time went. `writes` (report.PricedWrites):
-    the run's checkpoint writes as priced, which the predicted steady state includes."""
-    from rpegc.runtime.report import control_overhead, steady_state
+    the run's checkpoint writes as priced, which the predicted steady state includes. `hw`: the plan's profile, whose
+    speed witnesses a compared run's are held against: how fast its cores ran."""
+    from rpegc.runtime.report import control_overhead, steady_state, witness_speed
 
     h = trace.header
     over = _oversubscribed(trace)
@@ -353,6 +354,10 @@ def _summary_lines(cmp, trace, plan: RunPlan, priced_control_s: Optional[float] 
         lines.append(over.label)
     if steady is not None:
         lines.append(_steady_line(steady, cmp.steady_abs_rel_error, compared=over is None))
+    speed = (witness_speed(trace, steady, _witnessed_nodes(plan, cmp, hw))
+             if steady is not None and over is None and hw is not None else None)
+    if speed is not None and steady.ratio is not None:
+        lines.append(_witness_line(speed, steady.ratio))
     control = control_overhead(plan.pred_ids(), trace) if h.clock == "wall" else None
     priced = priced_control_s if h.clock == "wall" and over is None and steady is not None else None
     if control is not None:
@@ -515,6 +520,38 @@ def _steady_line(steady, err: Optional[float], compared: bool = True) -> str:
     if compared and err is not None:
         text += f"; mean |node time error| {100 * err:.2f} %"
     return text
+
+
+def _witnessed_nodes(plan: RunPlan, cmp, hw) -> dict:
+    """The op nodes whose speed witnesses a run's summary counts (report.WitnessedNode): a verify vertex's of `math`
+    its pool's, held against [host] verify_witness (timed after math: after another function the pass reads
+    differently, and is not counted), every other operator's its workers' (a verifier the worker scores itself
+    among them), against [overhead] witness."""
+    from rpegc.core.cost.host import IN_WORKER
+    from rpegc.core.ir.program import VERIFY
+    from rpegc.runtime.report import WitnessedNode
+
+    nodes = {n.id: n.node for n in plan.nodes}
+    out = {}
+    for t in cmp.nodes:
+        if t.kind != "op" or t.predicted_time is None:
+            continue
+        node = nodes[t.id]
+        fn = plan.program.verifier(node.model).fn if node.role == VERIFY else None
+        if fn is None or fn in IN_WORKER:
+            out[t.id] = WitnessedNode("workers", hw.overhead.witness, t.predicted_time)
+        elif fn == "math":
+            out[t.id] = WitnessedNode("verifier pools", hw.verify_witness, t.predicted_time)
+    return out
+
+
+def _witness_line(speed, ratio: float) -> str:
+    """How fast the run's cores ran against the calibration (report.WitnessSpeed), and the steady state's
+    measured/predicted at that speed: what the prediction would have said of cores that fast."""
+    groups = "; ".join(f"{g.what} {1e3 * g.median_s:.3g} ms against {1e3 * g.calibrated_s:.3g} (median of {g.count})"
+                       for g in speed.groups)
+    return (f"speed witness ({groups}): the cores ran at {1 / speed.factor:.3g}x the speed they were priced at; "
+            f"measured/predicted at that speed {ratio / speed.factor:.4g}")
 
 
 def _makespan_line(measured: float, predicted: Optional[float], err: Optional[float], clock: str) -> str:

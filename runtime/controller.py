@@ -400,7 +400,7 @@ class _Run:
             strategy=(s.dp, s.pp, s.tp, s.mb) if s is not None else None,
             consumed=c.versions_in, produced=c.versions_out, bytes=c.bytes,
             inputs=tuple(a.label for a in n.inputs), outputs=tuple(a.label for a in n.outputs),
-            microtasks=c.microtasks, waited=c.waited,
+            microtasks=c.microtasks, waited=c.waited, witness=c.witness,
         )
         self.node_records[n.id] = rec
         self.emit(node_record(rec))

@@ -133,6 +133,64 @@ def steady_state(trace: Trace, writes: Optional[PricedWrites] = None) -> Optiona
     )
 
 
+@dataclass(frozen=True)
+class WitnessGroup:
+    """One kind of process's speed witnesses in a run's steady steps (the trace's `witness`: a worker's as it ended an
+    operator, a verifier pool process's as it ended its share; runtime/speed_probe.py) against its calibration's."""
+
+    what: str  # "workers" or "verifier pools"
+    median_s: float
+    count: int
+    calibrated_s: float  # [overhead] witness or [host] verify_witness
+    weight_s: float  # the predicted time of the nodes they ended
+
+    @property
+    def factor(self) -> float:
+        """The run's witness over the calibration's: above 1, the cores ran slower than when they were priced."""
+        return self.median_s / self.calibrated_s
+
+
+@dataclass(frozen=True)
+class WitnessSpeed:
+    """How fast the cores of a run's steady steps ran against the calibration, per kind of process."""
+
+    groups: tuple[WitnessGroup, ...]
+
+    @property
+    def factor(self) -> float:
+        """The groups' factors weighted by the predicted time of the nodes they ended: what the steady state's
+        predicted time would have been multiplied by at the speed the cores ran."""
+        total = sum(g.weight_s for g in self.groups)
+        return sum(g.factor * g.weight_s for g in self.groups) / total
+
+
+@dataclass(frozen=True)
+class WitnessedNode:
+    """A node whose witnesses count: its group, the calibration's witness of that group and its predicted time."""
+
+    group: str
+    calibrated_s: float
+    predicted_s: float
+
+
+def witness_speed(trace: Trace, steady: SteadyState, nodes: Mapping[str, WitnessedNode]) -> Optional[WitnessSpeed]:
+    """The speed witnesses of the steady state's `nodes` against their groups' calibration; None where none ran."""
+    seen: dict[str, list[float]] = {}
+    weight: dict[str, float] = {}
+    calibrated: dict[str, float] = {}
+    for r in trace.nodes.values():
+        n = nodes.get(r.id)
+        if n is None or not r.witness or not steady.first_step <= r.step <= steady.last_step or n.calibrated_s <= 0:
+            continue
+        seen.setdefault(n.group, []).extend(r.witness)
+        weight[n.group] = weight.get(n.group, 0.0) + n.predicted_s
+        calibrated[n.group] = n.calibrated_s
+    groups = tuple(WitnessGroup(g, statistics.median(v), len(v), calibrated[g], weight[g]) for g, v in seen.items())
+    if not groups or sum(g.weight_s for g in groups) <= 0:
+        return None
+    return WitnessSpeed(groups)
+
+
 def host_cores() -> int:
     """Cores this process may run on."""
     try:

@@ -58,6 +58,43 @@ def probe_seconds(repeats: int = REPEATS) -> float:
         torch.set_num_threads(threads)
 
 
+# The speed witness's shape: a few small GEMMs with a softmax, tiny kernels (dispatch) and a Python loop, ~0.1-0.3 ms.
+# Measured beside the arithmetic demo's run (docs/calibration.md, "The speed witness"), the generation's time over its
+# worker's witnesses and the math verifier's over its pool process's held within ~5 % while both moved 1.0-1.5x with
+# the machine's moment. The pass is not warmed first: right after other work it runs 1.3-3x a warmed pass (caches and
+# predictors the work left cold), which differs between a worker's operators and a pool's reward function, so each is
+# held against its own calibration (`[overhead] witness`, `[host] verify_witness`); a warmed pass no longer saw the
+# runs' slower moments (three runs 1.08-1.31x their prediction, their warmed witnesses within 1 %).
+WITNESS_GEMMS, WITNESS_KERNELS, WITNESS_LOOP = 2, 20, 1000
+
+
+def witness_seconds() -> float:
+    """The seconds of CPU time this thread takes for a fixed mix of what the backend's small operators and a reward
+    function spend their time on, inputs included: what a CPU worker runs as it ends each operator, and a verifier
+    pool's process as it ends its share, so that a run can say how fast its cores ran against the calibration's
+    witnesses. The thread's CPU time, not the wall clock: a core the run's own threads take for a moment is the
+    contention the cost model prices, not the machine's speed. On one thread, as a worker's operators run: torch's
+    other threads would spin for a core another process keeps busy."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.thread_time()
+        a, w, x = torch.full((32, 128), 0.5), torch.full((128, 128), 0.01), torch.zeros(16)
+        for _ in range(WITNESS_GEMMS):
+            (a @ w).softmax(-1)
+        for _ in range(WITNESS_KERNELS):
+            x.add_(1.0)
+        total = 0
+        for i in range(WITNESS_LOOP):
+            total += i % 7
+        return time.thread_time() - start
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
+
+
 def spaced_probe_seconds(runs: int = 3, gap_s: float = 0.25,
                          probe: Callable[[], float] = probe_seconds) -> float:
     """The fastest of `runs` probes `gap_s` apart, in this process: what rpeg-run holds against the calibration's

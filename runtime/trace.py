@@ -18,7 +18,8 @@ Record types, in file order:
      "consumed": {model: version}, "produced": {model: version}, "bytes": int,
      "inputs": [label], "outputs": [label],                              // in completion order
      "microtasks": [[rank, stage, "F" | "B", microbatch, start, finish]], // optional: a fused member's, per rank
-     "waited": float}  // optional: s the node's worker thread waited for a core while it ran (its ranks' most)
+     "waited": float,  // optional: s the node's worker thread waited for a core while it ran (its ranks' most)
+     "witness": [float]}  // optional: s of CPU time of each speed witness its workers and pool processes ran
     {"type": "release", "artifact": label, "time": float, "after": node id | null}
     {"type": "step", "step": int, "finish": float, "predicted_finish": float | null, "nodes": int}
     {"type": "summary", "steps": int, "nodes": int, "makespan": float,
@@ -83,6 +84,9 @@ class NodeRecord:
     # s its worker thread was runnable but waited for a core while it ran (the most of its ranks'; None: not measured,
     # a simulated run, a fused member or a host without per-thread scheduler statistics)
     waited: Optional[float] = None
+    # s of CPU time of each speed witness (runtime/speed_probe.witness_seconds) its ranks ran as they ended it, or a
+    # verifier pool's processes as they ended their shares: how fast their cores ran (empty: none ran)
+    witness: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,7 @@ def node_record(r: NodeRecord) -> dict:
         "inputs": list(r.inputs), "outputs": list(r.outputs),
         **({"microtasks": [list(t) for t in r.microtasks]} if r.microtasks else {}),
         **({"waited": r.waited} if r.waited is not None else {}),
+        **({"witness": list(r.witness)} if r.witness else {}),
     }
 
 
@@ -255,7 +260,8 @@ FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "install": (("type", "artifact", "time"), ()),
     "release": (("type", "artifact", "time"), ("after",)),
     "node": (("type", "id", "kind", "step", "dispatch", "start", "finish", "devices", "workers", "consumed",
-              "produced", "bytes"), ("strategy", "inputs", "outputs", "microtasks", "waited")),
+              "produced", "bytes"), ("strategy", "inputs", "outputs", "microtasks", "waited",
+                                    "witness")),
     "step": (("type", "step", "finish", "nodes"), ("predicted_finish",)),
     "summary": (("type", "steps", "nodes", "makespan"), ("predicted_makespan", "wall_s", "peak_memory")),
 }
@@ -377,6 +383,14 @@ class _Rec:
 
     number = time
 
+    def times(self, key: str) -> tuple[float, ...]:
+        """An optional list of finite, non-negative numbers (empty where left out)."""
+        v = self.raw.get(key, [])
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+                                          or x < 0 for x in v):
+            raise self.error(f"'{key}' must be a list of finite numbers >= 0", key)
+        return tuple(float(x) for x in v)
+
     def ints(self, key: str, minimum: int = 0) -> tuple[int, ...]:
         v = self.get(key)
         if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < minimum for x in v):
@@ -437,7 +451,7 @@ def _read_node(r: _Rec) -> NodeRecord:
         strategy=strategy,
         consumed=r.versions("consumed"), produced=r.versions("produced"), bytes=r.integer("bytes"),
         inputs=r.strs("inputs"), outputs=r.strs("outputs"), line=r.line, microtasks=_read_microtasks(r),
-        waited=r.time("waited") if r.raw.get("waited") is not None else None,
+        waited=r.time("waited") if r.raw.get("waited") is not None else None, witness=r.times("witness"),
     )
 
 

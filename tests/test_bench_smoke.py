@@ -148,20 +148,26 @@ def test_prediction_spread_reads_the_demos_pipelines_and_rpeg_runs_summary(tmp_p
            "  gen        12.4 ms measured,     11.5 ms predicted (1.07x), 100 % beside, waited 0.85 ms\n"
            "  transfer   0.4 ms measured,     1.2 ms predicted (0.33x)\n"
            "  verify     49.7 ms measured,     39.5 ms predicted (1.26x),  82 % beside\n"
-           "note: this machine ran the speed probe at least 1.30x slower before and after the run than ...\n")
+           "note: this machine ran the speed probe at least 1.30x slower before and after the run than ...\n"
+           "speed witness (workers 0.3 ms against 0.25 (median of 177)): the cores ran at 0.8x the speed they were "
+           "priced at; measured/predicted at that speed 1.107\n")
     run = spread.parse_run(out, 0, "arith", 1, "14:00:00")
     assert (run.measured_s, run.predicted_s, run.probe_drift) == (0.0583, 0.0421, 1.30)
+    assert (run.speed, run.at_speed) == (0.8, 1.107)
     assert run.parts == (("gen", 12.4, 11.5, 100, 0.85), ("transfer", 0.4, 1.2, None, None),
                          ("verify", 49.7, 39.5, 82, None))
     assert run.part("verify") == (49.7, 39.5)
     faster = spread.parse_run(out.replace("1.30x slower", "1.25x faster"), 0, "arith", 1, "14:00:00")
     assert abs(faster.probe_drift - 0.8) < 1e-12
     rows = [run, spread.Run(1, "arith", 0, "14:01:00", 0.05, 0.0421, 0.05 / 0.0421, None, ())]
-    (line,) = spread.summary(rows)
+    line, at_speed = spread.summary(rows)
     assert line.startswith("arith: measured/predicted 1.19-1.38 (median 1.29), 1 of 2 within 25%")
+    assert at_speed == ("arith at the speed its cores ran: measured/predicted 1.11-1.11 (median 1.11), 1 of 1 within "
+                        "25%; the cores ran at 0.80-0.80x the speed they were priced at")
     spread.write_csvs(rows, [{"math": 6e-4, "calibration_s": 30.0}] * 2, tmp_path)
     table = list(csv.DictReader((tmp_path / "prediction_spread.csv").read_text().splitlines()))
     assert [row["verify_measured_ms"] for row in table] == ["49.7", ""] and table[0]["math"] == "0.0006"
+    assert [row["at_speed"] for row in table] == ["1.107", ""]
     parts = list(csv.DictReader((tmp_path / "prediction_spread_parts.csv").read_text().splitlines()))
     assert [(p["part"], p["ratio"], p["beside_pct"]) for p in parts] == [("gen", "1.0783", "100"),
                                                                           ("transfer", "0.3333", ""),

@@ -264,3 +264,18 @@ def test_the_rope_and_recompute_keys_are_read_and_checked(tmp_path):
     bad = GOOD + "\n[overhead]\nrecompute_token = -1\n"
     err = error_of(write(tmp_path, bad))
     assert "key 'overhead.recompute_token' = -1.0 is outside the allowed range" in err.message
+
+
+def test_the_speed_witnesses_are_optional_times(tmp_path):
+    """[overhead] witness (a worker's, per operator) and [host] verify_witness (a pool process's), in seconds; left out,
+    0 (no witness runs); a negative one is a located error."""
+    assert "\n[host]\n" in GOOD and "[overhead]" not in GOOD
+    hw = load_hardware(str(write(tmp_path, GOOD.replace("\n[host]\n", "\n[host]\nverify_witness = 3e-4\n")
+                                 + "\n[overhead]\nwitness = 2e-4\n")))
+    assert (hw.overhead.witness, hw.verify_witness) == (2e-4, 3e-4)
+    plain = load_hardware(str(write(tmp_path, GOOD)))
+    assert (plain.overhead.witness, plain.verify_witness) == (0.0, 0.0)
+    text = GOOD + "\n[overhead]\nwitness = -1e-4\n"
+    err = error_of(write(tmp_path, text))
+    assert "key 'overhead.witness' = -0.0001 is outside the allowed range" in err.message
+    assert err.loc.line == line_of(text, "witness = -1e-4")

@@ -3,6 +3,7 @@ ceil(rows / P) t_resp (core/cost/host.py), scheduled on the pool's own resource 
 work; a pool's processes beyond the host cores the devices leave share a device's core and hold that device while
 they run; read and written by the text form; checked by verify-wellformed and the plan rules with located errors."""
 
+import dataclasses
 import math
 import re
 
@@ -10,7 +11,7 @@ import pytest
 
 from rpegc.core.check.wellformed import check_program
 from rpegc.core.cost.hardware import load_hardware
-from rpegc.core.cost.host import check_pools, per_response, pool_cores, verify_time
+from rpegc.core.cost.host import check_pools, per_response, pool_cores, verify_node_time, verify_time, verify_witness
 from rpegc.core.ir.geometry import Cluster
 from rpegc.core.ir.errors import RpegError
 from rpegc.syntax.parser import parse
@@ -48,6 +49,25 @@ def test_a_verify_node_costs_t_call_plus_its_share_of_the_rows(tmp_path, hardwar
     assert node.alloc is None and node.pool == pool
     assert verify_time(64, 3, 0.5, 0.1) == 0.1 + 22 * 0.5
 
+
+
+def test_a_verify_node_pays_the_speed_witness_that_ends_it_where_the_runs_have_witnesses(tmp_path):
+    """[host] verify_witness: each pool process ends its share with the speed witness, all at once, so a verify node
+    pays one; a verifier the worker scores itself (the toy rule) pays the worker's ([overhead] witness); none where
+    the profile's runs have no witnesses (runtime/speed_probe.py)."""
+    plan = compile_plan(tmp_path, "v.rpeg", steps=1, text=stated(0.002, pool=2))
+    node = plan.node("score#0").node
+    hw = load_hardware("cpu-reference")
+    witnessed = dataclasses.replace(hw, verify_witness=4e-4, overhead=dataclasses.replace(hw.overhead, witness=2e-4))
+    unwitnessed = dataclasses.replace(witnessed, overhead=hw.overhead)
+    base = verify_node_time(plan.program, node.model, 2, hw)
+    verifier = plan.program.verifier(node.model)
+    assert verify_node_time(plan.program, node.model, 2, witnessed) - base == pytest.approx(
+        verify_witness(verifier, witnessed), rel=1e-9)
+    assert verify_node_time(plan.program, node.model, 2, unwitnessed) == base
+    assert verify_witness(dataclasses.replace(verifier, fn="math"), witnessed) == 4e-4
+    assert verify_witness(dataclasses.replace(verifier, fn="rule"), witnessed) == 2e-4
+    assert verify_witness(dataclasses.replace(verifier, fn="math"), unwitnessed) == 0.0
 
 def test_the_pool_runs_beside_the_devices_and_counts_no_device_time(tmp_path):
     plan = compile_plan(tmp_path, "v.rpeg", steps=2, text=stated(0.002))

@@ -48,6 +48,8 @@ def test_the_first_use_calibrates_this_machine_and_caches_it(this_machine, monke
 
     two = min(8, device_count("gloo")) >= 2  # forwards alone against every worker busy: two workers or more
     assert ("co_run = " in this_machine.read_text()) == two and hw.overhead.co_run >= 0
+    # the speed witness a run's workers and pool processes end their work with, and the speeds they are held against
+    assert 0 < hw.overhead.witness < 0.1 and 0 < hw.verify_witness < 0.1
     assert "calibrating this machine's CPU profile" in capsys.readouterr().err
     assert load_hardware("cpu") == hw  # the second use reads the cache
 

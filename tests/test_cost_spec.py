@@ -693,3 +693,14 @@ def test_a_recomputed_forward_pays_its_own_fixed_costs():
     for recompute in ("interval", "full"):
         assert priced(recompute, hw) - priced(recompute, HW) == approx(mb * call + rows * 639 * token)
     assert priced("none", hw) == priced("none", HW)
+
+
+def test_the_speed_witness_is_priced_once_per_operator():
+    """[overhead] witness (runtime/speed_probe.py): a CPU worker ends every operator with the speed witness, one call
+    whatever the microbatches, rows or role; 0 where the profile leaves it out (the spec's model)."""
+    hw = Hardware.from_dict({**HW_DICT, "overhead": {"witness": 2.5e-4}})
+    for role, kind in (("generation", "policy"), ("inference", "reference"), ("training", "policy")):
+        base = op_time(role, ARCH, kind, WL, **PLAN, gpus_per_node=8, hw=HW)
+        witnessed = op_time(role, ARCH, kind, WL, **PLAN, gpus_per_node=8, hw=hw)
+        assert witnessed.T_op - base.T_op == approx(2.5e-4)
+    assert HW.overhead.witness == 0.0

@@ -105,6 +105,21 @@ def test_the_overhead_table_loads_into_a_profile():
     assert (oh.node_free is not None, "node_free = " in text, "contention = " in text) == (two, two, two)
     assert oh.contention >= 0 and (oh.node_free is None or oh.node_free > 0)
     assert ("co_busy = " in text) == (host_cores() >= 2) and oh.co_busy >= 0  # the pair and one alone: 2 cores or more
+    # the speed witness after each of the grid's operators (validate._OpRuns), the fastest round's median
+    assert 0 < oh.witness < 0.1 and re.search(r"witness = [0-9.e+-]+    # s per operator: .* after each of the "
+                                              r"grid's \d+ operators, the fastest round's median", text)
+
+
+def test_the_witness_is_the_fastest_rounds_median_where_the_operators_keep_their_fastest_repeat():
+    """The rounds' witnesses describe the speed the operators' prices were taken at: the fastest round's where they
+    keep their fastest repeat, the median round's where they keep the median."""
+    rounds = ((3e-4, 5e-4, 4e-4), (2e-4, 9e-4, 2.5e-4), (6e-4, 6e-4, 7e-4))  # medians 4e-4, 2.5e-4, 6e-4
+    fits = overhead_timing.OperatorFits((), 1.0, 0, "min", rounds)
+    assert fits.witness_s == 2.5e-4 and replace(fits, statistic="median").witness_s == 4e-4
+    assert replace(fits, witness=()).witness_s == 0.0
+    line, = overhead_timing.witness_lines(fits)
+    assert line.startswith("witness = 0.00025    # s per operator") and "the rounds' medians 0.4, 0.25, 0.6 ms" in line
+    assert overhead_timing.witness_lines(replace(fits, witness=())) == []
 
 
 def test_the_grid_trains_without_recomputation_and_times_the_recompute_shapes_recomputing_apart():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from types import SimpleNamespace
 
@@ -316,3 +317,36 @@ def test_a_priced_wall_clock_summary_says_where_the_steady_state_went():
     over = _summary_lines(comparison(), synthetic({"local_workers": 8, "host_cores": 2}), ChainPlan(), 0.25)
     assert not any(line.startswith("time per node") for line in over)  # oversubscribed: measured numbers only
     assert cli._priced_profile(ChainPlan(), SimpleNamespace(clock="wall")) is None  # no cluster prices it
+
+
+def witnessed(seconds) -> dict:
+    """NODES, each with one speed witness of `seconds` (steps 0, 1, 2)."""
+    return {i: dataclasses.replace(r, witness=(s,)) for (i, r), s in zip(NODES.items(), seconds)}
+
+
+def test_the_speed_witness_line_says_how_fast_the_cores_ran_and_the_ratio_at_that_speed():
+    """The steady steps' witnesses (step 0's left out) against the profile's ([overhead] witness): their median
+    4e-4 s against 2e-4 is cores at half the speed they were priced at, and the steady state's 3x is 1.5x at it."""
+    hw = SimpleNamespace(overhead=SimpleNamespace(witness=2e-4), verify_witness=0.0)
+    lines = _summary_lines(comparison(), synthetic({"local_workers": 2, "host_cores": 2}, nodes=witnessed(
+        (9e-3, 3e-4, 5e-4))), ChainPlan(), hw=hw)
+    assert ("speed witness (workers 0.4 ms against 0.2 (median of 2)): the cores ran at 0.5x the speed they were "
+            "priced at; measured/predicted at that speed 1.5") in lines
+    plain = _summary_lines(comparison(), synthetic({"local_workers": 2, "host_cores": 2}), ChainPlan(), hw=hw)
+    over = _summary_lines(comparison(), synthetic({"local_workers": 8, "host_cores": 2}, nodes=witnessed(
+        (9e-3, 3e-4, 5e-4))), ChainPlan(), hw=hw)
+    assert not any(line.startswith("speed witness") for line in plain + over)  # none ran; not compared
+
+
+def test_the_speed_witness_weighs_each_kind_of_process_by_the_predicted_time_of_its_nodes():
+    """A workers' group at 2x its calibration over 1 s of predicted nodes and a verifier pools' group at 1x over 3 s:
+    the steady state's prediction at the speed the cores ran is 1.25x."""
+    steady = steady_state(synthetic())
+    assert steady is not None
+    nodes = {"a#1": report.WitnessedNode("workers", 2e-4, 1.0),
+             "a#2": report.WitnessedNode("verifier pools", 5e-4, 3.0)}
+    speed = report.witness_speed(synthetic(nodes=witnessed((1.0, 4e-4, 5e-4))), steady, nodes)
+    assert speed is not None and [(g.what, g.count, g.factor) for g in speed.groups] == [
+        ("workers", 1, pytest.approx(2.0)), ("verifier pools", 1, pytest.approx(1.0))]
+    assert speed.factor == pytest.approx((2.0 * 1.0 + 1.0 * 3.0) / 4.0)
+    assert report.witness_speed(synthetic(), steady, nodes) is None  # no witness ran

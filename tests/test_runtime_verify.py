@@ -74,6 +74,21 @@ def test_a_nodes_wait_for_a_core_is_written_where_measured_and_read_back(ran, tm
     assert {n.waited for k, n in again.nodes.items() if k != first} == {None}
 
 
+def test_a_nodes_speed_witnesses_are_written_where_they_ran_and_read_back(ran, tmp_path):
+    """A CPU run's workers and pool processes end their operators with the speed witness (trace `witness`, seconds
+    each); a simulated run runs none and writes no field."""
+    plan, records = ran
+    assert not any("witness" in r for r in records)
+    trace = trace_from_records(list(enumerate(records, start=1)))
+    first = next(iter(trace.nodes))
+    trace.nodes[first] = replace(trace.nodes[first], witness=(2.5e-4, 3e-4))
+    path = tmp_path / "t.jsonl"
+    write_trace(trace, str(path))
+    again = read_trace(str(path))
+    assert again.nodes[first].witness == (2.5e-4, 3e-4) and verify(plan, again) == []
+    assert {n.witness for k, n in again.nodes.items() if k != first} == {()}
+
+
 def test_swapped_version_is_rejected(ran):
     plan, records = ran
     # tau(actor) = 1: gen at step 2 reads v1. Claim it read v2.
@@ -242,6 +257,8 @@ def _set(key, value):
     ("start", "-1", r"'start' must be a finite number >= 0, got -1"),
     ("waited", "-0.5", r"'waited' must be a finite number >= 0, got -0.5"),
     ("waited", '"long"', r"'waited' must be a finite number >= 0"),
+    ("witness", "[0.1,-2]", r"'witness' must be a list of finite numbers >= 0"),
+    ("witness", "0.5", r"'witness' must be a list of finite numbers >= 0"),
     ("bytes", "-1", r"'bytes' must be an integer >= 0, got -1"),
     ("finish", "0", r"finish 0\.0 is before start"),
     ("step", "true", r"'step' must be an integer >= 0, got true"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rpegc.core.cost.hardware import load_hardware
-from rpegc.runtime.speed_probe import TOLERANCE, drift_note, probe_seconds, spaced_probe_seconds
+from rpegc.runtime.speed_probe import TOLERANCE, drift_note, probe_seconds, spaced_probe_seconds, witness_seconds
 
 REFERENCE = "rpegc/hardware/cpu-reference.toml"
 
@@ -16,6 +16,20 @@ def test_the_probe_takes_milliseconds_on_one_thread_and_gives_the_threads_back()
     threads = torch.get_num_threads()
     s = probe_seconds(repeats=3)
     assert 0 < s < 5 and torch.get_num_threads() == threads
+
+
+def test_the_witness_takes_a_fraction_of_a_millisecond_on_one_thread_and_gives_the_threads_back():
+    """The speed witness (what a CPU worker ends every operator with) takes a fraction of a millisecond and leaves
+    torch's threads as they were."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = [witness_seconds() for _ in range(5)]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert all(0 < s < 0.5 for s in seen)
 
 
 def test_rpeg_run_keeps_the_fastest_of_three_spaced_probes_as_the_calibration_does():

@@ -38,7 +38,7 @@ def test_a_pool_of_processes_scores_as_the_function_does_in_order():
         scored = pool.score_texts(texts, examples, [0, 1, 2, 3])
     finally:
         pool.close()
-    assert scored.scores == [1.0, 0.0, 1.0, 1.0]
+    assert scored.scores == [1.0, 0.0, 1.0, 1.0] and scored.witness == []  # a run without witnesses
 
 
 def test_the_plans_verifier_is_the_reward_and_another_reward_is_refused():
@@ -61,6 +61,46 @@ def test_a_verify_vertex_trains_on_the_pools_rewards_and_the_trace_verifies(tmp_
     assert all(r.inputs == (f"data %Y#{r.step} @pool",) for r in scored)
     rewards = [m["reward"] for m in (backend.step_metrics(k) for k in range(3))]
     assert all(0.0 <= r <= 1.0 for r in rewards) and len(set(rewards)) > 1
+    assert not any(r.witness for r in result.trace.nodes.values())  # the profile prices no speed witness
+
+
+def witnessed_profile(tmp_path) -> str:
+    """The reference profile with the speed witness priced ([overhead] witness, [host] verify_witness)."""
+    from rpegc.core.cost.hardware import load_hardware
+
+    text = open(load_hardware("cpu-reference").source).read()
+    assert "[overhead]" not in text and "\n[host]\n" in text
+    path = tmp_path / "witnessed.toml"
+    path.write_text(text.replace("\n[host]\n", "\n[host]\nverify_witness = 3e-4\n") + "\n[overhead]\nwitness = 2e-4\n")
+    return str(path)
+
+
+def test_every_operator_ends_with_the_speed_witness_where_the_profile_prices_it(tmp_path):
+    """The workers end each operator with the speed witness (runtime/speed_probe.py), the toy rule's verify operator
+    among them (its worker scores the rows itself): one per node of one rank, none in a transfer; the plan prices
+    them ([overhead] witness). A reward function's pool ends each share with it instead (the next test)."""
+    from rpegc.runtime.backends.torch.controller.backend import runs_witness
+
+    text = SOURCE.replace('hardware = "cpu"', f'hardware = "{witnessed_profile(tmp_path)}"')
+    plan = compile_plan(tmp_path, "v.rpeg", steps=3, text=text)
+    assert runs_witness(plan.program, "gloo") and not runs_witness(plan.program, "nccl")
+    _, result = run_torch(plan)  # run_torch verifies the trace
+    ops = [r for r in result.trace.nodes.values() if r.kind == "op"]
+    assert any(r.id.startswith("score#") for r in ops) and {len(r.witness) for r in ops} == {1}
+    assert all(0 < r.witness[0] < 0.5 for r in ops)
+    assert not any(r.witness for r in result.trace.nodes.values() if r.kind != "op")  # transfers run none
+
+
+def test_a_pools_processes_end_their_shares_with_the_speed_witness():
+    texts = [" 4", "5", "x", "7 "]
+    examples = [Example("4"), Example("4"), Example("x"), Example("7")]
+    pool = VerifierPool("exact_match", 2, witness=True)
+    try:
+        scored = pool.score_texts(texts, examples, [0, 1, 2, 3])
+    finally:
+        pool.close()
+    assert scored.scores == [1.0, 0.0, 1.0, 1.0]
+    assert len(scored.witness) == 2 and all(0 < s < 0.5 for s in scored.witness)  # one per process
 
 
 def test_a_reward_function_in_a_reward_models_place_is_named_as_unpriced():

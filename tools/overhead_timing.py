@@ -151,6 +151,18 @@ class OperatorFits:
     kernel_scale: float  # 1.0 where nothing was checked
     checked: int  # forwards timed again
     statistic: str  # of each operator's repeats: the campaign's (median where nothing was checked)
+    # per round of the grid, s of the speed witness after each of its operators (validate._OpRuns)
+    witness: tuple[tuple[float, ...], ...] = ()
+
+    @property
+    def witness_s(self) -> float:
+        """The [overhead] witness, what a run's operator pays for its witness and what a run's workers' witnesses are
+        held against: the median of the fastest round's, as the operators keep their fastest repeat where the campaign
+        does (the median round's where it keeps the median; 0.0 where none ran): the speed their prices describe."""
+        rounds = sorted(float(np.median(r)) for r in self.witness if r)
+        if not rounds:
+            return 0.0
+        return rounds[0] if self.statistic == "min" else rounds[(len(rounds) - 1) // 2]
 
 
 def moved_forward_terms(F_peak: float, t_layer: float, scale: float) -> tuple[float, float]:
@@ -183,13 +195,14 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
 
     cases = grid_cases(plan)
     now: list[list[float]] = [[] for _ in (check.forwards if check else ())]
+    witness: list[tuple[float, ...]] = []
 
-    def time_kernels(pool) -> None:
-        for samples, (case, _) in zip(now, check.forwards):
+    def after_round(pool) -> None:
+        witness.append(tuple(pool.run(validate.take_witness)[0]))
+        for samples, (case, _) in zip(now, check.forwards if check else ()):
             samples += pool.run(check.time_forward, case, check.dtype, 0.0, check.repeats, 1)[0]
 
-    measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet,
-                                after_round=time_kernels if check else None)
+    measured = validate.measure(cases, 1, repeats=plan.repeats, warmup=WARMUP, quiet=quiet, after_round=after_round)
     scale = kernel_scale(now, [t for _, t in check.forwards], check.statistic) if check else 1.0
     statistic = check.statistic if check else "median"
     bare = replace(moved_kernels(hw, scale), overhead=Overhead())
@@ -205,7 +218,7 @@ def operator_overheads(hw: Hardware, plan: OverheadPlan = FULL, quiet: bool = Tr
     base = [validate.predict(c, bare, opts, 1).T_op + train.call * c.mb + train.token * tokens(c, opts)
             for c, _ in picked]
     fits["recompute"] = _fit("recompute", picked, base, opts)
-    return OperatorFits(tuple(fits[name] for name in FITS), scale, len(now), statistic)
+    return OperatorFits(tuple(fits[name] for name in FITS), scale, len(now), statistic, tuple(witness))
 
 
 def grid_cases(plan: OverheadPlan) -> list:
@@ -444,8 +457,21 @@ def overhead_table(hw: Hardware, hw_text: str, plan: OverheadPlan = FULL, quiet:
                   f"{f.points} training operators recomputing (interval) less their kernels and the training terms, "
                   f"MAPE {f.mape_before:.1%} without it, {f.mape_after:.1%} with it",
                   f"recompute_token = {f.token:.6g}    # s per token a row runs; same fit"]
-    return OverheadTable("\n".join(lines + control_lines(runs, plan.steps) + co_run_lines(check) + [""]),
-                         operators.kernel_scale)
+    return OverheadTable("\n".join(lines + control_lines(runs, plan.steps) + co_run_lines(check)
+                                   + witness_lines(operators) + [""]), operators.kernel_scale)
+
+
+def witness_lines(operators: OperatorFits) -> list[str]:
+    """The `witness` key: the speed witness after the grid's operators (`OperatorFits.witness_s`; none where none
+    ran)."""
+    if not operators.witness:
+        return []
+    how = ("the fastest round's median (the operators keep their fastest repeat)" if operators.statistic == "min"
+           else "the median round's median")
+    rounds = ", ".join(f"{1e3 * float(np.median(r)):.3g}" for r in operators.witness if r)
+    return [f"witness = {operators.witness_s:.6g}    # s per operator: the speed witness (runtime/speed_probe.py) a "
+            f"run's workers end every operator with and are held against, timed after each of the grid's "
+            f"{sum(map(len, operators.witness))} operators, {how}; the rounds' medians {rounds} ms"]
 
 
 def co_run_lines(check: Optional[KernelCheck]) -> list[str]:

@@ -45,6 +45,7 @@ from rpegc.core.ir.presets import lookup
 from rpegc.core.ir.program import ARCH_FLAGS, ARCH_SIZES, Arch, Workload
 from rpegc.core.ir.training import FIELDS as TRAIN_FIELDS, TrainSpec, Training
 from rpegc.outputs import Output, OutputError, PendingOutput, check_outputs, write_text
+from rpegc.runtime.speed_probe import witness_seconds
 from rpegc.tools.measure import Progress, WorkerPool, default_backend, device_count, mape
 from rpegc.version import PrintVersion
 
@@ -316,8 +317,10 @@ class Prediction:
 
 
 def predict(case: Case, hw: Hardware, opts: CostOptions, gpus_per_node: int) -> Prediction:
-    """T_op of spec 3 and the isolated operator's per-device memory peak of spec 6 (all devices on one node)."""
+    """T_op of spec 3 and the isolated operator's per-device memory peak of spec 6 (all devices on one node), without
+    the speed witness a run's operator ends with: the harness times its operators without it (`_OpRuns`)."""
     wl = case.workload
+    hw = replace(hw, overhead=replace(hw.overhead, witness=0.0))
     t = op_time(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
                 gpus_per_node=gpus_per_node, hw=hw, opts=opts, train=case.training, rope=case.positions == "rope")
     mem = op_memory(case.role, case.arch, case.kind, wl, dp=case.dp, pp=case.pp, tp=case.tp, mb=case.mb,
@@ -468,6 +471,9 @@ def _measure_case(ctx, case: Case, repeats: int, warmup: int, seed: int, tp_impl
     return samples[warmup:], peak
 
 
+WITNESS = "witness"  # a worker's ctx.state key: the speed witnesses it ran after its operators
+
+
 class _OpRuns:
     """Repeated runs of one operator on this rank. A training operator runs as a run's consecutive steps do: each
     trains the version the one before published, as its last reader (it takes that copy over, as the plan lets it),
@@ -478,17 +484,25 @@ class _OpRuns:
         self.cmd = _op_command(worker, case, layout, ctx.rank, seed)
 
     def run(self) -> float:
-        """Seconds of one run, from a barrier of the operator's devices."""
+        """Seconds of one run, from a barrier of the operator's devices; after it, outside the time, the speed
+        witness a run's worker ends an operator with, kept for the calibration (`take_witness`)."""
         self.ctx.barrier(self.layout.ranks)
         t0 = time.perf_counter()
         self.worker.execute(self.cmd)
         self.ctx.sync()
         seconds = time.perf_counter() - t0
+        self.ctx.state.setdefault(WITNESS, []).append(witness_seconds())
         if self.cmd.role == "training":
             base, version = self.cmd.output.rsplit("@", 1)[0], self.cmd.version_out
             self.cmd = replace(self.cmd, weights=self.cmd.output, output=f"{base}@{version + 1}",
                                version_out=version + 1)
         return seconds
+
+
+def take_witness(ctx) -> list[float]:
+    """The speed witnesses this rank ran after its operators (`_OpRuns.run`) since the last call; runs in the pool's
+    processes (tools/overhead_timing.py takes them after every round of its grid)."""
+    return ctx.state.pop(WITNESS, [])
 
 
 def _drop_workers(ctx) -> None:

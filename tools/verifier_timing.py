@@ -11,10 +11,10 @@
 - `measure_host(where, scorers)`: the `[host]` table `rpeg-calibrate --machine` writes (`HostTable.text`): the host's
   cores, t_call, t_resp of the built-in functions over `samples()`, responses shaped as the arithmetic demo's (GSM8K's
   `#### n` answers), and the checkpoint writes' terms (tools/checkpoint_timing.py, timed under `where`). The built-ins
-  are timed in windows at several moments of the calibration by one set of processes (`BusyScorers`), and the
-  windows' median is kept: the machine's typical speed over the calibration, which one slow window does not move (one
-  window a slow minute covers whole priced the arithmetic demo's verifier 1.6x its runs). `host_text(where)` is the
-  table with one window.
+  are timed in windows at several moments of the calibration by one set of processes (`BusyScorers`), each window
+  moved to the fastest window's speed by the speed witness after its batches (runtime/speed_probe.py), and the
+  windows' median is kept, which one slow window does not move (one window a slow minute covers whole priced the
+  arithmetic demo's verifier 1.6x its runs). `host_text(where)` is the table with one window.
 - `rpeg-calibrate --verifier SPEC --data FILE` measures a user's function over a dataset's ground truths taken as
   responses (`measure_dataset`): what a verifier costs on answers of the right form, before any training.
 """
@@ -58,36 +58,55 @@ def samples(n: int = 64) -> tuple[list[str], list[TextExample]]:
 
 def per_response(spec: str, texts: Sequence[str], examples: Sequence[Any], repeats: int = REPEATS) -> float:
     """t_resp of the reward function `spec` over `texts` (seconds per call, median of `repeats` batches)."""
+    return _batches(spec, texts, examples, repeats, witnessed=False)[0]
+
+
+def witnessed_per_response(spec: str, texts: Sequence[str], examples: Sequence[Any],
+                           repeats: int = REPEATS) -> tuple[float, float]:
+    """`per_response`, and the median of the speed witness (runtime/speed_probe.py) after each batch, as a run's pool
+    process ends its share of a verify operator with it: how fast this core ran meanwhile."""
+    t_resp, seen = _batches(spec, texts, examples, repeats, witnessed=True)
+    assert seen is not None
+    return t_resp, seen
+
+
+def _batches(spec: str, texts: Sequence[str], examples: Sequence[Any], repeats: int,
+             witnessed: bool) -> tuple[float, Optional[float]]:
     from rpegc.runtime.backends.torch.rl.rewards import load_reward, score_texts
+    from rpegc.runtime.speed_probe import witness_seconds
 
     fn = load_reward(spec)
     rows = list(range(len(texts)))
     score_texts(fn, texts[:1], examples[:1], rows[:1])  # warm-up: imports, caches
-    times = []
+    times, seen = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         score_texts(fn, texts, examples, rows)
         times.append((time.perf_counter() - t0) / len(texts))
-    return statistics.median(times)
+        if witnessed:
+            seen.append(witness_seconds())
+    return statistics.median(times), statistics.median(seen) if seen else None
 
 
 def _scorer(specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any], start: Any, requests: Any,
             results: Any) -> None:
     """One core's process of `BusyScorers`: load and warm each function, then per request (a window's batch count;
-    None ends it) time each function's batches, the others' processes starting at the same moment."""
+    None ends it) time each function's batches and the witness after each, the others' processes starting at the same
+    moment."""
     for spec in specs:
         per_response(spec, texts[:1], examples[:1], repeats=1)
     while (repeats := requests.get()) is not None:
         for spec in specs:
             start.wait()
-            results.put((spec, per_response(spec, texts, examples, repeats)))
+            results.put((spec, *witnessed_per_response(spec, texts, examples, repeats)))
 
 
 class BusyScorers:
     """`busy_per_response` of several functions, taken in windows at several moments by one set of processes, a
     process per core of the host that loads the functions once (their start-up, ~1.5 s on the 2-core VM, paid once)
-    and waits, idle, between windows (`window`, `repeats` batches each); `typical` is per function the median of the
-    windows' medians. One core: this process measures."""
+    and waits, idle, between windows (`window`, `repeats` batches each, each followed by the speed witness); `typical`
+    is per function the median of the windows' medians, each moved to its fastest window's speed. One core: this
+    process measures."""
 
     def __init__(self, specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
                  cores: Optional[int] = None, repeats: int = REPEATS):
@@ -99,6 +118,8 @@ class BusyScorers:
         self.cores = host_cores() if cores is None else cores
         self.repeats = repeats
         self.windows: list[dict[str, float]] = []
+        # per window and function, the median speed witness after its batches (every core's)
+        self.witnesses: list[dict[str, float]] = []
         self._procs: list = []
         self._requests: list = []
 
@@ -130,10 +151,13 @@ class BusyScorers:
         """Per function, t_resp with every core scoring the same `repeats` batches at once: the median of the cores'
         medians. Recorded in `windows`."""
         if self.cores <= 1:
-            out = {spec: per_response(spec, self.texts, self.examples, self.repeats) for spec in self.specs}
+            timed = {spec: [witnessed_per_response(spec, self.texts, self.examples, self.repeats)]
+                     for spec in self.specs}
         else:
-            out = {spec: statistics.median(ts) for spec, ts in self._collect().items()}
+            timed = self._collect()
+        out = {spec: statistics.median(t for t, _ in ts) for spec, ts in timed.items()}
         self.windows.append(out)
+        self.witnesses.append({spec: statistics.median(w for _, w in ts) for spec, ts in timed.items()})
         return out
 
     @property
@@ -141,17 +165,27 @@ class BusyScorers:
         """The scoring processes that live now (none where this process measures)."""
         return tuple(proc.pid for proc in self._procs if proc.is_alive())
 
-    def typical(self) -> dict[str, float]:
-        return {spec: statistics.median(w[spec] for w in self.windows) for spec in self.specs}
+    def fastest_witness(self, spec: str) -> float:
+        """The speed witness after `spec`'s batches in its fastest window: the speed `typical` prices it at."""
+        return min(w[spec] for w in self.witnesses)
 
-    def _collect(self) -> dict[str, list[float]]:
+    def typical(self) -> dict[str, float]:
+        """Per function the median of the windows' medians, each moved to the function's fastest window's speed
+        (times that window's witness over its own), as the operators keep their fastest repeat: a window a slow
+        minute covers then prices the function as a calm one does. Per function: a pass right after a batch of a
+        heavy function reads slower than after a light one (runtime/speed_probe.py)."""
+        return {spec: statistics.median(w[spec] * self.fastest_witness(spec) / seen[spec]
+                                        for w, seen in zip(self.windows, self.witnesses))
+                for spec in self.specs}
+
+    def _collect(self) -> dict[str, list[tuple[float, float]]]:
         for q in self._requests:
             q.put(self.repeats)
-        times: dict[str, list[float]] = {spec: [] for spec in self.specs}
+        times: dict[str, list[tuple[float, float]]] = {spec: [] for spec in self.specs}
         while sum(map(len, times.values())) < self.cores * len(self.specs):
             try:
-                spec, t = self._results.get(timeout=1.0)
-                times[spec].append(t)
+                spec, t, seen = self._results.get(timeout=1.0)
+                times[spec].append((t, seen))
             except queue.Empty:
                 # a process that ended without its times leaves the others waiting at the barrier: stop them all
                 if any(proc.exitcode not in (None, 0) for proc in self._procs) or \
@@ -231,7 +265,7 @@ class HostTable:
     quick: bool
 
     def text(self, scorers: BusyScorers) -> str:
-        """The table, the built-ins at the median of `scorers`' windows so far."""
+        """The table, the built-ins at the median of `scorers`' windows so far at the fastest window's speed."""
         typical, n = scorers.typical(), len(scorers.windows)
         batches = scorers.repeats
         how = "alone" if self.quick else "while every core scores"
@@ -241,6 +275,9 @@ class HostTable:
             medians = ", ".join(f"{w['math'] * 1e3:.3g}" for w in scorers.windows)
             taken = (f"the median of {n} windows' medians ({medians} ms) across the calibration, each of {batches} "
                      "batches of 64 arithmetic answers (half right)")
+            speeds = ", ".join(f"{1e3 * s['math']:.3g}" for s in scorers.witnesses)
+            taken += (f", each moved to the fastest window's speed by the speed witness after its batches ({speeds} "
+                      "ms)")
         return "\n".join([
             "",
             "# The host, where verifier pools run (rpegc/core/cost/host.py); measured by tools/verifier_timing.py",
@@ -248,11 +285,14 @@ class HostTable:
             f"cores = {self.cores}             # CPU cores this process may use (a worker or a pool process each)",
             f"verify_call = {self.call:.6g}    # s; one response's round trip through a one-process pool, less its "
             f"call (median of {self.pool_repeats})",
+            f"verify_witness = {scorers.fastest_witness('math'):.6g}    # s; the speed witness "
+            "(runtime/speed_probe.py) after a batch of math, the fastest window's median: a run's pool processes end "
+            "their shares with it, and a math pool's are held against it",
             *self.checkpoint,
             "",
             "[host.verify]",
             f"math = {typical['math']:.6g}    # s per response on one core {how}, {taken}",
-            f"exact_match = {typical['exact_match']:.6g}    # s per response; the same batches",
+            f"exact_match = {typical['exact_match']:.6g}    # s per response; the same batches and windows",
             f"rule = {self.rule:.6g}    # s per row of a 256-row batch of the toy tasks' token rule",
             "",
         ])

@@ -109,6 +109,7 @@ class Completion:
     versions_out: tuple[tuple[str, int], ...] = ()  # versions the workers actually produced
     microtasks: tuple[tuple[int, int, str, int, float, float], ...] = ()  # a fused member's (trace.NodeRecord)
     waited: Optional[float] = None  # s its worker thread waited for a core while it ran (trace.NodeRecord)
+    witness: tuple[float, ...] = ()  # s of each speed witness its workers and pool processes ran (trace.NodeRecord)
 
 
 class BackendError(RpegError):

@@ -119,6 +119,8 @@ MAX_HEAD_DIM = 1024
 MAX_HOST_CORES = 10**6
 _HOST_KEYS = (("cores", "host CPU cores per node"), ("verify_call", "fixed time of one verify operator, s"),
               ("verify", "seconds per response of each built-in reward function"),
+              ("verify_witness", "s of the speed witness a verifier pool's process ends its share of a verify "
+                                 "operator with, at the speed its built-ins were priced at"),
               ("checkpoint_file", "fixed time of one checkpoint shard file (open, fsync, close), s"),
               ("checkpoint_tensor", "fixed time of one tensor of a checkpoint shard file (header, hash, write), s"),
               ("checkpoint_rate", "bytes per second a worker writes a checkpoint's shard files at (serialise, write, "
@@ -135,9 +137,9 @@ MAX_VERIFY_S = 60.0
 MAX_CHECKPOINT_S = 60.0
 MAX_CHECKPOINT_RATE = 1e12
 # The [host] keys that are one number: (key, 0 excluded, upper bound).
-_HOST_NUMBERS = (("verify_call", False, MAX_VERIFY_S), ("checkpoint_file", False, MAX_CHECKPOINT_S),
-                 ("checkpoint_tensor", False, MAX_CHECKPOINT_S), ("checkpoint_rate", True, MAX_CHECKPOINT_RATE),
-                 ("checkpoint_disk_rate", True, MAX_CHECKPOINT_RATE),
+_HOST_NUMBERS = (("verify_call", False, MAX_VERIFY_S), ("verify_witness", False, MAX_VERIFY_S),
+                 ("checkpoint_file", False, MAX_CHECKPOINT_S), ("checkpoint_tensor", False, MAX_CHECKPOINT_S),
+                 ("checkpoint_rate", True, MAX_CHECKPOINT_RATE), ("checkpoint_disk_rate", True, MAX_CHECKPOINT_RATE),
                  ("checkpoint_keep_tensor", False, MAX_CHECKPOINT_S),
                  ("checkpoint_keep_rate", True, MAX_CHECKPOINT_RATE), ("checkpoint_commit", False, MAX_CHECKPOINT_S),
                  ("checkpoint_commit_tensor", False, MAX_CHECKPOINT_S))
@@ -173,6 +175,9 @@ _OVERHEAD_KEYS = (
     ("co_run", "what an operator's time grows by (a fraction) where every other core of its host computes something "
                "else beside it: another vertex's operator or a verifier pool's process that the schedule overlaps "
                "with it (core/cost/contention.py; left out: overlaps are not priced)"),
+    ("witness", "s per operator: the speed witness (runtime/speed_probe.py) a CPU worker runs as it ends each "
+                "operator, at the speed the operators were priced at, which rpeg-run holds the run's workers' "
+                "witnesses against (left out: no witness runs)"),
 )
 MAX_OVERHEAD_S = 10.0
 
@@ -182,9 +187,9 @@ class Overhead:
     """The [overhead] table (all 0 where a profile leaves it out): per-call and per-token fixed costs of each role's
     operators beside its kernels (and of a training operator's recomputed forwards), the control round trip of every
     exec node (where the plan's processes take every core of its host, and where they leave one free), the operator
-    time the runtime's threads take from the operators on a host without a free core and what an operator's time
+    time the runtime's threads take from the operators on a host without a free core, what an operator's time
     grows by with its siblings computing on the host's other cores, or with other operators and processes computing
-    there."""
+    there, and the speed witness every operator ends with."""
 
     generation_call: float = 0.0
     generation_token: float = 0.0
@@ -201,6 +206,7 @@ class Overhead:
     contention: float = 0.0
     co_busy: float = 0.0
     co_run: float = 0.0
+    witness: float = 0.0
 
     def call(self, role: str) -> float:
         return getattr(self, f"{role}_call")
@@ -255,6 +261,7 @@ class Hardware:
     host_cores: int | None = None  # [host] cores: a node's host CPU cores; None: the profile does not say
     verify_call: float = 0.0  # [host] verify_call: s per verify operator
     verify_s: tuple[tuple[str, float], ...] = ()  # [host.verify]: (built-in reward function, s per response)
+    verify_witness: float = 0.0  # [host] verify_witness: s of a pool process's speed witness
     checkpoint_file: float = 0.0  # [host] checkpoint_file: s per checkpoint shard file
     checkpoint_tensor: float = 0.0  # [host] checkpoint_tensor: s per tensor of a checkpoint shard file
     checkpoint_rate: float | None = None  # [host] checkpoint_rate: B/s of a checkpoint write; None: not priced

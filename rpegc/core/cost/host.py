@@ -161,9 +161,24 @@ def per_response(verifier: Verifier, hw: Hardware) -> float:
 
 
 def verify_node_time(p: Program, verifier_name: str, pool: int, hw: Hardware) -> float:
-    """T_verify of a verify operator of `p` on `pool` processes."""
+    """T_verify of a verify operator of `p` on `pool` processes; its fixed time includes the speed witness that ends
+    it where the run has witnesses (`verify_witness`)."""
     rows = p.workload.for_role(VERIFY)
-    return verify_time(rows.B * rows.R, pool, per_response(p.verifier(verifier_name), hw), hw.verify_call)
+    verifier = p.verifier(verifier_name)
+    return verify_time(rows.B * rows.R, pool, per_response(verifier, hw), hw.verify_call + verify_witness(verifier, hw))
+
+
+# The built-in verifiers a worker scores in its own process, without a pool (runtime/backends/torch/rl/rewards.py).
+IN_WORKER = ("rule",)
+
+
+def verify_witness(verifier: Verifier, hw: Hardware) -> float:
+    """What the speed witness ending a verify operator costs, where the profile's runs have witnesses ([overhead]
+    witness, else 0): each pool process's, all at once, after its share ([host] verify_witness), or the worker's
+    where it scores the rows itself (`IN_WORKER`)."""
+    if hw.overhead.witness <= 0:
+        return 0.0
+    return hw.overhead.witness if verifier.fn in IN_WORKER else hw.verify_witness
 
 
 def check_pools(p: Program, hw: Hardware) -> None:

@@ -351,6 +351,8 @@ def op_time(
         dp_comm = data_parallel(N_m * s_b / (pp * tp), dp, mb, train, hw, span_tier, opts)
     else:
         raise ValueError(f"unknown role {role!r}")
+    # The speed witness a CPU worker ends the operator with (runtime/speed_probe.py; 0 where not run).
+    launch = launch + oh.witness
 
     T_gemm = sum(ph.T_gemm for ph in phases)
     bubbled = role != "generation" or opts.bubble_on_generation

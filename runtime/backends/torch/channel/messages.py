@@ -91,7 +91,7 @@ REPORTS = {
     "error": MessageType(("node", "what", "rank", "message")),
     "done": MessageType(("node", "rank", "start", "finish", "mem"),
                         ("bytes", "versions_in", "versions_out", "metrics", "reward_stats",
-                         "export", "file", "sha256", "write_s", "tensors", "microtasks", "waited")),
+                         "export", "file", "sha256", "write_s", "tensors", "microtasks", "waited", "witness")),
     "eof": MessageType(()),  # the controller's own, to end its receiving thread
 }
 SETUP = {"setup": MessageType(("setup",))}

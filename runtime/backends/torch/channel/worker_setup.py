@@ -46,3 +46,6 @@ class WorkerSetup:
     # worker by its local rank (a launcher's run)
     core_slots: Optional[tuple[tuple[int, ...], ...]] = None
     fault: Optional[str] = None
+    # every operator ends with the speed witness (runtime/speed_probe.py), and every share of a verifier pool's: CPU
+    # workers of a plan whose profile prices it ([overhead] witness)
+    witness: bool = False

@@ -68,6 +68,14 @@ from rpegc.runtime.report import host_cores
 from rpegc.runtime.trackers import FAILED, FINISHED, KILLED, parse_log
 
 
+def runs_witness(program: Program, dist_backend: str) -> bool:
+    """Whether a run's workers end every operator with the speed witness (runtime/speed_probe.py): CPU workers
+    (gloo: every tensor on the CPU) of a plan whose profile prices it ([overhead] witness)."""
+    from rpegc.core.cost.hardware import program_hardware
+
+    return dist_backend == "gloo" and program.cluster is not None and program_hardware(program).overhead.witness > 0
+
+
 class TorchBackend(Backend):
     name = "torch"
     clock = "wall"
@@ -238,7 +246,8 @@ class TorchBackend(Backend):
                            layouts=layouts, tp_impl=tp_impl, t0=self._t0, timeout_s=self.timeout_s,
                            dist_backend=dist_backend, fault=self.fault,
                            core_slots=run.core_slots if self.launcher == "local" else None,
-                           resume_file=os.path.abspath(resume) if resume else None)
+                           resume_file=os.path.abspath(resume) if resume else None,
+                           witness=runs_witness(run.program, dist_backend))
 
     def now(self) -> float:
         return time.time() - self._t0

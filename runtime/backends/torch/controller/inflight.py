@@ -33,6 +33,7 @@ class Pending:
     after: tuple[str, ...] = ()  # the nodes it is chained after
     microtasks: list = field(default_factory=list)  # a fused member's, as its ranks report them
     waited: Optional[float] = None  # the most any rank's thread waited for a core while it ran it (None: unmeasured)
+    witness: list = field(default_factory=list)  # each speed witness its ranks and pool processes ran, s
     senders: frozenset[int] = frozenset()  # ranks that run it on their sender thread (a transfer's sources)
 
 
@@ -155,6 +156,7 @@ class InFlight:
         pend.microtasks += [tuple(t) for t in msg.get("microtasks") or ()]
         if msg.get("waited") is not None:
             pend.waited = max(pend.waited or 0.0, float(msg["waited"]))
+        pend.witness += [float(s) for s in msg.get("witness") or ()]
         if msg.get("metrics") or msg.get("reward_stats"):
             assert pend.dispatch is not None
             step = pend.dispatch.node.step
@@ -191,7 +193,7 @@ class InFlight:
         self.ready.append(Completion(node=node, start=pend.start, finish=pend.finish, bytes=pend.bytes,
                                      versions_in=tuple(sorted(pend.versions_in.items())), versions_out=out,
                                      microtasks=tuple(sorted(pend.microtasks, key=lambda t: (t[0], t[4], t[5]))),
-                                     waited=pend.waited))
+                                     waited=pend.waited, witness=tuple(pend.witness)))
         self.count += 1
 
 

@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional, Sequence
 
 from rpegc.runtime.backends.torch.rl.rewards import NOT_FUNCTIONS, Scored, load_reward, score_texts
+from rpegc.runtime.speed_probe import witness_seconds
 
 # Examples go to the processes as (source, answer, extra): what a reward function is given, nothing more.
 ExampleFields = tuple[str, Optional[str], dict]
@@ -48,8 +49,11 @@ def _ready() -> None:
     time.sleep(0.05)  # held a moment, so that each of the first `size` tasks needs a process of its own
 
 
-def _score_chunk(spec: str, texts: Sequence[str], examples: Sequence[ExampleFields], rows: Sequence[int]) -> Scored:
-    return score_texts(load_reward(spec), texts, [TextExample(*e) for e in examples], rows)
+def _score_chunk(spec: str, texts: Sequence[str], examples: Sequence[ExampleFields], rows: Sequence[int],
+                 witnessed: bool = False) -> Scored:
+    out = score_texts(load_reward(spec), texts, [TextExample(*e) for e in examples], rows)
+    out.witness = [witness_seconds()] if witnessed else []  # last, as a worker's operator has it (Operators.op)
+    return out
 
 
 def chunks(n: int, pool: int) -> list[tuple[int, int]]:
@@ -65,16 +69,18 @@ def merge(parts: Sequence[Scored]) -> Scored:
         out.scores += part.scores
         out.accuracies += part.accuracies
         out.failures.count += part.failures.count
+        out.witness += part.witness
         if out.failures.first is None:
             out.failures.first = part.failures.first
     return out
 
 
 class VerifierPool:
-    """The processes of one reward function, started on first use, shut down with the worker."""
+    """The processes of one reward function, started on first use, shut down with the worker; with `witness`, each
+    process runs the speed witness as it ends its share of a call."""
 
-    def __init__(self, spec: str, size: int):
-        self.spec, self.size = spec, size
+    def __init__(self, spec: str, size: int, witness: bool = False):
+        self.spec, self.size, self.witness = spec, size, witness
         self._executor: Optional[ProcessPoolExecutor] = None
 
     @property
@@ -86,7 +92,8 @@ class VerifierPool:
         if self._executor is None:
             self._executor = self._start()
         fields = [(e.source, e.answer, dict(e.extra)) for e in examples]
-        futures = [self._executor.submit(_score_chunk, self.spec, texts[lo:hi], fields[lo:hi], rows[lo:hi])
+        futures = [self._executor.submit(_score_chunk, self.spec, texts[lo:hi], fields[lo:hi], rows[lo:hi],
+                                         self.witness)
                    for lo, hi in chunks(len(texts), self.size)]
         return merge([f.result() for f in futures])
 

@@ -36,10 +36,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from rpegc.core.cost.host import IN_WORKER
 from rpegc.core.ir.errors import RpegError
 
 ENTRY_POINT_GROUP = "rpegc.rewards"
-NOT_FUNCTIONS = ("rule", "model")  # reward sources the backend handles itself
+NOT_FUNCTIONS = (*IN_WORKER, "model")  # reward sources the backend handles itself
 ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 MATH_TIMEOUT_S = 5  # per parse and per comparison, as math-verify's own default
 LOAD_TIMEOUT_S = 120  # for importing a reward function's module in the probe (probe_reward)
@@ -219,6 +220,7 @@ class Scored:
     scores: list[float]
     accuracies: list[Optional[float]] = field(default_factory=list)
     failures: RewardFailures = field(default_factory=RewardFailures)
+    witness: list[float] = field(default_factory=list)  # s of each speed witness a pool's processes ran for them
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # scores are float32 tensors from here on

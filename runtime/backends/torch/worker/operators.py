@@ -24,6 +24,7 @@ from rpegc.runtime.backends.torch.worker.interleave import Interleave, run_membe
 from rpegc.runtime.backends.torch.worker.step_inputs import StepInputs
 from rpegc.runtime.backends.torch.worker.train_states import TrainStates
 from rpegc.runtime.backends.torch.worker.transfers import Transfers
+from rpegc.runtime.speed_probe import witness_seconds
 
 
 class Operators:
@@ -50,7 +51,17 @@ class Operators:
 
     # -- commands -----------------------------------------------------------------------------------
 
-    def op(self, cmd: Op) -> dict:
+    def op(self, cmd: Op, witnessed: Optional[bool] = None) -> dict:
+        """An Op command's operator and what it reports; then the speed witness where the run has it
+        (`WorkerSetup.witness`; `witnessed` overrides: a fusion runs its members' after them), except in a verify
+        vertex whose reward function runs in a pool, whose processes run it as they end their shares."""
+        out = self.run_op(cmd)
+        own = self.setup.witness if witnessed is None else witnessed
+        if own and not (cmd.role == VERIFY and self.run.reward_function):
+            out["witness"] = out.get("witness", []) + [witness_seconds()]
+        return out
+
+    def run_op(self, cmd: Op) -> dict:
         self.prep(cmd)
         role = cmd.role
         lo, hi = cmd.rows[self.rank]
@@ -78,7 +89,10 @@ class Operators:
         _, p, _ = members[0].layout.coord(self.rank)
         order = [microtask_of(t, p) for t in cmd.stages[p]]
         inter = Interleave(len(members), [(t.member, t.kind, t.micro) for t in order], self.now)
-        results = run_members(inter, [lambda c=c: self.op(c) for c in members])
+        results = run_members(inter, [lambda c=c: self.op(c, witnessed=False) for c in members])
+        if self.setup.witness:  # the members' witnesses here, one after another: in their threads they would meet
+            for info in results:
+                info["witness"] = info.get("witness", []) + [witness_seconds()]
         return {"members": [dict(info, node=c.node, microtasks=[[self.rank, p, *t] for t in inter.records[i]])
                             for i, (c, info) in enumerate(zip(members, results))]}
 
@@ -163,6 +177,7 @@ class Operators:
         out: dict = {"bytes": 0, "versions_in": {}}
         if scored is not None:
             out["reward_stats"] = reward_stats(scored)
+            out["witness"] = scored.witness
         return out
 
     def verifier_pool(self, size: int) -> VerifierPool:
@@ -170,7 +185,7 @@ class Operators:
         if self.pool is None or self.pool.size != size:
             if self.pool is not None:
                 self.pool.close()
-            self.pool = VerifierPool(self.run.reward, size)
+            self.pool = VerifierPool(self.run.reward, size, self.setup.witness)
         return self.pool
 
     def forward_field(self, cmd: Op, pm: ParallelModel, data: dict[str, Tensor], f: str, lo: int,
