@@ -95,6 +95,15 @@ def witness_seconds() -> float:
             torch.set_num_threads(threads)
 
 
+def prepare_witness() -> None:
+    """Ready this process for `witness_seconds` before anything is timed: torch imported, on one thread (a pool
+    process's share is one core's, and torch's others would only spin), the witness run once (first calls)."""
+    import torch
+
+    torch.set_num_threads(1)
+    witness_seconds()
+
+
 def spaced_probe_seconds(runs: int = 3, gap_s: float = 0.25,
                          probe: Callable[[], float] = probe_seconds) -> float:
     """The fastest of `runs` probes `gap_s` apart, in this process: what rpeg-run holds against the calibration's

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rpegc.core.cost.hardware import load_hardware
-from rpegc.runtime.speed_probe import TOLERANCE, drift_note, probe_seconds, spaced_probe_seconds, witness_seconds
+from rpegc.runtime.speed_probe import (TOLERANCE, drift_note, prepare_witness, probe_seconds, spaced_probe_seconds,
+                                      witness_seconds)
 
 REFERENCE = "rpegc/hardware/cpu-reference.toml"
 
@@ -30,6 +31,18 @@ def test_the_witness_takes_a_fraction_of_a_millisecond_on_one_thread_and_gives_t
     finally:
         torch.set_num_threads(threads)
     assert all(0 < s < 0.5 for s in seen)
+
+
+def test_a_process_prepared_for_the_witness_runs_torch_on_one_thread():
+    """A verifier pool's process (and the calibration's scorers) import torch and go to one thread before their first
+    share is timed (verifier_pool._load)."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    try:
+        prepare_witness()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_rpeg_run_keeps_the_fastest_of_three_spaced_probes_as_the_calibration_does():

@@ -93,8 +93,11 @@ def _scorer(specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
     """One core's process of `BusyScorers`: load and warm each function, then per request (a window's batch count;
     None ends it) time each function's batches and the witness after each, the others' processes starting at the same
     moment."""
+    from rpegc.runtime.speed_probe import prepare_witness
+
     for spec in specs:
         per_response(spec, texts[:1], examples[:1], repeats=1)
+    prepare_witness()  # as a run's pool process is (verifier_pool._load)
     while (repeats := requests.get()) is not None:
         for spec in specs:
             start.wait()

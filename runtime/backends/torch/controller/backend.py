@@ -68,12 +68,12 @@ from rpegc.runtime.report import host_cores
 from rpegc.runtime.trackers import FAILED, FINISHED, KILLED, parse_log
 
 
-def runs_witness(program: Program, dist_backend: str) -> bool:
-    """Whether a run's workers end every operator with the speed witness (runtime/speed_probe.py): CPU workers
-    (gloo: every tensor on the CPU) of a plan whose profile prices it ([overhead] witness)."""
+def runs_witness(program: Program) -> bool:
+    """Whether a run's workers end every operator with the speed witness (runtime/speed_probe.py): where the plan's
+    profile prices it ([overhead] witness: a CPU machine profile), whatever the workers' device, as it is priced."""
     from rpegc.core.cost.hardware import program_hardware
 
-    return dist_backend == "gloo" and program.cluster is not None and program_hardware(program).overhead.witness > 0
+    return program.cluster is not None and program_hardware(program).overhead.witness > 0
 
 
 class TorchBackend(Backend):
@@ -247,7 +247,7 @@ class TorchBackend(Backend):
                            dist_backend=dist_backend, fault=self.fault,
                            core_slots=run.core_slots if self.launcher == "local" else None,
                            resume_file=os.path.abspath(resume) if resume else None,
-                           witness=runs_witness(run.program, dist_backend))
+                           witness=runs_witness(run.program))
 
     def now(self) -> float:
         return time.time() - self._t0

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Optional, Sequence
 
 from rpegc.runtime.backends.torch.rl.rewards import NOT_FUNCTIONS, Scored, load_reward, score_texts
-from rpegc.runtime.speed_probe import witness_seconds
+from rpegc.runtime.speed_probe import prepare_witness, witness_seconds
 
 # Examples go to the processes as (source, answer, extra): what a reward function is given, nothing more.
 ExampleFields = tuple[str, Optional[str], dict]
@@ -39,10 +39,12 @@ class TextExample:
 POOL_NICENESS = 5
 
 
-def _load(spec: str) -> None:
+def _load(spec: str, witnessed: bool = False) -> None:
     if hasattr(os, "nice"):
         os.nice(POOL_NICENESS)
     load_reward(spec)  # once per process: its first call pays no import
+    if witnessed:
+        prepare_witness()  # nor its first witness torch's
 
 
 def _ready() -> None:
@@ -101,7 +103,7 @@ class VerifierPool:
         """All `size` processes, started and their function loaded before the first operator is timed."""
         # spawn: a worker runs torch's threads and a process group, which a fork would copy half-alive
         executor = ProcessPoolExecutor(self.size, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_load, initargs=(self.spec,))
+                                       initializer=_load, initargs=(self.spec, self.witness))
         me = multiprocessing.current_process()
         daemon = me._config.get("daemon")
         # A worker is a daemonic process (it dies with rpeg-run), which multiprocessing forbids to have children.
