@@ -130,3 +130,29 @@ def test_a_per_round_hook_needs_rounds_over_the_grid():
     hook instead of dropping it."""
     with pytest.raises(ValueError, match="after_round needs rounds"):
         measure([], 1, repeats=1, isolated=True, after_round=lambda pool: None)
+
+
+def test_a_cpu_worker_of_the_grid_runs_in_a_run_workers_condition():
+    """Its heap meter sampling as a run's worker's does, on a thread left free of its core, and the interpreter's
+    switch interval a worker sets (validate._run_condition); a CUDA worker keeps its own."""
+    import sys
+    from types import SimpleNamespace
+
+    from rpegc.runtime.backends.torch.worker.host_memory import RUN_SAMPLE_S
+    from rpegc.runtime.backends.torch.worker.process import SWITCH_INTERVAL_S
+    from rpegc.tools.validate import _run_condition
+
+    before = sys.getswitchinterval()
+    repinned = []
+    cpu = SimpleNamespace(is_cuda=False, state={}, repin=lambda: repinned.append(True))
+    try:
+        _run_condition(cpu)
+        meter = cpu.state["meter"]
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S) and meter.period_s == RUN_SAMPLE_S
+        assert repinned == [True]
+        meter.stop()
+    finally:
+        sys.setswitchinterval(before)
+    gpu = SimpleNamespace(is_cuda=True, state={}, repin=lambda: repinned.append(True))
+    _run_condition(gpu)
+    assert gpu.state == {} and sys.getswitchinterval() == pytest.approx(before)

@@ -357,6 +357,21 @@ def _init_groups(ctx, layouts) -> int:
     return len(ctx.state["groups"])
 
 
+def _run_condition(ctx) -> None:
+    """A CPU worker of the grid runs its operators in a run's worker's condition (worker/process.py): its heap meter
+    sampling every RUN_SAMPLE_S on a thread left free of its core, and the interpreter's switch interval a worker
+    sets. In runs on the 2-core VM the meter's wake-ups and the interpreter's hand-overs cost a Python-heavy generation
+    5-8 % (docs/calibration.md, "The speed witness"), which an operator timed without them did not show."""
+    if ctx.is_cuda:
+        return
+    from rpegc.runtime.backends.torch.worker.host_memory import RUN_SAMPLE_S, HeapMeter
+    from rpegc.runtime.backends.torch.worker.process import SWITCH_INTERVAL_S
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    ctx.state["meter"] = HeapMeter(RUN_SAMPLE_S).start()
+    ctx.repin()  # the meter's thread was started bound with this one
+
+
 def _backend_worker(ctx, case: Case, seed: int, tp_impl: str):
     """The backend's `Worker` for the case's model and workload (one per suite, reused across strategies)."""
     from rpegc.runtime.backends.torch.controller.run_description import model_seed
@@ -546,7 +561,8 @@ def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 
 
     Repeats are rounds over the whole grid (the first round warms every case up), so a burst of load from other
     processes lands on one repeat of many cases, not on every repeat of one case, and the median discards it;
-    each case keeps its backend state (modules, optimizer) between rounds. `isolated` (what --isolated selects,
+    each case keeps its backend state (modules, optimizer) between rounds; a CPU worker runs them as a run's does
+    (`_run_condition`). `isolated` (what --isolated selects,
     by default on CUDA devices): each case runs its repeats back to back on a worker holding its model alone,
     and its peak memory is measured (`_measure_case`). `after_round(pool)` runs on the same workers after every round
     (what else the caller times at the grid's moments, as tools/overhead_timing.py its kernels; not with
@@ -569,6 +585,7 @@ def measure(cases: Sequence[Case], devices: int, *, repeats: int, warmup: int = 
     try:
         with WorkerPool(devices, backend) as pool:
             pool.run(_init_groups, layouts)
+            pool.run(_run_condition)
             progress.step("process groups ready")
             for round_ in range(repeats):
                 for i, case in enumerate(cases):
