@@ -11,10 +11,10 @@
 - `measure_host(where, scorers)`: the `[host]` table `rpeg-calibrate --machine` writes (`HostTable.text`): the host's
   cores, t_call, t_resp of the built-in functions over `samples()`, responses shaped as the arithmetic demo's (GSM8K's
   `#### n` answers), and the checkpoint writes' terms (tools/checkpoint_timing.py, timed under `where`). The built-ins
-  are timed in windows at several moments of the calibration by one set of processes (`BusyScorers`), each window
-  moved to the fastest window's speed by the speed witness after its batches (runtime/speed_probe.py), and the
-  windows' median is kept, which one slow window does not move (one window a slow minute covers whole priced the
-  arithmetic demo's verifier 1.6x its runs). `host_text(where)` is the table with one window.
+  are timed in windows at several moments of the calibration by one set of processes (`BusyScorers`), each batch
+  followed by the speed witness a run's pool process ends its share with (runtime/speed_probe.py), and the windows'
+  median is kept, which one slow window does not move (one window a slow minute covers whole priced the arithmetic
+  demo's verifier 1.6x its runs). `host_text(where)` is the table with one window.
 - `rpeg-calibrate --verifier SPEC --data FILE` measures a user's function over a dataset's ground truths taken as
   responses (`measure_dataset`): what a verifier costs on answers of the right form, before any training.
 """
@@ -108,8 +108,7 @@ class BusyScorers:
     """`busy_per_response` of several functions, taken in windows at several moments by one set of processes, a
     process per core of the host that loads the functions once (their start-up, ~1.5 s on the 2-core VM, paid once)
     and waits, idle, between windows (`window`, `repeats` batches each, each followed by the speed witness); `typical`
-    is per function the median of the windows' medians, each moved to its fastest window's speed. One core: this
-    process measures."""
+    is per function the median of the windows' medians. One core: this process measures."""
 
     def __init__(self, specs: Sequence[str], texts: Sequence[str], examples: Sequence[Any],
                  cores: Optional[int] = None, repeats: int = REPEATS):
@@ -168,18 +167,16 @@ class BusyScorers:
         """The scoring processes that live now (none where this process measures)."""
         return tuple(proc.pid for proc in self._procs if proc.is_alive())
 
-    def fastest_witness(self, spec: str) -> float:
-        """The speed witness after `spec`'s batches in its fastest window: the speed `typical` prices it at."""
-        return min(w[spec] for w in self.witnesses)
+    def typical_witness(self, spec: str) -> float:
+        """The median over windows of the speed witness after `spec`'s batches: the speed `typical` describes (a
+        pass right after a heavy function's batch reads slower than after a light one's: runtime/speed_probe.py)."""
+        return statistics.median(w[spec] for w in self.witnesses)
 
     def typical(self) -> dict[str, float]:
-        """Per function the median of the windows' medians, each moved to the function's fastest window's speed
-        (times that window's witness over its own), as the operators keep their fastest repeat: a window a slow
-        minute covers then prices the function as a calm one does. Per function: a pass right after a batch of a
-        heavy function reads slower than after a light one (runtime/speed_probe.py)."""
-        return {spec: statistics.median(w[spec] * self.fastest_witness(spec) / seen[spec]
-                                        for w, seen in zip(self.windows, self.witnesses))
-                for spec in self.specs}
+        """Per function the median of the windows' medians. Not moved by the windows' witnesses: in two calibrations
+        the windows' math and their witnesses moved apart (0.85-1.12 ms with witnesses within 3 %; 0.548-0.559 ms
+        with witnesses 0.267-0.339 ms; docs/calibration.md, "The speed witness")."""
+        return {spec: statistics.median(w[spec] for w in self.windows) for spec in self.specs}
 
     def _collect(self) -> dict[str, list[tuple[float, float]]]:
         for q in self._requests:
@@ -268,7 +265,7 @@ class HostTable:
     quick: bool
 
     def text(self, scorers: BusyScorers) -> str:
-        """The table, the built-ins at the median of `scorers`' windows so far at the fastest window's speed."""
+        """The table, the built-ins at the median of `scorers`' windows so far, and their witnesses'."""
         typical, n = scorers.typical(), len(scorers.windows)
         batches = scorers.repeats
         how = "alone" if self.quick else "while every core scores"
@@ -279,8 +276,7 @@ class HostTable:
             taken = (f"the median of {n} windows' medians ({medians} ms) across the calibration, each of {batches} "
                      "batches of 64 arithmetic answers (half right)")
             speeds = ", ".join(f"{1e3 * s['math']:.3g}" for s in scorers.witnesses)
-            taken += (f", each moved to the fastest window's speed by the speed witness after its batches ({speeds} "
-                      "ms)")
+            taken += f"; the speed witness after the windows' batches {speeds} ms"
         return "\n".join([
             "",
             "# The host, where verifier pools run (rpegc/core/cost/host.py); measured by tools/verifier_timing.py",
@@ -288,9 +284,9 @@ class HostTable:
             f"cores = {self.cores}             # CPU cores this process may use (a worker or a pool process each)",
             f"verify_call = {self.call:.6g}    # s; one response's round trip through a one-process pool, less its "
             f"call (median of {self.pool_repeats})",
-            f"verify_witness = {scorers.fastest_witness('math'):.6g}    # s; the speed witness "
-            "(runtime/speed_probe.py) after a batch of math, the fastest window's median: a run's pool processes end "
-            "their shares with it, and a math pool's are held against it",
+            f"verify_witness = {scorers.typical_witness('math'):.6g}    # s; the speed witness "
+            "(runtime/speed_probe.py) after a batch of math, the median of the windows' medians: a run's pool "
+            "processes end their shares with it, and a math pool's are held against it",
             *self.checkpoint,
             "",
             "[host.verify]",

@@ -40,9 +40,9 @@ CACHE_ENV = "RPEGC_CACHE_DIR"
 # checkpoint_keep_*; 14: the operators' per-token overheads fitted on the tokens a forward runs, `work.forward_length`;
 # 15: the built-in verifiers' median over windows across the calibration; 16: the attention kernel per row and head,
 # [attention], and the controller's commit of a checkpoint, [host] checkpoint_commit*; 17: the speed witness every
-# operator of a run ends with, [overhead] witness and [host] verify_witness, and the built-in verifiers' windows at
-# their fastest window's speed), so that a profile cached by an earlier campaign is calibrated again instead of
-# lacking keys or pricing the old operators.
+# operator of a run ends with, [overhead] witness and [host] verify_witness, and the overheads' grid timed in a run's
+# worker's condition), so that a profile cached by an earlier campaign is calibrated again instead of lacking keys or
+# pricing the old operators.
 CAMPAIGN = "17"
 # The child process that calibrates this machine (tools/calibrate.py); `--quick` is the tests' smoke version.
 CALIBRATE = ("-m", "rpegc.tools.calibrate", "--machine", "--quiet")
