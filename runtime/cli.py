@@ -523,11 +523,11 @@ def _steady_line(steady, err: Optional[float], compared: bool = True) -> str:
 
 
 def _witnessed_nodes(plan: RunPlan, cmp, hw) -> dict:
-    """The op nodes whose speed witnesses a run's summary counts (report.WitnessedNode): a verify vertex's of `math`
-    its pool's, held against [host] verify_witness (timed after math: after another function the pass reads
-    differently, and is not counted), every other operator's its workers' (a verifier the worker scores itself
-    among them), against [overhead] witness."""
-    from rpegc.core.cost.host import IN_WORKER
+    """The op nodes whose speed witnesses a run's summary counts (report.WitnessedNode), each held against the witness
+    the cost model prices it with: an operator's its worker's ([overhead] witness), a verify vertex's the one that ends
+    it (host.verify_witness: its pool's, or its worker's where the worker scores the rows itself). A pool's is timed
+    after math; after another function the pass reads differently, and is not counted."""
+    from rpegc.core.cost.host import IN_WORKER, verify_witness
     from rpegc.core.ir.program import VERIFY
     from rpegc.runtime.report import WitnessedNode
 
@@ -537,11 +537,12 @@ def _witnessed_nodes(plan: RunPlan, cmp, hw) -> dict:
         if t.kind != "op" or t.predicted_time is None:
             continue
         node = nodes[t.id]
-        fn = plan.program.verifier(node.model).fn if node.role == VERIFY else None
-        if fn is None or fn in IN_WORKER:
+        verifier = plan.program.verifier(node.model) if node.role == VERIFY else None
+        if verifier is None:
             out[t.id] = WitnessedNode("workers", hw.overhead.witness, t.predicted_time)
-        elif fn == "math":
-            out[t.id] = WitnessedNode("verifier pools", hw.verify_witness, t.predicted_time)
+        elif verifier.fn in IN_WORKER or verifier.fn == "math":
+            group = "workers" if verifier.fn in IN_WORKER else "verifier pools"
+            out[t.id] = WitnessedNode(group, verify_witness(verifier, hw), t.predicted_time)
     return out
 
 

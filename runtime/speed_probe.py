@@ -18,12 +18,13 @@ calibration; one process of three, 2 s.) rpeg-run's controller times it before a
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Callable, Iterator, Optional, Sequence, TypeVar
 
 TOLERANCE = 0.15  # a drift beyond this (either way) is named in rpeg-run's summary
 REPEATS = 9
@@ -38,9 +39,7 @@ def probe_seconds(repeats: int = REPEATS) -> float:
     GEMMs with an elementwise epilogue (64 x 256 by 256 x 256, softmax) and calls of tiny kernels (dispatch)."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         g = torch.Generator().manual_seed(0)
         a, w, x = torch.randn(64, 256, generator=g), torch.randn(256, 256, generator=g), torch.zeros(16)
 
@@ -54,8 +53,22 @@ def probe_seconds(repeats: int = REPEATS) -> float:
 
         once()  # warm: first-call allocations and kernel selection
         return statistics.median(once() for _ in range(repeats))
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside, its thread count as it was after; set only where it differs (a CPU worker, on one
+    thread already, runs the speed witness after every operator)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
     finally:
-        torch.set_num_threads(threads)
+        if threads != 1:
+            torch.set_num_threads(threads)
 
 
 # The speed witness's shape: a few small GEMMs with a softmax, tiny kernels (dispatch) and a Python loop, ~0.1-0.3 ms.
@@ -77,9 +90,7 @@ def witness_seconds() -> float:
     other threads would spin for a core another process keeps busy."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         start = time.thread_time()
         a, w, x = torch.full((32, 128), 0.5), torch.full((128, 128), 0.01), torch.zeros(16)
         for _ in range(WITNESS_GEMMS):
@@ -90,9 +101,6 @@ def witness_seconds() -> float:
         for i in range(WITNESS_LOOP):
             total += i % 7
         return time.thread_time() - start
-    finally:
-        if threads != 1:
-            torch.set_num_threads(threads)
 
 
 def prepare_witness() -> None:

@@ -350,3 +350,24 @@ def test_the_speed_witness_weighs_each_kind_of_process_by_the_predicted_time_of_
         ("workers", 1, pytest.approx(2.0)), ("verifier pools", 1, pytest.approx(1.0))]
     assert speed.factor == pytest.approx((2.0 * 1.0 + 1.0 * 3.0) / 4.0)
     assert report.witness_speed(synthetic(), steady, nodes) is None  # no witness ran
+
+
+@pytest.mark.parametrize("fn, counted", [("math", ("verifier pools", 3e-4)), ("rule", ("workers", 2e-4)),
+                                         ("exact_match", None)])
+def test_a_verify_nodes_witnesses_are_held_against_the_witness_that_prices_it(fn, counted):
+    """A pool of math against [host] verify_witness, the toy rule (its worker scores the rows) against [overhead]
+    witness; a pool of another function is not counted (its reference was timed after math); an operator against
+    [overhead] witness."""
+    from rpegc.core.ir.program import VERIFY
+
+    class VerifyPlan(ChainPlan):
+        program = SimpleNamespace(cluster=None, verifier=lambda name: SimpleNamespace(name=name, fn=fn))
+        nodes = (SimpleNamespace(id="a#0", node=ExecNode("a#0", "op", 0, 0, vertex="a")),
+                 *(SimpleNamespace(id=i, node=ExecNode(i, "op", int(i[-1]), 0, vertex="a", role=VERIFY, model="v"))
+                   for i in ("a#1", "a#2")))
+
+    hw = SimpleNamespace(overhead=SimpleNamespace(witness=2e-4), verify_witness=3e-4)
+    nodes = cli._witnessed_nodes(VerifyPlan(), comparison(), hw)
+    assert nodes["a#0"] == report.WitnessedNode("workers", 2e-4, 1.0)
+    want = {} if counted is None else {i: report.WitnessedNode(*counted, 1.0) for i in ("a#1", "a#2")}
+    assert {k: v for k, v in nodes.items() if k != "a#0"} == want

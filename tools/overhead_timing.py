@@ -157,12 +157,10 @@ class OperatorFits:
     @property
     def witness_s(self) -> float:
         """The [overhead] witness, what a run's operator pays for its witness and what a run's workers' witnesses are
-        held against: the median of the fastest round's, as the operators keep their fastest repeat where the campaign
-        does (the median round's where it keeps the median; 0.0 where none ran): the speed their prices describe."""
-        rounds = sorted(float(np.median(r)) for r in self.witness if r)
-        if not rounds:
-            return 0.0
-        return rounds[0] if self.statistic == "min" else rounds[(len(rounds) - 1) // 2]
+        held against: the fastest round's median, as the operators keep their fastest repeat where the campaign does
+        (the rounds' medians' median where it keeps the median; 0.0 where none ran): the speed their prices describe."""
+        rounds = [float(np.median(r)) for r in self.witness if r]
+        return summarize(rounds, self.statistic) if rounds else 0.0
 
 
 def moved_forward_terms(F_peak: float, t_layer: float, scale: float) -> tuple[float, float]:
@@ -467,7 +465,7 @@ def witness_lines(operators: OperatorFits) -> list[str]:
     if not operators.witness:
         return []
     how = ("the fastest round's median (the operators keep their fastest repeat)" if operators.statistic == "min"
-           else "the median round's median")
+           else "the median of the rounds' medians")
     rounds = ", ".join(f"{1e3 * float(np.median(r)):.3g}" for r in operators.witness if r)
     return [f"witness = {operators.witness_s:.6g}    # s per operator: the speed witness (runtime/speed_probe.py) a "
             f"run's workers end every operator with and are held against, timed after each of the grid's "
