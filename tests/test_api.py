@@ -48,10 +48,9 @@ def test_cost_options_are_the_pass_options():
 def test_optimize_takes_the_pass_options_and_finds_the_enumerated_optimum():
     p = rpegc.optimize(rpegc.load(GRPO), evals=3000, seed=0, jobs=1)
     placements = {pl.vertex: (pl.alloc.origin[2], pl.alloc.extent[2], pl.strategy) for pl in p.plan.placements}
-    # lit_tests/passes/optimize.rpeg: generation pipelined on one half of the node, the trainer on the other
-    assert placements["gen"][1] == 2 and placements["gen"][2].pp == 2
-    assert placements["train_actor"][1] == 2 and placements["train_actor"][2].pp == 2
-    assert {placements["gen"][0], placements["train_actor"][0]} == {0, 2}
+    # lit_tests/passes/optimize.rpeg: generation on one of the host's 2 cores, the trainer on the other
+    assert all(extent == 1 for _, extent, _ in placements.values())
+    assert {placements["gen"][0], placements["train_actor"][0]} == {0, 1}
     assert p.graph.tau("actor") == 1
 
 

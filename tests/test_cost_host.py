@@ -11,7 +11,9 @@ import pytest
 
 from rpegc.core.check.wellformed import check_program
 from rpegc.core.cost.hardware import load_hardware
-from rpegc.core.cost.host import check_pools, per_response, pool_cores, verify_node_time, verify_time, verify_witness
+from rpegc.core.cost.contention import devices_per_host
+from rpegc.core.cost.host import (check_pools, cores_needed, per_response, pool_cores, verify_node_time, verify_time,
+                                  verify_witness)
 from rpegc.core.ir.geometry import Cluster
 from rpegc.core.ir.errors import RpegError
 from rpegc.syntax.parser import parse
@@ -97,6 +99,12 @@ def test_a_built_in_takes_its_time_from_the_profile_and_another_must_state_it():
 ])
 def test_a_pools_processes_take_the_cores_the_devices_leave_then_share_the_last_devices(size, cores, gpus, want):
     assert pool_cores(size, cores, Cluster("c", 1, 2, gpus, "cpu")) == want  # devices of the first node only
+
+
+def test_a_plan_needs_a_core_per_device_on_its_busiest_host_and_its_pools_on_the_first():
+    assert cores_needed([2, 1], 0) == 2 and cores_needed([1, 3], 1) == 3 and cores_needed([2, 1], 1) == 3
+    assert cores_needed([[1, 3], [2, 0], [0, 0]], [0, 1, 2]).tolist() == [3, 3, 2]  # the optimizer's arrays
+    assert devices_per_host([0, 1, 5], 4, 2).tolist() == [2, 1]
 
 
 def test_a_pool_has_at_most_the_hosts_cores():

@@ -82,6 +82,36 @@ def test_greedy_runs_everything_on_the_full_gpu_set(ppo):
     assert all(a.size == ppo.cluster.num_devices for a in allocs)
 
 
+def test_on_a_cpu_profile_the_baselines_keep_every_host_within_its_cores():
+    """A CPU device is a worker process on a host core: a baseline places at most as many devices on a node as its
+    host has cores (cost/host.cores_needed; cpu-reference: 2 per node), the first of each node."""
+    p = replace(load("ppo-tiny.rpeg"), cluster=Cluster("c8", 1, 2, 4, "cpu-reference"), plan=None)
+    cv = compile_first(p)
+    assert cv.host_cores == 2
+    for plan in (greedy_plan(cv), concurrent_plan(cv)):
+        allocs, _ = cv.placement(plan.choice)
+        used = {d for a in allocs for d in a.devices(p.cluster)}
+        assert used <= {0, 1, 4, 5} and cv.host_ratio(plan.choice) <= 1.0
+
+
+def test_the_optimizer_keeps_every_host_within_its_cores():
+    """On a 2-core CPU host a plan on 3 of a node's 4 devices would run 3 workers on 2 cores, time-sliced, which
+    the cost model does not price: the optimizer's plans keep within the host's cores (r_host <= 1, both evaluation
+    paths), and a plan beyond them is infeasible."""
+    p = replace(load("grpo-tiny.rpeg"), plan=None)  # 2 nodes x 4 devices, hardware "cpu"
+    hw = load_hardware("cpu-reference")
+    r = optimize(p, OptimizeOptions(seed=0, **SMALL), hw)
+    per_node = [0] * (p.cluster.racks * p.cluster.nodes)
+    for d in {d for pl in r.program.plan.placements for d in pl.alloc.devices(p.cluster)}:
+        per_node[d // p.cluster.gpus] += 1
+    assert max(per_node) <= 2 and r.evaluation.feasible and r.evaluation.r_host == max(per_node) / 2
+    cv = Evaluator(hw, optimizer.CostOptions(), steps=2).compile(structural_candidates(p, (0,), False)[0])
+    wide = tuple(max(range(len(d)), key=lambda i: (d.sizes[i] if d.masks[i] < 1 << p.cluster.gpus else 0, -i))
+                 for d in cv.dirs)  # every vertex on the most devices of the first node
+    e = Evaluator(hw, optimizer.CostOptions(), steps=2).evaluate_one(cv.variant, wide)
+    assert cv.host_ratio(wide) == 2.0 and e.r_host == 2.0 and not e.feasible
+
+
 def test_concurrent_gives_each_group_disjoint_allocations(ppo):
     cv = compile_first(ppo)
     groups = concurrency_groups(cv)

@@ -35,17 +35,21 @@ class BaselinePlan:
 
 
 def host_allowed(cv: CompactVariant) -> int:
-    """The devices a baseline may use: all, except that the first node keeps the host cores a verifier pool of one
-    process takes for its own (cost/host.pool_cores; its last GPUs give theirs up): none unless the node has more
-    GPUs than its host has cores, as a pool without a core of its own shares a device's."""
-    pools = sum(1 for on in cv.device_vertex if not on)
+    """The devices a baseline may use: on every node the first as many as its host has cores (a device's worker
+    takes one: cost/host.cores_needed), and on the first node fewer by the host cores a verifier pool of one process
+    takes for its own (cost/host.pool_cores; the node's last GPUs give theirs up), at least one per node. All where
+    the profile does not give the host's cores."""
     everything = (1 << cv.num_devices) - 1
-    if not pools or cv.host_cores is None:
+    if cv.host_cores is None:
         return everything
     cluster = cv.program.cluster
     gpus = cluster.gpus
-    give_up = min(gpus - 1, max(0, gpus + pool_cores(1, cv.host_cores, cluster)[0] - cv.host_cores))
-    return everything & ~(((1 << give_up) - 1) << (gpus - give_up))
+    own = pool_cores(1, cv.host_cores, cluster)[0] if not all(cv.device_vertex) else 0
+    allowed = 0
+    for host in range(cluster.racks * cluster.nodes):
+        keep = max(1, min(gpus, cv.host_cores - (own if host == 0 else 0)))
+        allowed |= ((1 << keep) - 1) << (host * gpus)
+    return allowed
 
 
 def greedy_plan(cv: CompactVariant) -> BaselinePlan:

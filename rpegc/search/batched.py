@@ -34,7 +34,7 @@ from rpegc.core.ir.geometry import pairwise_overlaps, span_tier_index
 from rpegc.core.ir.program import VERIFY
 from rpegc.core.lower.rules import (ACTIONS, COMM, DEP, RESHARD, data_codes, is_shadow, pair_codes, pairwise_same,
                                     publication_bytes_of, publication_codes)
-from rpegc.core.cost.host import pool_cores
+from rpegc.core.cost.host import cores_needed, pool_cores
 from rpegc.core.cost.memory import op_memory
 from rpegc.core.cost.residency import OpTerms, device_peaks
 from rpegc.core.sched.list_scheduler import topological_order
@@ -282,17 +282,18 @@ class BatchEvaluator:
         ), kept
 
     def _host_ratio(self, ch: np.ndarray) -> np.ndarray:
-        """`CompactVariant.host_ratio` of every configuration (cost/host.cores_needed on arrays: the first node's
-        devices any vertex uses, plus the largest pool's own cores, over the host's cores)."""
-        cv = self.cv
-        if all(cv.device_vertex):
+        """`CompactVariant.host_ratio` of every configuration (cost/host.cores_needed on arrays: per host the devices
+        any vertex uses, plus on the first node the largest pool's own cores; the busiest host's over a host's
+        cores)."""
+        cv, c = self.cv, self.cluster
+        if cv.host_cores is None:
             return np.zeros(len(ch))
-        used = self._used_devices(ch)[:, :cv.program.cluster.gpus]
         pools = np.zeros(len(ch), dtype=np.int64)
         for v, on in enumerate(cv.device_vertex):
             if not on:
                 pools = np.maximum(pools, self.pool_own[v][ch[:, v]])
-        return (used.sum(axis=1) + pools) / cv.host_cores
+        per_host = self._used_devices(ch).reshape(len(ch), c.racks * c.nodes, c.gpus).sum(axis=2)
+        return cores_needed(per_host, pools) / cv.host_cores
 
     def _used_devices(self, ch: np.ndarray) -> np.ndarray:
         """`CompactVariant.used_mask` of every configuration, as rows of booleans (B x devices)."""

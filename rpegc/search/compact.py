@@ -63,8 +63,8 @@ from rpegc.core.lower.rules import (
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Fuse, Placement, Plan, Pool, Program
 from rpegc.core.ir.geometry import Alloc, Strategy, mask_devices
-from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_of, host_stretches, overlap_stretches,
-                                        prices_overlaps, whole_ns)
+from rpegc.core.cost.contention import (co_busy_stretch, devices_per_host, full_hosts, host_of, host_stretches,
+                                        overlap_stretches, prices_overlaps, whole_ns)
 from rpegc.core.cost.host import cores_needed, pool_cores, pool_taken_cores
 from rpegc.core.cost.residency import OpPlacement, device_memory
 from rpegc.core.sched.list_scheduler import Schedule, device_sizes, prepare_schedule, run_schedule
@@ -99,7 +99,7 @@ class Evaluation:
     feasible: bool
     peak: Optional[tuple[float, ...]] = None  # per device, by flat id (the batched path leaves it out)
     fused: FusionGroups = ()  # the fusions the plan runs (vertex indices): where they paid, see `better`
-    r_host: float = 0.0  # host cores the first node's devices and verifier pools need / its cores (> 1: infeasible)
+    r_host: float = 0.0  # host cores the busiest host's devices (and pools) need / its cores (> 1: infeasible)
 
     @property
     def r_penalised(self) -> float:
@@ -510,8 +510,7 @@ class CompactVariant:
         pool = max((pool_taken_cores(d.pools[ch], self.host_cores, c, devices)
                     for d, ch, on in zip(self.dirs, choice, self.device_vertex)
                     if not on and self.host_cores is not None), default=0)
-        per_host = np.bincount([host_of(d, c.gpus) for d in devices], minlength=c.racks * c.nodes)
-        return full_hosts(per_host, pool, self.host_cores)
+        return full_hosts(devices_per_host(devices, c.gpus, c.racks * c.nodes), pool, self.host_cores)
 
     def held_masks(self, choice: Choice) -> list[int]:
         """Per vertex, the resources its nodes hold: a device vertex its allocation; a pool its resource and, of the
@@ -609,13 +608,16 @@ class CompactVariant:
                                         mem.feasible and r_host <= 1.0, mem.peak, groups), r_host=r_host)
 
     def host_ratio(self, choice: Choice) -> float:
-        """Host cores the plan needs on the first node (its devices there, its largest pool's own cores:
-        cost/host.cores_needed, pool_cores) over the cores it has; 0 without pools."""
-        if all(self.device_vertex):
+        """Host cores the plan needs on its busiest host (its devices there and, on the first node, its largest pool's
+        own cores: cost/host.cores_needed, pool_cores) over the cores a host has; 0 where the profile does not give
+        them."""
+        if self.host_cores is None:
             return 0.0
-        pools = max(pool_cores(d.pools[c], self.host_cores, self.program.cluster)[0]
-                    for d, c, on in zip(self.dirs, choice, self.device_vertex) if not on)
-        return cores_needed(mask_devices(self.used_mask(choice)), pools, self.program.cluster) / self.host_cores
+        c = self.program.cluster
+        pools = max((pool_cores(d.pools[ch], self.host_cores, c)[0]
+                     for d, ch, on in zip(self.dirs, choice, self.device_vertex) if not on), default=0)
+        per_host = devices_per_host(mask_devices(self.used_mask(choice)), c.gpus, c.racks * c.nodes)
+        return float(cores_needed(per_host, pools)) / self.host_cores
 
     def cores_fit(self, choice: Choice) -> bool:
         return self.host_ratio(choice) <= 1.0

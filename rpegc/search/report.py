@@ -25,8 +25,8 @@ def _gain(result: OptimizeResult, base: Optional[BaselineResult]) -> str:
         return "n/a"
     b = base.evaluation
     if not b.feasible and b.r_host > 1.0 >= b.r_peak:
-        return (f"baseline leaves its verifier pool no host core ({b.r_host:.2f}x the cores); {b.score:,.0f} tok/s "
-                "if it had them")
+        return (f"baseline needs more host cores than a host has ({b.r_host:.2f}x); {b.score:,.0f} tok/s if it had "
+                "them")
     if not b.feasible:
         return f"baseline OOM (r_peak {b.r_peak:.2f}); {b.score:,.0f} tok/s if it fit"
     gain = result.evaluation.score / b.score - 1.0

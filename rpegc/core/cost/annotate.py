@@ -23,8 +23,8 @@ from rpegc.core.cost.fused import FusedTime, fused_time, member_pipeline
 from rpegc.core.cost.optime import OpTime, op_time
 from rpegc.core.cost.params import param_count
 from rpegc.core.ir.program import VERIFY, Program
-from rpegc.core.cost.contention import (co_busy_stretch, full_hosts, host_of, host_stretches, overlap_stretches,
-                                        prices_overlaps, whole_ns)
+from rpegc.core.cost.contention import (co_busy_stretch, devices_per_host, full_hosts, host_of, host_stretches,
+                                        overlap_stretches, prices_overlaps, whole_ns)
 from rpegc.core.cost.host import check_pools, link_alloc, pool_taken_cores, shared_devices, verify_node_time
 from rpegc.core.cost.residency import DeviceMemory, OpPlacement, device_memory
 from rpegc.core.cost.transfer import (comm_node_time, generation_phase_time, inference_phase_time, moves_weights,
@@ -158,8 +158,7 @@ def node_hosts(p: Program, hw: Hardware, eg: ExecGraph) -> tuple[list[int], np.n
     used = {d for n in eg.nodes if device_op(n) for d in devices[n.alloc]}
     pools = _pool_sizes(eg)
     pool = pool_taken_cores(max(pools), hw.host_cores, c, used) if pools and hw.host_cores is not None else 0
-    per_host = np.bincount([host_of(d, c.gpus) for d in used], minlength=c.racks * c.nodes)
-    return hosts, full_hosts(per_host, pool, hw.host_cores)
+    return hosts, full_hosts(devices_per_host(used, c.gpus, c.racks * c.nodes), pool, hw.host_cores)
 
 
 def priced_round_trip(p: Program, hw: Hardware) -> float:

@@ -48,14 +48,26 @@ def host_of(first_device, gpus: int):
     return first_device // gpus
 
 
-def full_hosts(devices_per_host, pool_taken, host_cores: Optional[int]) -> np.ndarray:
-    """Per host (last axis), whether the plan's processes take all its cores: its devices the plan uses
-    (`devices_per_host`) plus, on the first, the cores its largest pool takes beside them (`pool_taken`:
-    cost/host.pool_taken_cores) reach the profile's [host] cores; nowhere where the profile does not give them."""
+def devices_per_host(device_ids, gpus: int, hosts: int) -> np.ndarray:
+    """How many of `device_ids` (flat ids) each of the cluster's `hosts` hosts holds."""
+    return np.bincount([host_of(d, gpus) for d in device_ids], minlength=hosts)
+
+
+def taken_cores(devices_per_host, pool) -> np.ndarray:
+    """Per host (last axis), the cores the plan's processes take there: a core per device the plan uses (its worker
+    process's main thread) plus, on the first node, `pool` (the cores its largest verifier pool takes)."""
     taken = np.array(devices_per_host, dtype=np.int64, copy=True)
+    taken[..., 0] += np.asarray(pool, dtype=np.int64)
+    return taken
+
+
+def full_hosts(devices_per_host, pool_taken, host_cores: Optional[int]) -> np.ndarray:
+    """Per host (last axis), whether the plan's processes take all its cores (`taken_cores`, with the cores its
+    largest pool takes beside the devices: cost/host.pool_taken_cores) reach the profile's [host] cores; nowhere where
+    the profile does not give them."""
+    taken = taken_cores(devices_per_host, pool_taken)
     if host_cores is None:
         return np.zeros(taken.shape, dtype=bool)
-    taken[..., 0] += np.asarray(pool_taken, dtype=np.int64)
     return taken >= host_cores
 
 

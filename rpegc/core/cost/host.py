@@ -26,7 +26,8 @@ node's first device (`HOST_ALLOC`), the tier it spans.
 The optimizer chooses the pool's size (`pool_sizes`) with the devices' placements: its arrays place a pool at
 `search_alloc`, a one-slot box just past the first node's GPUs. That box is disjoint from every device allocation
 (so every edge to or from it is a Comm, as for the pool) and lies on the first node with size 1, as HOST_ALLOC does,
-so a transfer's tier and time are the pool's. A plan must leave the pools their cores (`cores_needed`).
+so a transfer's tier and time are the pool's. A plan must leave the pools their cores, and every host a core per
+device (`cores_needed`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from rpegc.core.cost.contention import devices_per_host, taken_cores
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.ir.errors import RpegError
 from rpegc.core.ir.exec_graph import ExecGraph
@@ -107,10 +109,13 @@ def pool_taken_cores(size: int, host_cores: int, cluster: Cluster, used) -> int:
     return own + sum(1 for d in shared if d not in used)
 
 
-def cores_needed(device_ids, own_cores: int, cluster: Cluster) -> int:
-    """Host cores the first node's host needs: one per device of the plan on that node, and the own cores of its
-    largest pool (`pool_cores`; the pools run one at a time)."""
-    return len({d for d in device_ids if d < cluster.gpus}) + own_cores
+def cores_needed(devices_per_host, own_cores):
+    """Host cores the plan needs on its busiest host (`contention.taken_cores`): one per device of the plan on a node
+    (a device's worker process: on a CPU profile the device is that core), and on the first node the own cores of
+    its largest pool (`pool_cores`; the pools run one at a time). Last axis: hosts; numbers or the optimizer's
+    arrays (a leading axis of configurations). More than a host has and the plan's workers share cores, which
+    the cost model does not price (they would time-slice): the optimizer's plans keep within them."""
+    return taken_cores(devices_per_host, own_cores).max(axis=-1)
 
 
 def check_pool_transfers(graph: ExecGraph) -> None:
@@ -198,7 +203,7 @@ def check_pools(p: Program, hw: Hardware) -> None:
                                       f"{hw.host_cores} processes")
     used = placed_devices(p)
     own = max(pool_cores(pool.size, hw.host_cores, p.cluster)[0] for pool in p.plan.pools)
-    devices = cores_needed(used, 0, p.cluster)
+    devices = int(devices_per_host(used, p.cluster.gpus, p.cluster.racks * p.cluster.nodes)[0])
     if devices + own > hw.host_cores:
         raise RpegError(first.loc, f"the plan's devices on the first node take {devices} of its host's "
                                    f"{hw.host_cores} cores, and its verifier pool needs {own} of its own beside them; "
