@@ -149,6 +149,9 @@ def test_explain_says_each_hosts_condition_and_factor():
     assert row.split()[2:] == ["every", "core", "taken", str(len(p.exec.nodes)), "1", "ms", "x",
                                f"{1 + 5e-4 * len(p.exec.nodes) / busy:.4f}", "x", "1.0000"]
     assert "a core left free" in explain(annotate(lowered(ONE), hw), hw)
+    one_core = replace(hw, host_cores=1)  # two devices' workers on one core: the model prices no time-slicing
+    assert "  node 0  2 devices on 1 cores: time-sliced, not priced" in explain(annotate(lowered(TWO), one_core),
+                                                                              one_core)
     assert "The runtime's own costs" not in explain(p, load_hardware("cpu-reference"))  # no [overhead]: none
     sib = replace(hw, overhead=replace(CONTENDED, co_busy=0.35))
     assert next(line for line in explain(annotate(lowered(TWO), sib), sib).splitlines()

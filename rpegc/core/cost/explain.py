@@ -16,6 +16,8 @@ from rpegc.core.cost.annotate import (busy_factors, device_op, fusion_time, host
                                       node_runs, placement_time, program_memory, program_placements, transfer_time)
 from rpegc.core.cost.options import DEFAULT_OPTIONS, CostOptions
 from rpegc.core.ir.geometry import alloc_ids, id_ranges
+from rpegc.core.cost.contention import devices_per_host
+from rpegc.core.cost.host import placed_devices
 from rpegc.core.cost.hardware import Hardware
 from rpegc.core.cost.memory import FROZEN, SHADOW, TRAINING
 from rpegc.core.cost.params import param_count
@@ -123,10 +125,20 @@ def _host_lines(p: Program, hw: Hardware, opts: CostOptions) -> list[str]:
     factors = busy_factors(p, hw, p.exec, runs, conditions)
     siblings = {h: [b for n, at, b in zip(p.exec.nodes, hosts, factors) if at == h and device_op(n)]
                 for h in set(hosts)}
-    rows = [[f"node {h}", "every core taken" if full[h] else "a core left free", f"{hosts.count(h)}",
+    c = p.cluster
+    devices = devices_per_host(placed_devices(p), c.gpus, c.racks * c.nodes)
+    rows = [[f"node {h}", _cores_text(int(devices[h]), hw.host_cores, bool(full[h])), f"{hosts.count(h)}",
              f"{1e3 * hw.overhead.round_trip(bool(full[h])):.3g} ms", f"x {k[h]:.4f}", _span(siblings[h])]
             for h in sorted(set(hosts))]
     return _table(["host", "cores", "exec nodes", "round trip", "operators", "cores beside"], rows)
+
+
+def _cores_text(devices: int, cores: Optional[int], full: bool) -> str:
+    """A host's condition: its cores all taken or one left free, or more devices than cores (their workers would
+    time-slice, which the model does not price: host.cores_needed)."""
+    if cores is not None and devices > cores:
+        return f"{devices} devices on {cores} cores: time-sliced, not priced"
+    return "every core taken" if full else "a core left free"
 
 
 def _span(factors: list[float]) -> str:
