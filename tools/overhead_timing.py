@@ -155,11 +155,16 @@ class OperatorFits:
     witness: tuple[tuple[float, ...], ...] = ()
 
     @property
+    def witness_rounds(self) -> list[float]:
+        """Each round's median speed witness (rounds where none ran left out)."""
+        return [float(np.median(r)) for r in self.witness if r]
+
+    @property
     def witness_s(self) -> float:
         """The [overhead] witness, what a run's operator pays for its witness and what a run's workers' witnesses are
         held against: the fastest round's median, as the operators keep their fastest repeat where the campaign does
         (the rounds' medians' median where it keeps the median; 0.0 where none ran): the speed their prices describe."""
-        rounds = [float(np.median(r)) for r in self.witness if r]
+        rounds = self.witness_rounds
         return summarize(rounds, self.statistic) if rounds else 0.0
 
 
@@ -466,7 +471,7 @@ def witness_lines(operators: OperatorFits) -> list[str]:
         return []
     how = ("the fastest round's median (the operators keep their fastest repeat)" if operators.statistic == "min"
            else "the median of the rounds' medians")
-    rounds = ", ".join(f"{1e3 * float(np.median(r)):.3g}" for r in operators.witness if r)
+    rounds = ", ".join(f"{1e3 * s:.3g}" for s in operators.witness_rounds)
     return [f"witness = {operators.witness_s:.6g}    # s per operator: the speed witness (runtime/speed_probe.py) a "
             f"run's workers end every operator with and are held against, timed after each of the grid's "
             f"{sum(map(len, operators.witness))} operators, {how}; the rounds' medians {rounds} ms"]
